@@ -1,0 +1,148 @@
+//! The one error type of the native core. Every fallible core function returns
+//! [`Error`]; the Ruby layer maps each variant to one exception class under
+//! `IdempotentJob::Error` (see `src/ruby/errors.rs`).
+
+use std::fmt;
+
+/// Everything that can fail in the core.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Error {
+    /// Invalid configuration or argument (bad URL, unknown key, non-positive lease…).
+    /// Raised as `IdempotentJob::ConfigurationError`. Never contains a password.
+    Config(String),
+    /// The database could not be reached, the connection was lost, or no pooled
+    /// connection became free in time. Retryable. `IdempotentJob::ConnectionError`.
+    Connection {
+        message: String,
+        sqlstate: Option<String>,
+    },
+    /// PostgreSQL answered with an error. `message` is PostgreSQL's own text (plus
+    /// its detail and hint), `sqlstate` its five-character code.
+    /// `IdempotentJob::DatabaseError`.
+    Database { message: String, sqlstate: String },
+    /// A completion or release found that the claim token no longer matches: the
+    /// claim was taken over by another delivery after its lease ran out.
+    /// `IdempotentJob::LostClaimError`.
+    LostClaim {
+        job_type: String,
+        operation_key: String,
+        message: String,
+    },
+    /// Applying the migrations failed. `IdempotentJob::MigrationError`.
+    Migration(String),
+    /// A Rust panic caught at the boundary; never unwinds into Ruby.
+    /// `IdempotentJob::Error`.
+    Panic(String),
+}
+
+/// Shorthand for results of core functions.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// The PostgreSQL SQLSTATE of the error, when the server sent one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Error::Connection { sqlstate, .. } => sqlstate.as_deref(),
+            Error::Database { sqlstate, .. } => Some(sqlstate),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn connection(message: impl Into<String>) -> Self {
+        Error::Connection {
+            message: message.into(),
+            sqlstate: None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Config(m) | Error::Migration(m) => f.write_str(m),
+            Error::Connection { message, .. } => f.write_str(message),
+            Error::Database { message, sqlstate } => write!(f, "{message} (SQLSTATE {sqlstate})"),
+            Error::LostClaim { message, .. } => f.write_str(message),
+            Error::Panic(m) => write!(f, "panic in idempotent_job native code: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// SQLSTATE classes after which the connection is gone and a retry may succeed:
+/// 08 connection exception, 57P01-57P03 server shutting down / cannot connect now,
+/// 53300 too many connections.
+fn is_connection_state(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+}
+
+/// The full `source()` chain of an error, joined with ": ". tokio-postgres's own
+/// `Display` says only "db error" or "error connecting to server".
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(err: tokio_postgres::Error) -> Self {
+        if let Some(db) = err.as_db_error() {
+            let code = db.code().code().to_string();
+            let mut message = db.message().to_string();
+            if let Some(detail) = db.detail() {
+                message.push_str(&format!(" DETAIL: {detail}"));
+            }
+            if let Some(hint) = db.hint() {
+                message.push_str(&format!(" HINT: {hint}"));
+            }
+            if code == "42P01" {
+                message.push_str(
+                    " (the idempotency record table is missing: run `rake idempotent_job:migrate` \
+                     or IdempotentJob.migrate!)",
+                );
+            }
+            if is_connection_state(&code) {
+                Error::Connection {
+                    message,
+                    sqlstate: Some(code),
+                }
+            } else {
+                Error::Database {
+                    message,
+                    sqlstate: code,
+                }
+            }
+        } else {
+            Error::connection(chain(&err))
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Error {
+    fn from(err: deadpool_postgres::PoolError) -> Self {
+        use deadpool_postgres::PoolError;
+        match err {
+            PoolError::Backend(e) => e.into(),
+            PoolError::Timeout(kind) => Error::connection(format!(
+                "timed out waiting for a PostgreSQL connection ({kind:?}); \
+                 raise pool_size or checkout_timeout, or check that the database is reachable"
+            )),
+            other => Error::connection(chain(&other)),
+        }
+    }
+}
+
+impl From<refinery::Error> for Error {
+    fn from(err: refinery::Error) -> Self {
+        Error::Migration(format!("migration failed: {}", chain(&err)))
+    }
+}

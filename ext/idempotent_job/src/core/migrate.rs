@@ -1,0 +1,55 @@
+//! Schema migrations: the numbered SQL files of `migrations/`, embedded at compile
+//! time and applied in order by refinery, which records each applied version in
+//! [`MIGRATION_TABLE`]. Running them twice is a no-op; concurrent runs are serialised
+//! by a PostgreSQL advisory lock.
+
+use tokio_postgres::types::Type;
+
+use super::error::Result;
+use super::store::Conn;
+
+refinery::embed_migrations!("../../migrations");
+
+/// Where refinery records applied migrations.
+pub const MIGRATION_TABLE: &str = "idempotent_job_schema_migrations";
+
+/// Advisory lock key held while migrating ("idemjob" as a number).
+const LOCK_KEY: i64 = 0x0069_6465_6d6a_6f62;
+
+/// Applies every migration not yet recorded and returns the names of those applied
+/// now, e.g. `["V1__create_idempotent_job_records"]` (empty when up to date).
+///
+/// Errors: [`crate::core::error::Error::Migration`] when a migration fails (its
+/// transaction is rolled back), connection errors.
+pub async fn migrate(conn: &mut Conn) -> Result<Vec<String>> {
+    conn.execute_typed("SELECT pg_advisory_lock($1)", &[(&LOCK_KEY, Type::INT8)])
+        .await?;
+    let report = migrations::runner()
+        .set_migration_table_name(MIGRATION_TABLE)
+        .run_async(conn.client_mut())
+        .await;
+    let unlock = conn
+        .execute_typed("SELECT pg_advisory_unlock($1)", &[(&LOCK_KEY, Type::INT8)])
+        .await;
+    conn.finish();
+    let report = report?;
+    unlock?;
+    Ok(report
+        .applied_migrations()
+        .iter()
+        .map(|m| m.to_string())
+        .collect())
+}
+
+/// The schema SQL of every embedded migration, in order, for teams that apply
+/// migrations with their own tools.
+pub fn schema_sql() -> String {
+    let mut out = String::new();
+    for m in migrations::runner().get_migrations() {
+        out.push_str(&format!(
+            "-- {m}\n{}\n",
+            m.sql().unwrap_or_default().trim_end()
+        ));
+    }
+    out
+}

@@ -1,0 +1,5 @@
+pub mod claim;
+pub mod config;
+pub mod error;
+pub mod migrate;
+pub mod store;

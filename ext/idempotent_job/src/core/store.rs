@@ -1,0 +1,182 @@
+//! The per-process tokio runtime and deadpool-postgres pool.
+//!
+//! Both are created lazily on first use and remember the process id that created
+//! them. A forked child (Puma/Unicorn workers, sidekiqswarm, parallel tests) finds a
+//! different pid and builds its own; the parent's runtime and sockets are leaked in
+//! the child, never dropped or touched, because dropping them there would hang
+//! (the runtime's worker threads do not exist after a fork).
+
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex};
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use tokio::runtime::Runtime;
+use tokio_postgres::NoTls;
+
+use super::config::Config;
+use super::error::{Error, Result};
+
+/// What a process needs to talk to PostgreSQL: the runtime that drives the
+/// connections and the pool of them.
+#[derive(Clone)]
+pub struct Handle {
+    pub runtime: Arc<Runtime>,
+    pub pool: Pool,
+}
+
+struct Owned {
+    pid: u32,
+    handle: Handle,
+}
+
+/// A configured connection to one database. Cheap to create: nothing connects until
+/// the first [`Store::handle`].
+pub struct Store {
+    config: Config,
+    owned: Mutex<Option<Owned>>,
+}
+
+impl Store {
+    /// Validates `config` (without connecting) and returns an idle store.
+    ///
+    /// Errors: [`Error::Config`] for an invalid configuration.
+    pub fn new(config: Config) -> Result<Self> {
+        config.validate()?;
+        Ok(Store {
+            config,
+            owned: Mutex::new(None),
+        })
+    }
+
+    /// The settings this store was built from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The runtime and pool of the current process, created on first call and
+    /// re-created (the old ones leaked) when the pid changed since.
+    ///
+    /// Errors: [`Error::Config`] if the configuration cannot build a pool,
+    /// [`Error::Connection`] if the runtime cannot start.
+    pub fn handle(&self) -> Result<Handle> {
+        let pid = std::process::id();
+        let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = owned.as_ref() {
+            if o.pid == pid {
+                return Ok(o.handle.clone());
+            }
+        }
+        if let Some(stale) = owned.take() {
+            // Inherited from the parent process: never drop it here.
+            std::mem::forget(stale);
+        }
+        let handle = self.build()?;
+        *owned = Some(Owned {
+            pid,
+            handle: handle.clone(),
+        });
+        Ok(handle)
+    }
+
+    fn build(&self) -> Result<Handle> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("idempotent_job")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::connection(format!("cannot start the tokio runtime: {e}")))?;
+        let manager = Manager::from_config(
+            self.config.pg_config()?,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.config.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(self.config.checkout_timeout()))
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))?;
+        Ok(Handle {
+            runtime: Arc::new(runtime),
+            pool,
+        })
+    }
+
+    /// Runs `f` with this process's pool on its runtime, blocking the calling thread.
+    /// For Rust callers and tests; the Ruby layer releases the GVL around the same
+    /// futures instead (see `src/ruby/gvl.rs`).
+    pub fn block_on<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(Pool) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let handle = self.handle()?;
+        handle.runtime.block_on(f(handle.pool.clone()))
+    }
+}
+
+/// A pooled connection checked out for one operation.
+///
+/// Call [`Conn::finish`] once the operation has its answer: the connection goes back
+/// to the pool. If the operation's future is dropped before that (the Ruby thread was
+/// interrupted, a timeout fired), the connection may still be running a statement:
+/// it is detached from the pool, its statement is cancelled server-side and it is
+/// closed, so the next caller never queues behind an orphaned query.
+pub struct Conn {
+    object: Option<Object>,
+    finished: bool,
+}
+
+impl Conn {
+    /// Checks a connection out of `pool`, waiting at most the configured checkout
+    /// timeout. Errors: [`Error::Connection`].
+    pub async fn checkout(pool: &Pool) -> Result<Conn> {
+        let object = pool.get().await?;
+        Ok(Conn {
+            object: Some(object),
+            finished: false,
+        })
+    }
+
+    /// Marks the operation as answered: on drop the connection returns to the pool.
+    pub fn finish(&mut self) {
+        self.finished = true;
+    }
+
+    /// Mutable access to the underlying client (transactions, migrations).
+    pub fn client_mut(&mut self) -> &mut tokio_postgres::Client {
+        self.object.as_mut().expect("connection present until drop")
+    }
+}
+
+impl Deref for Conn {
+    type Target = tokio_postgres::Client;
+    fn deref(&self) -> &Self::Target {
+        self.object.as_ref().expect("connection present until drop")
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        if self.finished {
+            return; // `object` drops here and goes back to the pool
+        }
+        let client = Object::take(object);
+        let cancel = client.cancel_token();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let _ = cancel.cancel_query(NoTls).await;
+                    drop(client);
+                });
+            }
+            Err(_) => drop(client),
+        }
+    }
+}

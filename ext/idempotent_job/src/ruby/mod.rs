@@ -1,0 +1,4 @@
+use magnus::Ruby;
+pub fn init(_r: &Ruby) -> Result<(), magnus::Error> {
+    Ok(())
+}

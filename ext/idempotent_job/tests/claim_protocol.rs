@@ -1,0 +1,330 @@
+//! The claim protocol against a real PostgreSQL (DATABASE_URL, as set by bin/test).
+//! Each test uses its own job type, so tests run in parallel on one database.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idempotent_job::core::claim::{self, ClaimKind, ClaimRequest, Outcome};
+use idempotent_job::core::config::Config;
+use idempotent_job::core::error::Error;
+use idempotent_job::core::migrate;
+use idempotent_job::core::store::{Conn, Store};
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL must point at a PostgreSQL for these tests (bin/test sets it)")
+}
+
+fn store() -> Store {
+    let store = Store::new(Config::new(database_url())).unwrap();
+    store
+        .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
+        .unwrap();
+    store
+}
+
+fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
+    ClaimRequest {
+        job_type: job_type.into(),
+        operation_key: key.into(),
+        jid: Some(format!("jid-{key}")),
+        lease_seconds: lease,
+    }
+}
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid::Uuid::new_v4())
+}
+
+fn claim(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
+    let req = req.clone();
+    store
+        .block_on(|pool| async move { claim::claim(&mut Conn::checkout(&pool).await?, &req).await })
+}
+
+fn complete(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {
+    let req = req.clone();
+    store.block_on(|pool| async move {
+        claim::complete(
+            &mut Conn::checkout(&pool).await?,
+            &req.job_type,
+            &req.operation_key,
+            token,
+        )
+        .await
+    })
+}
+
+fn release(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {
+    let req = req.clone();
+    store.block_on(|pool| async move {
+        claim::release(
+            &mut Conn::checkout(&pool).await?,
+            &req.job_type,
+            &req.operation_key,
+            token,
+            "RuntimeError: boom",
+        )
+        .await
+    })
+}
+
+fn token_of(outcome: Outcome) -> (uuid::Uuid, ClaimKind, i32) {
+    match outcome {
+        Outcome::Claimed {
+            token,
+            kind,
+            attempt,
+        } => (token, kind, attempt),
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+#[test]
+fn migrations_are_recorded_and_safe_to_run_twice() {
+    let store = store();
+    let applied = store
+        .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
+        .unwrap();
+    assert!(applied.is_empty(), "second run applied {applied:?}");
+    assert!(migrate::schema_sql().contains("CREATE TABLE idempotent_job_records"));
+}
+
+#[test]
+fn first_delivery_claims_then_duplicates_are_turned_away() {
+    let store = store();
+    let req = request(&unique("first"), "42", 30.0);
+    let (token, kind, attempt) = token_of(claim(&store, &req).unwrap());
+    assert_eq!((kind, attempt), (ClaimKind::First, 1));
+
+    match claim(&store, &req).unwrap() {
+        Outcome::InProgress {
+            lease_remaining,
+            holder_jid,
+            duplicates,
+            ..
+        } => {
+            assert!(
+                lease_remaining > 25.0 && lease_remaining <= 30.0,
+                "{lease_remaining}"
+            );
+            assert_eq!(holder_jid.as_deref(), Some("jid-42"));
+            assert_eq!(duplicates, 1);
+        }
+        other => panic!("expected in progress, got {other:?}"),
+    }
+    complete(&store, &req, token).unwrap();
+    assert_eq!(
+        claim(&store, &req).unwrap(),
+        Outcome::Completed { duplicates: 2 }
+    );
+
+    let req2 = req.clone();
+    let record = store
+        .block_on(|pool| async move {
+            claim::find(
+                &mut Conn::checkout(&pool).await?,
+                &req2.job_type,
+                &req2.operation_key,
+            )
+            .await
+        })
+        .unwrap()
+        .expect("record exists");
+    assert_eq!(record.status, "completed");
+    assert_eq!(record.attempts, 1);
+    assert_eq!(record.duplicates, 2);
+    assert!(record.completed_at.is_some() && record.last_duplicate_at.is_some());
+    assert_eq!(record.claim_token, token);
+}
+
+#[test]
+fn concurrent_deliveries_have_exactly_one_winner() {
+    let store = Arc::new(store());
+    let req = request(&unique("race"), "7", 30.0);
+    let barrier = Arc::new(std::sync::Barrier::new(16));
+    let handles: Vec<_> = (0..16)
+        .map(|_| {
+            let (store, req, barrier) = (store.clone(), req.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                claim(&store, &req).unwrap()
+            })
+        })
+        .collect();
+    let outcomes: Vec<Outcome> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let winners = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Claimed { .. }))
+        .count();
+    let waiting = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::InProgress { .. }))
+        .count();
+    assert_eq!((winners, waiting), (1, 15), "{outcomes:?}");
+}
+
+#[test]
+fn an_expired_lease_is_taken_over_once_and_fences_the_old_holder() {
+    let store = Arc::new(store());
+    let req = request(&unique("stale"), "9", 0.3);
+    let (old, _, _) = token_of(claim(&store, &req).unwrap());
+    std::thread::sleep(Duration::from_millis(400));
+
+    // Several deliveries race for the stale claim: exactly one takes it over.
+    let handles: Vec<_> = (0..6)
+        .map(|_| {
+            let (store, mut req) = (store.clone(), req.clone());
+            req.lease_seconds = 30.0;
+            std::thread::spawn(move || claim(&store, &req).unwrap())
+        })
+        .collect();
+    let outcomes: Vec<Outcome> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let takeovers: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Outcome::Claimed {
+                token,
+                kind,
+                attempt,
+            } => Some((*token, *kind, *attempt)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(takeovers.len(), 1, "{outcomes:?}");
+    let (new, kind, attempt) = takeovers[0];
+    assert_eq!((kind, attempt), (ClaimKind::Takeover, 2));
+
+    // The stalled first holder wakes up: it can neither complete nor release.
+    assert!(matches!(
+        complete(&store, &req, old),
+        Err(Error::LostClaim { .. })
+    ));
+    assert!(matches!(
+        release(&store, &req, old),
+        Err(Error::LostClaim { .. })
+    ));
+    complete(&store, &req, new).unwrap();
+    assert!(matches!(
+        claim(&store, &req).unwrap(),
+        Outcome::Completed { .. }
+    ));
+}
+
+#[test]
+fn a_released_claim_is_claimed_again_by_the_retry() {
+    let store = store();
+    let req = request(&unique("retry"), "5", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    release(&store, &req, token).unwrap();
+    let (again, kind, attempt) = token_of(claim(&store, &req).unwrap());
+    assert_eq!((kind, attempt), (ClaimKind::Retry, 2));
+    assert_ne!(token, again);
+    assert!(matches!(
+        complete(&store, &req, token),
+        Err(Error::LostClaim { .. })
+    ));
+    complete(&store, &req, again).unwrap();
+}
+
+#[test]
+fn bad_arguments_are_rejected_before_any_statement() {
+    let store = store();
+    let err = claim(&store, &request("Job", "k", 0.0)).unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ref m) if m.contains("lease")),
+        "{err}"
+    );
+    let err = claim(&store, &request("Job", "", 1.0)).unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ref m) if m.contains("must not be empty")),
+        "{err}"
+    );
+    let err = claim(&store, &request("Job", &"x".repeat(3000), 1.0)).unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ref m) if m.contains("bytes")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_table_says_to_run_the_migration() {
+    let url = format!("{}?options=-csearch_path%3Dno_such_schema", database_url());
+    let store = Store::new(Config::new(url)).unwrap();
+    let err = claim(&store, &request("Job", "1", 1.0)).unwrap_err();
+    assert_eq!(err.sqlstate(), Some("42P01"), "{err}");
+    assert!(err.to_string().contains("idempotent_job:migrate"), "{err}");
+}
+
+#[test]
+fn an_unreachable_database_is_a_connection_error() {
+    let mut config = Config::new("postgres://postgres:hunter2-secret@127.0.0.1:1/x");
+    config.connect_timeout = 2.0;
+    let store = Store::new(config).unwrap();
+    let err = claim(&store, &request("Job", "1", 1.0)).unwrap_err();
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    assert!(!err.to_string().contains("hunter2-secret"), "{err}");
+}
+
+#[test]
+fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
+    store(); // migrated
+    let mut config = Config::new(database_url());
+    config.pool_size = 1;
+    let store = Store::new(config).unwrap();
+    let req = request(&unique("abandon"), "1", 30.0);
+    claim(&store, &req).unwrap();
+
+    // Another session holds the record's row lock, so the next claim blocks.
+    let (job_type, key) = (req.job_type.clone(), req.operation_key.clone());
+    let handle = store.handle().unwrap();
+    let (locker, connection) = handle
+        .runtime
+        .block_on(tokio_postgres::connect(
+            &database_url(),
+            tokio_postgres::NoTls,
+        ))
+        .unwrap();
+    handle.runtime.spawn(connection);
+    handle
+        .runtime
+        .block_on(locker.batch_execute("BEGIN"))
+        .unwrap();
+    handle
+        .runtime
+        .block_on(locker.execute(
+            "SELECT 1 FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2 FOR UPDATE",
+            &[&job_type, &key],
+        ))
+        .unwrap();
+
+    let blocked = handle.runtime.block_on(async {
+        let pool = handle.pool.clone();
+        tokio::time::timeout(Duration::from_millis(300), async move {
+            claim::claim(&mut Conn::checkout(&pool).await?, &req).await
+        })
+        .await
+    });
+    assert!(
+        blocked.is_err(),
+        "the claim should have been blocked by the row lock"
+    );
+
+    // The pool's only connection was detached: another operation gets a fresh one
+    // at once instead of queueing behind the orphaned, still-blocked statement.
+    let started = Instant::now();
+    let other = request(&unique("abandon"), "2", 30.0);
+    assert!(matches!(
+        claim(&store, &other).unwrap(),
+        Outcome::Claimed { .. }
+    ));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    handle
+        .runtime
+        .block_on(locker.batch_execute("ROLLBACK"))
+        .unwrap();
+}
