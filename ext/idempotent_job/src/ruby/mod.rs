@@ -1,4 +1,21 @@
-use magnus::Ruby;
-pub fn init(_r: &Ruby) -> Result<(), magnus::Error> {
-    Ok(())
+//! The magnus layer: `IdempotentJob::Native`, internal to the gem. It converts Ruby
+//! arguments into owned Rust values, runs the core with the GVL released, and maps
+//! core errors to the exception classes defined in `lib/idempotent_job/errors.rb`.
+
+mod errors;
+mod gvl;
+mod store;
+
+use magnus::{function, Module, Ruby};
+
+pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
+    let root = ruby.define_module("IdempotentJob")?;
+    let native = root.define_module("Native")?;
+    native.define_module_function("schema_sql", function!(crate::core::migrate::schema_sql, 0))?;
+    native.define_module_function("claim_sql", function!(claim_sql, 0))?;
+    store::init(ruby, native)
+}
+
+fn claim_sql() -> &'static str {
+    crate::core::claim::CLAIM_SQL.trim()
 }

@@ -1,0 +1,107 @@
+//! Running core futures with the GVL released, interruptibly.
+//!
+//! `rb_thread_call_without_gvl2` runs the future on the calling thread (other Ruby
+//! threads keep running). Its unblocking function, called by Ruby for Thread#raise,
+//! Timeout, Thread#kill or shutdown, wakes a `Notify` that makes the future lose a
+//! `select!`: the future is dropped, which detaches and cancels any connection it had
+//! checked out (`core::store::Conn`). Once the GVL is back, pending interrupts are
+//! processed under `rb_protect`, so Ruby's exception is returned as a value and
+//! raised by magnus after every Rust frame has been dropped; nothing ever
+//! longjmps over Rust code. Panics are caught and become `IdempotentJob::Error`.
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use magnus::rb_sys::{protect, AsRawValue};
+use magnus::Ruby;
+use tokio::runtime::Runtime;
+use tokio::sync::Notify;
+
+use super::errors::to_ruby;
+use crate::core::error::Error;
+
+struct Call<'a, F, T> {
+    runtime: &'a Runtime,
+    make: &'a mut F,
+    notify: &'a Notify,
+    out: Option<std::thread::Result<Option<T>>>,
+}
+
+unsafe extern "C" fn run<F, Fut, T>(data: *mut c_void) -> *mut c_void
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    // SAFETY: `data` is the `Call` on `without_gvl`'s stack, alive for this call.
+    let call = unsafe { &mut *(data as *mut Call<'_, F, T>) };
+    let (runtime, notify) = (call.runtime, call.notify);
+    let make = &mut *call.make;
+    call.out = Some(catch_unwind(AssertUnwindSafe(|| {
+        runtime.block_on(async {
+            tokio::select! {
+                biased;
+                _ = notify.notified() => None,
+                value = make() => Some(value),
+            }
+        })
+    })));
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn unblock(data: *mut c_void) {
+    // SAFETY: `data` is the `Notify` on `without_gvl`'s stack; `Notify` is Sync.
+    // `notify_one` stores a permit, so a wake-up before the future polls is kept.
+    unsafe { (*(data as *const Notify)).notify_one() };
+}
+
+fn panic_message(panic: Box<dyn Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
+/// Runs the future made by `make` on `runtime` without the GVL and returns its
+/// output. If Ruby interrupts the thread, the future is dropped and Ruby's pending
+/// exception is returned as the error; if nothing was pending (a spurious wake-up),
+/// a fresh future is made and run again.
+pub fn without_gvl<F, Fut, T>(ruby: &Ruby, runtime: &Runtime, mut make: F) -> Result<T, magnus::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    loop {
+        let notify = Notify::new();
+        let mut call = Call {
+            runtime,
+            make: &mut make,
+            notify: &notify,
+            out: None,
+        };
+        // SAFETY: both pointers outlive the call; `run` and `unblock` only touch
+        // what they are given; neither calls into Ruby.
+        unsafe {
+            rb_sys::rb_thread_call_without_gvl2(
+                Some(run::<F, Fut, T>),
+                &mut call as *mut Call<'_, F, T> as *mut c_void,
+                Some(unblock),
+                &notify as *const Notify as *mut c_void,
+            );
+        }
+        match call.out.take() {
+            Some(Ok(Some(value))) => return Ok(value),
+            Some(Err(panic)) => return Err(to_ruby(ruby, Error::Panic(panic_message(panic)))),
+            // Interrupted, or not started because an interrupt was already pending.
+            Some(Ok(None)) | None => {
+                protect(|| {
+                    // SAFETY: called with the GVL held; a raise is caught by protect.
+                    unsafe { rb_sys::rb_thread_check_ints() };
+                    ruby.qnil().as_raw()
+                })?;
+            }
+        }
+    }
+}

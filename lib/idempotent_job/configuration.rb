@@ -1,0 +1,121 @@
+# frozen_string_literal: true
+
+require "json"
+require "logger"
+
+module IdempotentJob
+  # Settings of the gem, set once at boot through {IdempotentJob.configure}.
+  # Durations are in seconds (Integer or Float).
+  #
+  # @example
+  #   IdempotentJob.configure do |c|
+  #     c.database_url = ENV.fetch("DATABASE_URL")
+  #     c.lease = 300
+  #   end
+  class Configuration
+    # Connection settings handed to the native pool, with their defaults.
+    NATIVE_DEFAULTS = {
+      pool_size: 10,               # pooled connections per process; >= Sidekiq's concurrency
+      connect_timeout: 5,          # seconds to establish a connection
+      checkout_timeout: 5,         # seconds to wait for a free pooled connection
+      application_name: "idempotent_job" # shown in pg_stat_activity unless the URL sets one
+    }.freeze
+
+    # @return [Numeric] default lease in seconds for every job (override per job with
+    #   `idempotency_lease:`). A claim older than its lease is considered stale: its holder
+    #   may have died. Default 300.
+    attr_reader :lease
+
+    # @return [Numeric] seconds added to the remaining lease when a delivery that found the
+    #   operation in progress is pushed back, so it arrives after the lease ends. Default 1.
+    attr_reader :defer_margin
+
+    # @return [Logger, nil] where decisions are logged; nil means Sidekiq.logger when
+    #   Sidekiq is loaded, otherwise a Logger on $stderr.
+    attr_writer :logger
+
+    attr_accessor(*NATIVE_DEFAULTS.keys)
+
+    # @param database_url [String, nil] PostgreSQL URL (`postgres://user:pass@host:port/db`)
+    #   or libpq key/value string; nil means IDEMPOTENT_JOB_DATABASE_URL, then DATABASE_URL.
+    attr_writer :database_url
+
+    def initialize
+      @database_url = nil
+      @lease = 300
+      @defer_margin = 1
+      @logger = nil
+      NATIVE_DEFAULTS.each { |name, value| public_send("#{name}=", value) }
+    end
+
+    # @return [String, nil] the configured URL, else IDEMPOTENT_JOB_DATABASE_URL, else
+    #   DATABASE_URL (read from ENV at each call)
+    def database_url
+      @database_url || ENV["IDEMPOTENT_JOB_DATABASE_URL"] || ENV.fetch("DATABASE_URL", nil)
+    end
+
+    # @param seconds [Numeric] default lease, > 0
+    # @raise [ConfigurationError] when not a positive number
+    def lease=(seconds)
+      @lease = self.class.positive_seconds!("lease", seconds)
+    end
+
+    # @param seconds [Numeric] >= 0
+    # @raise [ConfigurationError] when negative or not a number
+    def defer_margin=(seconds)
+      unless seconds.is_a?(Numeric) && seconds >= 0
+        raise ConfigurationError, "defer_margin must be a number of seconds >= 0, got #{seconds.inspect}"
+      end
+
+      @defer_margin = seconds
+    end
+
+    # @return [Logger] the logger decisions go to
+    def logger
+      @logger || (defined?(::Sidekiq) && ::Sidekiq.respond_to?(:logger) ? ::Sidekiq.logger : default_logger)
+    end
+
+    # The settings for the native pool as JSON. Contains the password: never log it.
+    # @return [String]
+    def to_native_json
+      NATIVE_DEFAULTS.keys.to_h { |name| [name, public_send(name)] }
+                     .merge(database_url: database_url.to_s)
+                     .to_json
+    end
+
+    # @return [String] the settings with the URL's password replaced by [REDACTED]
+    def inspect
+      fields = NATIVE_DEFAULTS.keys.map { |name| "#{name}=#{public_send(name).inspect}" }
+      "#<#{self.class.name} database_url=#{self.class.redact(database_url).inspect} " \
+        "lease=#{lease.inspect} #{fields.join(" ")}>"
+    end
+    alias to_s inspect
+
+    # Validates a duration.
+    # @param name [String] option name for the message
+    # @param seconds [Object] the value
+    # @param job [String, nil] job class for the message
+    # @return [Numeric] seconds
+    # @raise [ConfigurationError] unless a finite positive Numeric
+    def self.positive_seconds!(name, seconds, job: nil)
+      return seconds if seconds.is_a?(Numeric) && seconds.positive? && seconds.to_f.finite?
+
+      owner = job ? "#{job}: " : ""
+      raise ConfigurationError, "#{owner}#{name} must be a positive number of seconds, got #{seconds.inspect}"
+    end
+
+    # @param url [String, nil]
+    # @return [String, nil] url with the password of `user:password@` or `password=` replaced
+    def self.redact(url)
+      return url if url.nil?
+
+      url.sub(%r{(://[^/?#:@]*:)[^@/]*@}, '\1[REDACTED]@').gsub(/(password=)[^&\s]*/i, '\1[REDACTED]')
+    end
+
+    private
+
+    def default_logger
+      @default_logger ||= Logger.new($stderr, progname: "idempotent_job")
+    end
+  end
+end

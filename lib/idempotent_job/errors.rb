@@ -1,0 +1,71 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  # Base class of every exception the gem raises. Loaded before the native library,
+  # which raises these classes by name.
+  #
+  # @!attribute [r] sqlstate
+  #   @return [String, nil] PostgreSQL's five-character SQLSTATE, when the database sent one
+  class Error < StandardError
+    attr_reader :sqlstate
+
+    # @return [Boolean] whether retrying the same call later may succeed
+    def retryable?
+      false
+    end
+  end
+
+  # Invalid configuration or option: a bad database_url, an unknown key, a
+  # non-positive lease. Fix the code or settings; retrying does not help.
+  class ConfigurationError < Error; end
+
+  # PostgreSQL could not be reached, the connection was lost, or no pooled
+  # connection became free within checkout_timeout. The job body did not run
+  # (fail closed); Sidekiq's retry will try again.
+  class ConnectionError < Error
+    # @return [Boolean] always true
+    def retryable?
+      true
+    end
+  end
+
+  # PostgreSQL answered with an error; {#message} is its own text and {#sqlstate}
+  # its code. SQLSTATE 42P01 means the migration has not been run.
+  class DatabaseError < Error; end
+
+  # A completion or release was refused because the claim's fencing token is no
+  # longer the record's: the lease ran out and another delivery took the operation
+  # over. The body ran; the other delivery may run it again.
+  #
+  # @!attribute [r] job_type
+  #   @return [String] the record's job type
+  # @!attribute [r] operation_key
+  #   @return [String] the record's operation key
+  class LostClaimError < Error
+    attr_reader :job_type, :operation_key
+  end
+
+  # A migration failed; its transaction was rolled back.
+  class MigrationError < Error; end
+
+  # The idempotency_key declaration of a job is malformed, or a delivery's arguments
+  # do not yield an operation key (missing, nil, empty or an unsupported type). The
+  # job body is not run and nothing is recorded.
+  #
+  # @!attribute [r] job_class
+  #   @return [String] the job class name
+  # @!attribute [r] declaration
+  #   @return [Object] the idempotency_key declaration as given
+  class OperationKeyError < Error
+    attr_reader :job_class, :declaration
+
+    # @param message [String] what is wrong
+    # @param job_class [String, Class] the job class
+    # @param declaration [Object] the idempotency_key declaration
+    def initialize(message, job_class: nil, declaration: nil)
+      @job_class = job_class&.to_s
+      @declaration = declaration
+      super(message)
+    end
+  end
+end

@@ -1,0 +1,205 @@
+# frozen_string_literal: true
+
+require "json"
+
+module IdempotentJob
+  # Turns an `idempotency_key` declaration into the operation key of a delivery.
+  #
+  # A declaration is one of:
+  # * a Symbol or String naming a positional `perform` parameter (`:order_id`);
+  # * an Integer argument index (`0`);
+  # * a dotted String path into a Hash (or Array) argument (`"payload.order.id"`),
+  #   whose first segment is a parameter name or an index;
+  # * an Array of those, for a composite key.
+  #
+  # The operation key is a String: a single String/Integer value is stored as is
+  # (`42` and `"42"` are the same operation); a Hash or Array value, and a composite
+  # key, as canonical JSON (Hash keys as strings, sorted), so Hash key order and
+  # Symbol/String keys do not change the key and composite parts cannot run together
+  # (`["a:b","c"]` and `["a","b:c"]` stay different).
+  class Key
+    PARAMETER_KINDS = %i[req opt].freeze
+    private_constant :PARAMETER_KINDS
+
+    @cache = {}
+    @cache_lock = Mutex.new
+
+    class << self
+      # A resolved declaration for a job class, cached per class and declaration.
+      # @param job_class [Class] the Sidekiq job class (its `perform` names parameters)
+      # @param declaration [Symbol, String, Integer, Array] the idempotency_key option
+      # @return [Key]
+      # @raise [OperationKeyError] when the declaration is malformed or names an unknown parameter
+      def for(job_class, declaration)
+        cache_key = [job_class, declaration]
+        @cache_lock.synchronize { @cache[cache_key] } ||
+          new(job_class, declaration).tap { |key| @cache_lock.synchronize { @cache[cache_key] = key } }
+      end
+    end
+
+    # @return [Object] the declaration as given
+    attr_reader :declaration
+
+    # @param job_class [Class, String] the job class
+    # @param declaration [Symbol, String, Integer, Array] see {Key}
+    # @raise [OperationKeyError] when the declaration is malformed or names an unknown parameter
+    def initialize(job_class, declaration)
+      @job_class = job_class
+      @declaration = declaration
+      @composite = declaration.is_a?(Array)
+      parts = @composite ? declaration : [declaration]
+      fail_declaration("is an empty Array") if parts.empty?
+      @paths = parts.map { |part| resolve(part) }
+    end
+
+    # The operation key of one delivery.
+    # @param args [Array] the job's arguments (`job["args"]`)
+    # @return [String] the canonical operation key
+    # @raise [OperationKeyError] when an argument is missing, nil, empty or of an unsupported type
+    def operation_key(args)
+      unless args.is_a?(Array)
+        fail_value(nil, "the job's arguments are #{args.class}, not an Array")
+      end
+      values = @paths.map { |path| fetch(args, path) }
+      return scalar_or_json(values.first, @paths.first) unless @composite
+
+      JSON.generate(values.each_with_index.map { |value, i| composite_part(value, @paths[i]) })
+    end
+
+    private
+
+    def job_name
+      @job_class.is_a?(Class) ? @job_class.name : @job_class.to_s
+    end
+
+    def fail_declaration(problem)
+      raise OperationKeyError.new(
+        "#{job_name}: idempotency_key #{@declaration.inspect} #{problem}",
+        job_class: job_name, declaration: @declaration
+      )
+    end
+
+    def fail_value(path, problem)
+      where = path ? " (#{path[:label]})" : ""
+      raise OperationKeyError.new(
+        "#{job_name}: idempotency_key #{@declaration.inspect}#{where}: #{problem}; " \
+        "the job was not run and nothing was recorded",
+        job_class: job_name, declaration: @declaration
+      )
+    end
+
+    # A declaration part → { label:, index:, segments: [String…] }
+    def resolve(part)
+      case part
+      when Integer
+        fail_declaration("uses a negative argument index #{part}") if part.negative?
+        { label: "argument #{part}", index: part, segments: [] }
+      when Symbol, String
+        resolve_path(part.to_s)
+      else
+        fail_declaration("has a part of type #{part.class}: use a parameter name (Symbol/String), " \
+                         "an argument index (Integer), a dotted path (\"payload.id\") or an Array of those")
+      end
+    end
+
+    def resolve_path(text)
+      segments = text.split(".", -1)
+      fail_declaration("contains an empty name or path segment in #{text.inspect}") if segments.any?(&:empty?)
+      head = segments.shift
+      index = head.match?(/\A\d+\z/) ? Integer(head, 10) : parameter_index(head)
+      { label: text, index: index, segments: segments }
+    end
+
+    def parameter_index(name)
+      params = perform_parameters
+      return fail_declaration("names parameter #{name.inspect}, but #{job_name} is not a loaded class") if params.nil?
+
+      found = params.index { |(_, param)| param.to_s == name }
+      fail_declaration("names parameter #{name.inspect}, which #{job_name}#perform does not have " \
+                       "(it has #{params.map { |(_, p)| p.inspect }.join(", ")})") if found.nil?
+      kind = params[found][0]
+      unless PARAMETER_KINDS.include?(kind) && params[0...found].all? { |(k, _)| PARAMETER_KINDS.include?(k) }
+        fail_declaration("names parameter #{name.inspect}, which is not a plain positional parameter " \
+                         "of #{job_name}#perform: use an argument index instead")
+      end
+      found
+    end
+
+    def perform_parameters
+      return nil unless @job_class.is_a?(Class) && @job_class.method_defined?(:perform)
+
+      @job_class.instance_method(:perform).parameters
+    end
+
+    def fetch(args, path)
+      fail_value(path, "argument #{path[:index]} is missing (the job has #{args.size} arguments)") if
+        path[:index] >= args.size
+      value = args[path[:index]]
+      path[:segments].each do |segment|
+        value = dig(value, segment, path)
+      end
+      fail_value(path, "the value is nil") if value.nil?
+      value
+    end
+
+    def dig(value, segment, path)
+      case value
+      when Hash
+        return value[segment] if value.key?(segment)
+
+        sym = segment.to_sym
+        return value[sym] if value.key?(sym)
+
+        fail_value(path, "the Hash has no key #{segment.inspect}")
+      when Array
+        fail_value(path, "segment #{segment.inspect} indexes an Array, so it must be a number") unless
+          segment.match?(/\A\d+\z/)
+        i = Integer(segment, 10)
+        fail_value(path, "the Array has no element #{i}") if i >= value.size
+        value[i]
+      else
+        fail_value(path, "segment #{segment.inspect} reaches into a #{value.class}, not a Hash or Array")
+      end
+    end
+
+    def scalar_or_json(value, path)
+      case value
+      when String, Symbol
+        text = value.to_s
+        fail_value(path, "the value is an empty String") if text.empty?
+        text
+      when Integer
+        value.to_s
+      when Hash, Array
+        JSON.generate(canonical(value, path))
+      else
+        unsupported(value, path)
+      end
+    end
+
+    def composite_part(value, path)
+      case value
+      when String, Symbol, Integer then scalar_or_json(value, path)
+      when Hash, Array then canonical(value, path)
+      else unsupported(value, path)
+      end
+    end
+
+    def canonical(value, path)
+      case value
+      when Hash
+        value.map { |k, v| [k.to_s, canonical(v, path)] }.sort_by(&:first).to_h
+      when Array then value.map { |v| canonical(v, path) }
+      when Symbol then value.to_s
+      when String, Integer, Float, true, false, nil then value
+      else unsupported(value, path)
+      end
+    end
+
+    def unsupported(value, path)
+      hint = value.is_a?(Float) ? " (floats are ambiguous as keys: pass an Integer or a String)" : ""
+      fail_value(path, "a #{value.class} cannot be an operation key#{hint}; " \
+                       "use a String, an Integer, or a Hash/Array of JSON values")
+    end
+  end
+end

@@ -1,0 +1,24 @@
+# frozen_string_literal: true
+
+require "rake"
+require "idempotent_job"
+
+# Rake tasks of the gem. In a plain Rakefile: `require "idempotent_job/rake_tasks"`;
+# in Rails the Railtie loads them. Connection settings come from the environment
+# (IDEMPOTENT_JOB_DATABASE_URL, then DATABASE_URL) unless the app configured the gem.
+namespace :idempotent_job do
+  desc "Create or update the idempotency record table (applies migrations/ in order; safe to run twice)"
+  task migrate: (Rake::Task.task_defined?(:environment) ? [:environment] : []) do
+    applied = IdempotentJob.migrate!
+    if applied.empty?
+      puts "idempotent_job: schema is up to date"
+    else
+      applied.each { |name| puts "idempotent_job: applied #{name}" }
+    end
+  end
+
+  desc "Print the schema SQL of every migration (for teams that manage migrations themselves)"
+  task :sql do
+    puts IdempotentJob.schema_sql
+  end
+end
