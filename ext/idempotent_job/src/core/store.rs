@@ -118,6 +118,30 @@ impl Store {
     }
 }
 
+impl Drop for Store {
+    fn drop(&mut self) {
+        let owned = self
+            .owned
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(owned) = owned else { return };
+        if owned.pid != std::process::id() {
+            // Garbage-collected in a forked child: the parent's runtime must not be
+            // shut down from here (its threads do not exist; shutdown would hang).
+            std::mem::forget(owned);
+            return;
+        }
+        let Handle { runtime, pool } = owned.handle;
+        pool.close();
+        drop(pool);
+        // Never block the dropping thread (a Ruby GC) on the runtime's threads.
+        if let Ok(runtime) = Arc::try_unwrap(runtime) {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// A pooled connection checked out for one operation.
 ///
 /// Call [`Conn::finish`] once the operation has its answer: the connection goes back

@@ -1,0 +1,255 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+
+# Replays the deliveries an at-least-once queue makes, through Sidekiq's testing
+# harness against a real PostgreSQL. Every scenario runs twice: with the middleware
+# (the effect happens once) and without it (the control: the duplicates do happen,
+# so these specs can fail).
+RSpec.describe "Replaying deliveries of one operation" do
+  def job_hash(args = [42, 1500], **extra)
+    ChargeOrderJob.perform_async(*args)
+    ChargeOrderJob.jobs.pop.merge(extra.transform_keys(&:to_s))
+  end
+
+  def deliver(job)
+    ChargeOrderJob.process_job(job)
+  end
+
+  def record(key = "42")
+    IdempotentJob.record("ChargeOrderJob", key)
+  end
+
+  def without_middleware!
+    Sidekiq::Testing.server_middleware(&:clear)
+  end
+
+  # Forks a worker that delivers `job` and blocks at `point` until killed.
+  def kill_worker_at(point, job)
+    pid, reader = fork_worker do |pipe|
+      SpecHooks.on(point) do
+        pipe.puts("at #{point}")
+        sleep 60
+      end
+      deliver(job)
+    end
+    expect(read_line(reader)).to eq("at #{point}")
+    kill9(pid)
+  end
+
+  def wait_for_lease_end(lease)
+    sleep lease + 0.2
+  end
+
+  describe "the same message delivered three times in a row" do
+    it "runs the effect once; the repeats are counted as duplicates" do
+      job = job_hash
+      3.times { deliver(job) }
+      expect(Effects.count(42)).to eq(1)
+      expect(record).to have_attributes(status: :completed, attempts: 1, duplicates: 2)
+    end
+
+    it "also when each repeat is a re-enqueue with a new jid" do
+      3.times { ChargeOrderJob.perform_async(42, 1500) }
+      ChargeOrderJob.drain
+      expect(Effects.count(42)).to eq(1)
+    end
+
+    it "control: without the middleware the effect happens three times" do
+      without_middleware!
+      job = job_hash
+      3.times { deliver(job) }
+      expect(Effects.count(42)).to eq(3)
+    end
+  end
+
+  describe "the same message delivered to two workers at once" do
+    def race_threads(job)
+      ready = Queue.new
+      go = Queue.new
+      SpecHooks.on(:after_effect) { sleep 0.3 } # the first holder is still working
+      threads = 2.times.map do
+        Thread.new do
+          ready << true
+          go.pop
+          deliver(job)
+        end
+      end
+      2.times { ready.pop }
+      2.times { go << true }
+      threads.each(&:join)
+    end
+
+    it "threads: one runs the effect, the other is deferred until the lease ends, then skipped" do
+      job = job_hash
+      race_threads(job)
+      expect(Effects.count(42)).to eq(1)
+      deferred = ChargeOrderJob.jobs
+      expect(deferred.size).to eq(1)
+      expect(deferred.first["at"]).to be_within(3).of(Time.now.to_f + 30)
+      expect(deferred.first["jid"]).to eq(job["jid"])
+      ChargeOrderJob.drain # the deferred delivery arrives later: the operation is completed
+      expect(Effects.count(42)).to eq(1)
+      expect(record).to have_attributes(status: :completed, attempts: 1, duplicates: 2)
+    end
+
+    it "control threads: without the middleware both run the effect" do
+      without_middleware!
+      race_threads(job_hash)
+      expect(Effects.count(42)).to eq(2)
+    end
+
+    def race_processes(job)
+      gate_reader, gate_writer = IO.pipe
+      children = 2.times.map do
+        fork_worker do |pipe|
+          gate_writer.close
+          SpecHooks.on(:after_effect) { sleep 0.3 }
+          gate_reader.read(1) # the barrier: both start when the parent closes the gate
+          deliver(job)
+          pipe.puts("deferred=#{ChargeOrderJob.jobs.size}")
+        end
+      end
+      gate_reader.close
+      sleep 0.2
+      gate_writer.close
+      children.map do |pid, reader|
+        line = read_line(reader)
+        expect(wait_child(pid)).to be_success
+        line
+      end
+    end
+
+    it "processes: one runs the effect, the other is turned away and deferred" do
+      outcomes = race_processes(job_hash)
+      expect(Effects.count(42)).to eq(1)
+      expect(outcomes.sort).to eq(%w[deferred=0 deferred=1])
+      expect(record).to have_attributes(status: :completed, attempts: 1, duplicates: 1)
+    end
+
+    it "control processes: without the middleware both run the effect" do
+      without_middleware!
+      race_processes(job_hash)
+      expect(Effects.count(42)).to eq(2)
+    end
+  end
+
+  describe "a worker that dies (SIGKILL) after its claim, before the effect" do
+    let(:lease) { 1.5 }
+
+    it "keeps redeliveries inside the lease from running; after the lease one runs" do
+      job = job_hash("idempotency_lease" => lease)
+      kill_worker_at(:before_effect, job)
+      expect(record).to have_attributes(status: :claimed, attempts: 1)
+
+      deliver(job) # inside the lease: deferred, not run, not lost
+      expect(Effects.count(42)).to eq(0)
+      expect(ChargeOrderJob.jobs.size).to eq(1)
+
+      wait_for_lease_end(lease)
+      deliver(ChargeOrderJob.jobs.shift) # the deferred delivery, after the lease
+      deliver(job) # and one more repeat for good measure
+      expect(Effects.count(42)).to eq(1)
+      expect(record).to have_attributes(status: :completed, attempts: 2, takeovers: 1, last_claim: :takeover)
+    end
+
+    it "control: without the middleware both redeliveries run the effect" do
+      without_middleware!
+      job = job_hash
+      kill_worker_at(:before_effect, job)
+      2.times { deliver(job) }
+      expect(Effects.count(42)).to eq(2)
+    end
+  end
+
+  describe "a worker that dies (SIGKILL) after the effect, before completion" do
+    let(:lease) { 1.5 }
+
+    it "under the default :reclaim policy runs once more after the lease: the documented duplicate" do
+      job = job_hash("idempotency_lease" => lease)
+      kill_worker_at(:after_effect, job)
+      expect(Effects.count(42)).to eq(1)
+      expect(record).to have_attributes(status: :claimed)
+
+      deliver(job) # inside the lease: not run
+      expect(Effects.count(42)).to eq(1)
+
+      wait_for_lease_end(lease)
+      deliver(job) # stale claim taken over: the effect runs a second time
+      deliver(job) # completed: turned away
+      expect(Effects.count(42)).to eq(2)
+      expect(record).to have_attributes(status: :completed, attempts: 2, takeovers: 1)
+    end
+
+    it "control: without the middleware every redelivery repeats the effect" do
+      without_middleware!
+      job = job_hash
+      kill_worker_at(:after_effect, job)
+      2.times { deliver(job) }
+      expect(Effects.count(42)).to eq(3)
+    end
+  end
+
+  describe "a job body that raises" do
+    it "releases the claim and re-raises, so Sidekiq's retry runs it again once" do
+      job = job_hash
+      SpecHooks.on(:after_effect) { raise "card declined" }
+      expect { deliver(job) }.to raise_error(RuntimeError, "card declined")
+      expect(record).to have_attributes(status: :released, last_error: "RuntimeError: card declined")
+
+      SpecHooks.reset!
+      deliver(job) # the retry
+      deliver(job)
+      expect(Effects.count(42)).to eq(2) # the failed run's write, then the retry's
+      expect(record).to have_attributes(status: :completed, attempts: 2, last_claim: :retry)
+    end
+
+    it "keeps the claim when the job ends with Sidekiq::Shutdown, even as a cause" do
+      job = job_hash
+      SpecHooks.on(:before_effect) do
+        raise Sidekiq::Shutdown
+      rescue Sidekiq::Shutdown
+        raise "wrapped"
+      end
+      expect { deliver(job) }.to raise_error(RuntimeError, "wrapped")
+      expect(record).to have_attributes(status: :claimed, attempts: 1)
+    end
+  end
+
+  describe "two distinct operations" do
+    it "both run: the gem does not skip real work" do
+      ChargeOrderJob.perform_async(1, 100)
+      ChargeOrderJob.perform_async(2, 100)
+      ChargeOrderJob.drain
+      expect([Effects.count(1), Effects.count(2)]).to eq([1, 1])
+      expect([record("1"), record("2")].map(&:status)).to eq(%i[completed completed])
+    end
+
+    it "control: without the middleware both run as well" do
+      without_middleware!
+      ChargeOrderJob.perform_async(1, 100)
+      ChargeOrderJob.perform_async(2, 100)
+      ChargeOrderJob.drain
+      expect(Effects.count).to eq(2)
+    end
+  end
+
+  describe "jobs without idempotency_key" do
+    it "pass through untouched: every delivery runs and nothing is recorded" do
+      2.times { UnkeyedJob.perform_async(7) }
+      UnkeyedJob.drain
+      expect(Effects.count(7)).to eq(2)
+      expect(IdempotentJob.record("UnkeyedJob", "7")).to be_nil
+    end
+  end
+
+  describe "a shared idempotency_scope" do
+    it "makes two job classes one operation when their keys agree" do
+      ShipParcelJob.perform_async({ "order" => { "id" => 9 } }, "ups")
+      ShipParcelV2Job.perform_async({ "order" => { "id" => 9 } }, "ups")
+      Sidekiq::Worker.drain_all
+      expect(Effects.count("9/ups")).to eq(1)
+      expect(IdempotentJob.record("shipping", '["9","ups"]')).to have_attributes(duplicates: 1)
+    end
+  end
+end

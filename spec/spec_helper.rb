@@ -1,0 +1,38 @@
+# frozen_string_literal: true
+
+$LOAD_PATH.unshift File.expand_path("../lib", __dir__)
+
+require_relative "support/services"
+require "sidekiq"
+require "sidekiq/testing"
+Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+require "idempotent_job"
+require "idempotent_job/sidekiq"
+require_relative "support/effects"
+require_relative "support/jobs"
+require_relative "support/processes"
+
+Sidekiq.logger.level = Logger::WARN
+Sidekiq::Testing.fake!
+
+RSpec.configure do |config|
+  config.disable_monkey_patching!
+  config.order = :defined
+  config.filter_run_when_matching :focus
+  config.example_status_persistence_file_path = "tmp/rspec-status.txt"
+
+  config.before(:suite) do
+    SpecServices.configure_gem!
+    IdempotentJob.migrate!
+    Effects.create_table!
+  end
+
+  config.before do
+    SpecServices.configure_gem!
+    Effects.reset!
+    SpecHooks.reset!
+    Sidekiq::Worker.clear_all
+    Sidekiq::Testing.server_middleware(&:clear)
+    Sidekiq::Testing.server_middleware { |chain| chain.add IdempotentJob::Sidekiq::ServerMiddleware }
+  end
+end

@@ -1,0 +1,42 @@
+# frozen_string_literal: true
+
+# A job with a single-parameter operation key: the README's example.
+class ChargeOrderJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: :order_id, retry: 3
+
+  def perform(order_id, amount_cents)
+    SpecHooks.call(:before_effect, order_id)
+    Effects.record("charge", order_id)
+    SpecHooks.call(:after_effect, order_id, amount_cents)
+  end
+end
+
+# The same body without a key declaration: passes through the middleware untouched.
+class UnkeyedJob
+  include Sidekiq::Job
+
+  def perform(order_id)
+    Effects.record("unkeyed", order_id)
+  end
+end
+
+# A composite key reaching into a Hash argument.
+class ShipParcelJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: ["payload.order.id", :carrier], idempotency_scope: "shipping"
+
+  def perform(payload, carrier)
+    Effects.record("ship", "#{payload.dig("order", "id")}/#{carrier}")
+  end
+end
+
+# Another class sharing ShipParcelJob's scope: the same operation, not run twice.
+class ShipParcelV2Job
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: ["payload.order.id", 1], idempotency_scope: "shipping"
+
+  def perform(payload, carrier)
+    Effects.record("ship", "#{payload.dig("order", "id")}/#{carrier}")
+  end
+end
