@@ -57,9 +57,7 @@ module IdempotentJob
     # @return [String] the canonical operation key
     # @raise [OperationKeyError] when an argument is missing, nil, empty or of an unsupported type
     def operation_key(args)
-      unless args.is_a?(Array)
-        fail_value(nil, "the job's arguments are #{args.class}, not an Array")
-      end
+      fail_value(nil, "the job's arguments are #{args.class}, not an Array") unless args.is_a?(Array)
       values = @paths.map { |path| fetch(args, path) }
       return scalar_or_json(values.first, @paths.first) unless @composite
 
@@ -107,7 +105,7 @@ module IdempotentJob
       fail_declaration("contains an empty name or path segment in #{text.inspect}") if segments.any?(&:empty?)
       head = segments.shift
       index = head.match?(/\A\d+\z/) ? Integer(head, 10) : parameter_index(head)
-      { label: text, index: index, segments: segments }
+      { label: text, index:, segments: }
     end
 
     def parameter_index(name)
@@ -115,8 +113,10 @@ module IdempotentJob
       return fail_declaration("names parameter #{name.inspect}, but #{job_name} is not a loaded class") if params.nil?
 
       found = params.index { |(_, param)| param.to_s == name }
-      fail_declaration("names parameter #{name.inspect}, which #{job_name}#perform does not have " \
-                       "(it has #{params.map { |(_, p)| p.inspect }.join(", ")})") if found.nil?
+      if found.nil?
+        fail_declaration("names parameter #{name.inspect}, which #{job_name}#perform does not have " \
+                         "(it has #{params.map { |(_, p)| p.inspect }.join(", ")})")
+      end
       kind = params[found][0]
       unless PARAMETER_KINDS.include?(kind) && params[0...found].all? { |(k, _)| PARAMETER_KINDS.include?(k) }
         fail_declaration("names parameter #{name.inspect}, which is not a plain positional parameter " \

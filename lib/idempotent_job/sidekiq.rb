@@ -69,14 +69,14 @@ module IdempotentJob
       # @raise [OperationKeyError] when the arguments yield no operation key (body not run)
       # @raise [ConnectionError, DatabaseError] when the claim cannot be decided (body not run)
       # @raise [LostClaimError] when the body ran but its claim had been taken over
-      def call(job_instance, job_hash, _queue, &block)
+      def call(job_instance, job_hash, _queue, &)
         options = Options.resolve(job_instance.class, job_hash)
         return yield unless options
 
         key = options.key.operation_key(job_hash["args"])
         decision = IdempotentJob.store.claim(options.scope, key, job_hash["jid"], options.lease.to_f)
         case decision[:decision]
-        when :claimed then run_claimed(options.scope, key, job_hash, decision, &block)
+        when :claimed then run_claimed(options.scope, key, job_hash, decision, &)
         when :completed then skip(options.scope, key, job_hash, decision)
         else defer(options.scope, key, job_hash, decision)
         end

@@ -13,7 +13,9 @@ module Effects
     # its parent's socket).
     def connection
       @lock.synchronize do
-        @connections[[Process.pid, Thread.current.object_id]] ||= PG.connect(SpecServices.database_url)
+        @connections[[Process.pid, Thread.current.object_id]] ||= PG.connect(SpecServices.database_url).tap do |c|
+          c.exec("SET client_min_messages = warning")
+        end
       end
     end
 

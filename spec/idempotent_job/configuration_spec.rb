@@ -1,0 +1,47 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+
+RSpec.describe IdempotentJob::Configuration do
+  subject(:config) { described_class.new }
+
+  around do |example|
+    saved = ENV.to_h.slice("IDEMPOTENT_JOB_DATABASE_URL", "DATABASE_URL")
+    example.run
+  ensure
+    %w[IDEMPOTENT_JOB_DATABASE_URL DATABASE_URL].each { |k| ENV[k] = saved[k] }
+  end
+
+  it "reads IDEMPOTENT_JOB_DATABASE_URL, then DATABASE_URL, unless a URL is set" do
+    ENV["IDEMPOTENT_JOB_DATABASE_URL"] = nil
+    ENV["DATABASE_URL"] = "postgres://b/db"
+    expect(config.database_url).to eq("postgres://b/db")
+    ENV["IDEMPOTENT_JOB_DATABASE_URL"] = "postgres://a/db"
+    expect(config.database_url).to eq("postgres://a/db")
+    config.database_url = "postgres://c/db"
+    expect(config.database_url).to eq("postgres://c/db")
+  end
+
+  it "defaults the lease to 300 seconds and rejects a non-positive lease" do
+    expect(config.lease).to eq(300)
+    expect { config.lease = 0 }.to raise_error(IdempotentJob::ConfigurationError, /lease must be a positive/)
+    expect { config.lease = "5" }.to raise_error(IdempotentJob::ConfigurationError)
+  end
+
+  it "never shows the password in inspect or to_s" do
+    config.database_url = "postgres://app:pa55-secret@db.internal:5432/app"
+    expect(config.inspect).not_to include("pa55-secret")
+    expect(config.to_s).to include("app:[REDACTED]@db.internal")
+    config.database_url = "host=db password=pa55-secret"
+    expect(config.inspect).not_to include("pa55-secret")
+  end
+
+  it "rejects bad pool settings at configure time, naming the setting" do
+    expect do
+      IdempotentJob.configure do |c|
+        c.database_url = SpecServices.database_url
+        c.checkout_timeout = -1
+      end
+    end.to raise_error(IdempotentJob::ConfigurationError, /checkout_timeout/)
+  end
+end

@@ -1,0 +1,160 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "timeout"
+
+# The native layer against a real PostgreSQL: errors, interrupts, the GVL, fork.
+RSpec.describe "IdempotentJob's native layer" do
+  let(:store) { IdempotentJob.store }
+
+  def unique_key
+    "k-#{rand(1 << 40)}"
+  end
+
+  # Holds the row lock of a record in another session, so a claim of it blocks.
+  def with_row_locked(job_type, key)
+    conn = PG.connect(SpecServices.database_url)
+    conn.exec("BEGIN")
+    conn.exec_params("SELECT 1 FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2 FOR UPDATE",
+                     [job_type, key])
+    yield
+  ensure
+    conn&.exec("ROLLBACK")
+    conn&.close
+  end
+
+  describe "errors" do
+    it "are all IdempotentJob::Error subclasses" do
+      %w[ConfigurationError ConnectionError DatabaseError LostClaimError MigrationError
+         OperationKeyError].each do |name|
+        expect(IdempotentJob.const_get(name)).to be < IdempotentJob::Error
+      end
+    end
+
+    it "reports an unreachable database as a retryable ConnectionError without the password" do
+      SpecServices.configure_gem!(database_url: "postgres://app:pa55-secret@127.0.0.1:1/app", connect_timeout: 2)
+      expect { IdempotentJob.store.claim("T", "1", "j", 5.0) }.to raise_error(IdempotentJob::ConnectionError) do |e|
+        expect(e).to be_retryable
+        expect(e.message).not_to include("pa55-secret")
+      end
+    end
+
+    it "keeps PostgreSQL's SQLSTATE and says to migrate when the table is missing" do
+      SpecServices.configure_gem!(database_url: "#{SpecServices.database_url}?options=-csearch_path%3Dnowhere")
+      expect { IdempotentJob.store.claim("T", "1", "j", 5.0) }.to raise_error(IdempotentJob::DatabaseError) do |e|
+        expect(e.sqlstate).to eq("42P01")
+        expect(e.message).to include("idempotent_job:migrate")
+      end
+    end
+
+    it "rejects an unparsable URL at configure time without echoing the password" do
+      expect do
+        IdempotentJob.configure { |c| c.database_url = "postgres://u:pa55-secret@host:notaport/db" }
+      end.to raise_error(IdempotentJob::ConfigurationError) { |e| expect(e.message).not_to include("pa55-secret") }
+    end
+
+    it "raises LostClaimError, naming job and key, when a taken-over claim is completed" do
+      key = unique_key
+      old = store.claim("T", key, "j1", 0.2)
+      sleep 0.3
+      new = store.claim("T", key, "j2", 5.0)
+      expect(new).to include(decision: :claimed, kind: :takeover, attempt: 2)
+      expect { store.complete("T", key, old[:token]) }.to raise_error(IdempotentJob::LostClaimError) do |e|
+        expect([e.job_type, e.operation_key]).to eq(["T", key])
+      end
+      expect(store.complete("T", key, new[:token])).to be(true)
+    end
+
+    it "fails a delivery closed when the database is unreachable: ConnectionError, body not run" do
+      SpecServices.configure_gem!(database_url: "postgres://postgres@127.0.0.1:1/none", connect_timeout: 1)
+      ChargeOrderJob.perform_async(5, 1)
+      expect { ChargeOrderJob.drain }.to raise_error(IdempotentJob::ConnectionError)
+      expect(Effects.count).to eq(0)
+    end
+  end
+
+  describe "interrupts" do
+    it "Timeout returns promptly from a claim blocked on a row lock; the next call is not delayed" do
+      SpecServices.configure_gem!(pool_size: 1)
+      key = unique_key
+      IdempotentJob.store.claim("T", key, "j", 30.0)
+      with_row_locked("T", key) do
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        expect do
+          Timeout.timeout(0.3) do
+            IdempotentJob.store.claim("T", key, "j2", 30.0)
+          end
+        end.to raise_error(Timeout::Error)
+        expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 1.0
+        # The pool's one connection still runs the orphaned statement: it was detached.
+        expect(IdempotentJob.store.claim("T", unique_key, "j3", 30.0)).to include(decision: :claimed)
+      end
+    end
+
+    it "Thread#raise and Thread#kill reach a thread blocked in a claim" do
+      key = unique_key
+      store.claim("T", key, "j", 30.0)
+      with_row_locked("T", key) do
+        raised = Thread.new { store.claim("T", key, "j2", 30.0) }
+        raised.report_on_exception = false
+        killed = Thread.new { store.claim("T", key, "j3", 30.0) }
+        sleep 0.3
+        raised.raise(ArgumentError, "stop")
+        killed.kill
+        expect { raised.join(2) }.to raise_error(ArgumentError, "stop")
+        expect(killed.join(2)).to eq(killed)
+      end
+    end
+
+    it "no statement is left running after an interrupt" do
+      key = unique_key
+      store.claim("T", key, "j", 30.0)
+      with_row_locked("T", key) do
+        expect { Timeout.timeout(0.2) { store.claim("T", key, "j2", 30.0) } }.to raise_error(Timeout::Error)
+      end
+      sleep 0.3
+      active = Effects.connection.exec(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' AND state = 'active'"
+      ).getvalue(0, 0).to_i
+      expect(active).to eq(0)
+    end
+  end
+
+  describe "the GVL" do
+    it "is released while a call waits on the database, so other Ruby threads run" do
+      key = unique_key
+      store.claim("T", key, "j", 30.0)
+      ticks = 0
+      with_row_locked("T", key) do
+        waiter = Thread.new { Timeout.timeout(1) { store.claim("T", key, "j2", 30.0) } rescue nil } # rubocop:disable Style/RescueModifier
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.5
+        ticks += 1 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        waiter.join
+      end
+      expect(ticks).to be > 10_000
+    end
+  end
+
+  describe "fork" do
+    it "gives a forked child its own runtime and pool; the parent keeps working" do
+      5.times do |i|
+        parent = store.claim("Fork", "parent-#{i}", "p", 30.0)
+        pid, reader = fork_worker do |pipe|
+          child = IdempotentJob.store.claim("Fork", "child-#{i}", "c", 30.0)
+          IdempotentJob.store.complete("Fork", "child-#{i}", child[:token])
+          pipe.puts(IdempotentJob.record("Fork", "child-#{i}").status)
+        end
+        expect(read_line(reader, timeout: 10)).to eq("completed")
+        expect(wait_child(pid, timeout: 10)).to be_success
+        expect(store.complete("Fork", "parent-#{i}", parent[:token])).to be(true)
+      end
+    end
+  end
+
+  describe "migrations" do
+    it "are recorded and safe to run twice" do
+      expect(IdempotentJob.migrate!).to eq([])
+      expect(IdempotentJob.schema_sql).to include("CREATE TABLE idempotent_job_records")
+    end
+  end
+end

@@ -1,0 +1,63 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "sidekiq/api"
+
+# A real `sidekiq` process on a real Redis, fed duplicate deliveries.
+RSpec.describe "A real Sidekiq process", :integration do
+  let(:root) { File.expand_path("../..", __dir__) }
+  let(:log) { File.join(root, "tmp", "spec-sidekiq.log") }
+
+  def start_sidekiq
+    Process.spawn({ "REDIS_URL" => ENV.fetch("REDIS_URL") },
+                  "sidekiq", "-r", File.join(root, "spec/support/sidekiq_boot.rb"), "-c", "5", "-q", "default",
+                  chdir: root, out: log, err: log, pgroup: true)
+  end
+
+  def stop_sidekiq(pid)
+    Process.kill(:TERM, pid)
+    Timeout.timeout(30) { Process.wait(pid) }
+  rescue Errno::ESRCH, Errno::ECHILD
+    nil
+  end
+
+  def drained?
+    Sidekiq::Queue.new("default").size.zero? && Sidekiq::ScheduledSet.new.size.zero? &&
+      Sidekiq::RetrySet.new.size.zero? && Sidekiq::Workers.new.size.zero?
+  end
+
+  def wait_until_drained(timeout: 60)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    sleep 0.5 until drained? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    expect(drained?).to be(true), "jobs still pending after #{timeout} s; see #{log}"
+  end
+
+  around do |example|
+    Sidekiq::Testing.disable! do
+      Sidekiq.redis(&:flushdb)
+      example.run
+    end
+  end
+
+  it "runs each operation's effect once despite repeats, identical redeliveries and concurrent copies" do
+    pid = start_sidekiq
+    begin
+      3.times { ChargeOrderJob.perform_async(42, 100) } # repeats: re-enqueued, new jids
+      payload = { "class" => "ChargeOrderJob", "args" => [43, 100], "jid" => "same-jid-#{rand(1 << 30)}",
+                  "queue" => "default", "idempotency_lease" => 3 }
+      2.times { Sidekiq::Client.push(payload) } # identical redelivery, same jid
+      Sidekiq::Client.push_bulk("class" => ChargeOrderJob, "args" => Array.new(5) { [44, 100] },
+                                "idempotency_lease" => 3) # concurrent copies
+      ChargeOrderJob.perform_async(45, 100) # a distinct operation
+      wait_until_drained
+    ensure
+      stop_sidekiq(pid)
+    end
+    expect([42, 43, 44, 45].map { |k| Effects.count(k) }).to eq([1, 1, 1, 1])
+    records = [42, 43, 44, 45].map { |k| IdempotentJob.record("ChargeOrderJob", k) }
+    expect(records.map(&:status)).to all(eq(:completed))
+    expect(records.map(&:duplicates)).to all(be >= 0)
+    expect(records.first.duplicates).to be >= 2
+    expect(File.read(log)).not_to match(/ERROR|Error:/)
+  end
+end
