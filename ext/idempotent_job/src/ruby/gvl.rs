@@ -68,7 +68,11 @@ fn panic_message(panic: Box<dyn Any + Send>) -> String {
 /// output. If Ruby interrupts the thread, the future is dropped and Ruby's pending
 /// exception is returned as the error; if nothing was pending (a spurious wake-up),
 /// a fresh future is made and run again.
-pub fn without_gvl<F, Fut, T>(ruby: &Ruby, runtime: &Runtime, mut make: F) -> Result<T, magnus::Error>
+pub fn without_gvl<F, Fut, T>(
+    ruby: &Ruby,
+    runtime: &Runtime,
+    mut make: F,
+) -> Result<T, magnus::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = T>,

@@ -117,8 +117,13 @@ impl NativeStore {
         rb_self.run(ruby, |pool| {
             let (job_type, operation_key) = (job_type.clone(), operation_key.clone());
             async move {
-                claim::complete(&mut Conn::checkout(&pool).await?, &job_type, &operation_key, token)
-                    .await
+                claim::complete(
+                    &mut Conn::checkout(&pool).await?,
+                    &job_type,
+                    &operation_key,
+                    token,
+                )
+                .await
             }
         })?;
         Ok(true)
@@ -154,7 +159,9 @@ impl NativeStore {
     ) -> std::result::Result<Option<RHash>, magnus::Error> {
         let record = rb_self.run(ruby, |pool| {
             let (job_type, operation_key) = (job_type.clone(), operation_key.clone());
-            async move { claim::find(&mut Conn::checkout(&pool).await?, &job_type, &operation_key).await }
+            async move {
+                claim::find(&mut Conn::checkout(&pool).await?, &job_type, &operation_key).await
+            }
         })?;
         let Some(r) = record else { return Ok(None) };
         let hash = ruby.hash_new();
@@ -171,9 +178,15 @@ impl NativeStore {
         hash.aset(sym("lease_seconds"), r.lease_seconds)?;
         hash.aset(sym("lease_expired"), r.lease_expired)?;
         hash.aset(sym("last_error"), r.last_error)?;
-        hash.aset(sym("first_claimed_at"), time(ruby, Some(r.first_claimed_at))?)?;
+        hash.aset(
+            sym("first_claimed_at"),
+            time(ruby, Some(r.first_claimed_at))?,
+        )?;
         hash.aset(sym("claimed_at"), time(ruby, Some(r.claimed_at))?)?;
-        hash.aset(sym("lease_expires_at"), time(ruby, Some(r.lease_expires_at))?)?;
+        hash.aset(
+            sym("lease_expires_at"),
+            time(ruby, Some(r.lease_expires_at))?,
+        )?;
         hash.aset(sym("completed_at"), time(ruby, r.completed_at)?)?;
         hash.aset(sym("released_at"), time(ruby, r.released_at)?)?;
         hash.aset(sym("last_duplicate_at"), time(ruby, r.last_duplicate_at)?)?;
