@@ -60,6 +60,9 @@ module IdempotentJob
     class ServerMiddleware
       # Longest error text stored in `last_error`.
       ERROR_TEXT_LIMIT = 1000
+      # Seconds to wait before each new attempt to record a completion after a
+      # connection error (the body has run: its completion is worth a short wait).
+      COMPLETION_RETRY_DELAYS = [0.05, 0.25, 1.0].freeze
 
       # @param job_instance [Object] the job object Sidekiq built
       # @param job_hash [Hash] the job payload ("class", "args", "jid", options…)
@@ -101,8 +104,28 @@ module IdempotentJob
           release(scope, key, job_hash, token, e)
           raise
         end
-        IdempotentJob.store.complete(scope, key, token)
+        complete(scope, key, job_hash, token)
         result
+      end
+
+      # Records the completion, retrying briefly on connection errors. If it still cannot
+      # be written, the body's success stands (no retry that would repeat the effect):
+      # the record stays claimed, and its lease decides what a later delivery does.
+      def complete(scope, key, job_hash, token)
+        failures = 0
+        begin
+          IdempotentJob.store.complete(scope, key, token)
+        rescue IdempotentJob::ConnectionError => e
+          delay = COMPLETION_RETRY_DELAYS[failures]
+          failures += 1
+          if delay
+            sleep(delay)
+            retry
+          end
+          logger.error("idempotent_job: #{describe(scope, key, job_hash)} ran, but its completion could not " \
+                       "be recorded after #{failures} attempts (#{e.message}); the record stays claimed until " \
+                       "its lease ends, after which a redelivery would run it again")
+        end
       end
 
       def log_claim(scope, key, job_hash, decision)

@@ -253,3 +253,33 @@ RSpec.describe "Replaying deliveries of one operation" do
     end
   end
 end
+
+RSpec.describe "Recording a completion" do
+  it "recovers when the pool's connections are terminated while the body runs" do
+    SpecHooks.on(:after_effect) do
+      Effects.connection.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity " \
+                              "WHERE application_name = 'idempotent_job' AND pid <> pg_backend_pid()")
+    end
+    ChargeOrderJob.perform_async(42, 1500)
+    ChargeOrderJob.drain
+    SpecHooks.reset!
+    expect(IdempotentJob.record("ChargeOrderJob", "42")).to have_attributes(status: :completed)
+    ChargeOrderJob.perform_async(42, 1500)
+    ChargeOrderJob.drain
+    expect(Effects.count(42)).to eq(1)
+  end
+
+  it "is retried briefly, then given up with an error log and the record left claimed, never re-running the body" do
+    log = StringIO.new
+    SpecHooks.on(:after_effect) do
+      SpecServices.configure_gem!(database_url: "postgres://postgres@127.0.0.1:1/gone", connect_timeout: 1,
+                                  logger: Logger.new(log))
+    end
+    ChargeOrderJob.perform_async(42, 1500)
+    expect { ChargeOrderJob.drain }.not_to raise_error
+    SpecServices.configure_gem!
+    expect(IdempotentJob.record("ChargeOrderJob", "42")).to have_attributes(status: :claimed)
+    expect(log.string).to include("ran, but its completion could not be recorded after 4 attempts")
+    expect(Effects.count(42)).to eq(1)
+  end
+end
