@@ -6,7 +6,7 @@
 //! outcome of the one before. All lease arithmetic uses the database's `now()`.
 
 use chrono::{DateTime, Utc};
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
 use super::error::{Error, Result};
@@ -256,28 +256,15 @@ async fn update_claim(
     extra: Option<&str>,
     verb: &str,
 ) -> Result<()> {
-    let result = if let Some(text) = extra {
-        conn.execute_typed(
-            sql,
-            &[
-                (&job_type, Type::TEXT),
-                (&operation_key, Type::TEXT),
-                (&token, Type::UUID),
-                (&text, Type::TEXT),
-            ],
-        )
-        .await
-    } else {
-        conn.execute_typed(
-            sql,
-            &[
-                (&job_type, Type::TEXT),
-                (&operation_key, Type::TEXT),
-                (&token, Type::UUID),
-            ],
-        )
-        .await
-    };
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+        (&job_type, Type::TEXT),
+        (&operation_key, Type::TEXT),
+        (&token, Type::UUID),
+    ];
+    if let Some(text) = &extra {
+        params.push((text, Type::TEXT));
+    }
+    let result = conn.execute_typed(sql, &params).await;
     conn.finish();
     match result? {
         1 => Ok(()),
