@@ -5,6 +5,7 @@ require_relative "idempotent_job/errors"
 require_relative "idempotent_job/configuration"
 require_relative "idempotent_job/key"
 require_relative "idempotent_job/record"
+require_relative "idempotent_job/claim"
 require_relative "idempotent_job/native"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
@@ -60,7 +61,61 @@ module IdempotentJob
     # @raise [ConnectionError, DatabaseError]
     def record(job_type, operation_key)
       row = store.find(job_type.to_s, operation_key.to_s)
-      row && Record.new(**row)
+      row && Record.from_row(row)
+    end
+
+    # Operations held by the :hold policy, waiting for a person, oldest first.
+    # @param job_type [String, Class, nil] only this job type; nil for all
+    # @param limit [Integer] at most this many
+    # @return [Array<Record>] each with job_type, operation_key, held_at (since),
+    #   attempts, jid (the last claiming delivery), job_class, queue and args
+    # @raise [ConnectionError, DatabaseError]
+    def held(job_type: nil, limit: 100)
+      store.held(job_type&.to_s, Integer(limit)).filter_map { |type, key| record(type, key) }
+    end
+
+    # Settles a held (or given-up) operation.
+    # * `as: :done` — the effect is known to have happened: the record becomes completed
+    #   and later deliveries are skipped;
+    # * `as: :rerun` — run it again: the record is released and the stored job (class,
+    #   arguments, queue of the last claiming delivery) is re-enqueued with Sidekiq; that
+    #   delivery claims it as a retry and runs once.
+    # @param job_type [String, Class] the job type (idempotency scope)
+    # @param operation_key [String, Integer] the operation key as stored
+    # @param as [Symbol] :done or :rerun
+    # @return [Record] the record after the change
+    # @raise [Error] when the operation is not held or given up
+    # @raise [ConfigurationError] for another `as:`
+    # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises Sidekiq's error
+    #   after the record was released (enqueue the job again to run it)
+    def resolve(job_type, operation_key, as:)
+      resolution = Configuration.choice!("as", as, %i[done rerun])
+      before = record(job_type, operation_key)
+      unless before && %i[held given_up].include?(before.status) &&
+             store.resolve(job_type.to_s, operation_key.to_s, resolution)
+        raise Error, "#{job_type} operation #{operation_key.to_s.inspect} is not held or given up " \
+                     "(status: #{before&.status.inspect})"
+      end
+      rerun(before) if resolution == :rerun
+      record(job_type, operation_key)
+    end
+
+    # The claim of the delivery running on this thread, set by the Sidekiq middleware
+    # around the job body (and the stale-claim lookup).
+    # @return [Claim, nil]
+    def current_claim
+      Thread.current[:idempotent_job_claim]
+    end
+
+    # Runs the block with `claim` as {current_claim}. Internal.
+    # @param claim [Claim]
+    # @return [Object] the block's value
+    def with_claim(claim)
+      previous = Thread.current[:idempotent_job_claim]
+      Thread.current[:idempotent_job_claim] = claim
+      yield
+    ensure
+      Thread.current[:idempotent_job_claim] = previous
     end
 
     # @return [String] the SQL of every migration, in order (for teams that manage
@@ -87,6 +142,13 @@ module IdempotentJob
     end
 
     private
+
+    def rerun(record)
+      require "sidekiq"
+      ::Sidekiq::Client.push("class" => record.job_class, "args" => record.args, "queue" => record.queue || "default")
+      logger.warn("idempotent_job: #{record.job_type} operation #{record.operation_key.inspect} resolved for a " \
+                  "rerun: #{record.job_class} re-enqueued")
+    end
 
     def build_store(config)
       Native::Store.new(config.to_native_json)

@@ -11,6 +11,7 @@ require "idempotent_job/sidekiq"
 require_relative "support/effects"
 require_relative "support/jobs"
 require_relative "support/processes"
+require_relative "support/store_helpers"
 
 Sidekiq.logger.level = Logger::WARN
 Sidekiq::Testing.fake!

@@ -30,6 +30,28 @@ module IdempotentJob
     #   operation in progress is pushed back, so it arrives after the lease ends. Default 1.
     attr_reader :defer_margin
 
+    # Policies for a stale claim (its lease ran out: the holder may have died, before or
+    # after its effect), chosen in advance. Override per job with `idempotency_on_stale:`.
+    STALE_POLICIES = %i[reclaim hold skip].freeze
+    # What a delivery whose arguments differ from the claim's does.
+    MISMATCH_POLICIES = %i[log raise].freeze
+
+    # @return [Symbol] default stale-claim policy: :reclaim (run again: a rare duplicate),
+    #   :hold (do not run; held for a person), :skip (do not run; given up: a rare miss).
+    #   Default :reclaim.
+    attr_reader :on_stale
+
+    # @return [Symbol] :log (default: report a payload mismatch) or :raise (also refuse
+    #   the delivery with PayloadMismatchError)
+    attr_reader :on_mismatch
+
+    # @return [Boolean] renew the lease in the background while a job runs (default true)
+    attr_accessor :heartbeat
+
+    # @return [Numeric] seconds after which the heartbeat stops renewing a job's lease, so
+    #   a hung job loses its claim. Default 3600.
+    attr_reader :max_run
+
     # @return [Logger, nil] where decisions are logged; nil means Sidekiq.logger when
     #   Sidekiq is loaded, otherwise a Logger on $stderr.
     attr_writer :logger
@@ -45,6 +67,10 @@ module IdempotentJob
       @lease = 300
       @defer_margin = 1
       @logger = nil
+      @on_stale = :reclaim
+      @on_mismatch = :log
+      @heartbeat = true
+      @max_run = 3600
       NATIVE_DEFAULTS.each { |name, value| public_send("#{name}=", value) }
     end
 
@@ -58,6 +84,24 @@ module IdempotentJob
     # @raise [ConfigurationError] when not a positive number
     def lease=(seconds)
       @lease = self.class.positive_seconds!("lease", seconds)
+    end
+
+    # @param policy [Symbol, String] one of {STALE_POLICIES}
+    # @raise [ConfigurationError] for any other value
+    def on_stale=(policy)
+      @on_stale = self.class.choice!("on_stale", policy, STALE_POLICIES)
+    end
+
+    # @param policy [Symbol, String] one of {MISMATCH_POLICIES}
+    # @raise [ConfigurationError] for any other value
+    def on_mismatch=(policy)
+      @on_mismatch = self.class.choice!("on_mismatch", policy, MISMATCH_POLICIES)
+    end
+
+    # @param seconds [Numeric] > 0
+    # @raise [ConfigurationError] unless a positive number
+    def max_run=(seconds)
+      @max_run = self.class.positive_seconds!("max_run", seconds)
     end
 
     # @param seconds [Numeric] >= 0
@@ -87,7 +131,7 @@ module IdempotentJob
     def inspect
       fields = NATIVE_DEFAULTS.keys.map { |name| "#{name}=#{public_send(name).inspect}" }
       "#<#{self.class.name} database_url=#{self.class.redact(database_url).inspect} " \
-        "lease=#{lease.inspect} #{fields.join(" ")}>"
+        "lease=#{lease.inspect} on_stale=#{on_stale.inspect} #{fields.join(" ")}>"
     end
     alias to_s inspect
 
@@ -102,6 +146,22 @@ module IdempotentJob
 
       owner = job ? "#{job}: " : ""
       raise ConfigurationError, "#{owner}#{name} must be a positive number of seconds, got #{seconds.inspect}"
+    end
+
+    # Validates a policy name.
+    # @param name [String] option name for the message
+    # @param value [Symbol, String] the value
+    # @param allowed [Array<Symbol>]
+    # @param job [String, nil] job class for the message
+    # @return [Symbol]
+    # @raise [ConfigurationError] unless one of allowed
+    def self.choice!(name, value, allowed, job: nil)
+      symbol = value.respond_to?(:to_sym) ? value.to_sym : value
+      return symbol if allowed.include?(symbol)
+
+      owner = job ? "#{job}: " : ""
+      raise ConfigurationError, "#{owner}#{name} must be one of #{allowed.map(&:inspect).join(", ")}, " \
+                                "got #{value.inspect}"
     end
 
     # @param url [String, nil]

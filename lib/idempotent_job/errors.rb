@@ -69,3 +69,16 @@ module IdempotentJob
     end
   end
 end
+
+module IdempotentJob
+  # A job's `idempotency_lookup` method raised or answered something other than
+  # :done, :not_done or :unknown. The body was not run; the stale claim's lease was
+  # ended so the next delivery (Sidekiq's retry) asks the lookup again. The original
+  # exception, if any, is the `cause`.
+  class LookupError < Error; end
+
+  # A delivery's arguments differ from those of the operation's claim (same operation
+  # key, different payload) and the job declares `idempotency_on_mismatch: :raise`.
+  # The body was not run.
+  class PayloadMismatchError < Error; end
+end

@@ -1,23 +1,37 @@
 # frozen_string_literal: true
 
+require "json"
+
 module IdempotentJob
   # One idempotency record as stored in `idempotent_job_records` (read-only snapshot).
   # Times are Time objects from the database clock; durations are seconds.
   #
   # Members: job_type (String), operation_key (String), status (:claimed, :completed,
-  # :released), claim_token (String, the fencing token of the last claim), attempts
+  # :released, :held, :given_up), claim_token (String, the fencing token of the last claim), attempts
   # (Integer, claims made), takeovers (Integer, claims taken from an expired lease),
   # last_claim (:first, :retry, :takeover), jid (String, last claiming job id),
   # duplicates (Integer, deliveries turned away), lease_seconds (Float),
   # lease_expired (Boolean, by the database clock), last_error (String, why the last
-  # claim was released), first_claimed_at, claimed_at, lease_expires_at, completed_at,
-  # released_at, last_duplicate_at, updated_at.
+  # claim was released), args_digest (String), job_class, queue (String) and args
+  # (Array) of the last claiming delivery, mismatches (Integer, deliveries whose
+  # arguments differed), last_mismatch (Boolean), resolution ("done"/"rerun"),
+  # first_claimed_at, claimed_at, lease_expires_at, completed_at, released_at,
+  # last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at.
   Record = Struct.new(
     :job_type, :operation_key, :status, :claim_token, :attempts, :takeovers, :last_claim, :jid,
     :duplicates, :lease_seconds, :lease_expired, :last_error, :first_claimed_at, :claimed_at,
     :lease_expires_at, :completed_at, :released_at, :last_duplicate_at, :updated_at,
+    :args_digest, :job_class, :queue, :args, :mismatches, :last_mismatch, :resolution,
+    :heartbeat_at, :held_at, :given_up_at, :resolved_at,
     keyword_init: true
   ) do
+    # @param row [Hash] the native layer's row (arguments as JSON text in :args_json)
+    # @return [Record]
+    def self.from_row(row)
+      args_json = row.delete(:args_json)
+      new(**row, args: args_json && JSON.parse(args_json))
+    end
+
     # @return [Boolean] whether the operation's effect is recorded as done
     def completed?
       status == :completed

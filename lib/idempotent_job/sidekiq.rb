@@ -9,20 +9,34 @@ module IdempotentJob
   # middleware API shared by Sidekiq 6.4 to 8.x (plain classes with `call`).
   module Sidekiq
     # The idempotency options of one job, read from the job hash (where Sidekiq merges
-    # `sidekiq_options` at enqueue, and `set(...)` overrides) and then from the class.
+    # `sidekiq_options` at enqueue, and `set(...)` overrides) and then from the class,
+    # then from {IdempotentJob.configuration}.
     class Options
+      # Answers an `idempotency_lookup` method may give.
+      LOOKUP_ANSWERS = %i[done not_done unknown].freeze
+
       # @return [String] the job type stored in the record
       attr_reader :scope
       # @return [Numeric] lease in seconds
       attr_reader :lease
       # @return [IdempotentJob::Key] the resolved key declaration
       attr_reader :key
+      # @return [Symbol] :reclaim, :hold or :skip
+      attr_reader :on_stale
+      # @return [Symbol] :log or :raise
+      attr_reader :on_mismatch
+      # @return [Symbol, nil] the job method asked about a stale claim
+      attr_reader :lookup
+      # @return [Boolean] renew the lease while the body runs
+      attr_reader :heartbeat
+      # @return [Numeric] seconds after which renewing stops
+      attr_reader :max_run
 
       # @param job_class [Class, String] the job class (or its name if not loadable)
       # @param job_hash [Hash] Sidekiq's job payload
       # @return [Options, nil] nil for jobs without `idempotency_key` (passed through)
       # @raise [OperationKeyError] for a malformed key declaration
-      # @raise [ConfigurationError] for a bad lease or scope
+      # @raise [ConfigurationError] for a bad lease, scope, policy or lookup
       def self.resolve(job_class, job_hash)
         declaration = option(job_class, job_hash, "idempotency_key")
         declaration.nil? ? nil : new(job_class, job_hash, declaration)
@@ -37,26 +51,54 @@ module IdempotentJob
       end
 
       def initialize(job_class, job_hash, declaration)
-        name = job_class.is_a?(Class) ? job_class.name : job_class.to_s
+        @job_class = job_class
+        @job_hash = job_hash
+        @name = job_class.is_a?(Class) ? job_class.name : job_class.to_s
         @key = Key.for(job_class, declaration)
-        lease = self.class.option(job_class, job_hash, "idempotency_lease") || IdempotentJob.configuration.lease
-        @lease = Configuration.positive_seconds!("idempotency_lease", lease, job: name)
-        @scope = (self.class.option(job_class, job_hash, "idempotency_scope") || name).to_s
-        raise ConfigurationError, "#{name}: idempotency_scope must not be empty" if @scope.empty?
+        config = IdempotentJob.configuration
+        @lease = Configuration.positive_seconds!("idempotency_lease", fetch("lease", config.lease), job: @name)
+        @scope = fetch("scope", @name).to_s
+        raise ConfigurationError, "#{@name}: idempotency_scope must not be empty" if @scope.empty?
+
+        resolve_policies(config)
+      end
+
+      private
+
+      def fetch(name, default)
+        value = self.class.option(@job_class, @job_hash, "idempotency_#{name}")
+        value.nil? ? default : value
+      end
+
+      def resolve_policies(config)
+        @on_stale = Configuration.choice!("idempotency_on_stale", fetch("on_stale", config.on_stale),
+                                          Configuration::STALE_POLICIES, job: @name)
+        @on_mismatch = Configuration.choice!("idempotency_on_mismatch", fetch("on_mismatch", config.on_mismatch),
+                                             Configuration::MISMATCH_POLICIES, job: @name)
+        @heartbeat = fetch("heartbeat", config.heartbeat) ? true : false
+        @max_run = Configuration.positive_seconds!("idempotency_max_run", fetch("max_run", config.max_run), job: @name)
+        @lookup = fetch("lookup", nil)&.to_sym
+        return if @lookup.nil? || !@job_class.is_a?(Class) || @job_class.method_defined?(@lookup)
+
+        raise ConfigurationError, "#{@name}: idempotency_lookup names ##{@lookup}, which #{@name} does not define"
       end
     end
 
     # Server middleware: claims the operation before the job body runs.
     #
     # For each delivery of a job that declares `idempotency_key`, one statement decides:
-    # * first delivery (or a retry after the body raised, or a takeover of a stale claim):
-    #   run the body, then mark the record completed;
-    # * already completed: do not run; the record's `duplicates` is counted;
+    # * first delivery, or a retry after the body raised: run the body, then mark the
+    #   record completed;
+    # * already completed, held or given up: do not run; the record's `duplicates` is counted;
     # * claimed by another delivery whose lease is live: do not run now; the delivery is
-    #   pushed back to arrive when that lease ends, so it is never lost.
-    # If the body raises, the claim is released and the exception re-raised (Sidekiq's
-    # retry runs it again), except on Sidekiq::Shutdown, where the claim is kept for the
-    # lease to decide. Reads and writes `idempotent_job_records`.
+    #   pushed back to arrive when that lease ends, so it is never lost;
+    # * claimed, lease expired (a stale claim): this delivery takes the claim over; the
+    #   job's `idempotency_lookup` is asked, then the stale policy applies (:reclaim runs
+    #   the body, :hold holds the operation for a person, :skip gives it up).
+    # While the body runs a heartbeat renews the lease. If the body raises, the claim is
+    # released and the exception re-raised (Sidekiq's retry runs it again), except on
+    # Sidekiq::Shutdown, where the claim is kept for the lease to decide.
+    # Reads and writes `idempotent_job_records`.
     class ServerMiddleware
       # Longest error text stored in `last_error`.
       ERROR_TEXT_LIMIT = 1000
@@ -68,53 +110,184 @@ module IdempotentJob
       # @param job_hash [Hash] the job payload ("class", "args", "jid", options…)
       # @param _queue [String] queue name
       # @yield runs the rest of the chain and the job body
-      # @return [Object] the block's value, or nil when the delivery was skipped or deferred
+      # @return [Object] the block's value, or nil when the delivery was not run
       # @raise [OperationKeyError] when the arguments yield no operation key (body not run)
       # @raise [ConnectionError, DatabaseError] when the claim cannot be decided (body not run)
+      # @raise [PayloadMismatchError] for a mismatched payload under `on_mismatch: :raise`
+      # @raise [LookupError] when the stale-claim lookup fails (body not run)
       # @raise [LostClaimError] when the body ran but its claim had been taken over
       def call(job_instance, job_hash, _queue, &)
         options = Options.resolve(job_instance.class, job_hash)
         return yield unless options
 
         key = options.key.operation_key(job_hash["args"])
-        decision = IdempotentJob.store.claim(options.scope, key, job_hash["jid"], options.lease.to_f)
+        decision = IdempotentJob.store.claim(claim_request(options, key, job_hash))
+        mismatch!(options, key, job_hash, decision) if decision[:mismatch]
         case decision[:decision]
-        when :claimed then run_claimed(options.scope, key, job_hash, decision, &)
-        when :completed then skip(options.scope, key, job_hash, decision)
-        else defer(options.scope, key, job_hash, decision)
+        when :claimed then claimed(job_instance, options, key, job_hash, decision, &)
+        when :in_progress then defer(options.scope, key, job_hash, decision)
+        else skip(options.scope, key, job_hash, decision)
         end
       end
 
       private
 
+      def claim_request(options, key, job_hash)
+        args = job_hash["args"]
+        { job_type: options.scope, operation_key: key, jid: job_hash["jid"], lease: options.lease.to_f,
+          args_digest: ArgsDigest.of(args), job_class: job_hash["class"].to_s, queue: job_hash["queue"],
+          args_json: JSON.generate(args), refuse_mismatch: options.on_mismatch == :raise }
+      end
+
+      def store
+        IdempotentJob.store
+      end
+
       def logger
         IdempotentJob.logger
       end
 
-      def describe(scope, key, job_hash)
-        "#{scope} operation #{key.inspect} (jid #{job_hash["jid"]})"
+      def describe(scope, key, job_hash, attempt = nil)
+        "#{scope} operation #{key.inspect} (jid #{job_hash["jid"]}#{", attempt #{attempt}" if attempt})"
       end
 
-      def run_claimed(scope, key, job_hash, decision)
-        log_claim(scope, key, job_hash, decision)
-        token = decision[:token]
+      def mismatch!(options, key, job_hash, decision)
+        text = "#{describe(options.scope, key, job_hash)} was delivered with arguments that differ from " \
+               "those of its claim (same operation key, different payload)"
+        if options.on_mismatch == :raise && decision[:decision] != :claimed
+          logger.error("idempotent_job: #{text}; delivery refused")
+          raise PayloadMismatchError, "#{text}; refused (idempotency_on_mismatch: :raise), the job was not run"
+        end
+        logger.warn("idempotent_job: #{text}")
+      end
+
+      def claimed(job_instance, options, key, job_hash, decision, &)
+        claim = Claim.new(job_type: options.scope, operation_key: key, token: decision[:token],
+                          attempt: decision[:attempt], kind: decision[:kind], jid: job_hash["jid"])
+        job_instance.class.include(IdempotentJob::Job) unless job_instance.is_a?(IdempotentJob::Job)
+        IdempotentJob.with_claim(claim) do
+          return nil if claim.kind == :takeover && !run_after_takeover?(job_instance, options, claim)
+
+          log_retry(claim) if claim.kind == :retry
+          run_claimed(options, claim, &)
+        end
+      end
+
+      def log_retry(claim)
+        logger.info("idempotent_job: claimed #{describe_claim(claim)} again after a failure")
+      end
+
+      def describe_claim(claim)
+        "#{claim.job_type} operation #{claim.operation_key.inspect} (jid #{claim.jid}, attempt #{claim.attempt})"
+      end
+
+      # A stale claim was taken over: ask the lookup, then apply the policy.
+      # @return [Boolean] whether the body runs
+      def run_after_takeover?(job_instance, options, claim)
+        answer = options.lookup ? ask_lookup(job_instance, options, claim) : :unknown
+        case answer
+        when :done
+          fenced(:complete, claim)
+          logger.warn("idempotent_job: took over the stale claim of #{describe_claim(claim)}; lookup " \
+                      "##{options.lookup} says it is done: marked completed, not run")
+          false
+        when :not_done
+          logger.warn("idempotent_job: took over the stale claim of #{describe_claim(claim)}; lookup " \
+                      "##{options.lookup} says it is not done: running it")
+          true
+        else apply_stale_policy(options, claim)
+        end
+      end
+
+      def apply_stale_policy(options, claim)
+        why = options.lookup ? "lookup ##{options.lookup} does not know" : "its holder's lease ran out"
+        case options.on_stale
+        when :hold
+          fenced(:hold, claim)
+          logger.warn("idempotent_job: #{describe_claim(claim)} is stale (#{why}): held for a person " \
+                      "(IdempotentJob.resolve / rake idempotent_job:resolve)")
+          false
+        when :skip
+          fenced(:give_up, claim)
+          logger.warn("idempotent_job: #{describe_claim(claim)} is stale (#{why}): given up, not run")
+          false
+        else
+          logger.warn("idempotent_job: took over the stale claim of #{describe_claim(claim)} (#{why}): " \
+                      "running it again (if the holder had done the effect, this is a duplicate)")
+          true
+        end
+      end
+
+      def ask_lookup(job_instance, options, claim)
+        answer = job_instance.public_send(options.lookup, claim.operation_key)
+        symbol = answer.respond_to?(:to_sym) ? answer.to_sym : nil
+        unless Options::LOOKUP_ANSWERS.include?(symbol)
+          raise LookupError, "lookup ##{options.lookup} of #{describe_claim(claim)} answered #{answer.inspect}; " \
+                             "expected :done, :not_done or :unknown"
+        end
+        logger.info("idempotent_job: lookup ##{options.lookup} of #{describe_claim(claim)} answered :#{symbol}")
+        symbol
+      rescue StandardError => e
+        expire_after_lookup_failure(claim, e)
+        raise if e.is_a?(LookupError)
+
+        raise LookupError, "lookup ##{options.lookup} of #{describe_claim(claim)} raised #{e.class}: " \
+                           "#{e.message}; the job was not run, the next delivery asks again"
+      end
+
+      def expire_after_lookup_failure(claim, error)
+        logger.error("idempotent_job: lookup of #{describe_claim(claim)} failed (#{error.class}: #{error.message}); " \
+                     "not run, the claim stays stale for the next delivery")
+        fenced(:expire, claim, "lookup failed: #{error.class}: #{error.message}"[0, ERROR_TEXT_LIMIT])
+      rescue IdempotentJob::Error => e
+        logger.error("idempotent_job: could not end the lease of #{describe_claim(claim)} (#{e.message}); " \
+                     "it ends by itself")
+      end
+
+      def fenced(change, claim, text = nil)
+        store.fenced(change, claim.job_type, claim.operation_key, claim.token, text)
+      end
+
+      def run_claimed(options, claim)
+        heartbeat = start_heartbeat(options, claim)
         begin
           result = yield
         rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised; the claim must not stay held
-          release(scope, key, job_hash, token, e)
+          stop_heartbeat(heartbeat, claim)
+          release(claim, e)
           raise
         end
-        complete(scope, key, job_hash, token)
+        stop_heartbeat(heartbeat, claim)
+        complete(claim)
         result
+      end
+
+      def start_heartbeat(options, claim)
+        return nil unless options.heartbeat
+
+        store.heartbeat(claim.job_type, claim.operation_key, claim.token, options.lease.to_f, options.max_run.to_f)
+      end
+
+      def stop_heartbeat(heartbeat, claim)
+        return unless heartbeat
+
+        report = heartbeat.stop
+        if report[:lost]
+          logger.error("idempotent_job: lost the claim of #{describe_claim(claim)} while it ran: a renewal " \
+                       "found it taken over")
+        elsif report[:max_run_reached]
+          logger.warn("idempotent_job: #{describe_claim(claim)} ran longer than its max_run; its lease " \
+                      "was no longer renewed")
+        end
       end
 
       # Records the completion, retrying briefly on connection errors. If it still cannot
       # be written, the body's success stands (no retry that would repeat the effect):
       # the record stays claimed, and its lease decides what a later delivery does.
-      def complete(scope, key, job_hash, token)
+      def complete(claim)
         failures = 0
         begin
-          IdempotentJob.store.complete(scope, key, token)
+          fenced(:complete, claim)
         rescue IdempotentJob::ConnectionError => e
           delay = COMPLETION_RETRY_DELAYS[failures]
           failures += 1
@@ -122,34 +295,24 @@ module IdempotentJob
             sleep(delay)
             retry
           end
-          logger.error("idempotent_job: #{describe(scope, key, job_hash)} ran, but its completion could not " \
+          logger.error("idempotent_job: #{describe_claim(claim)} ran, but its completion could not " \
                        "be recorded after #{failures} attempts (#{e.message}); the record stays claimed until " \
                        "its lease ends, after which a redelivery would run it again")
+        rescue IdempotentJob::LostClaimError => e
+          logger.error("idempotent_job: #{describe_claim(claim)} ran, but lost its claim: #{e.message}")
+          raise
         end
       end
 
-      def log_claim(scope, key, job_hash, decision)
-        case decision[:kind]
-        when :takeover
-          logger.warn("idempotent_job: took over the stale claim of #{describe(scope, key, job_hash)}, " \
-                      "attempt #{decision[:attempt]}: its holder's lease ran out, the job runs again " \
-                      "(if the holder had done the effect, this is a duplicate)")
-        when :retry
-          logger.info("idempotent_job: claimed #{describe(scope, key, job_hash)} again after a failure, " \
-                      "attempt #{decision[:attempt]}")
-        end
-      end
-
-      def release(scope, key, job_hash, token, error)
+      def release(claim, error)
         if shutdown?(error)
-          logger.warn("idempotent_job: Sidekiq is shutting down: the claim of #{describe(scope, key, job_hash)} " \
+          logger.warn("idempotent_job: Sidekiq is shutting down: the claim of #{describe_claim(claim)} " \
                       "is kept until its lease ends")
           return
         end
-        text = "#{error.class}: #{error.message}"[0, ERROR_TEXT_LIMIT]
-        IdempotentJob.store.release(scope, key, token, text)
+        fenced(:release, claim, "#{error.class}: #{error.message}"[0, ERROR_TEXT_LIMIT])
       rescue IdempotentJob::Error => e
-        logger.error("idempotent_job: could not release the claim of #{describe(scope, key, job_hash)} " \
+        logger.error("idempotent_job: could not release the claim of #{describe_claim(claim)} " \
                      "(#{e.class}: #{e.message}); it stays claimed until its lease ends")
       end
 
@@ -167,7 +330,9 @@ module IdempotentJob
       end
 
       def skip(scope, key, job_hash, decision)
-        logger.info("idempotent_job: #{describe(scope, key, job_hash)} already completed; " \
+        state = { completed: "already completed", held: "held for a person", given_up: "given up",
+                  refused: "not claimable by this payload" }.fetch(decision[:decision])
+        logger.info("idempotent_job: #{describe(scope, key, job_hash)} is #{state}; " \
                     "duplicate delivery skipped (#{decision[:duplicates]} so far)")
         nil
       end

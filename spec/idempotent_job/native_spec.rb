@@ -5,8 +5,6 @@ require "timeout"
 
 # The native layer against a real PostgreSQL: errors, interrupts, the GVL, fork.
 RSpec.describe "IdempotentJob's native layer" do
-  let(:store) { IdempotentJob.store }
-
   def unique_key
     "k-#{rand(1 << 40)}"
   end
@@ -33,7 +31,7 @@ RSpec.describe "IdempotentJob's native layer" do
 
     it "reports an unreachable database as a retryable ConnectionError without the password" do
       SpecServices.configure_gem!(database_url: "postgres://app:pa55-secret@127.0.0.1:1/app", connect_timeout: 2)
-      expect { IdempotentJob.store.claim("T", "1", "j", 5.0) }.to raise_error(IdempotentJob::ConnectionError) do |e|
+      expect { claim("T", "1", "j", 5.0) }.to raise_error(IdempotentJob::ConnectionError) do |e|
         expect(e).to be_retryable
         expect(e.message).not_to include("pa55-secret")
       end
@@ -41,7 +39,7 @@ RSpec.describe "IdempotentJob's native layer" do
 
     it "keeps PostgreSQL's SQLSTATE and says to migrate when the table is missing" do
       SpecServices.configure_gem!(database_url: "#{SpecServices.database_url}?options=-csearch_path%3Dnowhere")
-      expect { IdempotentJob.store.claim("T", "1", "j", 5.0) }.to raise_error(IdempotentJob::DatabaseError) do |e|
+      expect { claim("T", "1", "j", 5.0) }.to raise_error(IdempotentJob::DatabaseError) do |e|
         expect(e.sqlstate).to eq("42P01")
         expect(e.message).to include("idempotent_job:migrate")
       end
@@ -55,14 +53,14 @@ RSpec.describe "IdempotentJob's native layer" do
 
     it "raises LostClaimError, naming job and key, when a taken-over claim is completed" do
       key = unique_key
-      old = store.claim("T", key, "j1", 0.2)
+      old = claim("T", key, "j1", 0.2)
       sleep 0.3
-      new = store.claim("T", key, "j2", 5.0)
+      new = claim("T", key, "j2", 5.0)
       expect(new).to include(decision: :claimed, kind: :takeover, attempt: 2)
-      expect { store.complete("T", key, old[:token]) }.to raise_error(IdempotentJob::LostClaimError) do |e|
+      expect { complete("T", key, old[:token]) }.to raise_error(IdempotentJob::LostClaimError) do |e|
         expect([e.job_type, e.operation_key]).to eq(["T", key])
       end
-      expect(store.complete("T", key, new[:token])).to be(true)
+      expect(complete("T", key, new[:token])).to be(true)
     end
 
     it "fails a delivery closed when the database is unreachable: ConnectionError, body not run" do
@@ -77,27 +75,27 @@ RSpec.describe "IdempotentJob's native layer" do
     it "Timeout returns promptly from a claim blocked on a row lock; the next call is not delayed" do
       SpecServices.configure_gem!(pool_size: 1)
       key = unique_key
-      IdempotentJob.store.claim("T", key, "j", 30.0)
+      claim("T", key, "j", 30.0)
       with_row_locked("T", key) do
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         expect do
           Timeout.timeout(0.3) do
-            IdempotentJob.store.claim("T", key, "j2", 30.0)
+            claim("T", key, "j2", 30.0)
           end
         end.to raise_error(Timeout::Error)
         expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 1.0
         # The pool's one connection still runs the orphaned statement: it was detached.
-        expect(IdempotentJob.store.claim("T", unique_key, "j3", 30.0)).to include(decision: :claimed)
+        expect(claim("T", unique_key, "j3", 30.0)).to include(decision: :claimed)
       end
     end
 
     it "Thread#raise and Thread#kill reach a thread blocked in a claim" do
       key = unique_key
-      store.claim("T", key, "j", 30.0)
+      claim("T", key, "j", 30.0)
       with_row_locked("T", key) do
-        raised = Thread.new { store.claim("T", key, "j2", 30.0) }
+        raised = Thread.new { claim("T", key, "j2", 30.0) }
         raised.report_on_exception = false
-        killed = Thread.new { store.claim("T", key, "j3", 30.0) }
+        killed = Thread.new { claim("T", key, "j3", 30.0) }
         sleep 0.3
         raised.raise(ArgumentError, "stop")
         killed.kill
@@ -108,9 +106,9 @@ RSpec.describe "IdempotentJob's native layer" do
 
     it "no statement is left running after an interrupt" do
       key = unique_key
-      store.claim("T", key, "j", 30.0)
+      claim("T", key, "j", 30.0)
       with_row_locked("T", key) do
-        expect { Timeout.timeout(0.2) { store.claim("T", key, "j2", 30.0) } }.to raise_error(Timeout::Error)
+        expect { Timeout.timeout(0.2) { claim("T", key, "j2", 30.0) } }.to raise_error(Timeout::Error)
       end
       sleep 0.3
       active = Effects.connection.exec(
@@ -123,10 +121,10 @@ RSpec.describe "IdempotentJob's native layer" do
   describe "the GVL" do
     it "is released while a call waits on the database, so other Ruby threads run" do
       key = unique_key
-      store.claim("T", key, "j", 30.0)
+      claim("T", key, "j", 30.0)
       ticks = 0
       with_row_locked("T", key) do
-        waiter = Thread.new { Timeout.timeout(1) { store.claim("T", key, "j2", 30.0) } rescue nil } # rubocop:disable Style/RescueModifier
+        waiter = Thread.new { Timeout.timeout(1) { claim("T", key, "j2", 30.0) } rescue nil } # rubocop:disable Style/RescueModifier
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.5
         ticks += 1 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
         waiter.join
@@ -138,15 +136,15 @@ RSpec.describe "IdempotentJob's native layer" do
   describe "fork" do
     it "gives a forked child its own runtime and pool; the parent keeps working" do
       5.times do |i|
-        parent = store.claim("Fork", "parent-#{i}", "p", 30.0)
+        parent = claim("Fork", "parent-#{i}", "p", 30.0)
         pid, reader = fork_worker do |pipe|
-          child = IdempotentJob.store.claim("Fork", "child-#{i}", "c", 30.0)
-          IdempotentJob.store.complete("Fork", "child-#{i}", child[:token])
+          child = claim("Fork", "child-#{i}", "c", 30.0)
+          complete("Fork", "child-#{i}", child[:token])
           pipe.puts(IdempotentJob.record("Fork", "child-#{i}").status)
         end
         expect(read_line(reader, timeout: 10)).to eq("completed")
         expect(wait_child(pid, timeout: 10)).to be_success
-        expect(store.complete("Fork", "parent-#{i}", parent[:token])).to be(true)
+        expect(complete("Fork", "parent-#{i}", parent[:token])).to be(true)
       end
     end
   end

@@ -42,7 +42,7 @@ RSpec.describe "The packaged gem", :integration do
       IdempotentJob.migrate!
       so = $LOADED_FEATURES.grep(/idempotent_job\.so/).first
       puts "loaded #{so}"
-      puts IdempotentJob.store.claim("Packaged", rand(1 << 40).to_s, "jid", 5.0)[:decision]
+      puts IdempotentJob.store.claim({ job_type: "Packaged", operation_key: rand(1 << 40).to_s, lease: 5.0 })[:decision]
     RUBY
     gem_path = [home, *Gem.path].join(File::PATH_SEPARATOR)
     out = run!({ "GEM_HOME" => home, "GEM_PATH" => gem_path, "RUBYLIB" => nil, "RUBYOPT" => nil },

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idempotent_job::core::claim::{self, ClaimKind, ClaimRequest, Outcome};
+use idempotent_job::core::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
 use idempotent_job::core::config::Config;
 use idempotent_job::core::error::Error;
+use idempotent_job::core::heartbeat::Heartbeat;
 use idempotent_job::core::migrate;
 use idempotent_job::core::store::{Conn, Store};
 
@@ -29,6 +30,11 @@ fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
         operation_key: key.into(),
         jid: Some(format!("jid-{key}")),
         lease_seconds: lease,
+        args_digest: Some("digest-a".into()),
+        job_class: Some("ExampleJob".into()),
+        queue: Some("default".into()),
+        args_json: Some(format!("[{key:?}]")),
+        refuse_mismatch: false,
     }
 }
 
@@ -36,10 +42,50 @@ fn unique(name: &str) -> String {
     format!("{name}-{}", uuid::Uuid::new_v4())
 }
 
-fn claim(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
+fn decide(store: &Store, req: &ClaimRequest) -> Result<claim::Decision, Error> {
     let req = req.clone();
     store
         .block_on(|pool| async move { claim::claim(&mut Conn::checkout(&pool).await?, &req).await })
+}
+
+fn claim(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
+    decide(store, req).map(|d| d.outcome)
+}
+
+fn fenced(
+    store: &Store,
+    req: &ClaimRequest,
+    change: Fenced,
+    token: uuid::Uuid,
+) -> Result<(), Error> {
+    let req = req.clone();
+    store.block_on(|pool| async move {
+        let mut conn = Conn::checkout(&pool).await?;
+        claim::fenced(
+            &mut conn,
+            change,
+            &req.job_type,
+            &req.operation_key,
+            token,
+            Some("why"),
+        )
+        .await
+    })
+}
+
+fn find(store: &Store, req: &ClaimRequest) -> claim::Record {
+    let req = req.clone();
+    store
+        .block_on(|pool| async move {
+            claim::find(
+                &mut Conn::checkout(&pool).await?,
+                &req.job_type,
+                &req.operation_key,
+            )
+            .await
+        })
+        .unwrap()
+        .expect("record exists")
 }
 
 fn complete(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {
@@ -327,4 +373,159 @@ fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
         .runtime
         .block_on(locker.batch_execute("ROLLBACK"))
         .unwrap();
+}
+
+#[test]
+fn a_different_payload_is_flagged_and_refused_when_asked() {
+    let store = store();
+    let req = request(&unique("mismatch"), "1", 0.2);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    let mut other = req.clone();
+    other.args_digest = Some("digest-b".into());
+    let decision = decide(&store, &other).unwrap();
+    assert!(decision.mismatch, "{decision:?}");
+    assert!(!decide(&store, &req).unwrap().mismatch);
+
+    // A stale claim is not taken over by a mismatched delivery that refuses them.
+    std::thread::sleep(Duration::from_millis(300));
+    other.refuse_mismatch = true;
+    let decision = decide(&store, &other).unwrap();
+    assert_eq!(decision.outcome, Outcome::Refused { duplicates: 3 });
+    assert!(matches!(
+        fenced(&store, &req, Fenced::Complete, token),
+        Ok(())
+    ));
+    let record = find(&store, &req);
+    assert_eq!((record.mismatches, record.last_mismatch), (2, true));
+}
+
+#[test]
+fn hold_and_give_up_stop_later_deliveries_until_resolved() {
+    let store = store();
+    let held = request(&unique("held"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &held).unwrap());
+    fenced(&store, &held, Fenced::Hold, token).unwrap();
+    assert_eq!(
+        claim(&store, &held).unwrap(),
+        Outcome::Held { duplicates: 1 }
+    );
+    let listed = store
+        .block_on(|pool| {
+            let job_type = held.job_type.clone();
+            async move { claim::held(&mut Conn::checkout(&pool).await?, Some(&job_type), 10).await }
+        })
+        .unwrap();
+    assert_eq!(listed, vec![(held.job_type.clone(), "1".to_string())]);
+
+    let resolve = |req: &ClaimRequest, how| {
+        let req = req.clone();
+        store
+            .block_on(|pool| async move {
+                let mut conn = Conn::checkout(&pool).await?;
+                claim::resolve(&mut conn, &req.job_type, &req.operation_key, how).await
+            })
+            .unwrap()
+    };
+    assert!(resolve(&held, Resolution::Rerun));
+    assert!(
+        !resolve(&held, Resolution::Rerun),
+        "only held or given-up operations resolve"
+    );
+    let (again, kind, attempt) = token_of(claim(&store, &held).unwrap());
+    assert_eq!((kind, attempt), (ClaimKind::Retry, 2));
+    complete(&store, &held, again).unwrap();
+
+    let skipped = request(&unique("given-up"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &skipped).unwrap());
+    fenced(&store, &skipped, Fenced::GiveUp, token).unwrap();
+    assert_eq!(
+        claim(&store, &skipped).unwrap(),
+        Outcome::GivenUp { duplicates: 1 }
+    );
+    assert!(resolve(&skipped, Resolution::Done));
+    assert!(matches!(
+        claim(&store, &skipped).unwrap(),
+        Outcome::Completed { .. }
+    ));
+    assert_eq!(find(&store, &skipped).resolution.as_deref(), Some("done"));
+}
+
+#[test]
+fn expiring_a_claim_makes_the_next_delivery_a_takeover() {
+    let store = store();
+    let req = request(&unique("expire"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    fenced(&store, &req, Fenced::Expire, token).unwrap();
+    let (_, kind, _) = token_of(claim(&store, &req).unwrap());
+    assert_eq!(kind, ClaimKind::Takeover);
+    assert!(matches!(
+        fenced(&store, &req, Fenced::Hold, token),
+        Err(Error::LostClaim { .. })
+    ));
+}
+
+#[test]
+fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told() {
+    let store = store();
+    let req = request(&unique("heartbeat"), "1", 0.6);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    let handle = store.handle().unwrap();
+    let beat = Heartbeat::start(
+        &handle,
+        req.job_type.clone(),
+        req.operation_key.clone(),
+        token,
+        0.6,
+        60.0,
+    );
+    std::thread::sleep(Duration::from_millis(1800)); // three leases
+    assert!(matches!(
+        claim(&store, &req).unwrap(),
+        Outcome::InProgress { .. }
+    ));
+    let report = beat.stop();
+    assert!(
+        report.renewals >= 4 && !report.lost && !report.max_run_reached,
+        "{report:?}"
+    );
+    assert!(find(&store, &req).heartbeat_at.is_some());
+
+    std::thread::sleep(Duration::from_millis(800)); // stopped: the lease runs out
+    let (_, kind, _) = token_of(claim(&store, &req).unwrap());
+    assert_eq!(kind, ClaimKind::Takeover);
+}
+
+#[test]
+fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim() {
+    let store = store();
+    let handle = store.handle().unwrap();
+    let req = request(&unique("max-run"), "1", 0.3);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    let beat = Heartbeat::start(
+        &handle,
+        req.job_type.clone(),
+        req.operation_key.clone(),
+        token,
+        0.3,
+        0.35,
+    );
+    std::thread::sleep(Duration::from_millis(900));
+    let report = beat.stop();
+    assert!(report.max_run_reached, "{report:?}");
+    assert!(find(&store, &req).lease_expired);
+
+    let lost = request(&unique("lost"), "1", 0.3);
+    let (token, _, _) = token_of(claim(&store, &lost).unwrap());
+    fenced(&store, &lost, Fenced::Expire, token).unwrap();
+    token_of(claim(&store, &lost).unwrap()); // taken over
+    let beat = Heartbeat::start(
+        &handle,
+        lost.job_type.clone(),
+        lost.operation_key.clone(),
+        token,
+        0.3,
+        60.0,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(beat.stop().lost);
 }

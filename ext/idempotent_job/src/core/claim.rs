@@ -21,19 +21,27 @@ pub const MAX_KEY_BYTES: usize = 2000;
 /// * no record: insert it as `claimed` with the caller's token (a first claim);
 /// * `released` (the last holder's job raised), or `claimed` with an expired lease
 ///   (the holder may have died): take it over with the caller's token, `attempts`+1;
-/// * otherwise (`completed`, or `claimed` with a live lease): change nothing but
-///   `duplicates`+1 and `last_duplicate_at`.
+/// * otherwise (`completed`, `held`, `given_up`, or `claimed` with a live lease):
+///   change nothing but `duplicates`+1 and `last_duplicate_at`.
+///
+/// A delivery whose argument digest differs from the claim's is a payload mismatch:
+/// it is counted in `mismatches` and flagged in `last_mismatch`; when $10 is true
+/// (`idempotency_on_mismatch: :raise`) such a delivery never takes a claim over.
 ///
 /// `won` in the result tells the caller whether its token is now the record's.
 /// Parameters: $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
-/// $5 lease in seconds (float8).
+/// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
+/// $9 arguments (JSON text), $10 refuse mismatched payloads (bool).
 pub const CLAIM_SQL: &str = r#"
 INSERT INTO idempotent_job_records AS r
-    (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at)
-VALUES ($1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5))
+    (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
+     args_digest, job_class, queue, args)
+VALUES ($1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
+        $6, $7, $8, $9::jsonb)
 ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (status, claim_token, jid, attempts, takeovers, last_claim, claimed_at,
-     lease_seconds, lease_expires_at, duplicates, last_duplicate_at, updated_at) =
+     lease_seconds, lease_expires_at, args_digest, job_class, queue, args,
+     duplicates, last_duplicate_at, mismatches, last_mismatch, updated_at) =
     (SELECT CASE WHEN d.take THEN 'claimed' ELSE r.status END,
             CASE WHEN d.take THEN excluded.claim_token ELSE r.claim_token END,
             CASE WHEN d.take THEN excluded.jid ELSE r.jid END,
@@ -45,43 +53,129 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             CASE WHEN d.take THEN now() ELSE r.claimed_at END,
             CASE WHEN d.take THEN excluded.lease_seconds ELSE r.lease_seconds END,
             CASE WHEN d.take THEN excluded.lease_expires_at ELSE r.lease_expires_at END,
+            CASE WHEN d.take THEN excluded.args_digest ELSE r.args_digest END,
+            CASE WHEN d.take THEN excluded.job_class ELSE r.job_class END,
+            CASE WHEN d.take THEN excluded.queue ELSE r.queue END,
+            CASE WHEN d.take THEN excluded.args ELSE r.args END,
             r.duplicates + (NOT d.take)::int,
             CASE WHEN d.take THEN r.last_duplicate_at ELSE now() END,
+            r.mismatches + d.mismatch::int,
+            d.mismatch,
             now()
-       FROM (SELECT r.status = 'released'
-                    OR (r.status = 'claimed' AND r.lease_expires_at <= now()) AS take) AS d)
+       FROM (SELECT m.mismatch,
+                    NOT (m.mismatch AND $10)
+                    AND (r.status = 'released'
+                         OR (r.status = 'claimed' AND r.lease_expires_at <= now())) AS take
+               FROM (SELECT r.args_digest IS NOT NULL
+                            AND r.args_digest <> excluded.args_digest AS mismatch) AS m) AS d)
 RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
-          r.duplicates,
+          r.duplicates, r.last_mismatch AS mismatch,
           EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_remaining"#;
 
-/// Mark a claim completed, only while the caller's token is still the record's.
-/// Parameters: $1 job_type, $2 operation_key, $3 claim_token.
-pub const COMPLETE_SQL: &str = r#"
-UPDATE idempotent_job_records
-   SET status = 'completed', completed_at = now(), updated_at = now()
- WHERE job_type = $1 AND operation_key = $2 AND claim_token = $3 AND status = 'claimed'"#;
+/// A change that only the current claim holder may make. Every fenced statement
+/// has the same guard: the record is still `claimed` under the caller's token.
+/// Parameters: $1 job_type, $2 operation_key, $3 claim_token, then the change's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// Mark the claim completed: the effect is done.
+    Complete,
+    /// Give the claim back after the job raised ($4: error text); the next delivery
+    /// (Sidekiq's retry) claims again at once.
+    Release,
+    /// `:hold` policy: keep the operation from running until a person resolves it.
+    Hold,
+    /// `:skip` policy: give the operation up (a rare miss).
+    GiveUp,
+    /// End the lease now, so the next delivery treats the claim as stale again (an
+    /// outside lookup failed and nothing may run blindly).
+    Expire,
+    /// Heartbeat: renew the lease for another `lease_seconds` from now.
+    Renew,
+}
 
-/// Give a claim back after the job raised, only while the caller's token is still the
-/// record's; the next delivery (Sidekiq's retry) claims again at once.
-/// Parameters: $1 job_type, $2 operation_key, $3 claim_token, $4 error text.
-pub const RELEASE_SQL: &str = r#"
-UPDATE idempotent_job_records
-   SET status = 'released', released_at = now(), last_error = $4, updated_at = now()
- WHERE job_type = $1 AND operation_key = $2 AND claim_token = $3 AND status = 'claimed'"#;
+impl Fenced {
+    /// The statement, fenced by the claim token.
+    pub fn sql(self) -> &'static str {
+        match self {
+            Fenced::Complete => {
+                "UPDATE idempotent_job_records SET status = 'completed', completed_at = now(), \
+                 updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
+                 AND claim_token = $3 AND status = 'claimed'"
+            }
+            Fenced::Release => {
+                "UPDATE idempotent_job_records SET status = 'released', released_at = now(), \
+                 last_error = $4, updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
+                 AND claim_token = $3 AND status = 'claimed'"
+            }
+            Fenced::Hold => {
+                "UPDATE idempotent_job_records SET status = 'held', held_at = now(), \
+                 updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
+                 AND claim_token = $3 AND status = 'claimed'"
+            }
+            Fenced::GiveUp => {
+                "UPDATE idempotent_job_records SET status = 'given_up', given_up_at = now(), \
+                 updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
+                 AND claim_token = $3 AND status = 'claimed'"
+            }
+            Fenced::Expire => {
+                "UPDATE idempotent_job_records SET lease_expires_at = now(), last_error = $4, \
+                 updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
+                 AND claim_token = $3 AND status = 'claimed'"
+            }
+            Fenced::Renew => {
+                "UPDATE idempotent_job_records \
+                 SET lease_expires_at = now() + make_interval(secs => lease_seconds), \
+                 heartbeat_at = now(), updated_at = now() WHERE job_type = $1 \
+                 AND operation_key = $2 AND claim_token = $3 AND status = 'claimed'"
+            }
+        }
+    }
+
+    fn verb(self) -> &'static str {
+        match self {
+            Fenced::Complete => "complete",
+            Fenced::Release => "release",
+            Fenced::Hold => "hold",
+            Fenced::GiveUp => "give up",
+            Fenced::Expire => "expire",
+            Fenced::Renew => "renew",
+        }
+    }
+}
 
 /// Read one record. Parameters: $1 job_type, $2 operation_key.
 pub const FIND_SQL: &str = r#"
 SELECT job_type, operation_key, status, claim_token, attempts, takeovers, last_claim, jid,
-       duplicates, lease_seconds, last_error,
+       duplicates, lease_seconds, last_error, args_digest, job_class, queue, args::text AS args,
+       mismatches, last_mismatch, resolution,
        first_claimed_at, claimed_at, lease_expires_at, completed_at, released_at,
-       last_duplicate_at, updated_at,
+       last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at,
        lease_expires_at <= now() AS lease_expired
   FROM idempotent_job_records
  WHERE job_type = $1 AND operation_key = $2"#;
 
+/// Held operations, oldest first. Parameters: $1 job_type or NULL for all, $2 limit.
+pub const HELD_SQL: &str = r#"
+SELECT job_type, operation_key
+  FROM idempotent_job_records
+ WHERE status = 'held' AND ($1::text IS NULL OR job_type = $1)
+ ORDER BY held_at, job_type, operation_key
+ LIMIT $2"#;
+
+/// Settle a held (or given-up) operation. $3 `done`: mark it completed; `rerun`: mark
+/// it released so the re-enqueued delivery claims it as a retry.
+/// Parameters: $1 job_type, $2 operation_key, $3 resolution.
+pub const RESOLVE_SQL: &str = r#"
+UPDATE idempotent_job_records
+   SET status = CASE WHEN $3 = 'done' THEN 'completed' ELSE 'released' END,
+       completed_at = CASE WHEN $3 = 'done' THEN now() ELSE completed_at END,
+       released_at = CASE WHEN $3 = 'done' THEN released_at ELSE now() END,
+       resolution = $3, resolved_at = now(), updated_at = now()
+ WHERE job_type = $1 AND operation_key = $2 AND status IN ('held', 'given_up')"#;
+
 /// One delivery's request for a claim. Owned, so it can cross into a runtime
 /// thread while the caller's language runtime goes on.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ClaimRequest {
     /// The job type (idempotency scope), e.g. `"ChargeOrderJob"`.
     pub job_type: String,
@@ -91,6 +185,14 @@ pub struct ClaimRequest {
     pub jid: Option<String>,
     /// Lease length in seconds (> 0).
     pub lease_seconds: f64,
+    /// Digest of the delivery's canonical arguments (payload mismatch detection).
+    pub args_digest: Option<String>,
+    /// Job class, queue and arguments (JSON text) stored for `resolve(as: :rerun)`.
+    pub job_class: Option<String>,
+    pub queue: Option<String>,
+    pub args_json: Option<String>,
+    /// Never take a claim over with a mismatched payload (`on_mismatch: :raise`).
+    pub refuse_mismatch: bool,
 }
 
 /// How a won claim was obtained.
@@ -98,10 +200,11 @@ pub struct ClaimRequest {
 pub enum ClaimKind {
     /// No record existed: the first delivery of this operation.
     First,
-    /// The previous holder's job raised and released its claim (a Sidekiq retry).
+    /// The previous holder's job raised and released its claim (a Sidekiq retry), or a
+    /// person resolved a held operation for a rerun.
     Retry,
     /// The previous claim's lease had expired: its holder may have died. Its effect
-    /// may or may not have happened (a stale claim).
+    /// may or may not have happened (a stale claim): the stale policy decides.
     Takeover,
 }
 
@@ -119,7 +222,7 @@ impl ClaimKind {
 /// What a delivery should do, decided atomically by [`claim`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// Run the job. `token` must be presented to [`complete`] / [`release`].
+    /// Run the job. `token` must be presented to every [`Fenced`] change.
     Claimed {
         token: Uuid,
         /// Claims made on this record, this one included (1 for a first claim).
@@ -136,6 +239,21 @@ pub enum Outcome {
         lease_remaining: f64,
         duplicates: i32,
     },
+    /// Held for a person (`:hold` policy): do not run.
+    Held { duplicates: i32 },
+    /// Given up (`:skip` policy): do not run.
+    GivenUp { duplicates: i32 },
+    /// The claim is released or stale, but this delivery's arguments differ from the
+    /// claim's and mismatches are refused: do not run.
+    Refused { duplicates: i32 },
+}
+
+/// [`claim`]'s answer: the outcome, and whether this delivery's arguments differed
+/// from those of the operation's claim (a payload mismatch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub outcome: Outcome,
+    pub mismatch: bool,
 }
 
 /// A whole idempotency record, as stored. Times are UTC.
@@ -152,12 +270,24 @@ pub struct Record {
     pub duplicates: i32,
     pub lease_seconds: f64,
     pub last_error: Option<String>,
+    pub args_digest: Option<String>,
+    pub job_class: Option<String>,
+    pub queue: Option<String>,
+    /// The claiming delivery's arguments as JSON text.
+    pub args: Option<String>,
+    pub mismatches: i32,
+    pub last_mismatch: bool,
+    pub resolution: Option<String>,
     pub first_claimed_at: DateTime<Utc>,
     pub claimed_at: DateTime<Utc>,
     pub lease_expires_at: DateTime<Utc>,
     pub completed_at: Option<DateTime<Utc>>,
     pub released_at: Option<DateTime<Utc>>,
     pub last_duplicate_at: Option<DateTime<Utc>>,
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    pub held_at: Option<DateTime<Utc>>,
+    pub given_up_at: Option<DateTime<Utc>>,
+    pub resolved_at: Option<DateTime<Utc>>,
     pub updated_at: DateTime<Utc>,
     /// Whether `lease_expires_at` has passed, by the database clock.
     pub lease_expired: bool,
@@ -186,7 +316,7 @@ fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
 ///
 /// Errors: [`Error::Config`] for an empty/oversized key or a non-positive lease,
 /// [`Error::Connection`] / [`Error::Database`] from PostgreSQL.
-pub async fn claim(conn: &mut Conn, req: &ClaimRequest) -> Result<Outcome> {
+pub async fn claim(conn: &mut Conn, req: &ClaimRequest) -> Result<Decision> {
     check_key(&req.job_type, &req.operation_key)?;
     if !req.lease_seconds.is_finite() || req.lease_seconds <= 0.0 {
         return Err(Error::Config(format!(
@@ -204,6 +334,11 @@ pub async fn claim(conn: &mut Conn, req: &ClaimRequest) -> Result<Outcome> {
                 (&token, Type::UUID),
                 (&req.jid, Type::TEXT),
                 (&req.lease_seconds, Type::FLOAT8),
+                (&req.args_digest, Type::TEXT),
+                (&req.job_class, Type::TEXT),
+                (&req.queue, Type::TEXT),
+                (&req.args_json, Type::TEXT),
+                (&req.refuse_mismatch, Type::BOOL),
             ],
         )
         .await;
@@ -216,55 +351,70 @@ pub async fn claim(conn: &mut Conn, req: &ClaimRequest) -> Result<Outcome> {
     let status: String = row.try_get("status")?;
     let attempt: i32 = row.try_get("attempts")?;
     let duplicates: i32 = row.try_get("duplicates")?;
-    if won {
+    let mismatch: bool = row.try_get("mismatch")?;
+    let lease_remaining = row.try_get::<_, f64>("lease_remaining")?.max(0.0);
+    let outcome = if won {
         let kind = match row.try_get::<_, String>("last_claim")?.as_str() {
             "takeover" => ClaimKind::Takeover,
             "retry" => ClaimKind::Retry,
             _ => ClaimKind::First,
         };
-        return Ok(Outcome::Claimed {
+        Outcome::Claimed {
             token,
             attempt,
             kind,
-        });
-    }
-    match status.as_str() {
-        "completed" => Ok(Outcome::Completed { duplicates }),
-        "claimed" => Ok(Outcome::InProgress {
-            holder_jid: row.try_get("jid")?,
-            attempt,
-            lease_remaining: row.try_get::<_, f64>("lease_remaining")?.max(0.0),
-            duplicates,
-        }),
-        other => Err(Error::Database {
-            message: format!(
-                "idempotency record {}/{} has status {other:?}, which this version of \
-                 idempotent_job does not know (run the latest migrations and gem)",
-                req.job_type, req.operation_key
-            ),
-            sqlstate: "XX000".into(),
-        }),
-    }
+        }
+    } else {
+        match status.as_str() {
+            "completed" => Outcome::Completed { duplicates },
+            "held" => Outcome::Held { duplicates },
+            "given_up" => Outcome::GivenUp { duplicates },
+            "claimed" if lease_remaining > 0.0 => Outcome::InProgress {
+                holder_jid: row.try_get("jid")?,
+                attempt,
+                lease_remaining,
+                duplicates,
+            },
+            "claimed" | "released" => Outcome::Refused { duplicates },
+            other => {
+                return Err(Error::Database {
+                    message: format!(
+                        "idempotency record {}/{} has status {other:?}, which this version of \
+                         idempotent_job does not know (run the latest migrations and gem)",
+                        req.job_type, req.operation_key
+                    ),
+                    sqlstate: "XX000".into(),
+                })
+            }
+        }
+    };
+    Ok(Decision { outcome, mismatch })
 }
 
-async fn update_claim(
+/// Applies a [`Fenced`] change to the claim `token`. `text` is the change's own
+/// parameter ($4: the error text of [`Fenced::Release`] and [`Fenced::Expire`]).
+///
+/// Errors: [`Error::LostClaim`] when `token` is no longer the record's claim (the
+/// lease ran out and another delivery took over, or the claim already ended);
+/// connection/database errors.
+pub async fn fenced(
     conn: &mut Conn,
-    sql: &str,
+    change: Fenced,
     job_type: &str,
     operation_key: &str,
     token: Uuid,
-    extra: Option<&str>,
-    verb: &str,
+    text: Option<&str>,
 ) -> Result<()> {
     let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
         (&job_type, Type::TEXT),
         (&operation_key, Type::TEXT),
         (&token, Type::UUID),
     ];
-    if let Some(text) = &extra {
-        params.push((text, Type::TEXT));
+    let text = text.unwrap_or_default();
+    if matches!(change, Fenced::Release | Fenced::Expire) {
+        params.push((&text, Type::TEXT));
     }
-    let result = conn.execute_typed(sql, &params).await;
+    let result = conn.execute_typed(change.sql(), &params).await;
     conn.finish();
     match result? {
         1 => Ok(()),
@@ -272,40 +422,26 @@ async fn update_claim(
             job_type: job_type.to_string(),
             operation_key: operation_key.to_string(),
             message: format!(
-                "cannot {verb} {job_type} operation {operation_key:?}: claim {token} is no \
-                 longer held (its lease ran out and another delivery took the operation over)"
+                "cannot {} {job_type} operation {operation_key:?}: claim {token} is no longer \
+                 held (its lease ran out and another delivery took the operation over)",
+                change.verb()
             ),
         }),
     }
 }
 
-/// Marks the claim `token` completed.
-///
-/// Errors: [`Error::LostClaim`] when `token` is no longer the record's (the lease
-/// expired and another delivery took over); connection/database errors.
+/// Marks the claim `token` completed ([`fenced`] with [`Fenced::Complete`]).
 pub async fn complete(
     conn: &mut Conn,
     job_type: &str,
     operation_key: &str,
     token: Uuid,
 ) -> Result<()> {
-    update_claim(
-        conn,
-        COMPLETE_SQL,
-        job_type,
-        operation_key,
-        token,
-        None,
-        "complete",
-    )
-    .await
+    fenced(conn, Fenced::Complete, job_type, operation_key, token, None).await
 }
 
 /// Releases the claim `token` after the job raised; `error` (class and message) is
-/// stored in `last_error`.
-///
-/// Errors: [`Error::LostClaim`] when `token` is no longer the record's;
-/// connection/database errors.
+/// stored in `last_error` ([`fenced`] with [`Fenced::Release`]).
 pub async fn release(
     conn: &mut Conn,
     job_type: &str,
@@ -313,14 +449,13 @@ pub async fn release(
     token: Uuid,
     error: &str,
 ) -> Result<()> {
-    update_claim(
+    fenced(
         conn,
-        RELEASE_SQL,
+        Fenced::Release,
         job_type,
         operation_key,
         token,
         Some(error),
-        "release",
     )
     .await
 }
@@ -349,13 +484,75 @@ pub async fn find(conn: &mut Conn, job_type: &str, operation_key: &str) -> Resul
         duplicates: row.try_get("duplicates")?,
         lease_seconds: row.try_get("lease_seconds")?,
         last_error: row.try_get("last_error")?,
+        args_digest: row.try_get("args_digest")?,
+        job_class: row.try_get("job_class")?,
+        queue: row.try_get("queue")?,
+        args: row.try_get("args")?,
+        mismatches: row.try_get("mismatches")?,
+        last_mismatch: row.try_get("last_mismatch")?,
+        resolution: row.try_get("resolution")?,
         first_claimed_at: row.try_get("first_claimed_at")?,
         claimed_at: row.try_get("claimed_at")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
         completed_at: row.try_get("completed_at")?,
         released_at: row.try_get("released_at")?,
         last_duplicate_at: row.try_get("last_duplicate_at")?,
+        heartbeat_at: row.try_get("heartbeat_at")?,
+        held_at: row.try_get("held_at")?,
+        given_up_at: row.try_get("given_up_at")?,
+        resolved_at: row.try_get("resolved_at")?,
         updated_at: row.try_get("updated_at")?,
         lease_expired: row.try_get("lease_expired")?,
     }))
+}
+
+/// Keys of held operations, oldest first: `(job_type, operation_key)` pairs.
+pub async fn held(
+    conn: &mut Conn,
+    job_type: Option<&str>,
+    limit: i64,
+) -> Result<Vec<(String, String)>> {
+    let result = conn
+        .query_typed(HELD_SQL, &[(&job_type, Type::TEXT), (&limit, Type::INT8)])
+        .await;
+    conn.finish();
+    result?
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect()
+}
+
+/// How a person settles a held or given-up operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The effect is known to have happened: mark the operation completed.
+    Done,
+    /// Run it again: the record is released for the next delivery.
+    Rerun,
+}
+
+/// Settles a held or given-up operation. Returns false when no such operation is
+/// held or given up (never claimed, or already settled).
+pub async fn resolve(
+    conn: &mut Conn,
+    job_type: &str,
+    operation_key: &str,
+    resolution: Resolution,
+) -> Result<bool> {
+    let name = match resolution {
+        Resolution::Done => "done",
+        Resolution::Rerun => "rerun",
+    };
+    let result = conn
+        .execute_typed(
+            RESOLVE_SQL,
+            &[
+                (&job_type, Type::TEXT),
+                (&operation_key, Type::TEXT),
+                (&name, Type::TEXT),
+            ],
+        )
+        .await;
+    conn.finish();
+    Ok(result? == 1)
 }

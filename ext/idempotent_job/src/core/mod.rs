@@ -1,5 +1,7 @@
+//! The native core: no Ruby here, tested by `cargo test` against PostgreSQL.
 pub mod claim;
 pub mod config;
 pub mod error;
+pub mod heartbeat;
 pub mod migrate;
 pub mod store;

@@ -1,41 +1,115 @@
-//! `IdempotentJob::Native::Store`: one configured database connection (runtime +
-//! pool, lazily built, rebuilt after fork). Internal: the public API is the Ruby
-//! facade in `lib/idempotent_job.rb`.
+//! `IdempotentJob::Native::Store` (one configured database: runtime + pool, lazily
+//! built, rebuilt after fork) and `IdempotentJob::Native::Heartbeat`. Internal: the
+//! public API is the Ruby facade in `lib/idempotent_job.rb`. Every method copies its
+//! arguments into owned Rust values, then runs the core with the GVL released.
 
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use magnus::{function, method, prelude::*, RHash, RModule, Ruby, Value};
+use magnus::{function, method, prelude::*, IntoValue, RHash, RModule, Ruby, Symbol, Value};
 use uuid::Uuid;
 
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
-use crate::core::claim::{self, ClaimRequest, Outcome};
+use crate::core::claim::{self, ClaimRequest, Fenced, Outcome, Record, Resolution};
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
+use crate::core::heartbeat::{Heartbeat, HeartbeatReport};
 use crate::core::migrate;
 use crate::core::store::{Conn, Store};
 
+type RbResult<T> = std::result::Result<T, magnus::Error>;
+
 #[magnus::wrap(class = "IdempotentJob::Native::Store", free_immediately, size)]
 struct NativeStore(Store);
+
+#[magnus::wrap(class = "IdempotentJob::Native::Heartbeat", free_immediately, size)]
+struct NativeHeartbeat(Heartbeat);
 
 fn parse_token(token: &str) -> Result<Uuid> {
     Uuid::parse_str(token).map_err(|_| Error::Config(format!("{token:?} is not a claim token")))
 }
 
-fn time(ruby: &Ruby, t: Option<DateTime<Utc>>) -> std::result::Result<Value, magnus::Error> {
-    match t {
-        None => Ok(ruby.qnil().as_value()),
-        Some(t) => Ok(ruby
-            .time_new(t.timestamp(), i64::from(t.timestamp_subsec_micros()))?
-            .as_value()),
+/// A Hash with Symbol keys, filled by `set`.
+struct Out<'r> {
+    ruby: &'r Ruby,
+    hash: RHash,
+}
+
+impl<'r> Out<'r> {
+    fn new(ruby: &'r Ruby) -> Self {
+        Out {
+            ruby,
+            hash: ruby.hash_new(),
+        }
     }
+    fn set<T: IntoValue>(&self, key: &str, value: T) -> RbResult<&Self> {
+        self.hash.aset(self.ruby.to_symbol(key), value)?;
+        Ok(self)
+    }
+    fn sym(&self, key: &str, value: &str) -> RbResult<&Self> {
+        self.set(key, self.ruby.to_symbol(value))
+    }
+    fn time(&self, key: &str, t: Option<DateTime<Utc>>) -> RbResult<&Self> {
+        let value: Value = match t {
+            None => self.ruby.qnil().as_value(),
+            Some(t) => self
+                .ruby
+                .time_new(t.timestamp(), i64::from(t.timestamp_subsec_micros()))?
+                .as_value(),
+        };
+        self.set(key, value)
+    }
+}
+
+fn record_hash(ruby: &Ruby, r: Record) -> RbResult<RHash> {
+    let out = Out::new(ruby);
+    out.set("job_type", r.job_type)?
+        .set("operation_key", r.operation_key)?
+        .sym("status", &r.status)?
+        .set("claim_token", r.claim_token.to_string())?
+        .set("attempts", r.attempts)?
+        .set("takeovers", r.takeovers)?
+        .sym("last_claim", &r.last_claim)?
+        .set("jid", r.jid)?
+        .set("duplicates", r.duplicates)?
+        .set("lease_seconds", r.lease_seconds)?
+        .set("lease_expired", r.lease_expired)?
+        .set("last_error", r.last_error)?
+        .set("args_digest", r.args_digest)?
+        .set("job_class", r.job_class)?
+        .set("queue", r.queue)?
+        .set("args_json", r.args)?
+        .set("mismatches", r.mismatches)?
+        .set("last_mismatch", r.last_mismatch)?
+        .set("resolution", r.resolution)?
+        .time("first_claimed_at", Some(r.first_claimed_at))?
+        .time("claimed_at", Some(r.claimed_at))?
+        .time("lease_expires_at", Some(r.lease_expires_at))?
+        .time("completed_at", r.completed_at)?
+        .time("released_at", r.released_at)?
+        .time("last_duplicate_at", r.last_duplicate_at)?
+        .time("heartbeat_at", r.heartbeat_at)?
+        .time("held_at", r.held_at)?
+        .time("given_up_at", r.given_up_at)?
+        .time("resolved_at", r.resolved_at)?
+        .time("updated_at", Some(r.updated_at))?;
+    Ok(out.hash)
+}
+
+fn heartbeat_hash(ruby: &Ruby, r: HeartbeatReport) -> RbResult<RHash> {
+    let out = Out::new(ruby);
+    out.set("renewals", r.renewals)?
+        .set("lost", r.lost)?
+        .set("max_run_reached", r.max_run_reached)?
+        .set("last_error", r.last_error)?;
+    Ok(out.hash)
 }
 
 impl NativeStore {
     /// `Store.new(config_json)`: validates the configuration; connects lazily.
-    fn new(ruby: &Ruby, config_json: String) -> std::result::Result<Self, magnus::Error> {
+    fn new(ruby: &Ruby, config_json: String) -> RbResult<Self> {
         Config::from_json(&config_json)
             .and_then(Store::new)
             .map(NativeStore)
@@ -43,7 +117,7 @@ impl NativeStore {
     }
 
     /// Runs one core operation on a pooled connection with the GVL released.
-    fn run<T, F, Fut>(&self, ruby: &Ruby, op: F) -> std::result::Result<T, magnus::Error>
+    fn run<T, F, Fut>(&self, ruby: &Ruby, op: F) -> RbResult<T>
     where
         F: Fn(Pool) -> Fut,
         Fut: Future<Output = Result<T>>,
@@ -53,41 +127,44 @@ impl NativeStore {
         without_gvl(ruby, &handle.runtime, || op(pool.clone()))?.map_err(|e| to_ruby(ruby, e))
     }
 
-    /// `claim(job_type, operation_key, jid, lease_seconds)` → Hash with `:decision`
-    /// (`:claimed`, `:completed`, `:in_progress`) and the decision's details.
-    fn claim(
-        ruby: &Ruby,
-        rb_self: &Self,
-        job_type: String,
-        operation_key: String,
-        jid: Option<String>,
-        lease_seconds: f64,
-    ) -> std::result::Result<RHash, magnus::Error> {
+    /// `claim(request)`: request is a Hash with Symbol keys `job_type`,
+    /// `operation_key`, `jid`, `lease` (seconds), `args_digest`, `job_class`, `queue`,
+    /// `args_json`, `refuse_mismatch`. Returns a Hash with `:decision` (`:claimed`,
+    /// `:completed`, `:in_progress`, `:held`, `:given_up`, `:refused`), `:mismatch`
+    /// and the decision's details.
+    fn claim(ruby: &Ruby, rb_self: &Self, request: RHash) -> RbResult<RHash> {
+        let get = |key: &str| request.lookup::<_, Option<String>>(ruby.to_symbol(key));
         let request = ClaimRequest {
-            job_type,
-            operation_key,
-            jid,
-            lease_seconds,
+            job_type: get("job_type")?.unwrap_or_default(),
+            operation_key: get("operation_key")?.unwrap_or_default(),
+            jid: get("jid")?,
+            lease_seconds: request
+                .lookup::<_, Option<f64>>(ruby.to_symbol("lease"))?
+                .unwrap_or(0.0),
+            args_digest: get("args_digest")?,
+            job_class: get("job_class")?,
+            queue: get("queue")?,
+            args_json: get("args_json")?,
+            refuse_mismatch: request
+                .lookup::<_, Option<bool>>(ruby.to_symbol("refuse_mismatch"))?
+                .unwrap_or(false),
         };
-        let outcome = rb_self.run(ruby, |pool| {
+        let decision = rb_self.run(ruby, |pool| {
             let request = request.clone();
             async move { claim::claim(&mut Conn::checkout(&pool).await?, &request).await }
         })?;
-        let hash = ruby.hash_new();
-        match outcome {
+        let out = Out::new(ruby);
+        out.set("mismatch", decision.mismatch)?;
+        match decision.outcome {
             Outcome::Claimed {
                 token,
                 attempt,
                 kind,
             } => {
-                hash.aset(ruby.to_symbol("decision"), ruby.to_symbol("claimed"))?;
-                hash.aset(ruby.to_symbol("token"), token.to_string())?;
-                hash.aset(ruby.to_symbol("attempt"), attempt)?;
-                hash.aset(ruby.to_symbol("kind"), ruby.to_symbol(kind.as_str()))?;
-            }
-            Outcome::Completed { duplicates } => {
-                hash.aset(ruby.to_symbol("decision"), ruby.to_symbol("completed"))?;
-                hash.aset(ruby.to_symbol("duplicates"), duplicates)?;
+                out.sym("decision", "claimed")?
+                    .set("token", token.to_string())?
+                    .set("attempt", attempt)?
+                    .sym("kind", kind.as_str())?;
             }
             Outcome::InProgress {
                 holder_jid,
@@ -95,56 +172,63 @@ impl NativeStore {
                 lease_remaining,
                 duplicates,
             } => {
-                hash.aset(ruby.to_symbol("decision"), ruby.to_symbol("in_progress"))?;
-                hash.aset(ruby.to_symbol("holder_jid"), holder_jid)?;
-                hash.aset(ruby.to_symbol("attempt"), attempt)?;
-                hash.aset(ruby.to_symbol("lease_remaining"), lease_remaining)?;
-                hash.aset(ruby.to_symbol("duplicates"), duplicates)?;
+                out.sym("decision", "in_progress")?
+                    .set("holder_jid", holder_jid)?
+                    .set("attempt", attempt)?
+                    .set("lease_remaining", lease_remaining)?
+                    .set("duplicates", duplicates)?;
+            }
+            Outcome::Completed { duplicates } => {
+                out.sym("decision", "completed")?
+                    .set("duplicates", duplicates)?;
+            }
+            Outcome::Held { duplicates } => {
+                out.sym("decision", "held")?.set("duplicates", duplicates)?;
+            }
+            Outcome::GivenUp { duplicates } => {
+                out.sym("decision", "given_up")?
+                    .set("duplicates", duplicates)?;
+            }
+            Outcome::Refused { duplicates } => {
+                out.sym("decision", "refused")?
+                    .set("duplicates", duplicates)?;
             }
         }
-        Ok(hash)
+        Ok(out.hash)
     }
 
-    /// `complete(job_type, operation_key, token)` → true.
-    fn complete(
+    /// `fenced(change, job_type, operation_key, token, text)`: change is one of
+    /// `:complete`, `:release`, `:hold`, `:give_up`, `:expire`, `:renew`; `text` the
+    /// error text stored by `:release` / `:expire` (else nil). Returns true.
+    fn fenced(
         ruby: &Ruby,
         rb_self: &Self,
+        change: Symbol,
         job_type: String,
         operation_key: String,
         token: String,
-    ) -> std::result::Result<bool, magnus::Error> {
-        let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
-        rb_self.run(ruby, |pool| {
-            let (job_type, operation_key) = (job_type.clone(), operation_key.clone());
-            async move {
-                claim::complete(
-                    &mut Conn::checkout(&pool).await?,
-                    &job_type,
-                    &operation_key,
-                    token,
-                )
-                .await
+        text: Option<String>,
+    ) -> RbResult<bool> {
+        let change = match change.name()?.as_ref() {
+            "complete" => Fenced::Complete,
+            "release" => Fenced::Release,
+            "hold" => Fenced::Hold,
+            "give_up" => Fenced::GiveUp,
+            "expire" => Fenced::Expire,
+            "renew" => Fenced::Renew,
+            other => {
+                return Err(to_ruby(
+                    ruby,
+                    Error::Config(format!("unknown claim change :{other}")),
+                ))
             }
-        })?;
-        Ok(true)
-    }
-
-    /// `release(job_type, operation_key, token, error_text)` → true.
-    fn release(
-        ruby: &Ruby,
-        rb_self: &Self,
-        job_type: String,
-        operation_key: String,
-        token: String,
-        error: String,
-    ) -> std::result::Result<bool, magnus::Error> {
+        };
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
         rb_self.run(ruby, |pool| {
-            let (job_type, operation_key, error) =
-                (job_type.clone(), operation_key.clone(), error.clone());
+            let (job_type, key, text) = (job_type.clone(), operation_key.clone(), text.clone());
             async move {
                 let mut conn = Conn::checkout(&pool).await?;
-                claim::release(&mut conn, &job_type, &operation_key, token, &error).await
+                claim::fenced(&mut conn, change, &job_type, &key, token, text.as_deref()).await
             }
         })?;
         Ok(true)
@@ -156,59 +240,113 @@ impl NativeStore {
         rb_self: &Self,
         job_type: String,
         operation_key: String,
-    ) -> std::result::Result<Option<RHash>, magnus::Error> {
+    ) -> RbResult<Option<RHash>> {
         let record = rb_self.run(ruby, |pool| {
-            let (job_type, operation_key) = (job_type.clone(), operation_key.clone());
-            async move {
-                claim::find(&mut Conn::checkout(&pool).await?, &job_type, &operation_key).await
-            }
+            let (job_type, key) = (job_type.clone(), operation_key.clone());
+            async move { claim::find(&mut Conn::checkout(&pool).await?, &job_type, &key).await }
         })?;
-        let Some(r) = record else { return Ok(None) };
-        let hash = ruby.hash_new();
-        let sym = |s: &str| ruby.to_symbol(s);
-        hash.aset(sym("job_type"), r.job_type)?;
-        hash.aset(sym("operation_key"), r.operation_key)?;
-        hash.aset(sym("status"), sym(&r.status))?;
-        hash.aset(sym("claim_token"), r.claim_token.to_string())?;
-        hash.aset(sym("attempts"), r.attempts)?;
-        hash.aset(sym("takeovers"), r.takeovers)?;
-        hash.aset(sym("last_claim"), sym(&r.last_claim))?;
-        hash.aset(sym("jid"), r.jid)?;
-        hash.aset(sym("duplicates"), r.duplicates)?;
-        hash.aset(sym("lease_seconds"), r.lease_seconds)?;
-        hash.aset(sym("lease_expired"), r.lease_expired)?;
-        hash.aset(sym("last_error"), r.last_error)?;
-        hash.aset(
-            sym("first_claimed_at"),
-            time(ruby, Some(r.first_claimed_at))?,
-        )?;
-        hash.aset(sym("claimed_at"), time(ruby, Some(r.claimed_at))?)?;
-        hash.aset(
-            sym("lease_expires_at"),
-            time(ruby, Some(r.lease_expires_at))?,
-        )?;
-        hash.aset(sym("completed_at"), time(ruby, r.completed_at)?)?;
-        hash.aset(sym("released_at"), time(ruby, r.released_at)?)?;
-        hash.aset(sym("last_duplicate_at"), time(ruby, r.last_duplicate_at)?)?;
-        hash.aset(sym("updated_at"), time(ruby, Some(r.updated_at))?)?;
-        Ok(Some(hash))
+        record.map(|r| record_hash(ruby, r)).transpose()
+    }
+
+    /// `held(job_type_or_nil, limit)` → Array of `[job_type, operation_key]`, oldest first.
+    fn held(
+        ruby: &Ruby,
+        rb_self: &Self,
+        job_type: Option<String>,
+        limit: i64,
+    ) -> RbResult<Vec<(String, String)>> {
+        rb_self.run(ruby, |pool| {
+            let job_type = job_type.clone();
+            async move {
+                let mut conn = Conn::checkout(&pool).await?;
+                claim::held(&mut conn, job_type.as_deref(), limit).await
+            }
+        })
+    }
+
+    /// `resolve(job_type, operation_key, as)`: as is `:done` or `:rerun`. Returns false
+    /// when the operation is not held or given up.
+    fn resolve(
+        ruby: &Ruby,
+        rb_self: &Self,
+        job_type: String,
+        operation_key: String,
+        resolution: Symbol,
+    ) -> RbResult<bool> {
+        let resolution = match resolution.name()?.as_ref() {
+            "done" => Resolution::Done,
+            "rerun" => Resolution::Rerun,
+            other => {
+                return Err(to_ruby(
+                    ruby,
+                    Error::Config(format!("resolve as: must be :done or :rerun, got :{other}")),
+                ))
+            }
+        };
+        rb_self.run(ruby, |pool| {
+            let (job_type, key) = (job_type.clone(), operation_key.clone());
+            async move {
+                let mut conn = Conn::checkout(&pool).await?;
+                claim::resolve(&mut conn, &job_type, &key, resolution).await
+            }
+        })
+    }
+
+    /// `heartbeat(job_type, operation_key, token, lease_seconds, max_run_seconds)` →
+    /// a running `Heartbeat`. Does not block.
+    fn heartbeat(
+        ruby: &Ruby,
+        rb_self: &Self,
+        job_type: String,
+        operation_key: String,
+        token: String,
+        lease_seconds: f64,
+        max_run_seconds: f64,
+    ) -> RbResult<NativeHeartbeat> {
+        let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
+        let handle = rb_self.0.handle().map_err(|e| to_ruby(ruby, e))?;
+        Ok(NativeHeartbeat(Heartbeat::start(
+            &handle,
+            job_type,
+            operation_key,
+            token,
+            lease_seconds,
+            max_run_seconds,
+        )))
     }
 
     /// `migrate` → Array of the migration names applied now.
-    fn migrate(ruby: &Ruby, rb_self: &Self) -> std::result::Result<Vec<String>, magnus::Error> {
+    fn migrate(ruby: &Ruby, rb_self: &Self) -> RbResult<Vec<String>> {
         rb_self.run(ruby, |pool| async move {
             migrate::migrate(&mut Conn::checkout(&pool).await?).await
         })
     }
 }
 
-pub fn init(ruby: &Ruby, native: RModule) -> std::result::Result<(), magnus::Error> {
+impl NativeHeartbeat {
+    /// `stop` → Hash `{renewals:, lost:, max_run_reached:, last_error:}`; idempotent.
+    fn stop(ruby: &Ruby, rb_self: &Self) -> RbResult<RHash> {
+        heartbeat_hash(ruby, rb_self.0.stop())
+    }
+
+    /// `report` → the same Hash, without stopping.
+    fn report(ruby: &Ruby, rb_self: &Self) -> RbResult<RHash> {
+        heartbeat_hash(ruby, rb_self.0.report())
+    }
+}
+
+pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     let class = native.define_class("Store", ruby.class_object())?;
     class.define_singleton_method("new", function!(NativeStore::new, 1))?;
-    class.define_method("claim", method!(NativeStore::claim, 4))?;
-    class.define_method("complete", method!(NativeStore::complete, 3))?;
-    class.define_method("release", method!(NativeStore::release, 4))?;
+    class.define_method("claim", method!(NativeStore::claim, 1))?;
+    class.define_method("fenced", method!(NativeStore::fenced, 5))?;
     class.define_method("find", method!(NativeStore::find, 2))?;
+    class.define_method("held", method!(NativeStore::held, 2))?;
+    class.define_method("resolve", method!(NativeStore::resolve, 3))?;
+    class.define_method("heartbeat", method!(NativeStore::heartbeat, 5))?;
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
+    let heartbeat = native.define_class("Heartbeat", ruby.class_object())?;
+    heartbeat.define_method("stop", method!(NativeHeartbeat::stop, 0))?;
+    heartbeat.define_method("report", method!(NativeHeartbeat::report, 0))?;
     Ok(())
 }

@@ -1,0 +1,64 @@
+# frozen_string_literal: true
+
+# The demo's producer and reporter: a process of its own, apart from the Sidekiq worker.
+#
+#   ruby examples/demo/driver.rb setup     # demo tables, a new run
+#   ruby examples/demo/driver.rb crash     # enqueue (d); return once a worker claimed it
+#   ruby examples/demo/driver.rb enqueue   # enqueue (d) again, and (a) (b) (c) (e) (f)
+#   ruby examples/demo/driver.rb report [SIDEKIQ_LOG...]  # wait, print the table; exit 1 on a failure
+#
+# Needs DATABASE_URL and REDIS_URL. The steps share DEMO_STATE (default tmp/demo/state.json).
+$LOAD_PATH.unshift File.expand_path("../../lib", __dir__)
+require "timeout"
+require "sidekiq"
+Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+require "sidekiq/api"
+require "idempotent_job/sidekiq"
+require_relative "jobs"
+require_relative "state"
+require_relative "producer"
+require_relative "report"
+
+IdempotentJob.configure { |c| c.database_url = ENV.fetch("DATABASE_URL") }
+
+# Helpers of the demo's steps.
+module Demo
+  module_function
+
+  def monotonic
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  # Calls the block every 0.2 s until it returns a truthy value, which it returns.
+  # @raise [Timeout::Error] after timeout seconds
+  def wait_for(timeout, what)
+    deadline = monotonic + timeout
+    loop do
+      result = yield
+      return result if result
+      raise Timeout::Error, "timed out after #{timeout} s waiting for #{what}" if monotonic > deadline
+
+      sleep 0.2
+    end
+  end
+end
+
+begin
+  case ARGV.first
+  when "setup"
+    Demo::Effects.create_tables
+    # In-hand counts that killed workers of earlier runs left behind (their pids may be reused).
+    Sidekiq.redis { |redis| redis.scan_each(match: "#{Demo::INFLIGHT_PREFIX}*").each { |key| redis.del(key) } }
+    state = Demo::State.start
+    puts "demo tables ready (demo_charges, demo_shipments); run tag #{state.run} (order numbers #{state.run}-1xx)"
+  when "crash" then Demo::Producer.new(Demo::State.load).crash
+  when "enqueue" then Demo::Producer.new(Demo::State.load).enqueue
+  when "report" then exit(Demo::Report.new(Demo::State.load, ARGV.drop(1)).call ? 0 : 1)
+  else
+    warn "usage: #{$PROGRAM_NAME} setup | crash | enqueue | report [SIDEKIQ_LOG...]"
+    exit 2
+  end
+rescue Interrupt
+  puts
+  exit 130
+end

@@ -1,0 +1,143 @@
+# frozen_string_literal: true
+
+module Demo
+  # Waits until the worker has handled every delivery, then prints one row per operation
+  # and the verdict: exactly one effect per operation.
+  class Report
+    CLASSES = %w[ChargeOrderJob CaptureOrderJob ShipParcelJob].freeze
+    WAIT_TIMEOUT = 60
+    LEGEND = <<~TEXT
+      deliveries: jobs the demo enqueued; arrived: deliveries that reached a worker (a deferred one counts again
+      when it comes back); effects: rows the job body wrote; attempts: claims made (each ran the body);
+      duplicates: arrivals the record turned away (skipped as completed, or deferred behind a live claim).
+    TEXT
+
+    def initialize(state, logs)
+      @state = state
+      @logs = logs
+    end
+
+    # @return [Boolean] true when every operation completed with exactly one effect
+    def call
+      started = Demo.monotonic
+      handled = wait_until_idle
+      puts format("all deliveries handled in %.1f s", Demo.monotonic - started) if handled
+      puts log_summary unless @logs.empty?
+      puts
+      rows = @state.operations.map { |op| row(op) }
+      puts table(rows), "", LEGEND
+      notes(rows)
+      puts
+      verdict(rows, handled)
+    end
+
+    private
+
+    def wait_until_idle
+      print "waiting for every delivery to be handled (deferred ones come back when their lease ends)... "
+      $stdout.flush
+      idle_checks = 0
+      Demo.wait_for(WAIT_TIMEOUT, "the demo's deliveries to be handled") do
+        idle_checks = idle? ? idle_checks + 1 : 0
+        sleep 0.3 if idle_checks == 1
+        idle_checks >= 2
+      end
+      puts "done"
+      true
+    rescue Timeout::Error => e
+      puts "TIMED OUT"
+      warn e.message
+      false
+    end
+
+    # Every record completed, no demo job queued, scheduled (deferred) or awaiting a retry,
+    # and none in the hands of a live worker.
+    def idle?
+      @state.operations.all? { |op| op.record&.completed? } && pending_jobs.zero? && in_hand.zero?
+    end
+
+    def pending_jobs
+      [Sidekiq::Queue.new("default"), Sidekiq::ScheduledSet.new, Sidekiq::RetrySet.new]
+        .sum { |set| set.count { |job| CLASSES.include?(job.klass) } }
+    end
+
+    # Deliveries inside live workers' middleware (a killed worker's count is ignored).
+    def in_hand
+      Sidekiq.redis do |redis|
+        redis.scan_each(match: "#{INFLIGHT_PREFIX}*").sum do |key|
+          alive?(key.delete_prefix(INFLIGHT_PREFIX).to_i) ? redis.get(key).to_i : 0
+        end
+      end
+    end
+
+    def alive?(pid)
+      Process.kill(0, pid)
+      true
+    rescue Errno::ESRCH
+      false
+    rescue Errno::EPERM
+      true
+    end
+
+    def row(operation)
+      record = operation.record
+      effects = operation.effects.call(operation)
+      {
+        "scenario" => operation.scenario, "job type" => operation.job_class.name, "operation key" => operation.key,
+        "deliveries" => @state.deliveries(operation.id), "arrived" => arrivals(operation), "effects" => effects.size,
+        "status" => record&.status || "none", "attempts" => record&.attempts, "takeovers" => record&.takeovers,
+        "duplicates" => record&.duplicates, effect_pids: effects
+      }
+    end
+
+    def arrivals(operation)
+      Sidekiq.redis { |redis| redis.hget(ARRIVALS_KEY, operation.id) }.to_i
+    end
+
+    def table(rows)
+      columns = rows.first.keys.grep(String)
+      widths = columns.to_h { |c| [c, [c.size, *rows.map { |r| r[c].to_s.size }].max] }
+      line = ->(values) { columns.map { |c| values[c].to_s.ljust(widths[c]) }.join("  ").rstrip }
+      [line.call(columns.to_h { |c| [c, c] }), line.call(columns.to_h { |c| [c, "-" * widths[c]] }),
+       *rows.map { |r| line.call(r) }].join("\n")
+    end
+
+    def notes(rows)
+      rows.each do |r|
+        if r["attempts"] && r["arrived"] != r["attempts"] + r["duplicates"]
+          puts "note: #{r["job type"]} #{r["operation key"]}: arrived #{r["arrived"]} != attempts + duplicates"
+        end
+        next unless r["takeovers"].to_i.positive?
+
+        puts "#{r["scenario"][0, 3]} #{r["job type"]} #{r["operation key"]}: its effect was written by pid " \
+             "#{r[:effect_pids].join(", ")}, after taking over the claim of the killed worker"
+      end
+    end
+
+    def log_summary
+      text = @logs.select { |log| File.exist?(log) }.map { |log| File.read(log) }.join
+      counts = {
+        "skipped as already completed" => text.scan(/already completed; duplicate delivery skipped/).size,
+        "deferred behind a live claim" => text.scan(/delivery deferred by/).size,
+        "took over a stale claim" => text.scan(/took over the stale claim/).size
+      }
+      errors = text.lines.grep(/ (ERROR|FATAL): /)
+      summary = "worker logs: #{counts.map { |what, n| "#{n} #{what}" }.join(", ")}"
+      errors.empty? ? summary : "#{summary}\nERROR lines in the worker logs:\n#{errors.first(10).join}"
+    end
+
+    def verdict(rows, handled)
+      bad = rows.reject { |r| r["effects"] == 1 && r["status"] == :completed }
+      if bad.empty? && handled
+        puts "all #{rows.size} operations: effects = 1 each"
+        return true
+      end
+      bad.each do |r|
+        puts "FAILED: #{r["job type"]} #{r["operation key"]}: effects = #{r["effects"]}, status #{r["status"]}"
+      end
+      puts "FAILED: #{bad.size} of #{rows.size} operations did not end with exactly one effect" unless bad.empty?
+      puts "FAILED: the deliveries were not all handled within #{WAIT_TIMEOUT} s" unless handled
+      false
+    end
+  end
+end

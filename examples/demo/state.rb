@@ -1,0 +1,80 @@
+# frozen_string_literal: true
+
+require "json"
+require "securerandom"
+
+module Demo
+  # One operation of the demo, and how to count its effects.
+  Operation = Struct.new(:scenario, :job_class, :key, :effects, keyword_init: true) do
+    def id
+      "#{job_class.name} #{key}"
+    end
+
+    def record
+      IdempotentJob.record(job_class.name, key)
+    end
+  end
+
+  # What the demo's steps share: the run tag (a prefix of every order number, so runs
+  # against a long-lived database do not meet) and the deliveries made so far, kept in a
+  # JSON file between the driver's processes.
+  class State
+    PATH = ENV.fetch("DEMO_STATE", File.expand_path("../../tmp/demo/state.json", __dir__))
+
+    # @return [State] a new run
+    def self.start
+      new("run" => SecureRandom.hex(2), "deliveries" => {}).tap(&:save)
+    end
+
+    # @return [State] the run that `start` saved
+    def self.load
+      new(JSON.parse(File.read(PATH)))
+    end
+
+    def initialize(data)
+      @data = data
+    end
+
+    def run
+      @data.fetch("run")
+    end
+
+    def save
+      File.write(PATH, JSON.pretty_generate(@data))
+    end
+
+    def order_id(number)
+      "#{run}-#{number}"
+    end
+
+    # Counts deliveries the demo enqueued for one operation.
+    def delivered(job_class, key, count = 1)
+      id = "#{job_class.name} #{key}"
+      @data["deliveries"][id] = deliveries(id) + count
+    end
+
+    def deliveries(id)
+      @data["deliveries"].fetch(id, 0)
+    end
+
+    # @return [Array<Operation>] every operation of the demo, in table order
+    def operations
+      charges = ->(op) { Effects.charges(op.job_class.name, op.key) }
+      [
+        [ChargeOrderJob, 101, "(a) enqueued 3 times"], [ChargeOrderJob, 102, "(b) 5 copies at once"],
+        [ChargeOrderJob, 103, "(c) same jid twice"], [CaptureOrderJob, 104, "(d) worker SIGKILLed"],
+        [ChargeOrderJob, 105, "(e) distinct"], [ChargeOrderJob, 106, "(e) distinct"],
+        [ChargeOrderJob, 107, "(e) distinct"]
+      ].map do |job_class, number, scenario|
+        Operation.new(scenario:, job_class:, key: order_id(number), effects: charges)
+      end << shipment
+    end
+
+    def shipment
+      order = order_id(105)
+      Operation.new(scenario: "(f) composite key", job_class: ShipParcelJob,
+                    key: ShipParcelJob.demo_operation_key([{ "order_id" => order }, "ups"]),
+                    effects: ->(_op) { Effects.shipments(order, "ups") })
+    end
+  end
+end

@@ -1,0 +1,134 @@
+//! Lease heartbeats: while a job body runs, a task on the native runtime renews the
+//! claim's lease about every third of the lease, so a long job keeps its claim and a
+//! dead process loses it within one lease. No Ruby thread (and no GVL) is involved.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use super::claim::{fenced, Fenced};
+use super::error::Error;
+use super::store::{Conn, Handle};
+
+/// What a heartbeat saw, read when it is stopped.
+#[derive(Debug, Default)]
+pub struct HeartbeatState {
+    renewals: AtomicU64,
+    lost: AtomicBool,
+    max_run_reached: AtomicBool,
+    last_error: Mutex<Option<String>>,
+}
+
+/// A snapshot of [`HeartbeatState`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeartbeatReport {
+    /// Successful lease renewals.
+    pub renewals: u64,
+    /// A renewal found the claim no longer held (taken over after a missed renewal).
+    pub lost: bool,
+    /// The maximum run time passed and renewing stopped.
+    pub max_run_reached: bool,
+    /// The last renewal error other than a lost claim (the database was unreachable…).
+    pub last_error: Option<String>,
+}
+
+/// A running heartbeat. Stopping (or dropping) it ends the background task.
+pub struct Heartbeat {
+    stop: Arc<Notify>,
+    state: Arc<HeartbeatState>,
+}
+
+/// Renewal interval for a lease: a third of it, at least 10 ms.
+pub fn interval_for(lease_seconds: f64) -> Duration {
+    Duration::from_secs_f64((lease_seconds / 3.0).max(0.01))
+}
+
+impl Heartbeat {
+    /// Starts renewing the claim `token` on `handle`'s runtime every
+    /// [`interval_for`]`(lease_seconds)`, for at most `max_run_seconds` in total.
+    pub fn start(
+        handle: &Handle,
+        job_type: String,
+        operation_key: String,
+        token: Uuid,
+        lease_seconds: f64,
+        max_run_seconds: f64,
+    ) -> Heartbeat {
+        let stop = Arc::new(Notify::new());
+        let state = Arc::new(HeartbeatState::default());
+        let (task_stop, task_state, pool) = (stop.clone(), state.clone(), handle.pool.clone());
+        let interval = interval_for(lease_seconds);
+        let deadline = Instant::now() + Duration::from_secs_f64(max_run_seconds.max(0.0));
+        handle.runtime.spawn(async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = task_stop.notified() => break,
+                    _ = tokio::time::sleep(interval) => {}
+                }
+                if Instant::now() >= deadline {
+                    task_state.max_run_reached.store(true, Ordering::SeqCst);
+                    break;
+                }
+                let renewed = async {
+                    let mut conn = Conn::checkout(&pool).await?;
+                    fenced(
+                        &mut conn,
+                        Fenced::Renew,
+                        &job_type,
+                        &operation_key,
+                        token,
+                        None,
+                    )
+                    .await
+                };
+                match renewed.await {
+                    Ok(()) => {
+                        task_state.renewals.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(Error::LostClaim { .. }) => {
+                        task_state.lost.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                    Err(e) => {
+                        *task_state
+                            .last_error
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    }
+                }
+            }
+        });
+        Heartbeat { stop, state }
+    }
+
+    /// Stops renewing (a renewal already under way may still land) and reports.
+    pub fn stop(&self) -> HeartbeatReport {
+        self.stop.notify_one();
+        self.report()
+    }
+
+    /// What the heartbeat saw so far.
+    pub fn report(&self) -> HeartbeatReport {
+        HeartbeatReport {
+            renewals: self.state.renewals.load(Ordering::SeqCst),
+            lost: self.state.lost.load(Ordering::SeqCst),
+            max_run_reached: self.state.max_run_reached.load(Ordering::SeqCst),
+            last_error: self
+                .state
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.notify_one();
+    }
+}
