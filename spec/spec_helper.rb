@@ -12,6 +12,7 @@ require_relative "support/effects"
 require_relative "support/jobs"
 require_relative "support/processes"
 require_relative "support/store_helpers"
+require_relative "support/replay_helpers"
 
 Sidekiq.logger.level = Logger::WARN
 Sidekiq::Testing.fake!

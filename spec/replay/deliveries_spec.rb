@@ -7,40 +7,6 @@ require "spec_helper"
 # (the effect happens once) and without it (the control: the duplicates do happen,
 # so these specs can fail).
 RSpec.describe "Replaying deliveries of one operation" do
-  def job_hash(args = [42, 1500], **extra)
-    ChargeOrderJob.perform_async(*args)
-    ChargeOrderJob.jobs.pop.merge(extra.transform_keys(&:to_s))
-  end
-
-  def deliver(job)
-    ChargeOrderJob.process_job(job)
-  end
-
-  def record(key = "42")
-    IdempotentJob.record("ChargeOrderJob", key)
-  end
-
-  def without_middleware!
-    Sidekiq::Testing.server_middleware(&:clear)
-  end
-
-  # Forks a worker that delivers `job` and blocks at `point` until killed.
-  def kill_worker_at(point, job)
-    pid, reader = fork_worker do |pipe|
-      SpecHooks.on(point) do
-        pipe.puts("at #{point}")
-        sleep 60
-      end
-      deliver(job)
-    end
-    expect(read_line(reader)).to eq("at #{point}")
-    kill9(pid)
-  end
-
-  def wait_for_lease_end(lease)
-    sleep lease + 0.2
-  end
-
   describe "the same message delivered three times in a row" do
     it "runs the effect once; the repeats are counted as duplicates" do
       job = job_hash

@@ -6,6 +6,7 @@ class ChargeOrderJob
   sidekiq_options idempotency_key: :order_id, retry: 3
 
   def perform(order_id, amount_cents)
+    SpecHooks.call(:inside, self)
     SpecHooks.call(:before_effect, order_id)
     Effects.record("charge", order_id)
     SpecHooks.call(:after_effect, order_id, amount_cents)
@@ -38,5 +39,21 @@ class ShipParcelV2Job
 
   def perform(payload, carrier)
     Effects.record("ship", "#{payload.dig("order", "id")}/#{carrier}")
+  end
+end
+
+# A job whose outside system can say whether an effect happened: the lookup asks it.
+class CapturePaymentJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: :payment_id, idempotency_lookup: :captured?
+
+  def perform(payment_id)
+    SpecHooks.call(:before_effect, payment_id)
+    Effects.record("capture", payment_id)
+    SpecHooks.call(:after_effect, payment_id)
+  end
+
+  def captured?(payment_id)
+    SpecHooks.call(:lookup, payment_id)
   end
 end

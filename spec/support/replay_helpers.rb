@@ -1,0 +1,44 @@
+# frozen_string_literal: true
+
+# Deliveries through Sidekiq's testing harness (the real server middleware chain),
+# and workers that die at a named point of the job body.
+module ReplayHelpers
+  # A job payload as Sidekiq would deliver it, after its client middleware ran.
+  # @return [Hash]
+  def job_hash(args = [42, 1500], klass: ChargeOrderJob, **extra)
+    klass.perform_async(*args)
+    klass.jobs.pop.merge(extra.transform_keys(&:to_s))
+  end
+
+  def deliver(job, klass: Object.const_get(job["class"]))
+    klass.process_job(job)
+  end
+
+  def record(key = "42", job_type: "ChargeOrderJob")
+    IdempotentJob.record(job_type, key)
+  end
+
+  def without_middleware!
+    Sidekiq::Testing.server_middleware(&:clear)
+  end
+
+  # Forks a worker that delivers `job`, blocks at `point` of the body and is SIGKILLed
+  # there: a real process dying while it holds the claim.
+  def kill_worker_at(point, job)
+    pid, reader = fork_worker do |pipe|
+      SpecHooks.on(point) do
+        pipe.puts("at #{point}")
+        sleep 60
+      end
+      deliver(job)
+    end
+    expect(read_line(reader)).to eq("at #{point}")
+    kill9(pid)
+  end
+
+  def wait_for_lease_end(lease)
+    sleep lease + 0.2
+  end
+end
+
+RSpec.configure { |config| config.include ReplayHelpers }
