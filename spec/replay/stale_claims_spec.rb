@@ -27,7 +27,7 @@ RSpec.describe "Stale claims" do
           stale_after(point, job)
           2.times { deliver(job) }
           expect(Effects.count(42)).to eq(effects)
-          expect(record).to have_attributes(status: status, attempts: 2, takeovers: 1)
+          expect(record).to have_attributes(status:, attempts: 2, takeovers: 1)
           expect(IdempotentJob.held.map(&:operation_key)).to eq(status == :held ? ["42"] : [])
           expect(record.duplicates).to eq(1) # the second redelivery was turned away
         end
@@ -239,7 +239,7 @@ RSpec.describe "Stale claims" do
     it "resolve as: :done marks it completed" do
       job = hold_one
       expect(IdempotentJob.resolve("ChargeOrderJob", 42, as: :done)).to have_attributes(status: :completed,
-                                                                                         resolution: "done")
+                                                                                        resolution: "done")
       deliver(job)
       expect(Effects.count(42)).to eq(0)
     end
