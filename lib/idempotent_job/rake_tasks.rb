@@ -3,12 +3,16 @@
 require "rake"
 
 # Rake tasks of the gem. In a plain Rakefile: `require "idempotent_job/rake_tasks"`;
-# in Rails the Railtie loads them. Connection settings come from the environment
-# (IDEMPOTENT_JOB_DATABASE_URL, then DATABASE_URL) unless the app configured the gem.
-# The native library is loaded only when a task runs, not when the Rakefile is read.
+# in Rails the Railtie loads them (and they run after the :environment task).
+# Connection settings come from the environment (IDEMPOTENT_JOB_DATABASE_URL, then
+# DATABASE_URL) unless the app configured the gem; `resolve ... rerun` enqueues with
+# Sidekiq's own settings (REDIS_URL). The native library is loaded only when a task
+# runs, not when the Rakefile is read.
 namespace :idempotent_job do
+  prerequisites = Rake::Task.task_defined?(:environment) ? [:environment] : []
+
   desc "Create or update the idempotency record table (applies migrations/ in order; safe to run twice)"
-  task migrate: (Rake::Task.task_defined?(:environment) ? [:environment] : []) do
+  task migrate: prerequisites do
     require "idempotent_job"
     applied = IdempotentJob.migrate!
     if applied.empty?
@@ -22,5 +26,36 @@ namespace :idempotent_job do
   task :sql do
     require "idempotent_job"
     puts IdempotentJob.schema_sql
+  end
+
+  desc "List operations held for a person (stale claims under idempotency_on_stale: :hold)"
+  task :held, [:job_type] => prerequisites do |_task, args|
+    require "idempotent_job"
+    held = IdempotentJob.held(job_type: args[:job_type] || ENV.fetch("JOB_TYPE", nil), limit: 1000)
+    if held.empty?
+      puts "idempotent_job: no held operations"
+      next
+    end
+    rows = held.map do |r|
+      [r.job_type, r.operation_key, r.held_at&.utc&.strftime("%F %T UTC"), r.attempts.to_s, r.jid.to_s]
+    end
+    rows.unshift(["job type", "operation key", "held since", "attempts", "last jid"])
+    widths = rows.transpose.map { |column| column.map(&:size).max }
+    rows.each { |row| puts row.zip(widths).map { |cell, width| cell.ljust(width) }.join("  ").rstrip }
+    puts "idempotent_job: #{held.size} held; settle one with rake idempotent_job:resolve[JOB_TYPE,KEY,done|rerun]"
+  end
+
+  desc "Settle a held operation: idempotent_job:resolve[JOB_TYPE,KEY,done|rerun] " \
+       "(or JOB_TYPE=… KEY=… AS=… for keys with commas)"
+  task :resolve, %i[job_type operation_key as] => prerequisites do |_task, args|
+    require "idempotent_job"
+    job_type = args[:job_type] || ENV.fetch("JOB_TYPE", nil)
+    key = args[:operation_key] || ENV.fetch("KEY", nil)
+    as = args[:as] || ENV.fetch("AS", nil)
+    abort "usage: rake idempotent_job:resolve[JOB_TYPE,KEY,done|rerun]" unless job_type && key && as
+
+    record = IdempotentJob.resolve(job_type, key, as:)
+    puts "idempotent_job: #{record.job_type} operation #{record.operation_key.inspect} resolved as #{as}: " \
+         "now #{record.status}"
   end
 end

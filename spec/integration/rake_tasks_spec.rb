@@ -1,0 +1,56 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "fileutils"
+require "open3"
+require "sidekiq/api"
+
+# The operator's rake tasks, run as a person would: `rake` in a folder with a plain
+# Rakefile, against the suite's PostgreSQL and Redis.
+RSpec.describe "rake idempotent_job:held and idempotent_job:resolve", :integration do
+  let(:root) { File.expand_path("../..", __dir__) }
+  let(:work) { File.join(root, "tmp", "rake-tasks") }
+
+  def rake(*args, **env)
+    FileUtils.mkdir_p(work)
+    File.write(File.join(work, "Rakefile"), %(require "idempotent_job/rake_tasks"\n))
+    out, status = Open3.capture2e({ "RUBYLIB" => File.join(root, "lib"), **env }, "rake", *args, chdir: work)
+    [out, status]
+  end
+
+  def hold(job_type, key)
+    claimed = claim(job_type, key, "jid-#{key}", 30, job_class: "ChargeOrderJob", queue: "default",
+                                                     args_json: JSON.generate([key.to_i, 100]))
+    IdempotentJob.store.fenced(:hold, job_type, key, claimed[:token], nil)
+  end
+
+  it "lists held operations and settles them, as done or for a rerun" do
+    hold("ChargeOrderJob", "7")
+    hold("ChargeOrderJob", "8")
+    out, status = rake("idempotent_job:held")
+    expect(status).to be_success, out
+    expect(out).to match(/^ChargeOrderJob\s+7\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\s+1\s+jid-7$/)
+    expect(out).to include("2 held")
+
+    out, status = rake("idempotent_job:resolve[ChargeOrderJob,7,done]")
+    expect(status).to be_success, out
+    expect(out).to include("resolved as done: now completed")
+
+    Sidekiq::Testing.disable! do
+      Sidekiq.redis(&:flushdb)
+      out, status = rake("idempotent_job:resolve", "JOB_TYPE=ChargeOrderJob", "KEY=8", "AS=rerun",
+                         "REDIS_URL" => ENV.fetch("REDIS_URL"))
+      expect(status).to be_success, out
+      expect(Sidekiq::Queue.new("default").map(&:args)).to eq([[8, 100]])
+      Sidekiq.redis(&:flushdb)
+    end
+    expect(IdempotentJob.record("ChargeOrderJob", "8")).to have_attributes(status: :released, resolution: "rerun")
+    expect(rake("idempotent_job:held").first).to include("no held operations")
+  end
+
+  it "fails clearly for an operation that is not held" do
+    out, status = rake("idempotent_job:resolve[ChargeOrderJob,404,done]")
+    expect(status).not_to be_success
+    expect(out).to include("is not held or given up (status: nil)")
+  end
+end
