@@ -10,6 +10,9 @@ require_relative "services"
 require_relative "effects"
 require_relative "jobs"
 
+# Deferred deliveries sit in the scheduled set: poll it every second or so (6.4's knob).
+Sidekiq.configure_server { |config| config.options[:poll_interval_average] = 1 }
+
 IdempotentJob.configure do |c|
   c.database_url = ENV.fetch("DATABASE_URL")
   c.lease = 30
