@@ -3,8 +3,11 @@
 # The demo's producer and reporter: a process of its own, apart from the Sidekiq worker.
 #
 #   ruby examples/demo/driver.rb setup     # demo tables, a new run
-#   ruby examples/demo/driver.rb crash     # enqueue (d); return once a worker claimed it
-#   ruby examples/demo/driver.rb enqueue   # enqueue (d) again, and (a) (b) (c) (e) (f)
+#   ruby examples/demo/driver.rb crash     # enqueue (d) and (g); return once a worker claimed them
+#   ruby examples/demo/driver.rb enqueue   # enqueue (d) and (g) again, and (a) (b) (c) (e) (f)
+#   ruby examples/demo/driver.rb email-key # print the operation key of (g)
+#   ruby examples/demo/driver.rb held      # wait until (g) is held; exit 1 if it is not
+#   ruby examples/demo/driver.rb check-email [KILLED_PID]  # a person's check of (g); exit 1 if unexpected
 #   ruby examples/demo/driver.rb report [SIDEKIQ_LOG...]  # wait, print the table; exit 1 on a failure
 #
 # Needs DATABASE_URL and REDIS_URL. The steps share DEMO_STATE (default tmp/demo/state.json).
@@ -17,6 +20,7 @@ require "idempotent_job/sidekiq"
 require_relative "jobs"
 require_relative "state"
 require_relative "producer"
+require_relative "operator"
 require_relative "report"
 
 IdempotentJob.configure { |c| c.database_url = ENV.fetch("DATABASE_URL") }
@@ -50,12 +54,17 @@ begin
     # In-hand counts that killed workers of earlier runs left behind (their pids may be reused).
     Sidekiq.redis { |redis| redis.scan_each(match: "#{Demo::INFLIGHT_PREFIX}*").each { |key| redis.del(key) } }
     state = Demo::State.start
-    puts "demo tables ready (demo_charges, demo_shipments); run tag #{state.run} (order numbers #{state.run}-1xx)"
+    puts "demo tables ready (demo_charges, demo_shipments, demo_emails); run tag #{state.run} " \
+         "(order numbers #{state.run}-1xx)"
   when "crash" then Demo::Producer.new(Demo::State.load).crash
   when "enqueue" then Demo::Producer.new(Demo::State.load).enqueue
+  when "email-key" then puts Demo::State.load.email.key
+  when "held" then exit(Demo::Operator.new(Demo::State.load).wait_held ? 0 : 1)
+  when "check-email" then exit(Demo::Operator.new(Demo::State.load).check_email(ARGV[1]&.to_i) ? 0 : 1)
   when "report" then exit(Demo::Report.new(Demo::State.load, ARGV.drop(1)).call ? 0 : 1)
   else
-    warn "usage: #{$PROGRAM_NAME} setup | crash | enqueue | report [SIDEKIQ_LOG...]"
+    warn "usage: #{$PROGRAM_NAME} setup | crash | enqueue | email-key | held | check-email [KILLED_PID] | " \
+         "report [SIDEKIQ_LOG...]"
     exit 2
   end
 rescue Interrupt

@@ -7,25 +7,27 @@ module Demo
       @state = state
     end
 
-    # (d), first half: the delivery whose worker will be killed; returns once a worker
-    # has claimed the operation.
+    # (d) and (g), first half: the deliveries whose worker will be killed; returns once a
+    # worker has claimed both operations and sent the receipt of (g).
     def crash
-      order = @state.order_id(104)
-      CaptureOrderJob.perform_async(order, 4200)
-      @state.delivered(CaptureOrderJob, order)
+      capture = @state.order_id(104)
+      email = @state.email
+      CaptureOrderJob.perform_async(capture, 4200)
+      @state.delivered(CaptureOrderJob, capture)
+      EmailReceiptJob.perform_async(email.key, @state.email_address)
+      @state.delivered(EmailReceiptJob, email.key)
       @state.save
-      record = Demo.wait_for(20, "CaptureOrderJob #{order} to be claimed") do
-        found = IdempotentJob.record("CaptureOrderJob", order)
-        found if found&.status == :claimed
-      end
-      puts "(d) CaptureOrderJob #{order}: claimed by jid #{record.jid} (attempt #{record.attempts}, " \
+      record = claimed(CaptureOrderJob, capture)
+      puts "(d) CaptureOrderJob #{capture}: claimed by jid #{record.jid} (attempt #{record.attempts}, " \
            "lease #{record.lease_seconds.round} s); its worker hangs before the effect"
+      email_sent(email)
     end
 
     # Everything else, with the worker idle: (b) first, so that its copies meet idle threads.
     def enqueue
       concurrent_copies
       redeliver_after_crash
+      redeliver_email
       repeats
       same_jid
       distinct
@@ -50,9 +52,18 @@ module Demo
       CaptureOrderJob.perform_async(order, 4200)
       @state.delivered(CaptureOrderJob, order)
       record = IdempotentJob.record("CaptureOrderJob", order)
-      lease = record.lease_expired ? "has run out" : "ends at #{record.lease_expires_at.strftime("%T")}"
       puts "(d) CaptureOrderJob #{order}: enqueued again; the record is still #{record.status} by the killed " \
-           "worker, whose lease #{lease}"
+           "worker, whose lease #{lease_text(record)}"
+    end
+
+    # (g), second half: the same for the receipt; the record cannot tell whether it went out.
+    def redeliver_email
+      email = @state.email
+      EmailReceiptJob.perform_async(email.key, @state.email_address)
+      @state.delivered(EmailReceiptJob, email.key)
+      record = email.record
+      puts "(g) EmailReceiptJob #{email.key}: enqueued again; the record is still #{record.status} by the killed " \
+           "worker, whose lease #{lease_text(record)}; whether the receipt went out, the record cannot tell"
     end
 
     # (a): the producer enqueues the same operation 3 times (new jids).
@@ -89,6 +100,28 @@ module Demo
       ShipParcelJob.perform_async({ "parcels" => 2, "order_id" => order }, "ups")
       @state.delivered(ShipParcelJob, @state.shipment.key, 2)
       puts "(f) ShipParcelJob #{order} via ups: enqueued twice, the Hash argument's keys in another order"
+    end
+
+    # (g): waits until the receipt went out while its worker still holds the claim.
+    def email_sent(email)
+      sent = Demo.wait_for(20, "the receipt of #{email.id} to be sent") { Effects.emails(email.key).first }
+      record = claimed(EmailReceiptJob, email.key)
+      puts "(g) EmailReceiptJob #{email.key}: claimed by jid #{record.jid} (attempt #{record.attempts}, " \
+           "lease #{record.lease_seconds.round} s, idempotency_on_stale: :hold); its worker (pid #{sent["pid"]}) " \
+           "sent the receipt and hangs before recording the completion"
+    end
+
+    # Waits until a worker holds the operation's claim.
+    # @return [IdempotentJob::Record]
+    def claimed(job_class, key)
+      Demo.wait_for(20, "#{job_class} #{key} to be claimed") do
+        found = IdempotentJob.record(job_class.name, key)
+        found if found&.status == :claimed
+      end
+    end
+
+    def lease_text(record)
+      record.lease_expired ? "has run out" : "ends at #{record.lease_expires_at.strftime("%T")}"
     end
   end
 end

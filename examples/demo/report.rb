@@ -4,12 +4,13 @@ module Demo
   # Waits until the worker has handled every delivery, then prints one row per operation
   # and the verdict: exactly one effect per operation.
   class Report
-    CLASSES = %w[ChargeOrderJob CaptureOrderJob ShipParcelJob].freeze
+    CLASSES = %w[ChargeOrderJob CaptureOrderJob ShipParcelJob EmailReceiptJob].freeze
     WAIT_TIMEOUT = 60
     LEGEND = <<~TEXT
       deliveries: jobs the demo enqueued; arrived: deliveries that reached a worker (a deferred one counts again
-      when it comes back); effects: rows the job body wrote; attempts: claims made (each ran the body);
-      duplicates: arrivals the record turned away (skipped as completed, or deferred behind a live claim).
+      when it comes back); effects: rows the job body wrote; attempts: claims made (each ran the body, except a
+      takeover held under idempotency_on_stale: :hold); duplicates: arrivals the record turned away (skipped as
+      completed, or deferred behind a live claim).
     TEXT
 
     def initialize(state, logs)
@@ -86,7 +87,7 @@ module Demo
         "scenario" => operation.scenario, "job type" => operation.job_class.name, "operation key" => operation.key,
         "deliveries" => @state.deliveries(operation.id), "arrived" => arrivals(operation), "effects" => effects.size,
         "status" => record&.status || "none", "attempts" => record&.attempts, "takeovers" => record&.takeovers,
-        "duplicates" => record&.duplicates, effect_pids: effects
+        "duplicates" => record&.duplicates, effect_pids: effects, record:
       }
     end
 
@@ -107,11 +108,23 @@ module Demo
         if r["attempts"] && r["arrived"] != r["attempts"] + r["duplicates"]
           puts "note: #{r["job type"]} #{r["operation key"]}: arrived #{r["arrived"]} != attempts + duplicates"
         end
-        next unless r["takeovers"].to_i.positive?
-
-        puts "#{r["scenario"][0, 3]} #{r["job type"]} #{r["operation key"]}: its effect was written by pid " \
-             "#{r[:effect_pids].join(", ")}, after taking over the claim of the killed worker"
+        takeover_note(r) if r["takeovers"].to_i.positive?
       end
+    end
+
+    def takeover_note(row)
+      record = row[:record]
+      head = "#{row["scenario"][0, 3]} #{row["job type"]} #{row["operation key"]}:"
+      pids = row[:effect_pids].join(", ")
+      unless record.held_at
+        puts "#{head} its effect was written by pid #{pids}, after taking over the claim of the killed worker"
+        return
+      end
+      resolved = "not resolved"
+      resolved = "resolved as #{record.resolution} at #{record.resolved_at.strftime("%T")}" if record.resolution
+      puts "#{head} its effect was written by pid #{pids} before that worker was killed; after the lease the " \
+           "redelivery took over the stale claim and held it at #{record.held_at.strftime("%T")} (not run again); " \
+           "#{resolved} by rake idempotent_job:resolve"
     end
 
     def log_summary
@@ -119,7 +132,8 @@ module Demo
       counts = {
         "skipped as already completed" => text.scan(/already completed; duplicate delivery skipped/).size,
         "deferred behind a live claim" => text.scan(/delivery deferred by/).size,
-        "took over a stale claim" => text.scan(/took over the stale claim/).size
+        "took over a stale claim to run it" => text.scan(/took over the stale claim/).size,
+        "took over a stale claim to hold it" => text.scan(/is stale \(.*\): held for a person/).size
       }
       errors = text.lines.grep(/ (ERROR|FATAL): /)
       summary = "worker logs: #{counts.map { |what, n| "#{n} #{what}" }.join(", ")}"

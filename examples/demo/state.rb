@@ -67,7 +67,17 @@ module Demo
         [ChargeOrderJob, 107, "(e) distinct"]
       ].map do |job_class, number, scenario|
         Operation.new(scenario:, job_class:, key: order_id(number), effects: charges)
-      end << shipment
+      end << shipment << email
+    end
+
+    # (g): the operation held for a person.
+    def email
+      Operation.new(scenario: "(g) held, then resolved", job_class: EmailReceiptJob, key: order_id(108),
+                    effects: ->(op) { Effects.emails(op.key).map { |row| row.fetch("pid").to_i } })
+    end
+
+    def email_address
+      "buyer-#{order_id(108)}@example.com"
     end
 
     def shipment

@@ -9,7 +9,7 @@ use idempotent_job::core::config::Config;
 use idempotent_job::core::error::Error;
 use idempotent_job::core::heartbeat::Heartbeat;
 use idempotent_job::core::migrate;
-use idempotent_job::core::store::{Conn, Store};
+use idempotent_job::core::store::{with_conn, Conn, Store};
 
 fn database_url() -> String {
     std::env::var("DATABASE_URL")
@@ -44,8 +44,9 @@ fn unique(name: &str) -> String {
 
 fn decide(store: &Store, req: &ClaimRequest) -> Result<claim::Decision, Error> {
     let req = req.clone();
-    store
-        .block_on(|pool| async move { claim::claim(&mut Conn::checkout(&pool).await?, &req).await })
+    store.block_on(
+        |pool| async move { with_conn(&pool, async |c| claim::claim(c, &req).await).await },
+    )
 }
 
 fn claim(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
@@ -60,15 +61,17 @@ fn fenced(
 ) -> Result<(), Error> {
     let req = req.clone();
     store.block_on(|pool| async move {
-        let mut conn = Conn::checkout(&pool).await?;
-        claim::fenced(
-            &mut conn,
-            change,
-            &req.job_type,
-            &req.operation_key,
-            token,
-            Some("why"),
-        )
+        with_conn(&pool, async |c| {
+            claim::fenced(
+                c,
+                change,
+                &req.job_type,
+                &req.operation_key,
+                token,
+                Some("why"),
+            )
+            .await
+        })
         .await
     })
 }
@@ -77,11 +80,9 @@ fn find(store: &Store, req: &ClaimRequest) -> claim::Record {
     let req = req.clone();
     store
         .block_on(|pool| async move {
-            claim::find(
-                &mut Conn::checkout(&pool).await?,
-                &req.job_type,
-                &req.operation_key,
-            )
+            with_conn(&pool, async |c| {
+                claim::find(c, &req.job_type, &req.operation_key).await
+            })
             .await
         })
         .unwrap()
@@ -91,12 +92,9 @@ fn find(store: &Store, req: &ClaimRequest) -> claim::Record {
 fn complete(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {
     let req = req.clone();
     store.block_on(|pool| async move {
-        claim::complete(
-            &mut Conn::checkout(&pool).await?,
-            &req.job_type,
-            &req.operation_key,
-            token,
-        )
+        with_conn(&pool, async |c| {
+            claim::complete(c, &req.job_type, &req.operation_key, token).await
+        })
         .await
     })
 }
@@ -104,13 +102,16 @@ fn complete(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), 
 fn release(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {
     let req = req.clone();
     store.block_on(|pool| async move {
-        claim::release(
-            &mut Conn::checkout(&pool).await?,
-            &req.job_type,
-            &req.operation_key,
-            token,
-            "RuntimeError: boom",
-        )
+        with_conn(&pool, async |c| {
+            claim::release(
+                c,
+                &req.job_type,
+                &req.operation_key,
+                token,
+                "RuntimeError: boom",
+            )
+            .await
+        })
         .await
     })
 }
@@ -168,11 +169,9 @@ fn first_delivery_claims_then_duplicates_are_turned_away() {
     let req2 = req.clone();
     let record = store
         .block_on(|pool| async move {
-            claim::find(
-                &mut Conn::checkout(&pool).await?,
-                &req2.job_type,
-                &req2.operation_key,
-            )
+            with_conn(&pool, async |c| {
+                claim::find(c, &req2.job_type, &req2.operation_key).await
+            })
             .await
         })
         .unwrap()
@@ -347,7 +346,7 @@ fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
     let blocked = handle.runtime.block_on(async {
         let pool = handle.pool.clone();
         tokio::time::timeout(Duration::from_millis(300), async move {
-            claim::claim(&mut Conn::checkout(&pool).await?, &req).await
+            with_conn(&pool, async |c| claim::claim(c, &req).await).await
         })
         .await
     });
@@ -409,20 +408,25 @@ fn hold_and_give_up_stop_later_deliveries_until_resolved() {
         claim(&store, &held).unwrap(),
         Outcome::Held { duplicates: 1 }
     );
-    let listed = store
-        .block_on(|pool| {
-            let job_type = held.job_type.clone();
-            async move { claim::held(&mut Conn::checkout(&pool).await?, Some(&job_type), 10).await }
-        })
-        .unwrap();
+    let listed =
+        store
+            .block_on(|pool| {
+                let job_type = held.job_type.clone();
+                async move {
+                    with_conn(&pool, async |c| claim::held(c, Some(&job_type), 10).await).await
+                }
+            })
+            .unwrap();
     assert_eq!(listed, vec![(held.job_type.clone(), "1".to_string())]);
 
     let resolve = |req: &ClaimRequest, how| {
         let req = req.clone();
         store
             .block_on(|pool| async move {
-                let mut conn = Conn::checkout(&pool).await?;
-                claim::resolve(&mut conn, &req.job_type, &req.operation_key, how).await
+                with_conn(&pool, async |c| {
+                    claim::resolve(c, &req.job_type, &req.operation_key, how).await
+                })
+                .await
             })
             .unwrap()
     };

@@ -10,7 +10,7 @@ use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
 use super::error::{Error, Result};
-use super::store::Conn;
+use tokio_postgres::Client;
 
 /// Longest `job_type` + `operation_key`, in bytes, that the unique index accepts
 /// with room to spare (a btree entry must fit in a third of a page).
@@ -316,7 +316,7 @@ fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
 ///
 /// Errors: [`Error::Config`] for an empty/oversized key or a non-positive lease,
 /// [`Error::Connection`] / [`Error::Database`] from PostgreSQL.
-pub async fn claim(conn: &mut Conn, req: &ClaimRequest) -> Result<Decision> {
+pub async fn claim(client: &Client, req: &ClaimRequest) -> Result<Decision> {
     check_key(&req.job_type, &req.operation_key)?;
     if !req.lease_seconds.is_finite() || req.lease_seconds <= 0.0 {
         return Err(Error::Config(format!(
@@ -325,7 +325,7 @@ pub async fn claim(conn: &mut Conn, req: &ClaimRequest) -> Result<Decision> {
         )));
     }
     let token = Uuid::new_v4();
-    let result = conn
+    let result = client
         .query_typed(
             CLAIM_SQL,
             &[
@@ -342,7 +342,6 @@ pub async fn claim(conn: &mut Conn, req: &ClaimRequest) -> Result<Decision> {
             ],
         )
         .await;
-    conn.finish();
     let rows = result?;
     let row = rows
         .first()
@@ -398,7 +397,7 @@ pub async fn claim(conn: &mut Conn, req: &ClaimRequest) -> Result<Decision> {
 /// lease ran out and another delivery took over, or the claim already ended);
 /// connection/database errors.
 pub async fn fenced(
-    conn: &mut Conn,
+    client: &Client,
     change: Fenced,
     job_type: &str,
     operation_key: &str,
@@ -414,8 +413,7 @@ pub async fn fenced(
     if matches!(change, Fenced::Release | Fenced::Expire) {
         params.push((&text, Type::TEXT));
     }
-    let result = conn.execute_typed(change.sql(), &params).await;
-    conn.finish();
+    let result = client.execute_typed(change.sql(), &params).await;
     match result? {
         1 => Ok(()),
         _ => Err(Error::LostClaim {
@@ -432,25 +430,33 @@ pub async fn fenced(
 
 /// Marks the claim `token` completed ([`fenced`] with [`Fenced::Complete`]).
 pub async fn complete(
-    conn: &mut Conn,
+    client: &Client,
     job_type: &str,
     operation_key: &str,
     token: Uuid,
 ) -> Result<()> {
-    fenced(conn, Fenced::Complete, job_type, operation_key, token, None).await
+    fenced(
+        client,
+        Fenced::Complete,
+        job_type,
+        operation_key,
+        token,
+        None,
+    )
+    .await
 }
 
 /// Releases the claim `token` after the job raised; `error` (class and message) is
 /// stored in `last_error` ([`fenced`] with [`Fenced::Release`]).
 pub async fn release(
-    conn: &mut Conn,
+    client: &Client,
     job_type: &str,
     operation_key: &str,
     token: Uuid,
     error: &str,
 ) -> Result<()> {
     fenced(
-        conn,
+        client,
         Fenced::Release,
         job_type,
         operation_key,
@@ -461,14 +467,13 @@ pub async fn release(
 }
 
 /// Reads one record, or `None` when the operation was never claimed.
-pub async fn find(conn: &mut Conn, job_type: &str, operation_key: &str) -> Result<Option<Record>> {
-    let result = conn
+pub async fn find(client: &Client, job_type: &str, operation_key: &str) -> Result<Option<Record>> {
+    let result = client
         .query_typed(
             FIND_SQL,
             &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
         )
         .await;
-    conn.finish();
     let Some(row) = result?.into_iter().next() else {
         return Ok(None);
     };
@@ -508,14 +513,13 @@ pub async fn find(conn: &mut Conn, job_type: &str, operation_key: &str) -> Resul
 
 /// Keys of held operations, oldest first: `(job_type, operation_key)` pairs.
 pub async fn held(
-    conn: &mut Conn,
+    client: &Client,
     job_type: Option<&str>,
     limit: i64,
 ) -> Result<Vec<(String, String)>> {
-    let result = conn
+    let result = client
         .query_typed(HELD_SQL, &[(&job_type, Type::TEXT), (&limit, Type::INT8)])
         .await;
-    conn.finish();
     result?
         .iter()
         .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
@@ -534,7 +538,7 @@ pub enum Resolution {
 /// Settles a held or given-up operation. Returns false when no such operation is
 /// held or given up (never claimed, or already settled).
 pub async fn resolve(
-    conn: &mut Conn,
+    client: &Client,
     job_type: &str,
     operation_key: &str,
     resolution: Resolution,
@@ -543,7 +547,7 @@ pub async fn resolve(
         Resolution::Done => "done",
         Resolution::Rerun => "rerun",
     };
-    let result = conn
+    let result = client
         .execute_typed(
             RESOLVE_SQL,
             &[
@@ -553,6 +557,5 @@ pub async fn resolve(
             ],
         )
         .await;
-    conn.finish();
     Ok(result? == 1)
 }

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::claim::{fenced, Fenced};
 use super::error::Error;
-use super::store::{Conn, Handle};
+use super::store::{with_conn, Handle};
 
 /// What a heartbeat saw, read when it is stopped.
 #[derive(Debug, Default)]
@@ -73,18 +73,9 @@ impl Heartbeat {
                     task_state.max_run_reached.store(true, Ordering::SeqCst);
                     break;
                 }
-                let renewed = async {
-                    let mut conn = Conn::checkout(&pool).await?;
-                    fenced(
-                        &mut conn,
-                        Fenced::Renew,
-                        &job_type,
-                        &operation_key,
-                        token,
-                        None,
-                    )
-                    .await
-                };
+                let renewed = with_conn(&pool, async |c| {
+                    fenced(c, Fenced::Renew, &job_type, &operation_key, token, None).await
+                });
                 match renewed.await {
                     Ok(()) => {
                         task_state.renewals.fetch_add(1, Ordering::SeqCst);

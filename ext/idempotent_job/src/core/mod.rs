@@ -5,3 +5,4 @@ pub mod error;
 pub mod heartbeat;
 pub mod migrate;
 pub mod store;
+pub mod values;

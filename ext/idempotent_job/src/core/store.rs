@@ -142,6 +142,22 @@ impl Drop for Store {
     }
 }
 
+/// Runs `op` on a connection checked out of `pool` for this one operation, then
+/// returns it to the pool. If the returned future is dropped before `op` finished (an
+/// interrupt, a timeout), the connection is detached and its statement cancelled
+/// instead (see [`Conn`]).
+///
+/// Errors: [`Error::Connection`] when no connection can be had; `op`'s own errors.
+pub async fn with_conn<T, F>(pool: &Pool, op: F) -> Result<T>
+where
+    F: AsyncFnOnce(&tokio_postgres::Client) -> Result<T>,
+{
+    let mut conn = Conn::checkout(pool).await?;
+    let result = op(&conn).await;
+    conn.finish();
+    result
+}
+
 /// A pooled connection checked out for one operation.
 ///
 /// Call [`Conn::finish`] once the operation has its answer: the connection goes back

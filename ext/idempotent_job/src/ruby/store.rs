@@ -17,7 +17,7 @@ use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::heartbeat::{Heartbeat, HeartbeatReport};
 use crate::core::migrate;
-use crate::core::store::{Conn, Store};
+use crate::core::store::{with_conn, Conn, Store};
 
 type RbResult<T> = std::result::Result<T, magnus::Error>;
 
@@ -151,7 +151,7 @@ impl NativeStore {
         };
         let decision = rb_self.run(ruby, |pool| {
             let request = request.clone();
-            async move { claim::claim(&mut Conn::checkout(&pool).await?, &request).await }
+            async move { with_conn(&pool, async |c| claim::claim(c, &request).await).await }
         })?;
         let out = Out::new(ruby);
         out.set("mismatch", decision.mismatch)?;
@@ -227,8 +227,10 @@ impl NativeStore {
         rb_self.run(ruby, |pool| {
             let (job_type, key, text) = (job_type.clone(), operation_key.clone(), text.clone());
             async move {
-                let mut conn = Conn::checkout(&pool).await?;
-                claim::fenced(&mut conn, change, &job_type, &key, token, text.as_deref()).await
+                with_conn(&pool, async |c| {
+                    claim::fenced(c, change, &job_type, &key, token, text.as_deref()).await
+                })
+                .await
             }
         })?;
         Ok(true)
@@ -243,7 +245,7 @@ impl NativeStore {
     ) -> RbResult<Option<RHash>> {
         let record = rb_self.run(ruby, |pool| {
             let (job_type, key) = (job_type.clone(), operation_key.clone());
-            async move { claim::find(&mut Conn::checkout(&pool).await?, &job_type, &key).await }
+            async move { with_conn(&pool, async |c| claim::find(c, &job_type, &key).await).await }
         })?;
         record.map(|r| record_hash(ruby, r)).transpose()
     }
@@ -258,8 +260,10 @@ impl NativeStore {
         rb_self.run(ruby, |pool| {
             let job_type = job_type.clone();
             async move {
-                let mut conn = Conn::checkout(&pool).await?;
-                claim::held(&mut conn, job_type.as_deref(), limit).await
+                with_conn(&pool, async |c| {
+                    claim::held(c, job_type.as_deref(), limit).await
+                })
+                .await
             }
         })
     }
@@ -286,8 +290,10 @@ impl NativeStore {
         rb_self.run(ruby, |pool| {
             let (job_type, key) = (job_type.clone(), operation_key.clone());
             async move {
-                let mut conn = Conn::checkout(&pool).await?;
-                claim::resolve(&mut conn, &job_type, &key, resolution).await
+                with_conn(&pool, async |c| {
+                    claim::resolve(c, &job_type, &key, resolution).await
+                })
+                .await
             }
         })
     }
