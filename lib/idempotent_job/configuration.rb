@@ -30,6 +30,9 @@ module IdempotentJob
     #   operation in progress is pushed back, so it arrives after the lease ends. Default 1.
     attr_reader :defer_margin
 
+    # Longest duration accepted, in seconds (ten years).
+    MAX_SECONDS = 315_360_000
+
     # Policies for a stale claim (its lease ran out: the holder may have died, before or
     # after its effect), chosen in advance. Override per job with `idempotency_on_stale:`.
     STALE_POLICIES = %i[reclaim hold skip].freeze
@@ -142,10 +145,11 @@ module IdempotentJob
     # @return [Numeric] seconds
     # @raise [ConfigurationError] unless a finite positive Numeric
     def self.positive_seconds!(name, seconds, job: nil)
-      return seconds if seconds.is_a?(Numeric) && seconds.positive? && seconds.to_f.finite?
+      return seconds if seconds.is_a?(Numeric) && seconds.positive? && seconds <= MAX_SECONDS
 
       owner = job ? "#{job}: " : ""
-      raise ConfigurationError, "#{owner}#{name} must be a positive number of seconds, got #{seconds.inspect}"
+      raise ConfigurationError, "#{owner}#{name} must be a positive number of seconds up to " \
+                                "#{MAX_SECONDS} (ten years), got #{seconds.inspect}"
     end
 
     # Validates a policy name.
@@ -165,11 +169,10 @@ module IdempotentJob
     end
 
     # @param url [String, nil]
-    # @return [String, nil] url with the password of `user:password@` or `password=` replaced
+    # @return [String, nil] the URL's user, host, port and database as parsed by the native
+    #   layer, never its password or options; "(unparsable)" when it cannot be parsed
     def self.redact(url)
-      return url if url.nil?
-
-      url.sub(%r{(://[^/?#:@]*:)[^@/]*@}, '\1[REDACTED]@').gsub(/(password=)[^&\s]*/i, '\1[REDACTED]')
+      url && Native.describe_url(url)
     end
 
     private

@@ -13,13 +13,15 @@ module IdempotentJob
   # * an Array of those, for a composite key.
   #
   # The operation key is a String: a single String/Integer value is stored as is
-  # (`42` and `"42"` are the same operation); a Hash or Array value, and a composite
-  # key, as canonical JSON (Hash keys as strings, sorted), so Hash key order and
-  # Symbol/String keys do not change the key and composite parts cannot run together
-  # (`["a:b","c"]` and `["a","b:c"]` stay different).
+  # (`42` and `"42"` are the same operation; a String starting with `[`, `{` or `"` as
+  # a JSON string, so it never equals a Hash or Array key); a Hash or Array value, and
+  # a composite key, as canonical JSON (Hash keys as strings, sorted; integral Floats
+  # as Integers), so Hash key order and Symbol/String keys do not change the key and
+  # composite parts cannot run together (`["a:b","c"]` and `["a","b:c"]` stay different).
   class Key
     PARAMETER_KINDS = %i[req opt].freeze
-    private_constant :PARAMETER_KINDS
+    JSON_LOOKALIKE = /\A[\[{"]/
+    private_constant :PARAMETER_KINDS, :JSON_LOOKALIKE
 
     @cache = {}
     @cache_lock = Mutex.new
@@ -164,12 +166,11 @@ module IdempotentJob
 
     def scalar_or_json(value, path)
       case value
-      when String, Symbol
-        text = value.to_s
-        fail_value(path, "the value is an empty String") if text.empty?
-        text
-      when Integer
-        value.to_s
+      when String, Symbol, Integer
+        text = scalar_text(value, path)
+        # A String that reads like JSON is stored as a JSON string, so it can never
+        # equal the key of a Hash or Array argument ('{"id":7}' is not {"id" => 7}).
+        JSON_LOOKALIKE.match?(text) ? JSON.generate(text) : text
       when Hash, Array
         JSON.generate(canonical(value, path))
       else
@@ -177,9 +178,15 @@ module IdempotentJob
       end
     end
 
+    def scalar_text(value, path)
+      text = value.to_s
+      fail_value(path, "the value is an empty String") if text.empty?
+      text
+    end
+
     def composite_part(value, path)
       case value
-      when String, Symbol, Integer then scalar_or_json(value, path)
+      when String, Symbol, Integer then scalar_text(value, path)
       when Hash, Array then canonical(value, path)
       else unsupported(value, path)
       end
@@ -191,9 +198,16 @@ module IdempotentJob
         value.map { |k, v| [k.to_s, canonical(v, path)] }.sort_by(&:first).to_h
       when Array then value.map { |v| canonical(v, path) }
       when Symbol then value.to_s
-      when String, Integer, Float, true, false, nil then value
+      when Float then canonical_float(value, path)
+      when String, Integer, true, false, nil then value
       else unsupported(value, path)
       end
+    end
+
+    # 1.0 and 1 are one value (JSON producers in other languages do not tell them apart).
+    def canonical_float(value, path)
+      unsupported(value, path) unless value.finite?
+      value == value.truncate ? value.to_i : value
     end
 
     def unsupported(value, path)

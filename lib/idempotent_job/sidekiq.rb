@@ -281,14 +281,19 @@ module IdempotentJob
         end
       end
 
-      # Records the completion, retrying briefly on connection errors. If it still cannot
-      # be written, the body's success stands (no retry that would repeat the effect):
-      # the record stays claimed, and its lease decides what a later delivery does.
+      # Records the completion, retrying briefly. The body has run: whatever goes wrong
+      # now (connection lost, a lock or statement timeout, a read-only failover) must not
+      # send the job to Sidekiq's retry, which would repeat its effect. If the completion
+      # still cannot be written, the record stays claimed and its lease decides what a
+      # later delivery does. Only a lost claim is raised: another delivery owns it now.
       def complete(claim)
         failures = 0
         begin
           fenced(:complete, claim)
-        rescue IdempotentJob::ConnectionError => e
+        rescue IdempotentJob::LostClaimError => e
+          logger.error("idempotent_job: #{describe_claim(claim)} ran, but lost its claim: #{e.message}")
+          raise
+        rescue IdempotentJob::Error => e
           delay = COMPLETION_RETRY_DELAYS[failures]
           failures += 1
           if delay
@@ -296,11 +301,8 @@ module IdempotentJob
             retry
           end
           logger.error("idempotent_job: #{describe_claim(claim)} ran, but its completion could not " \
-                       "be recorded after #{failures} attempts (#{e.message}); the record stays claimed until " \
-                       "its lease ends, after which a redelivery would run it again")
-        rescue IdempotentJob::LostClaimError => e
-          logger.error("idempotent_job: #{describe_claim(claim)} ran, but lost its claim: #{e.message}")
-          raise
+                       "be recorded after #{failures} attempts (#{e.class}: #{e.message}); the record stays " \
+                       "claimed until its lease ends, after which a redelivery would run it again")
         end
       end
 
@@ -344,7 +346,11 @@ module IdempotentJob
                                       "#{decision[:holder_jid]}; inline testing cannot defer it"
         end
         deferrals = job_hash.fetch("idempotency_deferrals", 0) + 1
-        ::Sidekiq::Client.push(job_hash.merge("at" => Time.now.to_f + delay, "idempotency_deferrals" => deferrals))
+        pushed = ::Sidekiq::Client.push(job_hash.merge("at" => Time.now.to_f + delay,
+                                                       "idempotency_deferrals" => deferrals))
+        # A client middleware that stops the push would lose the delivery: fail it instead.
+        raise IdempotentJob::Error, "#{describe(scope, key, job_hash)}: the deferred copy was not pushed" unless pushed
+
         logger.info("idempotent_job: #{describe(scope, key, job_hash)} is in progress under jid " \
                     "#{decision[:holder_jid]}; delivery deferred by #{delay.round(1)} s, until its lease ends")
         nil
@@ -353,7 +359,9 @@ module IdempotentJob
 
     # Client middleware: checks at enqueue time that a job's arguments yield an
     # operation key, so a bad declaration or a missing argument fails in the caller of
-    # `perform_async` rather than in the worker. Touches no database.
+    # `perform_async` rather than in the worker. Touches no database. Payloads that were
+    # enqueued before (Sidekiq's retry and scheduled pollers, the gem's own deferrals)
+    # are not checked again: raising there would drop the job from Redis for good.
     class ClientMiddleware
       # @param job_class [Class, String] the job class or its name
       # @param job [Hash] the job payload
@@ -362,6 +370,8 @@ module IdempotentJob
       # @yield pushes the job
       # @raise [OperationKeyError, ConfigurationError] when the job would fail its claim
       def call(job_class, job, _queue, _redis_pool = nil)
+        return yield if job.key?("enqueued_at")
+
         klass = job_class.is_a?(Class) ? job_class : constantize(job_class.to_s)
         # A producer that does not load the job class cannot resolve parameter names:
         # the worker checks the key before the body runs.

@@ -28,12 +28,16 @@ RSpec.describe IdempotentJob::Configuration do
     expect { config.lease = "5" }.to raise_error(IdempotentJob::ConfigurationError)
   end
 
-  it "never shows the password in inspect or to_s" do
+  it "never shows the password in inspect or to_s, whatever the URL's syntax" do
     config.database_url = "postgres://app:pa55-secret@db.internal:5432/app"
-    expect(config.inspect).not_to include("pa55-secret")
-    expect(config.to_s).to include("app:[REDACTED]@db.internal")
-    config.database_url = "host=db password=pa55-secret"
-    expect(config.inspect).not_to include("pa55-secret")
+    expect(config.to_s).to include('database_url="postgres://app@db.internal:5432/app"')
+    ["postgres://app:pa/55-secret@db:notaport/app", "host=db password = pa55-secret port=x",
+     "host=db password='pa55-secret x' port=x", "postgres://app:pa55-secret@db:notaport/app"].each do |url|
+      config.database_url = url
+      expect(config.inspect).not_to include("55-secret")
+      expect { IdempotentJob::Native::Store.new({ database_url: url, connect_timeout: 1 }.to_json) }
+        .to raise_error(IdempotentJob::ConfigurationError) { |e| expect(e.message).not_to include("55-secret") }
+    end
   end
 
   it "rejects bad pool settings at configure time, naming the setting" do

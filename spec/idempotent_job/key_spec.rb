@@ -67,6 +67,18 @@ RSpec.describe IdempotentJob::Key do
       expect(key([0, 1], ["a,b", "c"])).not_to eq(key([0, 1], ["a", "b,c"]))
     end
 
+    it "never lets a JSON-looking String equal a Hash or Array argument" do
+      expect(key(:payload, [1, '{"id":7}'])).not_to eq(key(:payload, [1, { "id" => 7 }]))
+      expect(key(:payload, [1, "[1,2]"])).not_to eq(key(:payload, [1, [1, 2]]))
+      expect(key(:payload, [1, '"[1]"'])).not_to eq(key(:payload, [1, "[1]"]))
+      expect(key(:order_id, ["A-1", {}])).to eq("A-1")
+    end
+
+    it "treats integral Floats inside a Hash as Integers" do
+      expect(key(:payload, [1, { "a" => 1.0 }])).to eq(key(:payload, [1, { "a" => 1 }]))
+      expect(key(:payload, [1, { "a" => 1.5 }])).to eq('{"a":1.5}')
+    end
+
     it "keeps Array order" do
       expect(key(:payload, [1, [1, 2]])).not_to eq(key(:payload, [1, [2, 1]]))
     end

@@ -104,17 +104,40 @@ RSpec.describe "IdempotentJob's native layer" do
       end
     end
 
-    it "no statement is left running after an interrupt" do
+    it "cancels the interrupted statement: nothing runs on, and the record is untouched" do
       key = unique_key
-      claim("T", key, "j", 30.0)
+      first = claim("T", key, "j", 30.0)
       with_row_locked("T", key) do
         expect { Timeout.timeout(0.2) { claim("T", key, "j2", 30.0) } }.to raise_error(Timeout::Error)
+        sleep 0.3
+        active = Effects.connection.exec(
+          "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' AND state = 'active'"
+        ).getvalue(0, 0).to_i
+        expect(active).to eq(0)
       end
-      sleep 0.3
-      active = Effects.connection.exec(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' AND state = 'active'"
-      ).getvalue(0, 0).to_i
-      expect(active).to eq(0)
+      sleep 0.2
+      expect(IdempotentJob.record("T", key)).to have_attributes(jid: "j", claim_token: first[:token], attempts: 1,
+                                                                duplicates: 0)
+    end
+
+    it "Thread#wakeup (no exception) resumes the same statement: nothing is sent twice" do
+      main = Thread.current
+      stop = false
+      waker = Thread.new do
+        until stop
+          main.wakeup
+          sleep 0.001
+        end
+      end
+      outcomes = Array.new(100) do
+        key = unique_key
+        decision = claim("Wake", key, "j", 30.0)
+        complete("Wake", key, decision[:token]) if decision[:decision] == :claimed
+        decision[:decision]
+      end
+      stop = true
+      waker.join
+      expect(outcomes.tally).to eq(claimed: 100) # a re-sent claim would find its own and be in_progress
     end
   end
 

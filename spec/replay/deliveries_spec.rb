@@ -249,3 +249,31 @@ RSpec.describe "Recording a completion" do
     expect(Effects.count(42)).to eq(1)
   end
 end
+
+RSpec.describe "Completion after the body ran" do
+  it "is never handed to Sidekiq's retry on a database error: logged, the record left claimed" do
+    log = StringIO.new
+    SpecHooks.on(:after_effect) do
+      SpecServices.configure_gem!(
+        database_url: "#{SpecServices.database_url}?options=-cdefault_transaction_read_only%3Don",
+        logger: Logger.new(log)
+      )
+    end
+    ChargeOrderJob.perform_async(42, 1500)
+    expect { ChargeOrderJob.drain }.not_to raise_error
+    SpecServices.configure_gem!
+    expect(log.string).to include("IdempotentJob::DatabaseError", "read-only transaction")
+    expect(IdempotentJob.record("ChargeOrderJob", "42")).to have_attributes(status: :claimed)
+    expect(Effects.count(42)).to eq(1)
+  end
+end
+
+RSpec.describe "Re-enqueued payloads" do
+  it "are not checked again by the client middleware: Sidekiq's pollers must never lose them" do
+    bad = { "class" => "ChargeOrderJob", "args" => [nil, 1], "queue" => "default", "enqueued_at" => Time.now.to_f,
+            "retry_count" => 0 }
+    expect { Sidekiq::Client.push(bad) }.not_to raise_error
+    expect(ChargeOrderJob.jobs.size).to eq(1)
+    expect { ChargeOrderJob.perform_async(nil, 1) }.to raise_error(IdempotentJob::OperationKeyError)
+  end
+end

@@ -533,3 +533,27 @@ fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(beat.stop().lost);
 }
+
+#[test]
+fn completion_and_release_repeat_safely_for_their_own_token() {
+    let store = store();
+    let req = request(&unique("repeat"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    complete(&store, &req, token).unwrap();
+    let first = find(&store, &req).completed_at;
+    complete(&store, &req, token).unwrap();
+    assert_eq!(find(&store, &req).completed_at, first);
+    assert!(matches!(
+        release(&store, &req, token),
+        Err(Error::LostClaim { .. })
+    ));
+
+    let other = request(&unique("repeat"), "2", 30.0);
+    let (token, _, _) = token_of(claim(&store, &other).unwrap());
+    release(&store, &other, token).unwrap();
+    release(&store, &other, token).unwrap();
+    assert!(matches!(
+        complete(&store, &other, token),
+        Err(Error::LostClaim { .. })
+    ));
+}

@@ -97,15 +97,19 @@ impl Fenced {
     /// The statement, fenced by the claim token.
     pub fn sql(self) -> &'static str {
         match self {
+            // Completion and release are idempotent for their own token: a repeat
+            // (the first answer was lost to an interrupt) succeeds and changes nothing.
             Fenced::Complete => {
-                "UPDATE idempotent_job_records SET status = 'completed', completed_at = now(), \
+                "UPDATE idempotent_job_records SET status = 'completed', \
+                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
-                 AND claim_token = $3 AND status = 'claimed'"
+                 AND claim_token = $3 AND status IN ('claimed', 'completed')"
             }
             Fenced::Release => {
-                "UPDATE idempotent_job_records SET status = 'released', released_at = now(), \
+                "UPDATE idempotent_job_records SET status = 'released', \
+                 released_at = CASE WHEN status = 'released' THEN released_at ELSE now() END, \
                  last_error = $4, updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
-                 AND claim_token = $3 AND status = 'claimed'"
+                 AND claim_token = $3 AND status IN ('claimed', 'released')"
             }
             Fenced::Hold => {
                 "UPDATE idempotent_job_records SET status = 'held', held_at = now(), \

@@ -8,6 +8,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Deserialize;
+use tokio_postgres::config::Host;
 
 use super::error::{Error, Result};
 
@@ -47,7 +48,7 @@ fn default_application_name() -> String {
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
-            .field("database_url", &redact_url(&self.database_url))
+            .field("database_url", &describe_url(&self.database_url))
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("checkout_timeout", &self.checkout_timeout)
@@ -56,38 +57,34 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// Replaces the password of a `postgres://user:password@host` URL with `[REDACTED]`.
-/// Key/value strings (`password=…`) are redacted as well.
-pub fn redact_url(url: &str) -> String {
-    let mut out = url.to_string();
-    if let Some(scheme_end) = out.find("://") {
-        let rest_start = scheme_end + 3;
-        let authority_end = out[rest_start..]
-            .find(['/', '?'])
-            .map_or(out.len(), |i| rest_start + i);
-        if let Some(at) = out[rest_start..authority_end].rfind('@') {
-            let userinfo = &out[rest_start..rest_start + at];
-            if let Some(colon) = userinfo.find(':') {
-                let start = rest_start + colon + 1;
-                out.replace_range(start..rest_start + at, "[REDACTED]");
-            }
-        }
-    }
-    redact_param(&out, "password=")
-}
-
-fn redact_param(text: &str, marker: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(i) = rest.find(marker) {
-        out.push_str(&rest[..i + marker.len()]);
-        out.push_str("[REDACTED]");
-        rest = &rest[i + marker.len()..];
-        let end = rest.find(['&', ' ']).unwrap_or(rest.len());
-        rest = &rest[end..];
-    }
-    out.push_str(rest);
-    out
+/// Describes a database URL without its password or options: user, hosts, ports
+/// and database name as tokio-postgres parses them, e.g.
+/// `postgres://app@db.internal:5432/app`, or `(unparsable)`. Used wherever a URL is
+/// shown (errors, `inspect`), so no password can leak through a quirk of its syntax.
+pub fn describe_url(url: &str) -> String {
+    let Ok(config) = tokio_postgres::Config::from_str(url) else {
+        return "(unparsable)".to_string();
+    };
+    let user = config
+        .get_user()
+        .map(|u| format!("{u}@"))
+        .unwrap_or_default();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .map(|host| match host {
+            Host::Tcp(name) => name.clone(),
+            Host::Unix(path) => path.display().to_string(),
+        })
+        .collect();
+    let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
+    let port = if ports.is_empty() {
+        String::new()
+    } else {
+        format!(":{}", ports.join(","))
+    };
+    let dbname = config.get_dbname().unwrap_or_default();
+    format!("postgres://{user}{}{port}/{dbname}", hosts.join(","))
 }
 
 fn positive_seconds(key: &str, value: f64) -> Result<Duration> {
@@ -152,17 +149,13 @@ impl Config {
                     .into(),
             ));
         }
-        let mut pg = tokio_postgres::Config::from_str(&self.database_url).map_err(|e| {
-            Error::Config(format!(
-                "database_url {} could not be parsed: {}",
-                redact_url(&self.database_url),
-                redact_param(&e.to_string(), "password=")
-            ))
-        })?;
+        // tokio-postgres's parse errors name the option, never its value.
+        let mut pg = tokio_postgres::Config::from_str(&self.database_url)
+            .map_err(|e| Error::Config(format!("database_url could not be parsed: {e}")))?;
         if pg.get_hosts().is_empty() {
             return Err(Error::Config(format!(
                 "database_url {} names no host",
-                redact_url(&self.database_url)
+                describe_url(&self.database_url)
             )));
         }
         if pg.get_connect_timeout().is_none() {
@@ -201,21 +194,32 @@ mod tests {
 
     #[test]
     fn passwords_never_appear_in_messages_or_debug() {
-        let c = Config::new("postgres://app:s3cret-pw@db.example/app?sslmode=bogus");
-        let err = c.validate().unwrap_err().to_string();
-        assert!(!err.contains("s3cret-pw"), "{err}");
-        assert!(!format!("{c:?}").contains("s3cret-pw"));
-        let kv = Config::new("host=h password=s3cret-pw port=notaport");
-        assert!(!kv.validate().unwrap_err().to_string().contains("s3cret-pw"));
-        assert!(!format!("{kv:?}").contains("s3cret-pw"));
+        for url in [
+            "postgres://app:s3cret-pw@db.example/app?sslmode=bogus",
+            "postgres://app:pa/s3cret-pw@db.example/app?port=x",
+            "host=h password=s3cret-pw port=notaport",
+            "host=h password = s3cret-pw port=notaport",
+            "host=h password='s3cret-pw x' port=notaport",
+            "postgres://app:s3cret-pw@db.example:99999/app",
+        ] {
+            let c = Config::new(url);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(!err.contains("s3cret-pw"), "{url}: {err}");
+            assert!(!format!("{c:?}").contains("s3cret-pw"), "{url}");
+            assert!(!describe_url(url).contains("s3cret-pw"), "{url}");
+        }
     }
 
     #[test]
-    fn redacts_url_userinfo_only() {
+    fn describes_urls_by_their_parts() {
         assert_eq!(
-            redact_url("postgres://u:p@h:5/db?x=1"),
-            "postgres://u:[REDACTED]@h:5/db?x=1"
+            describe_url("postgres://u:p@h:5/db?sslmode=disable"),
+            "postgres://u@h:5/db"
         );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            describe_url("host=h port=7 user=u password=p dbname=d"),
+            "postgres://u@h:7/d"
+        );
+        assert_eq!(describe_url("postgres://u:p@h:notaport/db"), "(unparsable)");
     }
 }

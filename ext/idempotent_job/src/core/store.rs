@@ -168,6 +168,9 @@ where
 pub struct Conn {
     object: Option<Object>,
     finished: bool,
+    /// The runtime the connection lives on: the cancel request is spawned there even
+    /// when the operation's future is dropped outside it (after an interrupt).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Conn {
@@ -178,6 +181,7 @@ impl Conn {
         Ok(Conn {
             object: Some(object),
             finished: false,
+            runtime: tokio::runtime::Handle::current(),
         })
     }
 
@@ -209,14 +213,9 @@ impl Drop for Conn {
         }
         let client = Object::take(object);
         let cancel = client.cancel_token();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    let _ = cancel.cancel_query(NoTls).await;
-                    drop(client);
-                });
-            }
-            Err(_) => drop(client),
-        }
+        self.runtime.spawn(async move {
+            let _ = cancel.cancel_query(NoTls).await;
+            drop(client);
+        });
     }
 }

@@ -13,6 +13,7 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
 
 use magnus::rb_sys::{protect, AsRawValue};
 use magnus::Ruby;
@@ -22,28 +23,24 @@ use tokio::sync::Notify;
 use super::errors::to_ruby;
 use crate::core::error::Error;
 
-struct Call<'a, F, T> {
+struct Call<'a, Fut: Future> {
     runtime: &'a Runtime,
-    make: &'a mut F,
+    future: Pin<&'a mut Fut>,
     notify: &'a Notify,
-    out: Option<std::thread::Result<Option<T>>>,
+    out: Option<std::thread::Result<Option<Fut::Output>>>,
 }
 
-unsafe extern "C" fn run<F, Fut, T>(data: *mut c_void) -> *mut c_void
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = T>,
-{
+unsafe extern "C" fn run<Fut: Future>(data: *mut c_void) -> *mut c_void {
     // SAFETY: `data` is the `Call` on `without_gvl`'s stack, alive for this call.
-    let call = unsafe { &mut *(data as *mut Call<'_, F, T>) };
+    let call = unsafe { &mut *(data as *mut Call<'_, Fut>) };
     let (runtime, notify) = (call.runtime, call.notify);
-    let make = &mut *call.make;
+    let future = &mut call.future;
     call.out = Some(catch_unwind(AssertUnwindSafe(|| {
         runtime.block_on(async {
             tokio::select! {
                 biased;
                 _ = notify.notified() => None,
-                value = make() => Some(value),
+                value = future.as_mut() => Some(value),
             }
         })
     })));
@@ -64,24 +61,24 @@ fn panic_message(panic: Box<dyn Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".to_string())
 }
 
-/// Runs the future made by `make` on `runtime` without the GVL and returns its
-/// output. If Ruby interrupts the thread, the future is dropped and Ruby's pending
-/// exception is returned as the error; if nothing was pending (a spurious wake-up),
-/// a fresh future is made and run again.
-pub fn without_gvl<F, Fut, T>(
+/// Runs `future` on `runtime` without the GVL and returns its output.
+///
+/// If Ruby interrupts the thread, pending interrupts are processed with the GVL
+/// back: when one raises (Thread#raise, Timeout, Thread#kill), the future is dropped
+/// and Ruby's exception is returned as the error. When none raises (Thread#wakeup, a
+/// trapped signal, an interrupt deferred by `handle_interrupt`), the SAME future is
+/// resumed: a statement is never sent twice.
+pub fn without_gvl<Fut: Future>(
     ruby: &Ruby,
     runtime: &Runtime,
-    mut make: F,
-) -> Result<T, magnus::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = T>,
-{
+    future: Fut,
+) -> Result<Fut::Output, magnus::Error> {
+    let mut future = std::pin::pin!(future);
     loop {
         let notify = Notify::new();
         let mut call = Call {
             runtime,
-            make: &mut make,
+            future: future.as_mut(),
             notify: &notify,
             out: None,
         };
@@ -89,8 +86,8 @@ where
         // what they are given; neither calls into Ruby.
         unsafe {
             rb_sys::rb_thread_call_without_gvl2(
-                Some(run::<F, Fut, T>),
-                &mut call as *mut Call<'_, F, T> as *mut c_void,
+                Some(run::<Fut>),
+                &mut call as *mut Call<'_, Fut> as *mut c_void,
                 Some(unblock),
                 &notify as *const Notify as *mut c_void,
             );

@@ -13,7 +13,12 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     let native = root.define_module("Native")?;
     native.define_module_function("schema_sql", function!(crate::core::migrate::schema_sql, 0))?;
     native.define_module_function("claim_sql", function!(claim_sql, 0))?;
+    native.define_module_function("describe_url", function!(describe_url, 1))?;
     store::init(ruby, native)
+}
+
+fn describe_url(url: String) -> String {
+    crate::core::config::describe_url(&url)
 }
 
 fn claim_sql() -> &'static str {

@@ -119,12 +119,11 @@ impl NativeStore {
     /// Runs one core operation on a pooled connection with the GVL released.
     fn run<T, F, Fut>(&self, ruby: &Ruby, op: F) -> RbResult<T>
     where
-        F: Fn(Pool) -> Fut,
+        F: FnOnce(Pool) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
         let handle = self.0.handle().map_err(|e| to_ruby(ruby, e))?;
-        let pool = handle.pool.clone();
-        without_gvl(ruby, &handle.runtime, || op(pool.clone()))?.map_err(|e| to_ruby(ruby, e))
+        without_gvl(ruby, &handle.runtime, op(handle.pool.clone()))?.map_err(|e| to_ruby(ruby, e))
     }
 
     /// `claim(request)`: request is a Hash with Symbol keys `job_type`,
