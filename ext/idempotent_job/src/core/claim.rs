@@ -16,6 +16,10 @@ use tokio_postgres::Client;
 /// with room to spare (a btree entry must fit in a third of a page).
 pub const MAX_KEY_BYTES: usize = 2000;
 
+/// Longest lease accepted, in seconds (ten years; PostgreSQL intervals overflow far
+/// beyond that).
+pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
+
 /// Claim, or count a duplicate, in one statement.
 ///
 /// * no record: insert it as `claimed` with the caller's token (a first claim);
@@ -322,9 +326,9 @@ fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
 /// [`Error::Connection`] / [`Error::Database`] from PostgreSQL.
 pub async fn claim(client: &Client, req: &ClaimRequest) -> Result<Decision> {
     check_key(&req.job_type, &req.operation_key)?;
-    if !req.lease_seconds.is_finite() || req.lease_seconds <= 0.0 {
+    if !(req.lease_seconds > 0.0 && req.lease_seconds <= MAX_LEASE_SECONDS) {
         return Err(Error::Config(format!(
-            "the lease of {} must be a positive number of seconds, got {}",
+            "the lease of {} must be a positive number of seconds up to {MAX_LEASE_SECONDS}, got {}",
             req.job_type, req.lease_seconds
         )));
     }
