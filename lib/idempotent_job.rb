@@ -73,7 +73,7 @@ module IdempotentJob
     def held(job_type: nil, limit: 100)
       # A record resolved between the two reads is left out.
       store.held(job_type&.to_s, Integer(limit)).filter_map { |type, key| record(type, key) }
-                                                .select { |r| r.status == :held }
+           .select { |r| r.status == :held }
     end
 
     # Settles a held (or given-up) operation.
