@@ -6,6 +6,7 @@ require_relative "idempotent_job/configuration"
 require_relative "idempotent_job/key"
 require_relative "idempotent_job/record"
 require_relative "idempotent_job/claim"
+require_relative "idempotent_job/transaction"
 require_relative "idempotent_job/native"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
@@ -107,6 +108,23 @@ module IdempotentJob
     # @return [Claim, nil]
     def current_claim
       Thread.current[:idempotent_job_claim]
+    end
+
+    # The transaction handle of the transactional delivery running on this thread.
+    # @return [Transaction, nil]
+    def current_transaction
+      Thread.current[:idempotent_job_transaction]
+    end
+
+    # Runs the block with `handle` as {current_transaction}. Internal.
+    # @param handle [Transaction, nil]
+    # @return [Object] the block's value
+    def with_transaction(handle)
+      previous = Thread.current[:idempotent_job_transaction]
+      Thread.current[:idempotent_job_transaction] = handle
+      yield
+    ensure
+      Thread.current[:idempotent_job_transaction] = previous
     end
 
     # Runs the block with `claim` as {current_claim}. Internal.

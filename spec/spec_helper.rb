@@ -13,6 +13,7 @@ require_relative "support/jobs"
 require_relative "support/processes"
 require_relative "support/store_helpers"
 require_relative "support/replay_helpers"
+require_relative "support/transactional_jobs"
 
 Sidekiq.logger.level = Logger::WARN
 Sidekiq::Testing.fake!
@@ -27,6 +28,7 @@ RSpec.configure do |config|
     SpecServices.configure_gem!
     IdempotentJob.migrate!
     Effects.create_table!
+    SpecPayment.setup!
   end
 
   config.before do

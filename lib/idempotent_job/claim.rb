@@ -34,6 +34,13 @@ module IdempotentJob
     def idempotency_attempt
       idempotency_claim&.attempt
     end
+
+    # @return [IdempotentJob::Transaction, nil] the handle of a job declared with
+    #   `idempotency_transaction: true`: its statements commit with the claim and the
+    #   completion (nil for other jobs)
+    def idempotent_transaction
+      IdempotentJob.current_transaction
+    end
   end
 
   # The digest of a job's arguments stored with each claim, to notice a later delivery

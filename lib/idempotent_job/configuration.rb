@@ -55,6 +55,10 @@ module IdempotentJob
     #   a hung job loses its claim. Default 3600.
     attr_reader :max_run
 
+    # @return [Numeric] seconds a transactional job waits for another delivery of the
+    #   same operation to commit or roll back before LockTimeoutError. Default 5.
+    attr_reader :lock_timeout
+
     # @return [Logger, nil] where decisions are logged; nil means Sidekiq.logger when
     #   Sidekiq is loaded, otherwise a Logger on $stderr.
     attr_writer :logger
@@ -74,6 +78,7 @@ module IdempotentJob
       @on_mismatch = :log
       @heartbeat = true
       @max_run = 3600
+      @lock_timeout = 5
       NATIVE_DEFAULTS.each { |name, value| public_send("#{name}=", value) }
     end
 
@@ -105,6 +110,12 @@ module IdempotentJob
     # @raise [ConfigurationError] unless a positive number
     def max_run=(seconds)
       @max_run = self.class.positive_seconds!("max_run", seconds)
+    end
+
+    # @param seconds [Numeric] > 0
+    # @raise [ConfigurationError] unless a positive number
+    def lock_timeout=(seconds)
+      @lock_timeout = self.class.positive_seconds!("lock_timeout", seconds)
     end
 
     # @param seconds [Numeric] >= 0

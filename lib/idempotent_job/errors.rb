@@ -82,3 +82,15 @@ module IdempotentJob
   # The body was not run.
   class PayloadMismatchError < Error; end
 end
+
+module IdempotentJob
+  # A transactional job (`idempotency_transaction:`) waited longer than its lock
+  # timeout for another delivery of the same operation, whose transaction is still
+  # open. Nothing was run or recorded; retryable (the retry sees the other's outcome).
+  class LockTimeoutError < Error
+    # @return [Boolean] always true
+    def retryable?
+      true
+    end
+  end
+end

@@ -31,6 +31,10 @@ module IdempotentJob
       attr_reader :heartbeat
       # @return [Numeric] seconds after which renewing stops
       attr_reader :max_run
+      # @return [Symbol, nil] :native, :active_record, or nil (not transactional)
+      attr_reader :transaction
+      # @return [Numeric] seconds a transactional claim waits for another delivery
+      attr_reader :lock_timeout
 
       # @param job_class [Class, String] the job class (or its name if not loadable)
       # @param job_hash [Hash] Sidekiq's job payload
@@ -70,6 +74,17 @@ module IdempotentJob
         value.nil? ? default : value
       end
 
+      def transaction_flavour(value)
+        case value
+        when true, "true", :native, "native" then :native
+        when :active_record, "active_record" then :active_record
+        when false, nil, "false" then nil
+        else
+          raise ConfigurationError, "#{@name}: idempotency_transaction must be true, :active_record or false, " \
+                                    "got #{value.inspect}"
+        end
+      end
+
       def resolve_policies(config)
         @on_stale = Configuration.choice!("idempotency_on_stale", fetch("on_stale", config.on_stale),
                                           Configuration::STALE_POLICIES, job: @name)
@@ -77,6 +92,9 @@ module IdempotentJob
                                              Configuration::MISMATCH_POLICIES, job: @name)
         @heartbeat = fetch("heartbeat", config.heartbeat) ? true : false
         @max_run = Configuration.positive_seconds!("idempotency_max_run", fetch("max_run", config.max_run), job: @name)
+        @transaction = transaction_flavour(fetch("transaction", false))
+        @lock_timeout = Configuration.positive_seconds!("idempotency_lock_timeout",
+                                                        fetch("lock_timeout", config.lock_timeout), job: @name)
         @lookup = fetch("lookup", nil)&.to_sym
         return if @lookup.nil? || !@job_class.is_a?(Class) || @job_class.method_defined?(@lookup)
 
@@ -121,6 +139,8 @@ module IdempotentJob
         return yield unless options
 
         key = options.key.operation_key(job_hash["args"])
+        return transactional(job_instance, options, key, job_hash, &) if options.transaction
+
         decision = IdempotentJob.store.claim(claim_request(options, key, job_hash))
         mismatch!(options, key, job_hash, decision) if decision[:mismatch]
         case decision[:decision]
@@ -162,14 +182,46 @@ module IdempotentJob
       end
 
       def claimed(job_instance, options, key, job_hash, decision, &)
-        claim = Claim.new(job_type: options.scope, operation_key: key, token: decision[:token],
-                          attempt: decision[:attempt], kind: decision[:kind], jid: job_hash["jid"])
-        job_instance.class.include(IdempotentJob::Job) unless job_instance.is_a?(IdempotentJob::Job)
+        claim = new_claim(job_instance, options, key, job_hash, decision)
         IdempotentJob.with_claim(claim) do
-          return nil if claim.kind == :takeover && !run_after_takeover?(job_instance, options, claim)
+          return nil if claim.kind == :takeover && !run_after_takeover?(job_instance, options, claim, store)
 
           log_retry(claim) if claim.kind == :retry
           run_claimed(options, claim, &)
+        end
+      end
+
+      def new_claim(job_instance, options, key, job_hash, decision)
+        job_instance.class.include(IdempotentJob::Job) unless job_instance.is_a?(IdempotentJob::Job)
+        Claim.new(job_type: options.scope, operation_key: key, token: decision[:token],
+                  attempt: decision[:attempt], kind: decision[:kind], jid: job_hash["jid"])
+      end
+
+      # Claim, body and completion in one transaction (`idempotency_transaction:`).
+      # The body raising rolls everything back: nothing is recorded, Sidekiq retries.
+      def transactional(job_instance, options, key, job_hash, &)
+        flavour = options.transaction == :active_record ? Transactional::ActiveRecord : Transactional::Native
+        flavour.within do |tx|
+          decision = tx.claim(claim_request(options, key, job_hash), options.lock_timeout)
+          mismatch!(options, key, job_hash, decision) if decision[:mismatch]
+          case decision[:decision]
+          when :claimed then claimed_in(tx, job_instance, options, new_claim(job_instance, options, key, job_hash,
+                                                                             decision), &)
+          when :in_progress then defer(options.scope, key, job_hash, decision)
+          else skip(options.scope, key, job_hash, decision)
+          end
+        end
+      end
+
+      def claimed_in(transaction, job_instance, options, claim)
+        IdempotentJob.with_claim(claim) do
+          next nil if claim.kind == :takeover && !run_after_takeover?(job_instance, options, claim, transaction)
+
+          IdempotentJob.with_transaction(transaction.handle) do
+            result = yield
+            fenced(:complete, claim, via: transaction)
+            result
+          end
         end
       end
 
@@ -183,11 +235,11 @@ module IdempotentJob
 
       # A stale claim was taken over: ask the lookup, then apply the policy.
       # @return [Boolean] whether the body runs
-      def run_after_takeover?(job_instance, options, claim)
-        answer = options.lookup ? ask_lookup(job_instance, options, claim) : :unknown
+      def run_after_takeover?(job_instance, options, claim, via)
+        answer = options.lookup ? ask_lookup(job_instance, options, claim, via) : :unknown
         case answer
         when :done
-          fenced(:complete, claim)
+          fenced(:complete, claim, via:)
           logger.warn("idempotent_job: took over the stale claim of #{describe_claim(claim)}; lookup " \
                       "##{options.lookup} says it is done: marked completed, not run")
           false
@@ -195,20 +247,20 @@ module IdempotentJob
           logger.warn("idempotent_job: took over the stale claim of #{describe_claim(claim)}; lookup " \
                       "##{options.lookup} says it is not done: running it")
           true
-        else apply_stale_policy(options, claim)
+        else apply_stale_policy(options, claim, via)
         end
       end
 
-      def apply_stale_policy(options, claim)
+      def apply_stale_policy(options, claim, via)
         why = options.lookup ? "lookup ##{options.lookup} does not know" : "its holder's lease ran out"
         case options.on_stale
         when :hold
-          fenced(:hold, claim)
+          fenced(:hold, claim, via:)
           logger.warn("idempotent_job: #{describe_claim(claim)} is stale (#{why}): held for a person " \
                       "(IdempotentJob.resolve / rake idempotent_job:resolve)")
           false
         when :skip
-          fenced(:give_up, claim)
+          fenced(:give_up, claim, via:)
           logger.warn("idempotent_job: #{describe_claim(claim)} is stale (#{why}): given up, not run")
           false
         else
@@ -218,7 +270,7 @@ module IdempotentJob
         end
       end
 
-      def ask_lookup(job_instance, options, claim)
+      def ask_lookup(job_instance, options, claim, via)
         answer = job_instance.public_send(options.lookup, claim.operation_key)
         symbol = answer.respond_to?(:to_sym) ? answer.to_sym : nil
         unless Options::LOOKUP_ANSWERS.include?(symbol)
@@ -228,24 +280,24 @@ module IdempotentJob
         logger.info("idempotent_job: lookup ##{options.lookup} of #{describe_claim(claim)} answered :#{symbol}")
         symbol
       rescue StandardError => e
-        expire_after_lookup_failure(claim, e)
+        expire_after_lookup_failure(claim, e, via)
         raise if e.is_a?(LookupError)
 
         raise LookupError, "lookup ##{options.lookup} of #{describe_claim(claim)} raised #{e.class}: " \
                            "#{e.message}; the job was not run, the next delivery asks again"
       end
 
-      def expire_after_lookup_failure(claim, error)
+      def expire_after_lookup_failure(claim, error, via)
         logger.error("idempotent_job: lookup of #{describe_claim(claim)} failed (#{error.class}: #{error.message}); " \
                      "not run, the claim stays stale for the next delivery")
-        fenced(:expire, claim, "lookup failed: #{error.class}: #{error.message}"[0, ERROR_TEXT_LIMIT])
+        fenced(:expire, claim, "lookup failed: #{error.class}: #{error.message}"[0, ERROR_TEXT_LIMIT], via:)
       rescue IdempotentJob::Error => e
         logger.error("idempotent_job: could not end the lease of #{describe_claim(claim)} (#{e.message}); " \
                      "it ends by itself")
       end
 
-      def fenced(change, claim, text = nil)
-        store.fenced(change, claim.job_type, claim.operation_key, claim.token, text)
+      def fenced(change, claim, text = nil, via: store)
+        via.fenced(change, claim.job_type, claim.operation_key, claim.token, text)
       end
 
       def run_claimed(options, claim)

@@ -30,6 +30,7 @@ module Effects
     def reset!
       connection.exec("TRUNCATE spec_effects")
       connection.exec("TRUNCATE idempotent_job_records")
+      connection.exec("TRUNCATE spec_payments") if connection.exec("SELECT to_regclass('spec_payments')").getvalue(0, 0)
     end
 
     def record(job, operation)

@@ -11,6 +11,8 @@ module Processes
     reader, writer = IO.pipe
     pid = fork do
       Processes.children.clear
+      # A child never uses its parent's ActiveRecord sockets.
+      ActiveRecord::Base.establish_connection(SpecServices.database_url) if defined?(ActiveRecord::Base)
       reader.close
       writer.sync = true
       begin

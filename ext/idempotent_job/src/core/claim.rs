@@ -301,6 +301,21 @@ pub struct Record {
     pub lease_expired: bool,
 }
 
+/// Checks a request before any statement: non-empty key and job type within
+/// [`MAX_KEY_BYTES`], a lease in (0, [`MAX_LEASE_SECONDS`]].
+///
+/// Errors: [`Error::Config`] naming the job type.
+pub fn check_request(req: &ClaimRequest) -> Result<()> {
+    check_key(&req.job_type, &req.operation_key)?;
+    if !(req.lease_seconds > 0.0 && req.lease_seconds <= MAX_LEASE_SECONDS) {
+        return Err(Error::Config(format!(
+            "the lease of {} must be a positive number of seconds up to {MAX_LEASE_SECONDS}, got {}",
+            req.job_type, req.lease_seconds
+        )));
+    }
+    Ok(())
+}
+
 fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
     if job_type.is_empty() {
         return Err(Error::Config("job_type must not be empty".into()));
@@ -325,13 +340,7 @@ fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
 /// Errors: [`Error::Config`] for an empty/oversized key or a non-positive lease,
 /// [`Error::Connection`] / [`Error::Database`] from PostgreSQL.
 pub async fn claim(client: &Client, req: &ClaimRequest) -> Result<Decision> {
-    check_key(&req.job_type, &req.operation_key)?;
-    if !(req.lease_seconds > 0.0 && req.lease_seconds <= MAX_LEASE_SECONDS) {
-        return Err(Error::Config(format!(
-            "the lease of {} must be a positive number of seconds up to {MAX_LEASE_SECONDS}, got {}",
-            req.job_type, req.lease_seconds
-        )));
-    }
+    check_request(req)?;
     let token = Uuid::new_v4();
     let result = client
         .query_typed(
@@ -354,14 +363,52 @@ pub async fn claim(client: &Client, req: &ClaimRequest) -> Result<Decision> {
     let row = rows
         .first()
         .ok_or_else(|| Error::connection("the claim statement returned no row"))?;
-    let won: bool = row.try_get("won")?;
-    let status: String = row.try_get("status")?;
-    let attempt: i32 = row.try_get("attempts")?;
-    let duplicates: i32 = row.try_get("duplicates")?;
-    let mismatch: bool = row.try_get("mismatch")?;
-    let lease_remaining = row.try_get::<_, f64>("lease_remaining")?.max(0.0);
+    decide(
+        ClaimRow {
+            won: row.try_get("won")?,
+            status: row.try_get("status")?,
+            last_claim: row.try_get("last_claim")?,
+            attempts: row.try_get("attempts")?,
+            jid: row.try_get("jid")?,
+            duplicates: row.try_get("duplicates")?,
+            mismatch: row.try_get("mismatch")?,
+            lease_remaining: row.try_get("lease_remaining")?,
+        },
+        token,
+        req,
+    )
+}
+
+/// The columns [`CLAIM_SQL`] returns, read by whichever driver ran it (the native
+/// pool, or ActiveRecord's connection for `idempotency_transaction: :active_record`).
+#[derive(Debug, Clone)]
+pub struct ClaimRow {
+    pub won: bool,
+    pub status: String,
+    pub last_claim: String,
+    pub attempts: i32,
+    pub jid: Option<String>,
+    pub duplicates: i32,
+    pub mismatch: bool,
+    pub lease_remaining: f64,
+}
+
+/// Turns the row of [`CLAIM_SQL`] into the delivery's [`Decision`]: the one place
+/// that reads a claim's outcome. `token` is the token the caller sent as $3.
+pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision> {
+    let ClaimRow {
+        won,
+        status,
+        last_claim,
+        attempts: attempt,
+        jid,
+        duplicates,
+        mismatch,
+        lease_remaining,
+    } = row;
+    let lease_remaining = lease_remaining.max(0.0);
     let outcome = if won {
-        let kind = match row.try_get::<_, String>("last_claim")?.as_str() {
+        let kind = match last_claim.as_str() {
             "takeover" => ClaimKind::Takeover,
             "retry" => ClaimKind::Retry,
             _ => ClaimKind::First,
@@ -377,7 +424,7 @@ pub async fn claim(client: &Client, req: &ClaimRequest) -> Result<Decision> {
             "held" => Outcome::Held { duplicates },
             "given_up" => Outcome::GivenUp { duplicates },
             "claimed" if lease_remaining > 0.0 => Outcome::InProgress {
-                holder_jid: row.try_get("jid")?,
+                holder_jid: jid,
                 attempt,
                 lease_remaining,
                 duplicates,

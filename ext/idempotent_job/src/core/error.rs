@@ -28,6 +28,9 @@ pub enum Error {
         operation_key: String,
         message: String,
     },
+    /// A lock wait ran past its bound (SQLSTATE 55P03): another delivery of the same
+    /// operation holds its transaction open. Retryable. `IdempotentJob::LockTimeoutError`.
+    LockTimeout { message: String },
     /// Applying the migrations failed. `IdempotentJob::MigrationError`.
     Migration(String),
     /// A Rust panic caught at the boundary; never unwinds into Ruby.
@@ -43,6 +46,7 @@ impl Error {
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             Error::Connection { sqlstate, .. } => sqlstate.as_deref(),
+            Error::LockTimeout { .. } => Some("55P03"),
             Error::Database { sqlstate, .. } => Some(sqlstate),
             _ => None,
         }
@@ -62,7 +66,9 @@ impl fmt::Display for Error {
             Error::Config(m) | Error::Migration(m) => f.write_str(m),
             Error::Connection { message, .. } => f.write_str(message),
             Error::Database { message, sqlstate } => write!(f, "{message} (SQLSTATE {sqlstate})"),
-            Error::LostClaim { message, .. } => f.write_str(message),
+            Error::LostClaim { message, .. } | Error::LockTimeout { message } => {
+                f.write_str(message)
+            }
             Error::Panic(m) => write!(f, "panic in idempotent_job native code: {m}"),
         }
     }
@@ -110,7 +116,9 @@ impl From<tokio_postgres::Error> for Error {
                      or IdempotentJob.migrate!)",
                 );
             }
-            if is_connection_state(&code) {
+            if code == "55P03" {
+                Error::LockTimeout { message }
+            } else if is_connection_state(&code) {
                 Error::Connection {
                     message,
                     sqlstate: Some(code),

@@ -4,5 +4,6 @@ pub mod config;
 pub mod error;
 pub mod heartbeat;
 pub mod migrate;
+pub mod session;
 pub mod store;
 pub mod values;

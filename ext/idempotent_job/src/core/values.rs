@@ -72,6 +72,9 @@ impl ToSql for Param {
             (Param::Time(t), &Type::TIMESTAMPTZ) => t.to_sql(ty, out),
             (Param::Time(t), &Type::TIMESTAMP) => t.naive_utc().to_sql(ty, out),
             (Param::Time(t), &Type::DATE) => t.date_naive().to_sql(ty, out),
+            (Param::Text(s), &Type::DATE) => {
+                NaiveDate::parse_from_str(s, "%Y-%m-%d")?.to_sql(ty, out)
+            }
             _ => Err(mismatch(self, ty)),
         }
     }

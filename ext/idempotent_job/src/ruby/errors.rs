@@ -13,6 +13,7 @@ fn class_name(err: &Error) -> &'static str {
         Error::Database { .. } => "DatabaseError",
         Error::LostClaim { .. } => "LostClaimError",
         Error::Migration(_) => "MigrationError",
+        Error::LockTimeout { .. } => "LockTimeoutError",
         Error::Panic(_) => "Error",
     }
 }

@@ -5,6 +5,7 @@
 mod errors;
 mod gvl;
 mod store;
+mod transaction;
 
 use magnus::{function, Module, Ruby};
 
@@ -14,7 +15,10 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("schema_sql", function!(crate::core::migrate::schema_sql, 0))?;
     native.define_module_function("claim_sql", function!(claim_sql, 0))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
-    store::init(ruby, native)
+    native.define_module_function("decide", function!(store::decide, 3))?;
+    native.define_module_function("fenced_sql", function!(store::fenced_sql, 1))?;
+    store::init(ruby, native)?;
+    transaction::init(ruby, native)
 }
 
 fn describe_url(url: String) -> String {

@@ -12,14 +12,18 @@ use uuid::Uuid;
 
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
-use crate::core::claim::{self, ClaimRequest, Fenced, Outcome, Record, Resolution};
+use super::transaction::NativeTransaction;
+use crate::core::claim::{
+    self, ClaimRequest, ClaimRow, Decision, Fenced, Outcome, Record, Resolution,
+};
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::heartbeat::{Heartbeat, HeartbeatReport};
 use crate::core::migrate;
+use crate::core::session::Session;
 use crate::core::store::{with_conn, Conn, Store};
 
-type RbResult<T> = std::result::Result<T, magnus::Error>;
+pub(super) type RbResult<T> = std::result::Result<T, magnus::Error>;
 
 #[magnus::wrap(class = "IdempotentJob::Native::Store", free_immediately, size)]
 struct NativeStore(Store);
@@ -27,7 +31,7 @@ struct NativeStore(Store);
 #[magnus::wrap(class = "IdempotentJob::Native::Heartbeat", free_immediately, size)]
 struct NativeHeartbeat(Heartbeat);
 
-fn parse_token(token: &str) -> Result<Uuid> {
+pub(super) fn parse_token(token: &str) -> Result<Uuid> {
     Uuid::parse_str(token).map_err(|_| Error::Config(format!("{token:?} is not a claim token")))
 }
 
@@ -61,6 +65,122 @@ impl<'r> Out<'r> {
         };
         self.set(key, value)
     }
+}
+
+/// A claim request from a Hash with Symbol keys `job_type`, `operation_key`, `jid`,
+/// `lease` (seconds), `args_digest`, `job_class`, `queue`, `args_json`,
+/// `refuse_mismatch`.
+pub(super) fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
+    let get = |key: &str| request.lookup::<_, Option<String>>(ruby.to_symbol(key));
+    Ok(ClaimRequest {
+        job_type: get("job_type")?.unwrap_or_default(),
+        operation_key: get("operation_key")?.unwrap_or_default(),
+        jid: get("jid")?,
+        lease_seconds: request
+            .lookup::<_, Option<f64>>(ruby.to_symbol("lease"))?
+            .unwrap_or(0.0),
+        args_digest: get("args_digest")?,
+        job_class: get("job_class")?,
+        queue: get("queue")?,
+        args_json: get("args_json")?,
+        refuse_mismatch: request
+            .lookup::<_, Option<bool>>(ruby.to_symbol("refuse_mismatch"))?
+            .unwrap_or(false),
+    })
+}
+
+/// A decision as a Hash: `:decision` (`:claimed`, `:completed`, `:in_progress`,
+/// `:held`, `:given_up`, `:refused`), `:mismatch`, and the decision's details.
+pub(super) fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
+    let out = Out::new(ruby);
+    out.set("mismatch", decision.mismatch)?;
+    match decision.outcome {
+        Outcome::Claimed {
+            token,
+            attempt,
+            kind,
+        } => {
+            out.sym("decision", "claimed")?
+                .set("token", token.to_string())?
+                .set("attempt", attempt)?
+                .sym("kind", kind.as_str())?;
+        }
+        Outcome::InProgress {
+            holder_jid,
+            attempt,
+            lease_remaining,
+            duplicates,
+        } => {
+            out.sym("decision", "in_progress")?
+                .set("holder_jid", holder_jid)?
+                .set("attempt", attempt)?
+                .set("lease_remaining", lease_remaining)?
+                .set("duplicates", duplicates)?;
+        }
+        Outcome::Completed { duplicates } => {
+            out.sym("decision", "completed")?
+                .set("duplicates", duplicates)?;
+        }
+        Outcome::Held { duplicates } => {
+            out.sym("decision", "held")?.set("duplicates", duplicates)?;
+        }
+        Outcome::GivenUp { duplicates } => {
+            out.sym("decision", "given_up")?
+                .set("duplicates", duplicates)?;
+        }
+        Outcome::Refused { duplicates } => {
+            out.sym("decision", "refused")?
+                .set("duplicates", duplicates)?;
+        }
+    }
+    Ok(out.hash)
+}
+
+/// `:complete`, `:release`, `:hold`, `:give_up`, `:expire`, `:renew` → [`Fenced`].
+pub(super) fn parse_fenced(ruby: &Ruby, change: Symbol) -> RbResult<Fenced> {
+    Ok(match change.name()?.as_ref() {
+        "complete" => Fenced::Complete,
+        "release" => Fenced::Release,
+        "hold" => Fenced::Hold,
+        "give_up" => Fenced::GiveUp,
+        "expire" => Fenced::Expire,
+        "renew" => Fenced::Renew,
+        other => {
+            return Err(to_ruby(
+                ruby,
+                Error::Config(format!("unknown claim change :{other}")),
+            ))
+        }
+    })
+}
+
+/// `Native.decide(row, token, request)`: the decision for a row of the claim
+/// statement run by another driver (ActiveRecord's connection). `row` has Symbol keys
+/// `won`, `status`, `last_claim`, `attempts`, `jid`, `duplicates`, `mismatch`,
+/// `lease_remaining` with typed values; `token` is the uuid sent as $3.
+pub(super) fn decide(ruby: &Ruby, row: RHash, token: String, request: RHash) -> RbResult<RHash> {
+    let sym = |key: &str| ruby.to_symbol(key);
+    let claim_row = ClaimRow {
+        won: row.fetch(sym("won"))?,
+        status: row.fetch(sym("status"))?,
+        last_claim: row.fetch(sym("last_claim"))?,
+        attempts: row.fetch(sym("attempts"))?,
+        jid: row.lookup(sym("jid"))?,
+        duplicates: row.fetch(sym("duplicates"))?,
+        mismatch: row.fetch(sym("mismatch"))?,
+        lease_remaining: row.fetch(sym("lease_remaining"))?,
+    };
+    let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
+    let request = claim_request(ruby, request)?;
+    let decision = claim::check_request(&request)
+        .and_then(|()| claim::decide(claim_row, token, &request))
+        .map_err(|e| to_ruby(ruby, e))?;
+    decision_hash(ruby, decision)
+}
+
+/// `Native.fenced_sql(change)`: the statement of a fenced change, for other drivers.
+pub(super) fn fenced_sql(ruby: &Ruby, change: Symbol) -> RbResult<&'static str> {
+    Ok(parse_fenced(ruby, change)?.sql())
 }
 
 fn record_hash(ruby: &Ruby, r: Record) -> RbResult<RHash> {
@@ -126,74 +246,27 @@ impl NativeStore {
         without_gvl(ruby, &handle.runtime, op(handle.pool.clone()))?.map_err(|e| to_ruby(ruby, e))
     }
 
-    /// `claim(request)`: request is a Hash with Symbol keys `job_type`,
-    /// `operation_key`, `jid`, `lease` (seconds), `args_digest`, `job_class`, `queue`,
-    /// `args_json`, `refuse_mismatch`. Returns a Hash with `:decision` (`:claimed`,
-    /// `:completed`, `:in_progress`, `:held`, `:given_up`, `:refused`), `:mismatch`
-    /// and the decision's details.
+    /// `claim(request)`: see [`claim_request`] for the Hash; returns
+    /// [`decision_hash`].
     fn claim(ruby: &Ruby, rb_self: &Self, request: RHash) -> RbResult<RHash> {
-        let get = |key: &str| request.lookup::<_, Option<String>>(ruby.to_symbol(key));
-        let request = ClaimRequest {
-            job_type: get("job_type")?.unwrap_or_default(),
-            operation_key: get("operation_key")?.unwrap_or_default(),
-            jid: get("jid")?,
-            lease_seconds: request
-                .lookup::<_, Option<f64>>(ruby.to_symbol("lease"))?
-                .unwrap_or(0.0),
-            args_digest: get("args_digest")?,
-            job_class: get("job_class")?,
-            queue: get("queue")?,
-            args_json: get("args_json")?,
-            refuse_mismatch: request
-                .lookup::<_, Option<bool>>(ruby.to_symbol("refuse_mismatch"))?
-                .unwrap_or(false),
-        };
-        let decision = rb_self.run(ruby, |pool| {
-            let request = request.clone();
-            async move { with_conn(&pool, async |c| claim::claim(c, &request).await).await }
+        let request = claim_request(ruby, request)?;
+        let decision = rb_self.run(ruby, |pool| async move {
+            with_conn(&pool, async |c| claim::claim(c, &request).await).await
         })?;
-        let out = Out::new(ruby);
-        out.set("mismatch", decision.mismatch)?;
-        match decision.outcome {
-            Outcome::Claimed {
-                token,
-                attempt,
-                kind,
-            } => {
-                out.sym("decision", "claimed")?
-                    .set("token", token.to_string())?
-                    .set("attempt", attempt)?
-                    .sym("kind", kind.as_str())?;
-            }
-            Outcome::InProgress {
-                holder_jid,
-                attempt,
-                lease_remaining,
-                duplicates,
-            } => {
-                out.sym("decision", "in_progress")?
-                    .set("holder_jid", holder_jid)?
-                    .set("attempt", attempt)?
-                    .set("lease_remaining", lease_remaining)?
-                    .set("duplicates", duplicates)?;
-            }
-            Outcome::Completed { duplicates } => {
-                out.sym("decision", "completed")?
-                    .set("duplicates", duplicates)?;
-            }
-            Outcome::Held { duplicates } => {
-                out.sym("decision", "held")?.set("duplicates", duplicates)?;
-            }
-            Outcome::GivenUp { duplicates } => {
-                out.sym("decision", "given_up")?
-                    .set("duplicates", duplicates)?;
-            }
-            Outcome::Refused { duplicates } => {
-                out.sym("decision", "refused")?
-                    .set("duplicates", duplicates)?;
-            }
-        }
-        Ok(out.hash)
+        decision_hash(ruby, decision)
+    }
+
+    /// `transaction` → an open `IdempotentJob::Native::Transaction` (BEGIN sent).
+    fn transaction(ruby: &Ruby, rb_self: &Self) -> RbResult<NativeTransaction> {
+        let handle = rb_self.0.handle().map_err(|e| to_ruby(ruby, e))?;
+        let pool = handle.pool.clone();
+        let session = without_gvl(
+            ruby,
+            &handle.runtime,
+            async move { Session::begin(&pool).await },
+        )?
+        .map_err(|e| to_ruby(ruby, e))?;
+        Ok(NativeTransaction::new(handle.runtime.clone(), session))
     }
 
     /// `fenced(change, job_type, operation_key, token, text)`: change is one of
@@ -208,20 +281,7 @@ impl NativeStore {
         token: String,
         text: Option<String>,
     ) -> RbResult<bool> {
-        let change = match change.name()?.as_ref() {
-            "complete" => Fenced::Complete,
-            "release" => Fenced::Release,
-            "hold" => Fenced::Hold,
-            "give_up" => Fenced::GiveUp,
-            "expire" => Fenced::Expire,
-            "renew" => Fenced::Renew,
-            other => {
-                return Err(to_ruby(
-                    ruby,
-                    Error::Config(format!("unknown claim change :{other}")),
-                ))
-            }
-        };
+        let change = parse_fenced(ruby, change)?;
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
         rb_self.run(ruby, |pool| {
             let (job_type, key, text) = (job_type.clone(), operation_key.clone(), text.clone());
@@ -350,6 +410,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("resolve", method!(NativeStore::resolve, 3))?;
     class.define_method("heartbeat", method!(NativeStore::heartbeat, 5))?;
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
+    class.define_method("transaction", method!(NativeStore::transaction, 0))?;
     let heartbeat = native.define_class("Heartbeat", ruby.class_object())?;
     heartbeat.define_method("stop", method!(NativeHeartbeat::stop, 0))?;
     heartbeat.define_method("report", method!(NativeHeartbeat::report, 0))?;

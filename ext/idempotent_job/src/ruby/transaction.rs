@@ -1,0 +1,243 @@
+//! `IdempotentJob::Native::Transaction`: one open transaction on a pooled connection
+//! (see `core::session`). Internal; the job's handle is the Ruby class
+//! `IdempotentJob::Transaction`.
+
+use std::sync::{Arc, Mutex};
+
+use magnus::{
+    encoding::EncodingCapable, method, prelude::*, r_string::RString, value::ReprValue, Float,
+    Integer, RArray, RHash, RModule, Ruby, Symbol, Value,
+};
+use tokio::runtime::Runtime;
+
+use super::errors::to_ruby;
+use super::gvl::without_gvl;
+use super::store::{claim_request, decision_hash, parse_fenced, parse_token, RbResult};
+use crate::core::error::{Error, Result};
+use crate::core::session::Session;
+use crate::core::values::{Cell, Param};
+
+#[magnus::wrap(class = "IdempotentJob::Native::Transaction", free_immediately, size)]
+pub struct NativeTransaction {
+    runtime: Arc<Runtime>,
+    session: Mutex<Option<Session>>,
+}
+
+impl NativeTransaction {
+    pub fn new(runtime: Arc<Runtime>, session: Session) -> Self {
+        NativeTransaction {
+            runtime,
+            session: Mutex::new(Some(session)),
+        }
+    }
+
+    /// Runs `op` on the open session with the GVL released. If Ruby interrupts the
+    /// call, the session is dropped: its connection is closed, never pooled, and
+    /// PostgreSQL rolls the transaction back.
+    fn with_session<T>(
+        &self,
+        ruby: &Ruby,
+        op: impl AsyncFnOnce(&Session) -> Result<T>,
+    ) -> RbResult<T> {
+        let mut guard = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(session) = guard.as_ref() else {
+            return Err(to_ruby(
+                ruby,
+                Error::Config("this idempotent transaction has already ended".into()),
+            ));
+        };
+        match without_gvl(ruby, &self.runtime, op(session)) {
+            Ok(result) => result.map_err(|e| to_ruby(ruby, e)),
+            Err(interrupt) => {
+                guard.take();
+                Err(interrupt)
+            }
+        }
+    }
+
+    /// Ends the transaction with `commit` or rollback.
+    fn finish(&self, ruby: &Ruby, commit: bool) -> RbResult<bool> {
+        let session = self
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(session) = session else {
+            return Ok(false);
+        };
+        let ending = async move {
+            if commit {
+                session.commit().await
+            } else {
+                session.rollback().await
+            }
+        };
+        without_gvl(ruby, &self.runtime, ending)?.map_err(|e| to_ruby(ruby, e))?;
+        Ok(true)
+    }
+
+    /// `claim(request, lock_timeout_seconds)` → the same Hash as `Store#claim`.
+    fn claim(ruby: &Ruby, rb_self: &Self, request: RHash, lock_timeout: f64) -> RbResult<RHash> {
+        let request = claim_request(ruby, request)?;
+        let decision =
+            rb_self.with_session(ruby, async |s| s.claim(&request, lock_timeout).await)?;
+        decision_hash(ruby, decision)
+    }
+
+    /// `fenced(change, job_type, operation_key, token, text)` → true.
+    fn fenced(
+        ruby: &Ruby,
+        rb_self: &Self,
+        change: Symbol,
+        job_type: String,
+        operation_key: String,
+        token: String,
+        text: Option<String>,
+    ) -> RbResult<bool> {
+        let change = parse_fenced(ruby, change)?;
+        let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
+        rb_self.with_session(ruby, async |s| {
+            s.fenced(change, &job_type, &operation_key, token, text.as_deref())
+                .await
+        })?;
+        Ok(true)
+    }
+
+    /// `query(sql, params)` → Array of Hashes (column name → typed value).
+    fn query(ruby: &Ruby, rb_self: &Self, sql: String, params: RArray) -> RbResult<RArray> {
+        let params = to_params(ruby, params)?;
+        let rows = rb_self.with_session(ruby, async |s| s.query(&sql, &params).await)?;
+        let out = ruby.ary_new_capa(rows.len());
+        for row in rows {
+            let hash = ruby.hash_new();
+            for (name, cell) in row {
+                hash.aset(name, from_cell(ruby, cell)?)?;
+            }
+            out.push(hash)?;
+        }
+        Ok(out)
+    }
+
+    /// `exec(sql, params)` → Integer, the number of rows affected.
+    fn exec(ruby: &Ruby, rb_self: &Self, sql: String, params: RArray) -> RbResult<u64> {
+        let params = to_params(ruby, params)?;
+        rb_self.with_session(ruby, async |s| s.execute(&sql, &params).await)
+    }
+
+    /// `commit` → true, or false when the transaction had already ended.
+    fn commit(ruby: &Ruby, rb_self: &Self) -> RbResult<bool> {
+        rb_self.finish(ruby, true)
+    }
+
+    /// `rollback` → true, or false when the transaction had already ended.
+    fn rollback(ruby: &Ruby, rb_self: &Self) -> RbResult<bool> {
+        rb_self.finish(ruby, false)
+    }
+
+    /// `open?` → whether the transaction has not ended yet.
+    fn is_open(&self) -> bool {
+        self.session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+}
+
+/// Ruby bind parameters → owned [`Param`]s (converted with the GVL held).
+fn to_params(ruby: &Ruby, params: RArray) -> RbResult<Vec<Param>> {
+    let mut out = Vec::with_capacity(params.len());
+    for (i, value) in params.into_iter().enumerate() {
+        out.push(to_param(ruby, value).map_err(|e| {
+            magnus::Error::new(
+                ruby.exception_arg_error(),
+                format!("bind parameter ${}: {e}", i + 1),
+            )
+        })?);
+    }
+    Ok(out)
+}
+
+fn to_param(ruby: &Ruby, value: Value) -> RbResult<Param> {
+    if value.is_nil() {
+        return Ok(Param::Null);
+    }
+    if value.is_kind_of(ruby.class_true_class()) || value.is_kind_of(ruby.class_false_class()) {
+        return Ok(Param::Bool(value.to_bool()));
+    }
+    if let Some(i) = Integer::from_value(value) {
+        return Ok(Param::Int(i.to_i64()?));
+    }
+    if let Some(f) = Float::from_value(value) {
+        return Ok(Param::Float(f.to_f64()));
+    }
+    if let Some(s) = RString::from_value(value) {
+        let binary = s.enc_get() == ruby.ascii8bit_encindex();
+        // SAFETY: the bytes are copied before any other Ruby call.
+        let bytes = unsafe { s.as_slice() }.to_vec();
+        return Ok(if binary {
+            Param::Bytes(bytes)
+        } else {
+            Param::Text(String::from_utf8(bytes).map_err(|_| {
+                magnus::Error::new(
+                    ruby.exception_arg_error(),
+                    "a String that is not valid UTF-8",
+                )
+            })?)
+        });
+    }
+    if let Some(sym) = Symbol::from_value(value) {
+        return Ok(Param::Text(sym.name()?.into_owned()));
+    }
+    let class: String = value.class().funcall("name", ())?;
+    match class.as_str() {
+        "Time" | "DateTime" | "ActiveSupport::TimeWithZone" => {
+            let time: Value = value.funcall("to_time", ())?;
+            let seconds: i64 = time.funcall("to_i", ())?;
+            let nanos: u32 = time.funcall("nsec", ())?;
+            chrono::DateTime::from_timestamp(seconds, nanos)
+                .map(Param::Time)
+                .ok_or_else(|| magnus::Error::new(ruby.exception_arg_error(), "a Time out of range"))
+        }
+        "Date" | "BigDecimal" => Ok(Param::Text(value.funcall("to_s", ())?)),
+        "Hash" | "Array" => Ok(Param::Json(value.funcall("to_json", ())?)),
+        other => Err(magnus::Error::new(
+            ruby.exception_arg_error(),
+            format!("a {other} cannot be bound; pass nil, true/false, Integer, Float, String, Symbol, Time, Date, BigDecimal, Hash or Array"),
+        )),
+    }
+}
+
+/// A column value → the matching Ruby object.
+fn from_cell(ruby: &Ruby, cell: Cell) -> RbResult<Value> {
+    Ok(match cell {
+        Cell::Null => ruby.qnil().as_value(),
+        Cell::Bool(b) => ruby.into_value(b),
+        Cell::Int(i) => ruby.into_value(i),
+        Cell::Float(f) => ruby.into_value(f),
+        Cell::Text(s) => ruby.into_value(s),
+        Cell::Bytes(b) => ruby.enc_str_new(&b, ruby.ascii8bit_encoding()).as_value(),
+        Cell::Json(text) => {
+            let json: RModule = ruby.class_object().const_get("JSON")?;
+            json.funcall("parse", (text,))?
+        }
+        Cell::Time(t) => ruby
+            .time_new(t.timestamp(), i64::from(t.timestamp_subsec_micros()))?
+            .as_value(),
+        Cell::Date(y, m, d) => {
+            let date: magnus::RClass = ruby.class_object().const_get("Date")?;
+            date.funcall("new", (y, m, d))?
+        }
+    })
+}
+
+pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
+    let class = native.define_class("Transaction", ruby.class_object())?;
+    class.define_method("claim", method!(NativeTransaction::claim, 2))?;
+    class.define_method("fenced", method!(NativeTransaction::fenced, 5))?;
+    class.define_method("query", method!(NativeTransaction::query, 2))?;
+    class.define_method("exec", method!(NativeTransaction::exec, 2))?;
+    class.define_method("commit", method!(NativeTransaction::commit, 0))?;
+    class.define_method("rollback", method!(NativeTransaction::rollback, 0))?;
+    class.define_method("open?", method!(NativeTransaction::is_open, 0))?;
+    Ok(())
+}

@@ -1,0 +1,141 @@
+//! Transactional sessions against a real PostgreSQL (DATABASE_URL, as set by bin/test).
+
+use std::time::{Duration, Instant};
+
+use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
+use idempotent_job::core::config::Config;
+use idempotent_job::core::error::Error;
+use idempotent_job::core::migrate;
+use idempotent_job::core::session::Session;
+use idempotent_job::core::store::{with_conn, Conn, Store};
+use idempotent_job::core::values::{Cell, Param};
+
+fn store() -> Store {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (bin/test sets it)");
+    let store = Store::new(Config::new(url)).unwrap();
+    store
+        .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
+        .unwrap();
+    store
+}
+
+fn request(key: &str) -> ClaimRequest {
+    ClaimRequest {
+        job_type: "SessionTest".into(),
+        operation_key: format!("{key}-{}", uuid::Uuid::new_v4()),
+        jid: Some("jid".into()),
+        lease_seconds: 30.0,
+        ..Default::default()
+    }
+}
+
+fn find(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
+    let req = req.clone();
+    store
+        .block_on(|pool| async move {
+            with_conn(&pool, async |c| {
+                claim::find(c, &req.job_type, &req.operation_key).await
+            })
+            .await
+        })
+        .unwrap()
+}
+
+#[test]
+fn claim_writes_and_completion_commit_together_or_not_at_all() {
+    let store = store();
+    let committed = request("commit");
+    let rolled_back = request("rollback");
+    let (a, b) = (committed.clone(), rolled_back.clone());
+    store
+        .block_on(|pool| async move {
+            for (req, commit) in [(&a, true), (&b, false)] {
+                let session = Session::begin(&pool).await?;
+                let token = match session.claim(req, 5.0).await?.outcome {
+                    Outcome::Claimed { token, .. } => token,
+                    other => panic!("{other:?}"),
+                };
+                let rows = session
+                    .query(
+                        "SELECT $1::int4 + 1 AS n, $2::text AS t, $3::jsonb AS j, $4::date AS d",
+                        &[
+                            Param::Int(41),
+                            Param::Text("x".into()),
+                            Param::Json(r#"{"a":1}"#.into()),
+                            Param::Text("2026-11-29".into()),
+                        ],
+                    )
+                    .await?;
+                assert_eq!(rows[0][0], ("n".to_string(), Cell::Int(42)));
+                assert_eq!(rows[0][2].1, Cell::Json(r#"{"a":1}"#.into()));
+                assert_eq!(rows[0][3].1, Cell::Date(2026, 11, 29));
+                session
+                    .fenced(
+                        Fenced::Complete,
+                        &req.job_type,
+                        &req.operation_key,
+                        token,
+                        None,
+                    )
+                    .await?;
+                if commit {
+                    session.commit().await?;
+                } else {
+                    session.rollback().await?;
+                }
+            }
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    assert_eq!(find(&store, &committed).unwrap().status, "completed");
+    assert!(find(&store, &rolled_back).is_none());
+}
+
+#[test]
+fn a_bad_bind_names_the_type_and_suggests_a_cast() {
+    let store = store();
+    let err = store
+        .block_on(|pool| async move {
+            let session = Session::begin(&pool).await?;
+            session
+                .query("SELECT $1::int4", &[Param::Text("nope".into())])
+                .await
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ref m) if m.contains("cannot bind a String to a parameter of type int4")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_concurrent_claim_waits_for_the_open_transaction_and_is_bounded() {
+    let store = store();
+    let req = request("wait");
+    let handle = store.handle().unwrap();
+    let (first, second) = (req.clone(), req.clone());
+    let outcome = handle.runtime.block_on(async move {
+        let holder = Session::begin(&handle.pool).await?;
+        assert!(matches!(
+            holder.claim(&first, 5.0).await?.outcome,
+            Outcome::Claimed { .. }
+        ));
+        // While the holder's transaction is open, a second claim waits, then times out.
+        let waiter = Session::begin(&handle.pool).await?;
+        let started = Instant::now();
+        let timed_out = waiter.claim(&second, 0.2).await;
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(
+            matches!(timed_out, Err(Error::LockTimeout { ref message }) if message.contains("0.2 s")),
+            "{timed_out:?}"
+        );
+        waiter.rollback().await?;
+        // The holder rolls back: the next claim finds no record and claims.
+        holder.rollback().await?;
+        let next = Session::begin(&handle.pool).await?;
+        let outcome = next.claim(&second, 5.0).await?.outcome;
+        next.rollback().await?;
+        Ok::<_, Error>(outcome)
+    });
+    assert!(matches!(outcome.unwrap(), Outcome::Claimed { .. }));
+}
