@@ -16,28 +16,37 @@ end
 
 module Demo
   # Outermost server middleware, for the demo's report only: counts every delivery of an
-  # operation that reaches a worker (the gem's middleware then decides it), and how many
-  # deliveries this process has in hand, so the demo knows when the worker is idle.
+  # operation that reaches a worker (the gem's middleware then decides it), how long each
+  # spent in the worker, and how many deliveries this process has in hand, so the demo
+  # knows when the worker is idle.
   class Arrivals
     def call(job_instance, job_hash, _queue)
       inflight = "#{INFLIGHT_PREFIX}#{Process.pid}"
       ::Sidekiq.redis { |redis| redis.incr(inflight) }
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      operation = nil
       begin
-        count(job_instance, job_hash)
+        operation = count(job_instance, job_hash)
         yield
       ensure
-        ::Sidekiq.redis { |redis| redis.decr(inflight) }
+        ::Sidekiq.redis do |redis|
+          elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+          redis.rpush("#{DURATIONS_PREFIX}#{operation}", format("%.3f", elapsed)) if operation
+          redis.decr(inflight)
+        end
       end
     end
 
     private
 
+    # @return [String, nil] the operation's id ("JobClass key"), nil for other jobs
     def count(job_instance, job_hash)
       job_class = job_instance.class
-      return unless job_class.respond_to?(:demo_operation_key)
+      return nil unless job_class.respond_to?(:demo_operation_key)
 
       operation = "#{job_class.name} #{job_class.demo_operation_key(job_hash["args"])}"
       ::Sidekiq.redis { |redis| redis.hincrby(ARRIVALS_KEY, operation, 1) }
+      operation
     end
   end
 end

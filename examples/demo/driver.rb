@@ -3,8 +3,8 @@
 # The demo's producer and reporter: a process of its own, apart from the Sidekiq worker.
 #
 #   ruby examples/demo/driver.rb setup     # demo tables, a new run
-#   ruby examples/demo/driver.rb crash     # enqueue (d) and (g); return once a worker claimed them
-#   ruby examples/demo/driver.rb enqueue   # enqueue (d) and (g) again, and (a) (b) (c) (e) (f)
+#   ruby examples/demo/driver.rb crash     # enqueue (d) (g) (i); return once a worker is inside each
+#   ruby examples/demo/driver.rb enqueue   # enqueue (d) (g) (i) again, and (a) (b) (c) (e) (f) (h)
 #   ruby examples/demo/driver.rb email-key # print the operation key of (g)
 #   ruby examples/demo/driver.rb held      # wait until (g) is held; exit 1 if it is not
 #   ruby examples/demo/driver.rb check-email [KILLED_PID]  # a person's check of (g); exit 1 if unexpected
@@ -54,7 +54,7 @@ begin
     # In-hand counts that killed workers of earlier runs left behind (their pids may be reused).
     Sidekiq.redis { |redis| redis.scan_each(match: "#{Demo::INFLIGHT_PREFIX}*").each { |key| redis.del(key) } }
     state = Demo::State.start
-    puts "demo tables ready (demo_charges, demo_shipments, demo_emails); run tag #{state.run} " \
+    puts "demo tables ready (demo_charges, demo_shipments, demo_emails, demo_ledger); run tag #{state.run} " \
          "(order numbers #{state.run}-1xx)"
   when "crash" then Demo::Producer.new(Demo::State.load).crash
   when "enqueue" then Demo::Producer.new(Demo::State.load).enqueue

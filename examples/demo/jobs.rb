@@ -3,6 +3,7 @@
 require "json"
 require "pg"
 require "sidekiq"
+require "idempotent_job"
 
 # Settings and effects shared by the demo's Sidekiq worker (boot.rb) and its producer
 # (driver.rb).
@@ -19,11 +20,33 @@ module Demo
   # Redis keys of the demo's own bookkeeping (Demo::Arrivals in boot.rb).
   ARRIVALS_KEY = "idempotent_job_demo:arrivals"
   INFLIGHT_PREFIX = "idempotent_job_demo:inflight:"
+  # Seconds each delivery of an operation spent in the worker (Demo::Arrivals), a list per operation.
+  DURATIONS_PREFIX = "idempotent_job_demo:durations:"
+  # What the fault-injected LedgerEntryJob saw inside its transaction before it was killed,
+  # per order number (JSON): its pid, its PostgreSQL backend, its own uncommitted rows.
+  UNCOMMITTED_KEY = "idempotent_job_demo:uncommitted"
 
-  # Seconds the bodies of CaptureOrderJob and EmailReceiptJob hang: a fault injected only
+  # Seconds the bodies of CaptureOrderJob, EmailReceiptJob and LedgerEntryJob hang: a fault injected only
   # into the demo's first worker (DEMO_STALL_SECONDS), which the demo then SIGKILLs.
   def self.stall_seconds
     ENV.fetch("DEMO_STALL_SECONDS", "0").to_f
+  end
+
+  # What the fault-injected LedgerEntryJob saw of its own transaction before the demo
+  # killed it (written by the job, read by the producer and the report).
+  module Uncommitted
+    module_function
+
+    # @param seen [Hash] "backend", "rows", "status" as the transaction saw them
+    def store(order_id, seen)
+      Sidekiq.redis { |redis| redis.hset(UNCOMMITTED_KEY, order_id, JSON.generate(seen.merge("pid" => Process.pid))) }
+    end
+
+    # @return [Hash, nil] "pid", "backend", "rows", "status" for an order, nil if not written yet
+    def find(order_id)
+      json = Sidekiq.redis { |redis| redis.hget(UNCOMMITTED_KEY, order_id) }
+      json && JSON.parse(json)
+    end
   end
 
   # The observable effects: one row per execution of a job body, written with the pg gem
@@ -50,7 +73,16 @@ module Demo
           pid        integer     NOT NULL,
           created_at timestamptz NOT NULL DEFAULT now()
       );
+      -- Written by LedgerEntryJob inside its idempotent transaction. Deliberately no
+      -- unique constraint: a second entry for an order would simply be a second row.
+      CREATE TABLE IF NOT EXISTS demo_ledger (
+          order_id     text        NOT NULL,
+          amount_cents integer     NOT NULL,
+          pid          integer     NOT NULL,
+          created_at   timestamptz NOT NULL DEFAULT now()
+      );
     SQL
+    LEDGER_INSERT = "INSERT INTO demo_ledger (order_id, amount_cents, pid) VALUES ($1, $2, $3)"
 
     module_function
 
@@ -92,6 +124,18 @@ module Demo
     def charges(job_type, order_id)
       connection.exec_params("SELECT pid FROM demo_charges WHERE job_type = $1 AND order_id = $2",
                              [job_type, order_id]).column_values(0).map(&:to_i)
+    end
+
+    # @return [Array<Integer>] pids of the processes whose ledger entry for an order committed, one per row
+    def ledger(order_id)
+      connection.exec_params("SELECT pid FROM demo_ledger WHERE order_id = $1", [order_id])
+                .column_values(0).map(&:to_i)
+    end
+
+    # @return [String, nil] the state of a PostgreSQL backend ("idle in transaction"…), nil once it has ended
+    def backend_state(backend_pid)
+      connection.exec_params("SELECT state FROM pg_stat_activity WHERE pid = $1", [backend_pid])
+                .column_values(0).first
     end
 
     # @return [Array<Integer>] pids of the processes that did the shipment, one per row
@@ -180,5 +224,46 @@ class ShipParcelJob
   def perform(shipment, carrier)
     sleep Demo::WORK_SECONDS
     Demo::Effects.ship(shipment.fetch("order_id"), carrier, shipment.fetch("parcels"))
+  end
+end
+
+# Books an order's amount in the ledger: an effect in the same database as the
+# idempotency record. With `idempotency_transaction: true` the claim, this INSERT and the
+# completion commit in one PostgreSQL transaction: a concurrent copy waits on the record's
+# row lock until that commit, then skips; a worker killed before the commit leaves neither
+# the row nor the record. In the demo's first worker (DEMO_STALL_SECONDS) the body hangs
+# AFTER its INSERT, with the transaction still open, and the demo SIGKILLs it there.
+class LedgerEntryJob
+  include Sidekiq::Job
+  include IdempotentJob::Job # idempotent_transaction (the middleware would include it anyway)
+  sidekiq_options idempotency_key: :order_id, idempotency_transaction: true, retry: 3
+
+  def self.demo_operation_key(args)
+    args.fetch(0).to_s
+  end
+
+  def perform(order_id, amount_cents)
+    tx = idempotent_transaction or raise IdempotentJob::Error, "LedgerEntryJob runs only under the gem's middleware"
+    sleep Demo::WORK_SECONDS
+    tx.exec(Demo::Effects::LEDGER_INSERT, [order_id, amount_cents, Process.pid])
+    stall = Demo.stall_seconds
+    return unless stall.positive?
+
+    seen_inside(tx, order_id)
+    logger.info("demo: ledger row written, transaction open; hanging #{stall} s before commit " \
+                "(fault injected into this worker)")
+    sleep stall
+  end
+
+  private
+
+  # For the demo's narration: what this transaction sees of its own uncommitted work.
+  def seen_inside(transaction, order_id)
+    inside = transaction.query(
+      "SELECT pg_backend_pid() AS backend, (SELECT count(*) FROM demo_ledger WHERE order_id = $1) AS rows, " \
+      "(SELECT status FROM idempotent_job_records WHERE job_type = $2 AND operation_key = $1) AS status",
+      [order_id, self.class.name]
+    ).first
+    Demo::Uncommitted.store(order_id, inside)
   end
 end

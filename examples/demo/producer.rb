@@ -7,26 +7,33 @@ module Demo
       @state = state
     end
 
-    # (d) and (g), first half: the deliveries whose worker will be killed; returns once a
-    # worker has claimed both operations and sent the receipt of (g).
+    # (d), (g) and (i), first half: the deliveries whose worker will be killed; returns once a
+    # worker has claimed (d) and (g), sent the receipt of (g) and written the ledger row of (i).
     def crash
       capture = @state.order_id(104)
       email = @state.email
+      ledger = @state.ledger_crash
       CaptureOrderJob.perform_async(capture, 4200)
       @state.delivered(CaptureOrderJob, capture)
       EmailReceiptJob.perform_async(email.key, @state.email_address)
       @state.delivered(EmailReceiptJob, email.key)
+      LedgerEntryJob.perform_async(ledger.key, 1250)
+      @state.delivered(LedgerEntryJob, ledger.key)
       @state.save
       record = claimed(CaptureOrderJob, capture)
       puts "(d) CaptureOrderJob #{capture}: claimed by jid #{record.jid} (attempt #{record.attempts}, " \
            "lease #{record.lease_seconds.round} s); its worker hangs before the effect"
       email_sent(email)
+      ledger_written(ledger)
     end
 
-    # Everything else, with the worker idle: (b) first, so that its copies meet idle threads.
+    # Everything else, with the worker idle: (h) first, so that its copies meet the 5 idle
+    # threads together, then (b), whose copies meet them again when (h) commits.
     def enqueue
+      transactional_copies
       concurrent_copies
       redeliver_after_crash
+      redeliver_ledger
       redeliver_email
       repeats
       same_jid
@@ -36,6 +43,16 @@ module Demo
     end
 
     private
+
+    # (h): one LPUSH of 5 copies of a transactional operation; the 5 idle threads take them
+    # at the same time. The first claim's transaction holds the record's row lock until it
+    # commits; the other copies wait for that commit, then find the operation completed.
+    def transactional_copies
+      ledger = @state.ledger_copies
+      Sidekiq::Client.push_bulk("class" => LedgerEntryJob, "args" => Array.new(5) { [ledger.key, 3100] })
+      @state.delivered(LedgerEntryJob, ledger.key, 5)
+      puts "(h) LedgerEntryJob #{ledger.key}: 5 copies pushed at once (idempotency_transaction: true)"
+    end
 
     # (b): one LPUSH of 5 copies; the worker's 5 idle threads take them at the same time.
     def concurrent_copies
@@ -54,6 +71,21 @@ module Demo
       record = IdempotentJob.record("CaptureOrderJob", order)
       puts "(d) CaptureOrderJob #{order}: enqueued again; the record is still #{record.status} by the killed " \
            "worker, whose lease #{lease_text(record)}"
+    end
+
+    # (i), second half: the killed worker's transaction never committed. Once PostgreSQL
+    # has ended its backend (and so rolled it back), the producer enqueues the entry again.
+    def redeliver_ledger
+      ledger = @state.ledger_crash
+      seen = Uncommitted.find(ledger.key) or raise "no trace of the killed worker's ledger transaction"
+      Demo.wait_for(10, "PostgreSQL backend #{seen["backend"]} to end") { Effects.backend_state(seen["backend"]).nil? }
+      rows = Effects.ledger(ledger.key).size
+      record = ledger.record
+      puts "(i) LedgerEntryJob #{ledger.key}: backend #{seen["backend"]} of the killed worker is gone, its " \
+           "transaction rolled back: #{rows} ledger row#{"s" unless rows == 1}, " \
+           "#{record ? "record #{record.status}" : "no record"}; enqueued again"
+      LedgerEntryJob.perform_async(ledger.key, 1250)
+      @state.delivered(LedgerEntryJob, ledger.key)
     end
 
     # (g), second half: the same for the receipt; the record cannot tell whether it went out.
@@ -109,6 +141,19 @@ module Demo
       puts "(g) EmailReceiptJob #{email.key}: claimed by jid #{record.jid} (attempt #{record.attempts}, " \
            "lease #{record.lease_seconds.round} s, idempotency_on_stale: :hold); its worker (pid #{sent["pid"]}) " \
            "sent the receipt and hangs before recording the completion"
+    end
+
+    # (i): waits until the worker has written its ledger row inside its open transaction,
+    # then compares what that transaction saw with what everyone else sees.
+    def ledger_written(ledger)
+      seen = Demo.wait_for(20, "the ledger row of #{ledger.key} to be written") { Uncommitted.find(ledger.key) }
+      state = Effects.backend_state(seen["backend"])
+      rows = Effects.ledger(ledger.key).size
+      record = ledger.record
+      puts "(i) LedgerEntryJob #{ledger.key}: its worker (pid #{seen["pid"]}, PostgreSQL backend " \
+           "#{seen["backend"]}, #{state}) wrote its row and hangs before commit; inside its transaction: " \
+           "#{seen["rows"]} row, record #{seen["status"]}; outside: #{rows} rows, " \
+           "#{record ? "record #{record.status}" : "no record"}"
     end
 
     # Waits until a worker holds the operation's claim.

@@ -4,13 +4,14 @@ module Demo
   # Waits until the worker has handled every delivery, then prints one row per operation
   # and the verdict: exactly one effect per operation.
   class Report
-    CLASSES = %w[ChargeOrderJob CaptureOrderJob ShipParcelJob EmailReceiptJob].freeze
+    CLASSES = %w[ChargeOrderJob CaptureOrderJob ShipParcelJob EmailReceiptJob LedgerEntryJob].freeze
     WAIT_TIMEOUT = 60
     LEGEND = <<~TEXT
       deliveries: jobs the demo enqueued; arrived: deliveries that reached a worker (a deferred one counts again
-      when it comes back); effects: rows the job body wrote; attempts: claims made (each ran the body, except a
-      takeover held under idempotency_on_stale: :hold); duplicates: arrivals the record turned away (skipped as
-      completed, or deferred behind a live claim).
+      when it comes back); effects: rows the job body wrote (for LedgerEntryJob: committed rows in demo_ledger,
+      which has no unique constraint); attempts: claims made (each ran the body, except a takeover held under
+      idempotency_on_stale: :hold; a claim rolled back with its transaction is not counted); duplicates: arrivals
+      the record turned away (skipped as completed, or deferred behind a live claim).
     TEXT
 
     def initialize(state, logs)
@@ -28,8 +29,9 @@ module Demo
       rows = @state.operations.map { |op| row(op) }
       puts table(rows), "", LEGEND
       notes(rows)
+      ledger_ok = ledger_summary(rows)
       puts
-      verdict(rows, handled)
+      verdict(rows, handled) && ledger_ok
     end
 
     private
@@ -105,11 +107,71 @@ module Demo
 
     def notes(rows)
       rows.each do |r|
-        if r["attempts"] && r["arrived"] != r["attempts"] + r["duplicates"]
+        if r["attempts"] && r["arrived"] != r["attempts"] + r["duplicates"] + rolled_back(r).size
           puts "note: #{r["job type"]} #{r["operation key"]}: arrived #{r["arrived"]} != attempts + duplicates"
         end
         takeover_note(r) if r["takeovers"].to_i.positive?
       end
+    end
+
+    # @return [Array<Hash>] what a delivery of this operation killed before its commit saw inside its
+    #   transaction (its claim was rolled back with it, so the record never counted it)
+    def rolled_back(row)
+      return [] unless row["job type"] == "LedgerEntryJob"
+
+      [Uncommitted.find(row["operation key"])].compact
+    end
+
+    # The transactional ledger: per operation, the copies' times (h) and the killed worker's
+    # rolled-back write (i); then the duplicate rows, which must be 0.
+    # @return [Boolean] true when no order has more than one row and the killed worker left none
+    def ledger_summary(rows)
+      ledger = rows.select { |r| r["job type"] == "LedgerEntryJob" }
+      ledger.each { |r| rolled_back(r).empty? ? copies_note(r) : rolled_back_note(r) }
+      duplicate_rows = ledger.sum { |r| [r["effects"] - 1, 0].max }
+      leftovers = ledger.sum { |r| rolled_back(r).sum { |seen| r[:effect_pids].count(seen["pid"]) } }
+      puts "transactional ledger: #{ledger.size} operations, #{ledger.sum { |r| r["effects"] }} rows, " \
+           "#{duplicate_rows} duplicate rows, #{leftovers} rows left by a worker killed before its commit"
+      return true if duplicate_rows.zero? && leftovers.zero?
+
+      puts "FAILED: the transactional ledger has #{duplicate_rows} duplicate rows and #{leftovers} rows of a " \
+           "transaction that never committed"
+      false
+    end
+
+    # (h): how long each copy spent in the worker. One ran the body and committed; the ones
+    # that overlapped it waited on the record's row lock for that commit, then skipped.
+    def copies_note(row)
+      times = durations(row).sort.reverse
+      return if times.empty?
+
+      waited, later = times.drop(1).partition { |t| t >= WORK_SECONDS / 2 }
+      text = "(h) LedgerEntryJob #{row["operation key"]}: #{times.size} copies; 1 ran the body and committed " \
+             "(#{seconds(times.first)}), #{waited.size} waited on the record's row lock for that commit " \
+             "(#{seconds(*waited.minmax)}), then skipped it as completed"
+      text += ", #{later.size} came after the commit and skipped at once" unless later.empty?
+      puts "#{text}; #{row["arrived"] - row["deliveries"]} deferred; #{row["effects"]} row, " \
+           "written by pid #{row[:effect_pids].join(", ")}"
+    end
+
+    # (i): the killed worker's write is not in the table; the redelivery's is.
+    def rolled_back_note(row)
+      seen = rolled_back(row).first
+      record = row[:record]
+      puts "(i) LedgerEntryJob #{row["operation key"]}: pid #{seen["pid"]} wrote a row in its transaction " \
+           "(it saw #{seen["rows"]} row and its record #{seen["status"]}) and was SIGKILLed before commit: " \
+           "#{row[:effect_pids].count(seen["pid"])} rows from it remain; the redelivery committed the " \
+           "row of pid #{row[:effect_pids].join(", ")} as attempt #{record&.attempts} (#{record&.last_claim})"
+    end
+
+    def durations(row)
+      id = "#{row["job type"]} #{row["operation key"]}"
+      Sidekiq.redis { |redis| redis.lrange("#{DURATIONS_PREFIX}#{id}", 0, -1) }.map(&:to_f)
+    end
+
+    def seconds(*values)
+      shown = values.compact.map { |v| format("%.2f", v) }.uniq
+      shown.empty? ? "-" : "#{shown.join("–")} s"
     end
 
     def takeover_note(row)

@@ -67,7 +67,22 @@ module Demo
         [ChargeOrderJob, 107, "(e) distinct"]
       ].map do |job_class, number, scenario|
         Operation.new(scenario:, job_class:, key: order_id(number), effects: charges)
-      end << shipment << email
+      end << shipment << email << ledger_copies << ledger_crash
+    end
+
+    # (h) and (i): LedgerEntryJob, whose effect is written in its idempotent transaction.
+    def ledger_operations
+      [ledger_copies, ledger_crash]
+    end
+
+    # (h): several copies at once of one transactional operation.
+    def ledger_copies
+      ledger(109, "(h) 5 copies, 1 transaction")
+    end
+
+    # (i): a transactional operation whose first worker is SIGKILLed after its write, before commit.
+    def ledger_crash
+      ledger(110, "(i) killed before commit")
     end
 
     # (g): the operation held for a person.
@@ -78,6 +93,11 @@ module Demo
 
     def email_address
       "buyer-#{order_id(108)}@example.com"
+    end
+
+    def ledger(number, scenario)
+      Operation.new(scenario:, job_class: LedgerEntryJob, key: order_id(number),
+                    effects: ->(op) { Effects.ledger(op.key) })
     end
 
     def shipment

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "digest"
+require "digest/sha2" # loaded eagerly: Digest's lazy autoload is not thread-safe
 require "json"
 
 module IdempotentJob
