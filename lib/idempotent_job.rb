@@ -25,14 +25,17 @@ module IdempotentJob
     end
 
     # Changes the settings; the connection pool is rebuilt on next use.
-    # @yieldparam config [Configuration]
+    # @param settings [Hash{Symbol => Object}] settings to set first (see
+    #   Configuration::SETTINGS), e.g. `configure(pool_size: 20)`
+    # @yieldparam config [Configuration] optional block form
     # @return [Configuration]
-    # @raise [ConfigurationError] when the resulting settings are invalid (checked
+    # @raise [ConfigurationError] for an unknown setting or invalid values (checked
     #   without connecting; a missing database_url is reported at first use)
-    def configure
+    def configure(**settings)
       config = configuration
-      yield config
-      build_store(config) if config.database_url
+      config.update(**settings)
+      yield config if block_given?
+      build_store(config) if config.database_url || config.host
       @lock.synchronize { @store = nil }
       config
     end

@@ -130,7 +130,8 @@ module Demo
       ledger.each { |r| rolled_back(r).empty? ? copies_note(r) : rolled_back_note(r) }
       duplicate_rows = ledger.sum { |r| [r["effects"] - 1, 0].max }
       leftovers = ledger.sum { |r| rolled_back(r).sum { |seen| r[:effect_pids].count(seen["pid"]) } }
-      puts "transactional ledger: #{ledger.size} operations, #{ledger.sum { |r| r["effects"] }} rows, " \
+      total = ledger.sum { |r| r["effects"] }
+      puts "transactional ledger: #{plural(ledger.size, "operation")}, #{plural(total, "row")}, " \
            "#{duplicate_rows} duplicate rows, #{leftovers} rows left by a worker killed before its commit"
       return true if duplicate_rows.zero? && leftovers.zero?
 
@@ -150,23 +151,29 @@ module Demo
              "(#{seconds(times.first)}), #{waited.size} waited on the record's row lock for that commit " \
              "(#{seconds(*waited.minmax)}), then skipped it as completed"
       text += ", #{later.size} came after the commit and skipped at once" unless later.empty?
-      puts "#{text}; #{row["arrived"] - row["deliveries"]} deferred; #{row["effects"]} row, " \
-           "written by pid #{row[:effect_pids].join(", ")}"
+      puts "#{text}; #{row["arrived"] - row["deliveries"]} deferred; #{plural(row["effects"], "row")}, " \
+           "by pid #{row[:effect_pids].join(", ")}"
     end
 
     # (i): the killed worker's write is not in the table; the redelivery's is.
     def rolled_back_note(row)
       seen = rolled_back(row).first
       record = row[:record]
+      left = row[:effect_pids].count(seen["pid"])
       puts "(i) LedgerEntryJob #{row["operation key"]}: pid #{seen["pid"]} wrote a row in its transaction " \
-           "(it saw #{seen["rows"]} row and its record #{seen["status"]}) and was SIGKILLed before commit: " \
-           "#{row[:effect_pids].count(seen["pid"])} rows from it remain; the redelivery committed the " \
-           "row of pid #{row[:effect_pids].join(", ")} as attempt #{record&.attempts} (#{record&.last_claim})"
+           "(it saw #{plural(seen["rows"], "row")} and its record #{seen["status"]}) and was SIGKILLed before " \
+           "commit: it left #{plural(left, "row")}; the redelivery claimed it as attempt " \
+           "#{record&.attempts} (#{record&.last_claim}) and committed; rows in the table: " \
+           "#{plural(row["effects"], "row")}, by pid #{row[:effect_pids].join(", ")}"
     end
 
     def durations(row)
       id = "#{row["job type"]} #{row["operation key"]}"
       Sidekiq.redis { |redis| redis.lrange("#{DURATIONS_PREFIX}#{id}", 0, -1) }.map(&:to_f)
+    end
+
+    def plural(count, word)
+      "#{count} #{word}#{"s" unless count == 1}"
     end
 
     def seconds(*values)

@@ -15,11 +15,22 @@ module IdempotentJob
   class Configuration
     # Connection settings handed to the native pool, with their defaults.
     NATIVE_DEFAULTS = {
-      pool_size: 10,               # pooled connections per process; >= Sidekiq's concurrency
+      pool_size: nil,              # pooled connections per process; nil: Sidekiq's concurrency + 5 (else 10)
       connect_timeout: 5,          # seconds to establish a connection
       checkout_timeout: 5,         # seconds to wait for a free pooled connection
-      application_name: "idempotent_job" # shown in pg_stat_activity unless the URL sets one
+      statement_timeout: nil,      # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
+      application_name: "idempotent_job", # shown in pg_stat_activity unless the URL sets one
+      schema: nil,                 # schema of the record table (the connection's search_path); nil: default
+      host: nil,                   # discrete connection fields: each overrides the URL's, and
+      port: nil,                   #   host alone (with the others) replaces a URL
+      dbname: nil,
+      user: nil,
+      password: nil
     }.freeze
+
+    # Every setting {#update} accepts.
+    SETTINGS = (NATIVE_DEFAULTS.keys + %i[database_url lease defer_margin on_stale on_mismatch heartbeat max_run
+                                          lock_timeout logger]).freeze
 
     # @return [Numeric] default lease in seconds for every job (override per job with
     #   `idempotency_lease:`). A claim older than its lease is considered stale: its holder
@@ -133,17 +144,43 @@ module IdempotentJob
       @logger || (defined?(::Sidekiq) && ::Sidekiq.respond_to?(:logger) ? ::Sidekiq.logger : default_logger)
     end
 
+    # Sets several settings at once, rejecting unknown ones.
+    # @param settings [Hash{Symbol => Object}] e.g. `pool_size: 20, lease: 60`
+    # @return [self]
+    # @raise [ConfigurationError] naming an unknown setting, or from a setter
+    def update(**settings)
+      settings.each do |name, value|
+        unless SETTINGS.include?(name.to_sym)
+          raise ConfigurationError, "unknown idempotent_job setting #{name.inspect} " \
+                                    "(known: #{SETTINGS.map(&:to_s).join(", ")})"
+        end
+        public_send("#{name}=", value)
+      end
+      self
+    end
+
     # The settings for the native pool as JSON. Contains the password: never log it.
     # @return [String]
     def to_native_json
       NATIVE_DEFAULTS.keys.to_h { |name| [name, public_send(name)] }
-                     .merge(database_url: database_url.to_s)
-                     .to_json
+                     .merge(database_url: database_url.to_s, pool_size: effective_pool_size)
+                     .compact.to_json
     end
 
-    # @return [String] the settings with the URL's password replaced by [REDACTED]
+    # @return [Integer] pool_size, or Sidekiq's concurrency + 5 (heartbeats and
+    #   deferrals share the pool) when running inside a Sidekiq server, else 10
+    def effective_pool_size
+      return pool_size if pool_size
+
+      concurrency = sidekiq_concurrency
+      concurrency ? concurrency + 5 : 10
+    end
+
+    # @return [String] the settings, with the URL described by its parts (never its
+    #   password) and a set password shown as [REDACTED]
     def inspect
-      fields = NATIVE_DEFAULTS.keys.map { |name| "#{name}=#{public_send(name).inspect}" }
+      fields = (NATIVE_DEFAULTS.keys - [:password]).map { |name| "#{name}=#{public_send(name).inspect}" }
+      fields << "password=[REDACTED]" if password
       "#<#{self.class.name} database_url=#{self.class.redact(database_url).inspect} " \
         "lease=#{lease.inspect} on_stale=#{on_stale.inspect} #{fields.join(" ")}>"
     end
@@ -187,6 +224,16 @@ module IdempotentJob
     end
 
     private
+
+    def sidekiq_concurrency
+      return nil unless defined?(::Sidekiq) && ::Sidekiq.respond_to?(:server?) && ::Sidekiq.server?
+
+      if ::Sidekiq.respond_to?(:default_configuration)
+        ::Sidekiq.default_configuration[:concurrency]
+      elsif ::Sidekiq.respond_to?(:options)
+        ::Sidekiq.options[:concurrency]
+      end
+    end
 
     def default_logger
       @default_logger ||= Logger.new($stderr, progname: "idempotent_job")

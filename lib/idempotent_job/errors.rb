@@ -94,3 +94,15 @@ module IdempotentJob
     end
   end
 end
+
+module IdempotentJob
+  # A configured timeout ran out: `connect_timeout` (connecting), `checkout_timeout`
+  # (waiting for a pooled connection) or `statement_timeout` (SQLSTATE 57014). Nothing
+  # was decided; the job body did not run. Retryable.
+  class TimeoutError < Error
+    # @return [Boolean] always true
+    def retryable?
+      true
+    end
+  end
+end

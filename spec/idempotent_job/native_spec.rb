@@ -157,8 +157,8 @@ RSpec.describe "IdempotentJob's native layer" do
   end
 
   describe "fork" do
-    it "gives a forked child its own runtime and pool; the parent keeps working" do
-      5.times do |i|
+    it "gives a forked child its own runtime and pool; the parent keeps working (20 times)" do
+      20.times do |i|
         parent = claim("Fork", "parent-#{i}", "p", 30.0)
         pid, reader = fork_worker do |pipe|
           child = claim("Fork", "child-#{i}", "c", 30.0)

@@ -16,7 +16,9 @@ use super::error::{Error, Result};
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// libpq-style URL or key/value string, parsed by tokio-postgres.
+    /// libpq-style URL or key/value string, parsed by tokio-postgres. May be empty
+    /// when the discrete fields name a host.
+    #[serde(default)]
     pub database_url: String,
     /// Maximum pooled connections per process. Default 10.
     #[serde(default = "default_pool_size")]
@@ -30,6 +32,25 @@ pub struct Config {
     /// `application_name` reported to PostgreSQL unless the URL sets one.
     #[serde(default = "default_application_name")]
     pub application_name: String,
+    /// Seconds a statement may run before PostgreSQL cancels it (`statement_timeout`);
+    /// none by default.
+    #[serde(default)]
+    pub statement_timeout: Option<f64>,
+    /// Schema of the record table: the connection's `search_path`. None: the default.
+    #[serde(default)]
+    pub schema: Option<String>,
+    /// Discrete connection fields; each overrides the URL's, and they alone are enough
+    /// when no URL is given.
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub dbname: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
 }
 
 fn default_pool_size() -> usize {
@@ -53,6 +74,13 @@ impl std::fmt::Debug for Config {
             .field("connect_timeout", &self.connect_timeout)
             .field("checkout_timeout", &self.checkout_timeout)
             .field("application_name", &self.application_name)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("schema", &self.schema)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("dbname", &self.dbname)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "[REDACTED]"))
             .finish()
     }
 }
@@ -105,6 +133,13 @@ impl Config {
             connect_timeout: default_connect_timeout(),
             checkout_timeout: default_checkout_timeout(),
             application_name: default_application_name(),
+            statement_timeout: None,
+            schema: None,
+            host: None,
+            port: None,
+            dbname: None,
+            user: None,
+            password: None,
         }
     }
 
@@ -129,6 +164,24 @@ impl Config {
         }
         positive_seconds("connect_timeout", self.connect_timeout)?;
         positive_seconds("checkout_timeout", self.checkout_timeout)?;
+        if let Some(seconds) = self.statement_timeout {
+            positive_seconds("statement_timeout", seconds)?;
+        }
+        if let Some(schema) = &self.schema {
+            let valid = schema
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && schema
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+                && schema.len() <= 63;
+            if !valid {
+                return Err(Error::Config(format!(
+                    "schema must be a plain PostgreSQL identifier (letters, digits, _), got {schema:?}"
+                )));
+            }
+        }
         self.pg_config().map(|_| ())
     }
 
@@ -142,21 +195,57 @@ impl Config {
     ///
     /// Errors: [`Error::Config`] when the URL is empty or cannot be parsed.
     pub fn pg_config(&self) -> Result<tokio_postgres::Config> {
-        if self.database_url.trim().is_empty() {
-            return Err(Error::Config(
-                "database_url is not set: configure IdempotentJob.database_url or set \
-                 IDEMPOTENT_JOB_DATABASE_URL / DATABASE_URL"
-                    .into(),
-            ));
+        let mut pg = if self.database_url.trim().is_empty() {
+            if self.host.is_none() {
+                return Err(Error::Config(
+                    "database_url is not set: configure IdempotentJob.database_url (or host, \
+                     port, dbname, user, password), or set IDEMPOTENT_JOB_DATABASE_URL / \
+                     DATABASE_URL"
+                        .into(),
+                ));
+            }
+            tokio_postgres::Config::new()
+        } else {
+            // tokio-postgres's parse errors name the option, never its value.
+            tokio_postgres::Config::from_str(&self.database_url)
+                .map_err(|e| Error::Config(format!("database_url could not be parsed: {e}")))?
+        };
+        if let Some(host) = &self.host {
+            pg.host(host);
         }
-        // tokio-postgres's parse errors name the option, never its value.
-        let mut pg = tokio_postgres::Config::from_str(&self.database_url)
-            .map_err(|e| Error::Config(format!("database_url could not be parsed: {e}")))?;
+        if let Some(port) = self.port {
+            pg.port(port);
+        }
+        if let Some(dbname) = &self.dbname {
+            pg.dbname(dbname);
+        }
+        if let Some(user) = &self.user {
+            pg.user(user);
+        }
+        if let Some(password) = &self.password {
+            pg.password(password);
+        }
         if pg.get_hosts().is_empty() {
             return Err(Error::Config(format!(
                 "database_url {} names no host",
                 describe_url(&self.database_url)
             )));
+        }
+        if pg.get_user().is_none() {
+            pg.user(std::env::var("USER").unwrap_or_else(|_| "postgres".into()));
+        }
+        let mut options = pg.get_options().unwrap_or_default().to_string();
+        if let Some(seconds) = self.statement_timeout {
+            options.push_str(&format!(
+                " -c statement_timeout={}",
+                (seconds * 1000.0).ceil() as u64
+            ));
+        }
+        if let Some(schema) = &self.schema {
+            options.push_str(&format!(" -c search_path={schema}"));
+        }
+        if !options.trim().is_empty() {
+            pg.options(options.trim());
         }
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(positive_seconds("connect_timeout", self.connect_timeout)?);

@@ -28,6 +28,13 @@ pub enum Error {
         operation_key: String,
         message: String,
     },
+    /// A configured timeout ran out: connecting (`connect_timeout`), waiting for a
+    /// pooled connection (`checkout_timeout`) or a statement (`statement_timeout`,
+    /// SQLSTATE 57014). Retryable. `IdempotentJob::TimeoutError`.
+    Timeout {
+        message: String,
+        sqlstate: Option<String>,
+    },
     /// A lock wait ran past its bound (SQLSTATE 55P03): another delivery of the same
     /// operation holds its transaction open. Retryable. `IdempotentJob::LockTimeoutError`.
     LockTimeout { message: String },
@@ -47,6 +54,7 @@ impl Error {
         match self {
             Error::Connection { sqlstate, .. } => sqlstate.as_deref(),
             Error::LockTimeout { .. } => Some("55P03"),
+            Error::Timeout { sqlstate, .. } => sqlstate.as_deref(),
             Error::Database { sqlstate, .. } => Some(sqlstate),
             _ => None,
         }
@@ -66,9 +74,9 @@ impl fmt::Display for Error {
             Error::Config(m) | Error::Migration(m) => f.write_str(m),
             Error::Connection { message, .. } => f.write_str(message),
             Error::Database { message, sqlstate } => write!(f, "{message} (SQLSTATE {sqlstate})"),
-            Error::LostClaim { message, .. } | Error::LockTimeout { message } => {
-                f.write_str(message)
-            }
+            Error::LostClaim { message, .. }
+            | Error::LockTimeout { message }
+            | Error::Timeout { message, .. } => f.write_str(message),
             Error::Panic(m) => write!(f, "panic in idempotent_job native code: {m}"),
         }
     }
@@ -118,6 +126,11 @@ impl From<tokio_postgres::Error> for Error {
             }
             if code == "55P03" {
                 Error::LockTimeout { message }
+            } else if code == "57014" {
+                Error::Timeout {
+                    message: format!("{message} (statement_timeout)"),
+                    sqlstate: Some(code),
+                }
             } else if is_connection_state(&code) {
                 Error::Connection {
                     message,
@@ -129,10 +142,30 @@ impl From<tokio_postgres::Error> for Error {
                     sqlstate: code,
                 }
             }
+        } else if timed_out(&err) {
+            Error::Timeout {
+                message: format!("{} (connect_timeout)", chain(&err)),
+                sqlstate: None,
+            }
         } else {
             Error::connection(chain(&err))
         }
     }
+}
+
+/// Whether an error's source chain holds an I/O time-out (tokio-postgres's connect
+/// timeout).
+fn timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return true;
+            }
+        }
+        source = s.source();
+    }
+    false
 }
 
 impl From<deadpool_postgres::PoolError> for Error {
@@ -140,10 +173,13 @@ impl From<deadpool_postgres::PoolError> for Error {
         use deadpool_postgres::PoolError;
         match err {
             PoolError::Backend(e) => e.into(),
-            PoolError::Timeout(kind) => Error::connection(format!(
-                "timed out waiting for a PostgreSQL connection ({kind:?}); \
-                 raise pool_size or checkout_timeout, or check that the database is reachable"
-            )),
+            PoolError::Timeout(kind) => Error::Timeout {
+                message: format!(
+                    "timed out waiting for a PostgreSQL connection ({kind:?}, checkout_timeout); \
+                     raise pool_size or checkout_timeout, or check that the database is reachable"
+                ),
+                sqlstate: None,
+            },
             other => Error::connection(chain(&other)),
         }
     }

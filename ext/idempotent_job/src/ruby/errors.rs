@@ -14,6 +14,7 @@ fn class_name(err: &Error) -> &'static str {
         Error::LostClaim { .. } => "LostClaimError",
         Error::Migration(_) => "MigrationError",
         Error::LockTimeout { .. } => "LockTimeoutError",
+        Error::Timeout { .. } => "TimeoutError",
         Error::Panic(_) => "Error",
     }
 }
