@@ -247,6 +247,11 @@ impl Config {
         if !options.trim().is_empty() {
             pg.options(options.trim());
         }
+        // Notice a dead peer host in about a minute rather than the kernel's two hours:
+        // a transactional claim's row stays locked until PostgreSQL sees it gone.
+        if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+            pg.keepalives_idle(Duration::from_secs(30));
+        }
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(positive_seconds("connect_timeout", self.connect_timeout)?);
         }

@@ -1,0 +1,91 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "fileutils"
+
+# Behind PgBouncer 1.18 in transaction pooling mode, where named prepared statements
+# break: every statement of the claim protocol is sent unnamed.
+RSpec.describe "Behind PgBouncer in transaction mode", :integration do
+  let(:root) { File.expand_path("../..", __dir__) }
+  let(:dir) { File.join(root, "tmp", "pgbouncer") }
+  let(:port) { 64_329 }
+  let(:seconds) { Float(ENV.fetch("PGBOUNCER_SOAK_SECONDS", "30")) }
+
+  def as_postgres(command)
+    root_user = Process.uid.zero?
+    system(root_user ? "su postgres -s /bin/sh -c '#{command}'" : command, exception: true)
+  end
+
+  before do
+    FileUtils.rm_rf(dir)
+    FileUtils.mkdir_p(dir)
+    uri = URI.parse(SpecServices.database_url)
+    File.write(File.join(dir, "userlist.txt"), %("postgres" ""\n))
+    File.write(File.join(dir, "pgbouncer.ini"), <<~INI)
+      [databases]
+      idempotent_job = host=#{uri.host} port=#{uri.port} dbname=#{uri.path.delete_prefix("/")}
+      [pgbouncer]
+      listen_addr = 127.0.0.1
+      listen_port = #{port}
+      unix_socket_dir = #{dir}
+      auth_type = trust
+      auth_file = #{dir}/userlist.txt
+      pool_mode = transaction
+      max_client_conn = 200
+      default_pool_size = 8
+      ignore_startup_parameters = extra_float_digits,options
+      logfile = #{dir}/pgbouncer.log
+      pidfile = #{dir}/pgbouncer.pid
+    INI
+    FileUtils.chown_R("postgres", "postgres", dir) if Process.uid.zero?
+    as_postgres("pgbouncer -d #{dir}/pgbouncer.ini")
+    sleep 0.3
+  end
+
+  after do
+    pid = File.read(File.join(dir, "pgbouncer.pid")).to_i
+    Process.kill(:TERM, pid)
+  rescue Errno::ENOENT, Errno::ESRCH
+    nil
+  end
+
+  it "serves 2 processes x 10 threads of claims, duplicates and completions with zero errors" do
+    url = "postgres://postgres@127.0.0.1:#{port}/idempotent_job"
+    workers = Array.new(2) do |n|
+      fork_worker do |pipe|
+        SpecServices.configure_gem!(database_url: url, pool_size: 10)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+        counts = Array.new(10) do |t|
+          Thread.new do
+            ops = 0
+            errors = []
+            while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+              key = "#{n}-#{t}-#{ops}"
+              begin
+                decision = claim("Bouncer", key, "j", 30)
+                complete("Bouncer", key, decision[:token])
+                raise "duplicate not turned away" unless claim("Bouncer", key, "j2", 30)[:decision] == :completed
+                raise "record not found" unless IdempotentJob.record("Bouncer", key)&.completed?
+
+                ops += 1
+              rescue StandardError => e
+                errors << "#{e.class}: #{e.message}"
+              end
+            end
+            [ops, errors]
+          end
+        end.map(&:value)
+        pipe.puts(JSON.generate(ops: counts.sum(&:first), errors: counts.flat_map(&:last).uniq.first(5)))
+      end
+    end
+    results = workers.map do |pid, reader|
+      line = read_line(reader, timeout: seconds + 30)
+      expect(wait_child(pid)).to be_success
+      JSON.parse(line)
+    end
+    total = results.sum { |r| r["ops"] }
+    puts "\n    PgBouncer soak: #{total} operations (claim, complete, duplicate, read) in #{seconds} s"
+    expect(results.flat_map { |r| r["errors"] }).to eq([])
+    expect(total).to be > 100
+  end
+end
