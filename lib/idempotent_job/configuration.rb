@@ -25,7 +25,11 @@ module IdempotentJob
       port: nil,                   #   host alone (with the others) replaces a URL
       dbname: nil,
       user: nil,
-      password: nil
+      password: nil,
+      sslmode: nil,                # TLS (rustls): disable, prefer (default), require, verify-ca, verify-full
+      sslrootcert: nil,            # PEM file of the roots verify-ca/verify-full trust (else the system's)
+      sslcert: nil,                # PEM client certificate chain, with sslkey
+      sslkey: nil                  # PEM private key of sslcert
     }.freeze
 
     # Every setting {#update} accepts.

@@ -8,7 +8,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Deserialize;
+use std::path::PathBuf;
+
 use tokio_postgres::config::Host;
+
+use super::tls::{SslMode, TlsSettings};
 
 use super::error::{Error, Result};
 
@@ -51,6 +55,44 @@ pub struct Config {
     pub user: Option<String>,
     #[serde(default)]
     pub password: Option<String>,
+    /// TLS (see [`super::tls`]); each overrides the URL's query parameter of that name.
+    #[serde(default)]
+    pub sslmode: Option<String>,
+    #[serde(default)]
+    pub sslrootcert: Option<String>,
+    #[serde(default)]
+    pub sslcert: Option<String>,
+    #[serde(default)]
+    pub sslkey: Option<String>,
+}
+
+/// The libpq parameters tokio-postgres does not parse (or parses only partly): taken
+/// out of a `postgres://` URL's query and handled by [`super::tls`].
+const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
+/// Splits the TLS parameters out of a `postgres://` URL's query, keeping every other
+/// parameter byte for byte. Key/value strings are returned as they are.
+fn split_tls_params(url: &str) -> (String, Vec<(String, String)>) {
+    let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let Some((base, query)) = url.split_once('?').filter(|_| is_url) else {
+        return (url.to_string(), Vec::new());
+    };
+    let mut kept = Vec::new();
+    let mut tls = Vec::new();
+    for segment in query.split('&').filter(|s| !s.is_empty()) {
+        match form_urlencoded::parse(segment.as_bytes()).next() {
+            Some((key, value)) if TLS_PARAMS.contains(&key.as_ref()) => {
+                tls.push((key.into_owned(), value.into_owned()))
+            }
+            _ => kept.push(segment),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (url, tls)
 }
 
 fn default_pool_size() -> usize {
@@ -90,7 +132,7 @@ impl std::fmt::Debug for Config {
 /// `postgres://app@db.internal:5432/app`, or `(unparsable)`. Used wherever a URL is
 /// shown (errors, `inspect`), so no password can leak through a quirk of its syntax.
 pub fn describe_url(url: &str) -> String {
-    let Ok(config) = tokio_postgres::Config::from_str(url) else {
+    let Ok(config) = tokio_postgres::Config::from_str(&split_tls_params(url).0) else {
         return "(unparsable)".to_string();
     };
     let user = config
@@ -140,7 +182,37 @@ impl Config {
             dbname: None,
             user: None,
             password: None,
+            sslmode: None,
+            sslrootcert: None,
+            sslcert: None,
+            sslkey: None,
         }
+    }
+
+    /// The TLS settings: the URL's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`,
+    /// overridden by the fields of the same names. Default `prefer`.
+    ///
+    /// Errors: [`Error::Config`] for an unknown sslmode.
+    pub fn tls(&self) -> Result<TlsSettings> {
+        let (_, from_url) = split_tls_params(&self.database_url);
+        let param = |name: &str, field: &Option<String>| {
+            field.clone().or_else(|| {
+                from_url
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+            })
+        };
+        Ok(TlsSettings {
+            mode: param("sslmode", &self.sslmode)
+                .map(|m| SslMode::parse(&m))
+                .transpose()?
+                .unwrap_or_default(),
+            rootcert: param("sslrootcert", &self.sslrootcert).map(PathBuf::from),
+            cert: param("sslcert", &self.sslcert).map(PathBuf::from),
+            key: param("sslkey", &self.sslkey).map(PathBuf::from),
+        })
     }
 
     /// Parses and validates settings from a JSON object such as
@@ -207,8 +279,16 @@ impl Config {
             tokio_postgres::Config::new()
         } else {
             // tokio-postgres's parse errors name the option, never its value.
-            tokio_postgres::Config::from_str(&self.database_url)
-                .map_err(|e| Error::Config(format!("database_url could not be parsed: {e}")))?
+            let (url, _) = split_tls_params(&self.database_url);
+            tokio_postgres::Config::from_str(&url).map_err(|e| {
+                let hint = if e.to_string().contains("ssl") {
+                    " (in a key/value string, set sslmode, sslrootcert, sslcert and sslkey as \
+                     settings instead)"
+                } else {
+                    ""
+                };
+                Error::Config(format!("database_url could not be parsed: {e}{hint}"))
+            })?
         };
         if let Some(host) = &self.host {
             pg.host(host);
@@ -225,6 +305,7 @@ impl Config {
         if let Some(password) = &self.password {
             pg.password(password);
         }
+        pg.ssl_mode(self.tls()?.mode.negotiation());
         if pg.get_hosts().is_empty() {
             return Err(Error::Config(format!(
                 "database_url {} names no host",
@@ -302,6 +383,27 @@ mod tests {
             assert!(!format!("{c:?}").contains("s3cret-pw"), "{url}");
             assert!(!describe_url(url).contains("s3cret-pw"), "{url}");
         }
+    }
+
+    #[test]
+    fn tls_parameters_come_from_the_url_or_the_settings() {
+        let mut c = Config::new(
+            "postgres://u@h/db?sslmode=verify-full&options=-c%20statement_timeout%3D5&sslrootcert=/ca.pem",
+        );
+        let tls = c.tls().unwrap();
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert_eq!(tls.rootcert, Some(PathBuf::from("/ca.pem")));
+        let pg = c.pg_config().unwrap();
+        assert_eq!(pg.get_options(), Some("-c statement_timeout=5"));
+        assert_eq!(pg.get_ssl_mode(), tokio_postgres::config::SslMode::Require);
+        c.sslmode = Some("disable".into());
+        assert_eq!(c.tls().unwrap().mode, SslMode::Disable);
+        c.sslmode = Some("verify-everything".into());
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("sslmode must be"));
     }
 
     #[test]

@@ -6,4 +6,5 @@ pub mod heartbeat;
 pub mod migrate;
 pub mod session;
 pub mod store;
+pub mod tls;
 pub mod values;

@@ -86,9 +86,10 @@ impl Store {
             .enable_all()
             .build()
             .map_err(|e| Error::connection(format!("cannot start the tokio runtime: {e}")))?;
+        let tls = super::tls::connector(&self.config.tls()?)?;
         let manager = Manager::from_config(
             self.config.pg_config()?,
-            NoTls,
+            tls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
