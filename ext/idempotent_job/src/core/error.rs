@@ -148,7 +148,14 @@ impl From<tokio_postgres::Error> for Error {
                 sqlstate: None,
             }
         } else {
-            Error::connection(chain(&err))
+            let mut message = chain(&err);
+            if message.contains("UnknownIssuer") {
+                message.push_str(
+                    " (the server's certificate is not signed by a trusted root: set sslrootcert \
+                     to the CA that signed it)",
+                );
+            }
+            Error::connection(message)
         }
     }
 }

@@ -43,9 +43,11 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => return Err(Error::Config(format!(
+            other => {
+                return Err(Error::Config(format!(
                 "sslmode must be disable, prefer, require, verify-ca or verify-full, got {other:?}"
-            ))),
+            )))
+            }
         })
     }
 
