@@ -32,12 +32,17 @@ module IdempotentJob
     # @raise [ConfigurationError] for an unknown setting or invalid values (checked
     #   without connecting; a missing database_url is reported at first use)
     def configure(**settings)
-      config = configuration
-      config.update(**settings)
-      yield config if block_given?
-      build_store(config) if config.database_url || config.host
-      @lock.synchronize { @store = nil }
-      config
+      # Changes apply to a copy, which replaces the settings only once it is valid.
+      candidate = configuration.dup
+      candidate.update(**settings)
+      yield candidate if block_given?
+      candidate.validate!
+      build_store(candidate) if candidate.database_url || candidate.host
+      @lock.synchronize do
+        @configuration = candidate
+        @store = nil
+      end
+      candidate
     end
 
     # Forgets all settings and the connection pool (tests).

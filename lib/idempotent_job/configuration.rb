@@ -32,6 +32,18 @@ module IdempotentJob
       sslkey: nil                  # PEM private key of sslcert
     }.freeze
 
+    # Type checks of {#validate!}: setting => [what it must be, test].
+    VALIDATIONS = {
+      pool_size: ["a positive Integer", ->(v) { v.nil? || (v.is_a?(Integer) && v.positive?) }],
+      application_name: ["a non-empty String", ->(v) { v.is_a?(String) && !v.empty? }],
+      port: ["an Integer from 1 to 65535", ->(v) { v.nil? || (v.is_a?(Integer) && v.between?(1, 65_535)) }],
+      heartbeat: ["true or false", ->(v) { [true, false].include?(v) }],
+      logger: ["a Logger", ->(v) { v.nil? || %i[info warn error].all? { |m| v.respond_to?(m) } }],
+      **%i[database_url schema host dbname user password sslmode sslrootcert sslcert sslkey].to_h do |name|
+        [name, ["a String", ->(v) { v.nil? || v.is_a?(String) }]]
+      end
+    }.freeze
+
     # Every setting {#update} accepts.
     SETTINGS = (NATIVE_DEFAULTS.keys + %i[database_url lease defer_margin on_stale on_mismatch heartbeat max_run
                                           lock_timeout logger]).freeze
@@ -163,6 +175,16 @@ module IdempotentJob
       self
     end
 
+    # Checks every setting's type and range.
+    # @return [self]
+    # @raise [ConfigurationError] naming the first bad setting
+    def validate!
+      %i[connect_timeout checkout_timeout].each { |name| self.class.positive_seconds!(name.to_s, public_send(name)) }
+      self.class.positive_seconds!("statement_timeout", statement_timeout) if statement_timeout
+      VALIDATIONS.each { |name, (expected, valid)| check(name, expected, &valid) }
+      self
+    end
+
     # The settings for the native pool as JSON. Contains the password: never log it.
     # @return [String]
     def to_native_json
@@ -228,6 +250,14 @@ module IdempotentJob
     end
 
     private
+
+    def check(name, expected)
+      value = name == :database_url ? @database_url : public_send(name)
+      return if yield(value)
+
+      shown = name == :password ? "[REDACTED]" : value.inspect
+      raise ConfigurationError, "#{name} must be #{expected}, got #{shown}"
+    end
 
     def sidekiq_concurrency
       return nil unless defined?(::Sidekiq) && ::Sidekiq.respond_to?(:server?) && ::Sidekiq.server?

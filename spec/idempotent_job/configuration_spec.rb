@@ -49,3 +49,16 @@ RSpec.describe IdempotentJob::Configuration do
     end.to raise_error(IdempotentJob::ConfigurationError, /checkout_timeout/)
   end
 end
+
+RSpec.describe "IdempotentJob.configure" do
+  it "names the setting for a bad value of any type, and keeps the previous settings" do
+    {
+      pool_size: -1, connect_timeout: "5", application_name: 5, port: 70_000, heartbeat: "yes", logger: 5
+    }.each do |name, value|
+      expect { IdempotentJob.configure(name => value) }
+        .to raise_error(IdempotentJob::ConfigurationError, /#{name}/)
+    end
+    expect(IdempotentJob.configuration.pool_size).to be_nil
+    expect(IdempotentJob.record("Nothing", "1")).to be_nil # still usable
+  end
+end
