@@ -3,6 +3,7 @@
 require "spec_helper"
 require "English"
 require "fileutils"
+require "socket"
 
 # The connection layer under stress and failure, against real PostgreSQL servers on
 # loopback (one of them stopped and restarted by the test).
@@ -58,6 +59,18 @@ RSpec.describe "The connection layer", :integration do
     timeouts = Array.new(errors.size) { errors.pop }
     expect(timeouts).to all(be_a(IdempotentJob::TimeoutError).and(be_retryable))
     expect(timeouts.first.message).to include("checkout_timeout")
+  end
+
+  it "raises a TimeoutError when a server accepts but never answers within connect_timeout" do
+    silent = TCPServer.new("127.0.0.1", 0)
+    accepted = Thread.new { Array.new(3) { silent.accept } }
+    SpecServices.configure_gem!(database_url: "postgres://postgres@127.0.0.1:#{silent.addr[1]}/x", connect_timeout: 0.5)
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    expect { claim("Silent", "1", "j", 30) }.to raise_error(IdempotentJob::TimeoutError, /connect_timeout/)
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 3
+  ensure
+    accepted&.kill
+    silent&.close
   end
 
   it "raises a TimeoutError for a statement past statement_timeout" do

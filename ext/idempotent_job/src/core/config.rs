@@ -257,6 +257,11 @@ impl Config {
         self.pg_config().map(|_| ())
     }
 
+    /// Seconds to establish a connection, as a `Duration`.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.connect_timeout)
+    }
+
     /// Seconds to wait for a pooled connection, as a `Duration`.
     pub fn checkout_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.checkout_timeout)

@@ -180,10 +180,16 @@ impl From<deadpool_postgres::PoolError> for Error {
         use deadpool_postgres::PoolError;
         match err {
             PoolError::Backend(e) => e.into(),
+            PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => Error::Timeout {
+                message: "timed out waiting for a free pooled PostgreSQL connection \
+                          (checkout_timeout); raise pool_size or checkout_timeout"
+                    .into(),
+                sqlstate: None,
+            },
             PoolError::Timeout(kind) => Error::Timeout {
                 message: format!(
-                    "timed out waiting for a PostgreSQL connection ({kind:?}, checkout_timeout); \
-                     raise pool_size or checkout_timeout, or check that the database is reachable"
+                    "timed out connecting to PostgreSQL ({kind:?}, connect_timeout): the server \
+                     did not complete the connection start; check that it is reachable and healthy"
                 ),
                 sqlstate: None,
             },

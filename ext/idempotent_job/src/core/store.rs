@@ -98,6 +98,10 @@ impl Store {
             .max_size(self.config.pool_size)
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .wait_timeout(Some(self.config.checkout_timeout()))
+            // tokio-postgres's connect_timeout covers the TCP connect only: bound the
+            // whole connection start (TLS, startup, authentication) too.
+            .create_timeout(Some(self.config.connect_timeout()))
+            .recycle_timeout(Some(self.config.connect_timeout()))
             .build()
             .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))?;
         Ok(Handle {
