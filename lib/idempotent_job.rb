@@ -111,6 +111,27 @@ module IdempotentJob
       record(job_type, operation_key)
     end
 
+    # Deletes finished records — completed, or given up — that finished more than
+    # `older_than` seconds ago, in batches of `batch_size`, each its own short
+    # transaction that skips rows a claim has locked, so claims are never blocked for
+    # long. Held records and claims (live or stale) are never purged.
+    # @param older_than [Numeric] seconds; default {Configuration#retention}
+    # @param batch_size [Integer] records per batch (default 1000)
+    # @yieldparam total [Integer] records deleted so far, after each batch
+    # @return [Integer] records deleted
+    # @raise [ConfigurationError] for a negative age or a batch below 1
+    # @raise [ConnectionError, TimeoutError, DatabaseError]
+    def purge(older_than: configuration.retention, batch_size: 1000)
+      total = 0
+      loop do
+        deleted = store.purge_batch(Float(older_than), Integer(batch_size))
+        total += deleted
+        yield total if block_given? && deleted.positive?
+        break if deleted < batch_size
+      end
+      total
+    end
+
     # The claim of the delivery running on this thread, set by the Sidekiq middleware
     # around the job body (and the stale-claim lookup).
     # @return [Claim, nil]

@@ -46,7 +46,7 @@ module IdempotentJob
 
     # Every setting {#update} accepts.
     SETTINGS = (NATIVE_DEFAULTS.keys + %i[database_url lease defer_margin on_stale on_mismatch heartbeat max_run
-                                          lock_timeout logger]).freeze
+                                          lock_timeout retention logger]).freeze
 
     # @return [Numeric] default lease in seconds for every job (override per job with
     #   `idempotency_lease:`). A claim older than its lease is considered stale: its holder
@@ -82,6 +82,10 @@ module IdempotentJob
     #   a hung job loses its claim. Default 3600.
     attr_reader :max_run
 
+    # @return [Numeric] seconds a finished (completed or given-up) record is kept before
+    #   {IdempotentJob.purge} deletes it. Default 30 days (2_592_000).
+    attr_reader :retention
+
     # @return [Numeric] seconds a transactional job waits for another delivery of the
     #   same operation to commit or roll back before LockTimeoutError. Default 5.
     attr_reader :lock_timeout
@@ -106,6 +110,7 @@ module IdempotentJob
       @heartbeat = true
       @max_run = 3600
       @lock_timeout = 5
+      @retention = 2_592_000
       NATIVE_DEFAULTS.each { |name, value| public_send("#{name}=", value) }
     end
 
@@ -137,6 +142,12 @@ module IdempotentJob
     # @raise [ConfigurationError] unless a positive number
     def max_run=(seconds)
       @max_run = self.class.positive_seconds!("max_run", seconds)
+    end
+
+    # @param seconds [Numeric] > 0
+    # @raise [ConfigurationError] unless a positive number
+    def retention=(seconds)
+      @retention = self.class.positive_seconds!("retention", seconds)
     end
 
     # @param seconds [Numeric] > 0

@@ -28,6 +28,20 @@ namespace :idempotent_job do
     puts IdempotentJob.schema_sql
   end
 
+  desc "Delete completed and given-up records older than OLDER_THAN seconds (default: the configured " \
+       "retention), in batches"
+  task :purge, [:older_than] => prerequisites do |_task, args|
+    require "idempotent_job"
+    older_than = args[:older_than] || ENV.fetch("OLDER_THAN", nil)
+    older_than = older_than ? Float(older_than) : IdempotentJob.configuration.retention
+    tty = $stdout.tty?
+    total = IdempotentJob.purge(older_than:) do |so_far|
+      tty ? print("\ridempotent_job: purged #{so_far}…") : puts("idempotent_job: purged #{so_far}")
+    end
+    puts if tty && total.positive?
+    puts "idempotent_job: purged #{total} records finished more than #{older_than} s ago"
+  end
+
   desc "List operations held for a person (stale claims under idempotency_on_stale: :hold)"
   task :held, [:job_type] => prerequisites do |_task, args|
     require "idempotent_job"

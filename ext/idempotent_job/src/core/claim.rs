@@ -170,6 +170,20 @@ SELECT job_type, operation_key
  ORDER BY held_at, job_type, operation_key
  LIMIT $2"#;
 
+/// Delete one batch of finished records (completed or given up) that finished more
+/// than $1 seconds ago, at most $2 of them. Rows locked by a claim in progress are
+/// skipped, never waited for; held and live or stale claims are never touched.
+pub const PURGE_SQL: &str = r#"
+DELETE FROM idempotent_job_records r
+ USING (SELECT job_type, operation_key
+          FROM idempotent_job_records
+         WHERE status IN ('completed', 'given_up')
+           AND coalesce(completed_at, given_up_at) < now() - make_interval(secs => $1)
+         ORDER BY coalesce(completed_at, given_up_at)
+         LIMIT $2
+           FOR UPDATE SKIP LOCKED) AS doomed
+ WHERE r.job_type = doomed.job_type AND r.operation_key = doomed.operation_key"#;
+
 /// Settle a held (or given-up) operation. $3 `done`: mark it completed; `rerun`: mark
 /// it released so the re-enqueued delivery claims it as a retry.
 /// Parameters: $1 job_type, $2 operation_key, $3 resolution.
@@ -579,6 +593,22 @@ pub async fn held(
         .iter()
         .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
         .collect()
+}
+
+/// Deletes one batch of finished records older than `older_than_seconds` (see
+/// [`PURGE_SQL`]) and returns how many went; 0 means nothing is left to purge.
+pub async fn purge_batch(client: &Client, older_than_seconds: f64, batch: i64) -> Result<u64> {
+    if !(older_than_seconds >= 0.0 && older_than_seconds.is_finite()) || batch < 1 {
+        return Err(Error::Config(format!(
+            "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than_seconds} and {batch}"
+        )));
+    }
+    Ok(client
+        .execute_typed(
+            PURGE_SQL,
+            &[(&older_than_seconds, Type::FLOAT8), (&batch, Type::INT8)],
+        )
+        .await?)
 }
 
 /// How a person settles a held or given-up operation.

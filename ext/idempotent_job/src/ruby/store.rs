@@ -357,6 +357,16 @@ impl NativeStore {
         })
     }
 
+    /// `purge_batch(older_than_seconds, batch)` → Integer, records deleted.
+    fn purge_batch(ruby: &Ruby, rb_self: &Self, older_than: f64, batch: i64) -> RbResult<u64> {
+        rb_self.run(ruby, |pool| async move {
+            with_conn(&pool, async |c| {
+                claim::purge_batch(c, older_than, batch).await
+            })
+            .await
+        })
+    }
+
     /// `heartbeat(job_type, operation_key, token, lease_seconds, max_run_seconds)` →
     /// a running `Heartbeat`. Does not block.
     fn heartbeat(
@@ -411,6 +421,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("heartbeat", method!(NativeStore::heartbeat, 5))?;
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
+    class.define_method("purge_batch", method!(NativeStore::purge_batch, 2))?;
     let heartbeat = native.define_class("Heartbeat", ruby.class_object())?;
     heartbeat.define_method("stop", method!(NativeHeartbeat::stop, 0))?;
     heartbeat.define_method("report", method!(NativeHeartbeat::report, 0))?;
