@@ -7,6 +7,7 @@ require_relative "idempotent_job/key"
 require_relative "idempotent_job/record"
 require_relative "idempotent_job/claim"
 require_relative "idempotent_job/transaction"
+require_relative "idempotent_job/events"
 require_relative "idempotent_job/native"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
@@ -126,10 +127,26 @@ module IdempotentJob
       loop do
         deleted = store.purge_batch(Float(older_than), Integer(batch_size))
         total += deleted
+        Events.publish(:purge_batch, deleted:, total:, older_than:) if deleted.positive?
         yield total if block_given? && deleted.positive?
         break if deleted < batch_size
       end
       total
+    end
+
+    # Receives the gem's events (see {Events}).
+    # @param names [Array<Symbol>] events to receive (Events::NAMES); none means all
+    # @yieldparam name [Symbol]
+    # @yieldparam payload [Hash]
+    # @return [Object] a handle for {unsubscribe}
+    def subscribe(...)
+      Events.subscribe(...)
+    end
+
+    # @param handle [Object] what {subscribe} returned
+    # @return [void]
+    def unsubscribe(handle)
+      Events.unsubscribe(handle)
     end
 
     # The claim of the delivery running on this thread, set by the Sidekiq middleware

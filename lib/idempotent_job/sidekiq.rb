@@ -141,7 +141,7 @@ module IdempotentJob
         key = options.key.operation_key(job_hash["args"])
         return transactional(job_instance, options, key, job_hash, &) if options.transaction
 
-        decision = IdempotentJob.store.claim(claim_request(options, key, job_hash))
+        decision = timed { IdempotentJob.store.claim(claim_request(options, key, job_hash)) }
         mismatch!(options, key, job_hash, decision) if decision[:mismatch]
         case decision[:decision]
         when :claimed then claimed(job_instance, options, key, job_hash, decision, &)
@@ -163,6 +163,22 @@ module IdempotentJob
         IdempotentJob.store
       end
 
+      # Runs the block (a claim) and adds its duration in seconds to the decision.
+      def timed
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        yield.merge(duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+      end
+
+      # Publishes an event about a claim (or a delivery without one).
+      def emit(name, claim, **details)
+        Events.publish(name, { job_type: claim.job_type, operation_key: claim.operation_key, jid: claim.jid,
+                               attempt: claim.attempt, **details })
+      end
+
+      def emit_delivery(name, scope, key, job_hash, **details)
+        Events.publish(name, { job_type: scope, operation_key: key, jid: job_hash["jid"], **details })
+      end
+
       def logger
         IdempotentJob.logger
       end
@@ -174,7 +190,9 @@ module IdempotentJob
       def mismatch!(options, key, job_hash, decision)
         text = "#{describe(options.scope, key, job_hash)} was delivered with arguments that differ from " \
                "those of its claim (same operation key, different payload)"
-        if options.on_mismatch == :raise && decision[:decision] != :claimed
+        refused = options.on_mismatch == :raise && decision[:decision] != :claimed
+        emit_delivery(:mismatch, options.scope, key, job_hash, refused:)
+        if refused
           logger.error("idempotent_job: #{text}; delivery refused")
           raise PayloadMismatchError, "#{text}; refused (idempotency_on_mismatch: :raise), the job was not run"
         end
@@ -193,8 +211,11 @@ module IdempotentJob
 
       def new_claim(job_instance, options, key, job_hash, decision)
         job_instance.class.include(IdempotentJob::Job) unless job_instance.is_a?(IdempotentJob::Job)
-        Claim.new(job_type: options.scope, operation_key: key, token: decision[:token],
-                  attempt: decision[:attempt], kind: decision[:kind], jid: job_hash["jid"])
+        claim = Claim.new(job_type: options.scope, operation_key: key, token: decision[:token],
+                          attempt: decision[:attempt], kind: decision[:kind], jid: job_hash["jid"])
+        emit(:claimed, claim, kind: claim.kind, duration: decision[:duration])
+        emit(:taken_over, claim) if claim.kind == :takeover
+        claim
       end
 
       # Claim, body and completion in one transaction (`idempotency_transaction:`).
@@ -202,7 +223,7 @@ module IdempotentJob
       def transactional(job_instance, options, key, job_hash, &)
         flavour = options.transaction == :active_record ? Transactional::ActiveRecord : Transactional::Native
         flavour.within do |tx|
-          decision = tx.claim(claim_request(options, key, job_hash), options.lock_timeout)
+          decision = timed { tx.claim(claim_request(options, key, job_hash), options.lock_timeout) }
           mismatch!(options, key, job_hash, decision) if decision[:mismatch]
           case decision[:decision]
           when :claimed then claimed_in(tx, job_instance, options, new_claim(job_instance, options, key, job_hash,
@@ -218,8 +239,10 @@ module IdempotentJob
           next nil if claim.kind == :takeover && !run_after_takeover?(job_instance, options, claim, transaction)
 
           IdempotentJob.with_transaction(transaction.handle) do
+            started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
             result = yield
             fenced(:complete, claim, via: transaction)
+            emit(:completed, claim, duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
             result
           end
         end
@@ -256,11 +279,13 @@ module IdempotentJob
         case options.on_stale
         when :hold
           fenced(:hold, claim, via:)
+          emit(:held, claim)
           logger.warn("idempotent_job: #{describe_claim(claim)} is stale (#{why}): held for a person " \
                       "(IdempotentJob.resolve / rake idempotent_job:resolve)")
           false
         when :skip
           fenced(:give_up, claim, via:)
+          emit(:given_up, claim)
           logger.warn("idempotent_job: #{describe_claim(claim)} is stale (#{why}): given up, not run")
           false
         else
@@ -278,6 +303,7 @@ module IdempotentJob
                              "expected :done, :not_done or :unknown"
         end
         logger.info("idempotent_job: lookup ##{options.lookup} of #{describe_claim(claim)} answered :#{symbol}")
+        emit(:lookup, claim, answer: symbol)
         symbol
       rescue StandardError => e
         expire_after_lookup_failure(claim, e, via)
@@ -302,6 +328,7 @@ module IdempotentJob
 
       def run_claimed(options, claim)
         heartbeat = start_heartbeat(options, claim)
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         begin
           result = yield
         rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised; the claim must not stay held
@@ -310,7 +337,7 @@ module IdempotentJob
           raise
         end
         stop_heartbeat(heartbeat, claim)
-        complete(claim)
+        complete(claim, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         result
       end
 
@@ -325,6 +352,7 @@ module IdempotentJob
 
         report = heartbeat.stop
         if report[:lost]
+          emit(:lost_claim, claim, during: :heartbeat)
           logger.error("idempotent_job: lost the claim of #{describe_claim(claim)} while it ran: a renewal " \
                        "found it taken over")
         elsif report[:max_run_reached]
@@ -338,11 +366,13 @@ module IdempotentJob
       # send the job to Sidekiq's retry, which would repeat its effect. If the completion
       # still cannot be written, the record stays claimed and its lease decides what a
       # later delivery does. Only a lost claim is raised: another delivery owns it now.
-      def complete(claim)
+      def complete(claim, duration)
         failures = 0
         begin
           fenced(:complete, claim)
+          emit(:completed, claim, duration:)
         rescue IdempotentJob::LostClaimError => e
+          emit(:lost_claim, claim, during: :completion)
           logger.error("idempotent_job: #{describe_claim(claim)} ran, but lost its claim: #{e.message}")
           raise
         rescue IdempotentJob::Error => e
@@ -365,6 +395,7 @@ module IdempotentJob
           return
         end
         fenced(:release, claim, "#{error.class}: #{error.message}"[0, ERROR_TEXT_LIMIT])
+        emit(:released, claim, error: error.class.name)
       rescue IdempotentJob::Error => e
         logger.error("idempotent_job: could not release the claim of #{describe_claim(claim)} " \
                      "(#{e.class}: #{e.message}); it stays claimed until its lease ends")
@@ -388,6 +419,7 @@ module IdempotentJob
                   refused: "not claimable by this payload" }.fetch(decision[:decision])
         logger.info("idempotent_job: #{describe(scope, key, job_hash)} is #{state}; " \
                     "duplicate delivery skipped (#{decision[:duplicates]} so far)")
+        emit_delivery(:skipped, scope, key, job_hash, decision: decision[:decision], duplicates: decision[:duplicates])
         nil
       end
 
@@ -405,6 +437,7 @@ module IdempotentJob
 
         logger.info("idempotent_job: #{describe(scope, key, job_hash)} is in progress under jid " \
                     "#{decision[:holder_jid]}; delivery deferred by #{delay.round(1)} s, until its lease ends")
+        emit_delivery(:deferred, scope, key, job_hash, delay:, holder_jid: decision[:holder_jid])
         nil
       end
     end

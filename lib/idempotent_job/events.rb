@@ -1,0 +1,66 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  # Every decision the gem makes, published as an event: through
+  # ActiveSupport::Notifications as `<name>.idempotent_job` when ActiveSupport is loaded,
+  # and always to the subscribers of {IdempotentJob.subscribe}.
+  #
+  # Names: claimed, completed, skipped, deferred, taken_over, lookup, held, given_up,
+  # released, lost_claim, mismatch, purge_batch. Payload (a Hash with Symbol keys):
+  # job_type, operation_key, jid, attempt where they apply, duration (seconds) for
+  # claimed (the claim's round trip) and completed (the body's run), and the event's
+  # own details (kind, decision, answer, deleted, total…).
+  module Events
+    # Event names, in the order a delivery may meet them.
+    NAMES = %i[claimed taken_over lookup completed skipped deferred held given_up released lost_claim
+               mismatch purge_batch].freeze
+
+    @subscribers = []
+    @lock = Mutex.new
+
+    class << self
+      # @param names [Array<Symbol>] events to receive; none means all
+      # @yieldparam name [Symbol] the event name
+      # @yieldparam payload [Hash] the event's payload
+      # @return [Object] a handle for {unsubscribe}
+      # @raise [ArgumentError] for an unknown event name
+      def subscribe(*names, &block)
+        raise ArgumentError, "subscribe needs a block" unless block
+
+        unknown = names - NAMES
+        raise ArgumentError, "unknown idempotent_job events: #{unknown.inspect} (known: #{NAMES.inspect})" if
+          unknown.any?
+
+        handle = [names, block]
+        @lock.synchronize { @subscribers += [handle] }
+        handle
+      end
+
+      # @param handle [Object] what {subscribe} returned
+      # @return [void]
+      def unsubscribe(handle)
+        @lock.synchronize { @subscribers -= [handle] }
+      end
+
+      # Publishes one event. A subscriber that raises is logged and skipped: events
+      # never change what a delivery does.
+      # @param name [Symbol] one of {NAMES}
+      # @param payload [Hash]
+      # @return [void]
+      def publish(name, payload)
+        if defined?(::ActiveSupport::Notifications)
+          ::ActiveSupport::Notifications.instrument("#{name}.idempotent_job", payload)
+        end
+        @subscribers.each do |names, block|
+          next unless names.empty? || names.include?(name)
+
+          begin
+            block.call(name, payload)
+          rescue StandardError => e
+            IdempotentJob.logger.error("idempotent_job: a subscriber to #{name} raised #{e.class}: #{e.message}")
+          end
+        end
+      end
+    end
+  end
+end
