@@ -54,25 +54,8 @@ RSpec.describe IdempotentJob::Events do
   end
 
   it "reports a lost claim" do
-    holder_inside = Queue.new
-    release_holder = Queue.new
-    SpecHooks.on(:after_effect) do
-      if Thread.current[:stalled]
-        holder_inside << true
-        release_holder.pop
-      end
-    end
     job = job_hash("idempotency_lease" => 0.3, "idempotency_heartbeat" => false)
-    stalled = Thread.new do
-      Thread.current[:stalled] = true
-      deliver(job)
-    end
-    stalled.report_on_exception = false
-    holder_inside.pop
-    sleep 0.4
-    deliver(job)
-    release_holder << true
-    expect { stalled.join }.to raise_error(IdempotentJob::LostClaimError)
+    expect { stalled_holder_overtaken(job).join }.to raise_error(IdempotentJob::LostClaimError)
     expect(names).to include(:lost_claim)
   end
 

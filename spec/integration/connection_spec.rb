@@ -10,21 +10,6 @@ require "socket"
 RSpec.describe "The connection layer", :integration do
   let(:root) { File.expand_path("../..", __dir__) }
 
-  def unique_key
-    "c-#{rand(1 << 40)}"
-  end
-
-  def with_row_locked(job_type, key)
-    conn = PG.connect(SpecServices.database_url)
-    conn.exec("BEGIN")
-    conn.exec_params("SELECT 1 FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2 FOR UPDATE",
-                     [job_type, key])
-    yield
-  ensure
-    conn&.exec("ROLLBACK")
-    conn&.close
-  end
-
   it "lets 20 threads make their first call at once without a deadlock" do
     SpecServices.configure_gem!(pool_size: 20)
     gate = Queue.new

@@ -135,24 +135,8 @@ RSpec.describe "Stale claims" do
 
   describe "a stalled holder that wakes after a takeover" do
     it "cannot complete the new claim: LostClaimError, and the taker's completion stands" do
-      holder_inside = Queue.new
-      release_holder = Queue.new
-      SpecHooks.on(:after_effect) do
-        if Thread.current[:stalled]
-          holder_inside << true
-          release_holder.pop
-        end
-      end
       job = job_hash("idempotency_lease" => 0.5, "idempotency_heartbeat" => false)
-      stalled = Thread.new do
-        Thread.current[:stalled] = true
-        deliver(job)
-      end
-      stalled.report_on_exception = false
-      holder_inside.pop
-      sleep 0.7 # the holder's lease runs out while it is stalled
-      deliver(job) # takes over, runs, completes
-      release_holder << true
+      stalled = stalled_holder_overtaken(job, stall: 0.7) # the holder's lease runs out while it is stalled
       expect { stalled.join }.to raise_error(IdempotentJob::LostClaimError)
       expect(record).to have_attributes(status: :completed, attempts: 2)
       expect(Effects.count(42)).to eq(2) # the documented cost of a lease shorter than the job

@@ -36,6 +36,30 @@ module ReplayHelpers
     kill9(pid)
   end
 
+  # A holder stalls inside its body (after its effect) past its lease; another
+  # delivery takes the claim over and completes; then the holder wakes up.
+  # @return [Thread] the holder's thread, whose join raises what its delivery raised
+  def stalled_holder_overtaken(job, stall: 0.4)
+    holder_inside = Queue.new
+    release_holder = Queue.new
+    SpecHooks.on(:after_effect) do
+      if Thread.current[:stalled]
+        holder_inside << true
+        release_holder.pop
+      end
+    end
+    stalled = Thread.new do
+      Thread.current[:stalled] = true
+      deliver(job)
+    end
+    stalled.report_on_exception = false
+    holder_inside.pop
+    sleep stall
+    deliver(job)
+    release_holder << true
+    stalled
+  end
+
   def wait_for_lease_end(lease)
     sleep lease + 0.2
   end

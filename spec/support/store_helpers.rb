@@ -9,6 +9,22 @@ module StoreHelpers
   def complete(job_type, key, token)
     IdempotentJob.store.fenced(:complete, job_type, key, token, nil)
   end
+
+  def unique_key
+    "k-#{rand(1 << 40)}"
+  end
+
+  # Holds the row lock of a record in another session, so a claim of it blocks.
+  def with_row_locked(job_type, key)
+    conn = PG.connect(SpecServices.database_url)
+    conn.exec("BEGIN")
+    conn.exec_params("SELECT 1 FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2 FOR UPDATE",
+                     [job_type, key])
+    yield
+  ensure
+    conn&.exec("ROLLBACK")
+    conn&.close
+  end
 end
 
 RSpec.configure { |config| config.include StoreHelpers }
