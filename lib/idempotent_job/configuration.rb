@@ -59,6 +59,8 @@ module IdempotentJob
 
     # Longest duration accepted, in seconds (ten years).
     MAX_SECONDS = 315_360_000
+    # PostgreSQL's limit for statement_timeout and lock_timeout (INT_MAX ms), in seconds.
+    MAX_PG_TIMEOUT = 2_147_483
 
     # Policies for a stale claim (its lease ran out: the holder may have died, before or
     # after its effect), chosen in advance. Override per job with `idempotency_on_stale:`.
@@ -153,14 +155,15 @@ module IdempotentJob
     # @param seconds [Numeric] > 0
     # @raise [ConfigurationError] unless a positive number
     def lock_timeout=(seconds)
-      @lock_timeout = self.class.positive_seconds!("lock_timeout", seconds)
+      @lock_timeout = self.class.pg_timeout!("lock_timeout", seconds)
     end
 
     # @param seconds [Numeric] >= 0
     # @raise [ConfigurationError] when negative or not a number
     def defer_margin=(seconds)
-      unless seconds.is_a?(Numeric) && seconds >= 0
-        raise ConfigurationError, "defer_margin must be a number of seconds >= 0, got #{seconds.inspect}"
+      unless seconds.is_a?(Numeric) && seconds >= 0 && seconds <= MAX_SECONDS
+        raise ConfigurationError, "defer_margin must be a number of seconds from 0 to #{MAX_SECONDS}, " \
+                                  "got #{seconds.inspect}"
       end
 
       @defer_margin = seconds
@@ -191,7 +194,7 @@ module IdempotentJob
     # @raise [ConfigurationError] naming the first bad setting
     def validate!
       %i[connect_timeout checkout_timeout].each { |name| self.class.positive_seconds!(name.to_s, public_send(name)) }
-      self.class.positive_seconds!("statement_timeout", statement_timeout) if statement_timeout
+      self.class.pg_timeout!("statement_timeout", statement_timeout) if statement_timeout
       VALIDATIONS.each { |name, (expected, valid)| check(name, expected, &valid) }
       self
     end
@@ -235,6 +238,18 @@ module IdempotentJob
       owner = job ? "#{job}: " : ""
       raise ConfigurationError, "#{owner}#{name} must be a positive number of seconds up to " \
                                 "#{MAX_SECONDS} (ten years), got #{seconds.inspect}"
+    end
+
+    # Validates a timeout PostgreSQL enforces (at most {MAX_PG_TIMEOUT} seconds).
+    # @return [Numeric] seconds
+    # @raise [ConfigurationError]
+    def self.pg_timeout!(name, seconds, job: nil)
+      positive_seconds!(name, seconds, job:)
+      return seconds if seconds <= MAX_PG_TIMEOUT
+
+      owner = job ? "#{job}: " : ""
+      raise ConfigurationError, "#{owner}#{name} must be at most #{MAX_PG_TIMEOUT} seconds (PostgreSQL's limit), " \
+                                "got #{seconds.inspect}"
     end
 
     # Validates a policy name.

@@ -90,11 +90,11 @@ module IdempotentJob
                                           Configuration::STALE_POLICIES, job: @name)
         @on_mismatch = Configuration.choice!("idempotency_on_mismatch", fetch("on_mismatch", config.on_mismatch),
                                              Configuration::MISMATCH_POLICIES, job: @name)
-        @heartbeat = fetch("heartbeat", config.heartbeat) ? true : false
+        @heartbeat = ![false, "false", nil].include?(fetch("heartbeat", config.heartbeat))
         @max_run = Configuration.positive_seconds!("idempotency_max_run", fetch("max_run", config.max_run), job: @name)
         @transaction = transaction_flavour(fetch("transaction", false))
-        @lock_timeout = Configuration.positive_seconds!("idempotency_lock_timeout",
-                                                        fetch("lock_timeout", config.lock_timeout), job: @name)
+        @lock_timeout = Configuration.pg_timeout!("idempotency_lock_timeout",
+                                                  fetch("lock_timeout", config.lock_timeout), job: @name)
         @lookup = fetch("lookup", nil)&.to_sym
         return if @lookup.nil? || !@job_class.is_a?(Class) || @job_class.method_defined?(@lookup)
 
@@ -330,13 +330,17 @@ module IdempotentJob
         heartbeat = start_heartbeat(options, claim)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         begin
-          result = yield
+          result = begin
+            yield
+          ensure
+            # Before the release or completion, and also on Thread#kill and throw (which
+            # skip rescue): a dead job's lease must run out.
+            stop_heartbeat(heartbeat, claim)
+          end
         rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised; the claim must not stay held
-          stop_heartbeat(heartbeat, claim)
           release(claim, e)
           raise
         end
-        stop_heartbeat(heartbeat, claim)
         complete(claim, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         result
       end
@@ -351,6 +355,7 @@ module IdempotentJob
         return unless heartbeat
 
         report = heartbeat.stop
+
         if report[:lost]
           emit(:lost_claim, claim, during: :heartbeat)
           logger.error("idempotent_job: lost the claim of #{describe_claim(claim)} while it ran: a renewal " \

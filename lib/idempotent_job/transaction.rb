@@ -61,18 +61,19 @@ module IdempotentJob
       # @return [Object] the block's value
       def self.within
         native = IdempotentJob.store.transaction
-        begin
-          result = yield new(native)
-        rescue Exception # rubocop:disable Lint/RescueException -- rolled back, then re-raised
+        result = yield new(native)
+        native.commit
+        result
+      ensure
+        # Not committed (an exception, Thread#kill, throw): roll back now rather than
+        # leave the transaction open, holding the operation's row, until GC.
+        if native&.open?
           begin
             native.rollback
           rescue IdempotentJob::Error
             nil # the connection is closed instead; PostgreSQL rolls back
           end
-          raise
         end
-        native.commit
-        result
       end
 
       def initialize(native)

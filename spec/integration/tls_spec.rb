@@ -83,7 +83,33 @@ RSpec.describe "TLS", :integration do
 
   it "verify-full fails clearly for a certificate from an untrusted CA" do
     expect { use(host: "localhost", sslmode: "verify-full") }
-      .to raise_error(IdempotentJob::Error, /UnknownIssuer|certificate/i)
+      .to raise_error(IdempotentJob::ConnectionError, /UnknownIssuer.*set sslrootcert/)
+  end
+
+  it "never falls back to plaintext under require, in a URL or a key/value string" do
+    plain = URI.parse(SpecServices.database_url)
+    ["#{SpecServices.database_url}?sslmode=require",
+     "host=#{plain.host} port=#{plain.port} user=postgres dbname=idempotent_job sslmode=require"].each do |url|
+      SpecServices.configure_gem!(database_url: url, connect_timeout: 2)
+      expect { claim("Tls", "plain", "j", 30) }.to raise_error(IdempotentJob::ConnectionError, /TLS/)
+    end
+  end
+
+  it "cancels an interrupted statement over TLS too" do
+    use(host: "127.0.0.1", sslmode: "require")
+    key = "cancel-#{rand(1 << 30)}"
+    claim("Tls", key, "j", 30)
+    admin = PG.connect(host: "127.0.0.1", port:, user: "postgres", dbname: "idempotent_job")
+    admin.exec("BEGIN")
+    admin.exec_params("SELECT 1 FROM idempotent_job_records WHERE job_type = 'Tls' AND operation_key = $1 FOR UPDATE",
+                      [key])
+    expect { Timeout.timeout(0.3) { claim("Tls", key, "j2", 30) } }.to raise_error(Timeout::Error)
+    sleep 0.5
+    active = admin.exec("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' " \
+                        "AND state = 'active'").getvalue(0, 0).to_i
+    expect(active).to eq(0)
+  ensure
+    admin&.close
   end
 
   it "reads TLS settings from the URL, and reports a missing root file at first use, by name" do

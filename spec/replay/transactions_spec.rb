@@ -180,6 +180,25 @@ RSpec.describe "Transactional jobs (effects in the same database)" do
                             "u" => "8b0c0f4e-54a4-4f53-9fb4-2f5d3c2a1e10" }])
     end
 
+    it "never corrupts a value silently: big JSON numbers kept, float4 overflow and Time-to-date refused" do
+      results = {}
+      SpecHooks.on(:before_effect) do
+        tx = IdempotentJob.current_transaction
+        results[:json] = tx.query("SELECT $1::jsonb AS j", [{ "id" => 12_345_678_901_234_567_890_123 }]).first["j"]
+        %i[float4 date].each do |kind|
+          sql = kind == :float4 ? "SELECT $1::float4" : "SELECT $1::date"
+          value = kind == :float4 ? 1e300 : Time.now
+          tx.query(sql, [value])
+        rescue IdempotentJob::ConfigurationError => e
+          results[kind] = e.message
+        end
+      end
+      deliver(job_hash(["exact", 1], klass: RecordPaymentJob))
+      expect(results[:json]).to eq({ "id" => 12_345_678_901_234_567_890_123 })
+      expect(results[:float4]).to include("out of range for type float4")
+      expect(results[:date]).to include("bind a Date")
+    end
+
     it "names the placeholder and suggests a cast when a value cannot be bound" do
       SpecHooks.on(:before_effect) do
         IdempotentJob.current_transaction.query("SELECT $1::int4 AS n", ["not a number"])

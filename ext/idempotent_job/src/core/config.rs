@@ -66,6 +66,9 @@ pub struct Config {
     pub sslkey: Option<String>,
 }
 
+/// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
+pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
+
 /// The libpq parameters tokio-postgres does not parse (or parses only partly): taken
 /// out of a `postgres://` URL's query and handled by [`super::tls`].
 const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
@@ -204,11 +207,20 @@ impl Config {
                     .map(|(_, v)| v.clone())
             })
         };
+        let mode = match param("sslmode", &self.sslmode) {
+            Some(mode) => SslMode::parse(&mode)?,
+            // A key/value string's own sslmode, as tokio-postgres parsed it.
+            None => tokio_postgres::Config::from_str(&self.database_url)
+                .ok()
+                .filter(|_| !self.database_url.trim().is_empty())
+                .map_or(SslMode::default(), |pg| match pg.get_ssl_mode() {
+                    tokio_postgres::config::SslMode::Disable => SslMode::Disable,
+                    tokio_postgres::config::SslMode::Require => SslMode::Require,
+                    _ => SslMode::Prefer,
+                }),
+        };
         Ok(TlsSettings {
-            mode: param("sslmode", &self.sslmode)
-                .map(|m| SslMode::parse(&m))
-                .transpose()?
-                .unwrap_or_default(),
+            mode,
             rootcert: param("sslrootcert", &self.sslrootcert).map(PathBuf::from),
             cert: param("sslcert", &self.sslcert).map(PathBuf::from),
             key: param("sslkey", &self.sslkey).map(PathBuf::from),
@@ -238,6 +250,12 @@ impl Config {
         positive_seconds("checkout_timeout", self.checkout_timeout)?;
         if let Some(seconds) = self.statement_timeout {
             positive_seconds("statement_timeout", seconds)?;
+            if seconds > MAX_PG_TIMEOUT_SECONDS {
+                return Err(Error::Config(format!(
+                    "statement_timeout must be at most {MAX_PG_TIMEOUT_SECONDS} seconds \
+                     (PostgreSQL's limit), got {seconds}"
+                )));
+            }
         }
         if let Some(schema) = &self.schema {
             let valid = schema
@@ -409,6 +427,18 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("sslmode must be"));
+    }
+
+    #[test]
+    fn a_key_value_sslmode_is_kept() {
+        let c = Config::new("host=h user=u sslmode=require");
+        assert_eq!(c.tls().unwrap().mode, SslMode::Require);
+        assert_eq!(
+            c.pg_config().unwrap().get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+        let c = Config::new("host=h user=u sslmode=disable");
+        assert_eq!(c.tls().unwrap().mode, SslMode::Disable);
     }
 
     #[test]

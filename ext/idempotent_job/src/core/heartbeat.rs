@@ -41,9 +41,19 @@ pub struct Heartbeat {
     state: Arc<HeartbeatState>,
 }
 
-/// Renewal interval for a lease: a third of it, at least 10 ms.
+/// Renewal interval for a lease: a third of it, at least 10 ms (and at most a day).
 pub fn interval_for(lease_seconds: f64) -> Duration {
-    Duration::from_secs_f64((lease_seconds / 3.0).max(0.01))
+    Duration::from_secs_f64(clamp_seconds(lease_seconds / 3.0).max(0.01))
+}
+
+/// A duration in seconds made safe for `Duration`: NaN or negative → 0, capped at
+/// ten years (callers validate; this only keeps bad input from panicking).
+fn clamp_seconds(seconds: f64) -> f64 {
+    if seconds.is_nan() {
+        0.0
+    } else {
+        seconds.clamp(0.0, 315_360_000.0)
+    }
 }
 
 impl Heartbeat {
@@ -61,7 +71,7 @@ impl Heartbeat {
         let state = Arc::new(HeartbeatState::default());
         let (task_stop, task_state, pool) = (stop.clone(), state.clone(), handle.pool.clone());
         let interval = interval_for(lease_seconds);
-        let deadline = Instant::now() + Duration::from_secs_f64(max_run_seconds.max(0.0));
+        let deadline = Instant::now() + Duration::from_secs_f64(clamp_seconds(max_run_seconds));
         handle.runtime.spawn(async move {
             loop {
                 tokio::select! {

@@ -18,12 +18,12 @@
 //!
 //! [`CLAIM_SQL`]: super::claim::CLAIM_SQL
 
-use deadpool_postgres::Pool;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::claim::{self, ClaimRequest, Decision, Fenced};
+use super::config::MAX_PG_TIMEOUT_SECONDS;
 use super::error::{Error, Result};
-use super::store::Conn;
+use super::store::{Conn, Pool};
 use super::values::{self, Param, Rows};
 
 /// One open transaction on a pooled connection.
@@ -60,9 +60,10 @@ impl Session {
     /// Errors: [`Error::LockTimeout`] when the wait runs out; see [`claim::claim`].
     pub async fn claim(&self, req: &ClaimRequest, lock_timeout_seconds: f64) -> Result<Decision> {
         claim::check_request(req)?;
-        if !(lock_timeout_seconds > 0.0 && lock_timeout_seconds.is_finite()) {
+        if !(lock_timeout_seconds > 0.0 && lock_timeout_seconds <= MAX_PG_TIMEOUT_SECONDS) {
             return Err(Error::Config(format!(
-                "the lock timeout of {} must be a positive number of seconds",
+                "the lock timeout of {} must be a positive number of seconds up to \
+                 {MAX_PG_TIMEOUT_SECONDS}",
                 req.job_type
             )));
         }

@@ -10,12 +10,19 @@ use std::future::Future;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Object, RecyclingMethod};
 use tokio::runtime::Runtime;
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::config::Config;
 use super::error::{Error, Result};
+
+/// The pool of connections, with the TLS connector its cancel requests need.
+#[derive(Clone)]
+pub struct Pool {
+    inner: deadpool_postgres::Pool,
+    tls: MakeRustlsConnect,
+}
 
 /// What a process needs to talk to PostgreSQL: the runtime that drives the
 /// connections and the pool of them.
@@ -89,12 +96,12 @@ impl Store {
         let tls = super::tls::connector(&self.config.tls()?)?;
         let manager = Manager::from_config(
             self.config.pg_config()?,
-            tls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(manager)
+        let inner = deadpool_postgres::Pool::builder(manager)
             .max_size(self.config.pool_size)
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .wait_timeout(Some(self.config.checkout_timeout()))
@@ -106,7 +113,7 @@ impl Store {
             .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))?;
         Ok(Handle {
             runtime: Arc::new(runtime),
-            pool,
+            pool: Pool { inner, tls },
         })
     }
 
@@ -138,7 +145,7 @@ impl Drop for Store {
             return;
         }
         let Handle { runtime, pool } = owned.handle;
-        pool.close();
+        pool.inner.close();
         drop(pool);
         // Never block the dropping thread (a Ruby GC) on the runtime's threads.
         if let Ok(runtime) = Arc::try_unwrap(runtime) {
@@ -172,6 +179,8 @@ where
 /// closed, so the next caller never queues behind an orphaned query.
 pub struct Conn {
     object: Option<Object>,
+    /// Cancel requests go the way the connection went (TLS or not).
+    tls: MakeRustlsConnect,
     finished: bool,
     /// The runtime the connection lives on: the cancel request is spawned there even
     /// when the operation's future is dropped outside it (after an interrupt).
@@ -182,9 +191,10 @@ impl Conn {
     /// Checks a connection out of `pool`, waiting at most the configured checkout
     /// timeout. Errors: [`Error::Connection`].
     pub async fn checkout(pool: &Pool) -> Result<Conn> {
-        let object = pool.get().await?;
+        let object = pool.inner.get().await?;
         Ok(Conn {
             object: Some(object),
+            tls: pool.tls.clone(),
             finished: false,
             runtime: tokio::runtime::Handle::current(),
         })
@@ -218,8 +228,9 @@ impl Drop for Conn {
         }
         let client = Object::take(object);
         let cancel = client.cancel_token();
+        let tls = self.tls.clone();
         self.runtime.spawn(async move {
-            let _ = cancel.cancel_query(NoTls).await;
+            let _ = cancel.cancel_query(tls).await;
             drop(client);
         });
     }

@@ -60,18 +60,34 @@ impl ToSql for Param {
             (Param::Int(i), &Type::FLOAT8) => (*i as f64).to_sql(ty, out),
             (Param::Int(i), &Type::FLOAT4) => (*i as f32).to_sql(ty, out),
             (Param::Float(f), &Type::FLOAT8) => f.to_sql(ty, out),
-            (Param::Float(f), &Type::FLOAT4) => (*f as f32).to_sql(ty, out),
+            (Param::Float(f), &Type::FLOAT4) => {
+                let narrow = *f as f32;
+                if f.is_finite() && !narrow.is_finite() {
+                    return Err(format!("{f} is out of range for type float4").into());
+                }
+                narrow.to_sql(ty, out)
+            }
             (Param::Int(i), t) if is_text(t) => i.to_string().to_sql(&Type::TEXT, out),
             (Param::Text(s), t) if is_text(t) => s.to_sql(&Type::TEXT, out),
             (Param::Text(s), &Type::UUID) => Uuid::parse_str(s)?.to_sql(ty, out),
+            // JSON text goes as it is (checked, never re-encoded: big numbers keep
+            // every digit). jsonb's binary form is a version byte, then the text.
             (Param::Text(s) | Param::Json(s), &Type::JSON | &Type::JSONB) => {
-                serde_json::from_str::<serde_json::Value>(s)?.to_sql(ty, out)
+                serde_json::from_str::<serde::de::IgnoredAny>(s)?;
+                if *ty == Type::JSONB {
+                    out.extend_from_slice(&[1]);
+                }
+                out.extend_from_slice(s.as_bytes());
+                Ok(IsNull::No)
             }
             (Param::Bytes(b), &Type::BYTEA) => b.to_sql(ty, out),
             (Param::Text(s), &Type::BYTEA) => s.as_bytes().to_sql(ty, out),
             (Param::Time(t), &Type::TIMESTAMPTZ) => t.to_sql(ty, out),
             (Param::Time(t), &Type::TIMESTAMP) => t.naive_utc().to_sql(ty, out),
-            (Param::Time(t), &Type::DATE) => t.date_naive().to_sql(ty, out),
+            (Param::Time(_), &Type::DATE) => Err(
+                "a Time bound to a date is ambiguous across time zones: bind a Date (time.to_date)"
+                    .into(),
+            ),
             (Param::Text(s), &Type::DATE) => {
                 NaiveDate::parse_from_str(s, "%Y-%m-%d")?.to_sql(ty, out)
             }
@@ -124,9 +140,12 @@ impl<'a> FromSql<'a> for Cell {
                 Cell::Text(String::from_sql(ty, raw)?)
             }
             Type::UUID => Cell::Text(Uuid::from_sql(ty, raw)?.to_string()),
-            Type::JSON | Type::JSONB => {
-                Cell::Json(serde_json::Value::from_sql(ty, raw)?.to_string())
-            }
+            // The JSON text as stored, for the host language to parse exactly.
+            Type::JSON => Cell::Json(String::from_utf8(raw.to_vec())?),
+            Type::JSONB => match raw.split_first() {
+                Some((1, text)) => Cell::Json(String::from_utf8(text.to_vec())?),
+                _ => return Err("unsupported jsonb format version".into()),
+            },
             Type::BYTEA => Cell::Bytes(raw.to_vec()),
             Type::TIMESTAMPTZ => Cell::Time(DateTime::<Utc>::from_sql(ty, raw)?),
             Type::TIMESTAMP => Cell::Time(NaiveDateTime::from_sql(ty, raw)?.and_utc()),

@@ -6,7 +6,6 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::Pool;
 use magnus::{function, method, prelude::*, IntoValue, RHash, RModule, Ruby, Symbol, Value};
 use uuid::Uuid;
 
@@ -21,7 +20,7 @@ use crate::core::error::{Error, Result};
 use crate::core::heartbeat::{Heartbeat, HeartbeatReport};
 use crate::core::migrate;
 use crate::core::session::Session;
-use crate::core::store::{with_conn, Conn, Store};
+use crate::core::store::{with_conn, Conn, Pool, Store};
 
 pub(super) type RbResult<T> = std::result::Result<T, magnus::Error>;
 

@@ -39,19 +39,29 @@ impl NativeTransaction {
         ruby: &Ruby,
         op: impl AsyncFnOnce(&Session) -> Result<T>,
     ) -> RbResult<T> {
-        let mut guard = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(session) = guard.as_ref() else {
+        // Taken out of the mutex while it runs, so no Ruby thread ever waits on this
+        // lock while holding the GVL (a second thread using the same handle gets an
+        // error instead of freezing the process).
+        let taken = self
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(session) = taken else {
             return Err(to_ruby(
                 ruby,
-                Error::Config("this idempotent transaction has already ended".into()),
+                Error::Config(
+                    "this idempotent transaction has ended, or another thread is using it".into(),
+                ),
             ));
         };
-        match without_gvl(ruby, &self.runtime, op(session)) {
-            Ok(result) => result.map_err(|e| to_ruby(ruby, e)),
-            Err(interrupt) => {
-                guard.take();
-                Err(interrupt)
+        match without_gvl(ruby, &self.runtime, op(&session)) {
+            Ok(result) => {
+                *self.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
+                result.map_err(|e| to_ruby(ruby, e))
             }
+            // Interrupted: `session` drops here, its connection is closed, never pooled.
+            Err(interrupt) => Err(interrupt),
         }
     }
 
