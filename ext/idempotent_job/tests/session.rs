@@ -67,7 +67,7 @@ fn claim_writes_and_completion_commit_together_or_not_at_all() {
                     )
                     .await?;
                 assert_eq!(rows[0][0], ("n".to_string(), Cell::Int(42)));
-                assert_eq!(rows[0][2].1, Cell::Json(r#"{"a":1}"#.into()));
+                assert_eq!(rows[0][2].1, Cell::Json(r#"{"a": 1}"#.into()));
                 assert_eq!(rows[0][3].1, Cell::Date(2026, 11, 29));
                 session
                     .fenced(
