@@ -165,23 +165,15 @@ module IdempotentJob
     # Runs the block with `handle` as {current_transaction}. Internal.
     # @param handle [Transaction, nil]
     # @return [Object] the block's value
-    def with_transaction(handle)
-      previous = Thread.current[:idempotent_job_transaction]
-      Thread.current[:idempotent_job_transaction] = handle
-      yield
-    ensure
-      Thread.current[:idempotent_job_transaction] = previous
+    def with_transaction(handle, &)
+      with_thread_value(:idempotent_job_transaction, handle, &)
     end
 
     # Runs the block with `claim` as {current_claim}. Internal.
     # @param claim [Claim]
     # @return [Object] the block's value
-    def with_claim(claim)
-      previous = Thread.current[:idempotent_job_claim]
-      Thread.current[:idempotent_job_claim] = claim
-      yield
-    ensure
-      Thread.current[:idempotent_job_claim] = previous
+    def with_claim(claim, &)
+      with_thread_value(:idempotent_job_claim, claim, &)
     end
 
     # @return [String] the SQL of every migration, in order (for teams that manage
@@ -208,6 +200,14 @@ module IdempotentJob
     end
 
     private
+
+    def with_thread_value(name, value)
+      previous = Thread.current[name]
+      Thread.current[name] = value
+      yield
+    ensure
+      Thread.current[name] = previous
+    end
 
     def rerun(record)
       require "sidekiq"
