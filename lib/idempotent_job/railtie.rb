@@ -4,8 +4,18 @@ require "rails/railtie"
 require "idempotent_job"
 
 module IdempotentJob
-  # Rails integration: loads the rake tasks (`rake idempotent_job:migrate`).
+  # Rails integration: `config.idempotent_job.<setting> = value` in the application's
+  # configuration (any key of Configuration::SETTINGS; an unknown key raises at boot),
+  # and the rake tasks (`rake idempotent_job:migrate`, …), which run after the app's
+  # environment is loaded.
   class Railtie < ::Rails::Railtie
+    config.idempotent_job = ActiveSupport::OrderedOptions.new
+
+    initializer "idempotent_job.configure" do |app|
+      settings = app.config.idempotent_job.to_h
+      IdempotentJob.configure(**settings) unless settings.empty?
+    end
+
     rake_tasks do
       load File.expand_path("rake_tasks.rb", __dir__)
       # Rails defines :environment after the railties' task blocks: add it now, so the

@@ -1,0 +1,61 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "fileutils"
+require "open3"
+
+# A minimal Rails app (Debian's railties) with the gem: its tasks are listed, and
+# `config.idempotent_job` reaches IdempotentJob.configure before they run.
+RSpec.describe "The Railtie", :integration do
+  let(:root) { File.expand_path("../..", __dir__) }
+  let(:app) { File.join(root, "tmp", "rails-app") }
+
+  before do
+    FileUtils.rm_rf(app)
+    FileUtils.mkdir_p(File.join(app, "config"))
+    File.write(File.join(app, "config", "application.rb"), <<~RUBY)
+      require "rails"
+      require "idempotent_job"
+
+      class SpecApp < Rails::Application
+        config.root = #{app.inspect}
+        config.eager_load = false
+        config.logger = Logger.new(File::NULL)
+        config.idempotent_job.lease = 42
+        config.idempotent_job.database_url = #{SpecServices.database_url.inspect}
+      end
+    RUBY
+    File.write(File.join(app, "config", "environment.rb"), <<~RUBY)
+      require_relative "application"
+      Rails.application.initialize!
+    RUBY
+    File.write(File.join(app, "Rakefile"), <<~RUBY)
+      require_relative "config/application"
+      Rails.application.load_tasks
+      task(:show_lease) { puts "lease=\#{IdempotentJob.configuration.lease}" }
+      task show_lease: :environment
+    RUBY
+  end
+
+  def rake(*args)
+    # No DATABASE_URL: the tasks can only reach the database through config.idempotent_job.
+    Open3.capture2e({ "RUBYLIB" => File.join(root, "lib"), "RAILS_ENV" => "development", "DATABASE_URL" => nil,
+                      "IDEMPOTENT_JOB_DATABASE_URL" => nil }, "rake", *args, chdir: app)
+  end
+
+  it "lists the gem's tasks" do
+    out, status = rake("-T")
+    expect(status).to be_success, out
+    expect(out).to include("idempotent_job:migrate", "idempotent_job:purge", "idempotent_job:held",
+                           "idempotent_job:resolve", "idempotent_job:sql")
+  end
+
+  it "applies config.idempotent_job, and the tasks run after the app's environment" do
+    out, status = rake("show_lease")
+    expect(status).to be_success, out
+    expect(out).to include("lease=42")
+    out, status = rake("idempotent_job:migrate")
+    expect(status).to be_success, out
+    expect(out).to include("schema is up to date").or include("applied")
+  end
+end
