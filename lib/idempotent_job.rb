@@ -8,6 +8,7 @@ require_relative "idempotent_job/record"
 require_relative "idempotent_job/claim"
 require_relative "idempotent_job/transaction"
 require_relative "idempotent_job/events"
+require_relative "idempotent_job/repeats"
 require_relative "idempotent_job/native"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
@@ -132,6 +133,27 @@ module IdempotentJob
         break if deleted < batch_size
       end
       total
+    end
+
+    # Operations delivered more than once since `since`, each repeat classified: within
+    # `retry_window` seconds of the first claim → :retry (Sidekiq's retries, concurrent
+    # copies); later → :re_enqueue (a producer enqueued it again); within
+    # `restart_window` seconds of a recorded deploy/restart → :restart.
+    # @param since [Time] default 24 hours ago
+    # @param job_type [String, Class, nil] only this job type
+    # @param restarts [Array<Time>] deploy/restart times
+    # @param restart_window [Numeric] seconds (default 120)
+    # @param retry_window [Numeric] seconds (default 900)
+    # @return [Array<Repeats::Operation>]; see also {Repeats.summary}
+    # @raise [ConnectionError, DatabaseError]
+    def repeats(since: Time.now - 86_400, job_type: nil, restarts: [], restart_window: 120, retry_window: 900)
+      Repeats.operations(since:, job_type:, restarts:, restart_window:,
+                         retry_window:)
+    end
+
+    # @return [String] the SQL behind {repeats} ($1 since, $2 job type or NULL)
+    def repeats_sql
+      Native.repeats_sql
     end
 
     # Receives the gem's events (see {Events}).

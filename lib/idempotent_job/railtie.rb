@@ -20,7 +20,9 @@ module IdempotentJob
       load File.expand_path("rake_tasks.rb", __dir__)
       # Rails defines :environment after the railties' task blocks: add it now, so the
       # tasks run with the app's initializers (and its IdempotentJob.configure).
-      %w[migrate purge held resolve].each { |name| Rake::Task["idempotent_job:#{name}"].enhance([:environment]) }
+      %w[migrate purge repeats held resolve].each do |name|
+        Rake::Task["idempotent_job:#{name}"].enhance([:environment])
+      end
     end
   end
 end

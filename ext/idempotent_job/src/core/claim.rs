@@ -28,6 +28,9 @@ pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 /// * otherwise (`completed`, `held`, `given_up`, or `claimed` with a live lease):
 ///   change nothing but `duplicates`+1 and `last_duplicate_at`.
 ///
+/// Every repeat (any delivery after the first) appends its time to `repeat_times`
+/// (the last 20 are kept) and its job class to `job_classes`, for the repeats report.
+///
 /// A delivery whose argument digest differs from the claim's is a payload mismatch:
 /// it is counted in `mismatches` and flagged in `last_mismatch`; when $10 is true
 /// (`idempotency_on_mismatch: :raise`) such a delivery never takes a claim over.
@@ -39,13 +42,14 @@ pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 pub const CLAIM_SQL: &str = r#"
 INSERT INTO idempotent_job_records AS r
     (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-     args_digest, job_class, queue, args)
+     args_digest, job_class, queue, args, job_classes)
 VALUES ($1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
-        $6, $7, $8, $9::jsonb)
+        $6, $7, $8, $9::jsonb, array_remove(ARRAY[$7], NULL))
 ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (status, claim_token, jid, attempts, takeovers, last_claim, claimed_at,
      lease_seconds, lease_expires_at, args_digest, job_class, queue, args,
-     duplicates, last_duplicate_at, mismatches, last_mismatch, updated_at) =
+     duplicates, last_duplicate_at, mismatches, last_mismatch, repeat_times, job_classes,
+     updated_at) =
     (SELECT CASE WHEN d.take THEN 'claimed' ELSE r.status END,
             CASE WHEN d.take THEN excluded.claim_token ELSE r.claim_token END,
             CASE WHEN d.take THEN excluded.jid ELSE r.jid END,
@@ -65,6 +69,9 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             CASE WHEN d.take THEN r.last_duplicate_at ELSE now() END,
             r.mismatches + d.mismatch::int,
             d.mismatch,
+            (r.repeat_times || now())[greatest(1, cardinality(r.repeat_times) - 18):],
+            CASE WHEN excluded.job_class IS NULL OR excluded.job_class = ANY (r.job_classes)
+                 THEN r.job_classes ELSE r.job_classes || excluded.job_class END,
             now()
        FROM (SELECT m.mismatch,
                     NOT (m.mismatch AND $10)
@@ -183,6 +190,17 @@ DELETE FROM idempotent_job_records r
          LIMIT $2
            FOR UPDATE SKIP LOCKED) AS doomed
  WHERE r.job_type = doomed.job_type AND r.operation_key = doomed.operation_key"#;
+
+/// Operations delivered more than once since $1 (optionally of job type $2), for the
+/// repeats report: their counts, first claim and repeat times, and delivering classes.
+pub const REPEATS_SQL: &str = r#"
+SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatches,
+       first_claimed_at, repeat_times, job_classes
+  FROM idempotent_job_records
+ WHERE cardinality(repeat_times) > 0
+   AND repeat_times[cardinality(repeat_times)] >= $1
+   AND ($2::text IS NULL OR job_type = $2)
+ ORDER BY job_type, first_claimed_at"#;
 
 /// Settle a held (or given-up) operation. $3 `done`: mark it completed; `rerun`: mark
 /// it released so the re-enqueued delivery claims it as a retry.
@@ -609,6 +627,51 @@ pub async fn purge_batch(client: &Client, older_than_seconds: f64, batch: i64) -
             &[(&older_than_seconds, Type::FLOAT8), (&batch, Type::INT8)],
         )
         .await?)
+}
+
+/// One row of [`REPEATS_SQL`].
+#[derive(Debug, Clone)]
+pub struct Repeated {
+    pub job_type: String,
+    pub operation_key: String,
+    pub status: String,
+    pub attempts: i32,
+    pub takeovers: i32,
+    pub duplicates: i32,
+    pub mismatches: i32,
+    pub first_claimed_at: DateTime<Utc>,
+    pub repeat_times: Vec<DateTime<Utc>>,
+    pub job_classes: Vec<String>,
+}
+
+/// Operations repeated since `since` (see [`REPEATS_SQL`]).
+pub async fn repeats(
+    client: &Client,
+    since: DateTime<Utc>,
+    job_type: Option<&str>,
+) -> Result<Vec<Repeated>> {
+    let rows = client
+        .query_typed(
+            REPEATS_SQL,
+            &[(&since, Type::TIMESTAMPTZ), (&job_type, Type::TEXT)],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Repeated {
+                job_type: row.try_get("job_type")?,
+                operation_key: row.try_get("operation_key")?,
+                status: row.try_get("status")?,
+                attempts: row.try_get("attempts")?,
+                takeovers: row.try_get("takeovers")?,
+                duplicates: row.try_get("duplicates")?,
+                mismatches: row.try_get("mismatches")?,
+                first_claimed_at: row.try_get("first_claimed_at")?,
+                repeat_times: row.try_get("repeat_times")?,
+                job_classes: row.try_get("job_classes")?,
+            })
+        })
+        .collect()
 }
 
 /// How a person settles a held or given-up operation.

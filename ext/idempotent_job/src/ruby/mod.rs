@@ -14,6 +14,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     let native = root.define_module("Native")?;
     native.define_module_function("schema_sql", function!(crate::core::migrate::schema_sql, 0))?;
     native.define_module_function("claim_sql", function!(claim_sql, 0))?;
+    native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
     native.define_module_function("decide", function!(store::decide, 3))?;
     native.define_module_function("fenced_sql", function!(store::fenced_sql, 1))?;
@@ -23,6 +24,10 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
 
 fn describe_url(url: String) -> String {
     crate::core::config::describe_url(&url)
+}
+
+fn repeats_sql() -> &'static str {
+    crate::core::claim::REPEATS_SQL.trim()
 }
 
 fn claim_sql() -> &'static str {

@@ -6,7 +6,9 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use magnus::{function, method, prelude::*, IntoValue, RHash, RModule, Ruby, Symbol, Value};
+use magnus::{
+    function, method, prelude::*, IntoValue, RArray, RHash, RModule, Ruby, Symbol, Value,
+};
 use uuid::Uuid;
 
 use super::errors::to_ruby;
@@ -356,6 +358,46 @@ impl NativeStore {
         })
     }
 
+    /// `repeats(since_epoch_seconds, job_type_or_nil)` → Array of Hashes: job_type,
+    /// operation_key, status, attempts, takeovers, duplicates, mismatches,
+    /// first_claimed_at (Time), repeat_times (Array of Time), job_classes.
+    fn repeats(
+        ruby: &Ruby,
+        rb_self: &Self,
+        since: f64,
+        job_type: Option<String>,
+    ) -> RbResult<RArray> {
+        let since = DateTime::<Utc>::from_timestamp_micros((since * 1e6) as i64)
+            .ok_or_else(|| to_ruby(ruby, Error::Config("since is out of range".into())))?;
+        let rows = rb_self.run(ruby, |pool| async move {
+            with_conn(&pool, async |c| {
+                claim::repeats(c, since, job_type.as_deref()).await
+            })
+            .await
+        })?;
+        let out = ruby.ary_new_capa(rows.len());
+        for r in rows {
+            let times = ruby.ary_new_capa(r.repeat_times.len());
+            for t in r.repeat_times {
+                times
+                    .push(ruby.time_new(t.timestamp(), i64::from(t.timestamp_subsec_micros()))?)?;
+            }
+            let hash = Out::new(ruby);
+            hash.set("job_type", r.job_type)?
+                .set("operation_key", r.operation_key)?
+                .sym("status", &r.status)?
+                .set("attempts", r.attempts)?
+                .set("takeovers", r.takeovers)?
+                .set("duplicates", r.duplicates)?
+                .set("mismatches", r.mismatches)?
+                .time("first_claimed_at", Some(r.first_claimed_at))?
+                .set("repeat_times", times)?
+                .set("job_classes", r.job_classes)?;
+            out.push(hash.hash)?;
+        }
+        Ok(out)
+    }
+
     /// `purge_batch(older_than_seconds, batch)` → Integer, records deleted.
     fn purge_batch(ruby: &Ruby, rb_self: &Self, older_than: f64, batch: i64) -> RbResult<u64> {
         rb_self.run(ruby, |pool| async move {
@@ -421,6 +463,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
     class.define_method("purge_batch", method!(NativeStore::purge_batch, 2))?;
+    class.define_method("repeats", method!(NativeStore::repeats, 2))?;
     let heartbeat = native.define_class("Heartbeat", ruby.class_object())?;
     heartbeat.define_method("stop", method!(NativeHeartbeat::stop, 0))?;
     heartbeat.define_method("report", method!(NativeHeartbeat::report, 0))?;
