@@ -4,6 +4,7 @@ $LOAD_PATH.unshift File.expand_path("../lib", __dir__)
 
 require_relative "support/services"
 require "sidekiq"
+require "timeout"
 require "sidekiq/testing"
 Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
 require "idempotent_job"
@@ -23,6 +24,12 @@ RSpec.configure do |config|
   config.order = :defined
   config.filter_run_when_matching :focus
   config.example_status_persistence_file_path = "tmp/rspec-status.txt"
+
+  # A hang becomes a failure (native calls release the GVL, so Timeout reaches them),
+  # never a CI run that waits forever.
+  config.around do |example|
+    Timeout.timeout(Float(ENV.fetch("SPEC_EXAMPLE_TIMEOUT", "240"))) { example.run }
+  end
 
   config.before(:suite) do
     SpecServices.configure_gem!
