@@ -65,29 +65,8 @@ RSpec.describe "Replaying deliveries of one operation" do
       expect(Effects.count(42)).to eq(2)
     end
 
-    def race_processes(job)
-      gate_reader, gate_writer = IO.pipe
-      children = 2.times.map do
-        fork_worker do |pipe|
-          gate_writer.close
-          SpecHooks.on(:after_effect) { sleep 0.3 }
-          gate_reader.read(1) # the barrier: both start when the parent closes the gate
-          deliver(job)
-          pipe.puts("deferred=#{ChargeOrderJob.jobs.size}")
-        end
-      end
-      gate_reader.close
-      sleep 0.2
-      gate_writer.close
-      children.map do |pid, reader|
-        line = read_line(reader)
-        expect(wait_child(pid)).to be_success
-        line
-      end
-    end
-
     it "processes: one runs the effect, the other is turned away and deferred" do
-      outcomes = race_processes(job_hash)
+      outcomes = race_processes(job_hash, hold: 0.3) { "deferred=#{ChargeOrderJob.jobs.size}" }
       expect(Effects.count(42)).to eq(1)
       expect(outcomes.sort).to eq(%w[deferred=0 deferred=1])
       expect(record).to have_attributes(status: :completed, attempts: 1, duplicates: 1)
@@ -95,7 +74,7 @@ RSpec.describe "Replaying deliveries of one operation" do
 
     it "control processes: without the middleware both run the effect" do
       without_middleware!
-      race_processes(job_hash)
+      race_processes(job_hash, hold: 0.3) { "deferred=#{ChargeOrderJob.jobs.size}" }
       expect(Effects.count(42)).to eq(2)
     end
   end

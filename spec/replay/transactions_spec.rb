@@ -36,26 +36,6 @@ RSpec.describe "Transactional jobs (effects in the same database)" do
         threads.each(&:join)
       end
 
-      def race_processes(job)
-        gate_reader, gate_writer = IO.pipe
-        children = 2.times.map do
-          fork_worker do |pipe|
-            gate_writer.close
-            SpecHooks.on(:after_effect) { sleep 0.4 }
-            gate_reader.read(1)
-            deliver(job)
-            pipe.puts("done")
-          end
-        end
-        gate_reader.close
-        sleep 0.2
-        gate_writer.close
-        children.each do |pid, reader|
-          expect(read_line(reader)).to eq("done")
-          expect(wait_child(pid)).to be_success
-        end
-      end
-
       it "three deliveries in a row: one row" do
         job = payment_job
         3.times { deliver(job) }
@@ -84,14 +64,14 @@ RSpec.describe "Transactional jobs (effects in the same database)" do
       end
 
       it "two at once (processes): one row" do
-        race_processes(payment_job)
+        expect(race_processes(payment_job, hold: 0.4) { "done" }).to eq(%w[done done])
         expect(SpecPayment.rows(payment)).to eq(1)
         expect(payment_record).to have_attributes(status: :completed, duplicates: 1)
       end
 
       it "control: two at once (processes) without the middleware, two rows" do
         without_middleware!
-        race_processes(payment_job)
+        expect(race_processes(payment_job, hold: 0.4) { "done" }).to eq(%w[done done])
         expect(SpecPayment.rows(payment)).to eq(2)
       end
 

@@ -60,6 +60,31 @@ module ReplayHelpers
     stalled
   end
 
+  # Two forked workers deliver `job` at once, released together by a barrier; the
+  # body holds `hold` seconds after its effect so the deliveries overlap. Each child
+  # reports the block's value (run after its delivery) on its pipe.
+  # @return [Array<String>] the children's reports
+  def race_processes(job, hold:, &report)
+    gate_reader, gate_writer = IO.pipe
+    children = 2.times.map do
+      fork_worker do |pipe|
+        gate_writer.close
+        SpecHooks.on(:after_effect) { sleep hold }
+        gate_reader.read(1) # the barrier: both start when the parent closes the gate
+        deliver(job)
+        pipe.puts(report.call)
+      end
+    end
+    gate_reader.close
+    sleep 0.2
+    gate_writer.close
+    children.map do |pid, reader|
+      line = read_line(reader)
+      expect(wait_child(pid)).to be_success
+      line
+    end
+  end
+
   def wait_for_lease_end(lease)
     sleep lease + 0.2
   end
