@@ -1,0 +1,124 @@
+# frozen_string_literal: true
+
+require "sidekiq"
+require "sidekiq/testing"
+require "idempotent_job"
+require "idempotent_job/sidekiq"
+
+module IdempotentJob
+  # A replay testing kit: run your own Sidekiq job through the deliveries a real queue
+  # makes (the same message several times, concurrent workers, a worker SIGKILLed after
+  # its claim or after its effect, then redeliveries before and after the lease) and
+  # check that its effect happened once, or as its stale policy allows.
+  #
+  #   require "idempotent_job/testing"   # opt-in; also defines the RSpec matchers
+  #
+  #   IdempotentJob::Testing.setup!      # DATABASE_URL, or a throwaway PostgreSQL
+  #   expect(ChargeOrderJob).to be_idempotent_for(order_id: 42, amount_cents: 1500)
+  #     .with_effect { Charge.where(order_id: 42).count }
+  #
+  # Deliveries go through the job's server middleware chain
+  # (`Sidekiq::Testing.server_middleware` plus the gem's middleware) against the real
+  # database; Sidekiq's testing mode (fake or inline) is left as it was found. Requiring
+  # this file loads `sidekiq/testing`, which turns Sidekiq's fake mode on unless your
+  # suite chose another.
+  module Testing
+    # Lease in seconds given to the deliveries the kit makes, so that scenarios which
+    # wait for a lease to end take about a second.
+    DEFAULT_LEASE = 1.0
+    # Environment variable that runs every scenario with the gem's middleware removed
+    # (`IDEMPOTENT_JOB_TESTING_DISABLED=1 rspec`): your tests should then fail.
+    DISABLE_ENV = "IDEMPOTENT_JOB_TESTING_DISABLED"
+
+    class << self
+      # @return [Float] the kit's lease in seconds (default {DEFAULT_LEASE})
+      def lease
+        @lease || DEFAULT_LEASE
+      end
+
+      # @param seconds [Numeric] a positive lease, in seconds, for the kit's deliveries
+      # @raise [ConfigurationError] for a non-positive value
+      def lease=(seconds)
+        @lease = Configuration.positive_seconds!("IdempotentJob::Testing.lease", seconds, job: "testing kit")
+      end
+
+      # @return [Boolean] whether scenarios run without the gem's middleware: set by
+      #   {disabled=}, {without_gem}, or the environment variable {DISABLE_ENV}
+      def disabled?
+        return @disabled unless @disabled.nil?
+
+        %w[1 true yes].include?(ENV.fetch(DISABLE_ENV, "").downcase)
+      end
+
+      # @param value [Boolean, nil] true to run scenarios unprotected; nil to follow
+      #   the environment variable again
+      attr_writer :disabled
+
+      # Runs the block with the gem's middleware removed from the kit's deliveries.
+      # @return [Object] the block's value
+      def without_gem
+        before = @disabled
+        @disabled = true
+        yield
+      ensure
+        @disabled = before
+      end
+
+      # Configures the gem for a test suite and creates its table.
+      # Uses `database_url`, else ENV["DATABASE_URL"], else starts a throwaway
+      # PostgreSQL ({Database.start}; stopped at exit).
+      # @param database_url [String, nil] a libpq URL
+      # @param settings [Hash] further {IdempotentJob.configure} settings
+      # @return [String] the database URL in use
+      # @raise [ConfigurationError] for bad settings, or when no PostgreSQL can be started
+      # @raise [ConnectionError, MigrationError] when the table cannot be created
+      def setup!(database_url: ENV.fetch("DATABASE_URL", nil), **settings)
+        url = database_url || (@database ||= Database.start).url
+        IdempotentJob.configure(database_url: url, **settings)
+        IdempotentJob.migrate!
+        url
+      end
+
+      # Deletes idempotency records, e.g. between examples
+      # (`config.before { IdempotentJob::Testing.clean_records! }`).
+      # @param job_type [String, Class, nil] only this job type (scope); nil for all
+      # @return [Integer] records deleted
+      # @raise [ConnectionError, DatabaseError]
+      def clean_records!(job_type = nil)
+        sql = "DELETE FROM idempotent_job_records"
+        return delete(sql, []) if job_type.nil?
+
+        delete("#{sql} WHERE job_type = $1", [job_type.to_s])
+      end
+
+      # Deletes one operation's idempotency record, if any.
+      # @param job_type [String, Class] the job type (scope)
+      # @param operation_key [String, Integer] the operation key
+      # @return [Integer] records deleted (0 or 1)
+      # @raise [ConnectionError, DatabaseError]
+      def forget(job_type, operation_key)
+        delete("DELETE FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2",
+               [job_type.to_s, operation_key.to_s])
+      end
+
+      # A replay of one operation of a job class; see {Replay}.
+      # @param job_class [Class] a Sidekiq job class
+      # @param args [Array, Hash] perform's arguments, positional or by parameter name
+      # @return [Replay]
+      def replay(job_class, args, **options)
+        Replay.new(job_class, args, **options)
+      end
+
+      private
+
+      def delete(sql, params)
+        Transactional::Native.within { |tx| tx.handle.exec(sql, params) }
+      end
+    end
+  end
+end
+
+require "idempotent_job/testing/database"
+require "idempotent_job/testing/probe"
+require "idempotent_job/testing/replay"
+require "idempotent_job/testing/rspec" if defined?(RSpec.configure)

@@ -1,0 +1,419 @@
+# frozen_string_literal: true
+
+require "json"
+require "timeout"
+
+module IdempotentJob
+  module Testing
+    # What one scenario did, and whether it kept the job's effect to once (or to what
+    # its stale policy allows).
+    #
+    # Members: scenario (Symbol), description (String, the delivery pattern),
+    # deliveries (Array<Delivery>), effects (Integer, how many times the effect
+    # happened: the change of the `effect` block, or body runs without one),
+    # observations (Array<String>, effects seen at each step), record
+    # (IdempotentJob::Record or nil, the operation's record at the end), allowance
+    # (String or nil, a duplicate the stale policy permits), violations
+    # (Array<String>, empty when the scenario passed).
+    Result = Struct.new(:scenario, :description, :deliveries, :effects, :observations, :record, :allowance,
+                        :violations, keyword_init: true) do
+      # @return [Boolean] whether the scenario kept its expectations
+      def passed?
+        violations.empty?
+      end
+
+      # @return [String] a multi-line report: pattern, verdict, deliveries, record
+      def to_s
+        lines = ["#{description}: #{passed? ? "ok" : "FAILED"} (effect happened #{effects} time(s))"]
+        lines.concat(violations.map { |v| "  ✗ #{v}" })
+        lines << "  allowed: #{allowance}" if allowance
+        lines.concat(observations.map { |o| "  · #{o}" })
+        lines.concat(deliveries.map { |d| "    #{d}" })
+        lines << "  record: #{record ? "#{record.status}, #{record.attempts} claim(s)" : "none"}"
+        lines.join("\n")
+      end
+    end
+
+    # Replays deliveries of one operation of a Sidekiq job class through its server
+    # middleware chain against the real database, and reports what happened.
+    #
+    #   replay = IdempotentJob::Testing::Replay.new(ChargeOrderJob, { order_id: 42, amount_cents: 1500 },
+    #                                               effect: -> { Charge.where(order_id: 42).count })
+    #   replay.repeated(times: 3).passed?
+    #
+    # Each scenario starts from no record for the operation (it is deleted first) and
+    # measures the effect as a change of the `effect` block's value, so the block must
+    # read state every worker writes to: the database, a file, a stand-in service —
+    # not a Ruby object, which forked workers cannot change. Deliveries carry the kit's
+    # short lease ({Testing.lease}) as `idempotency_lease`.
+    class Replay
+      # Scenarios, in the order the matcher runs them.
+      SCENARIOS = %i[repeated concurrent_threads concurrent_processes killed_after_claim killed_after_effect
+                     distinct].freeze
+      # Seconds to wait for a worker to reach its stop point or finish.
+      WORKER_TIMEOUT = 60
+
+      # @return [Class] the job class
+      attr_reader :job_class
+      # @return [Array] perform's positional arguments, as they will be delivered
+      attr_reader :args
+
+      # @param job_class [Class] a Sidekiq job class (includes Sidekiq::Job/Worker)
+      # @param args [Array, Hash] perform's arguments: positional, or a Hash by
+      #   parameter name (`{ order_id: 42 }` for `perform(order_id)`)
+      # @param effect [#call, nil] returns a number counting the effect (e.g. rows);
+      #   nil counts body runs instead
+      # @param effect_at [String, nil] "Class#method" or "Class.method": a worker
+      #   killed "after the effect" dies as this method returns, inside the body;
+      #   nil: as the body returns, before the completion is recorded
+      # @param lease [Numeric] the deliveries' lease in seconds
+      # @raise [ArgumentError] when the arguments do not fit perform's parameters or
+      #   `effect_at` names no such method
+      def initialize(job_class, args, effect: nil, effect_at: nil, lease: Testing.lease)
+        @job_class = job_class
+        @args = Arguments.positional(job_class, args)
+        @effect = effect
+        @effect_at = effect_at && EffectPoint.parse(effect_at)
+        @lease = lease.to_f
+        @lock = Mutex.new
+      end
+
+      # The same message delivered `times` times in a row, each a new enqueue of the
+      # same arguments (a producer re-enqueuing, a retry after a lost acknowledgement).
+      # Expected: the effect once.
+      # @param times [Integer] deliveries (≥ 2)
+      # @return [Result]
+      def repeated(times: 3)
+        scenario(:repeated, "the same arguments delivered #{times} times in a row") do |run|
+          times.times { |i| run.deliveries << deliver(enqueue, "delivery #{i + 1}") }
+          run.expect_effects(1)
+        end
+      end
+
+      # `workers` deliveries of the same arguments started together (a barrier
+      # releases them at once), on threads or forked processes; copies the gem pushed
+      # back are delivered once all have finished. Expected: the effect once.
+      # @param workers [Integer] concurrent deliveries (≥ 2)
+      # @param via [Symbol] :threads or :processes
+      # @return [Result]
+      # @raise [ArgumentError] for another `via`
+      def concurrent(workers: 3, via: :threads)
+        raise ArgumentError, "via: must be :threads or :processes, got #{via.inspect}" unless
+          %i[threads processes].include?(via)
+
+        name = :"concurrent_#{via}"
+        scenario(name, "#{workers} workers (#{via}) delivering the same arguments at once") do |run|
+          payloads = Array.new(workers) { enqueue }
+          run.deliveries.concat(via == :threads ? race_threads(payloads) : race_processes(payloads))
+          run.observe("after the race")
+          deliver_deferred(run)
+          run.expect_effects(1)
+        end
+      end
+
+      # A worker is SIGKILLed after its claim (before the body) or after its effect
+      # (as the body returns, or as `effect_at` returns), holding the claim. Then the
+      # same message is redelivered before its lease ends, and again after it (the
+      # copy the gem pushed back, and the killed delivery itself, as a reliable fetch
+      # would bring it back).
+      # Expected: nothing runs while the dead worker's lease is live; afterwards the
+      # effect once — or as the stale policy allows: under :reclaim a kill after the
+      # effect may repeat it once; under :hold/:skip the operation may end held/given
+      # up (never lost). A transactional job's effect is rolled back with its claim.
+      # @param after [Symbol] :claim or :effect
+      # @return [Result]
+      # @raise [ArgumentError] for another `after`
+      def killed(after:)
+        raise ArgumentError, "after: must be :claim or :effect, got #{after.inspect}" unless
+          %i[claim effect].include?(after)
+
+        where = after == :claim ? "after its claim" : "after its effect (#{@effect_at || "the body returned"})"
+        scenario(:"killed_after_#{after}", "a worker SIGKILLed #{where}, then redeliveries before and after " \
+                                           "the lease") do |run|
+          killed_run(run, after)
+        end
+      end
+
+      # Two different operations (these arguments and `other_args`), one delivery
+      # each. Expected: the effect twice — an operation key that does not tell them
+      # apart turns the second away. The `effect` block must count both.
+      # @param other_args [Array, Hash] arguments of another operation
+      # @return [Result]
+      def distinct(other_args)
+        other = Arguments.positional(@job_class, other_args)
+        scenario(:distinct, "two distinct operations (#{@args.inspect} and #{other.inspect}) delivered once " \
+                            "each") do |run|
+          forget(other)
+          run.deliveries << deliver(enqueue, "operation 1")
+          run.deliveries << deliver(enqueue(other), "operation 2")
+          run.expect_effects(2, why: "the operation key does not tell these operations apart")
+        end
+      end
+
+      # @return [Hash, nil] the job's resolved idempotency options (nil: the job
+      #   declares no idempotency_key and is not protected)
+      def options
+        @options ||= IdempotentJob::Sidekiq::Options.resolve(@job_class, @job_class.get_sidekiq_options)
+      end
+
+      # @return [String, nil] the operation key of these arguments (nil when unprotected)
+      def operation_key(args = @args)
+        options&.key&.operation_key(JSON.parse(JSON.generate(args)))
+      end
+
+      # @return [IdempotentJob::Record, nil] the operation's record now
+      def record
+        key = operation_key
+        key && IdempotentJob.record(options.scope, key)
+      end
+
+      # @return [Integer] the effect block's value now, or body runs counted so far
+      def effect_value
+        return @runs_so_far.to_i unless @effect
+
+        value = @effect.call
+        raise ArgumentError, "the effect block must return a number (a count), got #{value.inspect}" unless
+          value.is_a?(Numeric)
+
+        value
+      end
+
+      private
+
+      # One scenario's bookkeeping: deliveries, effects observed, violations.
+      class Run
+        attr_reader :deliveries, :observations, :violations
+        attr_accessor :allowance
+
+        def initialize(replay, baseline)
+          @replay = replay
+          @baseline = baseline
+          @deliveries = []
+          @observations = []
+          @violations = []
+        end
+
+        # @return [Integer] effects since the scenario began
+        def effects
+          @replay.effect_value - @baseline
+        end
+
+        def observe(moment)
+          effects.tap { |count| @observations << "#{moment}: effect #{count} time(s)" }
+        end
+
+        def violation(text)
+          @violations << text
+        end
+
+        def expect_effects(count, why: nil)
+          actual = observe("at the end")
+          return if actual == count
+
+          ran = @deliveries.select(&:ran).map(&:label)
+          text = "the effect happened #{actual} time(s), expected #{count == 1 ? "once" : count}"
+          text += "; the body ran in #{ran.join(", ")}" if ran.any?
+          text += " (#{why})" if why && actual < count
+          violation(text)
+        end
+      end
+
+      def scenario(name, description)
+        ::Sidekiq::Testing.fake! do
+          forget(@args)
+          @runs_so_far = 0
+          run = Run.new(self, effect_value)
+          yield run
+          Result.new(scenario: name, description:, deliveries: run.deliveries, effects: run.effects,
+                     observations: run.observations, record:, allowance: run.allowance,
+                     violations: run.violations)
+        end
+      end
+
+      def forget(args)
+        key = operation_key(args)
+        Testing.forget(options.scope, key) if key
+      end
+
+      # Enqueues through Sidekiq's client (its middleware, JSON round trip) into the
+      # fake queue and takes the payload back out.
+      def enqueue(args = @args, jid: nil)
+        setter = @job_class.set("idempotency_lease" => @lease)
+        jid = setter.perform_async(*args) || raise(Error, "#{@job_class}: a client middleware stopped the push")
+        take(jid) || raise(Error, "#{@job_class}: the enqueued payload (jid #{jid}) was not found")
+      end
+
+      # Removes the payload with this jid from the fake queues.
+      def take(jid)
+        payload = queued_by_class.find { |job| job["jid"] == jid }
+        ::Sidekiq::Queues.delete_for(jid, payload["queue"], @job_class.to_s) if payload
+        payload
+      end
+
+      # The fake queue's jobs of this class (`jobs_by_worker` in Sidekiq 6, `jobs_by_class` later).
+      def queued_by_class
+        queues = ::Sidekiq::Queues
+        (queues.respond_to?(:jobs_by_class) ? queues.jobs_by_class : queues.jobs_by_worker)[@job_class.to_s]
+      end
+
+      def chain
+        chain = ::Sidekiq::Testing.server_middleware.dup
+        gem = IdempotentJob::Sidekiq::ServerMiddleware
+        if Testing.disabled?
+          chain.remove(gem)
+        elsif !chain.exists?(gem)
+          chain.add(gem)
+        end
+        chain.remove(Probe)
+        chain.add(Probe)
+        chain
+      end
+
+      # Delivers one payload on the current thread, as Sidekiq's processor would.
+      # @return [Delivery]
+      def deliver(payload, label)
+        delivery = Delivery.new(label:, jid: payload["jid"], outcome: :not_run, ran: false)
+        recorder = Recorder.new(delivery)
+        recorder.attach do
+          worker = @job_class.new
+          worker.jid = payload["jid"]
+          chain.invoke(worker, payload, payload["queue"]) { worker.perform(*payload["args"]) }
+        rescue StandardError => e
+          recorder.raised!(e)
+        end
+        delivery.deferred = deferred_copies(payload["jid"]) if delivery.outcome == :deferred
+        count_run if delivery.ran
+        delivery
+      end
+
+      # The copies of `jid` the gem pushed back (deferred), taken out of the fake queue.
+      def deferred_copies(jid)
+        queued_by_class
+                         .select { |job| job["jid"] == jid && job["idempotency_deferrals"] }
+                         .filter_map { |job| take(job["jid"]) }
+      end
+
+      # Delivers what the gem pushed back, as the scheduled set would once due.
+      def deliver_deferred(run, label = "pushed-back copy")
+        pending = run.deliveries.flat_map { |d| d.deferred.to_a }
+        run.deliveries.each { |d| d.deferred = [] }
+        pending.each_with_index do |payload, i|
+          run.deliveries << deliver(payload, "#{label} #{i + 1}")
+        end
+      end
+
+      def race_threads(payloads)
+        ready = Queue.new
+        gate = Queue.new
+        # Sidekiq's fake queues create their arrays lazily: do it before the race.
+        queued_by_class
+        ::Sidekiq::Queues.jobs_by_queue[payloads.first["queue"]]
+        threads = payloads.each_with_index.map do |payload, i|
+          Thread.new do
+            ready << true
+            gate.pop
+            deliver(payload, "worker #{i + 1} (thread)")
+          end
+        end
+        payloads.size.times { ready.pop }
+        payloads.size.times { gate << true }
+        threads.map { |t| t.join(WORKER_TIMEOUT)&.value || raise(Error, "#{@job_class}: a worker thread hung") }
+      end
+
+      def race_processes(payloads)
+        gate_reader, gate_writer = IO.pipe
+        workers = payloads.each_with_index.map do |payload, i|
+          Worker.fork(self) do
+            gate_writer.close
+            gate_reader.read(1) # the barrier: all start when the kit closes the gate
+            deliver(payload, "worker #{i + 1} (process)")
+          end
+        end
+        gate_reader.close
+        workers.each(&:wait_ready)
+        gate_writer.close
+        workers.map(&:result).each { |delivery| count_run if delivery.ran }
+      end
+
+      def killed_run(run, after)
+        killed_payload = enqueue
+        worker = Worker.fork(self, stop_at: after, effect_at: @effect_at) do
+          deliver(killed_payload, "killed worker")
+        end
+        worker.kill_at_stop!(after)
+        run.deliveries << Delivery.new(label: "killed worker", jid: killed_payload["jid"], outcome: :killed,
+                                       ran: after == :effect, deferred: [])
+        count_run if after == :effect
+        after_kill = run.observe("after the kill")
+        before_lease(run, after_kill)
+        wait_for_lease_end
+        deliver_deferred(run, "pushed-back copy (after the lease)")
+        run.deliveries << deliver(killed_payload, "the killed delivery again (after the lease)")
+        expect_after_stale(run, after, after_kill)
+      end
+
+      def before_lease(run, after_kill)
+        delivery = deliver(enqueue, "redelivery before the lease ended")
+        run.deliveries << delivery
+        now = run.observe("after a redelivery before the lease ended")
+        if delivery.decision == :takeover
+          run.violation("the redelivery meant to arrive before the lease ended found it already over: the " \
+                        "machine is too slow for a #{@lease} s lease (set IdempotentJob::Testing.lease)")
+        elsif now > after_kill && !transactional?
+          run.violation("a redelivery while the killed worker's lease was still live ran the body again " \
+                        "(effect #{after_kill} → #{now})")
+        end
+      end
+
+      def expect_after_stale(run, after, after_kill)
+        final = run.observe("at the end")
+        status = run_record_status
+        unless final >= 1 || %i[held given_up].include?(status)
+          run.violation("the operation was lost: the effect never happened and its record is " \
+                        "#{status || "missing"}, not held or given up")
+        end
+        allowed = 1
+        if after == :effect && !transactional? && options&.on_stale == :reclaim && after_kill.positive?
+          allowed = 2
+          run.allowance = "one repeat: idempotency_on_stale: :reclaim reruns an operation whose worker died " \
+                          "after its effect, before its completion was recorded"
+        end
+        return if final <= allowed
+
+        ran = run.deliveries.select(&:ran).map(&:label)
+        run.violation("the effect happened #{final} time(s), at most #{allowed} allowed; the body ran in " \
+                      "#{ran.join(", ")}")
+      end
+
+      def count_run
+        @lock.synchronize { @runs_so_far += 1 }
+      end
+
+      def run_record_status
+        record&.status&.to_sym
+      end
+
+      def transactional?
+        !options&.transaction.nil?
+      end
+
+      # Waits until the operation's lease has ended by the database clock (or, with
+      # no record, the kit's lease).
+      def wait_for_lease_end
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @lease + WORKER_TIMEOUT
+        loop do
+          current = record
+          return sleep(@lease + 0.1) if current.nil?
+          return if current.status != :claimed || current.lease_expired
+          raise Error, "#{@job_class}: the lease did not end in time" if
+            Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+          sleep 0.05
+        end
+      end
+    end
+  end
+end
+
+require "idempotent_job/testing/arguments"
+require "idempotent_job/testing/worker"

@@ -1,0 +1,162 @@
+# frozen_string_literal: true
+
+require "json"
+require "timeout"
+
+module IdempotentJob
+  module Testing
+    # A forked worker process running one delivery for the kit, talking to it over a
+    # pipe: "ready", then either "stopped <point>" (waiting for its SIGKILL) or
+    # "result <delivery as JSON>". Internal to the kit.
+    class Worker
+      # Forks the worker; the block (a delivery) runs in the child.
+      # @param replay [Replay] the replay the worker belongs to
+      # @param stop_at [Symbol, nil] :claim or :effect to stop there for a SIGKILL
+      # @param effect_at [EffectPoint, nil] where the effect ends, when not at the body's end
+      # @yieldreturn [Delivery]
+      # @return [Worker]
+      def self.fork(replay, stop_at: nil, effect_at: nil, &delivery)
+        reader, writer = IO.pipe
+        pid = Process.fork do
+          reader.close
+          child(writer, stop_at, effect_at, replay, &delivery)
+        end
+        writer.close
+        new(replay, pid, reader)
+      end
+
+      # The child's side: a fresh database connection, the stop point armed, the
+      # delivery run and its result written.
+      def self.child(writer, stop_at, effect_at, replay)
+        writer.sync = true
+        discard_active_record_connections
+        Probe.signal = writer
+        Probe.stop_at = stop_at == :effect && effect_at ? nil : stop_at
+        effect_at&.arm! if stop_at == :effect
+        writer.puts("ready")
+        delivery = yield
+        writer.puts("result #{JSON.generate(delivery.to_h)}")
+        exit!(0)
+      rescue Exception => e # rubocop:disable Lint/RescueException -- everything goes to the kit
+        writer.puts("error #{replay.job_class}: #{e.class}: #{e.message}".tr("\n", " "))
+        exit!(1)
+      end
+
+      # A forked child must not use the parent's ActiveRecord sockets.
+      def self.discard_active_record_connections
+        return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:connection_handler)
+
+        ::ActiveRecord::Base.connection_handler.connection_pool_list.each(&:discard!)
+      end
+
+      def initialize(replay, pid, reader)
+        @replay = replay
+        @pid = pid
+        @reader = reader
+      end
+
+      # Waits for the worker's "ready".
+      # @raise [Error] when it reports an error or says nothing in time
+      def wait_ready
+        expect_line("ready")
+      end
+
+      # Waits for the worker to stop at `point`, then SIGKILLs it.
+      # @param point [Symbol] :claim or :effect
+      # @raise [Error] when the worker finished, failed or hung instead
+      def kill_at_stop!(point)
+        wait_ready
+        expect_line("stopped #{point}")
+      ensure
+        begin
+          Process.kill(:KILL, @pid)
+          Process.wait(@pid)
+        rescue Errno::ESRCH, Errno::ECHILD
+          nil
+        end
+      end
+
+      # @return [Delivery] what the worker's delivery did
+      # @raise [Error] when the worker failed or hung
+      def result
+        line = next_line
+        raise Error, "#{@replay.job_class}: a worker process said #{line.inspect}" unless line.start_with?("result ")
+
+        Process.wait(@pid)
+        delivery_from(JSON.parse(line.delete_prefix("result ")))
+      end
+
+      private
+
+      def next_line
+        line = Timeout.timeout(Replay::WORKER_TIMEOUT) { @reader.gets }
+        raise Error, "#{@replay.job_class}: a worker process exited without a word" if line.nil?
+
+        line.chomp
+      rescue Timeout::Error
+        Process.kill(:KILL, @pid)
+        raise Error, "#{@replay.job_class}: a worker process said nothing for #{Replay::WORKER_TIMEOUT} s"
+      end
+
+      def expect_line(expected)
+        line = next_line
+        return if line == expected
+
+        raise Error, "#{@replay.job_class}: expected the worker process to say #{expected.inspect}, it said " \
+                     "#{line.inspect}"
+      end
+
+      def delivery_from(hash)
+        Delivery.new(label: hash["label"], jid: hash["jid"], outcome: hash["outcome"].to_sym, ran: hash["ran"],
+                     decision: hash["decision"]&.to_sym, lookup: hash["lookup"]&.to_sym, error: hash["error"],
+                     deferred: hash["deferred"] || [])
+      end
+    end
+
+    # Where a worker killed "after the effect" dies: as a named method returns
+    # ("Gateway#charge" for an instance method, "Gateway.charge" for a class method).
+    class EffectPoint
+      # @param text [String] "Class#method" or "Class.method"
+      # @return [EffectPoint]
+      # @raise [ArgumentError] when the text is malformed or names no such method
+      def self.parse(text)
+        match = /\A(?<owner>[A-Z][\w:]*)(?<sep>[#.])(?<name>\w+[?!]?)\z/.match(text.to_s)
+        raise ArgumentError, "effect_at must look like \"Class#method\" or \"Class.method\", got #{text.inspect}" unless
+          match
+
+        owner = Object.const_get(match[:owner])
+        target = match[:sep] == "#" ? owner : owner.singleton_class
+        name = match[:name].to_sym
+        unless target.method_defined?(name) || target.private_method_defined?(name)
+          raise ArgumentError, "effect_at: #{text} is not a method"
+        end
+
+        new(text.to_s, target, name)
+      rescue NameError => e
+        raise ArgumentError, "effect_at: #{text}: #{e.message}"
+      end
+
+      def initialize(text, target, name)
+        @text = text
+        @target = target
+        @name = name
+      end
+
+      # In a worker to be killed: the method, once it returns, stops the worker.
+      # @return [void]
+      def arm!
+        name = @name
+        @target.prepend(Module.new do
+          define_method(name) do |*args, **kwargs, &block|
+            super(*args, **kwargs, &block).tap { Probe.stop!(:effect) }
+          end
+        end)
+      end
+
+      # @return [String] as given
+      def to_s
+        @text
+      end
+    end
+  end
+end
