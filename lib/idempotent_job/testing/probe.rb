@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 module IdempotentJob
+  # See lib/idempotent_job/testing.rb.
   module Testing
     # What one delivery made by the kit did.
     #
@@ -82,6 +83,9 @@ module IdempotentJob
         attr_accessor :stop_at
         # @return [IO, nil] where the stopped worker tells the kit it is there
         attr_accessor :signal
+        # @return [Numeric, nil] seconds a body that ran waits before its completion
+        #   is recorded, so that concurrent deliveries overlap it
+        attr_accessor :hold
       end
 
       # Called in a worker to be killed: writes the point to the kit, then waits for
@@ -104,6 +108,7 @@ module IdempotentJob
         result = yield
         Probe.stop!(:effect) if Probe.stop_at == :effect
         Thread.current[:idempotent_job_testing]&.ran!
+        sleep(Probe.hold) if Probe.hold
         result
       end
     end

@@ -95,16 +95,23 @@ module IdempotentJob
       # back are delivered once all have finished. Expected: the effect once.
       # @param workers [Integer] concurrent deliveries (≥ 2)
       # @param via [Symbol] :threads or :processes
+      # @param hold [Numeric] seconds a delivery that ran the body waits before its
+      #   completion is recorded, so the others arrive while it holds the claim
       # @return [Result]
       # @raise [ArgumentError] for another `via`
-      def concurrent(workers: 3, via: :threads)
+      def concurrent(workers: 3, via: :threads, hold: 0.2)
         raise ArgumentError, "via: must be :threads or :processes, got #{via.inspect}" unless
           %i[threads processes].include?(via)
 
         name = :"concurrent_#{via}"
         scenario(name, "#{workers} workers (#{via}) delivering the same arguments at once") do |run|
           payloads = Array.new(workers) { enqueue }
-          run.deliveries.concat(via == :threads ? race_threads(payloads) : race_processes(payloads))
+          Probe.hold = hold
+          begin
+            run.deliveries.concat(via == :threads ? race_threads(payloads) : race_processes(payloads))
+          ensure
+            Probe.hold = nil
+          end
           run.observe("after the race")
           deliver_deferred(run)
           run.expect_effects(1)
@@ -237,7 +244,7 @@ module IdempotentJob
 
       # Enqueues through Sidekiq's client (its middleware, JSON round trip) into the
       # fake queue and takes the payload back out.
-      def enqueue(args = @args, jid: nil)
+      def enqueue(args = @args)
         setter = @job_class.set("idempotency_lease" => @lease)
         jid = setter.perform_async(*args) || raise(Error, "#{@job_class}: a client middleware stopped the push")
         take(jid) || raise(Error, "#{@job_class}: the enqueued payload (jid #{jid}) was not found")
@@ -289,8 +296,8 @@ module IdempotentJob
       # The copies of `jid` the gem pushed back (deferred), taken out of the fake queue.
       def deferred_copies(jid)
         queued_by_class
-                         .select { |job| job["jid"] == jid && job["idempotency_deferrals"] }
-                         .filter_map { |job| take(job["jid"]) }
+          .select { |job| job["jid"] == jid && job["idempotency_deferrals"] }
+          .filter_map { |job| take(job["jid"]) }
       end
 
       # Delivers what the gem pushed back, as the scheduled set would once due.
@@ -367,14 +374,9 @@ module IdempotentJob
 
       def expect_after_stale(run, after, after_kill)
         final = run.observe("at the end")
-        status = run_record_status
-        unless final >= 1 || %i[held given_up].include?(status)
-          run.violation("the operation was lost: the effect never happened and its record is " \
-                        "#{status || "missing"}, not held or given up")
-        end
-        allowed = 1
-        if after == :effect && !transactional? && options&.on_stale == :reclaim && after_kill.positive?
-          allowed = 2
+        expect_not_lost(run, final)
+        allowed = reclaim_allowance?(after, after_kill) ? 2 : 1
+        if allowed == 2
           run.allowance = "one repeat: idempotency_on_stale: :reclaim reruns an operation whose worker died " \
                           "after its effect, before its completion was recorded"
         end
@@ -385,12 +387,23 @@ module IdempotentJob
                       "#{ran.join(", ")}")
       end
 
-      def count_run
-        @lock.synchronize { @runs_so_far += 1 }
+      # Nothing lost: the effect happened, or the record says a person or the policy
+      # stopped it (held, given up).
+      def expect_not_lost(run, final)
+        status = record&.status&.to_sym
+        return if final >= 1 || %i[held given_up].include?(status)
+
+        run.violation("the operation was lost: the effect never happened and its record is " \
+                      "#{status || "missing"}, not held or given up")
       end
 
-      def run_record_status
-        record&.status&.to_sym
+      # A worker killed after a non-transactional effect, under :reclaim: one repeat is the policy's price.
+      def reclaim_allowance?(after, after_kill)
+        after == :effect && !transactional? && options&.on_stale == :reclaim && after_kill.positive?
+      end
+
+      def count_run
+        @lock.synchronize { @runs_so_far += 1 }
       end
 
       def transactional?

@@ -108,7 +108,7 @@ module IdempotentJob
       def failure_message
         failed = @results.reject(&:passed?)
         "expected #{@job_class} to be idempotent for #{@args.inspect}#{gem_state}, but " \
-          "#{failed.size} of #{@results.size} delivery patterns repeated or lost its effect:\n\n" +
+        "#{failed.size} of #{@results.size} delivery patterns repeated or lost its effect:\n\n" +
           failed.map(&:to_s).join("\n\n")
       end
 

@@ -31,7 +31,7 @@ module IdempotentJob
         writer.sync = true
         discard_active_record_connections
         Probe.signal = writer
-        Probe.stop_at = stop_at == :effect && effect_at ? nil : stop_at
+        Probe.stop_at = (stop_at == :effect && effect_at ? nil : stop_at)
         effect_at&.arm! if stop_at == :effect
         writer.puts("ready")
         delivery = yield
@@ -42,9 +42,10 @@ module IdempotentJob
         exit!(1)
       end
 
-      # A forked child must not use the parent's ActiveRecord sockets.
+      # A forked child must not use the parent's ActiveRecord sockets. ActiveRecord
+      # 6.1 and later discard them by themselves after a fork (ActiveSupport::ForkTracker).
       def self.discard_active_record_connections
-        return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:connection_handler)
+        return unless defined?(::ActiveRecord::Base) && !defined?(::ActiveSupport::ForkTracker)
 
         ::ActiveRecord::Base.connection_handler.connection_pool_list.each(&:discard!)
       end
