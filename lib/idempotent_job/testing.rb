@@ -66,7 +66,8 @@ module IdempotentJob
 
       # Configures the gem for a test suite and creates its table.
       # Uses `database_url`, else ENV["DATABASE_URL"], else starts a throwaway
-      # PostgreSQL ({Database.start}; stopped at exit).
+      # PostgreSQL ({Database.start}; stopped at exit). The gem's decision log goes
+      # nowhere unless a `logger:` is given (the scenarios' results say what happened).
       # @param database_url [String, nil] a libpq URL
       # @param settings [Hash] further {IdempotentJob.configure} settings
       # @return [String] the database URL in use
@@ -74,7 +75,7 @@ module IdempotentJob
       # @raise [ConnectionError, MigrationError] when the table cannot be created
       def setup!(database_url: ENV.fetch("DATABASE_URL", nil), **settings)
         url = database_url || (@database ||= Database.start).url
-        IdempotentJob.configure(database_url: url, **settings)
+        IdempotentJob.configure(database_url: url, logger: Logger.new(File::NULL), **settings)
         IdempotentJob.migrate!
         url
       end
