@@ -99,6 +99,7 @@ RSpec.describe "The replay testing kit" do
       result = replay.concurrent(workers: 3, via: :threads)
       expect(result).to be_passed
       expect(result.deliveries.map(&:outcome).tally).to eq(ran: 1, deferred: 2, skipped: 2)
+      expect(result.runs).to eq(1)
       expect(result.record.status).to eq(:completed)
       expect(result.to_s).to include("3 workers (threads) delivering the same arguments at once: ok")
     end
@@ -133,7 +134,7 @@ RSpec.describe "The replay testing kit" do
     it "kills at a named method inside the body when told where the effect ends" do
       replay = replay_job(KitGatewayJob, 9, effect: -> { effect_rows("kit-gateway") }, effect_at: "KitGateway.charge")
       result = replay.killed(after: :effect)
-      expect(result.observations.first).to eq("after the kill: effect 1 time(s)")
+      expect(result.observations.first).to eq("after the kill: effect 1 time(s), record claimed")
       expect(effect_rows("kit-receipt")).to eq(1) # only the rerun wrote one: the killed worker died before it
       expect(result.effects).to eq(2) # :reclaim's one allowed repeat
       expect(result).to be_passed

@@ -22,6 +22,11 @@ module IdempotentJob
         violations.empty?
       end
 
+      # @return [Integer] deliveries whose body ran (a worker killed after its effect counts)
+      def runs
+        deliveries.count(&:ran)
+      end
+
       # @return [String] a multi-line report: pattern, verdict, deliveries, record
       def to_s
         lines = ["#{description}: #{passed? ? "ok" : "FAILED"} (effect happened #{effects} time(s))"]
@@ -205,8 +210,13 @@ module IdempotentJob
           @replay.effect_value - @baseline
         end
 
+        # Notes the effect count and the record's status at a step of the scenario.
+        # @return [Integer] the effect count
         def observe(moment)
-          effects.tap { |count| @observations << "#{moment}: effect #{count} time(s)" }
+          status = @replay.record&.status
+          effects.tap do |count|
+            @observations << "#{moment}: effect #{count} time(s), record #{status || "none"}"
+          end
         end
 
         def violation(text)
