@@ -24,8 +24,8 @@ module IdempotentJob
   # suite chose another.
   module Testing
     # Lease in seconds given to the deliveries the kit makes, so that scenarios which
-    # wait for a lease to end take about a second.
-    DEFAULT_LEASE = 1.0
+    # wait for a lease to end take a few seconds (long enough for a loaded CI machine).
+    DEFAULT_LEASE = 2.0
     # Environment variable that runs every scenario with the gem's middleware removed
     # (`IDEMPOTENT_JOB_TESTING_DISABLED=1 rspec`): your tests should then fail.
     DISABLE_ENV = "IDEMPOTENT_JOB_TESTING_DISABLED"
