@@ -114,7 +114,9 @@ RSpec.describe "The replay testing kit" do
 
     it "passes under :hold and :skip, the killed operation ending held or given up, never lost" do
       expect(KitHoldJob).to be_idempotent_for(1).with_effect { effect_rows("kit-hold") }
+                                                .in_scenarios(:repeated, :killed_after_effect)
       expect(KitSkipJob).to be_idempotent_for(1).with_effect { effect_rows("kit-skip") }
+                                                .in_scenarios(:repeated, :killed_after_effect)
       held = replay_job(KitHoldJob, 2, effect: -> { effect_rows("kit-hold") }).killed(after: :claim)
       expect([held.effects, held.record.status]).to eq([0, :held])
       given_up = replay_job(KitSkipJob, 2, effect: -> { effect_rows("kit-skip") }).killed(after: :claim)
@@ -158,7 +160,7 @@ RSpec.describe "The replay testing kit" do
       expect(message).to include("the body ran in delivery 1, delivery 2, delivery 3")
       expect(message).to include("the body ran in worker 1 (process), worker 2 (process), worker 3 (process)")
       expect(message).to include("a redelivery while the killed worker's lease was still live ran the body again")
-      expect(KitUnprotectedJob).not_to be_idempotent_for(order_id: 3).with_effect { effect_rows("kit-unprotected") }
+      expect(KitUnprotectedJob).not_to be_idempotent_for(order_id: 3).in_scenarios(:repeated)
     end
 
     it "fails a protected job run with the gem disabled" do
@@ -185,14 +187,18 @@ RSpec.describe "The replay testing kit" do
   describe "with Sidekiq's testing modes" do
     it "works in inline mode and leaves it inline" do
       Sidekiq::Testing.inline! do
-        expect(KitChargeJob).to be_idempotent_for(12, 1).with_effect { effect_rows("kit-charge") }
+        expect(KitChargeJob).to be_idempotent_for(12, 1)
+          .with_effect { effect_rows("kit-charge") }
+          .in_scenarios(:repeated, :concurrent_threads, :killed_after_claim)
         expect(Sidekiq::Testing).to be_inline
       end
     end
 
     it "works in fake mode and leaves the suite's own queued jobs alone, adding none" do
       KitChargeJob.perform_async(99, 1)
-      expect(KitChargeJob).to be_idempotent_for(13, 1).with_effect { effect_rows("kit-charge") }
+      expect(KitChargeJob).to be_idempotent_for(13, 1)
+        .with_effect { effect_rows("kit-charge") }
+        .in_scenarios(:repeated, :concurrent_threads, :killed_after_claim)
       expect(KitChargeJob.jobs.map { |job| job["args"] }).to eq([[99, 1]])
       expect(Sidekiq::Testing).to be_fake
     end
