@@ -15,7 +15,7 @@ module IdempotentJob
   #
   #   IdempotentJob::Testing.setup!      # DATABASE_URL, or a throwaway PostgreSQL
   #   expect(ChargeOrderJob).to be_idempotent_for(order_id: 42, amount_cents: 1500)
-  #     .with_effect { Charge.where(order_id: 42).count }
+  #     .with_effect { Charge.count }   # counts every operation's effect (distinct needs both)
   #
   # Deliveries go through the job's server middleware chain
   # (`Sidekiq::Testing.server_middleware` plus the gem's middleware) against the real
@@ -52,16 +52,27 @@ module IdempotentJob
 
       # @param value [Boolean, nil] true to run scenarios unprotected; nil to follow
       #   the environment variable again
-      attr_writer :disabled
+      def disabled=(value)
+        @disabled = value
+        @disabled_by = value ? "IdempotentJob::Testing.disabled = true" : nil
+      end
+
+      # @return [String, nil] what disabled the gem for the kit, for failure messages
+      def disabled_by
+        return nil unless disabled?
+
+        @disabled_by || "#{DISABLE_ENV}=#{ENV.fetch(DISABLE_ENV, nil)}"
+      end
 
       # Runs the block with the gem's middleware removed from the kit's deliveries.
       # @return [Object] the block's value
       def without_gem
-        before = @disabled
+        before = [@disabled, @disabled_by]
         @disabled = true
+        @disabled_by = "IdempotentJob::Testing.without_gem"
         yield
       ensure
-        @disabled = before
+        @disabled, @disabled_by = before
       end
 
       # Configures the gem for a test suite and creates its table.

@@ -82,6 +82,63 @@ class KitGatewayJob
   end
 end
 
+# Broken in ways the kit must catch.
+class KitLyingLookupJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: :order_id, idempotency_lookup: :charged?
+
+  def perform(order_id)
+    Effects.record("kit-lying", order_id)
+  end
+
+  def charged?(_order_id) = :not_done
+end
+
+class KitTooFineKeyJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: %i[order_id requested_at]
+
+  def perform(order_id, requested_at)
+    Effects.record("kit-fine", "#{order_id}@#{requested_at}")
+  end
+end
+
+class KitRaisingJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: :order_id, retry: false
+
+  def perform(order_id)
+    Effects.record("kit-raising", order_id)
+    raise NotImplementedError, "after the effect"
+  end
+end
+
+class KitFollowUpJob
+  include Sidekiq::Job
+
+  def perform(order_id) = Effects.record("kit-follow-up", order_id)
+end
+
+class KitEnqueuingJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: :order_id
+
+  def perform(order_id)
+    Effects.record("kit-enqueuing", order_id)
+    KitFollowUpJob.perform_async(order_id)
+  end
+end
+
+class KitNoHeartbeatJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: :order_id, idempotency_heartbeat: false
+
+  def perform(order_id)
+    sleep 1.3
+    Effects.record("kit-no-heartbeat", order_id)
+  end
+end
+
 RSpec.describe "The replay testing kit" do
   def effect_rows(job)
     Effects.connection.exec_params("SELECT count(*) FROM spec_effects WHERE job = $1", [job]).getvalue(0, 0).to_i
@@ -168,7 +225,7 @@ RSpec.describe "The replay testing kit" do
         matcher = be_idempotent_for(order_id: 42, amount_cents: 1).with_effect { effect_rows("kit-charge") }
         expect(matcher.matches?(KitChargeJob)).to be(false)
         expect(matcher.results.map(&:passed?)).to all(be(false))
-        expect(matcher.failure_message).to include("with the gem DISABLED")
+        expect(matcher.failure_message).to include("with the gem DISABLED by IdempotentJob::Testing.without_gem")
       end
       expect(IdempotentJob::Testing.disabled?).to be(false)
     end
@@ -181,6 +238,64 @@ RSpec.describe "The replay testing kit" do
       expect(matcher.failure_message).to include("the effect happened 1 time(s), expected 2; the body ran in " \
                                                  "operation 1 (the operation key does not tell these operations " \
                                                  "apart)")
+    end
+  end
+
+  describe "on subtly broken jobs" do
+    it "fails a lookup that answers :not_done after the effect happened, instead of blaming :reclaim" do
+      result = replay_job(KitLyingLookupJob, 1, effect: -> { effect_rows("kit-lying") }).killed(after: :effect)
+      expect(result).not_to be_passed
+      expect(result.allowance).to be_nil
+      expect(result.violations.first).to eq("the lookup #charged? answered :not_done although the killed worker's " \
+                                            "effect had happened (effect 1 after the kill), so it was run again")
+    end
+
+    it "fails an operation key that includes an argument varying between deliveries of one operation" do
+      matcher = be_idempotent_for(order_id: 1, requested_at: "10:00").with_effect { effect_rows("kit-fine") }
+                                                                     .and_same_operation_as(order_id: 1,
+                                                                                            requested_at: "10:05")
+                                                                     .in_scenarios(:same_operation)
+      expect(matcher.matches?(KitTooFineKeyJob)).to be(false)
+      expect(matcher.failure_message).to include("the effect happened 2 time(s), expected once; the body ran in " \
+                                                 "delivery 1, delivery 2 (other arguments) (the operation key tells")
+      expect(KitChargeJob).to be_idempotent_for(1, 100).with_effect { effect_rows("kit-charge") }
+                                                       .and_same_operation_as(1, 250).in_scenarios(:same_operation)
+    end
+
+    it "reports a body that raises before the kill point as a failed scenario, leaving no process behind" do
+      matcher = be_idempotent_for(1).with_effect { effect_rows("kit-raising") }
+      expect(matcher.matches?(KitRaisingJob)).to be(false)
+      by_name = matcher.results.to_h { |r| [r.scenario, r] }
+      expect(by_name[:killed_after_effect].violations.first)
+        .to start_with("the worker meant to be SIGKILLed after its effect never got there: its delivery raised")
+      expect(by_name[:repeated].violations.first).to include("it raised in delivery 1, delivery 2, delivery 3")
+      expect { Process.waitpid(-1, Process::WNOHANG) }.to raise_error(Errno::ECHILD)
+    end
+
+    it "takes the jobs a body enqueues back out of the fake queues and reports them" do
+      result = replay_job(KitEnqueuingJob, 4, effect: -> { effect_rows("kit-enqueuing") }).repeated(times: 3)
+      expect(result).to be_passed
+      expect(result.enqueued.map { |job| [job["class"], job["args"]] }).to eq([["KitFollowUpJob", [4]]])
+      expect(result.to_s).to include('enqueued by the body: {"KitFollowUpJob"=>1}')
+      expect(KitFollowUpJob.jobs).to be_empty
+    end
+
+    it "says the heartbeat is off when a body outlasts the kit's lease" do
+      IdempotentJob::Testing.lease = 1.0
+      result = replay_job(KitNoHeartbeatJob, 1, effect: -> { effect_rows("kit-no-heartbeat") }).killed(after: :effect)
+      expect(result.violations.first).to include("idempotency_heartbeat is off")
+    ensure
+      IdempotentJob::Testing.lease = IdempotentJob::Testing::DEFAULT_LEASE
+    end
+
+    it "refuses scenarios asked for that cannot run, and never passes with no scenario" do
+      expect { be_idempotent_for(1).in_scenarios(:distinct).matches?(KitUnprotectedJob) }
+        .to raise_error(ArgumentError, /cannot run distinct/)
+      threads_only = be_idempotent_for(1).with_effect { effect_rows("kit-unprotected") }
+                                         .with_workers(2, via: :threads)
+      expect(threads_only.matches?(KitUnprotectedJob)).to be(false)
+      expect(threads_only.results.map(&:scenario)).to eq(%i[repeated concurrent_threads killed_after_claim
+                                                            killed_after_effect])
     end
   end
 

@@ -14,9 +14,11 @@ module IdempotentJob
     # observations (Array<String>, effects seen at each step), record
     # (IdempotentJob::Record or nil, the operation's record at the end), allowance
     # (String or nil, a duplicate the stale policy permits), violations
-    # (Array<String>, empty when the scenario passed).
+    # (Array<String>, empty when the scenario passed), enqueued (Array<Hash>, jobs
+    # the body enqueued in this process — not in forked workers — removed from the
+    # fake queues afterwards).
     Result = Struct.new(:scenario, :description, :deliveries, :effects, :observations, :record, :allowance,
-                        :violations, keyword_init: true) do
+                        :violations, :enqueued, keyword_init: true) do
       # @return [Boolean] whether the scenario kept its expectations
       def passed?
         violations.empty?
@@ -29,13 +31,20 @@ module IdempotentJob
 
       # @return [String] a multi-line report: pattern, verdict, deliveries, record
       def to_s
-        lines = ["#{description}: #{passed? ? "ok" : "FAILED"} (effect happened #{effects} time(s))"]
+        lines = [header]
         lines.concat(violations.map { |v| "  ✗ #{v}" })
         lines << "  allowed: #{allowance}" if allowance
         lines.concat(observations.map { |o| "  · #{o}" })
         lines.concat(deliveries.map { |d| "    #{d}" })
         lines << "  record: #{record ? "#{record.status}, #{record.attempts} claim(s)" : "none"}"
+        lines << "  enqueued by the body: #{enqueued.map { |job| job["class"] }.tally}" if enqueued&.any?
         lines.join("\n")
+      end
+
+      private
+
+      def header
+        "#{description}: #{passed? ? "ok" : "FAILED"} (effect happened #{effects} time(s))"
       end
     end
 
@@ -54,7 +63,7 @@ module IdempotentJob
     class Replay
       # Scenarios, in the order the matcher runs them.
       SCENARIOS = %i[repeated concurrent_threads concurrent_processes killed_after_claim killed_after_effect
-                     distinct].freeze
+                     distinct same_operation].freeze
       # Seconds to wait for a worker to reach its stop point or finish.
       WORKER_TIMEOUT = 60
 
@@ -162,6 +171,24 @@ module IdempotentJob
         end
       end
 
+      # The same operation delivered twice with arguments that differ only where the
+      # operation key does not look (a request time, a trace id), as a re-enqueue by
+      # a producer would. Expected: the effect once — an operation key that includes
+      # an argument which varies between deliveries runs it twice.
+      # @param other_args [Array, Hash] arguments of the same operation
+      # @return [Result]
+      def same_operation(other_args)
+        other = Arguments.positional(@job_class, other_args)
+        scenario(:same_operation, "one operation delivered with #{@args.inspect} and again with " \
+                                  "#{other.inspect}") do |run|
+          forget(other)
+          run.deliveries << deliver(enqueue, "delivery 1")
+          run.deliveries << deliver(enqueue(other), "delivery 2 (other arguments)")
+          run.expect_effects(1, why: "the operation key tells these deliveries of one operation apart: it " \
+                                     "includes an argument that varies between deliveries")
+        end
+      end
+
       # @return [Hash, nil] the job's resolved idempotency options (nil: the job
       #   declares no idempotency_key and is not protected)
       def options
@@ -228,22 +255,29 @@ module IdempotentJob
           return if actual == count
 
           ran = @deliveries.select(&:ran).map(&:label)
+          raised = @deliveries.select { |d| d.outcome == :raised }.map(&:label)
           text = "the effect happened #{actual} time(s), expected #{count == 1 ? "once" : count}"
           text += "; the body ran in #{ran.join(", ")}" if ran.any?
-          text += " (#{why})" if why && actual < count
+          text += "; it raised in #{raised.join(", ")}" if raised.any?
+          text += " (#{why})" if why
           violation(text)
         end
       end
 
       def scenario(name, description)
         ::Sidekiq::Testing.fake! do
-          forget(@args)
-          @runs_so_far = 0
-          run = Run.new(self, effect_value)
-          yield run
-          Result.new(scenario: name, description:, deliveries: run.deliveries, effects: run.effects,
-                     observations: run.observations, record:, allowance: run.allowance,
-                     violations: run.violations)
+          saved = FakeQueues.snapshot
+          begin
+            forget(@args)
+            @runs_so_far = 0
+            run = Run.new(self, effect_value)
+            yield run
+            Result.new(scenario: name, description:, deliveries: run.deliveries, effects: run.effects,
+                       observations: run.observations, record:, allowance: run.allowance,
+                       violations: run.violations, enqueued: FakeQueues.added_since(saved))
+          ensure
+            FakeQueues.restore(saved)
+          end
         end
       end
 
@@ -256,7 +290,10 @@ module IdempotentJob
       # fake queue and takes the payload back out.
       def enqueue(args = @args)
         setter = @job_class.set("idempotency_lease" => @lease)
-        jid = setter.perform_async(*args) || raise(Error, "#{@job_class}: a client middleware stopped the push")
+        # As a producer's arguments reach a worker: through JSON (symbol keys become strings).
+        jid = setter.perform_async(*JSON.parse(JSON.generate(args)))
+        raise Error, "#{@job_class}: a client middleware stopped the push" unless jid
+
         take(jid) || raise(Error, "#{@job_class}: the enqueued payload (jid #{jid}) was not found")
       end
 
@@ -295,7 +332,7 @@ module IdempotentJob
           worker = @job_class.new
           worker.jid = payload["jid"]
           chain.invoke(worker, payload, payload["queue"]) { worker.perform(*payload["args"]) }
-        rescue StandardError => e
+        rescue StandardError, ScriptError => e # what Sidekiq would count as a failed job (NotImplementedError…)
           recorder.raised!(e)
         end
         delivery.deferred = deferred_copies(payload["jid"]) if delivery.outcome == :deferred
@@ -350,6 +387,9 @@ module IdempotentJob
         workers.each(&:wait_ready)
         gate_writer.close
         workers.map(&:result).each { |delivery| count_run if delivery.ran }
+      ensure
+        gate_writer&.close unless gate_writer&.closed?
+        workers&.each(&:terminate!)
       end
 
       def killed_run(run, after)
@@ -357,7 +397,9 @@ module IdempotentJob
         worker = Worker.fork(self, stop_at: after, effect_at: @effect_at) do
           deliver(killed_payload, "killed worker")
         end
-        worker.kill_at_stop!(after)
+        finished = worker.kill_at_stop!(after)
+        return never_stopped(run, after, finished) if finished
+
         run.deliveries << Delivery.new(label: "killed worker", jid: killed_payload["jid"], outcome: :killed,
                                        ran: after == :effect, deferred: [])
         count_run if after == :effect
@@ -369,13 +411,21 @@ module IdempotentJob
         expect_after_stale(run, after, after_kill)
       end
 
+      # The worker meant to be killed finished (or raised) before its stop point.
+      def never_stopped(run, after, delivery)
+        run.deliveries << delivery
+        count_run if delivery.ran
+        run.observe("after the worker finished")
+        run.violation("the worker meant to be SIGKILLed after its #{after} never got there: its delivery " \
+                      "#{delivery.outcome}#{" (#{delivery.error})" if delivery.error}, so there was nothing to kill")
+      end
+
       def before_lease(run, after_kill)
         delivery = deliver(enqueue, "redelivery before the lease ended")
         run.deliveries << delivery
         now = run.observe("after a redelivery before the lease ended")
         if delivery.decision == :takeover
-          run.violation("the redelivery meant to arrive before the lease ended found it already over: the " \
-                        "machine is too slow for a #{@lease} s lease (set IdempotentJob::Testing.lease)")
+          run.violation(late_redelivery)
         elsif now > after_kill && !transactional?
           run.violation("a redelivery while the killed worker's lease was still live ran the body again " \
                         "(effect #{after_kill} → #{now})")
@@ -385,7 +435,8 @@ module IdempotentJob
       def expect_after_stale(run, after, after_kill)
         final = run.observe("at the end")
         expect_not_lost(run, final)
-        allowed = reclaim_allowance?(after, after_kill) ? 2 : 1
+        expect_lookup_truthful(run, after_kill)
+        allowed = reclaim_allowance?(run, after, after_kill) ? 2 : 1
         if allowed == 2
           run.allowance = "one repeat: idempotency_on_stale: :reclaim reruns an operation whose worker died " \
                           "after its effect, before its completion was recorded"
@@ -395,6 +446,15 @@ module IdempotentJob
         ran = run.deliveries.select(&:ran).map(&:label)
         run.violation("the effect happened #{final} time(s), at most #{allowed} allowed; the body ran in " \
                       "#{ran.join(", ")}")
+      end
+
+      def late_redelivery
+        text = "the redelivery meant to arrive before the lease ended found it already over: "
+        return "#{text}the machine is too slow for a #{@lease} s lease (set IdempotentJob::Testing.lease)" if
+          options&.heartbeat
+
+        "#{text}idempotency_heartbeat is off, so the killed worker's claim was not renewed and its body " \
+          "outlasted the kit's #{@lease} s lease: set IdempotentJob::Testing.lease above the body's run time"
       end
 
       # Nothing lost: the effect happened, or the record says a person or the policy
@@ -407,9 +467,20 @@ module IdempotentJob
                       "#{status || "missing"}, not held or given up")
       end
 
-      # A worker killed after a non-transactional effect, under :reclaim: one repeat is the policy's price.
-      def reclaim_allowance?(after, after_kill)
-        after == :effect && !transactional? && options&.on_stale == :reclaim && after_kill.positive?
+      # A lookup asked about the dead worker's claim must not say :not_done once its
+      # effect happened (nor :done before it did: that shows up as a lost operation).
+      def expect_lookup_truthful(run, after_kill)
+        return unless after_kill.positive? && run.deliveries.any? { |d| d.lookup == :not_done }
+
+        run.violation("the lookup ##{options.lookup} answered :not_done although the killed worker's effect " \
+                      "had happened (effect #{after_kill} after the kill), so it was run again")
+      end
+
+      # A worker killed after a non-transactional effect, under :reclaim, with no
+      # lookup answer that decided: one repeat is the policy's price.
+      def reclaim_allowance?(run, after, after_kill)
+        decided = run.deliveries.any? { |d| %i[done not_done].include?(d.lookup) }
+        after == :effect && !transactional? && options&.on_stale == :reclaim && after_kill.positive? && !decided
       end
 
       def count_run
@@ -439,4 +510,5 @@ module IdempotentJob
 end
 
 require "idempotent_job/testing/arguments"
+require "idempotent_job/testing/fake_queues"
 require "idempotent_job/testing/worker"

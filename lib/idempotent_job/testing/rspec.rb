@@ -36,6 +36,7 @@ module IdempotentJob
         @via = Process.respond_to?(:fork) ? %i[threads processes] : %i[threads]
         @only = nil
         @other = nil
+        @same = nil
       end
 
       # @yieldreturn [Numeric] a count of the effect (rows, calls to a stand-in)
@@ -58,6 +59,16 @@ module IdempotentJob
         self
       end
 
+      # Adds the same-operation scenario: these arguments differ from the matched ones
+      # only where the operation key must not look (a request time, a trace id).
+      # @param args [Array] the same operation's positional arguments, or
+      # @param named [Hash] by parameter name
+      # @return [self]
+      def and_same_operation_as(*args, **named)
+        @same = named.empty? ? args : named
+        self
+      end
+
       # @param count [Integer] deliveries in the repeated scenario (default 3)
       # @return [self]
       def delivered(count)
@@ -66,7 +77,8 @@ module IdempotentJob
       end
 
       # @param count [Integer] concurrent workers (default 3)
-      # @param via [Array<Symbol>] :threads and/or :processes (default both)
+      # @param via [Array<Symbol>] :threads and/or :processes (default both where
+      #   fork exists); the kill scenarios run in a forked worker either way
       # @return [self]
       def with_workers(count, via: @via)
         @workers = Integer(count)
@@ -77,7 +89,9 @@ module IdempotentJob
       # Runs only these scenarios.
       # @param names [Array<Symbol>] from {Replay::SCENARIOS}
       # @return [self]
-      # @raise [ArgumentError] for an unknown name
+      # @raise [ArgumentError] for an unknown name (and, when matching, for one that
+      #   cannot run: :distinct without {#and_distinct_from}, :same_operation without
+      #   {#and_same_operation_as}, a process scenario without fork)
       def in_scenarios(*names)
         unknown = names - Replay::SCENARIOS
         raise ArgumentError, "unknown scenarios #{unknown.inspect}; known: #{Replay::SCENARIOS.inspect}" if
@@ -92,7 +106,7 @@ module IdempotentJob
       def matches?(job_class)
         @job_class = job_class
         @results = run_scenarios
-        @results.all?(&:passed?)
+        !@results.empty? && @results.all?(&:passed?)
       end
 
       # @param job_class [Class]
@@ -106,6 +120,8 @@ module IdempotentJob
 
       # @return [String]
       def failure_message
+        return "expected #{@job_class} to be idempotent for #{@args.inspect}, but no scenario ran" if @results.empty?
+
         failed = @results.reject(&:passed?)
         "expected #{@job_class} to be idempotent for #{@args.inspect}#{gem_state}, but " \
         "#{failed.size} of #{@results.size} delivery patterns repeated or lost its effect:\n\n" +
@@ -126,23 +142,46 @@ module IdempotentJob
       private
 
       def gem_state
-        Testing.disabled? ? " (with the gem DISABLED: #{Testing::DISABLE_ENV})" : ""
+        Testing.disabled? ? " (with the gem DISABLED by #{Testing.disabled_by})" : ""
       end
 
       def wanted?(name)
         @only.nil? || @only.include?(name)
       end
 
+      def fork?
+        Process.respond_to?(:fork)
+      end
+
+      # Scenarios asked for by name that cannot run are an error, not a silent pass.
+      def check_runnable!
+        unrunnable = { distinct: @other.nil?, same_operation: @same.nil?, concurrent_processes: !fork?,
+                       killed_after_claim: !fork?, killed_after_effect: !fork? }
+        missing = unrunnable.select { |name, gone| gone && @only&.include?(name) }
+        return if missing.empty?
+
+        raise ArgumentError, "#{@job_class}: cannot run #{missing.keys.join(", ")} (distinct needs " \
+                             "and_distinct_from, same_operation needs and_same_operation_as, the others fork)"
+      end
+
       def run_scenarios
+        check_runnable!
         replay = Replay.new(@job_class, @args, effect: @effect, effect_at: @effect_at)
         results = []
         results << replay.repeated(times: @times) if wanted?(:repeated)
         @via.each do |via|
           results << replay.concurrent(workers: @workers, via:) if wanted?(:"concurrent_#{via}")
         end
-        results << replay.killed(after: :claim) if wanted?(:killed_after_claim) && @via.include?(:processes)
-        results << replay.killed(after: :effect) if wanted?(:killed_after_effect) && @via.include?(:processes)
+        %i[claim effect].each do |after|
+          results << replay.killed(after:) if fork? && wanted?(:"killed_after_#{after}")
+        end
+        results.concat(operation_scenarios(replay))
+      end
+
+      def operation_scenarios(replay)
+        results = []
         results << replay.distinct(@other) if @other && wanted?(:distinct)
+        results << replay.same_operation(@same) if @same && wanted?(:same_operation)
         results
       end
     end

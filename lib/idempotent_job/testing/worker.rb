@@ -56,25 +56,30 @@ module IdempotentJob
         @reader = reader
       end
 
-      # Waits for the worker's "ready".
-      # @raise [Error] when it reports an error or says nothing in time
+      # Waits for the worker's "ready" (forked, connected, about to deliver).
+      # @raise [Error] when it said something else or nothing in time
       def wait_ready
-        expect_line("ready")
+        line = next_line
+        return if line == "ready"
+
+        raise Error, "#{@replay.job_class}: expected the worker process to say \"ready\", it said #{line.inspect}"
       end
 
       # Waits for the worker to stop at `point`, then SIGKILLs it.
       # @param point [Symbol] :claim or :effect
-      # @raise [Error] when the worker finished, failed or hung instead
+      # @return [Delivery, nil] nil once killed there; the worker's delivery when it
+      #   finished (or raised) without reaching the point
+      # @raise [Error] when the worker failed outside its delivery or hung
       def kill_at_stop!(point)
         wait_ready
-        expect_line("stopped #{point}")
+        line = next_line
+        return nil if line == "stopped #{point}"
+        return delivery_from(JSON.parse(line.delete_prefix("result "))) if line.start_with?("result ")
+
+        raise Error, "#{@replay.job_class}: expected the worker process to stop at its #{point}, it said " \
+                     "#{line.inspect}"
       ensure
-        begin
-          Process.kill(:KILL, @pid)
-          Process.wait(@pid)
-        rescue Errno::ESRCH, Errno::ECHILD
-          nil
-        end
+        terminate!
       end
 
       # @return [Delivery] what the worker's delivery did
@@ -83,8 +88,25 @@ module IdempotentJob
         line = next_line
         raise Error, "#{@replay.job_class}: a worker process said #{line.inspect}" unless line.start_with?("result ")
 
-        Process.wait(@pid)
         delivery_from(JSON.parse(line.delete_prefix("result ")))
+      ensure
+        terminate!
+      end
+
+      # SIGKILLs the worker if it still runs, reaps it and closes its pipe. Idempotent.
+      # @return [void]
+      def terminate!
+        begin
+          Process.kill(:KILL, @pid)
+        rescue Errno::ESRCH
+          nil
+        end
+        begin
+          Process.wait(@pid)
+        rescue Errno::ECHILD
+          nil
+        end
+        @reader.close unless @reader.closed?
       end
 
       private
@@ -95,16 +117,7 @@ module IdempotentJob
 
         line.chomp
       rescue Timeout::Error
-        Process.kill(:KILL, @pid)
         raise Error, "#{@replay.job_class}: a worker process said nothing for #{Replay::WORKER_TIMEOUT} s"
-      end
-
-      def expect_line(expected)
-        line = next_line
-        return if line == expected
-
-        raise Error, "#{@replay.job_class}: expected the worker process to say #{expected.inspect}, it said " \
-                     "#{line.inspect}"
       end
 
       def delivery_from(hash)

@@ -1,0 +1,50 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  module Testing
+    # Sidekiq's fake queues around a scenario: what the kit and the job body push
+    # there during it is taken out again, leaving the suite's own jobs as they were.
+    # Internal to the kit.
+    module FakeQueues
+      class << self
+        # @return [Array(Hash, Hash)] copies of the by-queue and by-class maps
+        def snapshot
+          [by_queue.transform_values(&:dup), by_class.transform_values(&:dup)]
+        end
+
+        # @param saved [Array(Hash, Hash)] a {snapshot}
+        # @return [Array<Hash>] payloads pushed since, other than the kit's own
+        #   deliveries and the gem's pushed-back copies
+        def added_since(saved)
+          before = {}.compare_by_identity
+          saved.first.each_value { |jobs| jobs.each { |job| before[job] = true } }
+          by_queue.values.flatten.reject do |job|
+            before.key?(job) || job["idempotency_deferrals"] || job.key?("idempotency_lease")
+          end
+        end
+
+        # Puts the maps back as they were at {snapshot}.
+        # @param saved [Array(Hash, Hash)]
+        # @return [void]
+        def restore(saved)
+          [by_queue, by_class].zip(saved).each do |map, copy|
+            map.clear
+            copy.each { |name, jobs| map[name] = jobs }
+          end
+        end
+
+        private
+
+        def by_queue
+          ::Sidekiq::Queues.jobs_by_queue
+        end
+
+        # `jobs_by_worker` in Sidekiq 6, `jobs_by_class` later.
+        def by_class
+          queues = ::Sidekiq::Queues
+          queues.respond_to?(:jobs_by_class) ? queues.jobs_by_class : queues.jobs_by_worker
+        end
+      end
+    end
+  end
+end
