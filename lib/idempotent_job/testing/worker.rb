@@ -29,6 +29,11 @@ module IdempotentJob
       # delivery run and its result written.
       def self.child(writer, stop_at, effect_at, replay)
         writer.sync = true
+        # Asked by the kit when the worker stays silent: where are its threads?
+        trap("USR2") do
+          stacks = Thread.list.map { |t| (t.backtrace || []).first(8).join(" < ") }
+          writer.puts("stacks #{stacks.join(" || ")}")
+        end
         discard_active_record_connections
         Probe.signal = writer
         Probe.stop_at = (stop_at == :effect && effect_at ? nil : stop_at)
@@ -117,7 +122,19 @@ module IdempotentJob
 
         line.chomp
       rescue Timeout::Error
-        raise Error, "#{@replay.job_class}: a worker process said nothing for #{Replay::WORKER_TIMEOUT} s"
+        raise Error, "#{@replay.job_class}: a worker process (pid #{@pid}) said nothing for " \
+                     "#{Replay::WORKER_TIMEOUT} s; #{stacks}"
+      end
+
+      # The silent worker's Ruby stacks (it answers SIGUSR2 unless stuck outside Ruby).
+      def stacks
+        Process.kill(:USR2, @pid)
+        line = Timeout.timeout(5) { @reader.gets }
+        line ? "its threads: #{line.chomp.delete_prefix("stacks ")}" : "it exited"
+      rescue Timeout::Error
+        "it did not answer SIGUSR2 either (stuck outside Ruby, e.g. in native code holding the GVL)"
+      rescue Errno::ESRCH
+        "it is gone"
       end
 
       def delivery_from(hash)
