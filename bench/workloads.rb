@@ -1,0 +1,323 @@
+# frozen_string_literal: true
+
+require "digest/sha2"
+require "json"
+require "logger"
+require "securerandom"
+require "idempotent_job/sidekiq"
+
+module IdempotentJobBench
+  # One delivery's inputs, generated before the clock starts: the operation key, the
+  # job id, and the stored payload (arguments as JSON and their digest), as the
+  # middleware would send them.
+  Op = Struct.new(:key, :jid, :args_json, :digest) do
+    # @param key [String, nil] the operation key; a random one when nil
+    # @return [Op]
+    def self.fresh(key = nil)
+      key ||= SecureRandom.hex(16)
+      args_json = JSON.generate([key])
+      new(key, SecureRandom.hex(12), args_json, Digest::SHA256.hexdigest(args_json))
+    end
+  end
+
+  # Where the gem's settings for a benchmark pass are applied.
+  module Gem
+    # Logs of the gem go nowhere: a duplicate is logged at info level, and the
+    # benchmark measures the decision, not the terminal.
+    NULL_LOGGER = Logger.new(File::NULL)
+
+    # Points the gem's facade (and so its middleware) at `url` with a pool of `pool_size`.
+    # @param url [String] PostgreSQL URL
+    # @param pool_size [Integer] pooled connections
+    # @return [void]
+    # @raise [IdempotentJob::ConfigurationError]
+    def self.configure(url, pool_size:)
+      IdempotentJob.configure(database_url: url, pool_size:, logger: NULL_LOGGER)
+    end
+  end
+
+  # A job class for the middleware variant (never enqueued): its key is its only argument.
+  class BenchJob
+    include ::Sidekiq::Job
+    sidekiq_options idempotency_key: 0
+
+    # @param _key [String]
+    # @return [nil]
+    def perform(_key); end
+  end
+
+  # A way of recording deliveries that the benchmark times. Each variant answers
+  # {#first} (a first delivery: claim, then completion) and {#duplicate} (a delivery
+  # of an operation already completed: turned away); both raise when the database
+  # answered something else, so a broken variant cannot look fast.
+  class Variant
+    # Job type of the records the benchmark writes.
+    JOB_TYPE = "BenchJob"
+    # Lease in seconds sent with each claim.
+    LEASE = 300.0
+
+    # @return [Symbol] short name (CSV subject)
+    attr_reader :name
+    # @return [String] what the printed table calls it
+    attr_reader :label
+
+    # @param name [Symbol]
+    # @param label [String]
+    def initialize(name, label)
+      @name = name
+      @label = label
+    end
+
+    # @return [Boolean] whether the variant is a proposal (a change to the gem that
+    #   the benchmark prototypes with raw SQL), not something that exists today
+    def proposal?
+      false
+    end
+
+    # Closes what the variant opened.
+    # @return [void]
+    def close; end
+
+    private
+
+    def claim_params(op, token)
+      [JOB_TYPE, op.key, token, op.jid, LEASE, op.digest, JOB_TYPE, "default", op.args_json, false]
+    end
+
+    def expect!(condition, what)
+      raise "#{label}: #{what}" unless condition
+    end
+  end
+
+  # The floor: the gem's own statements (IdempotentJob.claim_sql and
+  # IdempotentJob::Native.fenced_sql(:complete), read from the extension) sent raw with
+  # the pg gem's exec_params (unnamed statements, one round trip each, as the gem sends
+  # them) on one connection. Options prototype changes to the gem:
+  # * named: — named prepared statements, prepared once per connection;
+  # * async: — the write that needs no durability wait commits asynchronously:
+  #   the completion (first delivery) or a turned-away duplicate's counters.
+  class Floor < Variant
+    # @param conn [PG::Connection] a connection of its own
+    # @param name [Symbol]
+    # @param label [String]
+    # @param named [Boolean] use named prepared statements
+    # @param async [Boolean] asynchronous commit for completions and duplicates
+    def initialize(conn, name: :floor, label: "floor: same SQL, raw pg, unnamed", named: false, async: false)
+      super(name, label)
+      @conn = conn
+      @named = named
+      @claim = IdempotentJob.claim_sql
+      @complete = IdempotentJob::Native.fenced_sql(:complete)
+      if async
+        @claim += ",\n          CASE WHEN r.claim_token = $3 THEN NULL " \
+                  "ELSE set_config('synchronous_commit', 'off', true) END AS async_commit"
+        @complete += " RETURNING set_config('synchronous_commit', 'off', true)"
+      end
+      prepare if named
+    end
+
+    # (see Variant#proposal?)
+    def proposal?
+      @named || @complete.include?("set_config")
+    end
+
+    # Claims and completes a new operation.
+    # @param op [Op]
+    # @return [void]
+    # @raise [RuntimeError, PG::Error]
+    def first(op)
+      token = SecureRandom.uuid
+      won = run(:claim, claim_params(op, token)).getvalue(0, 0)
+      expect!(won == "t", "the claim of a new operation was not won")
+      done = run(:complete, [JOB_TYPE, op.key, token]).cmd_tuples
+      expect!(done == 1, "the completion changed #{done} rows")
+    end
+
+    # Sends the claim statement for a completed operation.
+    # @param op [Op]
+    # @return [void]
+    # @raise [RuntimeError, PG::Error]
+    def duplicate(op)
+      row = run(:claim, claim_params(op, SecureRandom.uuid)).first
+      expect!(row["won"] == "f" && row["status"] == "completed", "a duplicate was not turned away: #{row}")
+    end
+
+    # @return [void]
+    def close
+      @conn.close
+    end
+
+    private
+
+    def prepare
+      @conn.prepare("bench_claim", @claim)
+      @conn.prepare("bench_complete", @complete)
+    end
+
+    def run(statement, params)
+      if @named
+        @conn.exec_prepared("bench_#{statement}", params)
+      else
+        @conn.exec_params(statement == :claim ? @claim : @complete, params)
+      end
+    end
+  end
+
+  # One raw round trip: the primary-key read of the record (unnamed statement, pg
+  # gem). The least a duplicate could cost: one round trip, no write.
+  class RoundTrip < Variant
+    # Reads one record by its key.
+    SQL = "SELECT status FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2"
+
+    # @param conn [PG::Connection]
+    def initialize(conn)
+      super(:round_trip, "one raw round trip (pg: PK read of the record)")
+      @conn = conn
+    end
+
+    # Reads a completed record.
+    # @param op [Op]
+    # @return [void]
+    # @raise [RuntimeError, PG::Error]
+    def duplicate(op)
+      status = @conn.exec_params(SQL, [JOB_TYPE, op.key]).getvalue(0, 0)
+      expect!(status == "completed", "the record is #{status.inspect}")
+    end
+
+    # @return [void]
+    def close
+      @conn.close
+    end
+  end
+
+  # The gem's native store, called as the middleware calls it:
+  # `IdempotentJob.store.claim` then `fenced(:complete, …)`.
+  class GemStore < Variant
+    def initialize
+      super(:gem, "gem: native store calls")
+    end
+
+    # (see Floor#first)
+    def first(op)
+      decision = IdempotentJob.store.claim(request(op))
+      expect!(decision[:decision] == :claimed, "claim decided #{decision[:decision].inspect}")
+      IdempotentJob.store.fenced(:complete, JOB_TYPE, op.key, decision[:token], nil)
+    end
+
+    # (see Floor#duplicate)
+    def duplicate(op)
+      decision = IdempotentJob.store.claim(request(op))
+      expect!(decision[:decision] == :completed, "a duplicate decided #{decision[:decision].inspect}")
+    end
+
+    private
+
+    def request(op)
+      { job_type: JOB_TYPE, operation_key: op.key, jid: op.jid, lease: LEASE, args_digest: op.digest,
+        job_class: JOB_TYPE, queue: "default", args_json: op.args_json, refuse_mismatch: false }
+    end
+  end
+
+  # The whole Sidekiq server middleware around a no-op body, without Sidekiq's
+  # processor: options, operation key, argument digest, claim, heartbeat start and
+  # stop, events, completion.
+  class GemMiddleware < Variant
+    def initialize
+      super(:middleware, "gem: Sidekiq server middleware")
+      @middleware = IdempotentJob::Sidekiq::ServerMiddleware.new
+      @job = BenchJob.new
+    end
+
+    # (see Floor#first)
+    def first(op)
+      ran = false
+      @middleware.call(@job, job_hash(op), "default") { ran = true }
+      expect!(ran, "the body of a first delivery did not run")
+    end
+
+    # (see Floor#duplicate)
+    def duplicate(op)
+      ran = false
+      @middleware.call(@job, job_hash(op), "default") { ran = true }
+      expect!(!ran, "the body of a duplicate ran")
+    end
+
+    private
+
+    def job_hash(op)
+      { "class" => BenchJob.name, "args" => [op.key], "jid" => op.jid, "queue" => "default" }
+    end
+  end
+
+  # What a team would write without the gem, with the pg gem: insert the record;
+  # on conflict, read it; complete with an update. Its own narrow table. It keeps no
+  # duplicate count, payload, repeat history or fencing beyond a token.
+  class HandWritten < Variant
+    # The table a team would create.
+    TABLE_SQL = <<~SQL
+      CREATE TABLE IF NOT EXISTS bench_handwritten_jobs (
+          job_type      text        NOT NULL,
+          operation_key text        NOT NULL,
+          status        text        NOT NULL,
+          token         uuid        NOT NULL,
+          jid           text,
+          locked_until  timestamptz NOT NULL,
+          created_at    timestamptz NOT NULL DEFAULT now(),
+          completed_at  timestamptz,
+          PRIMARY KEY (job_type, operation_key))
+    SQL
+    # Claim a new operation.
+    INSERT_SQL = "INSERT INTO bench_handwritten_jobs (job_type, operation_key, status, token, jid, locked_until) " \
+                 "VALUES ($1, $2, 'running', $3, $4, now() + make_interval(secs => $5)) " \
+                 "ON CONFLICT (job_type, operation_key) DO NOTHING RETURNING token"
+    # Read the record that was in the way.
+    READ_SQL = "SELECT status, token, locked_until <= now() AS expired FROM bench_handwritten_jobs " \
+               "WHERE job_type = $1 AND operation_key = $2"
+    # Take over an expired claim (never reached by the benchmark's deliveries).
+    TAKEOVER_SQL = "UPDATE bench_handwritten_jobs SET token = $3, jid = $4, " \
+                   "locked_until = now() + make_interval(secs => $5) " \
+                   "WHERE job_type = $1 AND operation_key = $2 AND token = $6 AND status = 'running'"
+    # Record the completion.
+    COMPLETE_SQL = "UPDATE bench_handwritten_jobs SET status = 'done', completed_at = now() " \
+                   "WHERE job_type = $1 AND operation_key = $2 AND token = $3"
+
+    # @param conn [PG::Connection]
+    def initialize(conn)
+      super(:hand_written, "hand-written: pg, insert / read / update")
+      @conn = conn
+      @conn.exec(TABLE_SQL)
+    end
+
+    # (see Floor#first)
+    def first(op)
+      token = claim(op)
+      expect!(token, "a new operation was not claimed")
+      done = @conn.exec_params(COMPLETE_SQL, [JOB_TYPE, op.key, token]).cmd_tuples
+      expect!(done == 1, "the completion changed #{done} rows")
+    end
+
+    # (see Floor#duplicate)
+    def duplicate(op)
+      expect!(claim(op).nil?, "a duplicate was claimed")
+    end
+
+    # @return [void]
+    def close
+      @conn.close
+    end
+
+    private
+
+    # @return [String, nil] the token when this delivery may run
+    def claim(op)
+      token = SecureRandom.uuid
+      params = [JOB_TYPE, op.key, token, op.jid, LEASE]
+      return token if @conn.exec_params(INSERT_SQL, params).ntuples == 1
+
+      row = @conn.exec_params(READ_SQL, [JOB_TYPE, op.key]).first
+      return nil unless row && row["status"] == "running" && row["expired"] == "t"
+
+      @conn.exec_params(TAKEOVER_SQL, params + [row["token"]]).cmd_tuples == 1 ? token : nil
+    end
+  end
+end
