@@ -96,15 +96,12 @@ module IdempotentJobBench
     end
 
     def count(variant, kind, proxy, seeds)
-      ops = seeds ? seeds.cycle.take(COUNTED + 3) : Array.new(COUNTED + 3) { Op.fresh }
-      ops.first(3).each { |op| variant.public_send(kind, op) } # connections open, statements prepared
-      trips = proxy.round_trips
-      before = @db.counters
-      ops.drop(3).each { |op| variant.public_send(kind, op) }
-      after = @db.counters
-      per_op = ->(key) { before[key] && ((after[key] - before[key]).to_f / COUNTED) }
-      { round_trips: (proxy.round_trips - trips).to_f / COUNTED, statements: per_op.call(:statements),
-        writes: per_op.call(:writes), wal_bytes: per_op.call(:wal_bytes) }
+      deliveries = seeds ? seeds.cycle.take(COUNTED + 3) : Array.new(COUNTED + 3) { Op.fresh }
+      deliveries.first(3).each { |d| variant.public_send(kind, d) } # connections open, statements prepared
+      before = @db.counters.merge(round_trips: proxy.round_trips)
+      deliveries.drop(3).each { |d| variant.public_send(kind, d) }
+      after = @db.counters.merge(round_trips: proxy.round_trips)
+      before.to_h { |key, value| [key, value && ((after[key] - value).to_f / COUNTED)] }
     end
 
     def timed_pass(variants, kind, seeds)
@@ -113,10 +110,9 @@ module IdempotentJobBench
       rng = Random.new(SHUFFLE_SEED)
       @rounds.times do |round|
         variants.shuffle(random: rng).each do |v|
-          ops = seeds[v.name] ? Array.new(@batch) { |i| seeds[v.name][((round * @batch) + i) % SEEDS] } : fresh_ops
-          ops.each do |op|
+          batch(seeds[v.name], round).each do |delivery|
             started = Clock.now
-            v.public_send(kind, op)
+            v.public_send(kind, delivery)
             samples[v.name] << ((Clock.now - started) * 1e6)
           end
         end
@@ -124,8 +120,11 @@ module IdempotentJobBench
       samples.transform_values { |s| { p50: Stats.median(s), p99: Stats.percentile(s, 0.99), mean: Stats.mean(s) } }
     end
 
-    def fresh_ops
-      Array.new(@batch) { Op.fresh }
+    # @return [Array<Op>] the next batch: new operations, or the next of the seeds
+    def batch(seeds, round)
+      return Array.new(@batch) { Op.fresh } unless seeds
+
+      Array.new(@batch) { |i| seeds[((round * @batch) + i) % SEEDS] }
     end
 
     def warm(variants, kind, seeds)

@@ -26,9 +26,10 @@ module IdempotentJobBench
     PLANS = {
       full: { rounds: 40, batch: 8, threads: [1, 2, 5, 10, 25], seconds: 2.0, repeats: 3,
               sizes: [1_000, 100_000, 1_000_000, 10_000_000], growth_rounds: 30,
-              jobs: 20_000, sidekiq_repeats: 2 },
+              jobs: 20_000, sidekiq_repeats: 2, memory_runs: 3 },
       quick: { rounds: 4, batch: 5, threads: [1, 2, 5, 10, 25], seconds: 0.3, repeats: 1,
-               sizes: [1_000, 100_000], growth_rounds: 4, jobs: 2_000, sidekiq_repeats: 1 }
+               sizes: [1_000, 100_000], growth_rounds: 4, jobs: 2_000, sidekiq_repeats: 1,
+               memory_runs: 1 }
     }.freeze
 
     # @param argv [Array<String>] command-line arguments
@@ -44,6 +45,7 @@ module IdempotentJobBench
     # @return [Integer] exit status: 0
     # @raise [KeyError] when DATABASE_URL (or REDIS_URL for sidekiq) is missing
     def run
+      $stdout.sync = true
       started = Clock.now
       db = Database.new(ENV.fetch("DATABASE_URL"))
       IdempotentJob.configure(database_url: db.url, logger: Gem::NULL_LOGGER)
@@ -86,15 +88,14 @@ module IdempotentJobBench
     end
 
     def run_section(name, db)
+      p = plan
       case name
-      when "first", "duplicate"
-        Latency.new(db, @results, rounds: plan[:rounds], batch: plan[:batch]).public_send(name)
+      when "first", "duplicate" then Latency.new(db, @results, rounds: p[:rounds], batch: p[:batch]).public_send(name)
       when "throughput"
-        Throughput.new(db, @results, threads: plan[:threads], seconds: plan[:seconds], repeats: plan[:repeats]).run
-      when "growth" then TableGrowth.new(db, @results, sizes: plan[:sizes], rounds: plan[:growth_rounds]).run
-      when "sidekiq"
-        SidekiqRun.new(db, @results, jobs: plan[:jobs], repeats: plan[:sidekiq_repeats], dir: @out).run
-      when "memory" then Memory.new(db, @results).run
+        Throughput.new(db, @results, threads: p[:threads], seconds: p[:seconds], repeats: p[:repeats]).run
+      when "growth" then TableGrowth.new(db, @results, sizes: p[:sizes], rounds: p[:growth_rounds]).run
+      when "sidekiq" then SidekiqRun.new(db, @results, jobs: p[:jobs], repeats: p[:sidekiq_repeats], dir: @out).run
+      when "memory" then Memory.new(db, @results, runs: p[:memory_runs]).run
       end
     end
 

@@ -112,13 +112,13 @@ module IdempotentJobBench
 
     # Adds one measurement to the CSV.
     # @param section [String] e.g. "first"
-    # @param subject [String] e.g. "gem"
-    # @param metric [String] e.g. "p50"
+    # @param subject [String, Symbol] e.g. "gem"
+    # @param metric [String, Symbol] e.g. "p50"
     # @param value [Numeric, String, nil]
     # @param unit [String] e.g. "us"
     # @param note [String, nil]
     # @return [void]
-    def add(section, subject, metric, value, unit, note = nil)
+    def add(section, subject, metric, value, unit, note = nil) # rubocop:disable Metrics/ParameterLists
       value = value.round(4) if value.is_a?(Float)
       @records << Record.new(section, subject, metric, value, unit, note)
     end
@@ -146,14 +146,11 @@ module IdempotentJobBench
     # @param table [Table]
     # @return [String] the table as aligned text
     def self.text(table)
-      widths = table.headers.each_index.map do |i|
-        ([table.headers[i]] + table.rows.map { |r| r[i].to_s }).map(&:length).max
-      end
-      line = ->(cells) { cells.each_with_index.map { |c, i| c.to_s.ljust(widths[i]) }.join("  ").rstrip }
-      out = ["== #{table.title}", line.call(table.headers), widths.map { |w| "-" * w }.join("  ")]
-      out += table.rows.map { |r| line.call(r) }
-      out += table.notes.map { |n| "   #{n}" }
-      out.join("\n")
+      lines = [table.headers, *table.rows].map { |r| r.map(&:to_s) }
+      widths = lines.transpose.map { |column| column.map(&:length).max }
+      aligned = lines.map { |cells| cells.zip(widths).map { |c, w| c.ljust(w) }.join("  ").rstrip }
+      rule = widths.map { |w| "-" * w }.join("  ")
+      ["== #{table.title}", aligned.first, rule, *aligned.drop(1), *table.notes.map { |n| "   #{n}" }].join("\n")
     end
 
     # @param table [Table]

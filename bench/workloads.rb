@@ -80,8 +80,9 @@ module IdempotentJobBench
 
     private
 
-    def claim_params(op, token)
-      [JOB_TYPE, op.key, token, op.jid, LEASE, op.digest, JOB_TYPE, "default", op.args_json, false]
+    def claim_params(delivery, token)
+      [JOB_TYPE, delivery.key, token, delivery.jid, LEASE, delivery.digest, JOB_TYPE, "default", delivery.args_json,
+       false]
     end
 
     def expect!(condition, what)
@@ -122,23 +123,23 @@ module IdempotentJobBench
     end
 
     # Claims and completes a new operation.
-    # @param op [Op]
+    # @param delivery [Op]
     # @return [void]
     # @raise [RuntimeError, PG::Error]
-    def first(op)
+    def first(delivery)
       token = SecureRandom.uuid
-      won = run(:claim, claim_params(op, token)).getvalue(0, 0)
+      won = run(:claim, claim_params(delivery, token)).getvalue(0, 0)
       expect!(won == "t", "the claim of a new operation was not won")
-      done = run(:complete, [JOB_TYPE, op.key, token]).cmd_tuples
+      done = run(:complete, [JOB_TYPE, delivery.key, token]).cmd_tuples
       expect!(done == 1, "the completion changed #{done} rows")
     end
 
     # Sends the claim statement for a completed operation.
-    # @param op [Op]
+    # @param delivery [Op]
     # @return [void]
     # @raise [RuntimeError, PG::Error]
-    def duplicate(op)
-      row = run(:claim, claim_params(op, SecureRandom.uuid)).first
+    def duplicate(delivery)
+      row = run(:claim, claim_params(delivery, SecureRandom.uuid)).first
       expect!(row["won"] == "f" && row["status"] == "completed", "a duplicate was not turned away: #{row}")
     end
 
@@ -176,11 +177,11 @@ module IdempotentJobBench
     end
 
     # Reads a completed record.
-    # @param op [Op]
+    # @param delivery [Op]
     # @return [void]
     # @raise [RuntimeError, PG::Error]
-    def duplicate(op)
-      status = @conn.exec_params(SQL, [JOB_TYPE, op.key]).getvalue(0, 0)
+    def duplicate(delivery)
+      status = @conn.exec_params(SQL, [JOB_TYPE, delivery.key]).getvalue(0, 0)
       expect!(status == "completed", "the record is #{status.inspect}")
     end
 
@@ -198,23 +199,23 @@ module IdempotentJobBench
     end
 
     # (see Floor#first)
-    def first(op)
-      decision = IdempotentJob.store.claim(request(op))
+    def first(delivery)
+      decision = IdempotentJob.store.claim(request(delivery))
       expect!(decision[:decision] == :claimed, "claim decided #{decision[:decision].inspect}")
-      IdempotentJob.store.fenced(:complete, JOB_TYPE, op.key, decision[:token], nil)
+      IdempotentJob.store.fenced(:complete, JOB_TYPE, delivery.key, decision[:token], nil)
     end
 
     # (see Floor#duplicate)
-    def duplicate(op)
-      decision = IdempotentJob.store.claim(request(op))
+    def duplicate(delivery)
+      decision = IdempotentJob.store.claim(request(delivery))
       expect!(decision[:decision] == :completed, "a duplicate decided #{decision[:decision].inspect}")
     end
 
     private
 
-    def request(op)
-      { job_type: JOB_TYPE, operation_key: op.key, jid: op.jid, lease: LEASE, args_digest: op.digest,
-        job_class: JOB_TYPE, queue: "default", args_json: op.args_json, refuse_mismatch: false }
+    def request(delivery)
+      { job_type: JOB_TYPE, operation_key: delivery.key, jid: delivery.jid, lease: LEASE, args_digest: delivery.digest,
+        job_class: JOB_TYPE, queue: "default", args_json: delivery.args_json, refuse_mismatch: false }
     end
   end
 
@@ -229,23 +230,23 @@ module IdempotentJobBench
     end
 
     # (see Floor#first)
-    def first(op)
+    def first(delivery)
       ran = false
-      @middleware.call(@job, job_hash(op), "default") { ran = true }
+      @middleware.call(@job, job_hash(delivery), "default") { ran = true }
       expect!(ran, "the body of a first delivery did not run")
     end
 
     # (see Floor#duplicate)
-    def duplicate(op)
+    def duplicate(delivery)
       ran = false
-      @middleware.call(@job, job_hash(op), "default") { ran = true }
+      @middleware.call(@job, job_hash(delivery), "default") { ran = true }
       expect!(!ran, "the body of a duplicate ran")
     end
 
     private
 
-    def job_hash(op)
-      { "class" => BenchJob.name, "args" => [op.key], "jid" => op.jid, "queue" => "default" }
+    def job_hash(delivery)
+      { "class" => BenchJob.name, "args" => [delivery.key], "jid" => delivery.jid, "queue" => "default" }
     end
   end
 
@@ -289,16 +290,16 @@ module IdempotentJobBench
     end
 
     # (see Floor#first)
-    def first(op)
-      token = claim(op)
+    def first(delivery)
+      token = claim(delivery)
       expect!(token, "a new operation was not claimed")
-      done = @conn.exec_params(COMPLETE_SQL, [JOB_TYPE, op.key, token]).cmd_tuples
+      done = @conn.exec_params(COMPLETE_SQL, [JOB_TYPE, delivery.key, token]).cmd_tuples
       expect!(done == 1, "the completion changed #{done} rows")
     end
 
     # (see Floor#duplicate)
-    def duplicate(op)
-      expect!(claim(op).nil?, "a duplicate was claimed")
+    def duplicate(delivery)
+      expect!(claim(delivery).nil?, "a duplicate was claimed")
     end
 
     # @return [void]
@@ -309,12 +310,12 @@ module IdempotentJobBench
     private
 
     # @return [String, nil] the token when this delivery may run
-    def claim(op)
+    def claim(delivery)
       token = SecureRandom.uuid
-      params = [JOB_TYPE, op.key, token, op.jid, LEASE]
+      params = [JOB_TYPE, delivery.key, token, delivery.jid, LEASE]
       return token if @conn.exec_params(INSERT_SQL, params).ntuples == 1
 
-      row = @conn.exec_params(READ_SQL, [JOB_TYPE, op.key]).first
+      row = @conn.exec_params(READ_SQL, [JOB_TYPE, delivery.key]).first
       return nil unless row && row["status"] == "running" && row["expired"] == "t"
 
       @conn.exec_params(TAKEOVER_SQL, params + [row["token"]]).cmd_tuples == 1 ? token : nil
