@@ -60,14 +60,24 @@ module IdempotentJobBench
     def build(url, kind)
       list = [Floor.new(@db.connect(url)), GemStore.new, GemMiddleware.new, HandWritten.new(@db.connect(url))]
       list << RoundTrip.new(@db.connect(url)) if kind == :duplicate
+      list + proposals(url, kind) + diagnostics(url)
+    end
+
+    def proposals(url, kind)
       what = kind == :first ? "completion" : "turned-away duplicate"
-      list + [
-        Floor.new(@db.connect(url), name: :prepared, named: true,
-                                    label: "proposal P: floor with named prepared statements"),
-        Floor.new(@db.connect(url), name: :async, async: true,
-                                    label: "proposal A: floor, #{what} committed asynchronously"),
-        Floor.new(@db.connect(url), name: :prepared_async, named: true, async: true, label: "proposal P+A")
-      ]
+      [Floor.new(@db.connect(url), name: :prepared, named: true,
+                                   label: "proposal P: floor with named prepared statements"),
+       Floor.new(@db.connect(url), name: :async, async: true,
+                                   label: "proposal A: floor, #{what} committed asynchronously"),
+       Floor.new(@db.connect(url), name: :prepared_async, named: true, async: true, label: "proposal P+A")]
+    end
+
+    # Both without waiting for the disk, to show the gem's own overhead (× its own floor).
+    def diagnostics(url)
+      nosync = "#{url}#{url.include?("?") ? "&" : "?"}options=-c%20synchronous_commit%3Doff"
+      [Floor.new(@db.connect(nosync), name: :floor_nosync, label: "diagnostic: floor, synchronous_commit off"),
+       GemStore.new(Gem.store(nosync, pool_size: 1), name: :gem_nosync, baseline: :floor_nosync,
+                                                     label: "diagnostic: gem, synchronous_commit off (× its floor)")]
     end
 
     # Completed operations for each variant to re-deliver (in its own job type or table).
@@ -133,12 +143,11 @@ module IdempotentJobBench
 
     def report(kind, variants, figures)
       section = kind.to_s
-      floor = figures[:floor][:p50]
       trip = figures.dig(:round_trip, :p50)
       rows = variants.map do |v|
         f = figures[v.name]
-        record(section, v, f, figures[:floor], trip)
-        row(v, f, floor, trip, kind)
+        record(section, v, f, figures[v.baseline], trip)
+        row(v, f, figures[v.baseline][:p50], trip, kind)
       end
       title, notes = caption(kind)
       @results.table(section, title, headers(kind), rows, notes:)
@@ -146,8 +155,10 @@ module IdempotentJobBench
 
     def record(section, variant, figure, floor, trip)
       %i[p50 p99 mean].each { |m| @results.add(section, variant.name, m, figure[m], "us", variant.label) }
-      @results.add(section, variant.name, "ratio_p50_to_floor", Stats.ratio(figure[:p50], floor[:p50]), "x")
-      @results.add(section, variant.name, "ratio_mean_to_floor", Stats.ratio(figure[:mean], floor[:mean]), "x")
+      @results.add(section, variant.name, "ratio_p50_to_#{variant.baseline}", Stats.ratio(figure[:p50], floor[:p50]),
+                   "x")
+      @results.add(section, variant.name, "ratio_mean_to_#{variant.baseline}", Stats.ratio(figure[:mean], floor[:mean]),
+                   "x")
       @results.add(section, variant.name, "ratio_p50_to_round_trip", Stats.ratio(figure[:p50], trip), "x") if trip
       %i[round_trips statements writes wal_bytes].each do |m|
         @results.add(section, variant.name, "#{m}_per_op", figure[m], m == :wal_bytes ? "bytes" : "count")
@@ -156,7 +167,7 @@ module IdempotentJobBench
 
     def headers(kind)
       ["variant", "p50 µs", "p99 µs", "mean µs", "× floor", (kind == :duplicate ? "× round trip" : nil),
-       "round trips", "statements", "durable commits", "WAL B", "target"].compact
+       "round trips", "statements", "write commits", "WAL B", "target"].compact
     end
 
     def row(variant, figure, floor, trip, kind)
@@ -182,9 +193,12 @@ module IdempotentJobBench
     def caption(kind)
       common = ["p50/p99/mean over #{@rounds * @batch} deliveries per variant, interleaved in batches of " \
                 "#{@batch} in a random order per round; × = ratio of p50s in this run.",
-                "round trips counted by a TCP proxy; statements by pg_stat_statements; durable commits = " \
-                "transaction ids assigned (transactions that wrote); all per delivery, #{COUNTED} deliveries.",
-                "proposals are changes to the gem prototyped here with raw SQL; they do not exist in the gem."]
+                "round trips counted by a TCP proxy; statements by pg_stat_statements; write commits = " \
+                "transactions that wrote (transaction ids assigned), each a durable commit unless synchronous_commit " \
+                "is off for it (proposal A, diagnostics); all per delivery, #{COUNTED} deliveries.",
+                "proposals are changes to the gem prototyped here with raw SQL; they do not exist in the gem.",
+                "diagnostics: both connections with synchronous_commit off (no wait for the disk), so the gem's own " \
+                "overhead shows; the diagnostic gem's × is to the diagnostic floor."]
       if kind == :first
         ["1. First delivery: claim + completion of a new operation (synchronous_commit on)", common]
       else

@@ -48,8 +48,7 @@ module IdempotentJobBench
     end
 
     def store(size)
-      config = IdempotentJob::Configuration.new.update(database_url: @db.url, schema: schema(size), pool_size: 1)
-      IdempotentJob::Native::Store.new(config.validate!.to_native_json)
+      Gem.store(@db.url, pool_size: 1, schema: schema(size))
     end
 
     # Creates the schema and its migrated table, fills it; @return [Hash] seconds taken

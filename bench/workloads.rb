@@ -34,6 +34,17 @@ module IdempotentJobBench
     def self.configure(url, pool_size:)
       IdempotentJob.configure(database_url: url, pool_size:, logger: NULL_LOGGER)
     end
+
+    # A native store of its own, beside the facade's (internal API, as the facade builds it).
+    # @param url [String] PostgreSQL URL
+    # @param pool_size [Integer]
+    # @param schema [String, nil] schema of the record table
+    # @return [IdempotentJob::Native::Store]
+    # @raise [IdempotentJob::ConfigurationError]
+    def self.store(url, pool_size:, schema: nil)
+      config = IdempotentJob::Configuration.new.update(database_url: url, schema:, pool_size:)
+      IdempotentJob::Native::Store.new(config.validate!.to_native_json)
+    end
   end
 
   # A job class for the middleware variant (never enqueued): its key is its only argument.
@@ -60,18 +71,16 @@ module IdempotentJobBench
     attr_reader :name
     # @return [String] what the printed table calls it
     attr_reader :label
+    # @return [Symbol] the variant its ratio is computed against
+    attr_reader :baseline
 
     # @param name [Symbol]
     # @param label [String]
-    def initialize(name, label)
+    # @param baseline [Symbol] name of the variant to compare with
+    def initialize(name, label, baseline: :floor)
       @name = name
       @label = label
-    end
-
-    # @return [Boolean] whether the variant is a proposal (a change to the gem that
-    #   the benchmark prototypes with raw SQL), not something that exists today
-    def proposal?
-      false
+      @baseline = baseline
     end
 
     # Closes what the variant opened.
@@ -104,7 +113,7 @@ module IdempotentJobBench
     # @param named [Boolean] use named prepared statements
     # @param async [Boolean] asynchronous commit for completions and duplicates
     def initialize(conn, name: :floor, label: "floor: same SQL, raw pg, unnamed", named: false, async: false)
-      super(name, label)
+      super(name, label, baseline: name == :floor_nosync ? name : :floor)
       @conn = conn
       @named = named
       @claim = IdempotentJob.claim_sql
@@ -115,11 +124,6 @@ module IdempotentJobBench
         @complete += " RETURNING set_config('synchronous_commit', 'off', true)"
       end
       prepare if named
-    end
-
-    # (see Variant#proposal?)
-    def proposal?
-      @named || @complete.include?("set_config")
     end
 
     # Claims and completes a new operation.
@@ -194,24 +198,33 @@ module IdempotentJobBench
   # The gem's native store, called as the middleware calls it:
   # `IdempotentJob.store.claim` then `fenced(:complete, …)`.
   class GemStore < Variant
-    def initialize
-      super(:gem, "gem: native store calls")
+    # @param store [IdempotentJob::Native::Store, nil] nil: the facade's (IdempotentJob.store)
+    # @param name [Symbol]
+    # @param label [String]
+    # @param baseline [Symbol]
+    def initialize(store = nil, name: :gem, label: "gem: native store calls", baseline: :floor)
+      super(name, label, baseline:)
+      @store = store
     end
 
     # (see Floor#first)
     def first(delivery)
-      decision = IdempotentJob.store.claim(request(delivery))
+      decision = store.claim(request(delivery))
       expect!(decision[:decision] == :claimed, "claim decided #{decision[:decision].inspect}")
-      IdempotentJob.store.fenced(:complete, JOB_TYPE, delivery.key, decision[:token], nil)
+      store.fenced(:complete, JOB_TYPE, delivery.key, decision[:token], nil)
     end
 
     # (see Floor#duplicate)
     def duplicate(delivery)
-      decision = IdempotentJob.store.claim(request(delivery))
+      decision = store.claim(request(delivery))
       expect!(decision[:decision] == :completed, "a duplicate decided #{decision[:decision].inspect}")
     end
 
     private
+
+    def store
+      @store || IdempotentJob.store
+    end
 
     def request(delivery)
       { job_type: JOB_TYPE, operation_key: delivery.key, jid: delivery.jid, lease: LEASE, args_digest: delivery.digest,
