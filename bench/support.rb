@@ -40,9 +40,14 @@ module IdempotentJobBench
     end
 
     # @param values [Array<Numeric>]
-    # @return [Float, nil] the median (nearest rank), nil when empty
+    # @return [Float, nil] the median (the mean of the two middle values of an even
+    #   count), nil when empty
     def self.median(values)
-      percentile(values, 0.5)
+      return nil if values.empty?
+
+      sorted = values.sort
+      middle = sorted.size / 2
+      sorted.size.odd? ? sorted[middle].to_f : (sorted[middle - 1] + sorted[middle]) / 2.0
     end
 
     # @param values [Array<Numeric>]

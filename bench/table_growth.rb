@@ -9,8 +9,16 @@ module IdempotentJobBench
   # width (random keys, a payload, a digest), so every size is measured in the same
   # run: sizes are interleaved like the variants of {Latency}. Two claims are timed:
   # a new operation (an insert into a random place of the index) and a duplicate of
-  # a random existing record (a random leaf and heap page).
+  # a random existing record (a random leaf and heap page); each also on a connection
+  # with synchronous_commit off, where no wait for the disk hides the table's share.
   class TableGrowth
+    # What is timed: name => [connection, claim].
+    KINDS = { new: %i[durable new], duplicate: %i[durable duplicate],
+              new_nosync: %i[nosync new], duplicate_nosync: %i[nosync duplicate] }.freeze
+    # Column titles of {KINDS}.
+    TITLES = { new: "new", duplicate: "duplicate", new_nosync: "new, no disk wait",
+               duplicate_nosync: "duplicate, no disk wait" }.freeze
+
     # Target: the claim at the largest size at most this many times the smallest.
     TARGET = 1.2
     # Sizes from this one up are loaded without indexes, which are then rebuilt
@@ -29,10 +37,11 @@ module IdempotentJobBench
     end
 
     # Builds the tables, measures, reports, and drops the tables.
-    # @return [Hash{Integer => Hash}] per size: :new and :duplicate ({p50:, p99:} µs), :build (s)
+    # @return [Hash{Integer => Hash}] per size: each of {KINDS} ({p50:, p99:} µs), :build (s)
     def run
       builds = @sizes.to_h { |n| [n, build(n)] }
-      stores = @sizes.to_h { |n| [n, store(n)] }
+      nosync = "#{@db.url}#{@db.url.include?("?") ? "&" : "?"}options=-c%20synchronous_commit%3Doff"
+      stores = @sizes.to_h { |n| [n, { durable: store(n), nosync: store(n, nosync) }] }
       figures = measure(stores)
       figures.each { |n, f| f[:build] = builds[n] }
       report(figures)
@@ -47,8 +56,8 @@ module IdempotentJobBench
       "bench_rows_#{size}"
     end
 
-    def store(size)
-      Gem.store(@db.url, pool_size: 1, schema: schema(size))
+    def store(size, url = @db.url)
+      Gem.store(url, pool_size: 1, schema: schema(size))
     end
 
     # Creates the schema and its migrated table, fills it; @return [Hash] seconds taken
@@ -92,21 +101,22 @@ module IdempotentJobBench
     end
 
     def measure(stores)
-      samples = stores.keys.to_h { |n| [n, { new: [], duplicate: [] }] }
+      samples = stores.keys.to_h { |n| [n, KINDS.keys.to_h { |k| [k, []] }] }
       rng = Random.new(4)
-      stores.each { |n, s| 10.times { claim(s, Op.fresh, n, :new) } } # connections open
+      stores.each { |n, s| s.each_value { |store| 10.times { claim(store, Op.fresh, n, :new) } } } # connections open
       @rounds.times do
         stores.to_a.shuffle(random: rng).each { |n, s| round(s, n, samples[n], rng) }
       end
       samples.transform_values { |kinds| kinds.transform_values { |s| summary(s) } }
     end
 
-    # Ten new claims and ten duplicates, alternately, on the table of `size` records.
-    def round(store, size, samples, rng)
+    # Ten claims of each kind, alternately, on the table of `size` records.
+    def round(stores, size, samples, rng)
       10.times do
-        samples[:new] << timed { claim(store, Op.fresh, size, :new) }
-        existing = Op.fresh(Digest::MD5.hexdigest(rng.rand(1..size).to_s))
-        samples[:duplicate] << timed { claim(store, existing, size, :duplicate) }
+        KINDS.each do |kind, (connection, claim)|
+          delivery = claim == :new ? Op.fresh : Op.fresh(Digest::MD5.hexdigest(rng.rand(1..size).to_s))
+          samples[kind] << timed { claim(stores[connection], delivery, size, claim) }
+        end
       end
     end
 
@@ -133,15 +143,15 @@ module IdempotentJobBench
       rows = figures.map do |n, f|
         record(n, f, base)
         [n.to_s.reverse.scan(/\d{1,3}/).join(",").reverse, f[:build].map { |k, v| "#{k} #{v.round(1)} s" }.join(", "),
-         *cells(f[:new], base[:new]), *cells(f[:duplicate], base[:duplicate]), verdict(n, f, base)]
+         *KINDS.keys.flat_map { |k| cells(f[k], base[k]) }, verdict(n, f, base)]
       end
+      headers = ["records", "built in", *KINDS.keys.flat_map { |k| ["#{TITLES[k]} µs p50 / p99", "×"] }, "target"]
       @results.table("growth", "4. Table growth: claim latency (gem, one connection) by records in the table",
-                     ["records", "built in", "new p50 µs", "new p99 µs", "new × smallest", "duplicate p50 µs",
-                      "duplicate p99 µs", "duplicate × smallest", "target"], rows, notes:)
+                     headers, rows, notes:)
     end
 
     def cells(figure, base)
-      [Format.num(figure[:p50]), Format.num(figure[:p99]), Format.ratio(Stats.ratio(figure[:p50], base[:p50]))]
+      ["#{Format.num(figure[:p50])} / #{Format.num(figure[:p99])}", Format.ratio(Stats.ratio(figure[:p50], base[:p50]))]
     end
 
     def verdict(size, figure, base)
@@ -151,7 +161,7 @@ module IdempotentJobBench
     end
 
     def record(size, figure, base)
-      %i[new duplicate].each do |kind|
+      KINDS.each_key do |kind|
         %i[p50 p99].each { |m| @results.add("growth", "#{kind}_claim", "#{m}_#{size}_records", figure[kind][m], "us") }
         @results.add("growth", "#{kind}_claim", "ratio_p50_#{size}_to_#{@sizes.first}",
                      Stats.ratio(figure[kind][:p50], base[kind][:p50]), "x")
@@ -160,8 +170,10 @@ module IdempotentJobBench
     end
 
     def notes
-      ["#{@rounds * 10} claims of each kind per size, sizes interleaved in a random order per round. new = a first " \
-       "claim of a random key; duplicate = a claim of a random existing (completed) record.",
+      ["#{@rounds * 10} claims of each kind per size, sizes interleaved in a random order per round; × = ratio of " \
+       "p50s to the smallest table. new = a first claim of a random key; duplicate = a claim of a random existing " \
+       "(completed) record; no disk wait = the same on a connection with synchronous_commit off (the table's " \
+       "own share, which the WAL flush otherwise hides).",
        "tables of #{REBUILD_FROM} records and more are filled with one INSERT … SELECT generate_series without " \
        "indexes, then indexed (freshly built, packed indexes); ANALYZEd; autovacuum off on these tables " \
        "while measuring (it would compete for the CPU); shared_buffers as configured (see the header)."]
