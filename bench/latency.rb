@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "round_trip_proxy"
+require_relative "server_times"
 require_relative "workloads"
 
 module IdempotentJobBench
@@ -50,10 +51,16 @@ module IdempotentJobBench
       Gem.configure(@db.url, pool_size: 1)
       variants = build(@db.url, kind)
       seeds = seed(variants, kind)
+      server = ServerTimes.new(@db)
+      timed = server.reset
       figures = timed_pass(variants, kind, seeds)
       variants.each(&:close)
       figures.each { |name, f| f.merge!(counts.fetch(name, {})) }
       report(kind, variants, figures)
+      if timed
+        server.report(@results, kind.to_s,
+                      "#{kind == :first ? 1 : 2}b. Server time per statement, #{kind} delivery")
+      end
       figures
     end
 
