@@ -24,7 +24,7 @@ module IdempotentJobBench
 
     # Sizes of each section: full run, and --quick (a smoke run of a minute or so).
     PLANS = {
-      full: { rounds: 60, batch: 8, threads: [1, 2, 5, 10, 25], seconds: 2.0, repeats: 3,
+      full: { rounds: 60, batch: 8, threads: [1, 2, 5, 10, 25], seconds: 1.5, repeats: 5,
               sizes: [1_000, 100_000, 1_000_000, 10_000_000], growth_rounds: 30,
               jobs: 20_000, sidekiq_repeats: 2, memory_runs: 3 },
       quick: { rounds: 4, batch: 5, threads: [1, 2, 5, 10, 25], seconds: 0.3, repeats: 1,
