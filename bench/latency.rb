@@ -74,9 +74,10 @@ module IdempotentJobBench
       what = kind == :first ? "completion" : "turned-away duplicate"
       [Floor.new(@db.connect(url), name: :prepared, named: true,
                                    label: "proposal P: floor with named prepared statements"),
-       Floor.new(@db.connect(url), name: :async, async: true,
+       Floor.new(@db.connect(url), name: :async, async: kind == :first ? :complete : :duplicate,
                                    label: "proposal A: floor, #{what} committed asynchronously"),
-       Floor.new(@db.connect(url), name: :prepared_async, named: true, async: true, label: "proposal P+A")]
+       Floor.new(@db.connect(url), name: :prepared_async, named: true, async: kind == :first ? :complete : :duplicate,
+                                   label: "proposal P+A")]
     end
 
     # Both without waiting for the disk, to show the gem's own overhead (× its own floor).

@@ -104,24 +104,26 @@ module IdempotentJobBench
   # the pg gem's exec_params (unnamed statements, one round trip each, as the gem sends
   # them) on one connection. Options prototype changes to the gem:
   # * named: — named prepared statements, prepared once per connection;
-  # * async: — the write that needs no durability wait commits asynchronously:
-  #   the completion (first delivery) or a turned-away duplicate's counters.
+  # * async: — a write that needs no durability wait commits asynchronously
+  #   (`set_config('synchronous_commit', 'off', true)` evaluated in its RETURNING):
+  #   :complete, the completion; :duplicate, a turned-away duplicate's bookkeeping (a
+  #   won claim stays durable).
   class Floor < Variant
     # @param conn [PG::Connection] a connection of its own
     # @param name [Symbol]
     # @param label [String]
     # @param named [Boolean] use named prepared statements
-    # @param async [Boolean] asynchronous commit for completions and duplicates
-    def initialize(conn, name: :floor, label: "floor: same SQL, raw pg, unnamed", named: false, async: false)
+    # @param async [Symbol, nil] :complete or :duplicate (see above), nil for neither
+    def initialize(conn, name: :floor, label: "floor: same SQL, raw pg, unnamed", named: false, async: nil)
       super(name, label, baseline: name == :floor_nosync ? name : :floor)
       @conn = conn
       @named = named
       @claim = IdempotentJob.claim_sql
       @complete = IdempotentJob::Native.fenced_sql(:complete)
-      if async
+      @complete += " RETURNING set_config('synchronous_commit', 'off', true)" if async == :complete
+      if async == :duplicate
         @claim += ",\n          CASE WHEN r.claim_token = $3 THEN NULL " \
                   "ELSE set_config('synchronous_commit', 'off', true) END AS async_commit"
-        @complete += " RETURNING set_config('synchronous_commit', 'off', true)"
       end
       prepare if named
     end
