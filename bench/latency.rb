@@ -9,8 +9,9 @@ module IdempotentJobBench
   # connection of its own.
   #
   # * counting pass — every variant runs a few deliveries through a {RoundTripProxy}:
-  #   round trips, statements (pg_stat_statements), durable commits (transaction ids
-  #   assigned: one per transaction that wrote) and WAL bytes per delivery;
+  #   round trips, statements (pg_stat_statements), write commits (transaction ids
+  #   assigned: one per transaction that wrote, a durable commit unless
+  #   synchronous_commit is off for it) and WAL bytes per delivery;
   # * timed pass — variants interleaved in batches, in a random order each round,
   #   every delivery timed; p50, p99 and mean per variant, ratios of p50s.
   class Latency

@@ -115,4 +115,12 @@ module IdempotentJobBench
   end
 end
 
-exit IdempotentJobBench::CLI.new(ARGV).run if $PROGRAM_NAME == __FILE__
+if $PROGRAM_NAME == __FILE__
+  begin
+    cli = IdempotentJobBench::CLI.new(ARGV)
+  rescue OptionParser::ParseError => e
+    warn "bin/bench: #{e.message} (bin/bench --help)"
+    exit 2
+  end
+  exit cli.run
+end
