@@ -1,0 +1,339 @@
+# frozen_string_literal: true
+
+require "digest/sha2"
+require "json"
+require "logger"
+require "securerandom"
+require "idempotent_job/sidekiq"
+
+module IdempotentJobBench
+  # One delivery's inputs, generated before the clock starts: the operation key, the
+  # job id, and the stored payload (arguments as JSON and their digest), as the
+  # middleware would send them.
+  Op = Struct.new(:key, :jid, :args_json, :digest) do
+    # @param key [String, nil] the operation key; a random one when nil
+    # @return [Op]
+    def self.fresh(key = nil)
+      key ||= SecureRandom.hex(16)
+      args_json = JSON.generate([key])
+      new(key, SecureRandom.hex(12), args_json, Digest::SHA256.hexdigest(args_json))
+    end
+  end
+
+  # Where the gem's settings for a benchmark pass are applied.
+  module Gem
+    # Logs of the gem go nowhere: a duplicate is logged at info level, and the
+    # benchmark measures the decision, not the terminal.
+    NULL_LOGGER = Logger.new(File::NULL)
+
+    # Points the gem's facade (and so its middleware) at `url` with a pool of `pool_size`.
+    # @param url [String] PostgreSQL URL
+    # @param pool_size [Integer] pooled connections
+    # @return [void]
+    # @raise [IdempotentJob::ConfigurationError]
+    def self.configure(url, pool_size:)
+      IdempotentJob.configure(database_url: url, pool_size:, logger: NULL_LOGGER)
+    end
+
+    # A native store of its own, beside the facade's (internal API, as the facade builds it).
+    # @param url [String] PostgreSQL URL
+    # @param pool_size [Integer]
+    # @param schema [String, nil] schema of the record table
+    # @return [IdempotentJob::Native::Store]
+    # @raise [IdempotentJob::ConfigurationError]
+    def self.store(url, pool_size:, schema: nil)
+      config = IdempotentJob::Configuration.new.update(database_url: url, schema:, pool_size:)
+      IdempotentJob::Native::Store.new(config.validate!.to_native_json)
+    end
+  end
+
+  # A job class for the middleware variant (never enqueued): its key is its only argument.
+  class BenchJob
+    include ::Sidekiq::Job
+    sidekiq_options idempotency_key: 0
+
+    # @param _key [String]
+    # @return [nil]
+    def perform(_key); end
+  end
+
+  # A way of recording deliveries that the benchmark times. Each variant answers
+  # {#first} (a first delivery: claim, then completion) and {#duplicate} (a delivery
+  # of an operation already completed: turned away); both raise when the database
+  # answered something else, so a broken variant cannot look fast.
+  class Variant
+    # Job type of the records the benchmark writes.
+    JOB_TYPE = "BenchJob"
+    # Lease in seconds sent with each claim.
+    LEASE = 300.0
+
+    # @return [Symbol] short name (CSV subject)
+    attr_reader :name
+    # @return [String] what the printed table calls it
+    attr_reader :label
+    # @return [Symbol] the variant its ratio is computed against
+    attr_reader :baseline
+
+    # @param name [Symbol]
+    # @param label [String]
+    # @param baseline [Symbol] name of the variant to compare with
+    def initialize(name, label, baseline: :floor)
+      @name = name
+      @label = label
+      @baseline = baseline
+    end
+
+    # Closes what the variant opened.
+    # @return [void]
+    def close; end
+
+    private
+
+    def claim_params(delivery, token)
+      [JOB_TYPE, delivery.key, token, delivery.jid, LEASE, delivery.digest, JOB_TYPE, "default", delivery.args_json,
+       false]
+    end
+
+    def expect!(condition, what)
+      raise "#{label}: #{what}" unless condition
+    end
+  end
+
+  # The floor: the gem's own statements (IdempotentJob.claim_sql and
+  # IdempotentJob::Native.fenced_sql(:complete), read from the extension) sent raw with
+  # the pg gem's exec_params (unnamed statements, one round trip each, as the gem sends
+  # them) on one connection. Options prototype changes to the gem:
+  # * named: — named prepared statements, prepared once per connection;
+  # * async: — a write that needs no durability wait commits asynchronously
+  #   (`set_config('synchronous_commit', 'off', true)` evaluated in its RETURNING):
+  #   :complete, the completion; :duplicate, a turned-away duplicate's bookkeeping (a
+  #   won claim stays durable).
+  class Floor < Variant
+    # @param conn [PG::Connection] a connection of its own
+    # @param name [Symbol]
+    # @param label [String]
+    # @param named [Boolean] use named prepared statements
+    # @param async [Symbol, nil] :complete or :duplicate (see above), nil for neither
+    def initialize(conn, name: :floor, label: "floor: same SQL, raw pg, unnamed", named: false, async: nil)
+      super(name, label, baseline: name == :floor_nosync ? name : :floor)
+      @conn = conn
+      @named = named
+      @claim = IdempotentJob.claim_sql
+      @complete = IdempotentJob::Native.fenced_sql(:complete)
+      @complete += " RETURNING set_config('synchronous_commit', 'off', true)" if async == :complete
+      if async == :duplicate
+        @claim += ",\n          CASE WHEN r.claim_token = $3 THEN NULL " \
+                  "ELSE set_config('synchronous_commit', 'off', true) END AS async_commit"
+      end
+      prepare if named
+    end
+
+    # Claims and completes a new operation.
+    # @param delivery [Op]
+    # @return [void]
+    # @raise [RuntimeError, PG::Error]
+    def first(delivery)
+      token = SecureRandom.uuid
+      won = run(:claim, claim_params(delivery, token)).getvalue(0, 0)
+      expect!(won == "t", "the claim of a new operation was not won")
+      done = run(:complete, [JOB_TYPE, delivery.key, token]).cmd_tuples
+      expect!(done == 1, "the completion changed #{done} rows")
+    end
+
+    # Sends the claim statement for a completed operation.
+    # @param delivery [Op]
+    # @return [void]
+    # @raise [RuntimeError, PG::Error]
+    def duplicate(delivery)
+      row = run(:claim, claim_params(delivery, SecureRandom.uuid)).first
+      expect!(row["won"] == "f" && row["status"] == "completed", "a duplicate was not turned away: #{row}")
+    end
+
+    # @return [void]
+    def close
+      @conn.close
+    end
+
+    private
+
+    def prepare
+      @conn.prepare("bench_claim", @claim)
+      @conn.prepare("bench_complete", @complete)
+    end
+
+    def run(statement, params)
+      if @named
+        @conn.exec_prepared("bench_#{statement}", params)
+      else
+        @conn.exec_params(statement == :claim ? @claim : @complete, params)
+      end
+    end
+  end
+
+  # One raw round trip: the primary-key read of the record (unnamed statement, pg
+  # gem). The least a duplicate could cost: one round trip, no write.
+  class RoundTrip < Variant
+    # Reads one record by its key.
+    SQL = "SELECT status FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2"
+
+    # @param conn [PG::Connection]
+    def initialize(conn)
+      super(:round_trip, "one raw round trip (pg: PK read of the record)")
+      @conn = conn
+    end
+
+    # Reads a completed record.
+    # @param delivery [Op]
+    # @return [void]
+    # @raise [RuntimeError, PG::Error]
+    def duplicate(delivery)
+      status = @conn.exec_params(SQL, [JOB_TYPE, delivery.key]).getvalue(0, 0)
+      expect!(status == "completed", "the record is #{status.inspect}")
+    end
+
+    # @return [void]
+    def close
+      @conn.close
+    end
+  end
+
+  # The gem's native store, called as the middleware calls it:
+  # `IdempotentJob.store.claim` then `fenced(:complete, …)`.
+  class GemStore < Variant
+    # @param store [IdempotentJob::Native::Store, nil] nil: the facade's (IdempotentJob.store)
+    # @param name [Symbol]
+    # @param label [String]
+    # @param baseline [Symbol]
+    def initialize(store = nil, name: :gem, label: "gem: native store calls", baseline: :floor)
+      super(name, label, baseline:)
+      @store = store
+    end
+
+    # (see Floor#first)
+    def first(delivery)
+      decision = store.claim(request(delivery))
+      expect!(decision[:decision] == :claimed, "claim decided #{decision[:decision].inspect}")
+      store.fenced(:complete, JOB_TYPE, delivery.key, decision[:token], nil)
+    end
+
+    # (see Floor#duplicate)
+    def duplicate(delivery)
+      decision = store.claim(request(delivery))
+      expect!(decision[:decision] == :completed, "a duplicate decided #{decision[:decision].inspect}")
+    end
+
+    private
+
+    def store
+      @store || IdempotentJob.store
+    end
+
+    def request(delivery)
+      { job_type: JOB_TYPE, operation_key: delivery.key, jid: delivery.jid, lease: LEASE, args_digest: delivery.digest,
+        job_class: JOB_TYPE, queue: "default", args_json: delivery.args_json, refuse_mismatch: false }
+    end
+  end
+
+  # The whole Sidekiq server middleware around a no-op body, without Sidekiq's
+  # processor: options, operation key, argument digest, claim, heartbeat start and
+  # stop, events, completion.
+  class GemMiddleware < Variant
+    def initialize
+      super(:middleware, "gem: Sidekiq server middleware")
+      @middleware = IdempotentJob::Sidekiq::ServerMiddleware.new
+      @job = BenchJob.new
+    end
+
+    # (see Floor#first)
+    def first(delivery)
+      ran = false
+      @middleware.call(@job, job_hash(delivery), "default") { ran = true }
+      expect!(ran, "the body of a first delivery did not run")
+    end
+
+    # (see Floor#duplicate)
+    def duplicate(delivery)
+      ran = false
+      @middleware.call(@job, job_hash(delivery), "default") { ran = true }
+      expect!(!ran, "the body of a duplicate ran")
+    end
+
+    private
+
+    def job_hash(delivery)
+      { "class" => BenchJob.name, "args" => [delivery.key], "jid" => delivery.jid, "queue" => "default" }
+    end
+  end
+
+  # What a team would write without the gem, with the pg gem: insert the record;
+  # on conflict, read it; complete with an update. Its own narrow table. It keeps no
+  # duplicate count, payload, repeat history or fencing beyond a token.
+  class HandWritten < Variant
+    # The table a team would create.
+    TABLE_SQL = <<~SQL
+      CREATE TABLE IF NOT EXISTS bench_handwritten_jobs (
+          job_type      text        NOT NULL,
+          operation_key text        NOT NULL,
+          status        text        NOT NULL,
+          token         uuid        NOT NULL,
+          jid           text,
+          locked_until  timestamptz NOT NULL,
+          created_at    timestamptz NOT NULL DEFAULT now(),
+          completed_at  timestamptz,
+          PRIMARY KEY (job_type, operation_key))
+    SQL
+    # Claim a new operation.
+    INSERT_SQL = "INSERT INTO bench_handwritten_jobs (job_type, operation_key, status, token, jid, locked_until) " \
+                 "VALUES ($1, $2, 'running', $3, $4, now() + make_interval(secs => $5)) " \
+                 "ON CONFLICT (job_type, operation_key) DO NOTHING RETURNING token"
+    # Read the record that was in the way.
+    READ_SQL = "SELECT status, token, locked_until <= now() AS expired FROM bench_handwritten_jobs " \
+               "WHERE job_type = $1 AND operation_key = $2"
+    # Take over an expired claim (never reached by the benchmark's deliveries).
+    TAKEOVER_SQL = "UPDATE bench_handwritten_jobs SET token = $3, jid = $4, " \
+                   "locked_until = now() + make_interval(secs => $5) " \
+                   "WHERE job_type = $1 AND operation_key = $2 AND token = $6 AND status = 'running'"
+    # Record the completion.
+    COMPLETE_SQL = "UPDATE bench_handwritten_jobs SET status = 'done', completed_at = now() " \
+                   "WHERE job_type = $1 AND operation_key = $2 AND token = $3"
+
+    # @param conn [PG::Connection]
+    def initialize(conn)
+      super(:hand_written, "hand-written: pg, insert / read / update")
+      @conn = conn
+      @conn.exec(TABLE_SQL)
+    end
+
+    # (see Floor#first)
+    def first(delivery)
+      token = claim(delivery)
+      expect!(token, "a new operation was not claimed")
+      done = @conn.exec_params(COMPLETE_SQL, [JOB_TYPE, delivery.key, token]).cmd_tuples
+      expect!(done == 1, "the completion changed #{done} rows")
+    end
+
+    # (see Floor#duplicate)
+    def duplicate(delivery)
+      expect!(claim(delivery).nil?, "a duplicate was claimed")
+    end
+
+    # @return [void]
+    def close
+      @conn.close
+    end
+
+    private
+
+    # @return [String, nil] the token when this delivery may run
+    def claim(delivery)
+      token = SecureRandom.uuid
+      params = [JOB_TYPE, delivery.key, token, delivery.jid, LEASE]
+      return token if @conn.exec_params(INSERT_SQL, params).ntuples == 1
+
+      row = @conn.exec_params(READ_SQL, [JOB_TYPE, delivery.key]).first
+      return nil unless row && row["status"] == "running" && row["expired"] == "t"
+
+      @conn.exec_params(TAKEOVER_SQL, params + [row["token"]]).cmd_tuples == 1 ? token : nil
+    end
+  end
+end
