@@ -4,7 +4,7 @@
 #   SOAK_WORKER_ID=w1-1 SOAK_STAND_IN=127.0.0.1:PORT sidekiq -r ./soak/boot.rb -q soak -c 5
 # (bin/soak starts them). The gem's middleware and settings, the soak's jobs, its fetch
 # and observer, the event journal, and JSON log lines (one line per message, backtraces
-# included) for the driver's log scan.
+# included) for the driver's log scan. SOAK_CONTROL=1 removes the gem's middleware.
 $LOAD_PATH.unshift File.expand_path("../lib", __dir__)
 require "sidekiq"
 Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
@@ -24,7 +24,11 @@ Sidekiq.configure_server do |config|
   # and retry sets: look for due ones about every second (6.4's knob) instead of every 5 s.
   config.options[:poll_interval_average] = 1
   config.options[:fetch] = Soak::ReliableFetch.new(config.options)
-  config.server_middleware { |chain| chain.prepend(Soak::Observer) }
+  config.server_middleware do |chain|
+    chain.prepend(Soak::Observer)
+    # The control run (bin/soak --control): the same jobs without the gem's middleware.
+    chain.remove(IdempotentJob::Sidekiq::ServerMiddleware) if ENV["SOAK_CONTROL"] == "1"
+  end
   # The first heartbeat comes once the processors are fetching: the driver waits for it.
   config.on(:heartbeat) do
     Sidekiq.redis { |redis| redis.set("#{Soak::Journal::READY_PREFIX}#{Soak.worker_id}", Process.pid) }

@@ -43,14 +43,15 @@ module Soak
 
     def check(operation)
       record = @evidence.records[operation.reference]
-      result = Result.new(operation:, status: record ? record["status"] : "none", effects: 0, violations: [],
+      transactional = JOB_TYPES.fetch(operation.job_class) == :transaction
+      effects = transactional ? @evidence.ledger.fetch(operation.key, 0) : @evidence.effects(operation.reference).size
+      result = Result.new(operation:, status: record ? record["status"] : "none", effects:, violations: [],
                           orphaned: [])
-      unless %w[completed held given_up].include?(result.status)
+      if !%w[completed held given_up].include?(result.status)
         result.violations << lost(record)
-        return result
-      end
-      if JOB_TYPES.fetch(operation.job_class) == :transaction
-        transactional(operation, result)
+        result.violations << "#{effects} effects" if effects > 1
+      elsif transactional
+        transactional(result)
       else
         outside(operation, record, result)
       end
@@ -67,15 +68,13 @@ module Soak
       "lost: #{detail} (attempts #{record["attempts"]}, last error #{record["last_error"].inspect})"
     end
 
-    def transactional(operation, result)
-      result.effects = @evidence.ledger.fetch(operation.key, 0)
+    def transactional(result)
       result.violations << "status #{result.status} for a transactional operation" if result.status != "completed"
       result.violations << "#{result.effects} ledger rows, expected exactly 1" if result.effects != 1
     end
 
     def outside(operation, record, result)
       calls = @evidence.effects(operation.reference)
-      result.effects = calls.size
       runner = runner_token(record)
       if runner && (made = calls.count { |call| call["token"] == runner }) != 1
         result.violations << "completed, but its completing claim made #{made} effect calls"

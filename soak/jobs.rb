@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "pg"
 require "sidekiq"
 require "idempotent_job"
 require_relative "stand_in"
@@ -117,14 +118,21 @@ module Soak
       )
     SQL
 
+    # The ledger row.
+    INSERT_SQL = "INSERT INTO soak_ledger (operation_key, amount_cents, worker) VALUES ($1, $2, $3)"
+
     # @param operation_key [String] the operation key
     # @param amount_cents [Integer] the amount booked
     # @return [void]
     # @raise [IdempotentJob::Error] when the write fails (everything rolls back; Sidekiq retries)
     def perform(operation_key, amount_cents)
       Soak.work
-      idempotent_transaction.exec("INSERT INTO soak_ledger (operation_key, amount_cents, worker) VALUES ($1, $2, $3)",
-                                  [operation_key, amount_cents, Soak.worker_id])
+      params = [operation_key, amount_cents, Soak.worker_id]
+      if idempotent_transaction
+        idempotent_transaction.exec(INSERT_SQL, params)
+      else # the control run (bin/soak --control): the same write without the gem
+        (Thread.current[:soak_pg] ||= PG.connect(ENV.fetch("DATABASE_URL"))).exec_params(INSERT_SQL, params)
+      end
       Soak.work
     end
   end

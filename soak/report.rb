@@ -13,7 +13,7 @@ module Soak
     LIST_LIMIT = 50
 
     # Everything the report shows, gathered by {Run}.
-    Facts = Struct.new(:command, :versions, :timings, :plan, :producer, :fleet, :postgres, :counts, :checker,
+    Facts = Struct.new(:command, :control, :versions, :timings, :plan, :producer, :fleet, :postgres, :counts, :checker,
                        :evidence, :log_scan, :resolutions, :problems, keyword_init: true)
 
     # @param facts [Facts]
@@ -40,6 +40,7 @@ module Soak
       ["idempotent_job soak and chaos run — #{started.strftime("%Y-%m-%d %H:%M UTC")}",
        "machine: #{machine}",
        "command: #{@f.command}",
+       *("CONTROL RUN: the gem's server middleware removed, so violations are expected" if @f.control),
        format("wall time: %<total>.0f s (enqueue and chaos %<phase>.0f s, drain %<drain>.0f s, " \
               "checks %<check>.0f s)", **@f.timings.slice(:total, :phase, :drain, :check))].join("\n")
     end

@@ -40,10 +40,10 @@ module Soak
   class Run
     # The run's settings (see {parse}).
     Options = Struct.new(:seconds, :operations, :duplicates, :workers, :threads, :lease, :kill_every,
-                         :drain_seconds, :work_ms, :seed, :out, keyword_init: true)
+                         :drain_seconds, :work_ms, :seed, :out, :control, keyword_init: true)
     # Defaults: the short run of bin/test.
     DEFAULTS = { seconds: 60, operations: 1500, duplicates: 0.3, workers: 3, threads: 5, lease: 4, kill_every: 5,
-                 drain_seconds: 180, work_ms: 200, out: "tmp/soak" }.freeze
+                 drain_seconds: 180, work_ms: 200, out: "tmp/soak", control: false }.freeze
     # The soak's own database, created afresh on the server of DATABASE_URL.
     DATABASE = "idempotent_job_soak"
     # Seconds between progress lines.
@@ -61,7 +61,8 @@ module Soak
       [:drain_seconds, "S", Float, "longest wait for the queues to drain, seconds"],
       [:work_ms, "MS", Integer, "longest pause of a job body before and again after its effect, ms"],
       [:seed, "N", Integer, "random seed"],
-      [:out, "DIR", String, "where the logs and report.txt go"]
+      [:out, "DIR", String, "where the logs and report.txt go"],
+      [:control, nil, TrueClass, "the control run: the same without the gem's middleware (must find violations)"]
     ].freeze
 
     # @param argv [Array<String>] the options (consumed)
@@ -73,7 +74,7 @@ module Soak
         parser.banner = "usage: bin/soak [options]   (README.md: Soak and chaos run)"
         FLAGS.each do |name, argument, type, description|
           default = DEFAULTS.fetch(name, "random, printed")
-          parser.on("--#{name.to_s.tr("_", "-")} #{argument}", type, "#{description} (#{default})") do |value|
+          parser.on("--#{name.to_s.tr("_", "-")} #{argument}".strip, type, "#{description} (#{default})") do |value|
             options[name] = value
           end
         end
@@ -136,7 +137,8 @@ module Soak
 
     def worker_env(database_url)
       { "DATABASE_URL" => database_url, "REDIS_URL" => ENV.fetch("REDIS_URL"), "SOAK_STAND_IN" => @stand_in_address,
-        "SOAK_LEASE" => @o.lease.to_s, "SOAK_WORK_MS" => @o.work_ms.to_s }
+        "SOAK_LEASE" => @o.lease.to_s, "SOAK_WORK_MS" => @o.work_ms.to_s,
+        "SOAK_CONTROL" => @o.control ? "1" : "0" }
     end
 
     # Drops and creates the soak's database on the server of DATABASE_URL.
@@ -276,8 +278,8 @@ module Soak
     def facts
       evidence = gather_evidence
       Report::Facts.new(
-        command: @command, versions:, timings: @timings, plan: @plan, producer: @producer, fleet: @fleet,
-        postgres: @postgres, counts: Journal.counts, evidence:,
+        command: @command, control: @o.control, versions:, timings: @timings, plan: @plan, producer: @producer,
+        fleet: @fleet, postgres: @postgres, counts: Journal.counts, evidence:,
         checker: Checker.new(@plan, evidence, @resolutions),
         log_scan: LogScan.new(@postgres.restarts).scan(@fleet.logs), resolutions: @resolutions, problems: @problems
       )
