@@ -98,7 +98,7 @@ module Soak
     # @param at [Float] epoch seconds
     # @return [Boolean] whether `at` falls in a PostgreSQL restart or the grace after it
     def restarting?(at)
-      @restarts.any? { |from, to| at >= from - 1 && at <= to + RESTART_GRACE }
+      restarts.any? { |from, to| at >= from - 1 && at <= to + RESTART_GRACE }
     end
 
     # Why an effect call did not end in its claim's completion.
