@@ -69,6 +69,7 @@ module Soak
         end
         next_kill = kill(now) if next_kill && now >= next_kill
         start_due(now)
+        sweep(now)
         sleep 0.05
       end
       @restarts.each_key { |slot| @fleet.start(slot) }
@@ -105,6 +106,14 @@ module Soak
         @restarts[slot] = now + 0.2 + (1.8 * @random.rand)
       end
       next_kill_after(now)
+    end
+
+    # Once a second, late arrivals in the lists of workers killed in the last 10 s.
+    def sweep(now)
+      return if @swept_at && now - @swept_at < 1
+
+      @swept_at = now
+      @fleet.sweep_killed(within: 10)
     end
 
     def start_due(now)

@@ -107,6 +107,21 @@ module Soak
       kill(candidates[random.rand(candidates.size)])
     end
 
+    # Moves back to the queue whatever reached a killed worker's in-hand list after its
+    # kill was handled: a fetch Redis had blocked for the worker can still be served in the
+    # instant before Redis notices the closed connection. Each job found is added to its
+    # kill's requeued deliveries.
+    # @param within [Numeric, nil] only workers killed within this many seconds; nil for all
+    # @return [Integer] jobs moved back
+    def sweep_killed(within: nil)
+      recent = @lock.synchronize { @kills.select { |kill| within.nil? || kill.at >= Time.now.to_f - within } }
+      recent.sum do |kill|
+        found = recover(kill.worker)
+        @lock.synchronize { kill.requeued.concat(found) }
+        found.size
+      end
+    end
+
     # Starts the slots that have no worker and waits until they fetch.
     # @return [void]
     def fill
@@ -150,11 +165,16 @@ module Soak
       at = Time.now.to_f
       waitpid(worker.pid)
       @lock.synchronize { @workers.delete(worker.slot) }
-      requeued = ReliableFetch.recover(worker.id).map do |job|
+      Kill.new(worker: worker.id, pid: worker.pid, at:, requeued: recover(worker.id))
+          .tap { |kill| @lock.synchronize { @kills << kill } }
+    end
+
+    # @return [Array<String>] references of the deliveries moved back to the queue
+    def recover(worker_id)
+      ReliableFetch.recover(worker_id).map do |job|
         payload = JSON.parse(job)
         Soak.reference(payload["class"], payload["args"].first)
       end
-      Kill.new(worker: worker.id, pid: worker.pid, at:, requeued:).tap { |kill| @lock.synchronize { @kills << kill } }
     end
 
     def signal(name, pid)

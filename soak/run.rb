@@ -235,6 +235,8 @@ module Soak
     def drain
       started = Soak.monotonic
       deadline = started + @o.drain_seconds
+      late = @fleet.sweep_killed
+      say "soak: #{late} deliveries found late in killed workers' lists, re-enqueued" if late.positive?
       drained = wait_drained(deadline)
       if drained
         @resolutions = Operator.new(@stand_in).resolve_held
