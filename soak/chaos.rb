@@ -101,10 +101,7 @@ module Soak
 
     def kill(now)
       kill = @fleet.kill_random(@random)
-      if kill
-        slot = kill.worker[/\Aw(\d+)-/, 1].to_i
-        @restarts[slot] = now + 0.2 + (1.8 * @random.rand)
-      end
+      @restarts[kill.slot] = now + 0.2 + (1.8 * @random.rand) if kill
       next_kill_after(now)
     end
 

@@ -15,9 +15,9 @@ module Soak
       end
     end
 
-    # One SIGKILL: the worker, its pid, when it landed (epoch seconds), and the
-    # references of the deliveries it had in hand (moved back to the queue).
-    Kill = Struct.new(:worker, :pid, :at, :requeued, keyword_init: true)
+    # One SIGKILL: the worker (id and slot), its pid, when it landed (epoch seconds), and
+    # the references of the deliveries it had in hand (moved back to the queue).
+    Kill = Struct.new(:worker, :slot, :pid, :at, :requeued, keyword_init: true)
 
     # Seconds a worker may take to start fetching.
     BOOT_TIMEOUT = 60
@@ -136,7 +136,8 @@ module Soak
       workers.each { |worker| signal(:TERM, worker.pid) }
       deadline = Soak.monotonic + STOP_TIMEOUT
       workers.each do |worker|
-        sleep 0.1 while Soak.monotonic < deadline && !Process.wait(worker.pid, Process::WNOHANG)
+        next if stopped_by(deadline, worker.pid)
+
         signal(:KILL, worker.pid)
         waitpid(worker.pid)
       end
@@ -165,7 +166,7 @@ module Soak
       at = Time.now.to_f
       waitpid(worker.pid)
       @lock.synchronize { @workers.delete(worker.slot) }
-      Kill.new(worker: worker.id, pid: worker.pid, at:, requeued: recover(worker.id))
+      Kill.new(worker: worker.id, slot: worker.slot, pid: worker.pid, at:, requeued: recover(worker.id))
           .tap { |kill| @lock.synchronize { @kills << kill } }
     end
 
@@ -183,10 +184,22 @@ module Soak
       nil
     end
 
-    def waitpid(pid)
-      Process.wait(pid)
+    # @return [Boolean] whether the process exited (and was reaped) before the deadline
+    def stopped_by(deadline, pid)
+      loop do
+        return true if waitpid(pid, Process::WNOHANG)
+        return false if Soak.monotonic > deadline
+
+        sleep 0.1
+      end
+    end
+
+    # @return [Integer, nil] the pid once reaped (nil while it runs, with WNOHANG), or
+    #   -1 when it was reaped before
+    def waitpid(pid, flags = 0)
+      Process.wait(pid, flags)
     rescue Errno::ECHILD
-      nil
+      -1
     end
 
     # For bin/soak's cleanup, should the driver itself die.

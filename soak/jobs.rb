@@ -20,7 +20,7 @@ module Soak
     # @return [Float] lease of every soak job, seconds (SOAK_LEASE; short, so that stale
     #   claims of killed workers are taken over within the run)
     def lease
-      Float(ENV.fetch("SOAK_LEASE", "4"))
+      Float(ENV.fetch("SOAK_LEASE", "6"))
     end
 
     # @return [Float] the longest pause, seconds, a job body makes before and again after

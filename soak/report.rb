@@ -9,7 +9,7 @@ module Soak
   # held, given up), per job type, the held and given-up operations with their reasons,
   # and every violation.
   class Report
-    # Violations and log findings listed in full up to this many.
+    # Held, given-up operations and violations shown on the console (report.txt lists all).
     LIST_LIMIT = 50
 
     # Everything the report shows, gathered by {Run}.
@@ -28,9 +28,11 @@ module Soak
                       @f.log_scan.unexpected.map { |finding| "unexpected log line #{finding}" }
     end
 
+    # @param limit [Integer, nil] list at most this many held/given-up operations and
+    #   violations; nil for all
     # @return [String] the report
-    def to_s
-      [header, "", summary_table, "", type_table, "", *settled, "", *violation_lines].join("\n")
+    def to_s(limit: nil)
+      [header, "", summary_table, "", type_table, "", *settled(limit), "", *violation_lines(limit)].join("\n")
     end
 
     private
@@ -180,7 +182,7 @@ module Soak
       %w[takeovers duplicates].map { |column| records.sum { |r| r[column] } }
     end
 
-    def settled
+    def settled(limit)
       lines = @results.select { |r| @f.resolutions.key?(r.operation.reference) || r.status == "given_up" }.map do |r|
         held = @f.resolutions[r.operation.reference]
         outcome = held ? "held, resolved as #{held.as}" : "given up"
@@ -188,15 +190,19 @@ module Soak
       end
       return ["held and given-up operations: none"] if lines.empty?
 
-      ["held and given-up operations (#{lines.size}):", *lines.first(LIST_LIMIT),
-       *(["  … #{lines.size - LIST_LIMIT} more"] if lines.size > LIST_LIMIT)]
+      ["held and given-up operations (#{lines.size}):", *capped(lines, limit)]
     end
 
-    def violation_lines
+    def violation_lines(limit)
       return ["no violations"] if violations.empty?
 
-      ["VIOLATIONS (#{violations.size}):", *violations.first(LIST_LIMIT).map { |v| "  #{v}" },
-       *(["  … #{violations.size - LIST_LIMIT} more"] if violations.size > LIST_LIMIT)]
+      ["VIOLATIONS (#{violations.size}):", *capped(violations.map { |v| "  #{v}" }, limit)]
+    end
+
+    def capped(lines, limit)
+      return lines if limit.nil? || lines.size <= limit
+
+      [*lines.first(limit), "  … #{lines.size - limit} more (report.txt lists all)"]
     end
   end
 end

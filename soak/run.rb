@@ -42,12 +42,12 @@ module Soak
     Options = Struct.new(:seconds, :operations, :duplicates, :workers, :threads, :lease, :kill_every,
                          :drain_seconds, :work_ms, :seed, :out, :control, keyword_init: true)
     # Defaults: the short run of bin/test.
-    DEFAULTS = { seconds: 60, operations: 1500, duplicates: 0.3, workers: 3, threads: 5, lease: 4, kill_every: 5,
+    DEFAULTS = { seconds: 60, operations: 1500, duplicates: 0.3, workers: 3, threads: 5, lease: 6, kill_every: 5,
                  drain_seconds: 180, work_ms: 200, out: "tmp/soak", control: false }.freeze
     # The soak's own database, created afresh on the server of DATABASE_URL.
     DATABASE = "idempotent_job_soak"
-    # Seconds between progress lines.
-    PROGRESS_EVERY = 10
+    # Progress lines during the run: about this many, at least 10 s apart.
+    PROGRESS_LINES = 40
 
     # The command-line options: name, argument, type, description (the default is appended).
     FLAGS = [
@@ -196,13 +196,14 @@ module Soak
 
     # Prints progress until the phase's end; raises what a thread raised.
     def watch(threads)
-      next_line = @started + PROGRESS_EVERY
+      every = [10, (@o.seconds / PROGRESS_LINES).round(-1)].max
+      next_line = @started + every
       while Soak.monotonic < @started + @o.seconds || threads.first.alive?
         threads.each { |t| t.join(0) } # re-raises a thread's exception here
         @fleet.reap
         if Soak.monotonic >= next_line
           progress
-          next_line += PROGRESS_EVERY
+          next_line += every
         end
         sleep 0.2
       end
@@ -271,9 +272,9 @@ module Soak
       report = Report.new(facts)
       @timings[:check] = Soak.monotonic - check_started
       @timings[:total] = Soak.monotonic - @started
-      text = report.to_s
-      File.write(File.join(@o.out, "report.txt"), "#{text}\n")
-      say "", text, "", "report: #{File.join(@o.out, "report.txt")}; logs: #{File.join(@o.out, "logs")}"
+      File.write(File.join(@o.out, "report.txt"), "#{report}\n")
+      say "", report.to_s(limit: Report::LIST_LIMIT), "",
+          "report: #{File.join(@o.out, "report.txt")}; logs: #{File.join(@o.out, "logs")}"
       report.violations.empty? ? 0 : 1
     end
 
