@@ -148,11 +148,14 @@ module Soak
     # Notes workers that exited by themselves (they are not restarted: that is a failure).
     # @return [void]
     def reap
-      running.each do |worker|
-        _, status = Process.wait2(worker.pid, Process::WNOHANG)
-        next unless status
-
-        @lock.synchronize do
+      # Under the lock: a worker being killed has left @workers before its signal, so its
+      # process is reaped by #kill alone.
+      @lock.synchronize do
+        exited = @workers.values.filter_map do |worker|
+          _, status = Process.wait2(worker.pid, Process::WNOHANG)
+          [worker, status] if status
+        end
+        exited.each do |worker, status|
           @workers.delete(worker.slot)
           @deaths << "#{worker.id} (pid #{worker.pid}) exited by itself: #{status}; log #{worker.log}"
         end
@@ -162,10 +165,12 @@ module Soak
     private
 
     def kill(worker)
+      # Out of @workers first, so #reap never waits for this process.
+      return nil unless @lock.synchronize { @workers[worker.slot].equal?(worker) && @workers.delete(worker.slot) }
+
       Process.kill(:KILL, worker.pid)
       at = Time.now.to_f
       waitpid(worker.pid)
-      @lock.synchronize { @workers.delete(worker.slot) }
       Kill.new(worker: worker.id, slot: worker.slot, pid: worker.pid, at:, requeued: recover(worker.id))
           .tap { |kill| @lock.synchronize { @kills << kill } }
     end

@@ -99,6 +99,10 @@ module Soak
       drained = drain
       finish(drained)
     ensure
+      # Also after a failure: no thread may start a worker once the fleet is stopped.
+      @producer&.stop
+      @chaos&.stop
+      @threads&.each { |thread| thread.join(30) }
       @fleet&.stop_all
       stop_stand_in
     end
@@ -185,11 +189,11 @@ module Soak
                                log: File.join(@o.out, "logs", "postgresql.log"))
       @chaos = Chaos.new(fleet: @fleet, postgres: @postgres, random: @random, kill_every: @o.kill_every,
                          seconds: @o.seconds) { |line| say "soak: #{line}" }
-      threads = [Thread.new { @producer.run(@started) }, Thread.new { @chaos.run(@started) }]
-      watch(threads)
+      @threads = [Thread.new { @producer.run(@started) }, Thread.new { @chaos.run(@started) }]
+      watch(@threads)
       @producer.stop
       @chaos.stop
-      threads.each(&:join)
+      @threads.each(&:join)
       @fleet.fill
       @timings[:phase] = Soak.monotonic - @started
     end
