@@ -130,10 +130,22 @@ module Soak
       params = [operation_key, amount_cents, Soak.worker_id]
       if idempotent_transaction
         idempotent_transaction.exec(INSERT_SQL, params)
-      else # the control run (bin/soak --control): the same write without the gem
-        (Thread.current[:soak_pg] ||= PG.connect(ENV.fetch("DATABASE_URL"))).exec_params(INSERT_SQL, params)
+      else
+        control_write(params)
       end
       Soak.work
+    end
+
+    private
+
+    # The control run (bin/soak --control): the same write without the gem, on a
+    # connection of this thread's own (dropped when it fails, e.g. across the restart).
+    def control_write(params)
+      (Thread.current[:soak_pg] ||= PG.connect(ENV.fetch("DATABASE_URL"))).exec_params(INSERT_SQL, params)
+    rescue PG::Error
+      Thread.current[:soak_pg]&.close
+      Thread.current[:soak_pg] = nil
+      raise
     end
   end
 
