@@ -136,6 +136,28 @@ RSpec.describe "The soak's checker" do
     expect(checker.results.first.reason).to match(/orphaned by the PostgreSQL restart/)
   end
 
+  it "accepts a :reclaim duplicate after a completion that could not be recorded while PostgreSQL restarted" do
+    op = operation("ReclaimJob")
+    reclaimed_twice(op, kill_at: now + 0.2)
+    chaos.kills.clear
+    chaos.restarts << [now, now + 2]
+    journal << { "kind" => "unrecorded_completion", "reference" => op.reference, "token" => "t1", "attempt" => 1,
+                 "worker" => "w1", "at" => now + 1.5 }
+    checker = check(op)
+    expect(checker.violations).to be_empty
+    expect(checker.orphaned_effects.fetch(:restart).size).to eq(1)
+  end
+
+  it "blames no duplicate on a completion left unrecorded long after the restart" do
+    op = operation("ReclaimJob")
+    reclaimed_twice(op, kill_at: now + 0.2)
+    chaos.kills.clear
+    chaos.restarts << [now - 100, now - 99]
+    journal << { "kind" => "unrecorded_completion", "reference" => op.reference, "token" => "t1", "attempt" => 1,
+                 "worker" => "w1", "at" => now + 1.5 }
+    expect(check(op).violations).to include(a_string_matching(/did not end in a completion/))
+  end
+
   it "reports a transactional operation with two ledger rows, or none" do
     twice = operation("LedgerJob", "k1")
     never = operation("LedgerJob", "k2")
