@@ -29,7 +29,13 @@ module IdempotentJob
       sslmode: nil,                # TLS (rustls): disable, prefer (default), require, verify-ca, verify-full
       sslrootcert: nil,            # PEM file of the roots verify-ca/verify-full trust (else the system's)
       sslcert: nil,                # PEM client certificate chain, with sslkey
-      sslkey: nil                  # PEM private key of sslcert
+      sslkey: nil,                 # PEM private key of sslcert
+      # Send the claim, the fenced changes and the record read as named prepared
+      # statements, prepared once per pooled connection (then one round trip each,
+      # without PostgreSQL parsing and planning them again); false: unnamed statements,
+      # parsed and planned at every call. Set false behind PgBouncer in transaction mode
+      # before 1.21 (or without max_prepared_statements), which cannot keep named ones.
+      prepared_statements: true
     }.freeze
 
     # Type checks of {#validate!}: setting => [what it must be, test].
@@ -38,6 +44,7 @@ module IdempotentJob
       application_name: ["a non-empty String", ->(v) { v.is_a?(String) && !v.empty? }],
       port: ["an Integer from 1 to 65535", ->(v) { v.nil? || (v.is_a?(Integer) && v.between?(1, 65_535)) }],
       heartbeat: ["true or false", ->(v) { [true, false].include?(v) }],
+      prepared_statements: ["true or false", ->(v) { [true, false].include?(v) }],
       logger: ["a Logger", ->(v) { v.nil? || %i[info warn error].all? { |m| v.respond_to?(m) } }],
       **%i[database_url schema host dbname user password sslmode sslrootcert sslcert sslkey].to_h do |name|
         [name, ["a String", ->(v) { v.nil? || v.is_a?(String) }]]

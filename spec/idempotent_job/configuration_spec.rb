@@ -40,6 +40,20 @@ RSpec.describe IdempotentJob::Configuration do
     end
   end
 
+  it "prepares the gem's statements by default, and accepts only true or false for prepared_statements" do
+    expect(config.prepared_statements).to be(true)
+    expect(JSON.parse(config.to_native_json)).to include("prepared_statements" => true)
+    config.prepared_statements = false
+    expect(JSON.parse(config.to_native_json)).to include("prepared_statements" => false)
+    expect(config.inspect).to include("prepared_statements=false")
+    ["yes", nil, 1].each do |value|
+      message = /prepared_statements must be true or false, got #{Regexp.escape(value.inspect)}/
+      expect { IdempotentJob.configure(prepared_statements: value) }
+        .to raise_error(IdempotentJob::ConfigurationError, message)
+    end
+    expect(IdempotentJob.configuration.prepared_statements).to be(true)
+  end
+
   it "rejects bad pool settings at configure time, naming the setting" do
     expect do
       IdempotentJob.configure do |c|

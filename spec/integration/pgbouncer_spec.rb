@@ -4,7 +4,8 @@ require "spec_helper"
 require "fileutils"
 
 # Behind PgBouncer 1.18 in transaction pooling mode, where named prepared statements
-# break: every statement of the claim protocol is sent unnamed.
+# break: with `prepared_statements: false` every statement of the claim protocol is
+# sent unnamed.
 RSpec.describe "Behind PgBouncer in transaction mode", :integration do
   let(:root) { File.expand_path("../..", __dir__) }
   let(:dir) { File.join(root, "tmp", "pgbouncer") }
@@ -53,7 +54,7 @@ RSpec.describe "Behind PgBouncer in transaction mode", :integration do
     url = "postgres://postgres@127.0.0.1:#{port}/idempotent_job"
     workers = Array.new(2) do |n|
       fork_worker do |pipe|
-        SpecServices.configure_gem!(database_url: url, pool_size: 10)
+        SpecServices.configure_gem!(database_url: url, pool_size: 10, prepared_statements: false)
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
         counts = Array.new(10) do |t|
           Thread.new do

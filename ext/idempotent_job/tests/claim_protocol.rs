@@ -17,12 +17,53 @@ fn database_url() -> String {
 }
 
 fn store() -> Store {
-    let store = Store::new(Config::new(database_url())).unwrap();
+    store_with(true, 10)
+}
+
+/// A migrated store whose own statements are named prepared statements (`prepared`)
+/// or unnamed ones, with `pool_size` connections.
+fn store_with(prepared: bool, pool_size: usize) -> Store {
+    let mut config = Config::new(database_url());
+    config.prepared_statements = prepared;
+    config.pool_size = pool_size;
+    let store = Store::new(config).unwrap();
     store
         .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
         .unwrap();
     store
 }
+
+/// Runs each protocol scenario twice: with the gem's statements sent as named
+/// prepared statements (the default) and as unnamed ones (`prepared_statements: false`).
+macro_rules! in_both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod prepared_statements_on {
+            $(#[test]
+            fn $name() {
+                super::$name(super::store_with(true, 10))
+            })*
+        }
+        mod prepared_statements_off {
+            $(#[test]
+            fn $name() {
+                super::$name(super::store_with(false, 10))
+            })*
+        }
+    };
+}
+
+in_both_modes!(
+    first_delivery_claims_then_duplicates_are_turned_away,
+    concurrent_deliveries_have_exactly_one_winner,
+    an_expired_lease_is_taken_over_once_and_fences_the_old_holder,
+    a_released_claim_is_claimed_again_by_the_retry,
+    a_different_payload_is_flagged_and_refused_when_asked,
+    hold_and_give_up_stop_later_deliveries_until_resolved,
+    expiring_a_claim_makes_the_next_delivery_a_takeover,
+    a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told,
+    a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim,
+    completion_and_release_repeat_safely_for_their_own_token,
+);
 
 fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
     ClaimRequest {
@@ -137,9 +178,7 @@ fn migrations_are_recorded_and_safe_to_run_twice() {
     assert!(migrate::schema_sql().contains("CREATE TABLE idempotent_job_records"));
 }
 
-#[test]
-fn first_delivery_claims_then_duplicates_are_turned_away() {
-    let store = store();
+fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
     let req = request(&unique("first"), "42", 30.0);
     let (token, kind, attempt) = token_of(claim(&store, &req).unwrap());
     assert_eq!((kind, attempt), (ClaimKind::First, 1));
@@ -183,9 +222,8 @@ fn first_delivery_claims_then_duplicates_are_turned_away() {
     assert_eq!(record.claim_token, token);
 }
 
-#[test]
-fn concurrent_deliveries_have_exactly_one_winner() {
-    let store = Arc::new(store());
+fn concurrent_deliveries_have_exactly_one_winner(store: Store) {
+    let store = Arc::new(store);
     let req = request(&unique("race"), "7", 30.0);
     let barrier = Arc::new(std::sync::Barrier::new(16));
     let handles: Vec<_> = (0..16)
@@ -209,9 +247,8 @@ fn concurrent_deliveries_have_exactly_one_winner() {
     assert_eq!((winners, waiting), (1, 15), "{outcomes:?}");
 }
 
-#[test]
-fn an_expired_lease_is_taken_over_once_and_fences_the_old_holder() {
-    let store = Arc::new(store());
+fn an_expired_lease_is_taken_over_once_and_fences_the_old_holder(store: Store) {
+    let store = Arc::new(store);
     let req = request(&unique("stale"), "9", 0.3);
     let (old, _, _) = token_of(claim(&store, &req).unwrap());
     std::thread::sleep(Duration::from_millis(400));
@@ -256,9 +293,7 @@ fn an_expired_lease_is_taken_over_once_and_fences_the_old_holder() {
     ));
 }
 
-#[test]
-fn a_released_claim_is_claimed_again_by_the_retry() {
-    let store = store();
+fn a_released_claim_is_claimed_again_by_the_retry(store: Store) {
     let req = request(&unique("retry"), "5", 30.0);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     release(&store, &req, token).unwrap();
@@ -374,9 +409,7 @@ fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
         .unwrap();
 }
 
-#[test]
-fn a_different_payload_is_flagged_and_refused_when_asked() {
-    let store = store();
+fn a_different_payload_is_flagged_and_refused_when_asked(store: Store) {
     let req = request(&unique("mismatch"), "1", 0.2);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     let mut other = req.clone();
@@ -398,9 +431,7 @@ fn a_different_payload_is_flagged_and_refused_when_asked() {
     assert_eq!((record.mismatches, record.last_mismatch), (2, true));
 }
 
-#[test]
-fn hold_and_give_up_stop_later_deliveries_until_resolved() {
-    let store = store();
+fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store) {
     let held = request(&unique("held"), "1", 30.0);
     let (token, _, _) = token_of(claim(&store, &held).unwrap());
     fenced(&store, &held, Fenced::Hold, token).unwrap();
@@ -454,9 +485,7 @@ fn hold_and_give_up_stop_later_deliveries_until_resolved() {
     assert_eq!(find(&store, &skipped).resolution.as_deref(), Some("done"));
 }
 
-#[test]
-fn expiring_a_claim_makes_the_next_delivery_a_takeover() {
-    let store = store();
+fn expiring_a_claim_makes_the_next_delivery_a_takeover(store: Store) {
     let req = request(&unique("expire"), "1", 30.0);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     fenced(&store, &req, Fenced::Expire, token).unwrap();
@@ -468,9 +497,7 @@ fn expiring_a_claim_makes_the_next_delivery_a_takeover() {
     ));
 }
 
-#[test]
-fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told() {
-    let store = store();
+fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told(store: Store) {
     let req = request(&unique("heartbeat"), "1", 0.6);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     let handle = store.handle().unwrap();
@@ -499,9 +526,7 @@ fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told() {
     assert_eq!(kind, ClaimKind::Takeover);
 }
 
-#[test]
-fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim() {
-    let store = store();
+fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim(store: Store) {
     let handle = store.handle().unwrap();
     let req = request(&unique("max-run"), "1", 0.3);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
@@ -534,9 +559,7 @@ fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim() {
     assert!(beat.stop().lost);
 }
 
-#[test]
-fn completion_and_release_repeat_safely_for_their_own_token() {
-    let store = store();
+fn completion_and_release_repeat_safely_for_their_own_token(store: Store) {
     let req = request(&unique("repeat"), "1", 30.0);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     complete(&store, &req, token).unwrap();
@@ -555,5 +578,101 @@ fn completion_and_release_repeat_safely_for_their_own_token() {
     assert!(matches!(
         complete(&store, &other, token),
         Err(Error::LostClaim { .. })
+    ));
+}
+
+/// The named statements on the connection of a one-connection store: each one's
+/// text, and how many times it ran (PostgreSQL's plans for it).
+fn prepared_on_connection(store: &Store) -> Vec<(String, i64)> {
+    store
+        .block_on(|pool| async move {
+            with_conn(&pool, async |c| {
+                let rows = c
+                    .query_typed(
+                        "SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements \
+                         WHERE statement LIKE '%idempotent_job_records%' ORDER BY statement",
+                        &[],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+            })
+            .await
+        })
+        .unwrap()
+}
+
+fn runs_of(prepared: &[(String, i64)], sql: &str) -> Vec<i64> {
+    prepared
+        .iter()
+        .filter(|(text, _)| text == sql)
+        .map(|(_, runs)| *runs)
+        .collect()
+}
+
+#[test]
+fn named_statements_are_prepared_once_per_connection_and_reused() {
+    let store = store_with(true, 1);
+    let req = request(&unique("named"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    assert!(matches!(
+        claim(&store, &req).unwrap(),
+        Outcome::InProgress { .. }
+    ));
+    complete(&store, &req, token).unwrap();
+    find(&store, &req);
+    let prepared = prepared_on_connection(&store);
+    assert_eq!(
+        runs_of(&prepared, claim::CLAIM_SQL),
+        vec![2],
+        "{prepared:?}"
+    );
+    assert_eq!(runs_of(&prepared, Fenced::Complete.sql()), vec![1]);
+    assert_eq!(runs_of(&prepared, claim::FIND_SQL), vec![1]);
+
+    // A third claim (a duplicate) reuses the same statement: nothing new is prepared.
+    claim(&store, &req).unwrap();
+    let again = prepared_on_connection(&store);
+    assert_eq!(again.len(), prepared.len(), "{again:?}");
+    assert_eq!(runs_of(&again, claim::CLAIM_SQL), vec![3]);
+}
+
+#[test]
+fn with_prepared_statements_off_nothing_is_prepared() {
+    let store = store_with(false, 1);
+    let req = request(&unique("unnamed"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    claim(&store, &req).unwrap();
+    complete(&store, &req, token).unwrap();
+    find(&store, &req);
+    assert_eq!(prepared_on_connection(&store), vec![]);
+}
+
+#[test]
+fn a_statement_the_server_forgot_names_the_setting_and_is_prepared_again_next_time() {
+    let store = store_with(true, 1);
+    let req = request(&unique("forgot"), "1", 30.0);
+    claim(&store, &req).unwrap();
+    // What PgBouncer in transaction mode does to a named statement: the server
+    // connection that runs it is not the one that prepared it.
+    store
+        .block_on(|pool| async move {
+            with_conn(&pool, async |c| {
+                Ok(c.batch_execute("DEALLOCATE ALL").await?)
+            })
+            .await
+        })
+        .unwrap();
+    let err = claim(&store, &req).unwrap_err();
+    assert_eq!(err.sqlstate(), Some("26000"), "{err}");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    assert!(
+        err.to_string().contains("PgBouncer")
+            && err.to_string().contains("prepared_statements: false"),
+        "{err}"
+    );
+    // No retry loop: the failed call raised; the next one prepares afresh.
+    assert!(matches!(
+        claim(&store, &req).unwrap(),
+        Outcome::InProgress { .. }
     ));
 }

@@ -11,8 +11,17 @@ use idempotent_job::core::store::{with_conn, Conn, Store};
 use idempotent_job::core::values::{Cell, Param};
 
 fn store() -> Store {
+    store_with(true, 10)
+}
+
+/// A migrated store whose own statements are named prepared statements (`prepared`)
+/// or unnamed ones, with `pool_size` connections.
+fn store_with(prepared: bool, pool_size: usize) -> Store {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (bin/test sets it)");
-    let store = Store::new(Config::new(url)).unwrap();
+    let mut config = Config::new(url);
+    config.prepared_statements = prepared;
+    config.pool_size = pool_size;
+    let store = Store::new(config).unwrap();
     store
         .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
         .unwrap();
@@ -43,7 +52,11 @@ fn find(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
 
 #[test]
 fn claim_writes_and_completion_commit_together_or_not_at_all() {
-    let store = store();
+    commit_together_or_not_at_all(store_with(true, 10));
+    commit_together_or_not_at_all(store_with(false, 10));
+}
+
+fn commit_together_or_not_at_all(store: Store) {
     let committed = request("commit");
     let rolled_back = request("rollback");
     let (a, b) = (committed.clone(), rolled_back.clone());
@@ -110,7 +123,11 @@ fn a_bad_bind_names_the_type_and_suggests_a_cast() {
 
 #[test]
 fn a_concurrent_claim_waits_for_the_open_transaction_and_is_bounded() {
-    let store = store();
+    waits_for_the_open_transaction(store_with(true, 10));
+    waits_for_the_open_transaction(store_with(false, 10));
+}
+
+fn waits_for_the_open_transaction(store: Store) {
     let req = request("wait");
     let handle = store.handle().unwrap();
     let (first, second) = (req.clone(), req.clone());
@@ -138,4 +155,31 @@ fn a_concurrent_claim_waits_for_the_open_transaction_and_is_bounded() {
         Ok::<_, Error>(outcome)
     });
     assert!(matches!(outcome.unwrap(), Outcome::Claimed { .. }));
+}
+
+#[test]
+fn a_transactional_claim_shares_the_connections_prepared_claim() {
+    let store = store_with(true, 1);
+    let (first, second) = (request("shared"), request("shared"));
+    let executions = store
+        .block_on(|pool| async move {
+            let session = Session::begin(&pool).await?;
+            session.claim(&first, 5.0).await?;
+            session.rollback().await?;
+            with_conn(&pool, async |c| claim::claim(c, &second).await).await?;
+            with_conn(&pool, async |c| {
+                let rows = c
+                    .query_typed(
+                        "SELECT generic_plans + custom_plans FROM pg_prepared_statements \
+                         WHERE statement = $1",
+                        &[(&claim::CLAIM_SQL, tokio_postgres::types::Type::TEXT)],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
+            })
+            .await
+        })
+        .unwrap();
+    // One named claim statement on the pool's one connection, run by both.
+    assert_eq!(executions, vec![2]);
 }

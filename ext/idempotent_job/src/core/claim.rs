@@ -10,6 +10,7 @@ use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
 use super::error::{Error, Result};
+use super::store::Conn;
 use tokio_postgres::Client;
 
 /// Longest `job_type` + `operation_key`, in bytes, that the unique index accepts
@@ -367,15 +368,17 @@ fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
     Ok(())
 }
 
-/// Decides one delivery in one round trip (see [`CLAIM_SQL`]).
+/// Decides one delivery in one round trip (see [`CLAIM_SQL`]), sent as the
+/// connection's named prepared statement or as an unnamed one (see
+/// [`Conn::query_own`]).
 ///
 /// Errors: [`Error::Config`] for an empty/oversized key or a non-positive lease,
 /// [`Error::Connection`] / [`Error::Database`] from PostgreSQL.
-pub async fn claim(client: &Client, req: &ClaimRequest) -> Result<Decision> {
+pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<Decision> {
     check_request(req)?;
     let token = Uuid::new_v4();
-    let result = client
-        .query_typed(
+    let result = conn
+        .query_own(
             CLAIM_SQL,
             &[
                 (&req.job_type, Type::TEXT),
@@ -480,11 +483,13 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision
 /// Applies a [`Fenced`] change to the claim `token`. `text` is the change's own
 /// parameter ($4: the error text of [`Fenced::Release`] and [`Fenced::Expire`]).
 ///
+/// Sent like the claim (see [`Conn::query_own`]).
+///
 /// Errors: [`Error::LostClaim`] when `token` is no longer the record's claim (the
 /// lease ran out and another delivery took over, or the claim already ended);
 /// connection/database errors.
 pub async fn fenced(
-    client: &Client,
+    conn: &Conn,
     change: Fenced,
     job_type: &str,
     operation_key: &str,
@@ -500,7 +505,7 @@ pub async fn fenced(
     if matches!(change, Fenced::Release | Fenced::Expire) {
         params.push((&text, Type::TEXT));
     }
-    let result = client.execute_typed(change.sql(), &params).await;
+    let result = conn.execute_own(change.sql(), &params).await;
     match result? {
         1 => Ok(()),
         _ => Err(Error::LostClaim {
@@ -516,34 +521,21 @@ pub async fn fenced(
 }
 
 /// Marks the claim `token` completed ([`fenced`] with [`Fenced::Complete`]).
-pub async fn complete(
-    client: &Client,
-    job_type: &str,
-    operation_key: &str,
-    token: Uuid,
-) -> Result<()> {
-    fenced(
-        client,
-        Fenced::Complete,
-        job_type,
-        operation_key,
-        token,
-        None,
-    )
-    .await
+pub async fn complete(conn: &Conn, job_type: &str, operation_key: &str, token: Uuid) -> Result<()> {
+    fenced(conn, Fenced::Complete, job_type, operation_key, token, None).await
 }
 
 /// Releases the claim `token` after the job raised; `error` (class and message) is
 /// stored in `last_error` ([`fenced`] with [`Fenced::Release`]).
 pub async fn release(
-    client: &Client,
+    conn: &Conn,
     job_type: &str,
     operation_key: &str,
     token: Uuid,
     error: &str,
 ) -> Result<()> {
     fenced(
-        client,
+        conn,
         Fenced::Release,
         job_type,
         operation_key,
@@ -553,10 +545,13 @@ pub async fn release(
     .await
 }
 
-/// Reads one record, or `None` when the operation was never claimed.
-pub async fn find(client: &Client, job_type: &str, operation_key: &str) -> Result<Option<Record>> {
-    let result = client
-        .query_typed(
+/// Reads one record, or `None` when the operation was never claimed. Sent like the
+/// claim (see [`Conn::query_own`]).
+///
+/// Errors: connection/database errors.
+pub async fn find(conn: &Conn, job_type: &str, operation_key: &str) -> Result<Option<Record>> {
+    let result = conn
+        .query_own(
             FIND_SQL,
             &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
         )

@@ -64,6 +64,14 @@ pub struct Config {
     pub sslcert: Option<String>,
     #[serde(default)]
     pub sslkey: Option<String>,
+    /// Send the gem's own statements (the claim, the fenced changes, the record read)
+    /// as named prepared statements, prepared once per pooled connection and then only
+    /// bound and executed, instead of unnamed statements PostgreSQL parses and plans
+    /// at every call. Still one round trip per decision once prepared. Default true;
+    /// set false behind PgBouncer in transaction mode before 1.21 (or without
+    /// `max_prepared_statements`), which cannot keep named statements.
+    #[serde(default = "default_prepared_statements")]
+    pub prepared_statements: bool,
 }
 
 /// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
@@ -110,6 +118,9 @@ fn default_checkout_timeout() -> f64 {
 fn default_application_name() -> String {
     "idempotent_job".to_string()
 }
+fn default_prepared_statements() -> bool {
+    true
+}
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -126,6 +137,7 @@ impl std::fmt::Debug for Config {
             .field("dbname", &self.dbname)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "[REDACTED]"))
+            .field("prepared_statements", &self.prepared_statements)
             .finish()
     }
 }
@@ -189,6 +201,7 @@ impl Config {
             sslrootcert: None,
             sslcert: None,
             sslkey: None,
+            prepared_statements: default_prepared_statements(),
         }
     }
 
@@ -439,6 +452,23 @@ mod tests {
         );
         let c = Config::new("host=h user=u sslmode=disable");
         assert_eq!(c.tls().unwrap().mode, SslMode::Disable);
+    }
+
+    #[test]
+    fn prepared_statements_default_to_on_and_must_be_a_boolean() {
+        let c = Config::from_json(r#"{"database_url":"postgres://h/db"}"#).unwrap();
+        assert!(c.prepared_statements);
+        assert!(Config::new("postgres://h/db").prepared_statements);
+        let c =
+            Config::from_json(r#"{"database_url":"postgres://h/db","prepared_statements":false}"#)
+                .unwrap();
+        assert!(!c.prepared_statements);
+        assert!(format!("{c:?}").contains("prepared_statements: false"));
+        let err =
+            Config::from_json(r#"{"database_url":"postgres://h/db","prepared_statements":"no"}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("invalid type"), "{err}");
     }
 
     #[test]

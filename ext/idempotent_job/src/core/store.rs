@@ -12,6 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, RecyclingMethod};
 use tokio::runtime::Runtime;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Row;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::config::Config;
@@ -22,6 +25,9 @@ use super::error::{Error, Result};
 pub struct Pool {
     inner: deadpool_postgres::Pool,
     tls: MakeRustlsConnect,
+    /// Send the gem's own statements as named prepared statements, cached per
+    /// connection ([`Config::prepared_statements`]).
+    prepared_statements: bool,
 }
 
 /// What a process needs to talk to PostgreSQL: the runtime that drives the
@@ -113,7 +119,11 @@ impl Store {
             .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))?;
         Ok(Handle {
             runtime: Arc::new(runtime),
-            pool: Pool { inner, tls },
+            pool: Pool {
+                inner,
+                tls,
+                prepared_statements: self.config.prepared_statements,
+            },
         })
     }
 
@@ -162,7 +172,7 @@ impl Drop for Store {
 /// Errors: [`Error::Connection`] when no connection can be had; `op`'s own errors.
 pub async fn with_conn<T, F>(pool: &Pool, op: F) -> Result<T>
 where
-    F: AsyncFnOnce(&tokio_postgres::Client) -> Result<T>,
+    F: AsyncFnOnce(&Conn) -> Result<T>,
 {
     let mut conn = Conn::checkout(pool).await?;
     let result = op(&conn).await;
@@ -185,6 +195,8 @@ pub struct Conn {
     /// The runtime the connection lives on: the cancel request is spawned there even
     /// when the operation's future is dropped outside it (after an interrupt).
     runtime: tokio::runtime::Handle,
+    /// See [`Conn::query_own`].
+    prepared_statements: bool,
 }
 
 impl Conn {
@@ -197,7 +209,96 @@ impl Conn {
             tls: pool.tls.clone(),
             finished: false,
             runtime: tokio::runtime::Handle::current(),
+            prepared_statements: pool.prepared_statements,
         })
+    }
+
+    /// Whether the gem's own statements go out as named prepared statements on this
+    /// connection ([`Config::prepared_statements`]).
+    pub fn prepared_statements(&self) -> bool {
+        self.prepared_statements
+    }
+
+    /// Runs one of the gem's own statements (a constant SQL text of
+    /// [`super::claim`]) with typed parameters and returns its rows, in one round trip.
+    ///
+    /// With `prepared_statements` on, `sql` is prepared as a named statement the first
+    /// time this connection runs it (one extra round trip, once per connection) and
+    /// kept in the connection's statement cache; every later call only binds and
+    /// executes it, so PostgreSQL does not parse and plan it again. Off, it is sent as
+    /// an unnamed statement (Parse/Bind/Execute) every time.
+    ///
+    /// Errors: as tokio-postgres's, converted to [`Error`]; a named statement the
+    /// server no longer knows (SQLSTATE 26000, or 42P05 for a name taken: what
+    /// PgBouncer in transaction mode does) is an [`Error::Database`] that names the
+    /// `prepared_statements` setting. The connection's statement cache is then
+    /// emptied, so its next call prepares afresh; nothing is retried here.
+    pub async fn query_own(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>> {
+        if !self.prepared_statements {
+            return Ok(self.query_typed(sql, params).await?);
+        }
+        let (types, values) = split(params);
+        let statement = self.prepare_own(sql, &types).await?;
+        self.query(&statement, &values)
+            .await
+            .map_err(|e| self.own_error(sql, e))
+    }
+
+    /// Like [`Conn::query_own`], for a statement whose affected row count is the
+    /// answer.
+    ///
+    /// Errors: see [`Conn::query_own`].
+    pub async fn execute_own(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<u64> {
+        if !self.prepared_statements {
+            return Ok(self.execute_typed(sql, params).await?);
+        }
+        let (types, values) = split(params);
+        let statement = self.prepare_own(sql, &types).await?;
+        self.execute(&statement, &values)
+            .await
+            .map_err(|e| self.own_error(sql, e))
+    }
+
+    async fn prepare_own(&self, sql: &str, types: &[Type]) -> Result<tokio_postgres::Statement> {
+        let object = self.object.as_ref().expect("connection present until drop");
+        object
+            .prepare_typed_cached(sql, types)
+            .await
+            .map_err(|e| self.own_error(sql, e))
+    }
+
+    /// Names the setting when the server does not know (or already has) a statement
+    /// name, and forgets the connection's cached statements.
+    fn own_error(&self, sql: &str, err: tokio_postgres::Error) -> Error {
+        let code = err.code().cloned();
+        let (Some(code), Some(object)) = (code, self.object.as_ref()) else {
+            return err.into();
+        };
+        if code != SqlState::INVALID_SQL_STATEMENT_NAME && code != SqlState::DUPLICATE_PSTATEMENT {
+            return err.into();
+        }
+        object.statement_cache.clear();
+        let server = err
+            .as_db_error()
+            .map(|db| db.message().to_string())
+            .unwrap_or_default();
+        let start: String = sql.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+        Error::Database {
+            message: format!(
+                "{server}: the named prepared statement \"{start} …\" did not stay with this \
+                 connection; behind PgBouncer in transaction mode (before 1.21, or without \
+                 max_prepared_statements) set prepared_statements: false"
+            ),
+            sqlstate: code.code().to_string(),
+        }
     }
 
     /// Marks the operation as answered: on drop the connection returns to the pool.
@@ -209,6 +310,13 @@ impl Conn {
     pub fn client_mut(&mut self) -> &mut tokio_postgres::Client {
         self.object.as_mut().expect("connection present until drop")
     }
+}
+
+/// Splits typed parameters into the statement's types and the values to bind.
+fn split<'a>(
+    params: &[(&'a (dyn ToSql + Sync), Type)],
+) -> (Vec<Type>, Vec<&'a (dyn ToSql + Sync)>) {
+    params.iter().map(|(v, t)| (t.clone(), *v)).unzip()
 }
 
 impl Deref for Conn {
