@@ -68,17 +68,22 @@ module IdempotentJobBench
     def build(url, kind)
       list = [Floor.new(@db.connect(url)), GemStore.new, GemMiddleware.new, HandWritten.new(@db.connect(url))]
       list << RoundTrip.new(@db.connect(url)) if kind == :duplicate
-      list + proposals(url, kind) + diagnostics(url)
+      list + unnamed(url) + proposals(url, kind) + diagnostics(url)
+    end
+
+    # The same with `prepared_statements: false` (PgBouncer in transaction mode): the
+    # statements are parsed and planned at every call.
+    def unnamed(url)
+      store = Gem.store(url, pool_size: 1, prepared_statements: false)
+      label = "gem, prepared_statements: false (× unnamed floor)"
+      [Floor.new(@db.connect(url), name: :floor_unnamed, named: false, label: "floor, unnamed statements"),
+       GemStore.new(store, name: :gem_unnamed, baseline: :floor_unnamed, label:)]
     end
 
     def proposals(url, kind)
       what = kind == :first ? "completion" : "turned-away duplicate"
-      [Floor.new(@db.connect(url), name: :prepared, named: true,
-                                   label: "proposal P: floor with named prepared statements"),
-       Floor.new(@db.connect(url), name: :async, async: kind == :first ? :complete : :duplicate,
-                                   label: "proposal A: floor, #{what} committed asynchronously"),
-       Floor.new(@db.connect(url), name: :prepared_async, named: true, async: kind == :first ? :complete : :duplicate,
-                                   label: "proposal P+A")]
+      [Floor.new(@db.connect(url), name: :async, async: kind == :first ? :complete : :duplicate,
+                                   label: "proposal A: floor, #{what} committed asynchronously")]
     end
 
     # Both without waiting for the disk, to show the gem's own overhead (× its own floor).

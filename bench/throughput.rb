@@ -120,7 +120,8 @@ module IdempotentJobBench
 
     def notes
       ["each: median of #{@repeats} runs of #{@seconds} s, gem and raw alternating (gem / raw = median of the " \
-       "paired ratios); raw = the floor's statements (pg gem, unnamed), one pooled connection per delivery.",
+       "paired ratios); raw = the floor's statements (pg gem, named prepared, as the gem sends them), one " \
+       "pooled connection per delivery.",
        "new operations each time; durable commits; the record table grows as it goes."]
     end
   end

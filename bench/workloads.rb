@@ -39,10 +39,11 @@ module IdempotentJobBench
     # @param url [String] PostgreSQL URL
     # @param pool_size [Integer]
     # @param schema [String, nil] schema of the record table
+    # @param prepared_statements [Boolean] the gem's setting (named statements cached per connection)
     # @return [IdempotentJob::Native::Store]
     # @raise [IdempotentJob::ConfigurationError]
-    def self.store(url, pool_size:, schema: nil)
-      config = IdempotentJob::Configuration.new.update(database_url: url, schema:, pool_size:)
+    def self.store(url, pool_size:, schema: nil, prepared_statements: true)
+      config = IdempotentJob::Configuration.new.update(database_url: url, schema:, pool_size:, prepared_statements:)
       IdempotentJob::Native::Store.new(config.validate!.to_native_json)
     end
   end
@@ -101,9 +102,11 @@ module IdempotentJobBench
 
   # The floor: the gem's own statements (IdempotentJob.claim_sql and
   # IdempotentJob::Native.fenced_sql(:complete), read from the extension) sent raw with
-  # the pg gem's exec_params (unnamed statements, one round trip each, as the gem sends
-  # them) on one connection. Options prototype changes to the gem:
-  # * named: — named prepared statements, prepared once per connection;
+  # the pg gem on one connection: named prepared statements, prepared once, then
+  # exec_prepared (one round trip each), as the gem sends them by default
+  # (`prepared_statements: true`). Options:
+  # * named: false — unnamed statements (exec_params), as the gem sends them with
+  #   `prepared_statements: false` (behind PgBouncer in transaction mode);
   # * async: — a write that needs no durability wait commits asynchronously
   #   (`set_config('synchronous_commit', 'off', true)` evaluated in its RETURNING):
   #   :complete, the completion; :duplicate, a turned-away duplicate's bookkeeping (a
@@ -114,7 +117,7 @@ module IdempotentJobBench
     # @param label [String]
     # @param named [Boolean] use named prepared statements
     # @param async [Symbol, nil] :complete or :duplicate (see above), nil for neither
-    def initialize(conn, name: :floor, label: "floor: same SQL, raw pg, unnamed", named: false, async: nil)
+    def initialize(conn, name: :floor, label: "floor: same SQL, raw pg, named prepared", named: true, async: nil)
       super(name, label, baseline: name == :floor_nosync ? name : :floor)
       @conn = conn
       @named = named
