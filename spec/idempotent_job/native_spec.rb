@@ -154,6 +154,23 @@ RSpec.describe "IdempotentJob's native layer" do
         expect(complete("Fork", "parent-#{i}", parent[:token])).to be(true)
       end
     end
+
+    # A transaction handle can outlive its store (a reconfiguration), holding the last
+    # reference to that store's runtime. Garbage-collected in a forked child, dropping
+    # it must not wait for the parent's runtime threads, which do not exist there (a
+    # hang inside GC, with the GVL held, seen in the testing kit's forked workers).
+    it "lets a forked child garbage-collect handles that outlived their store" do
+      handles = Array.new(5) { IdempotentJob.store.transaction.tap(&:commit) }
+      SpecServices.configure_gem!
+      GC.start # the old store goes; the handles hold the last reference to its runtime
+      pid, reader = fork_worker do |pipe|
+        handles.clear
+        4.times { GC.start(full_mark: true, immediate_sweep: true) }
+        pipe.puts(claim("Fork", "after-gc", "c", 30.0)[:decision])
+      end
+      expect(read_line(reader, timeout: 20)).to eq("claimed")
+      expect(wait_child(pid, timeout: 10)).to be_success
+    end
   end
 
   describe "migrations" do

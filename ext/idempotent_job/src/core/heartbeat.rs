@@ -39,6 +39,8 @@ pub struct HeartbeatReport {
 pub struct Heartbeat {
     stop: Arc<Notify>,
     state: Arc<HeartbeatState>,
+    /// The process that started it: a forked child never signals the parent's task.
+    pid: u32,
 }
 
 /// Renewal interval for a lease: a third of it, at least 10 ms (and at most a day).
@@ -103,7 +105,11 @@ impl Heartbeat {
                 }
             }
         });
-        Heartbeat { stop, state }
+        Heartbeat {
+            stop,
+            state,
+            pid: std::process::id(),
+        }
     }
 
     /// Stops renewing (a renewal already under way may still land) and reports.
@@ -130,6 +136,10 @@ impl Heartbeat {
 
 impl Drop for Heartbeat {
     fn drop(&mut self) {
-        self.stop.notify_one();
+        // In a forked child the task does not exist, and the Notify's lock may have
+        // been held by the parent's runtime thread at fork time: leave it alone.
+        if self.pid == std::process::id() {
+            self.stop.notify_one();
+        }
     }
 }

@@ -158,9 +158,15 @@ impl Drop for Store {
         pool.inner.close();
         drop(pool);
         // Never block the dropping thread (a Ruby GC) on the runtime's threads.
-        if let Ok(runtime) = Arc::try_unwrap(runtime) {
-            runtime.shutdown_background();
-        }
+        release_runtime(runtime);
+    }
+}
+
+/// Lets go of a reference to a runtime without ever blocking the calling thread (a
+/// Ruby GC): when it was the last one, the runtime shuts down in the background.
+pub fn release_runtime(runtime: Arc<Runtime>) {
+    if let Ok(runtime) = Arc::try_unwrap(runtime) {
+        runtime.shutdown_background();
     }
 }
 
@@ -197,6 +203,9 @@ pub struct Conn {
     runtime: tokio::runtime::Handle,
     /// See [`Conn::query_own`].
     prepared_statements: bool,
+    /// The process that checked it out: in a forked child the connection belongs to
+    /// the parent's pool and runtime, which must not be touched (see `Drop`).
+    pid: u32,
 }
 
 impl Conn {
@@ -210,6 +219,7 @@ impl Conn {
             finished: false,
             runtime: tokio::runtime::Handle::current(),
             prepared_statements: pool.prepared_statements,
+            pid: std::process::id(),
         })
     }
 
@@ -331,6 +341,14 @@ impl Drop for Conn {
         let Some(object) = self.object.take() else {
             return;
         };
+        if self.pid != std::process::id() {
+            // Inherited through fork (a transaction handle garbage-collected in the
+            // child): returning it to the parent's pool, or spawning a cancel on the
+            // parent's runtime, could wait forever on a lock another thread held at
+            // fork time. The socket is shared with the parent: leak it.
+            std::mem::forget(object);
+            return;
+        }
         if self.finished {
             return; // `object` drops here and goes back to the pool
         }

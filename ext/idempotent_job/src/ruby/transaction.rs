@@ -2,6 +2,7 @@
 //! (see `core::session`). Internal; the job's handle is the Ruby class
 //! `IdempotentJob::Transaction`.
 
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 
 use magnus::{
@@ -19,15 +20,44 @@ use crate::core::values::{Cell, Param};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Transaction", free_immediately, size)]
 pub struct NativeTransaction {
-    runtime: Arc<Runtime>,
+    /// Taken out only by `Drop`.
+    runtime: ManuallyDrop<Arc<Runtime>>,
     session: Mutex<Option<Session>>,
+    /// The process that opened it: a forked child that garbage-collects the handle
+    /// must not touch the parent's runtime or pool (see `Drop`).
+    pid: u32,
+}
+
+impl Drop for NativeTransaction {
+    fn drop(&mut self) {
+        let session = self
+            .session
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if self.pid != std::process::id() {
+            // Inherited through fork: the parent's runtime threads do not exist here.
+            // Dropping its last reference would wait for them forever (with the GVL,
+            // inside Ruby's GC), and a pooled connection would go back to a pool whose
+            // locks another thread may have held at fork time. Leak both instead.
+            std::mem::forget(session);
+            return;
+        }
+        drop(session);
+        // SAFETY: taken once, here, and never used again.
+        let runtime = unsafe { ManuallyDrop::take(&mut self.runtime) };
+        // This handle may outlive its store (a reconfiguration): never block Ruby's
+        // GC on shutting a runtime down.
+        crate::core::store::release_runtime(runtime);
+    }
 }
 
 impl NativeTransaction {
     pub fn new(runtime: Arc<Runtime>, session: Session) -> Self {
         NativeTransaction {
-            runtime,
+            runtime: ManuallyDrop::new(runtime),
             session: Mutex::new(Some(session)),
+            pid: std::process::id(),
         }
     }
 
