@@ -23,6 +23,12 @@ module IdempotentJob
           end
         end
 
+        # @param class_name [String] a job class name
+        # @return [Array<Hash>] the fake queues' payloads of that class (the live array)
+        def of_class(class_name)
+          by_class[class_name]
+        end
+
         # Puts the maps back as they were at {snapshot}.
         # @param saved [Array(Hash, Hash)]
         # @return [void]

@@ -304,10 +304,9 @@ module IdempotentJob
         payload
       end
 
-      # The fake queue's jobs of this class (`jobs_by_worker` in Sidekiq 6, `jobs_by_class` later).
+      # The fake queue's jobs of this class.
       def queued_by_class
-        queues = ::Sidekiq::Queues
-        (queues.respond_to?(:jobs_by_class) ? queues.jobs_by_class : queues.jobs_by_worker)[@job_class.to_s]
+        FakeQueues.of_class(@job_class.to_s)
       end
 
       def chain
