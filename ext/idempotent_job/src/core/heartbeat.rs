@@ -108,7 +108,7 @@ impl Heartbeat {
         Heartbeat {
             stop,
             state,
-            pid: std::process::id(),
+            pid: handle.pool.pid(),
         }
     }
 

@@ -28,6 +28,16 @@ pub struct Pool {
     /// Send the gem's own statements as named prepared statements, cached per
     /// connection ([`Config::prepared_statements`]).
     prepared_statements: bool,
+    /// The process that built the pool: the only one it ever serves ([`Store::handle`]
+    /// builds another in a forked child).
+    pid: u32,
+}
+
+impl Pool {
+    /// The process this pool (and anything checked out of it) belongs to.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
 }
 
 /// What a process needs to talk to PostgreSQL: the runtime that drives the
@@ -123,6 +133,7 @@ impl Store {
                 inner,
                 tls,
                 prepared_statements: self.config.prepared_statements,
+                pid: std::process::id(),
             },
         })
     }
@@ -219,7 +230,7 @@ impl Conn {
             finished: false,
             runtime: tokio::runtime::Handle::current(),
             prepared_statements: pool.prepared_statements,
-            pid: std::process::id(),
+            pid: pool.pid,
         })
     }
 
