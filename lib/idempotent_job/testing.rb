@@ -116,7 +116,9 @@ module IdempotentJob
       # A replay of one operation of a job class; see {Replay}.
       # @param job_class [Class] a Sidekiq job class
       # @param args [Array, Hash] perform's arguments, positional or by parameter name
+      # @param options [Hash] `effect:`, `effect_at:`, `lease:` (seconds), as {Replay#initialize}
       # @return [Replay]
+      # @raise [ArgumentError] as {Replay#initialize}
       def replay(job_class, args, **options)
         Replay.new(job_class, args, **options)
       end
