@@ -11,27 +11,8 @@ use idempotent_job::core::heartbeat::Heartbeat;
 use idempotent_job::core::migrate;
 use idempotent_job::core::store::{with_conn, Conn, Store};
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL must point at a PostgreSQL for these tests (bin/test sets it)")
-}
-
-fn store() -> Store {
-    store_with(true, 10)
-}
-
-/// A migrated store whose own statements are named prepared statements (`prepared`)
-/// or unnamed ones, with `pool_size` connections.
-fn store_with(prepared: bool, pool_size: usize) -> Store {
-    let mut config = Config::new(database_url());
-    config.prepared_statements = prepared;
-    config.pool_size = pool_size;
-    let store = Store::new(config).unwrap();
-    store
-        .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
-        .unwrap();
-    store
-}
+mod common;
+use common::{database_url, find_record, store, store_with};
 
 /// Runs each protocol scenario twice: with the gem's statements sent as named
 /// prepared statements (the default) and as unnamed ones (`prepared_statements: false`).
@@ -118,16 +99,7 @@ fn fenced(
 }
 
 fn find(store: &Store, req: &ClaimRequest) -> claim::Record {
-    let req = req.clone();
-    store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                claim::find(c, &req.job_type, &req.operation_key).await
-            })
-            .await
-        })
-        .unwrap()
-        .expect("record exists")
+    find_record(store, req).expect("record exists")
 }
 
 fn complete(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {

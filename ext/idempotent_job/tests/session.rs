@@ -3,30 +3,13 @@
 use std::time::{Duration, Instant};
 
 use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
-use idempotent_job::core::config::Config;
 use idempotent_job::core::error::Error;
-use idempotent_job::core::migrate;
 use idempotent_job::core::session::Session;
-use idempotent_job::core::store::{with_conn, Conn, Store};
+use idempotent_job::core::store::{with_conn, Store};
 use idempotent_job::core::values::{Cell, Param};
 
-fn store() -> Store {
-    store_with(true, 10)
-}
-
-/// A migrated store whose own statements are named prepared statements (`prepared`)
-/// or unnamed ones, with `pool_size` connections.
-fn store_with(prepared: bool, pool_size: usize) -> Store {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (bin/test sets it)");
-    let mut config = Config::new(url);
-    config.prepared_statements = prepared;
-    config.pool_size = pool_size;
-    let store = Store::new(config).unwrap();
-    store
-        .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
-        .unwrap();
-    store
-}
+mod common;
+use common::{find_record, store, store_with};
 
 fn request(key: &str) -> ClaimRequest {
     ClaimRequest {
@@ -36,18 +19,6 @@ fn request(key: &str) -> ClaimRequest {
         lease_seconds: 30.0,
         ..Default::default()
     }
-}
-
-fn find(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
-    let req = req.clone();
-    store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                claim::find(c, &req.job_type, &req.operation_key).await
-            })
-            .await
-        })
-        .unwrap()
 }
 
 #[test]
@@ -100,8 +71,8 @@ fn commit_together_or_not_at_all(store: Store) {
             Ok::<_, Error>(())
         })
         .unwrap();
-    assert_eq!(find(&store, &committed).unwrap().status, "completed");
-    assert!(find(&store, &rolled_back).is_none());
+    assert_eq!(find_record(&store, &committed).unwrap().status, "completed");
+    assert!(find_record(&store, &rolled_back).is_none());
 }
 
 #[test]
