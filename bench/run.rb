@@ -64,7 +64,7 @@ module IdempotentJobBench
     def parser
       OptionParser.new do |o|
         o.banner = "usage: bin/bench [--quick] [--only #{SECTIONS.join(",")}] [--out DIR]"
-        o.on("--quick", "tiny sizes: a smoke run of about a minute") { @plan = :quick }
+        o.on("--quick", "tiny sizes: a smoke run of under a minute") { @plan = :quick }
         o.on("--only LIST", Array, "run only these sections (#{SECTIONS.join(", ")})") do |list|
           unknown = list - SECTIONS
           raise OptionParser::InvalidArgument, "unknown section(s) #{unknown.join(", ")}" unless unknown.empty?

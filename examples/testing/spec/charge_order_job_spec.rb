@@ -13,7 +13,7 @@ RSpec.describe ChargeOrderJob do
 
   it "holds the claim while a worker dies after the charge; :reclaim then repeats it once" do
     result = replay_job(ChargeOrderJob, order_id: 42, effect: -> { Charge.count }).killed(after: :effect)
-    expect(result).to be_passed
+    expect(result).to be_passed, result.to_s
     expect(result.effects).to eq(2)
     expect(result.allowance).to include(":reclaim")
   end
