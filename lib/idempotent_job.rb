@@ -3,10 +3,20 @@
 require_relative "idempotent_job/version"
 require_relative "idempotent_job/errors"
 require_relative "idempotent_job/configuration"
+require_relative "idempotent_job/canonical_json"
 require_relative "idempotent_job/key"
+require_relative "idempotent_job/args_digest"
 require_relative "idempotent_job/record"
 require_relative "idempotent_job/claim"
+require_relative "idempotent_job/job"
 require_relative "idempotent_job/transaction"
+require_relative "idempotent_job/transactional"
+require_relative "idempotent_job/job_options"
+require_relative "idempotent_job/delivery"
+require_relative "idempotent_job/outcome"
+require_relative "idempotent_job/door"
+require_relative "idempotent_job/protocol"
+require_relative "idempotent_job/plain"
 require_relative "idempotent_job/events"
 require_relative "idempotent_job/repeats"
 require_relative "idempotent_job/native"
@@ -63,6 +73,44 @@ module IdempotentJob
     # @raise [MigrationError, ConnectionError, ConfigurationError]
     def migrate!
       store.migrate
+    end
+
+    # Runs the block at most once per operation, for any consumer (an SQS poller, a
+    # webhook handler, a rake task): the plain Ruby door of the claim protocol.
+    #
+    #   outcome = IdempotentJob.perform_once("ChargeOrder", order_id, lease: 60, payload: [order_id, cents]) do |claim|
+    #     Gateway.charge(order_id, cents, reference: claim.operation_key)
+    #   end
+    #   outcome.ran?          # the block ran (and its completion was recorded)
+    #   outcome.retry_after   # for :in_progress: seconds after which to try again
+    #
+    # A raising block releases the claim (the next call claims it as a retry) and the
+    # exception is re-raised.
+    # @param job_type [String, #to_s] the job type the record is stored under
+    # @param operation_key [String, Symbol, Integer, Hash, Array] the operation key: a
+    #   scalar as is, a Hash/Array as canonical JSON; never nil or empty; job type plus
+    #   key at most 2000 bytes, no NUL character
+    # @param lease [Numeric, nil] seconds (at least {JobOptions::MIN_LEASE}); nil: the configured lease
+    # @param payload [Array, Object] what the operation carries: digested to notice a
+    #   mismatch, stored for `resolve(as: :rerun)`
+    # @param id [String, nil] this delivery's id (a message id); nil: a new UUID
+    # @param deferrals [Integer] times this delivery met a live claim before (e.g. an SQS
+    #   receive count minus one): {Outcome#retry_after} grows with it
+    # @param facts [Hash] facts of this attempt, stored with the claim where the record keeps them
+    # @param job_class [String, nil] stored with the claim (default the job type)
+    # @param queue [String, nil] stored with the claim
+    # @param options [Hash] `on_stale:`, `on_mismatch:`, `lookup:` (callable: key → :done,
+    #   :not_done, :unknown), `heartbeat:`, `max_run:`, `transaction:`, `lock_timeout:`
+    # @yieldparam claim [Claim] the claim held
+    # @return [Outcome] decision :ran (with the block's value), :completed, :held,
+    #   :given_up or :in_progress (with retry_after and lease_remaining)
+    # @raise [OperationKeyError] for a bad operation key (nothing recorded)
+    # @raise [ConfigurationError] for a bad option
+    # @raise [ConnectionError, TimeoutError, DatabaseError] when the claim cannot be decided
+    # @raise [LookupError, PayloadMismatchError, LostClaimError] as {Protocol#run}
+    # @raise [Exception] what the block raised, after releasing the claim
+    def perform_once(job_type, operation_key, **options, &block)
+      Plain.perform_once(job_type, operation_key, **options, &block)
     end
 
     # Reads one idempotency record.

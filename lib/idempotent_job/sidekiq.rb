@@ -322,8 +322,8 @@ module IdempotentJob
                      "it ends by itself")
       end
 
-      def fenced(change, claim, text = nil, via: store)
-        via.fenced(change, claim.job_type, claim.operation_key, claim.token, text)
+      def fenced(change, claim, text = nil, via: Transactional::Direct.within { |session| session })
+        via.fenced(change, claim, text)
       end
 
       def run_claimed(options, claim)
