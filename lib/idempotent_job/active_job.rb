@@ -1,0 +1,136 @@
+# frozen_string_literal: true
+
+require "active_job"
+require "idempotent_job"
+require_relative "active_job/arguments"
+require_relative "active_job/door"
+require_relative "active_job/performer"
+
+module IdempotentJob
+  # The ActiveJob door: works on any adapter (Sidekiq's, Delayed Job, Solid Queue,
+  # GoodJob, inline, async…) because it hooks ActiveJob's own `around_perform`, not a
+  # queue.
+  #
+  #   require "idempotent_job/active_job"
+  #   class ChargeOrderJob < ApplicationJob
+  #     include IdempotentJob::ActiveJob
+  #     idempotency key: :order_id, lease: 60, on_stale: :hold
+  #     def perform(order_id, cents) = Gateway.charge(order_id, cents)
+  #   end
+  #
+  # The operation key comes from `perform`'s deserialized arguments ({Arguments}); the
+  # job type is the class name (or `scope:`). A delivery that meets a live claim is
+  # re-enqueued with `retry_job(wait: …)` (on the inline adapter it waits in place);
+  # an interrupt of the worker (Sidekiq's hard shutdown, a signal) keeps the claim for
+  # its lease, as a crash would. See {ClassMethods#idempotency} and {Performer}.
+  module ActiveJob
+    # Options `idempotency` accepts besides `key:` (as the Sidekiq door's, unprefixed).
+    OPTIONS = (JobOptions::NAMES - [:key]).freeze
+
+    class << self
+      # @param base [Class] an ActiveJob::Base subclass (ApplicationJob or a job)
+      # @raise [ConfigurationError] when `base` is not an ActiveJob class
+      def included(base)
+        unless base.is_a?(Class) && base <= ::ActiveJob::Base
+          raise ConfigurationError, "#{base}: IdempotentJob::ActiveJob is for ActiveJob classes " \
+                                    "(include IdempotentJob::Job in a Sidekiq job instead)"
+        end
+        # idempotency_key, idempotency_claim, idempotency_attempt, idempotent_transaction inside perform
+        base.include(IdempotentJob::Job)
+        base.extend(ClassMethods)
+        base.class_attribute(:idempotency_values, instance_accessor: false, default: nil)
+        base.around_perform { |job, block| Performer.new(job).call(&block) }
+        base.before_enqueue { |job| Performer.check_enqueue(job) }
+        super
+      end
+
+      # Runs the block with the door passing every delivery through unprotected, on
+      # this thread (and in children it forks): the testing kit's control runs.
+      # @return [Object] the block's value
+      def unprotected
+        before = Thread.current[:idempotent_job_active_job_off]
+        Thread.current[:idempotent_job_active_job_off] = true
+        yield
+      ensure
+        Thread.current[:idempotent_job_active_job_off] = before
+      end
+
+      # @return [Boolean] whether {unprotected} is in effect on this thread
+      def unprotected?
+        Thread.current[:idempotent_job_active_job_off] == true
+      end
+    end
+
+    # Declaration methods of a job class that includes {IdempotentJob::ActiveJob}.
+    module ClassMethods
+      # Declares the job idempotent: each operation runs once however often it is delivered.
+      # @param key [Symbol, String, Integer, Array] the operation key declaration, as
+      #   the Sidekiq door's `idempotency_key`: a `perform` parameter name, an argument
+      #   index, a dotted path ("payload.order.id") or an Array of those
+      # @param options [Hash] any of {OPTIONS}: `scope:` (String, the job type; default
+      #   the class name), `lease:` (seconds), `on_stale:` (:reclaim, :hold, :skip),
+      #   `on_mismatch:` (:log, :raise), `lookup:` (a method name), `heartbeat:`
+      #   (Boolean), `max_run:` (seconds), `transaction:` (true/:native,
+      #   :active_record), `lock_timeout:` (seconds); unset ones take
+      #   {IdempotentJob.configuration}'s defaults at first use
+      # @return [Hash] the declaration
+      # @raise [ConfigurationError] for an unknown option or a bad value, naming the job
+      # @raise [OperationKeyError] for a malformed key declaration; a parameter name is
+      #   checked once `perform` is defined (here when it already is)
+      def idempotency(key:, **options)
+        unknown = options.keys - OPTIONS
+        if unknown.any?
+          raise ConfigurationError, "#{name}: idempotency got unknown option(s) #{unknown.join(", ")} " \
+                                    "(known: key, #{OPTIONS.join(", ")})"
+        end
+        values = { key:, **options }.freeze
+        # Everything but the key (and a lookup defined further down) can be checked now.
+        JobOptions.new(self, values.merge(key: nil, lookup: nil))
+        self.idempotency_values = values
+        Key.new(self, key) if idempotency_perform_defined?
+        values
+      end
+
+      # @return [JobOptions, nil] the resolved options (nil when not declared); built
+      #   on first use and cached
+      # @raise [OperationKeyError, ConfigurationError] as {#idempotency}
+      def idempotency_options
+        values = idempotency_values
+        values && JobOptions.cached(self, values)
+      end
+
+      # Checks a key declaration's parameter names once `perform` is defined.
+      # @param name [Symbol] the method just defined
+      # @raise [OperationKeyError] when the declaration names a parameter perform lacks
+      def method_added(name)
+        super
+        Key.new(self, idempotency_values[:key]) if name == :perform && idempotency_values
+      end
+
+      private
+
+      def idempotency_perform_defined?
+        instance_method(:perform).owner != ::ActiveJob::Execution
+      end
+    end
+
+    # @return [Integer] how many times this job was deferred by a live claim so far
+    def idempotency_deferrals
+      @idempotency_deferrals.to_i
+    end
+
+    # Adds the deferral count to ActiveJob's serialized job (the back-off grows with it).
+    # @return [Hash]
+    def serialize
+      data = super
+      @idempotency_deferrals ? data.merge("idempotency_deferrals" => @idempotency_deferrals) : data
+    end
+
+    # @param job_data [Hash] ActiveJob's serialized job
+    # @return [void]
+    def deserialize(job_data)
+      super
+      @idempotency_deferrals = job_data["idempotency_deferrals"]
+    end
+  end
+end
