@@ -25,8 +25,9 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
   # Runs deliveries against running workers, then waits for the queue to drain.
   def with_workers(count = 1, env = {})
     pids = Array.new(count) { driver.start(env) }
-    yield
+    value = yield
     drain!
+    value
   ensure
     pids&.each { |pid| driver.stop(pid) }
   end
@@ -56,8 +57,9 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
   it "3 deliveries in a row, identical or re-enqueued: the effect once, the repeats counted" do
     with_workers { repeat(AjChargeOrderJob) }
     expect([Effects.count(42), Effects.count(43)]).to eq([1, 1])
-    expect(aj_record(42)).to have_attributes(status: :completed, attempts: 1, duplicates: 2)
-    expect(aj_record(43)).to have_attributes(status: :completed, duplicates: 2)
+    # Copies that meet the running one are re-enqueued and counted again when they return.
+    expect(aj_record(42)).to have_attributes(status: :completed, attempts: 1, duplicates: (2..))
+    expect(aj_record(43)).to have_attributes(status: :completed, attempts: 1, duplicates: (2..))
     expect(IdempotentJob.record("ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper", 42)).to be_nil
   end
 
@@ -82,7 +84,7 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
     expect([Effects.count(45), Effects.count(46)]).to eq([1, 1])
     expect([Effects.count("A-1/dhl"), Effects.count("A-2/dhl")]).to eq([1, 1])
     gid = orders.first.to_global_id.to_s
-    expect(IdempotentJob.record("aj-shipping", JSON.generate([gid, "dhl"]))).to have_attributes(duplicates: 1)
+    expect(IdempotentJob.record("aj-shipping", JSON.generate([gid, "dhl"]))).to have_attributes(status: :completed, duplicates: (1..))
   end
 
   # A worker SIGKILLed at `point` while it holds operation 47, then a new worker and
