@@ -92,3 +92,18 @@ class AjRefundOrderJob < ActiveJob::Base
     AjSpecBody.run(self, order_id, hold)
   end
 end
+
+class SpecDeclinedError < StandardError; end
+
+# retry_on's own attempts, to show the door's deferrals do not use them up.
+class AjRetryingJob < ActiveJob::Base
+  include IdempotentJob::ActiveJob
+  idempotency key: :order_id, lease: 2
+  retry_on SpecDeclinedError, attempts: 2, wait: 5
+
+  def perform(order_id)
+    SpecHooks.call(:inside, self)
+    Effects.record("retrying", order_id)
+    SpecHooks.call(:after_effect, order_id)
+  end
+end
