@@ -84,7 +84,8 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
     expect([Effects.count(45), Effects.count(46)]).to eq([1, 1])
     expect([Effects.count("A-1/dhl"), Effects.count("A-2/dhl")]).to eq([1, 1])
     gid = orders.first.to_global_id.to_s
-    expect(IdempotentJob.record("aj-shipping", JSON.generate([gid, "dhl"]))).to have_attributes(status: :completed, duplicates: (1..))
+    expect(IdempotentJob.record("aj-shipping",
+                                JSON.generate([gid, "dhl"]))).to have_attributes(status: :completed, duplicates: (1..))
   end
 
   # A worker SIGKILLed at `point` while it holds operation 47, then a new worker and
