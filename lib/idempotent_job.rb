@@ -109,8 +109,8 @@ module IdempotentJob
     # @raise [ConnectionError, TimeoutError, DatabaseError] when the claim cannot be decided
     # @raise [LookupError, PayloadMismatchError, LostClaimError] as {Protocol#run}
     # @raise [Exception] what the block raised, after releasing the claim
-    def perform_once(job_type, operation_key, **options, &block)
-      Plain.perform_once(job_type, operation_key, **options, &block)
+    def perform_once(job_type, operation_key, **options, &)
+      Plain.perform_once(job_type, operation_key, **options, &)
     end
 
     # Reads one idempotency record.
@@ -280,10 +280,13 @@ module IdempotentJob
     end
 
     def rerun(record)
-      require "sidekiq"
-      ::Sidekiq::Client.push("class" => record.job_class, "args" => record.args, "queue" => record.queue || "default")
-      logger.warn("idempotent_job: #{record.job_type} operation #{record.operation_key.inspect} resolved for a " \
-                  "rerun: #{record.job_class} re-enqueued")
+      name = "#{record.job_type} operation #{record.operation_key.inspect}"
+      if Door.registered.any? { |door| door.rerun(record) }
+        logger.warn("idempotent_job: #{name} resolved for a rerun: #{record.job_class} re-enqueued")
+      else
+        logger.warn("idempotent_job: #{name} resolved for a rerun: released; no loaded door enqueues " \
+                    "#{record.job_class.inspect}, so its next delivery (or perform_once call) runs it")
+      end
     end
 
     def build_store(config)

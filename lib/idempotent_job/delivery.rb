@@ -35,7 +35,8 @@ module IdempotentJob
     # @param id [String, #to_s, nil] the delivery's id
     # @param deferrals [Integer] deferrals so far (drives the back-off of {Protocol::Deferral})
     # @param facts [Hash] attempt facts; keys become Strings
-    def initialize(job_type:, operation_key:, payload: [], job_class: nil, queue: nil, id: nil, deferrals: 0,
+    def initialize(job_type:, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only
+                   operation_key:, payload: [], job_class: nil, queue: nil, id: nil, deferrals: 0,
                    facts: {})
       @job_type = job_type.to_s
       @operation_key = operation_key

@@ -44,6 +44,46 @@ module IdempotentJob
       "delivery"
     end
 
+    # Enqueues the stored job of a record resolved with `IdempotentJob.resolve(…, as: :rerun)`,
+    # when it is this door's kind of job.
+    # @param _record [Record] the record (job_class, args, queue of the last claiming delivery)
+    # @return [Boolean] whether this door enqueued it (default false)
+    def rerun(_record)
+      false
+    end
+
+    # @return [Logger, nil] the logger of the door's queue, used when none is configured (default nil)
+    def host_logger
+      nil
+    end
+
+    # @return [Integer, nil] worker threads of the door's queue in this process, which
+    #   size the default pool (default nil)
+    def concurrency
+      nil
+    end
+
+    @registered = []
+    @registry_lock = Mutex.new
+
+    class << self
+      # Registers a door for what is not per delivery: reruns, the default logger and
+      # pool size. A door registers itself when its file is required; once per class.
+      # @param door [Door]
+      # @return [Door] the door
+      def register(door)
+        @registry_lock.synchronize do
+          @registered = @registered.reject { |d| d.instance_of?(door.class) } + [door]
+        end
+        door
+      end
+
+      # @return [Array<Door>] the registered doors, latest first
+      def registered
+        @registry_lock.synchronize { @registered.reverse }
+      end
+    end
+
     # The plain door's shared instance.
     PLAIN = new.freeze
   end

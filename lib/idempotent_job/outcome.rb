@@ -31,7 +31,8 @@ module IdempotentJob
 
     # @param decision [Symbol] one of {DECISIONS}
     # @raise [ArgumentError] for another decision
-    def initialize(decision, value: nil, retry_after: nil, lease_remaining: nil, claim: nil, holder: nil,
+    def initialize(decision, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only
+                   value: nil, retry_after: nil, lease_remaining: nil, claim: nil, holder: nil,
                    duplicates: nil)
       raise ArgumentError, "unknown decision #{decision.inspect}" unless DECISIONS.include?(decision)
 

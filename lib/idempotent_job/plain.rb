@@ -13,7 +13,8 @@ module IdempotentJob
 
     # See {IdempotentJob.perform_once}.
     # @return [Outcome]
-    def self.perform_once(job_type, operation_key, lease: nil, payload: [], id: nil, deferrals: 0, facts: {},
+    def self.perform_once(job_type, # rubocop:disable Metrics/ParameterLists -- the public API, keywords
+                          operation_key, lease: nil, payload: [], id: nil, deferrals: 0, facts: {},
                           job_class: nil, queue: nil, **options, &block)
       raise ArgumentError, "IdempotentJob.perform_once needs a block" unless block
 

@@ -91,6 +91,15 @@ namespace :idempotent_job do
     as = args[:as] || ENV.fetch("AS", nil)
     abort "usage: rake idempotent_job:resolve[JOB_TYPE,KEY,done|rerun]" unless job_type && key && as
 
+    # A rerun is enqueued by a loaded door; a plain Rakefile loads none, so the
+    # Sidekiq door is loaded when Sidekiq is installed.
+    if as.to_s == "rerun" && IdempotentJob::Door.registered.empty?
+      begin
+        require "idempotent_job/sidekiq"
+      rescue LoadError
+        nil
+      end
+    end
     record = IdempotentJob.resolve(job_type, key, as:)
     puts "idempotent_job: #{record.job_type} operation #{record.operation_key.inspect} resolved as #{as}: " \
          "now #{record.status}"

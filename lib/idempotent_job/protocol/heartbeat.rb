@@ -12,9 +12,11 @@ module IdempotentJob
       # @return [Heartbeat]
       # @raise [ConnectionError, DatabaseError] from the native store
       def self.start(options, claim, narrator)
-        native = options.heartbeat ? IdempotentJob.store.heartbeat(claim.job_type, claim.operation_key,
-                                                                   claim.token, options.lease.to_f,
-                                                                   options.max_run.to_f) : nil
+        native = if options.heartbeat
+                   IdempotentJob.store.heartbeat(claim.job_type, claim.operation_key,
+                                                 claim.token, options.lease.to_f,
+                                                 options.max_run.to_f)
+                 end
         new(native, claim, narrator)
       end
 

@@ -55,7 +55,8 @@ module IdempotentJob
           Protocol::Release.new(self, narrator).call(claim, e)
           raise
         end
-        Protocol::Completion.new(self, narrator).record(claim, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+        Protocol::Completion.new(self, narrator).record(claim,
+                                                        Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         result
       end
 
