@@ -91,12 +91,16 @@ module IdempotentJob
         values
       end
 
+      # @param lease [Numeric, nil] a per-delivery lease in seconds overriding the
+      #   declared one (the testing kit's short lease travels in the serialized job)
       # @return [JobOptions, nil] the resolved options (nil when not declared); built
       #   on first use and cached
       # @raise [OperationKeyError, ConfigurationError] as {#idempotency}
-      def idempotency_options
+      def idempotency_options(lease: nil)
         values = idempotency_values
-        values && JobOptions.cached(self, values)
+        return nil unless values
+
+        JobOptions.cached(self, lease ? values.merge(lease:) : values)
       end
 
       # Checks a key declaration's parameter names once `perform` is defined.
@@ -119,11 +123,16 @@ module IdempotentJob
       @idempotency_deferrals.to_i
     end
 
-    # Adds the deferral count to ActiveJob's serialized job (the back-off grows with it).
+    # @return [Numeric, nil] a lease (seconds) this job carries in its serialized form,
+    #   overriding the declared one (set by the testing kit)
+    attr_accessor :idempotency_lease
+
+    # Adds the deferral count (the back-off grows with it) and a carried lease to
+    # ActiveJob's serialized job.
     # @return [Hash]
     def serialize
-      data = super
-      @idempotency_deferrals ? data.merge("idempotency_deferrals" => @idempotency_deferrals) : data
+      extra = { "idempotency_deferrals" => @idempotency_deferrals, "idempotency_lease" => @idempotency_lease }
+      super.merge(extra.compact)
     end
 
     # @param job_data [Hash] ActiveJob's serialized job
@@ -131,6 +140,11 @@ module IdempotentJob
     def deserialize(job_data)
       super
       @idempotency_deferrals = job_data["idempotency_deferrals"]
+      @idempotency_lease = job_data["idempotency_lease"]
     end
   end
 end
+
+IdempotentJob::Door.register(IdempotentJob::ActiveJob::Door.new)
+# The testing kit, when it is loaded first, learns to replay ActiveJob classes.
+require "idempotent_job/testing/active_job_subject" if defined?(IdempotentJob::Testing::Subjects)

@@ -18,10 +18,11 @@ module IdempotentJob
       # (it is also an Interrupt; the name is checked in case a version changes that).
       SHUTDOWN_CLASS_NAMES = %w[Sidekiq::Shutdown].freeze
 
-      # @param job [ActiveJob::Base] the job being performed
+      # @param job [ActiveJob::Base, nil] the job being performed (nil: the registered
+      #   instance, which only answers {#rerun})
       # @param in_place [Boolean] true when the adapter cannot schedule (inline): the
       #   {Performer} waits and decides again instead of re-enqueueing
-      def initialize(job, in_place:)
+      def initialize(job = nil, in_place: false)
         super()
         @job = job
         @in_place = in_place
@@ -62,6 +63,22 @@ module IdempotentJob
       # @return [String]
       def id_label
         "job_id"
+      end
+
+      # Re-enqueues an operation resolved with `IdempotentJob.resolve(…, as: :rerun)`
+      # when its job class is an ActiveJob class: `perform_later` with the stored
+      # (serialized) arguments on the stored queue.
+      # @param record [Record]
+      # @return [Boolean] whether the record was an ActiveJob job (and was enqueued)
+      # @raise [Exception] what the adapter raises when it cannot enqueue
+      def rerun(record)
+        klass = record.job_class && Object.const_get(record.job_class)
+        return false unless klass.is_a?(Class) && klass <= ::ActiveJob::Base
+
+        klass.set(queue: record.queue).perform_later(*::ActiveJob::Arguments.deserialize(record.args || []))
+        true
+      rescue NameError
+        false
       end
     end
   end

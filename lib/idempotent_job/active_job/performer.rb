@@ -55,7 +55,7 @@ module IdempotentJob
       # @raise [ConnectionError, DatabaseError, LookupError, PayloadMismatchError,
       #   LostClaimError] as {Protocol#run}; whatever `perform` raised
       def call(&body)
-        options = @job.class.idempotency_options
+        options = @job.class.idempotency_options(lease: @job.idempotency_lease)
         return yield if options.nil? || IdempotentJob::ActiveJob.unprotected?
 
         @job.instance_variable_set(:@idempotency_performed, true)
@@ -90,7 +90,7 @@ module IdempotentJob
 
       def in_place?
         # The inline adapter performs at enqueue and cannot schedule a later delivery.
-        @job.class.queue_adapter.is_a?(::ActiveJob::QueueAdapters::InlineAdapter) || self.class.deferring?(@job)
+        @job.queue_adapter.is_a?(::ActiveJob::QueueAdapters::InlineAdapter) || self.class.deferring?(@job)
       end
     end
   end
