@@ -45,8 +45,8 @@ RSpec.describe "The testing kit on an ActiveJob class" do
         expect(Effects.count(23)).to eq(1)
         expect(IdempotentJob.record("AjChargeOrderJob", 23)).to have_attributes(status: :completed, duplicates: 1)
         expect(IdempotentJob.record("ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper", 23)).to be_nil
-        expect(AjChargeOrderJob).to be_idempotent_for(24, 100).with_effect { Effects.count }
-                                                              .in_scenarios(:repeated, :concurrent_threads, :killed_after_claim)
+        matcher = be_idempotent_for(24, 100).with_effect { Effects.count }
+        expect(AjChargeOrderJob).to matcher.in_scenarios(:repeated, :concurrent_threads, :killed_after_claim)
         expect(Sidekiq::Testing).to be_inline
       end
     end

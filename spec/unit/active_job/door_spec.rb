@@ -141,4 +141,17 @@ RSpec.describe IdempotentJob::ActiveJob do
       expect(IdempotentJob.record("AjChargeOrderJob", 44)).to have_attributes(status: :released)
     end
   end
+
+  it "re-enqueues a held operation resolved with as: :rerun, with its arguments, on its queue" do
+    SpecHooks.on(:after_effect) { raise Interrupt }
+    expect { AjRefundOrderJob.perform_now(42, 100) }.to raise_error(Interrupt)
+    SpecHooks.reset!
+    sleep 2.1 # the lease ends; the next delivery takes the stale claim over and holds it
+    AjRefundOrderJob.perform_now(42, 100)
+    expect(IdempotentJob.record("AjRefundOrderJob", 42).status).to eq(:held)
+    IdempotentJob.resolve("AjRefundOrderJob", 42, as: :rerun)
+    expect(enqueued.map do |job|
+             [job[:job], job[:args], job[:queue]]
+           end).to eq([[AjRefundOrderJob, [42, 100], "default"]])
+  end
 end
