@@ -39,6 +39,7 @@ module Demo
       same_jid
       distinct
       composite
+      ActiveJobScenario.enqueue(@state)
       @state.save
     end
 
