@@ -107,3 +107,30 @@ class AjRetryingJob < ActiveJob::Base
     SpecHooks.call(:after_effect, order_id)
   end
 end
+
+# Transactional mode: the body's write, the claim and the completion commit together,
+# in ActiveRecord's transaction...
+class AjRecordPaymentJob < ActiveJob::Base
+  include IdempotentJob::ActiveJob
+  idempotency key: :payment_id, lease: 2, transaction: :active_record
+
+  def perform(payment_id, cents)
+    SpecHooks.call(:before_effect, payment_id)
+    SpecPayment.create!(payment_id:, cents:, pid: Process.pid)
+    SpecHooks.call(:after_effect, payment_id)
+  end
+end
+
+# ...or in the gem's own transaction handle (`idempotent_transaction`; without the gem,
+# as the control runs, the same code writes directly).
+class AjRecordPaymentNativeJob < ActiveJob::Base
+  include IdempotentJob::ActiveJob
+  idempotency key: :payment_id, lease: 2, transaction: true
+
+  def perform(payment_id, cents)
+    sql = "INSERT INTO spec_payments (payment_id, cents, pid) VALUES ($1, $2, $3)"
+    params = [payment_id, cents, Process.pid]
+    idempotent_transaction ? idempotent_transaction.exec(sql, params) : Effects.connection.exec_params(sql, params)
+    SpecHooks.call(:after_effect, payment_id)
+  end
+end
