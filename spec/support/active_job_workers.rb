@@ -86,10 +86,13 @@ module ActiveJobWorkers
     end
 
     # Starts one `sidekiq` process (its concurrent copies are threads).
+    # @param shutdown_timeout [Integer] seconds Sidekiq waits on TERM before it raises
+    #   Sidekiq::Shutdown in the jobs still running (its `-t`)
+    # @param concurrency [Integer] worker threads (its `-c`)
     # @return [Integer] pid
-    def start(env = {})
+    def start(env = {}, shutdown_timeout: 8, concurrency: 5)
       pid = spawn_worker(env, "sidekiq", "-r", File.join(ROOT, "spec/support/active_job_sidekiq_boot.rb"),
-                         "-c", "5", "-q", "default")
+                         "-c", concurrency.to_s, "-q", "default", "-t", shutdown_timeout.to_s)
       wait_ready(pid)
       pid
     end
