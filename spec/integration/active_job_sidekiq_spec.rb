@@ -13,15 +13,7 @@ RSpec.describe "ActiveJob on a real Sidekiq process", :integration do
   it_behaves_like "ActiveJob replays through real workers", concurrent_workers: :threads
 
   describe "a hard shutdown (Sidekiq raises Sidekiq::Shutdown inside perform)" do
-    around do |example|
-      ActiveJob::Base.queue_adapter = :sidekiq
-      Sidekiq::Testing.disable! do
-        Sidekiq.redis(&:flushdb)
-        example.run
-      end
-    ensure
-      ActiveJob::Base.queue_adapter = :inline
-    end
+    around { |example| with_adapter(:sidekiq) { driver.around { example.run } } }
 
     # A job still in its body (after its effect) when Sidekiq stops with a 1 s timeout:
     # Sidekiq requeues it and raises Sidekiq::Shutdown in it; a new process gets the copy.
@@ -53,18 +45,16 @@ RSpec.describe "ActiveJob on a real Sidekiq process", :integration do
   end
 
   it "claims each delivery once, under the job's class, with nothing under the wrapper" do
-    ActiveJob::Base.queue_adapter = :sidekiq
-    Sidekiq::Testing.disable! do
-      Sidekiq.redis(&:flushdb)
-      pid = driver.start
-      AjChargeOrderJob.perform_later(48, 100)
-      expect(driver.wait_until_drained).to be(true)
-      driver.stop(pid)
+    with_adapter(:sidekiq) do
+      driver.around do
+        pid = driver.start
+        AjChargeOrderJob.perform_later(48, 100)
+        expect(driver.wait_until_drained).to be(true)
+        driver.stop(pid)
+      end
     end
     rows = Effects.connection.exec("SELECT job_type, operation_key, attempts FROM idempotent_job_records").to_a
     expect(rows).to eq([{ "job_type" => "AjChargeOrderJob", "operation_key" => "48", "attempts" => "1" }])
     expect(Effects.count(48)).to eq(1)
-  ensure
-    ActiveJob::Base.queue_adapter = :inline
   end
 end

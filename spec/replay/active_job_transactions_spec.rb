@@ -2,17 +2,12 @@
 
 require "spec_helper"
 require_relative "../support/active_job_jobs"
+require_relative "../support/active_job_workers"
 
 # ActiveJob jobs in transactional mode (`transaction: :active_record` / `true`), on the
 # inline adapter: the core's transactional strategies, through the ActiveJob door.
 RSpec.describe "ActiveJob jobs in transactional mode" do
-  around do |example|
-    previous = ActiveJob::Base.queue_adapter
-    ActiveJob::Base.queue_adapter = :inline
-    example.run
-  ensure
-    ActiveJob::Base.queue_adapter = previous
-  end
+  around { |example| with_adapter(:inline) { example.run } }
 
   [AjRecordPaymentJob, AjRecordPaymentNativeJob].each do |klass|
     describe klass.name do
@@ -34,17 +29,9 @@ RSpec.describe "ActiveJob jobs in transactional mode" do
       end
 
       it "leaves nothing when the worker is SIGKILLed after its write, before the commit" do
-        data = klass.new("p-3", 500).serialize
-        pid, reader = fork_worker do |pipe|
-          SpecHooks.on(:after_effect) do
-            pipe.puts("written")
-            sleep 60
-          end
-          ActiveJob::Base.execute(data)
-        end
-        expect(read_line(reader)).to eq("written")
-        kill9(pid)
-        ActiveJob::Base.execute(data) # the redelivery: the dead transaction left no row and no claim
+        job = klass.new("p-3", 500)
+        ActiveJobWorkers::InProcess.new(:inline).crash_at(:after_effect, job)
+        ActiveJob::Base.execute(job.serialize) # the redelivery: the dead transaction left no row, no claim
         expect(SpecPayment.rows("p-3")).to eq(1)
         expect(IdempotentJob.record(klass.name, "p-3")).to have_attributes(status: :completed, attempts: 1)
       end

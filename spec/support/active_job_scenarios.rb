@@ -1,17 +1,22 @@
 # frozen_string_literal: true
 
-# The five replay scenarios through ActiveJob on a real queue and real worker
-# processes: 3 deliveries in a row, 2 at once, death (SIGKILL) after the claim, death
-# after the effect, 2 distinct operations; each with its control (the same job
-# without the gem), which must show the duplicate. The including group defines
-# `driver` (an ActiveJobWorkers::Driver).
+# The five replay scenarios through ActiveJob on an adapter: 3 deliveries in a row, 2
+# at once, death (SIGKILL) after the claim, death after the effect, 2 distinct
+# operations; each with its control (the same job without the gem), which must show
+# the duplicate. The including group defines `driver`: real worker processes
+# (ActiveJobWorkers::Sidekiq, ::DelayedJob) or the spec process (::InProcess).
 RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_workers:|
   around do |example|
-    previous = ActiveJob::Base.queue_adapter
-    ActiveJob::Base.queue_adapter = driver.adapter
-    driver.around { example.run }
-  ensure
-    ActiveJob::Base.queue_adapter = previous
+    with_adapter(driver.adapter) { driver.around { example.run } }
+  end
+
+  # A failed example keeps its workers' log (the next example's driver starts a new one).
+  after do |example|
+    next unless example.exception && File.exist?(driver.log.to_s)
+
+    kept = driver.log.sub(/\.log\z/, "-failed-#{example.metadata[:scoped_id].tr(":", "-")}.log")
+    FileUtils.cp(driver.log, kept)
+    warn "workers' log of the failed example: #{kept}"
   end
 
   def drain!
@@ -40,7 +45,7 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
 
   def at_once(klass)
     job = klass.new(44, 100, 0.6) # the body lingers after its effect: the copies overlap
-    2.times { driver.deliver(job) }
+    driver.deliver_at_once(job, 2)
   end
 
   def distinct
@@ -60,7 +65,6 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
     # Copies that meet the running one are re-enqueued and counted again when they return.
     expect(aj_record(42)).to have_attributes(status: :completed, attempts: 1, duplicates: (2..))
     expect(aj_record(43)).to have_attributes(status: :completed, attempts: 1, duplicates: (2..))
-    expect(IdempotentJob.record("ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper", 42)).to be_nil
   end
 
   it "control, 3 deliveries without the gem: the effect three times" do
@@ -88,19 +92,14 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
                                 JSON.generate([gid, "dhl"]))).to have_attributes(status: :completed, duplicates: (1..))
   end
 
-  # A worker SIGKILLed at `point` while it holds operation 47, then a new worker and
-  # two more copies of the message (the queue's redelivery of the lost one, and a
-  # repeat): the copies inside the lease are re-enqueued, never lost.
+  # A worker SIGKILLed at `point` while it holds operation 47, then two more copies of
+  # the message (the queue's redelivery of the lost one, and a repeat) for the next
+  # worker: the copies inside the lease are re-enqueued (inline: wait), never lost.
   def killed_at(point, klass)
-    marker = stop_marker
-    env = { "SPEC_STOP_AT" => point.to_s, "SPEC_MARKER" => marker }
     job = klass.new(47, 100)
-    victim = driver.start(env)
-    driver.deliver(job)
-    wait_for_marker(marker)
-    driver.kill(victim)
+    env = driver.crash_at(point, job)
     yield if block_given?
-    with_workers(1, env) { 2.times { driver.deliver(job) } }
+    with_workers(1, env || {}) { 2.times { driver.deliver(job) } }
   end
 
   it "death after the claim (SIGKILL): no copy runs inside the lease; after it, one runs the effect once" do

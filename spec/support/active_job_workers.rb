@@ -28,6 +28,24 @@ module ActiveJobWorkers
       ActiveJob::Base.queue_adapter.enqueue(job)
     end
 
+    # Copies delivered at the same moment: pushed together, the workers take them at once.
+    def deliver_at_once(job, copies)
+      copies.times { deliver(job) }
+    end
+
+    # A worker started to die: it performs the job and is SIGKILLed when it reaches
+    # `point` (SPEC_STOP_AT); the workers started after it run through.
+    # @return [Hash] the environment for the workers that follow
+    def crash_at(point, job)
+      marker = File.join(ROOT, "tmp", "spec-aj-stop-#{Process.pid}-#{rand(1 << 30)}")
+      env = { "SPEC_STOP_AT" => point.to_s, "SPEC_MARKER" => marker }
+      victim = start(env)
+      deliver(job)
+      Timeout.timeout(30) { sleep 0.05 until File.exist?(marker) }
+      kill(victim)
+      env
+    end
+
     # Kills a worker with SIGKILL and reaps it.
     def kill(pid)
       Process.kill(:KILL, pid)
@@ -42,12 +60,18 @@ module ActiveJobWorkers
       nil
     end
 
-    # Waits until the queue holds nothing: no job waiting, scheduled, retried or running.
+    # Waits until the queue holds nothing: no job waiting, scheduled, retried or running,
+    # seen so on three polls in a row (a job a worker has just fetched is in neither
+    # place for an instant).
     # @return [Boolean] whether it drained within `timeout` seconds
     def wait_until_drained(timeout: 40)
       deadline = now + timeout
-      sleep 0.2 until drained? || now > deadline
-      drained?
+      quiet = 0
+      until quiet >= 3 || now > deadline
+        quiet = drained? ? quiet + 1 : 0
+        sleep 0.2
+      end
+      quiet >= 3
     end
 
     private
@@ -97,12 +121,29 @@ module ActiveJobWorkers
       pid
     end
 
+    # Nothing queued, scheduled or retried, and no job in a live worker's hands (counted
+    # by the boot file's SpecInflight middleware, at once; Sidekiq's busy list lags).
     def drained?
       ::Sidekiq::Queue.new("default").size.zero? && ::Sidekiq::ScheduledSet.new.size.zero? &&
-        ::Sidekiq::RetrySet.new.size.zero? && ::Sidekiq::Workers.new.size.zero?
+        ::Sidekiq::RetrySet.new.size.zero? && in_hand.zero?
     end
 
     private
+
+    def in_hand
+      ::Sidekiq.redis do |redis|
+        redis.keys("spec:active_job:inflight:*").sum do |key|
+          alive?(Integer(key.split(":").last)) ? redis.get(key).to_i : 0
+        end
+      end
+    end
+
+    def alive?(pid)
+      Process.kill(0, pid)
+      true
+    rescue Errno::ESRCH
+      false
+    end
 
     # Sidekiq registers its process in Redis once it is up.
     def wait_ready(pid)
@@ -141,16 +182,95 @@ module ActiveJobWorkers
     end
   end
 
-  # @return [String] a fresh marker path for SPEC_STOP_AT (see AjSpecBody)
-  def stop_marker
-    path = File.join(ROOT, "tmp", "spec-aj-stop-#{Process.pid}-#{rand(1 << 30)}")
-    FileUtils.rm_f(path)
-    path
+  # Counts jobs enqueued and not yet performed in this process (the async pool).
+  module PendingJobs
+    @count = 0
+    @lock = Mutex.new
+
+    class << self
+      attr_reader :count
+
+      def change(delta)
+        @lock.synchronize { @count += delta }
+      end
+
+      def reset!
+        @lock.synchronize { @count = 0 }
+      end
+    end
+
+    ActiveSupport::Notifications.subscribe(/\A(enqueue|enqueue_at)\.active_job\z/) { change(1) }
+    ActiveSupport::Notifications.subscribe("perform.active_job") { change(-1) }
   end
 
-  # Waits until a worker reached its stop point.
-  def wait_for_marker(path, timeout: 30)
-    Timeout.timeout(timeout) { sleep 0.05 until File.exist?(path) }
+  # ActiveJob's in-process adapters, :inline (a delivery runs in the caller; a copy
+  # that meets a live claim waits there) and :async (a thread pool; such a copy is
+  # re-enqueued with retry_job). There are no workers to start: the spec process is
+  # the worker; a worker that dies is a forked child SIGKILLed inside perform.
+  class InProcess
+    include Processes
+    include RSpec::Matchers
+
+    attr_reader :adapter
+
+    def initialize(adapter)
+      @adapter = adapter
+    end
+
+    def log
+      "(in process)"
+    end
+
+    def around
+      PendingJobs.reset!
+      yield
+    end
+
+    def start(_env = {}) = nil
+
+    def stop(_pid) = nil
+
+    # The same message (same job_id) delivered once more, straight to the adapter
+    # (no enqueue event: counted here).
+    def deliver(job)
+      PendingJobs.change(1)
+      ActiveJob::Base.queue_adapter.enqueue(job)
+    end
+
+    # Copies delivered at the same moment, each from its own thread.
+    def deliver_at_once(job, copies)
+      Array.new(copies) { Thread.new { deliver(job) } }.each(&:join)
+    end
+
+    # A forked worker performs the job and is SIGKILLed when it reaches `point`.
+    def crash_at(point, job)
+      data = job.serialize
+      pid, reader = fork_worker do |pipe|
+        SpecHooks.on(point) do
+          pipe.puts("at #{point}")
+          sleep 60
+        end
+        ActiveJob::Base.execute(data)
+      end
+      expect(read_line(reader)).to eq("at #{point}")
+      kill9(pid)
+    end
+
+    # Waits for the async pool (and its scheduled re-enqueues) to finish.
+    def wait_until_drained(timeout: 20)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+      sleep 0.05 until PendingJobs.count <= 0 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      PendingJobs.count <= 0
+    end
+  end
+
+  # Runs the block with `name` as ActiveJob's adapter, then puts the previous one back.
+  def with_adapter(name)
+    previous = ActiveJob::Base.queue_adapter
+    ActiveJob::Base.queue_adapter = name
+    yield
+  ensure
+    ActiveJob::Base.queue_adapter = previous
   end
 end
 

@@ -3,17 +3,13 @@
 require "spec_helper"
 require "idempotent_job/testing"
 require_relative "../support/active_job_jobs"
+require_relative "../support/active_job_workers"
 require "idempotent_job/testing/active_job_subject"
 
 # The testing kit on ActiveJob classes: be_idempotent_for / replay_job deliver the
 # job's serialized form through its callbacks and the ActiveJob door.
 RSpec.describe "The testing kit on an ActiveJob class" do
-  around do |example|
-    previous = ActiveJob::Base.queue_adapter
-    example.run
-  ensure
-    ActiveJob::Base.queue_adapter = previous
-  end
+  around { |example| with_adapter(ActiveJob::Base.queue_adapter) { example.run } }
 
   it "passes be_idempotent_for in every scenario, threads and forked workers included" do
     expect(AjChargeOrderJob).to be_idempotent_for(order_id: 21, _cents: 100).with_effect { Effects.count }

@@ -2,18 +2,13 @@
 
 require "spec_helper"
 require_relative "../../support/active_job_jobs"
+require_relative "../../support/active_job_workers"
 
 # The ActiveJob door's contract with ActiveJob itself, on ActiveJob's :test adapter
 # (enqueued jobs are recorded, not run): declaration checks, what perform sees, the
 # re-enqueue of a delivery that meets a live claim, interrupts kept as crashes.
 RSpec.describe IdempotentJob::ActiveJob do
-  around do |example|
-    previous = ActiveJob::Base.queue_adapter
-    ActiveJob::Base.queue_adapter = :test
-    example.run
-  ensure
-    ActiveJob::Base.queue_adapter = previous
-  end
+  around { |example| with_adapter(:test) { example.run } }
 
   let(:enqueued) { ActiveJob::Base.queue_adapter.enqueued_jobs }
 
