@@ -7,7 +7,7 @@ require "idempotent_job/testing"
 RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
   def charge(order_id = 42, cents = 1500, **options, &body)
     IdempotentJob.perform_once("PlainCharge", order_id, lease: 30, payload: [order_id, cents], **options,
-                                                        &(body || proc { Effects.record("plain", order_id) }))
+                               &(body || proc { Effects.record("plain", order_id) }))
   end
 
   it "runs the block once and returns its value; later calls are :completed and do not run it" do
@@ -24,7 +24,7 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
   it "releases the claim when the block raises and re-raises; the next call claims it again as a retry" do
     expect { charge { raise ArgumentError, "gateway down" } }.to raise_error(ArgumentError, "gateway down")
     expect(IdempotentJob.record("PlainCharge", 42)).to have_attributes(status: :released)
-    retried = charge { |claim| claim.attempt }
+    retried = charge(&:attempt)
     expect(retried).to have_attributes(decision: :ran, value: 2)
     expect(retried.claim.kind).to eq(:retry)
   end
@@ -59,7 +59,7 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
     requests = []
     store = IdempotentJob.store
     allow(IdempotentJob).to receive(:store).and_return(store)
-    allow(store).to receive(:claim).and_wrap_original { |claim, request| requests << request && claim.call(request) }
+    allow(store).to(receive(:claim).and_wrap_original { |claim, request| (requests << request) && claim.call(request) })
     charge(facts: { receive_count: 2 }, id: "message-1")
     expect(requests.first).to include(job_type: "PlainCharge", operation_key: "42", jid: "message-1",
                                       args_json: "[42,1500]", facts_json: '{"receive_count":2}')
@@ -88,7 +88,9 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
 
   describe "the replay scenarios through the plain door (the testing kit's PlainJob)" do
     let(:job) do
-      IdempotentJob::Testing::PlainJob.new("PlainKitCharge") { |order_id, _cents| Effects.record("plain-kit", order_id) }
+      IdempotentJob::Testing::PlainJob.new("PlainKitCharge") do |order_id, _cents|
+        Effects.record("plain-kit", order_id)
+      end
     end
 
     it "keeps the effect to once in every scenario" do

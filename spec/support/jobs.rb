@@ -57,3 +57,15 @@ class CapturePaymentJob
     SpecHooks.call(:lookup, payment_id)
   end
 end
+
+# A short job under a long lease: a duplicate that meets its live claim should come back
+# soon after it finishes, not when the lease would end.
+class QuickUnderLongLeaseJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: :order_id, idempotency_lease: 30
+
+  def perform(order_id)
+    sleep 1.5
+    Effects.record("quick", order_id)
+  end
+end

@@ -27,6 +27,6 @@ RSpec.describe IdempotentJob::CanonicalJson do
 
   it "hands other values to a block (the key's refusal) or leaves them to JSON" do
     expect(described_class.normalize([Float::NAN]) { |v| "bad #{v}" }).to eq(["bad NaN"])
-    expect(described_class.normalize([Object]) { |v| v.name }).to eq(["Object"])
+    expect(described_class.normalize([Object], &:name)).to eq(["Object"])
   end
 end

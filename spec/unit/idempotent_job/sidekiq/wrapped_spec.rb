@@ -5,7 +5,7 @@ require "spec_helper"
 # A stand-in for an ActiveJob class that declared its key the Sidekiq way (no ActiveJob
 # needed: the door only reads the payload and get_sidekiq_options).
 class WrappedKeyedJob
-  def self.get_sidekiq_options
+  def self.get_sidekiq_options # rubocop:disable Naming/AccessorMethodName -- Sidekiq's name
     { "idempotency_key" => :order_id }
   end
 end
