@@ -193,7 +193,7 @@ RSpec.describe "Replaying deliveries of one operation" do
     it "makes two job classes one operation when their keys agree" do
       ShipParcelJob.perform_async({ "order" => { "id" => 9 } }, "ups")
       ShipParcelV2Job.perform_async({ "order" => { "id" => 9 } }, "ups")
-      Sidekiq::Worker.drain_all
+      Sidekiq::Job.drain_all
       expect(Effects.count("9/ups")).to eq(1)
       expect(IdempotentJob.record("shipping", '["9","ups"]')).to have_attributes(duplicates: 1)
     end
