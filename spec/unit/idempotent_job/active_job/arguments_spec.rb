@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "spec_helper"
-require_relative "../../support/active_job_jobs"
+require_relative "../../../support/active_job_jobs"
 
 # A GlobalID-able object that needs no database.
 class ArgumentsSpecAccount
