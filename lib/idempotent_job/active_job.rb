@@ -31,7 +31,7 @@ module IdempotentJob
       # @param base [Class] an ActiveJob::Base subclass (ApplicationJob or a job)
       # @raise [ConfigurationError] when `base` is not an ActiveJob class
       def included(base)
-        unless base.is_a?(Class) && base <= ::ActiveJob::Base
+        unless job_class?(base)
           raise ConfigurationError, "#{base}: IdempotentJob::ActiveJob is for ActiveJob classes " \
                                     "(include IdempotentJob::Job in a Sidekiq job instead)"
         end
@@ -58,6 +58,25 @@ module IdempotentJob
       # @return [Boolean] whether {unprotected} is in effect on this thread
       def unprotected?
         Thread.current[:idempotent_job_active_job_off] == true
+      end
+
+      # @param klass [Object]
+      # @return [Boolean] whether it is an ActiveJob job class
+      def job_class?(klass)
+        klass.is_a?(Class) && klass <= ::ActiveJob::Base
+      end
+
+      # Performs a serialized job (`job.serialize`, e.g. read back from JSON) on this
+      # thread as an adapter's worker does (`ActiveJob::Base.execute`): deserialized,
+      # inside ActiveJob's execute callbacks, through the job's perform callbacks.
+      # @param job_data [Hash] the serialized job
+      # @yieldparam job [ActiveJob::Base] the deserialized job, before it is performed
+      #   (the testing kit adjusts it here)
+      # @return [Object] perform_now's value
+      def execute(job_data)
+        job = ::ActiveJob::Base.deserialize(job_data)
+        yield job if block_given?
+        ::ActiveJob::Callbacks.run_callbacks(:execute) { job.perform_now }
       end
     end
 

@@ -73,7 +73,7 @@ module IdempotentJob
       # @raise [Exception] what the adapter raises when it cannot enqueue
       def rerun(record)
         klass = record.job_class && Object.const_get(record.job_class)
-        return false unless klass.is_a?(Class) && klass <= ::ActiveJob::Base
+        return false unless IdempotentJob::ActiveJob.job_class?(klass)
 
         klass.set(queue: record.queue).perform_later(*::ActiveJob::Arguments.deserialize(record.args || []))
         true

@@ -31,7 +31,7 @@ module IdempotentJob
 
       # @return [Boolean] for an ActiveJob class
       def self.handles?(job)
-        job.is_a?(Class) && job <= ::ActiveJob::Base
+        IdempotentJob::ActiveJob.job_class?(job)
       end
 
       # @param job_class [Class] an ActiveJob class
@@ -82,11 +82,13 @@ module IdempotentJob
       # Delivers one payload on the current thread, as an adapter's worker would.
       # @return [Object] perform_now's value
       def deliver(payload)
-        job = ::ActiveJob::Base.deserialize(payload)
         capture = Capture.new
-        job.define_singleton_method(:queue_adapter) { capture }
-        job.define_singleton_method(:perform) { |*args| Probe.around { super(*args) } }
-        run = -> { ::ActiveJob::Callbacks.run_callbacks(:execute) { job.perform_now } }
+        run = lambda do
+          IdempotentJob::ActiveJob.execute(payload) do |job|
+            job.define_singleton_method(:queue_adapter) { capture }
+            job.define_singleton_method(:perform) { |*args| Probe.around { super(*args) } }
+          end
+        end
         Testing.disabled? ? IdempotentJob::ActiveJob.unprotected(&run) : run.call
       end
 
