@@ -85,7 +85,7 @@ module IdempotentJob
         Delivery.new(job_type: options.scope, operation_key: key, payload:, job_class: @job.class.name,
                      queue: @job.queue_name, id: @job.job_id, deferrals:,
                      facts: { "executions" => @job.executions, "enqueued_at" => @job.enqueued_at,
-                              "provider_job_id" => @job.provider_job_id })
+                              "provider_job_id" => @job.provider_job_id, "deferrals" => deferrals }.compact)
       end
 
       def in_place?
