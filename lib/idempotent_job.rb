@@ -24,7 +24,7 @@ require_relative "idempotent_job/native"
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
 #
 # A job declares its operation key (`sidekiq_options idempotency_key: :order_id`); the
-# Sidekiq middleware (`require "idempotent_job/sidekiq"`) claims the operation before the
+# queue's door (e.g. `require "idempotent_job/sidekiq"`) claims the operation before the
 # body runs and records its completion, so a repeated delivery of the same operation
 # does not run the body again. See README.md.
 module IdempotentJob
@@ -139,15 +139,16 @@ module IdempotentJob
     # * `as: :done` — the effect is known to have happened: the record becomes completed
     #   and later deliveries are skipped;
     # * `as: :rerun` — run it again: the record is released and the stored job (class,
-    #   arguments, queue of the last claiming delivery) is re-enqueued with Sidekiq; that
-    #   delivery claims it as a retry and runs once.
+    #   arguments, queue of the last claiming delivery) is re-enqueued by the loaded door
+    #   of its kind; that delivery claims it as a retry and runs once (a plain operation,
+    #   with no door to enqueue it, runs at its next perform_once call).
     # @param job_type [String, Class] the job type (idempotency scope)
     # @param operation_key [String, Integer] the operation key as stored
     # @param as [Symbol] :done or :rerun
     # @return [Record] the record after the change
     # @raise [Error] when the operation is not held or given up
     # @raise [ConfigurationError] for another `as:`
-    # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises Sidekiq's error
+    # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises the queue's error
     #   after the record was released (enqueue the job again to run it)
     def resolve(job_type, operation_key, as:)
       resolution = Configuration.choice!("as", as, %i[done rerun])
@@ -184,7 +185,7 @@ module IdempotentJob
     end
 
     # Operations delivered more than once since `since`, each repeat classified: within
-    # `retry_window` seconds of the first claim → :retry (Sidekiq's retries, concurrent
+    # `retry_window` seconds of the first claim → :retry (the queue's retries, concurrent
     # copies); later → :re_enqueue (a producer enqueued it again); within
     # `restart_window` seconds of a recorded deploy/restart → :restart.
     # @param since [Time] default 24 hours ago
@@ -219,7 +220,7 @@ module IdempotentJob
       Events.unsubscribe(handle)
     end
 
-    # The claim of the delivery running on this thread, set by the Sidekiq middleware
+    # The claim of the delivery running on this thread, set by the protocol (any door)
     # around the job body (and the stale-claim lookup).
     # @return [Claim, nil]
     def current_claim

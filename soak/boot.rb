@@ -18,8 +18,8 @@ end
 IdempotentJob.subscribe { |name, payload| Soak::Journal.observe(name, payload) }
 
 Sidekiq.configure_server do |config|
-  config.log_formatter = Sidekiq::Logger::Formatters::JSON.new
-  Sidekiq.logger.formatter = config.log_formatter
+  # The logger's formatter (public on 6.4 and 7+; 6.4's config.log_formatter= is gone in 7).
+  config.logger.formatter = Sidekiq::Logger::Formatters::JSON.new
   # Deliveries the gem deferred behind a live claim, and retries, sit in the scheduled
   # and retry sets: look for due ones about every second (6.4's knob) instead of every 5 s.
   # `config[...]` and a fetch class built per capsule from Sidekiq 7; `config.options`

@@ -100,7 +100,7 @@ module IdempotentJob
     attr_reader :lock_timeout
 
     # @return [Logger, nil] where decisions are logged; nil means the logger of a loaded
-    #   door's queue (Sidekiq.logger with `idempotent_job/sidekiq`), otherwise a Logger on $stderr.
+    #   door's queue (the queue library's logger with its door loaded), otherwise a Logger on $stderr.
     attr_writer :logger
 
     attr_accessor(*NATIVE_DEFAULTS.keys)
@@ -215,8 +215,8 @@ module IdempotentJob
     end
 
     # @return [Integer] pool_size, or the queue's concurrency + 5 (heartbeats and
-    #   deferrals share the pool) when running inside a queue's server (a Sidekiq
-    #   server with `idempotent_job/sidekiq`), else 10
+    #   deferrals share the pool) when running inside a queue's server whose
+    #   door is loaded, else 10
     def effective_pool_size
       return pool_size if pool_size
 

@@ -19,7 +19,7 @@ module IdempotentJob
     attr_reader :job_class
     # @return [String, nil] the queue stored with the claim
     attr_reader :queue
-    # @return [String, nil] this delivery's id (Sidekiq's jid, ActiveJob's job_id, a message id)
+    # @return [String, nil] this delivery's id (a jid, a job_id, a message id)
     attr_reader :id
     # @return [Integer] how many times this delivery was deferred already (0 for a fresh one)
     attr_reader :deferrals

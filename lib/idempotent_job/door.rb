@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module IdempotentJob
-  # What a door (Sidekiq, ActiveJob, the plain API) tells the {Protocol}: what counts
+  # What a door (a queue's integration, or the plain API) tells the {Protocol}: what counts
   # as a crash, how a delivery that meets a live claim comes back later, where the
   # decisions are logged, and how a delivery's id is named in messages. Subclass it
   # and override what differs; the base class is the plain Ruby door's behaviour.
@@ -14,7 +14,7 @@ module IdempotentJob
       false
     end
 
-    # @return [String] how a crash is described in the log ("Sidekiq is shutting down")
+    # @return [String] how a crash is described in the log (e.g. "<queue> is shutting down")
     def crash_text
       "the worker is shutting down"
     end

@@ -7,7 +7,7 @@ module IdempotentJob
   #
   # Option names are given without a prefix (`lease`, `on_stale`…); `prefix:` only
   # names them in error messages as the door spells them (`idempotency_lease` for the
-  # Sidekiq door). A nil value means "not set": the default of {IdempotentJob.configuration}.
+  # door that reads `sidekiq_options`). A nil value means "not set": the default of {IdempotentJob.configuration}.
   class JobOptions
     # Answers a lookup may give.
     LOOKUP_ANSWERS = %i[done not_done unknown].freeze

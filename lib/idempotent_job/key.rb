@@ -66,7 +66,7 @@ module IdempotentJob
       end
 
       # A resolved declaration for a job class, cached per class and declaration.
-      # @param job_class [Class] the Sidekiq job class (its `perform` names parameters)
+      # @param job_class [Class] the job class (its `perform` names parameters)
       # @param declaration [Symbol, String, Integer, Array] the idempotency_key option
       # @return [Key]
       # @raise [OperationKeyError] when the declaration is malformed or names an unknown parameter

@@ -5,6 +5,7 @@ require_relative "protocol/deferral"
 require_relative "protocol/heartbeat"
 require_relative "protocol/completion"
 require_relative "protocol/release"
+require_relative "protocol/step"
 require_relative "protocol/lookup"
 require_relative "protocol/stale_policy"
 require_relative "protocol/takeover"
@@ -13,7 +14,7 @@ require_relative "protocol/mismatch"
 module IdempotentJob
   # The claim protocol, queue-agnostic: one statement decides whether a delivery is
   # the first, then the block runs under a claim (or does not), and the decision comes
-  # back as an {Outcome}. Doors (Sidekiq, ActiveJob, the plain API) build a {Delivery}
+  # back as an {Outcome}. Doors (one per queue library, and the plain API) build a {Delivery}
   # and {JobOptions} and supply a {Door}; nothing here knows a queue.
   #
   # For one delivery:

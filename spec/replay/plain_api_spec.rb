@@ -65,6 +65,20 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
                                       args_json: "[42,1500]", facts_json: '{"receive_count":2}')
   end
 
+  it "a held plain operation resolved for a rerun is released (no door enqueues it) and runs at the next call" do
+    holder = Thread.new do # outlives its unrenewed lease: the next call finds a stale claim
+      IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3, heartbeat: false, on_stale: :hold) { sleep 1 }
+    rescue IdempotentJob::LostClaimError => e
+      e
+    end
+    sleep 0.6
+    expect(IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3, on_stale: :hold) { :no }.decision).to eq(:held)
+    expect(holder.value).to be_a(IdempotentJob::LostClaimError)
+    IdempotentJob.resolve("PlainHeld", 5, as: :rerun)
+    expect(IdempotentJob.record("PlainHeld", 5)).to have_attributes(status: :released, resolution: "rerun")
+    expect(IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3) { :ran }).to have_attributes(value: :ran)
+  end
+
   describe "bad input" do
     it "refuses a key over 2000 bytes with the job type, a NUL, nil and empty values, with OperationKeyError" do
       expect { charge("k" * 1990) }.to raise_error(IdempotentJob::OperationKeyError, /PlainCharge: .*2001 bytes/)

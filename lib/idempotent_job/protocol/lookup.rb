@@ -6,16 +6,7 @@ module IdempotentJob
     # (or a callable) gets the operation key and answers :done, :not_done or :unknown.
     # A lookup that raises or answers something else ends the stale claim's lease
     # (so the next delivery asks again) and raises {LookupError}; the body is not run.
-    class Lookup
-      # @param options [JobOptions] its `lookup`
-      # @param session [#fenced]
-      # @param narrator [Narrator]
-      def initialize(options, session, narrator)
-        @options = options
-        @session = session
-        @narrator = narrator
-      end
-
+    class Lookup < Step
       # @param claim [Claim] the claim taken over
       # @param host [Object, nil] the object whose lookup method is called
       # @return [Symbol] :done, :not_done or :unknown

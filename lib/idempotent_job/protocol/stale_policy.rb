@@ -5,16 +5,7 @@ module IdempotentJob
     # Applies the job's stale policy to a claim it took over whose holder's lease ran
     # out and whose lookup (if any) did not know: :reclaim runs the body again, :hold
     # holds the operation for a person, :skip gives it up.
-    class StalePolicy
-      # @param options [JobOptions] its `on_stale` and `lookup`
-      # @param session [#fenced]
-      # @param narrator [Narrator]
-      def initialize(options, session, narrator)
-        @options = options
-        @session = session
-        @narrator = narrator
-      end
-
+    class StalePolicy < Step
       # @param claim [Claim] the claim taken over
       # @return [Symbol] :ran (run the body), :held or :given_up
       # @raise [LostClaimError, Error] when the hold or give-up cannot be written

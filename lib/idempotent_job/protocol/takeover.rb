@@ -4,16 +4,7 @@ module IdempotentJob
   class Protocol
     # Decides what a delivery that took over a stale claim does: asks the lookup
     # ({Lookup}), then, when it does not know, applies the stale policy ({StalePolicy}).
-    class Takeover
-      # @param options [JobOptions]
-      # @param session [#fenced]
-      # @param narrator [Narrator]
-      def initialize(options, session, narrator)
-        @options = options
-        @session = session
-        @narrator = narrator
-      end
-
+    class Takeover < Step
       # @param claim [Claim] the claim taken over
       # @param host [Object, nil] the object asked by a lookup method
       # @return [Symbol] :ran (run the body), :completed, :held or :given_up

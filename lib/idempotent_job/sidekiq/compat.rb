@@ -9,12 +9,27 @@ module IdempotentJob
     module Compat
       # The running Sidekiq's version.
       VERSION = Gem::Version.new(::Sidekiq::VERSION)
+      # Versions the door is written for: 6.4 (run in CI) to 8.x (read from source).
+      SUPPORTED = Gem::Requirement.new(">= 6.4", "< 9")
       # Class names of Sidekiq's ActiveJob wrapper: the adapter's before 8.0, Sidekiq's own from 8.0.
       ACTIVE_JOB_WRAPPERS = %w[ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper Sidekiq::ActiveJob::Wrapper].freeze
       # Timestamps above this are milliseconds since the epoch (Sidekiq 8), below it seconds.
       MILLISECONDS_FROM = 100_000_000_000
 
       module_function
+
+      # @return [void]
+      # @raise [ConfigurationError] for a Sidekiq before 6.4 (no Sidekiq::Job, other middleware API)
+      def check_version!
+        return if SUPPORTED.satisfied_by?(VERSION)
+
+        if VERSION < Gem::Version.new("6.4")
+          raise ConfigurationError,
+                "idempotent_job needs Sidekiq 6.4 or later, found #{VERSION}"
+        end
+
+        logger.warn("idempotent_job: written for Sidekiq 6.4 to 8.x; running on #{VERSION}")
+      end
 
       # @return [Module] Sidekiq::Job (6.3 and later) or Sidekiq::Worker
       def job_module
@@ -69,6 +84,25 @@ module IdempotentJob
       # @return [Boolean] whether Sidekiq's testing API is loaded and fake (jobs go to in-memory queues)
       def fake?
         defined?(::Sidekiq::Testing) ? ::Sidekiq::Testing.fake? : false
+      end
+
+      # A client whose middleware chain is a copy of the configured client chain with
+      # `klass` added last, leaving the configured chain untouched. Sidekiq 7+'s
+      # `Client#middleware { }` copies the chain shallowly (an added entry lands in the
+      # configured chain too), so there the copy is made with `copy_for` (how Sidekiq
+      # gives each capsule its chains) and handed over as `chain:`; 6.4's dup is deep.
+      # @param klass [Class] a client middleware
+      # @param args [Array] its constructor arguments
+      # @return [Sidekiq::Client]
+      def client_with(klass, *args)
+        unless ::Sidekiq.respond_to?(:default_configuration)
+          return ::Sidekiq::Client.new.tap { |client| client.middleware { |chain| chain.add(klass, *args) } }
+        end
+
+        config = ::Sidekiq.default_configuration
+        chain = config.client_middleware.copy_for(config)
+        chain.add(klass, *args)
+        ::Sidekiq::Client.new(chain:, config:)
       end
 
       # @return [Hash{String => Array<Hash>}] the fake queues by job class

@@ -51,8 +51,7 @@ module IdempotentJob
       # @raise [Error] when a client middleware (other than the kit's) stopped the push
       def enqueue(args)
         holder = []
-        client = ::Sidekiq::Client.new
-        client.middleware { |chain| chain.add(SidekiqCapture, holder) }
+        client = IdempotentJob::Sidekiq::Compat.client_with(SidekiqCapture, holder)
         # As a producer's arguments reach a worker: through JSON (symbol keys become strings).
         client.push("class" => @job_class, "args" => JSON.parse(JSON.generate(args)), "idempotency_lease" => @lease)
         holder.first || raise(Error, "#{@job_class}: a client middleware stopped the push")
