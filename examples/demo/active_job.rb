@@ -18,9 +18,8 @@ class ChargeOrderActiveJob < ActiveJob::Base
   include IdempotentJob::ActiveJob
   idempotency key: :order_id
 
-  def self.demo_operation_key(args)
-    args.fetch(0).to_s
-  end
+  # Keyed as ChargeOrderJob is.
+  def self.demo_operation_key(args) = ChargeOrderJob.demo_operation_key(args)
 
   def perform(order_id, amount_cents)
     sleep Demo::WORK_SECONDS
