@@ -26,6 +26,15 @@ module IdempotentJob
   module ActiveJob
     # Options `idempotency` accepts besides `key:` (as the Sidekiq door's, unprefixed).
     OPTIONS = (JobOptions::NAMES - [:key]).freeze
+    # Oldest ActiveJob supported. From 6.0 `retry_on` counts its attempts per exception
+    # in `exception_executions` (through 8.1, read from source), which a deferral leaves
+    # alone; 5.2 counted `executions`, which every delivery raises.
+    MINIMUM_VERSION = Gem::Version.new("6.1")
+
+    if ::ActiveJob.gem_version < MINIMUM_VERSION
+      raise LoadError, "idempotent_job/active_job needs ActiveJob #{MINIMUM_VERSION} or later " \
+                       "(this is #{::ActiveJob.gem_version})"
+    end
 
     class << self
       # @param base [Class] an ActiveJob::Base subclass (ApplicationJob or a job)
