@@ -19,6 +19,9 @@ end
 Delayed::Worker.logger = Logger.new($stderr, level: Logger::INFO)
 Delayed::Worker.max_run_time = Float(ENV.fetch("DJ_MAX_RUN_TIME", "3"))
 Delayed::Worker.max_attempts = 5
+# DJ_RAISE_SIGNAL_EXCEPTIONS=term: a TERM raises SignalException inside the running job
+# (Delayed Job's option for workers that must stop at once), instead of letting it finish.
+Delayed::Worker.raise_signal_exceptions = ENV["DJ_RAISE_SIGNAL_EXCEPTIONS"]&.to_sym
 $stdout.sync = true
 puts "ready #{Process.pid}"
 Delayed::Worker.new(sleep_delay: 0.1, quiet: true).start
