@@ -66,9 +66,10 @@ module IdempotentJob
         end
         IdempotentJob::Native.decide(typed(row), token, request)
       rescue LockTimeoutError => e
-        raise error(LockTimeoutError, "#{request[:job_type]} operation #{request[:operation_key].inspect}: another " \
-                                      "delivery kept it locked for more than #{lock_timeout} s (its transaction " \
-                                      "is still open): #{e.message}", sqlstate: "55P03")
+        subject = "#{request[:job_type]} operation #{request[:operation_key].inspect}: "
+        raise error(LockTimeoutError, "#{subject}another delivery kept it locked for more than #{lock_timeout} s " \
+                                      "(its transaction is still open): #{e.message.delete_prefix(subject)}",
+                    sqlstate: "55P03")
       end
 
       # Applies a fenced change (the completion) on ActiveRecord's connection.
