@@ -19,6 +19,8 @@ Gem::Specification.new do |spec|
   ]
   spec.require_paths = ["lib"]
   spec.extensions = ["ext/idempotent_job/extconf.rb"]
+  # This source gem builds the extension when installed (the platform gems need neither).
+  spec.requirements = ["Rust 1.92 or later (cargo, rustc) and libclang, to build the native extension"]
 
   spec.add_dependency "sidekiq", ">= 6.4", "< 9"
   spec.metadata["rubygems_mfa_required"] = "true"

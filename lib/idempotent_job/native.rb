@@ -1,10 +1,23 @@
 # frozen_string_literal: true
 
-# Loads the compiled extension (IdempotentJob::Native). Installed gems have it on the
-# load path as idempotent_job/idempotent_job.so; a checkout gets it from `rake compile`.
+# Loads the compiled extension (IdempotentJob::Native), from the first of:
+# 1. the platform gem's precompiled copy for this Ruby's ABI, next to this file:
+#    idempotent_job/<major.minor>/idempotent_job.<DLEXT> (`rake native:gem` puts it there);
+# 2. the copy built when the source gem was installed (ext/idempotent_job/extconf.rb), which
+#    RubyGems puts in the gem's extension directory on the load path, or the one `rake
+#    compile` puts in lib/ of a checkout: idempotent_job/idempotent_job.<DLEXT>.
+# Raises LoadError saying what was tried and what to do when neither loads.
 begin
-  require "idempotent_job/idempotent_job"
+  require_relative "#{RUBY_VERSION[/\A\d+\.\d+/]}/idempotent_job"
 rescue LoadError => e
-  raise LoadError, "idempotent_job's native extension is not built (#{e.message}); " \
-                   "run `rake compile` in a checkout, or reinstall the gem"
+  precompiled = e
+  begin
+    # `require`, not `require_relative`: the install-time build is not beside this file.
+    require "idempotent_job/idempotent_job"
+  rescue LoadError => built
+    raise LoadError, "idempotent_job's native extension could not be loaded (precompiled for Ruby " \
+                     "#{RUBY_VERSION[/\A\d+\.\d+/]}: #{precompiled.message}; built at install: #{built.message}): " \
+                     "in a checkout run `rake compile`; otherwise reinstall the gem, either the source gem " \
+                     "(needs Rust and libclang) or the platform gem for #{Gem::Platform.local} if one is published"
+  end
 end

@@ -12,7 +12,9 @@ use idempotent_job::core::migrate;
 use idempotent_job::core::store::{with_conn, Conn, Store};
 
 mod common;
-use common::{database_url, find_record, store, store_with};
+use common::{
+    counted, database_url, find_record, prepared_on_connection, runs_of, store, store_with,
+};
 
 /// Runs each protocol scenario twice: with the gem's statements sent as named
 /// prepared statements (the default) and as unnamed ones (`prepared_statements: false`).
@@ -553,34 +555,6 @@ fn completion_and_release_repeat_safely_for_their_own_token(store: Store) {
     ));
 }
 
-/// The named statements on the connection of a one-connection store: each one's
-/// text, and how many times it ran (PostgreSQL's plans for it).
-fn prepared_on_connection(store: &Store) -> Vec<(String, i64)> {
-    store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                let rows = c
-                    .query_typed(
-                        "SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements \
-                         WHERE statement LIKE '%idempotent_job_records%' ORDER BY statement",
-                        &[],
-                    )
-                    .await?;
-                Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-            })
-            .await
-        })
-        .unwrap()
-}
-
-fn runs_of(prepared: &[(String, i64)], sql: &str) -> Vec<i64> {
-    prepared
-        .iter()
-        .filter(|(text, _)| text == sql)
-        .map(|(_, runs)| *runs)
-        .collect()
-}
-
 #[test]
 fn named_statements_are_prepared_once_per_connection_and_reused() {
     let store = store_with(true, 1);
@@ -595,17 +569,20 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     let prepared = prepared_on_connection(&store);
     assert_eq!(
         runs_of(&prepared, claim::CLAIM_SQL),
-        vec![2],
+        counted(&store, &[2]),
         "{prepared:?}"
     );
-    assert_eq!(runs_of(&prepared, Fenced::Complete.sql()), vec![1]);
-    assert_eq!(runs_of(&prepared, claim::FIND_SQL), vec![1]);
+    assert_eq!(
+        runs_of(&prepared, Fenced::Complete.sql()),
+        counted(&store, &[1])
+    );
+    assert_eq!(runs_of(&prepared, claim::FIND_SQL), counted(&store, &[1]));
 
     // A third claim (a duplicate) reuses the same statement: nothing new is prepared.
     claim(&store, &req).unwrap();
     let again = prepared_on_connection(&store);
     assert_eq!(again.len(), prepared.len(), "{again:?}");
-    assert_eq!(runs_of(&again, claim::CLAIM_SQL), vec![3]);
+    assert_eq!(runs_of(&again, claim::CLAIM_SQL), counted(&store, &[3]));
 }
 
 #[test]

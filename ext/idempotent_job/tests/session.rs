@@ -9,7 +9,7 @@ use idempotent_job::core::store::{with_conn, Store};
 use idempotent_job::core::values::{Cell, Param};
 
 mod common;
-use common::{find_record, store, store_with};
+use common::{counted, find_record, prepared_on_connection, runs_of, store, store_with};
 
 fn request(key: &str) -> ClaimRequest {
     ClaimRequest {
@@ -132,25 +132,17 @@ fn waits_for_the_open_transaction(store: Store) {
 fn a_transactional_claim_shares_the_connections_prepared_claim() {
     let store = store_with(true, 1);
     let (first, second) = (request("shared"), request("shared"));
-    let executions = store
+    store
         .block_on(|pool| async move {
             let session = Session::begin(&pool).await?;
             session.claim(&first, 5.0).await?;
             session.rollback().await?;
-            with_conn(&pool, async |c| claim::claim(c, &second).await).await?;
-            with_conn(&pool, async |c| {
-                let rows = c
-                    .query_typed(
-                        "SELECT generic_plans + custom_plans FROM pg_prepared_statements \
-                         WHERE statement = $1",
-                        &[(&claim::CLAIM_SQL, tokio_postgres::types::Type::TEXT)],
-                    )
-                    .await?;
-                Ok(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
-            })
-            .await
+            with_conn(&pool, async |c| claim::claim(c, &second).await).await
         })
         .unwrap();
     // One named claim statement on the pool's one connection, run by both.
-    assert_eq!(executions, vec![2]);
+    assert_eq!(
+        runs_of(&prepared_on_connection(&store), claim::CLAIM_SQL),
+        counted(&store, &[2])
+    );
 }

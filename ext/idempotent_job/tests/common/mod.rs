@@ -43,3 +43,54 @@ pub fn find_record(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
         })
         .unwrap()
 }
+
+/// The named statements on the connection of a one-connection store that name the record
+/// table: each one's text and how many times it ran (`generic_plans + custom_plans` of
+/// `pg_prepared_statements`, PostgreSQL 14 and later; `None` on 13, which does not count).
+pub fn prepared_on_connection(store: &Store) -> Vec<(String, Option<i64>)> {
+    store
+        .block_on(|pool| async move {
+            with_conn(&pool, async |c| {
+                let rows = c
+                    .query_typed(
+                        "SELECT statement, (to_jsonb(p) ->> 'generic_plans')::int8 \
+                                + (to_jsonb(p) ->> 'custom_plans')::int8 \
+                         FROM pg_prepared_statements p \
+                         WHERE statement LIKE '%idempotent_job_records%' ORDER BY statement",
+                        &[],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+            })
+            .await
+        })
+        .unwrap()
+}
+
+/// The run counts of each prepared copy of `sql` among `prepared`.
+pub fn runs_of(prepared: &[(String, Option<i64>)], sql: &str) -> Vec<Option<i64>> {
+    prepared
+        .iter()
+        .filter(|(text, _)| text == sql)
+        .map(|(_, runs)| *runs)
+        .collect()
+}
+
+/// What `runs_of` returns for copies that ran `runs` times on this server: the counts on
+/// PostgreSQL 14 and later, one `None` per copy on 13.
+pub fn counted(store: &Store, runs: &[i64]) -> Vec<Option<i64>> {
+    let version: i32 = store
+        .block_on(|pool| async move {
+            with_conn(&pool, async |c| {
+                let row = c
+                    .query_one("SELECT current_setting('server_version_num')::int4", &[])
+                    .await?;
+                Ok(row.get(0))
+            })
+            .await
+        })
+        .unwrap();
+    runs.iter()
+        .map(|&n| (version >= 140_000).then_some(n))
+        .collect()
+}
