@@ -140,5 +140,19 @@ RSpec.describe "The connection layer", :integration do
       expect(IdempotentJob.record("ChargeOrderJob", "2")).to have_attributes(status: :completed)
       expect(log.string).not_to include("pa55-secret")
     end
+
+    it "records the completion of a body that ran just before PostgreSQL restarted" do
+      SpecServices.configure_gem!(database_url: services("start"), connect_timeout: 2)
+      IdempotentJob.migrate!
+      restarted = nil
+      outcome = IdempotentJob.perform_once("RestartedCompletion", "op-1", lease: 60) do
+        services("stop") # the effect is done; now the server goes away for a while
+        restarted = Thread.new { sleep 2.5; services("start") }
+        :charged
+      end
+      restarted.join
+      expect(outcome).to have_attributes(ran?: true, value: :charged)
+      expect(IdempotentJob.record("RestartedCompletion", "op-1")).to have_attributes(status: :completed)
+    end
   end
 end

@@ -2,15 +2,18 @@
 
 module IdempotentJob
   class Protocol
-    # Records that a claimed body ran. Outside a transaction it retries briefly: the
-    # body has run, so whatever goes wrong now (connection lost, a lock or statement
-    # timeout, a read-only failover) must not fail the delivery, whose retry would
-    # repeat its effect. If the completion still cannot be written the record stays
-    # claimed and its lease decides what a later delivery does. Only a lost claim is
-    # raised: another delivery owns the operation now.
+    # Records that a claimed body ran. Outside a transaction it retries for a while:
+    # the body has run, so whatever goes wrong now (connection lost, a PostgreSQL
+    # restart or failover, a lock or statement timeout) must not fail the delivery,
+    # whose retry would repeat its effect. The retries span about 15 s, longer than a
+    # PostgreSQL restart takes; repeating the fenced completion is harmless (it is
+    # idempotent for its own token, and fails as a lost claim once another delivery
+    # took the operation over). If the completion still cannot be written the record
+    # stays claimed and its lease decides what a later delivery does. Only a lost
+    # claim is raised: another delivery owns the operation now.
     class Completion
-      # Seconds to wait before each new attempt after a failed one.
-      RETRY_DELAYS = [0.05, 0.25, 1.0].freeze
+      # Seconds to wait before each new attempt after a failed one (15.3 s in all).
+      RETRY_DELAYS = [0.05, 0.25, 1.0, 2.0, 4.0, 8.0].freeze
 
       # @param session [#fenced] where the fenced change goes (a strategy's session)
       # @param narrator [Narrator]
