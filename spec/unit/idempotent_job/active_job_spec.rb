@@ -60,6 +60,14 @@ RSpec.describe IdempotentJob::ActiveJob do
         .to raise_error(IdempotentJob::OperationKeyError, /AjChargeOrderJob: .*the value is nil/)
       expect(enqueued).to be_empty
     end
+
+    it "fails perform_later in the caller for a key over 2000 bytes or with a NUL, as the worker would" do
+      expect { AjChargeOrderJob.perform_later("x" * 2000, 100) }
+        .to raise_error(IdempotentJob::OperationKeyError, /AjChargeOrderJob: .*more than 2000/)
+      expect { AjChargeOrderJob.perform_later("a\0b", 100) }
+        .to raise_error(IdempotentJob::OperationKeyError, /AjChargeOrderJob: .*NUL/)
+      expect(enqueued).to be_empty
+    end
   end
 
   it "gives perform its operation key, claim and attempt; the job type is the class name" do
