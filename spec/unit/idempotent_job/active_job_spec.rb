@@ -123,6 +123,24 @@ RSpec.describe IdempotentJob::ActiveJob do
       expect(enqueued).to be_empty
     end
 
+    it "fails (to the adapter's retry) rather than being lost when an enqueue callback aborts the copy" do
+      # A before_enqueue that halts (a uniqueness lock, a feature switch) makes
+      # retry_job return false instead of raising: the copy was never enqueued.
+      aborting = Class.new(ActiveJob::Base) do
+        def self.name = "AjAbortedCopyJob"
+        include IdempotentJob::ActiveJob
+        idempotency key: :order_id, lease: 2
+        before_enqueue { throw :abort if scheduled_at }
+        def perform(order_id) = Effects.record("aborted-copy", order_id)
+      end
+      stub_const("AjAbortedCopyJob", aborting)
+      hold_live_claim("AjAbortedCopyJob", "42")
+      expect { execute(aborting.new(42).serialize) }
+        .to raise_error(IdempotentJob::Error, /AjAbortedCopyJob operation "42" .*was not enqueued/)
+      expect(Effects.count(42)).to eq(0)
+      expect(enqueued).to be_empty
+    end
+
     # The serialized job the test adapter recorded (its String keys).
     def serialized(enqueued_job)
       enqueued_job.select { |name, _| name.is_a?(String) }
