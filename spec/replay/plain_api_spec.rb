@@ -76,6 +76,9 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
     expect(holder.value).to be_a(IdempotentJob::LostClaimError)
     IdempotentJob.resolve("PlainHeld", 5, as: :rerun)
     expect(IdempotentJob.record("PlainHeld", 5)).to have_attributes(status: :released, resolution: "rerun")
+    # The Sidekiq door is loaded here too: it must not push a job named "PlainHeld"
+    # (no such class; a worker would only fail it through every retry).
+    expect(Sidekiq::Queues.jobs_by_queue.values.flatten).to be_empty
     expect(IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3) { :ran }).to have_attributes(value: :ran)
   end
 
