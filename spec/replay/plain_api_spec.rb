@@ -29,6 +29,15 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
     expect(retried.claim.kind).to eq(:retry)
   end
 
+  it "keeps the claim when the block is interrupted (Interrupt, SignalException): a crash, not a failure" do
+    # Ctrl-C or SIGTERM in a consumer mid-charge: the effect may have happened, so the
+    # lease and the stale policy decide, as for a Sidekiq or ActiveJob worker's shutdown.
+    expect { charge { raise Interrupt } }.to raise_error(Interrupt)
+    expect(IdempotentJob.record("PlainCharge", 42)).to have_attributes(status: :claimed, last_error: nil)
+    expect { charge(43) { raise SignalException, "TERM" } }.to raise_error(SignalException)
+    expect(IdempotentJob.record("PlainCharge", 43)).to have_attributes(status: :claimed)
+  end
+
   it "answers :in_progress while another call holds a live claim, with a short retry_after bounded by the lease" do
     holding = Queue.new
     finish = Queue.new
