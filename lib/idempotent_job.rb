@@ -85,7 +85,8 @@ module IdempotentJob
     #   outcome.retry_after   # for :in_progress: seconds after which to try again
     #
     # A raising block releases the claim (the next call claims it as a retry) and the
-    # exception is re-raised.
+    # exception is re-raised; an interrupt (Interrupt, SignalException) keeps it for
+    # its lease and the stale policy, as a worker's shutdown does.
     # @param job_type [String, #to_s] the job type the record is stored under
     # @param operation_key [String, Symbol, Integer, Hash, Array] the operation key: a
     #   scalar as is, a Hash/Array as canonical JSON; never nil or empty; job type plus
@@ -108,7 +109,8 @@ module IdempotentJob
     # @raise [ConfigurationError] for a bad option
     # @raise [ConnectionError, TimeoutError, DatabaseError] when the claim cannot be decided
     # @raise [LookupError, PayloadMismatchError, LostClaimError] as {Protocol#run}
-    # @raise [Exception] what the block raised, after releasing the claim
+    # @raise [Exception] what the block raised, after releasing the claim (an interrupt:
+    #   after keeping it)
     def perform_once(job_type, operation_key, **options, &)
       Plain.perform_once(job_type, operation_key, **options, &)
     end

@@ -9,14 +9,15 @@ module IdempotentJob
     # @param error [Exception] what the block raised
     # @return [Boolean] true when the error means the worker is going away (a hard
     #   shutdown): the claim is then kept for its lease to decide instead of released.
-    #   Default false.
-    def crash?(_error)
-      false
+    #   Default: an interrupt or signal (Interrupt, SignalException: Ctrl-C, an
+    #   untrapped SIGTERM), whose body may have done its effect.
+    def crash?(error)
+      error.is_a?(SignalException)
     end
 
     # @return [String] how a crash is described in the log (e.g. "<queue> is shutting down")
     def crash_text
-      "the worker is shutting down"
+      "the worker is shutting down (interrupt or signal)"
     end
 
     # Brings a delivery that met a live claim back later. Called before the decision

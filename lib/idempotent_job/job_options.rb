@@ -43,7 +43,10 @@ module IdempotentJob
           return found if found
         end
         built = new(job_class, values, prefix:, config:)
-        @cache_lock.synchronize { @cache[cache_key] = built }
+        # Kept only if the settings it was built with are still the cache's (configure
+        # may have replaced them while it was built).
+        @cache_lock.synchronize { @cache[cache_key] = built if @cache_config.equal?(config) }
+        built
       end
     end
 

@@ -29,6 +29,15 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
     expect(retried.claim.kind).to eq(:retry)
   end
 
+  it "keeps the claim when the block is interrupted (Interrupt, SignalException): a crash, not a failure" do
+    # Ctrl-C or SIGTERM in a consumer mid-charge: the effect may have happened, so the
+    # lease and the stale policy decide, as for a Sidekiq or ActiveJob worker's shutdown.
+    expect { charge { raise Interrupt } }.to raise_error(Interrupt)
+    expect(IdempotentJob.record("PlainCharge", 42)).to have_attributes(status: :claimed, last_error: nil)
+    expect { charge(43) { raise SignalException, "TERM" } }.to raise_error(SignalException)
+    expect(IdempotentJob.record("PlainCharge", 43)).to have_attributes(status: :claimed)
+  end
+
   it "answers :in_progress while another call holds a live claim, with a short retry_after bounded by the lease" do
     holding = Queue.new
     finish = Queue.new
@@ -76,6 +85,9 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
     expect(holder.value).to be_a(IdempotentJob::LostClaimError)
     IdempotentJob.resolve("PlainHeld", 5, as: :rerun)
     expect(IdempotentJob.record("PlainHeld", 5)).to have_attributes(status: :released, resolution: "rerun")
+    # The Sidekiq door is loaded here too: it must not push a job named "PlainHeld"
+    # (no such class; a worker would only fail it through every retry).
+    expect(Sidekiq::Queues.jobs_by_queue.values.flatten).to be_empty
     expect(IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3) { :ran }).to have_attributes(value: :ran)
   end
 

@@ -47,12 +47,17 @@ module IdempotentJob
       # @return [void]
       # @raise [Exception] what the adapter raises when it cannot enqueue (the
       #   delivery then fails, to the queue's own retry, rather than being lost)
+      # @raise [Error] when `retry_job` enqueued nothing (an enqueue callback halted it)
       def defer(delivery, outcome)
         return if @in_place
 
         @job.instance_variable_set(:@idempotency_deferrals, delivery.deferrals + 1)
         @job.executions -= 1 if @job.executions.to_i.positive?
-        Performer.deferring(@job) { @job.retry_job(wait: outcome.retry_after) }
+        return if Performer.deferring(@job) { @job.retry_job(wait: outcome.retry_after) }
+
+        raise Error, "#{delivery.job_type} operation #{delivery.operation_key.inspect} (job_id #{delivery.id}): " \
+                     "its deferred copy was not enqueued (an enqueue callback halted retry_job), so this " \
+                     "delivery fails instead of being lost"
       end
 
       # @return [String]

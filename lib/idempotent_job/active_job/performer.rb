@@ -13,7 +13,8 @@ module IdempotentJob
 
       class << self
         # The `before_enqueue` check: a fresh job whose arguments yield no operation
-        # key fails in the caller of `perform_later`, not in the worker. Re-enqueues
+        # key (or one over the record's limits) fails in the caller of `perform_later`,
+        # not in the worker. Re-enqueues
         # of a job that was performed (retry_on, the door's deferrals) are not checked.
         # @param job [ActiveJob::Base]
         # @return [void]
@@ -22,7 +23,18 @@ module IdempotentJob
           return if job.instance_variable_get(:@idempotency_performed) || IdempotentJob::ActiveJob.unprotected?
 
           options = job.class.idempotency_options
-          Arguments.operation_key(options.key, job.arguments) if options
+          key_of(options, job) if options
+        end
+
+        # The checked operation key of a job: its declaration applied to the
+        # arguments, within the record's limits ({Key.check!}: 2000 bytes, no NUL).
+        # @param options [JobOptions]
+        # @param job [ActiveJob::Base]
+        # @return [String]
+        # @raise [OperationKeyError] naming the job and the problem
+        def key_of(options, job)
+          Key.check!(options.scope, Arguments.operation_key(options.key, job.arguments),
+                     job_name: options.name, declaration: options.key.declaration)
         end
 
         # Runs the block (a `retry_job`) with the job marked as being deferred on this
@@ -59,9 +71,7 @@ module IdempotentJob
         return yield if options.nil? || IdempotentJob::ActiveJob.unprotected?
 
         @job.instance_variable_set(:@idempotency_performed, true)
-        key = Key.check!(options.scope, Arguments.operation_key(options.key, @job.arguments),
-                         job_name: options.name, declaration: options.key.declaration)
-        run(options, key, body)
+        run(options, self.class.key_of(options, @job), body)
       end
 
       private

@@ -68,13 +68,13 @@ module IdempotentJob
         ::Sidekiq::Client.push(payload)
       end
 
-      # Enqueues the stored job of a record resolved for a rerun, unless it is an
-      # Sidekiq job (an ActiveJob class: its door reruns it; no job class: nothing to
-      # enqueue).
+      # Enqueues the stored job of a record resolved for a rerun when it is a Sidekiq
+      # job (an ActiveJob class: its door reruns it; a plain-API record, or no job
+      # class: nothing to enqueue).
       # @param record [Record]
       # @return [Boolean] whether it was enqueued here
       def rerun(record)
-        return false unless record.job_class && sidekiq_job?(record.job_class)
+        return false unless record.job_class && sidekiq_job?(record)
 
         !push("class" => record.job_class, "args" => record.args, "queue" => record.queue || "default").nil?
       end
@@ -92,12 +92,13 @@ module IdempotentJob
       private
 
       # A Sidekiq job class, or a name this process cannot load (a producer-only
-      # process pushes by name, as before).
-      def sidekiq_job?(name)
-        klass = Object.const_get(name)
+      # process pushes by name, as before) stored with a queue: every Sidekiq delivery
+      # has one, a plain-API record only when its caller gave `queue:`.
+      def sidekiq_job?(record)
+        klass = Object.const_get(record.job_class)
         klass.is_a?(Class) && klass.include?(Compat.job_module)
       rescue NameError
-        true
+        !record.queue.nil?
       end
     end
   end

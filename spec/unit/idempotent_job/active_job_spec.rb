@@ -60,6 +60,14 @@ RSpec.describe IdempotentJob::ActiveJob do
         .to raise_error(IdempotentJob::OperationKeyError, /AjChargeOrderJob: .*the value is nil/)
       expect(enqueued).to be_empty
     end
+
+    it "fails perform_later in the caller for a key over 2000 bytes or with a NUL, as the worker would" do
+      expect { AjChargeOrderJob.perform_later("x" * 2000, 100) }
+        .to raise_error(IdempotentJob::OperationKeyError, /AjChargeOrderJob: .*more than 2000/)
+      expect { AjChargeOrderJob.perform_later("a\0b", 100) }
+        .to raise_error(IdempotentJob::OperationKeyError, /AjChargeOrderJob: .*NUL/)
+      expect(enqueued).to be_empty
+    end
   end
 
   it "gives perform its operation key, claim and attempt; the job type is the class name" do
@@ -112,6 +120,24 @@ RSpec.describe IdempotentJob::ActiveJob do
       # only now does retry_on give up.
       expect { execute(data) }.to raise_error(SpecDeclinedError)
       expect(Effects.count(42)).to eq(2)
+      expect(enqueued).to be_empty
+    end
+
+    it "fails (to the adapter's retry) rather than being lost when an enqueue callback aborts the copy" do
+      # A before_enqueue that halts (a uniqueness lock, a feature switch) makes
+      # retry_job return false instead of raising: the copy was never enqueued.
+      aborting = Class.new(ActiveJob::Base) do
+        def self.name = "AjAbortedCopyJob"
+        include IdempotentJob::ActiveJob
+        idempotency key: :order_id, lease: 2
+        before_enqueue { throw :abort if scheduled_at }
+        def perform(order_id) = Effects.record("aborted-copy", order_id)
+      end
+      stub_const("AjAbortedCopyJob", aborting)
+      hold_live_claim("AjAbortedCopyJob", "42")
+      expect { execute(aborting.new(42).serialize) }
+        .to raise_error(IdempotentJob::Error, /AjAbortedCopyJob operation "42" .*was not enqueued/)
+      expect(Effects.count(42)).to eq(0)
       expect(enqueued).to be_empty
     end
 

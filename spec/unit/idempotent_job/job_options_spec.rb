@@ -19,6 +19,29 @@ RSpec.describe IdempotentJob::JobOptions do
     expect(described_class.cached(ChargeOrderJob, { key: :order_id }, prefix: "idempotency_").lease).to eq(61)
   end
 
+  it "never caches options built with settings that IdempotentJob.configure replaced meanwhile (real threads)" do
+    IdempotentJob.configure(lease: 40)
+    building = Queue.new
+    go_on = Queue.new
+    held = false
+    allow(described_class).to receive(:new).and_wrap_original do |original, *args, **kwargs|
+      built = original.call(*args, **kwargs)
+      if args[1] == { key: :order_id } && !held
+        held = true
+        building << true
+        go_on.pop # another thread configures and uses the cache while this build is in hand
+      end
+      built
+    end
+    slow = Thread.new { described_class.cached(ChargeOrderJob, { key: :order_id }, prefix: "idempotency_") }
+    building.pop
+    IdempotentJob.configure(lease: 62)
+    described_class.cached(ChargeOrderJob, { key: :order_id, lease: 5 }, prefix: "idempotency_")
+    go_on << true
+    expect(slow.value.lease).to eq(40) # its caller got what it asked for under the old settings
+    expect(described_class.cached(ChargeOrderJob, { key: :order_id }, prefix: "idempotency_").lease).to eq(62)
+  end
+
   it "refuses a heartbeat that is not true or false, naming the job and the option as the door spells it" do
     ["no", 1, "yes"].each do |value|
       expect { described_class.new(ChargeOrderJob, { key: :order_id, heartbeat: value }, prefix: "idempotency_") }
