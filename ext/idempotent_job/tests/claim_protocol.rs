@@ -57,6 +57,7 @@ fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
         queue: Some("default".into()),
         args_json: Some(format!("[{key:?}]")),
         refuse_mismatch: false,
+        facts_json: Some(format!(r#"{{"delivery":"d-{key}"}}"#)),
     }
 }
 
@@ -66,7 +67,7 @@ fn unique(name: &str) -> String {
 
 fn decide(store: &Store, req: &ClaimRequest) -> Result<claim::Decision, Error> {
     let req = req.clone();
-    store.with_conn(async |c| claim::claim(c, &req).await)
+    store.run(|pool, i| claim::deliver(pool, i, &req))
 }
 
 fn claim(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
@@ -162,11 +163,7 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
         Outcome::Completed { duplicates: 2 }
     );
 
-    let req2 = req.clone();
-    let record = store
-        .with_conn(async |c| claim::find(c, &req2.job_type, &req2.operation_key).await)
-        .unwrap()
-        .expect("record exists");
+    let record = find_record(&store, &req).expect("record exists");
     assert_eq!(record.status, "completed");
     assert_eq!(record.attempts, 1);
     assert_eq!(record.duplicates, 2);
@@ -576,11 +573,14 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     complete(&store, &req, token).unwrap();
     find(&store, &req);
     let prepared = prepared_on_connection(&store);
+    // The first claim is decided by the claim statement; the duplicate by the
+    // read-only look.
     assert_eq!(
         runs_of(&prepared, claim::CLAIM_SQL),
-        vec![2],
+        vec![1],
         "{prepared:?}"
     );
+    assert_eq!(runs_of(&prepared, claim::LOOK_SQL), vec![2]);
     assert_eq!(runs_of(&prepared, Fenced::Complete.sql()), vec![1]);
     assert_eq!(runs_of(&prepared, claim::FIND_SQL), vec![1]);
 
@@ -588,7 +588,7 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     claim(&store, &req).unwrap();
     let again = prepared_on_connection(&store);
     assert_eq!(again.len(), prepared.len(), "{again:?}");
-    assert_eq!(runs_of(&again, claim::CLAIM_SQL), vec![3]);
+    assert_eq!(runs_of(&again, claim::LOOK_SQL), vec![3]);
 }
 
 #[test]

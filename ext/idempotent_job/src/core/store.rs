@@ -41,6 +41,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::bookkeeping::Bookkeeper;
 use super::config::Config;
 use super::error::{Error, Result};
 
@@ -264,6 +265,7 @@ pub struct Pool {
     inner: managed::Pool<Manager>,
     tls: MakeRustlsConnect,
     background: tokio::runtime::Handle,
+    bookkeeper: std::sync::Arc<Bookkeeper>,
     /// The process that built the pool: the only one it ever serves ([`Store::pool`]
     /// builds another in a forked child).
     pid: u32,
@@ -278,6 +280,24 @@ impl Pool {
     /// The background runtime: heartbeats, cancel requests, checkout timers.
     pub fn background(&self) -> &tokio::runtime::Handle {
         &self.background
+    }
+
+    /// This process's queue of repeated deliveries to record (see
+    /// [`super::bookkeeping`]).
+    pub fn bookkeeper(&self) -> &std::sync::Arc<Bookkeeper> {
+        &self.bookkeeper
+    }
+
+    /// Polls `future` on the background runtime from the calling thread, watching
+    /// `interrupt` (for waits on the pool's own locks and semaphores).
+    ///
+    /// Errors: [`Error::Interrupted`].
+    pub fn block_on_background<F: Future>(
+        &self,
+        interrupt: &Interrupt<'_>,
+        future: F,
+    ) -> Result<F::Output> {
+        drive(&self.background, interrupt, None, future)
     }
 
     /// Checks a connection out, blocking the calling thread: an idle one at once, else
@@ -576,6 +596,7 @@ impl Store {
         }
         let built = self.build()?;
         let pool = built.pool.clone();
+        built.runtime.spawn(Bookkeeper::run(pool.clone()));
         *owned = Some(built);
         Ok(pool)
     }
@@ -608,6 +629,7 @@ impl Store {
                 inner,
                 tls,
                 background: runtime.handle().clone(),
+                bookkeeper: Default::default(),
                 pid,
             },
             runtime,

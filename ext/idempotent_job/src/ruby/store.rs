@@ -52,11 +52,24 @@ impl NativeStore {
         self.run(ruby, |pool, interrupt| with_conn(pool, interrupt, op))
     }
 
+    /// Like [`NativeStore::with_conn`], after writing this process's queued repeat
+    /// bookkeeping, so a read sees the process's own repeats.
+    fn with_settled_conn<T>(
+        &self,
+        ruby: &Ruby,
+        op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
+    ) -> RbResult<T> {
+        self.run(ruby, |pool, interrupt| {
+            pool.bookkeeper().settle(pool, interrupt)?;
+            with_conn(pool, interrupt, op)
+        })
+    }
+
     /// `claim(request)`: see [`claim_request`] for the Hash; returns
     /// [`decision_hash`].
     fn claim(ruby: &Ruby, rb_self: &Self, request: RHash) -> RbResult<RHash> {
         let request = claim_request(ruby, request)?;
-        let decision = rb_self.with_conn(ruby, async |c| claim::claim(c, &request).await)?;
+        let decision = rb_self.run(ruby, |pool, i| claim::deliver(pool, i, &request))?;
         decision_hash(ruby, decision)
     }
 
@@ -93,7 +106,7 @@ impl NativeStore {
         job_type: String,
         operation_key: String,
     ) -> RbResult<Option<RHash>> {
-        let record = rb_self.with_conn(ruby, async |c| {
+        let record = rb_self.with_settled_conn(ruby, async |c| {
             claim::find(c, &job_type, &operation_key).await
         })?;
         record.map(|r| record_hash(ruby, r)).transpose()
@@ -146,7 +159,7 @@ impl NativeStore {
     ) -> RbResult<RArray> {
         let since = DateTime::<Utc>::from_timestamp_micros((since * 1e6) as i64)
             .ok_or_else(|| to_ruby(ruby, Error::Config("since is out of range".into())))?;
-        let rows = rb_self.with_conn(ruby, async |c| {
+        let rows = rb_self.with_settled_conn(ruby, async |c| {
             claim::repeats(c, since, job_type.as_deref()).await
         })?;
         let out = ruby.ary_new_capa(rows.len());
@@ -202,6 +215,13 @@ impl NativeStore {
         )))
     }
 
+    /// `settle_repeats` → true once this process's queued repeat bookkeeping is
+    /// written (see `core::bookkeeping`).
+    fn settle_repeats(ruby: &Ruby, rb_self: &Self) -> RbResult<bool> {
+        rb_self.run(ruby, |pool, i| pool.bookkeeper().settle(pool, i))?;
+        Ok(true)
+    }
+
     /// `migrate` → Array of the migration names applied now.
     fn migrate(ruby: &Ruby, rb_self: &Self) -> RbResult<Vec<String>> {
         rb_self.run(ruby, migrate::migrate)
@@ -218,6 +238,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("resolve", method!(NativeStore::resolve, 3))?;
     class.define_method("heartbeat", method!(NativeStore::heartbeat, 5))?;
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
+    class.define_method("settle_repeats", method!(NativeStore::settle_repeats, 0))?;
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
     class.define_method("purge_batch", method!(NativeStore::purge_batch, 2))?;
     class.define_method("repeats", method!(NativeStore::repeats, 2))?;
