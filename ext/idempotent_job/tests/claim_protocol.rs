@@ -626,3 +626,58 @@ fn a_statement_the_server_forgot_names_the_setting_and_is_prepared_again_next_ti
         Outcome::InProgress { .. }
     ));
 }
+
+#[test]
+fn the_gems_named_statements_are_planned_once_per_connection_generically() {
+    let store = store_with(true, 1);
+    for n in 0..8 {
+        let req = request(&unique("plans"), &n.to_string(), 30.0);
+        let (token, _, _) = token_of(claim(&store, &req).unwrap());
+        claim(&store, &req).unwrap(); // a duplicate: the read-only look
+        complete(&store, &req, token).unwrap();
+    }
+    let plans: Vec<(String, i64, i64)> = store
+        .with_conn(async |c| {
+            let rows = c
+                .query_typed(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements \
+                     WHERE statement LIKE '%idempotent_job_records%'",
+                    &[],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect())
+        })
+        .unwrap();
+    for sql in [claim::CLAIM_SQL, claim::LOOK_SQL, Fenced::Complete.sql()] {
+        let found: Vec<_> = plans.iter().filter(|(text, ..)| text == sql).collect();
+        assert_eq!(found.len(), 1, "{plans:?}");
+        assert_eq!(found[0].2, 0, "custom plans of {sql}: {plans:?}");
+        assert!(found[0].1 >= 8, "{plans:?}");
+    }
+}
+
+#[test]
+fn an_asynchronous_completion_completes_the_claim() {
+    store(); // migrated
+    let mut config = Config::new(database_url());
+    config.asynchronous_completion = true;
+    let store = Store::new(config).unwrap();
+    let req = request(&unique("async"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    fenced(&store, &req, Fenced::CompleteAsynchronously, token).unwrap();
+    // Idempotent for its own token, like the durable completion.
+    fenced(&store, &req, Fenced::CompleteAsynchronously, token).unwrap();
+    assert_eq!(find(&store, &req).status, "completed");
+    assert!(matches!(
+        fenced(
+            &store,
+            &req,
+            Fenced::CompleteAsynchronously,
+            uuid::Uuid::new_v4()
+        ),
+        Err(Error::LostClaim { .. })
+    ));
+}

@@ -103,6 +103,9 @@ SELECT status, jid, attempts, duplicates, args_digest,
 pub enum Fenced {
     /// Mark the claim completed: the effect is done.
     Complete,
+    /// [`Fenced::Complete`], committed with `synchronous_commit = off` (the
+    /// `asynchronous_completion` setting; never inside a transaction).
+    CompleteAsynchronously,
     /// Give the claim back after the job raised ($4: error text); the next delivery
     /// (Sidekiq's retry) claims again at once.
     Release,
@@ -127,6 +130,14 @@ impl Fenced {
                 "UPDATE idempotent_job_records SET status = 'completed', \
                  completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
+                 AND claim_token = $3 AND status IN ('claimed', 'completed')"
+            }
+            Fenced::CompleteAsynchronously => {
+                "UPDATE idempotent_job_records SET status = 'completed', \
+                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
+                 updated_at = now() \
+                 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
+                 WHERE job_type = $1 AND operation_key = $2 \
                  AND claim_token = $3 AND status IN ('claimed', 'completed')"
             }
             Fenced::Release => {
@@ -161,7 +172,7 @@ impl Fenced {
 
     fn verb(self) -> &'static str {
         match self {
-            Fenced::Complete => "complete",
+            Fenced::Complete | Fenced::CompleteAsynchronously => "complete",
             Fenced::Release => "release",
             Fenced::Hold => "hold",
             Fenced::GiveUp => "give up",

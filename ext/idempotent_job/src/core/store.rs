@@ -210,9 +210,24 @@ impl PgConn {
                 .into(),
             sqlstate: None,
         })??;
+        let mut driver: Driver = Box::pin(connection);
+        if prepared_statements {
+            // The gem's named statements get one generic plan per connection instead of
+            // being re-planned (custom plans) at many calls. PostgreSQL 12 and later;
+            // elsewhere the setting is unknown and left alone. A transaction resets it
+            // for the job's own statements (see `Session::begin`).
+            let mut slot = Some(driver);
+            let _ = drive(
+                &runtime,
+                &Interrupt::none(),
+                Some(&mut slot),
+                client.batch_execute("SET plan_cache_mode = force_generic_plan"),
+            );
+            driver = slot.ok_or_else(|| Error::connection("the connection closed"))?;
+        }
         Ok(PgConn {
             runtime: OwnRuntime(Some(runtime)),
-            driver: Some(Box::pin(connection)),
+            driver: Some(driver),
             conn: Conn {
                 client,
                 statements: RefCell::new(HashMap::new()),

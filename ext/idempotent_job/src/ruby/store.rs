@@ -13,7 +13,7 @@ use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::NativeHeartbeat;
 use super::transaction::NativeTransaction;
-use crate::core::claim::{self, Resolution};
+use crate::core::claim::{self, Fenced, Resolution};
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::heartbeat::Heartbeat;
@@ -91,7 +91,12 @@ impl NativeStore {
         token: String,
         text: Option<String>,
     ) -> RbResult<bool> {
-        let change = parse_fenced(ruby, change)?;
+        let change = match parse_fenced(ruby, change)? {
+            Fenced::Complete if rb_self.0.config().asynchronous_completion => {
+                Fenced::CompleteAsynchronously
+            }
+            other => other,
+        };
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
         rb_self.with_conn(ruby, async |c| {
             claim::fenced(c, change, &job_type, &operation_key, token, text.as_deref()).await
