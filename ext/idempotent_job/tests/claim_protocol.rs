@@ -573,14 +573,14 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     complete(&store, &req, token).unwrap();
     find(&store, &req);
     let prepared = prepared_on_connection(&store);
-    // The first claim is decided by the claim statement; the duplicate by the
-    // read-only look.
+    // The first claim and the duplicate are decided by the delivery statement (its
+    // insert, then its read-only look); the claim statement is not needed.
     assert_eq!(
-        runs_of(&prepared, claim::CLAIM_SQL),
-        vec![1],
+        runs_of(&prepared, claim::DELIVER_SQL),
+        vec![2],
         "{prepared:?}"
     );
-    assert_eq!(runs_of(&prepared, claim::LOOK_SQL), vec![2]);
+    assert_eq!(runs_of(&prepared, claim::CLAIM_SQL), Vec::<i64>::new());
     assert_eq!(runs_of(&prepared, Fenced::Complete.sql()), vec![1]);
     assert_eq!(runs_of(&prepared, claim::FIND_SQL), vec![1]);
 
@@ -588,7 +588,7 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     claim(&store, &req).unwrap();
     let again = prepared_on_connection(&store);
     assert_eq!(again.len(), prepared.len(), "{again:?}");
-    assert_eq!(runs_of(&again, claim::LOOK_SQL), vec![3]);
+    assert_eq!(runs_of(&again, claim::DELIVER_SQL), vec![3]);
 }
 
 #[test]
@@ -651,7 +651,7 @@ fn the_gems_named_statements_are_planned_once_per_connection_generically() {
                 .collect())
         })
         .unwrap();
-    for sql in [claim::CLAIM_SQL, claim::LOOK_SQL, Fenced::Complete.sql()] {
+    for sql in [claim::DELIVER_SQL, Fenced::Complete.sql()] {
         let found: Vec<_> = plans.iter().filter(|(text, ..)| text == sql).collect();
         assert_eq!(found.len(), 1, "{plans:?}");
         assert_eq!(found[0].2, 0, "custom plans of {sql}: {plans:?}");

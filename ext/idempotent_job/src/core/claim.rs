@@ -86,15 +86,40 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
           EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_remaining,
           now() AS decided_at"#;
 
-/// The read-only first look of a delivery ([`deliver`]): the record's state, by the
-/// database clock, in one round trip that assigns no transaction id (no WAL flush
-/// wait). Parameters: $1 job_type, $2 operation_key.
-pub const LOOK_SQL: &str = r#"
-SELECT status, jid, attempts, duplicates, args_digest,
+/// A delivery's first statement outside a transaction ([`deliver`]): a look at the
+/// record and, only when there is none, the first claim's insert, in one round trip.
+///
+/// * no record: inserts it as `claimed` with the caller's token, exactly as
+///   [`CLAIM_SQL`] would (`inserted` is true): a first claim, durable;
+/// * a record: returns its state (`inserted` false) and writes nothing, so the
+///   statement assigns no transaction id and commits without a WAL flush;
+/// * no row at all: a concurrent first claim inserted the record after this
+///   statement's snapshot (`ON CONFLICT DO NOTHING` waited for it): the caller asks
+///   [`CLAIM_SQL`].
+///
+/// Parameters: as [`CLAIM_SQL`]'s $1–$9.
+pub const DELIVER_SQL: &str = r#"
+WITH look AS (
+    SELECT status, jid, attempts, duplicates, args_digest, lease_expires_at
+      FROM idempotent_job_records
+     WHERE job_type = $1 AND operation_key = $2),
+first AS (
+    INSERT INTO idempotent_job_records
+        (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
+         args_digest, job_class, queue, args, job_classes)
+    SELECT $1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
+           $6, $7, $8, $9::jsonb, array_remove(ARRAY[$7::text], NULL)
+     WHERE NOT EXISTS (SELECT 1 FROM look)
+    ON CONFLICT (job_type, operation_key) DO NOTHING
+    RETURNING status, jid, attempts, duplicates, args_digest, lease_expires_at)
+SELECT true AS inserted, status, jid, attempts, duplicates, args_digest,
        EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_remaining,
        now() AS decided_at
-  FROM idempotent_job_records
- WHERE job_type = $1 AND operation_key = $2"#;
+  FROM first
+UNION ALL
+SELECT false, status, jid, attempts, duplicates, args_digest,
+       EXTRACT(EPOCH FROM lease_expires_at - now())::float8, now()
+  FROM look"#;
 
 /// A change that only the current claim holder may make. Every fenced statement
 /// has the same guard: the record is still `claimed` under the caller's token.
@@ -478,15 +503,15 @@ async fn claim_at(conn: &Conn, req: &ClaimRequest) -> Result<(Decision, DateTime
 
 /// Decides one delivery outside a transaction, durably only when it must.
 ///
-/// First a read-only look ([`LOOK_SQL`]): when the operation is completed, held,
-/// given up or claimed under a live lease, that is the answer (one round trip, no
-/// transaction id, no WAL flush), and the duplicate's bookkeeping is queued for the
-/// background writer ([`super::bookkeeping`]). Otherwise (no record, released, or a
-/// stale claim) the claim statement decides, durably ([`claim`]): a first claim and
-/// a takeover are never decided by the look. A concurrent first claim not yet
-/// committed is invisible to the look; the claim statement then waits for it on the
-/// unique index and answers from its outcome, so the race never yields a wrong
-/// answer. `duplicates` in a look's answer counts this delivery.
+/// One statement first ([`DELIVER_SQL`]): with no record it makes the first claim
+/// (durable, one round trip, as [`CLAIM_SQL`] would); when the operation is
+/// completed, held, given up or claimed under a live lease, the record's state is
+/// the answer and nothing is written (no transaction id, no WAL flush), and the
+/// duplicate's bookkeeping is queued for the background writer
+/// ([`super::bookkeeping`]). Otherwise (released, a stale claim, or a concurrent
+/// first claim that committed after the statement's snapshot) [`CLAIM_SQL`] decides,
+/// durably: a takeover or a retry is never decided by the look, and the race never
+/// yields a wrong answer. `duplicates` in a look's answer counts this delivery.
 ///
 /// Errors: as [`claim`].
 pub fn deliver(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Result<Decision> {
@@ -505,12 +530,20 @@ pub fn deliver(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Re
 }
 
 async fn look_or_claim(conn: &Conn, req: &ClaimRequest) -> Result<(Decision, Option<Repeat>)> {
+    let token = Uuid::new_v4();
     let rows = conn
         .query_own(
-            LOOK_SQL,
+            DELIVER_SQL,
             &[
                 (&req.job_type, Type::TEXT),
                 (&req.operation_key, Type::TEXT),
+                (&token, Type::UUID),
+                (&req.jid, Type::TEXT),
+                (&req.lease_seconds, Type::FLOAT8),
+                (&req.args_digest, Type::TEXT),
+                (&req.job_class, Type::TEXT),
+                (&req.queue, Type::TEXT),
+                (&req.args_json, Type::TEXT),
             ],
         )
         .await?;
@@ -525,30 +558,32 @@ async fn look_or_claim(conn: &Conn, req: &ClaimRequest) -> Result<(Decision, Opt
         mismatch: decision.mismatch,
     };
     if let Some(row) = rows.first() {
+        let inserted: bool = row.try_get("inserted")?;
         let status: String = row.try_get("status")?;
         let lease_remaining: f64 = row.try_get("lease_remaining")?;
         let live = status == "claimed" && lease_remaining > 0.0;
-        if live || matches!(status.as_str(), "completed" | "held" | "given_up") {
+        if inserted || live || matches!(status.as_str(), "completed" | "held" | "given_up") {
             let digest: Option<String> = row.try_get("args_digest")?;
-            let mismatch = matches!((&digest, &req.args_digest), (Some(a), Some(b)) if a != b);
+            let mismatch =
+                !inserted && matches!((&digest, &req.args_digest), (Some(a), Some(b)) if a != b);
             let duplicates: i32 = row.try_get("duplicates")?;
             let decision = decide(
                 ClaimRow {
-                    won: false,
+                    won: inserted,
                     status,
-                    last_claim: String::new(),
+                    last_claim: "first".into(),
                     attempts: row.try_get("attempts")?,
                     jid: row.try_get("jid")?,
-                    duplicates: duplicates + 1,
+                    duplicates: duplicates + i32::from(!inserted),
                     mismatch,
                     lease_remaining,
                 },
-                Uuid::nil(),
+                token,
                 req,
             )?;
             let at = row.try_get("decided_at")?;
-            let repeat = repeat(&decision, at, true);
-            return Ok((decision, Some(repeat)));
+            let repeat = (!inserted).then(|| repeat(&decision, at, true));
+            return Ok((decision, repeat));
         }
     }
     let (decision, at) = claim_at(conn, req).await?;
