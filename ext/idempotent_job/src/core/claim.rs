@@ -458,27 +458,30 @@ pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<Decision> {
     Ok(claim_at(conn, req).await?.0)
 }
 
+/// [`CLAIM_SQL`]'s parameters $1–$10 for `req`, with `token` as $3.
+fn claim_params<'a>(
+    req: &'a ClaimRequest,
+    token: &'a Uuid,
+) -> [(&'a (dyn ToSql + Sync), Type); 10] {
+    [
+        (&req.job_type, Type::TEXT),
+        (&req.operation_key, Type::TEXT),
+        (token, Type::UUID),
+        (&req.jid, Type::TEXT),
+        (&req.lease_seconds, Type::FLOAT8),
+        (&req.args_digest, Type::TEXT),
+        (&req.job_class, Type::TEXT),
+        (&req.queue, Type::TEXT),
+        (&req.args_json, Type::TEXT),
+        (&req.refuse_mismatch, Type::BOOL),
+    ]
+}
+
 /// [`claim`], and the database time of the decision.
 async fn claim_at(conn: &Conn, req: &ClaimRequest) -> Result<(Decision, DateTime<Utc>)> {
     check_request(req)?;
     let token = Uuid::new_v4();
-    let result = conn
-        .query_own(
-            CLAIM_SQL,
-            &[
-                (&req.job_type, Type::TEXT),
-                (&req.operation_key, Type::TEXT),
-                (&token, Type::UUID),
-                (&req.jid, Type::TEXT),
-                (&req.lease_seconds, Type::FLOAT8),
-                (&req.args_digest, Type::TEXT),
-                (&req.job_class, Type::TEXT),
-                (&req.queue, Type::TEXT),
-                (&req.args_json, Type::TEXT),
-                (&req.refuse_mismatch, Type::BOOL),
-            ],
-        )
-        .await;
+    let result = conn.query_own(CLAIM_SQL, &claim_params(req, &token)).await;
     let rows = result?;
     let row = rows
         .first()
@@ -531,21 +534,9 @@ pub fn deliver(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Re
 
 async fn look_or_claim(conn: &Conn, req: &ClaimRequest) -> Result<(Decision, Option<Repeat>)> {
     let token = Uuid::new_v4();
+    // DELIVER_SQL takes CLAIM_SQL's parameters but the last ($10).
     let rows = conn
-        .query_own(
-            DELIVER_SQL,
-            &[
-                (&req.job_type, Type::TEXT),
-                (&req.operation_key, Type::TEXT),
-                (&token, Type::UUID),
-                (&req.jid, Type::TEXT),
-                (&req.lease_seconds, Type::FLOAT8),
-                (&req.args_digest, Type::TEXT),
-                (&req.job_class, Type::TEXT),
-                (&req.queue, Type::TEXT),
-                (&req.args_json, Type::TEXT),
-            ],
-        )
+        .query_own(DELIVER_SQL, &claim_params(req, &token)[..9])
         .await?;
     let repeat = |decision: &Decision, at: DateTime<Utc>, count: bool| Repeat {
         job_type: req.job_type.clone(),
