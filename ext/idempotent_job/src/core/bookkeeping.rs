@@ -98,23 +98,31 @@ impl Bookkeeper {
     /// Queues `repeat` for the background writer.
     pub fn record(&self, repeat: Repeat) {
         let key = (repeat.job_type.clone(), repeat.operation_key.clone());
-        *lock(&self.unsettled).entry(key).or_default() += 1;
+        if repeat.count {
+            *lock(&self.unsettled).entry(key).or_default() += 1;
+        }
         lock(&self.queue).push(repeat);
         self.wake.notify_one();
     }
 
-    /// Whether a repeat of this operation is queued or being written.
-    pub fn is_unsettled(&self, job_type: &str, operation_key: &str) -> bool {
+    /// Duplicates of this operation queued or being written (not yet counted in the
+    /// record).
+    pub fn pending(&self, job_type: &str, operation_key: &str) -> usize {
         let unsettled = lock(&self.unsettled);
-        !unsettled.is_empty()
-            && unsettled.contains_key(&(job_type.to_string(), operation_key.to_string()))
+        if unsettled.is_empty() {
+            return 0;
+        }
+        unsettled
+            .get(&(job_type.to_string(), operation_key.to_string()))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Writes everything queued now, on the calling thread, after any batch in flight.
     ///
     /// Errors: connection/database errors (the batch is then lost: telemetry only).
     pub fn settle(&self, pool: &Pool, interrupt: &Interrupt<'_>) -> Result<()> {
-        if lock(&self.unsettled).is_empty() {
+        if lock(&self.unsettled).is_empty() && lock(&self.queue).is_empty() {
             return Ok(());
         }
         let _writing = pool.block_on_background(interrupt, self.writing.lock())?;
@@ -132,7 +140,7 @@ impl Bookkeeper {
             c.execute_own(FLUSH_SQL, &[(&json, Type::JSONB)]).await
         });
         let mut unsettled = lock(&self.unsettled);
-        for r in &batch {
+        for r in batch.iter().filter(|r| r.count) {
             let key = (r.job_type.clone(), r.operation_key.clone());
             if let Some(n) = unsettled.get_mut(&key) {
                 *n -= 1;
