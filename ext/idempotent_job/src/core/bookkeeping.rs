@@ -33,12 +33,14 @@ use tokio_postgres::types::Type;
 use super::error::Result;
 use super::store::{with_conn, Conn, Interrupt, Pool};
 
-/// Applies one batch of repeats. $1: a JSON array, one object per operation:
-/// `job_type`, `operation_key`, `dups` (duplicates to add), `mismatches`,
+/// Applies one batch of repeats: $1 job types, $2 operation keys, $3 one JSON
+/// object per operation (same order): `dups` (duplicates to add), `mismatches`,
 /// `last_mismatch`, `last_at` (latest duplicate's database time, or null), `times`
 /// (duplicate times to append to `repeat_times`), `classes`, `facts` (entries to
-/// append to `repeat_facts`). Keeps the last 20 times and facts. Committed
-/// asynchronously (`synchronous_commit = off` for this statement's transaction).
+/// append to `repeat_facts`). Keeps the last 20 times and facts. Each operation's
+/// row is found through the primary key (arrays, so the planner expects a few rows,
+/// never a scan of the table). Committed asynchronously (`synchronous_commit = off`
+/// for this statement's transaction).
 pub const FLUSH_SQL: &str = r#"
 UPDATE idempotent_job_records AS r
    SET duplicates = r.duplicates + b.dups,
@@ -55,10 +57,11 @@ UPDATE idempotent_job_records AS r
                                         WITH ORDINALITY AS x(e, n)
                                ORDER BY n DESC LIMIT 20) AS kept),
        updated_at = greatest(r.updated_at, b.last_at)
-  FROM jsonb_to_recordset($1::jsonb) AS b(job_type text, operation_key text, dups int,
-                                          mismatches int, last_mismatch bool,
-                                          last_at timestamptz, times timestamptz[],
-                                          classes text[], facts jsonb),
+  FROM (SELECT k.job_type, k.operation_key, d.*
+          FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS k(job_type, operation_key, doc),
+               jsonb_to_record(k.doc) AS d(dups int, mismatches int, last_mismatch bool,
+                                           last_at timestamptz, times timestamptz[],
+                                           classes text[], facts jsonb)) AS b,
        (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
  WHERE r.job_type = b.job_type AND r.operation_key = b.operation_key"#;
 
@@ -135,9 +138,17 @@ impl Bookkeeper {
         if batch.is_empty() {
             return Ok(());
         }
-        let json = batch_json(&batch);
+        let (job_types, keys, docs) = batch_params(&batch);
         let written = with_conn(pool, interrupt, async |c: &mut Conn| {
-            c.execute_own(FLUSH_SQL, &[(&json, Type::JSONB)]).await
+            c.execute_own(
+                FLUSH_SQL,
+                &[
+                    (&job_types, Type::TEXT_ARRAY),
+                    (&keys, Type::TEXT_ARRAY),
+                    (&docs, Type::JSONB_ARRAY),
+                ],
+            )
+            .await
         });
         let mut unsettled = lock(&self.unsettled);
         for r in batch.iter().filter(|r| r.count) {
@@ -172,8 +183,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The batch as [`FLUSH_SQL`]'s $1: one object per operation, in queue order.
-fn batch_json(batch: &[Repeat]) -> Value {
+/// The batch as [`FLUSH_SQL`]'s $1, $2, $3: one entry per operation, in queue order.
+fn batch_params(batch: &[Repeat]) -> (Vec<String>, Vec<String>, Vec<Value>) {
     let mut order: Vec<Key> = Vec::new();
     let mut per: HashMap<Key, Value> = HashMap::new();
     for r in batch {
@@ -181,8 +192,7 @@ fn batch_json(batch: &[Repeat]) -> Value {
         let entry = per.entry(key.clone()).or_insert_with(|| {
             order.push(key);
             json!({
-                "job_type": r.job_type, "operation_key": r.operation_key, "dups": 0,
-                "mismatches": 0, "last_mismatch": false, "last_at": null,
+                "dups": 0, "mismatches": 0, "last_mismatch": false, "last_at": null,
                 "times": [], "classes": [], "facts": [],
             })
         });
@@ -208,7 +218,15 @@ fn batch_json(batch: &[Repeat]) -> Value {
             json!({"at": at, "job_class": r.job_class, "decision": r.decision, "facts": facts}),
         );
     }
-    Value::Array(order.into_iter().filter_map(|k| per.remove(&k)).collect())
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    for key in order {
+        if let Some(doc) = per.remove(&key) {
+            out.0.push(key.0);
+            out.1.push(key.1);
+            out.2.push(doc);
+        }
+    }
+    out
 }
 
 fn push(array: &mut Value, value: Value) {
