@@ -13,7 +13,7 @@
 //! record's status and claim token, which only the durable claim and fenced
 //! statements change):
 //! * a process killed (SIGKILL, OOM) loses the repeats queued and not yet written:
-//!   those decided in about the last flush (a few milliseconds under load);
+//!   those decided in about the last [`LINGER`] (5 ms) plus one batch's write;
 //! * a PostgreSQL crash loses the batches committed within `wal_writer_delay`
 //!   (200 ms by default) before it.
 //!
@@ -85,6 +85,9 @@ pub struct Repeat {
 }
 
 type Key = (String, String);
+
+/// How long the background writer gathers repeats before writing them as one batch.
+pub const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The queue of one process's repeats, and its background writer.
 #[derive(Default)]
@@ -170,6 +173,9 @@ impl Bookkeeper {
         let this = pool.bookkeeper().clone();
         loop {
             this.wake.notified().await;
+            // Gather a batch: one write for all the repeats of the next few
+            // milliseconds, so the bookkeeping takes a pooled connection rarely.
+            tokio::time::sleep(LINGER).await;
             let writing = this.writing.lock().await;
             let (p, b) = (pool.clone(), this.clone());
             // A failed batch is lost (telemetry only); the next one goes on.
