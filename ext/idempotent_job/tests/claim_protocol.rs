@@ -9,7 +9,7 @@ use idempotent_job::core::config::Config;
 use idempotent_job::core::error::Error;
 use idempotent_job::core::heartbeat::Heartbeat;
 use idempotent_job::core::migrate;
-use idempotent_job::core::store::{with_conn, Conn, Store};
+use idempotent_job::core::store::{with_conn, Interrupt, Store};
 
 mod common;
 use common::{
@@ -59,6 +59,7 @@ fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
         queue: Some("default".into()),
         args_json: Some(format!("[{key:?}]")),
         refuse_mismatch: false,
+        facts_json: Some(format!(r#"{{"delivery":"d-{key}"}}"#)),
     }
 }
 
@@ -68,9 +69,7 @@ fn unique(name: &str) -> String {
 
 fn decide(store: &Store, req: &ClaimRequest) -> Result<claim::Decision, Error> {
     let req = req.clone();
-    store.block_on(
-        |pool| async move { with_conn(&pool, async |c| claim::claim(c, &req).await).await },
-    )
+    store.run(|pool, i| claim::deliver(pool, i, &req))
 }
 
 fn claim(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
@@ -84,18 +83,15 @@ fn fenced(
     token: uuid::Uuid,
 ) -> Result<(), Error> {
     let req = req.clone();
-    store.block_on(|pool| async move {
-        with_conn(&pool, async |c| {
-            claim::fenced(
-                c,
-                change,
-                &req.job_type,
-                &req.operation_key,
-                token,
-                Some("why"),
-            )
-            .await
-        })
+    store.with_conn(async |c| {
+        claim::fenced(
+            c,
+            change,
+            &req.job_type,
+            &req.operation_key,
+            token,
+            Some("why"),
+        )
         .await
     })
 }
@@ -106,27 +102,19 @@ fn find(store: &Store, req: &ClaimRequest) -> claim::Record {
 
 fn complete(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {
     let req = req.clone();
-    store.block_on(|pool| async move {
-        with_conn(&pool, async |c| {
-            claim::complete(c, &req.job_type, &req.operation_key, token).await
-        })
-        .await
-    })
+    store.with_conn(async |c| claim::complete(c, &req.job_type, &req.operation_key, token).await)
 }
 
 fn release(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {
     let req = req.clone();
-    store.block_on(|pool| async move {
-        with_conn(&pool, async |c| {
-            claim::release(
-                c,
-                &req.job_type,
-                &req.operation_key,
-                token,
-                "RuntimeError: boom",
-            )
-            .await
-        })
+    store.with_conn(async |c| {
+        claim::release(
+            c,
+            &req.job_type,
+            &req.operation_key,
+            token,
+            "RuntimeError: boom",
+        )
         .await
     })
 }
@@ -145,9 +133,7 @@ fn token_of(outcome: Outcome) -> (uuid::Uuid, ClaimKind, i32) {
 #[test]
 fn migrations_are_recorded_and_safe_to_run_twice() {
     let store = store();
-    let applied = store
-        .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
-        .unwrap();
+    let applied = store.run(migrate::migrate).unwrap();
     assert!(applied.is_empty(), "second run applied {applied:?}");
     assert!(migrate::schema_sql().contains("CREATE TABLE idempotent_job_records"));
 }
@@ -174,21 +160,17 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
         other => panic!("expected in progress, got {other:?}"),
     }
     complete(&store, &req, token).unwrap();
+    // The duplicate's bookkeeping is written in the background: once written, the
+    // next answer counts it.
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
     assert_eq!(
         claim(&store, &req).unwrap(),
         Outcome::Completed { duplicates: 2 }
     );
 
-    let req2 = req.clone();
-    let record = store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                claim::find(c, &req2.job_type, &req2.operation_key).await
-            })
-            .await
-        })
-        .unwrap()
-        .expect("record exists");
+    let record = find_record(&store, &req).expect("record exists");
     assert_eq!(record.status, "completed");
     assert_eq!(record.attempts, 1);
     assert_eq!(record.duplicates, 2);
@@ -331,37 +313,57 @@ fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
 
     // Another session holds the record's row lock, so the next claim blocks.
     let (job_type, key) = (req.job_type.clone(), req.operation_key.clone());
-    let handle = store.handle().unwrap();
-    let (locker, connection) = handle
-        .runtime
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (locker, connection) = runtime
         .block_on(tokio_postgres::connect(
             &database_url(),
             tokio_postgres::NoTls,
         ))
         .unwrap();
-    handle.runtime.spawn(connection);
-    handle
-        .runtime
-        .block_on(locker.batch_execute("BEGIN"))
-        .unwrap();
-    handle
-        .runtime
-        .block_on(locker.execute(
-            "SELECT 1 FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2 FOR UPDATE",
-            &[&job_type, &key],
-        ))
-        .unwrap();
-
-    let blocked = handle.runtime.block_on(async {
-        let pool = handle.pool.clone();
-        tokio::time::timeout(Duration::from_millis(300), async move {
-            with_conn(&pool, async |c| claim::claim(c, &req).await).await
+    let locking = std::thread::spawn(move || {
+        runtime.block_on(async move {
+            let driver = tokio::spawn(connection);
+            locker.batch_execute("BEGIN").await.unwrap();
+            locker
+                .execute(
+                    "SELECT 1 FROM idempotent_job_records WHERE job_type = $1 \
+                     AND operation_key = $2 FOR UPDATE",
+                    &[&job_type, &key],
+                )
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            locker.batch_execute("ROLLBACK").await.unwrap();
+            drop(locker);
+            let _ = driver.await;
         })
-        .await
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The caller's thread is interrupted after 300 ms and gives the call up (what
+    // Ruby's Timeout does through the unblocking function).
+    let give_up = || true;
+    let interrupt = Interrupt::new(&give_up);
+    let started = Instant::now();
+    let blocked = std::thread::scope(|s| {
+        let notifier = interrupt.notifier();
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            notifier.notify_one();
+        });
+        store.run(|pool, _| with_conn(pool, &interrupt, async |c| claim::claim(c, &req).await))
     });
     assert!(
-        blocked.is_err(),
-        "the claim should have been blocked by the row lock"
+        matches!(blocked, Err(Error::Interrupted)),
+        "the claim should have been blocked by the row lock, then given up: {blocked:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
     );
 
     // The pool's only connection was detached: another operation gets a fresh one
@@ -377,10 +379,7 @@ fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
         "{:?}",
         started.elapsed()
     );
-    handle
-        .runtime
-        .block_on(locker.batch_execute("ROLLBACK"))
-        .unwrap();
+    locking.join().unwrap();
 }
 
 fn a_different_payload_is_flagged_and_refused_when_asked(store: Store) {
@@ -413,26 +412,15 @@ fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store) {
         claim(&store, &held).unwrap(),
         Outcome::Held { duplicates: 1 }
     );
-    let listed =
-        store
-            .block_on(|pool| {
-                let job_type = held.job_type.clone();
-                async move {
-                    with_conn(&pool, async |c| claim::held(c, Some(&job_type), 10).await).await
-                }
-            })
-            .unwrap();
+    let listed = store
+        .with_conn(async |c| claim::held(c, Some(&held.job_type), 10).await)
+        .unwrap();
     assert_eq!(listed, vec![(held.job_type.clone(), "1".to_string())]);
 
     let resolve = |req: &ClaimRequest, how| {
         let req = req.clone();
         store
-            .block_on(|pool| async move {
-                with_conn(&pool, async |c| {
-                    claim::resolve(c, &req.job_type, &req.operation_key, how).await
-                })
-                .await
-            })
+            .with_conn(async |c| claim::resolve(c, &req.job_type, &req.operation_key, how).await)
             .unwrap()
     };
     assert!(resolve(&held, Resolution::Rerun));
@@ -474,9 +462,9 @@ fn expiring_a_claim_makes_the_next_delivery_a_takeover(store: Store) {
 fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told(store: Store) {
     let req = request(&unique("heartbeat"), "1", 0.6);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
-    let handle = store.handle().unwrap();
+    let pool = store.pool().unwrap();
     let beat = Heartbeat::start(
-        &handle,
+        &pool,
         req.job_type.clone(),
         req.operation_key.clone(),
         token,
@@ -501,11 +489,11 @@ fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told(store: Store) {
 }
 
 fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim(store: Store) {
-    let handle = store.handle().unwrap();
+    let pool = store.pool().unwrap();
     let req = request(&unique("max-run"), "1", 0.3);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     let beat = Heartbeat::start(
-        &handle,
+        &pool,
         req.job_type.clone(),
         req.operation_key.clone(),
         token,
@@ -522,7 +510,7 @@ fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim(store: Sto
     fenced(&store, &lost, Fenced::Expire, token).unwrap();
     token_of(claim(&store, &lost).unwrap()); // taken over
     let beat = Heartbeat::start(
-        &handle,
+        &pool,
         lost.job_type.clone(),
         lost.operation_key.clone(),
         token,
@@ -567,11 +555,14 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     complete(&store, &req, token).unwrap();
     find(&store, &req);
     let prepared = prepared_on_connection(&store);
+    // The first claim and the duplicate are decided by the delivery statement (its
+    // insert, then its read-only look); the claim statement is not needed.
     assert_eq!(
-        runs_of(&prepared, claim::CLAIM_SQL),
+        runs_of(&prepared, claim::DELIVER_SQL),
         counted(&store, &[2]),
         "{prepared:?}"
     );
+    assert_eq!(runs_of(&prepared, claim::CLAIM_SQL), counted(&store, &[]));
     assert_eq!(
         runs_of(&prepared, Fenced::Complete.sql()),
         counted(&store, &[1])
@@ -582,7 +573,7 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     claim(&store, &req).unwrap();
     let again = prepared_on_connection(&store);
     assert_eq!(again.len(), prepared.len(), "{again:?}");
-    assert_eq!(runs_of(&again, claim::CLAIM_SQL), counted(&store, &[3]));
+    assert_eq!(runs_of(&again, claim::DELIVER_SQL), counted(&store, &[3]));
 }
 
 #[test]
@@ -604,12 +595,7 @@ fn a_statement_the_server_forgot_names_the_setting_and_is_prepared_again_next_ti
     // What PgBouncer in transaction mode does to a named statement: the server
     // connection that runs it is not the one that prepared it.
     store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                Ok(c.batch_execute("DEALLOCATE ALL").await?)
-            })
-            .await
-        })
+        .with_conn(async |c| Ok(c.batch_execute("DEALLOCATE ALL").await?))
         .unwrap();
     let err = claim(&store, &req).unwrap_err();
     assert_eq!(err.sqlstate(), Some("26000"), "{err}");
@@ -622,6 +608,93 @@ fn a_statement_the_server_forgot_names_the_setting_and_is_prepared_again_next_ti
     // No retry loop: the failed call raised; the next one prepares afresh.
     assert!(matches!(
         claim(&store, &req).unwrap(),
+        Outcome::InProgress { .. }
+    ));
+}
+
+#[test]
+fn the_gems_named_statements_are_planned_once_per_connection_generically() {
+    let store = store_with(true, 1);
+    for n in 0..8 {
+        let req = request(&unique("plans"), &n.to_string(), 30.0);
+        let (token, _, _) = token_of(claim(&store, &req).unwrap());
+        claim(&store, &req).unwrap(); // a duplicate: the read-only look
+        complete(&store, &req, token).unwrap();
+    }
+    let plans: Vec<(String, i64, i64)> = store
+        .with_conn(async |c| {
+            let rows = c
+                .query_typed(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements \
+                     WHERE statement LIKE '%idempotent_job_records%'",
+                    &[],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect())
+        })
+        .unwrap();
+    for sql in [claim::DELIVER_SQL, Fenced::Complete.sql()] {
+        let found: Vec<_> = plans.iter().filter(|(text, ..)| text == sql).collect();
+        assert_eq!(found.len(), 1, "{plans:?}");
+        assert_eq!(found[0].2, 0, "custom plans of {sql}: {plans:?}");
+        assert!(found[0].1 >= 8, "{plans:?}");
+    }
+}
+
+#[test]
+fn an_asynchronous_completion_completes_the_claim() {
+    store(); // migrated
+    let mut config = Config::new(database_url());
+    config.asynchronous_completion = true;
+    let store = Store::new(config).unwrap();
+    let req = request(&unique("async"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    fenced(&store, &req, Fenced::CompleteAsynchronously, token).unwrap();
+    // Idempotent for its own token, like the durable completion.
+    fenced(&store, &req, Fenced::CompleteAsynchronously, token).unwrap();
+    assert_eq!(find(&store, &req).status, "completed");
+    assert!(matches!(
+        fenced(
+            &store,
+            &req,
+            Fenced::CompleteAsynchronously,
+            uuid::Uuid::new_v4()
+        ),
+        Err(Error::LostClaim { .. })
+    ));
+}
+
+#[test]
+fn an_idle_connection_the_server_terminated_is_replaced_at_checkout() {
+    store(); // migrated
+    let mut config = Config::new(database_url());
+    config.pool_size = 1;
+    config.application_name = "terminated-idle".into();
+    let victim = Store::new(config).unwrap();
+    let req = request(&unique("terminated"), "1", 30.0);
+    claim(&victim, &req).unwrap();
+    // Another session terminates the pooled connection while it sits idle (what a
+    // PostgreSQL restart or failover does); the server's message waits in its socket.
+    let killed: i64 = store()
+        .with_conn(async |c| {
+            let rows = c
+                .query_typed(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE application_name = 'terminated-idle'",
+                    &[],
+                )
+                .await?;
+            Ok(rows[0].get(0))
+        })
+        .unwrap();
+    assert_eq!(killed, 1);
+    std::thread::sleep(Duration::from_millis(100));
+    // The checkout reads the termination and connects afresh: no error reaches the caller.
+    assert!(matches!(
+        claim(&victim, &req).unwrap(),
         Outcome::InProgress { .. }
     ));
 }

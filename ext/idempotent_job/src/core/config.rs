@@ -72,6 +72,13 @@ pub struct Config {
     /// `max_prepared_statements`), which cannot keep named statements.
     #[serde(default = "default_prepared_statements")]
     pub prepared_statements: bool,
+    /// Commit the completion outside a transaction with `synchronous_commit = off`
+    /// ([`super::claim::Fenced::CompleteAsynchronously`]): no wait for the WAL flush.
+    /// Risk: a PostgreSQL crash within `wal_writer_delay` of a completion can lose it;
+    /// the record stays claimed and the stale policy decides once the lease ends.
+    /// Default false.
+    #[serde(default)]
+    pub asynchronous_completion: bool,
 }
 
 /// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
@@ -138,6 +145,7 @@ impl std::fmt::Debug for Config {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "[REDACTED]"))
             .field("prepared_statements", &self.prepared_statements)
+            .field("asynchronous_completion", &self.asynchronous_completion)
             .finish()
     }
 }
@@ -202,6 +210,7 @@ impl Config {
             sslcert: None,
             sslkey: None,
             prepared_statements: default_prepared_statements(),
+            asynchronous_completion: false,
         }
     }
 

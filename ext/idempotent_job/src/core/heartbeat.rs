@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::claim::{fenced, Fenced};
 use super::error::Error;
-use super::store::{with_conn, Handle};
+use super::store::{with_conn, Interrupt, Pool};
 
 /// What a heartbeat saw, read when it is stopped.
 #[derive(Debug, Default)]
@@ -59,10 +59,12 @@ fn clamp_seconds(seconds: f64) -> f64 {
 }
 
 impl Heartbeat {
-    /// Starts renewing the claim `token` on `handle`'s runtime every
-    /// [`interval_for`]`(lease_seconds)`, for at most `max_run_seconds` in total.
+    /// Starts renewing the claim `token` every [`interval_for`]`(lease_seconds)`, for
+    /// at most `max_run_seconds` in total. The timer runs on `pool`'s background
+    /// runtime; each renewal runs on one of its blocking threads, which drives the
+    /// renewal's connection itself, so no caller's statement waits behind it.
     pub fn start(
-        handle: &Handle,
+        pool: &Pool,
         job_type: String,
         operation_key: String,
         token: Uuid,
@@ -71,10 +73,10 @@ impl Heartbeat {
     ) -> Heartbeat {
         let stop = Arc::new(Notify::new());
         let state = Arc::new(HeartbeatState::default());
-        let (task_stop, task_state, pool) = (stop.clone(), state.clone(), handle.pool.clone());
+        let (task_stop, task_state, task_pool) = (stop.clone(), state.clone(), pool.clone());
         let interval = interval_for(lease_seconds);
         let deadline = Instant::now() + Duration::from_secs_f64(clamp_seconds(max_run_seconds));
-        handle.runtime.spawn(async move {
+        pool.background().spawn(async move {
             loop {
                 tokio::select! {
                     biased;
@@ -85,10 +87,16 @@ impl Heartbeat {
                     task_state.max_run_reached.store(true, Ordering::SeqCst);
                     break;
                 }
-                let renewed = with_conn(&pool, async |c| {
-                    fenced(c, Fenced::Renew, &job_type, &operation_key, token, None).await
-                });
-                match renewed.await {
+                let (pool, job_type, key) =
+                    (task_pool.clone(), job_type.clone(), operation_key.clone());
+                let renewed = tokio::task::spawn_blocking(move || {
+                    with_conn(&pool, &Interrupt::none(), async |c| {
+                        fenced(c, Fenced::Renew, &job_type, &key, token, None).await
+                    })
+                })
+                .await
+                .unwrap_or_else(|e| Err(Error::Panic(format!("heartbeat renewal: {e}"))));
+                match renewed {
                     Ok(()) => {
                         task_state.renewals.fetch_add(1, Ordering::SeqCst);
                     }
@@ -108,7 +116,7 @@ impl Heartbeat {
         Heartbeat {
             stop,
             state,
-            pid: handle.pool.pid(),
+            pid: pool.pid(),
         }
     }
 

@@ -6,7 +6,7 @@
 use tokio_postgres::types::Type;
 
 use super::error::Result;
-use super::store::Conn;
+use super::store::{with_conn, Conn, Interrupt, Pool};
 
 refinery::embed_migrations!("../../migrations");
 
@@ -21,7 +21,11 @@ const LOCK_KEY: i64 = 0x0069_6465_6d6a_6f62;
 ///
 /// Errors: [`crate::core::error::Error::Migration`] when a migration fails (its
 /// transaction is rolled back), connection errors.
-pub async fn migrate(conn: &mut Conn) -> Result<Vec<String>> {
+pub fn migrate(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Vec<String>> {
+    with_conn(pool, interrupt, async |conn| run(conn).await)
+}
+
+async fn run(conn: &mut Conn) -> Result<Vec<String>> {
     conn.execute_typed("SELECT pg_advisory_lock($1)", &[(&LOCK_KEY, Type::INT8)])
         .await?;
     let report = migrations::runner()
@@ -31,7 +35,6 @@ pub async fn migrate(conn: &mut Conn) -> Result<Vec<String>> {
     let unlock = conn
         .execute_typed("SELECT pg_advisory_unlock($1)", &[(&LOCK_KEY, Type::INT8)])
         .await;
-    conn.finish();
     let report = report?;
     unlock?;
     Ok(report

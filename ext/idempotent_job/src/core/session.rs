@@ -23,12 +23,12 @@ use tokio_postgres::types::{ToSql, Type};
 use super::claim::{self, ClaimRequest, Decision, Fenced};
 use super::config::MAX_PG_TIMEOUT_SECONDS;
 use super::error::{Error, Result};
-use super::store::{Conn, Pool};
+use super::store::{Interrupt, Pool, Pooled};
 use super::values::{self, Param, Rows};
 
 /// One open transaction on a pooled connection.
 pub struct Session {
-    conn: Conn,
+    conn: Pooled,
 }
 
 fn params(values: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
@@ -47,10 +47,18 @@ fn bind_error(sql: &str, err: tokio_postgres::Error) -> Error {
 
 impl Session {
     /// Checks a connection out of `pool` and begins a READ COMMITTED transaction.
-    pub async fn begin(pool: &Pool) -> Result<Session> {
-        let conn = Conn::checkout(pool).await?;
-        conn.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await?;
+    pub fn begin(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Session> {
+        let mut conn = pool.checkout(interrupt)?;
+        conn.run(interrupt, async |c| {
+            // The job's own statements are planned as PostgreSQL would by default
+            // (the connection forces generic plans for the gem's statements only).
+            let begin = if c.prepared_statements() {
+                "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL plan_cache_mode = auto"
+            } else {
+                "BEGIN ISOLATION LEVEL READ COMMITTED"
+            };
+            Ok(c.batch_execute(begin).await?)
+        })?;
         Ok(Session { conn })
     }
 
@@ -58,7 +66,12 @@ impl Session {
     /// another transaction that holds the operation's row.
     ///
     /// Errors: [`Error::LockTimeout`] when the wait runs out; see [`claim::claim`].
-    pub async fn claim(&self, req: &ClaimRequest, lock_timeout_seconds: f64) -> Result<Decision> {
+    pub fn claim(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        req: &ClaimRequest,
+        lock_timeout_seconds: f64,
+    ) -> Result<Decision> {
         claim::check_request(req)?;
         if !(lock_timeout_seconds > 0.0 && lock_timeout_seconds <= MAX_PG_TIMEOUT_SECONDS) {
             return Err(Error::Config(format!(
@@ -68,71 +81,88 @@ impl Session {
             )));
         }
         let millis = format!("{}ms", (lock_timeout_seconds * 1000.0).ceil() as u64);
-        self.conn
-            .execute_typed(
+        self.conn.run(interrupt, async |c| {
+            c.execute_typed(
                 "SELECT set_config('lock_timeout', $1, true)",
                 &[(&millis, Type::TEXT)],
             )
             .await?;
-        let decision = claim::claim(&self.conn, req).await.map_err(|e| match e {
-            Error::LockTimeout { message } => Error::LockTimeout {
-                message: format!(
-                    "{} operation {:?}: another delivery kept it locked for more than {} s \
-                     (its transaction is still open): {message}",
-                    req.job_type, req.operation_key, lock_timeout_seconds
-                ),
-            },
-            other => other,
-        })?;
-        self.conn
-            .batch_execute("SET LOCAL lock_timeout TO DEFAULT")
-            .await?;
-        Ok(decision)
+            let decision = claim::claim(c, req).await.map_err(|e| match e {
+                Error::LockTimeout { message } => Error::LockTimeout {
+                    message: format!(
+                        "{} operation {:?}: another delivery kept it locked for more than {} s \
+                         (its transaction is still open): {message}",
+                        req.job_type, req.operation_key, lock_timeout_seconds
+                    ),
+                },
+                other => other,
+            })?;
+            c.batch_execute("SET LOCAL lock_timeout TO DEFAULT").await?;
+            Ok(decision)
+        })
     }
 
     /// Applies a fenced change (the completion) inside the transaction.
-    pub async fn fenced(
-        &self,
+    pub fn fenced(
+        &mut self,
+        interrupt: &Interrupt<'_>,
         change: Fenced,
         job_type: &str,
         operation_key: &str,
         token: uuid::Uuid,
         text: Option<&str>,
     ) -> Result<()> {
-        claim::fenced(&self.conn, change, job_type, operation_key, token, text).await
+        self.conn.run(interrupt, async |c| {
+            claim::fenced(c, change, job_type, operation_key, token, text).await
+        })
     }
 
     /// Runs one of the job's statements and returns its rows. Placeholders are `$1`,
     /// `$2`…; each parameter is converted to the type PostgreSQL infers for it.
-    pub async fn query(&self, sql: &str, values: &[Param]) -> Result<Rows> {
-        let statement = self.conn.prepare(sql).await?;
-        let result = self
-            .conn
-            .query(&statement, &params(values))
-            .await
-            .map_err(|e| bind_error(sql, e))?;
-        Ok(values::rows(result)?)
+    pub fn query(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        sql: &str,
+        values: &[Param],
+    ) -> Result<Rows> {
+        self.conn.run(interrupt, async |c| {
+            let statement = c.prepare(sql).await?;
+            let result = c
+                .query(&statement, &params(values))
+                .await
+                .map_err(|e| bind_error(sql, e))?;
+            Ok(values::rows(result)?)
+        })
     }
 
     /// Runs one of the job's statements and returns the number of rows it affected.
-    pub async fn execute(&self, sql: &str, values: &[Param]) -> Result<u64> {
-        let statement = self.conn.prepare(sql).await?;
-        self.conn
-            .execute(&statement, &params(values))
-            .await
-            .map_err(|e| bind_error(sql, e))
+    pub fn execute(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        sql: &str,
+        values: &[Param],
+    ) -> Result<u64> {
+        self.conn.run(interrupt, async |c| {
+            let statement = c.prepare(sql).await?;
+            c.execute(&statement, &params(values))
+                .await
+                .map_err(|e| bind_error(sql, e))
+        })
     }
 
     /// Commits, and returns the connection to the pool.
-    pub async fn commit(mut self) -> Result<()> {
-        self.conn.batch_execute("COMMIT").await?;
-        self.conn.finish();
-        Ok(())
+    pub fn commit(self, interrupt: &Interrupt<'_>) -> Result<()> {
+        self.end(interrupt, "COMMIT")
     }
 
     /// Rolls back, and returns the connection to the pool.
-    pub async fn rollback(mut self) -> Result<()> {
-        self.conn.batch_execute("ROLLBACK").await?;
+    pub fn rollback(self, interrupt: &Interrupt<'_>) -> Result<()> {
+        self.end(interrupt, "ROLLBACK")
+    }
+
+    fn end(mut self, interrupt: &Interrupt<'_>, sql: &'static str) -> Result<()> {
+        self.conn
+            .run(interrupt, async |c| Ok(c.batch_execute(sql).await?))?;
         self.conn.finish();
         Ok(())
     }

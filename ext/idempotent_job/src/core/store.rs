@@ -1,34 +1,311 @@
-//! The per-process tokio runtime and deadpool-postgres pool.
+//! The per-process connection pool, and how a statement's I/O is driven.
 //!
-//! Both are created lazily on first use and remember the process id that created
-//! them. A forked child (Puma/Unicorn workers, sidekiqswarm, parallel tests) finds a
-//! different pid and builds its own; the parent's runtime and sockets are leaked in
-//! the child, never dropped or touched, because dropping them there would hang
-//! (the runtime's worker threads do not exist after a fork).
+//! **The calling thread drives its own statement.** Every pooled connection owns a
+//! small current-thread tokio runtime; its socket is registered with that runtime's
+//! reactor, and its `tokio_postgres::Connection` future is kept next to the client
+//! instead of being spawned. [`Pooled::run`] polls the connection together with the
+//! statement's future inside that runtime's `block_on`, on the thread that asked (a
+//! Ruby thread with the GVL released): the request is written, and the answer read,
+//! by the caller itself. No other thread is woken per statement (the synchronous
+//! `postgres` crate works the same way). One background runtime (one worker) remains
+//! for what must run without a caller: lease heartbeats, the timers of pool
+//! checkouts, cancel requests, and opening new connections.
+//!
+//! **Interrupts.** Every blocking call takes an [`Interrupt`]: another thread wakes
+//! it ([`Interrupt::notifier`]); the blocked call then asks its owner, on its own
+//! thread, whether to carry on (the same future is resumed: nothing is sent twice) or
+//! to give up ([`Error::Interrupted`]). A connection given up while it may still run
+//! a statement is discarded, never pooled, and its statement is cancelled
+//! server-side (see [`Pooled`]'s `Drop`).
+//!
+//! **Fork.** The pool remembers the process id that built it. A forked child finds a
+//! different pid ([`Store::pool`]) and builds its own; the parent's runtime, pool and
+//! sockets are leaked in the child, never dropped or touched, because dropping them
+//! there could wait forever (the runtime's threads do not exist after a fork, and a
+//! lock may have been held by one of them at fork time).
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex};
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::Poll;
+use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, RecyclingMethod};
+use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use tokio::runtime::Runtime;
+use tokio::sync::Notify;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Row;
+use tokio_postgres::{Client, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::bookkeeping::Bookkeeper;
 use super::config::Config;
 use super::error::{Error, Result};
 
-/// The pool of connections, with the TLS connector its cancel requests need.
+/// How a blocked call learns that its thread is wanted elsewhere, and asks whether to
+/// give up.
+///
+/// Any thread may wake it through [`Interrupt::notifier`] (a Ruby unblocking
+/// function: `Thread#raise`, `Timeout`, `Thread#kill`, `Thread#wakeup`, a signal);
+/// the call then runs `on_wake` on its own thread. `on_wake` returns true to give up
+/// (the call returns [`Error::Interrupted`]), false to carry on with the same future.
+pub struct Interrupt<'a> {
+    notify: Notify,
+    on_wake: Option<&'a dyn Fn() -> bool>,
+}
+
+impl Interrupt<'static> {
+    /// An interrupt nothing ever wakes (Rust callers, tests, heartbeats).
+    pub fn none() -> Self {
+        Interrupt {
+            notify: Notify::new(),
+            on_wake: None,
+        }
+    }
+}
+
+impl<'a> Interrupt<'a> {
+    /// An interrupt that asks `on_wake` (on the blocked thread) whether to give up.
+    pub fn new(on_wake: &'a dyn Fn() -> bool) -> Self {
+        Interrupt {
+            notify: Notify::new(),
+            on_wake: Some(on_wake),
+        }
+    }
+
+    /// What another thread calls `notify_one` on to wake the blocked call. A wake-up
+    /// before the call blocks is kept (a permit), never lost.
+    pub fn notifier(&self) -> &Notify {
+        &self.notify
+    }
+
+    fn gives_up(&self) -> bool {
+        self.on_wake.is_some_and(|f| f())
+    }
+}
+
+/// A pooled connection's `tokio_postgres::Connection`: the future that does its I/O.
+type Driver = Pin<Box<dyn Future<Output = std::result::Result<(), tokio_postgres::Error>> + Send>>;
+
+/// What [`drive`] blocks on: a connection's own current-thread runtime (only
+/// `Runtime::block_on` drives its reactor, on the calling thread), or the background
+/// runtime's handle (its worker drives timers; used for checkouts).
+trait BlockOn {
+    fn block_on<F: Future>(&self, future: F) -> F::Output;
+}
+
+impl BlockOn for Runtime {
+    fn block_on<F: Future>(&self, future: F) -> F::Output {
+        Runtime::block_on(self, future)
+    }
+}
+
+impl BlockOn for tokio::runtime::Handle {
+    fn block_on<F: Future>(&self, future: F) -> F::Output {
+        tokio::runtime::Handle::block_on(self, future)
+    }
+}
+
+enum Step<T> {
+    Done(T),
+    Woken,
+    Closed(Option<tokio_postgres::Error>),
+}
+
+/// Polls `future` to completion inside `runtime`'s `block_on` on the calling thread,
+/// together with `driver` (a connection's I/O) when given, and watches `interrupt`.
+///
+/// Errors: [`Error::Interrupted`] when the interrupt's owner gave up; a connection
+/// error when the driver ended (the connection closed) before `future` did.
+fn drive<F: Future>(
+    runtime: &impl BlockOn,
+    interrupt: &Interrupt<'_>,
+    mut driver: Option<&mut Option<Driver>>,
+    future: F,
+) -> Result<F::Output> {
+    let mut future = std::pin::pin!(future);
+    loop {
+        let step = runtime.block_on(async {
+            let mut notified = std::pin::pin!(interrupt.notify.notified());
+            std::future::poll_fn(|cx| {
+                if notified.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Step::Woken);
+                }
+                // The statement first: what it queued is written by the driver below
+                // in the same pass.
+                if let Poll::Ready(value) = future.as_mut().poll(cx) {
+                    return Poll::Ready(Step::Done(value));
+                }
+                if let Some(slot) = driver.as_deref_mut() {
+                    if let Some(d) = slot.as_mut() {
+                        if let Poll::Ready(ended) = d.as_mut().poll(cx) {
+                            *slot = None;
+                            // The statement now fails with "connection closed".
+                            if let Poll::Ready(value) = future.as_mut().poll(cx) {
+                                return Poll::Ready(Step::Done(value));
+                            }
+                            return Poll::Ready(Step::Closed(ended.err()));
+                        }
+                    }
+                }
+                Poll::Pending
+            })
+            .await
+        });
+        match step {
+            Step::Done(value) => return Ok(value),
+            Step::Woken => {
+                if interrupt.gives_up() {
+                    return Err(Error::Interrupted);
+                }
+            }
+            Step::Closed(Some(err)) => return Err(err.into()),
+            Step::Closed(None) => return Err(Error::connection("the connection closed")),
+        }
+    }
+}
+
+/// Lets go of a current-thread runtime without ever blocking (it may be dropped
+/// inside another runtime's task, or in a Ruby GC).
+struct OwnRuntime(Option<Runtime>);
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// One open connection as the pool keeps it: its runtime, its I/O driver, and the
+/// [`Conn`] statements are sent through.
+pub struct PgConn {
+    runtime: OwnRuntime,
+    /// `None` once the connection ended (closed by the server, a broken socket).
+    driver: Option<Driver>,
+    conn: Conn,
+}
+
+impl PgConn {
+    /// Opens a connection on a fresh current-thread runtime, on the calling thread,
+    /// within `timeout` (TCP connect, TLS, startup and authentication).
+    fn connect(
+        config: &tokio_postgres::Config,
+        tls: MakeRustlsConnect,
+        timeout: Duration,
+        prepared_statements: bool,
+    ) -> Result<PgConn> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::connection(format!("cannot start a connection runtime: {e}")))?;
+        let connected =
+            runtime.block_on(async { tokio::time::timeout(timeout, config.connect(tls)).await });
+        let (client, connection) = connected.map_err(|_| Error::Timeout {
+            message: "timed out connecting to PostgreSQL (connect_timeout): the server did not \
+                      complete the connection start; check that it is reachable and healthy"
+                .into(),
+            sqlstate: None,
+        })??;
+        let mut driver: Driver = Box::pin(connection);
+        if prepared_statements {
+            // The gem's named statements get one generic plan per connection instead of
+            // being re-planned (custom plans) at many calls. PostgreSQL 12 and later;
+            // elsewhere the setting is unknown and left alone. A transaction resets it
+            // for the job's own statements (see `Session::begin`).
+            let mut slot = Some(driver);
+            let _ = drive(
+                &runtime,
+                &Interrupt::none(),
+                Some(&mut slot),
+                client.batch_execute("SET plan_cache_mode = force_generic_plan"),
+            );
+            driver = slot.ok_or_else(|| Error::connection("the connection closed"))?;
+        }
+        Ok(PgConn {
+            runtime: OwnRuntime(Some(runtime)),
+            driver: Some(driver),
+            conn: Conn {
+                client,
+                statements: RefCell::new(HashMap::new()),
+                prepared_statements,
+            },
+        })
+    }
+
+    /// Lets the connection's runtime look at the socket once, without waiting, and
+    /// its driver read whatever arrived while it was idle. Returns whether the
+    /// connection is still usable (false once the server closed it).
+    fn refresh(&mut self) -> bool {
+        let Some(runtime) = self.runtime.0.as_ref() else {
+            return false;
+        };
+        let driver = &mut self.driver;
+        runtime.block_on(async {
+            // Once to (re)register interest in the socket, then once more after the
+            // reactor had a non-blocking look at it.
+            for _ in 0..2 {
+                let Some(d) = driver.as_mut() else { return };
+                let ended = std::future::poll_fn(|cx| Poll::Ready(d.as_mut().poll(cx))).await;
+                if ended.is_ready() {
+                    *driver = None;
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        self.is_usable()
+    }
+
+    fn is_usable(&self) -> bool {
+        self.driver.is_some() && !self.conn.client.is_closed()
+    }
+}
+
+/// Creates and recycles [`PgConn`]s for deadpool's generic pool.
+pub struct Manager {
+    pg_config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
+    connect_timeout: Duration,
+    prepared_statements: bool,
+}
+
+impl managed::Manager for Manager {
+    type Type = PgConn;
+    type Error = Error;
+
+    /// Connects on a blocking thread of the background runtime (a connection's own
+    /// runtime cannot be entered from inside the checkout's).
+    async fn create(&self) -> Result<PgConn> {
+        let (config, tls) = (self.pg_config.clone(), self.tls.clone());
+        let (timeout, prepared) = (self.connect_timeout, self.prepared_statements);
+        tokio::task::spawn_blocking(move || PgConn::connect(&config, tls, timeout, prepared))
+            .await
+            .map_err(|e| Error::connection(format!("the connecting thread failed: {e}")))?
+    }
+
+    /// A connection whose driver ended, or whose client is closed, is dropped.
+    async fn recycle(&self, conn: &mut PgConn, _: &Metrics) -> RecycleResult<Error> {
+        if conn.is_usable() {
+            Ok(())
+        } else {
+            Err(RecycleError::message("the connection closed"))
+        }
+    }
+}
+
+/// The pool of connections of one process, with the background runtime's handle.
+/// Cheap to clone.
 #[derive(Clone)]
 pub struct Pool {
-    inner: deadpool_postgres::Pool,
+    inner: managed::Pool<Manager>,
     tls: MakeRustlsConnect,
-    /// Send the gem's own statements as named prepared statements, cached per
-    /// connection ([`Config::prepared_statements`]).
-    prepared_statements: bool,
-    /// The process that built the pool: the only one it ever serves ([`Store::handle`]
+    background: tokio::runtime::Handle,
+    bookkeeper: std::sync::Arc<Bookkeeper>,
+    /// The process that built the pool: the only one it ever serves ([`Store::pool`]
     /// builds another in a forked child).
     pid: u32,
 }
@@ -38,202 +315,170 @@ impl Pool {
     pub fn pid(&self) -> u32 {
         self.pid
     }
-}
 
-/// What a process needs to talk to PostgreSQL: the runtime that drives the
-/// connections and the pool of them.
-#[derive(Clone)]
-pub struct Handle {
-    pub runtime: Arc<Runtime>,
-    pub pool: Pool,
-}
-
-struct Owned {
-    pid: u32,
-    handle: Handle,
-}
-
-/// A configured connection to one database. Cheap to create: nothing connects until
-/// the first [`Store::handle`].
-pub struct Store {
-    config: Config,
-    owned: Mutex<Option<Owned>>,
-}
-
-impl Store {
-    /// Validates `config` (without connecting) and returns an idle store.
-    ///
-    /// Errors: [`Error::Config`] for an invalid configuration.
-    pub fn new(config: Config) -> Result<Self> {
-        config.validate()?;
-        Ok(Store {
-            config,
-            owned: Mutex::new(None),
-        })
+    /// The background runtime: heartbeats, cancel requests, checkout timers.
+    pub fn background(&self) -> &tokio::runtime::Handle {
+        &self.background
     }
 
-    /// The settings this store was built from.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// This process's queue of repeated deliveries to record (see
+    /// [`super::bookkeeping`]).
+    pub fn bookkeeper(&self) -> &std::sync::Arc<Bookkeeper> {
+        &self.bookkeeper
     }
 
-    /// The runtime and pool of the current process, created on first call and
-    /// re-created (the old ones leaked) when the pid changed since.
+    /// Polls `future` on the background runtime from the calling thread, watching
+    /// `interrupt` (for waits on the pool's own locks and semaphores).
     ///
-    /// Errors: [`Error::Config`] if the configuration cannot build a pool,
-    /// [`Error::Connection`] if the runtime cannot start.
-    pub fn handle(&self) -> Result<Handle> {
-        let pid = std::process::id();
-        let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(o) = owned.as_ref() {
-            if o.pid == pid {
-                return Ok(o.handle.clone());
+    /// Errors: [`Error::Interrupted`].
+    pub fn block_on_background<F: Future>(
+        &self,
+        interrupt: &Interrupt<'_>,
+        future: F,
+    ) -> Result<F::Output> {
+        drive(&self.background, interrupt, None, future)
+    }
+
+    /// Checks a connection out, blocking the calling thread: an idle one at once, else
+    /// a new one (within `connect_timeout`) while fewer than `pool_size` are open, else
+    /// waits at most `checkout_timeout` for one to come back.
+    ///
+    /// Errors: [`Error::Timeout`] (checkout or connect timeout), [`Error::Connection`],
+    /// [`Error::Interrupted`].
+    pub fn checkout(&self, interrupt: &Interrupt<'_>) -> Result<Pooled> {
+        loop {
+            let mut object =
+                drive(&self.background, interrupt, None, self.inner.get())?.map_err(pool_error)?;
+            // An idle connection's I/O is driven by nobody: let it read what the server
+            // sent meanwhile (a termination on restart or failover) before it is used.
+            if object.refresh() {
+                return Ok(Pooled {
+                    object: Some(object),
+                    pool: self.clone(),
+                    finished: false,
+                    spoiled: false,
+                });
             }
+            drop(Object::take(object)); // closed: never back to the pool
         }
-        if let Some(stale) = owned.take() {
-            // Inherited from the parent process: never drop it here.
-            std::mem::forget(stale);
-        }
-        let handle = self.build()?;
-        *owned = Some(Owned {
-            pid,
-            handle: handle.clone(),
-        });
-        Ok(handle)
-    }
-
-    fn build(&self) -> Result<Handle> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("idempotent_job")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::connection(format!("cannot start the tokio runtime: {e}")))?;
-        let tls = super::tls::connector(&self.config.tls()?)?;
-        let manager = Manager::from_config(
-            self.config.pg_config()?,
-            tls.clone(),
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let inner = deadpool_postgres::Pool::builder(manager)
-            .max_size(self.config.pool_size)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(self.config.checkout_timeout()))
-            // tokio-postgres's connect_timeout covers the TCP connect only: bound the
-            // whole connection start (TLS, startup, authentication) too.
-            .create_timeout(Some(self.config.connect_timeout()))
-            .recycle_timeout(Some(self.config.connect_timeout()))
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))?;
-        Ok(Handle {
-            runtime: Arc::new(runtime),
-            pool: Pool {
-                inner,
-                tls,
-                prepared_statements: self.config.prepared_statements,
-                pid: std::process::id(),
-            },
-        })
-    }
-
-    /// Runs `f` with this process's pool on its runtime, blocking the calling thread.
-    /// For Rust callers and tests; the Ruby layer releases the GVL around the same
-    /// futures instead (see `src/ruby/gvl.rs`).
-    pub fn block_on<T, F, Fut>(&self, f: F) -> Result<T>
-    where
-        F: FnOnce(Pool) -> Fut,
-        Fut: Future<Output = Result<T>>,
-    {
-        let handle = self.handle()?;
-        handle.runtime.block_on(f(handle.pool.clone()))
     }
 }
 
-impl Drop for Store {
+fn pool_error(err: PoolError<Error>) -> Error {
+    match err {
+        PoolError::Backend(e) => e,
+        PoolError::Timeout(_) => Error::Timeout {
+            message: "timed out waiting for a free pooled PostgreSQL connection \
+                      (checkout_timeout); raise pool_size or checkout_timeout"
+                .into(),
+            sqlstate: None,
+        },
+        other => Error::connection(format!("connection pool: {other}")),
+    }
+}
+
+/// A connection checked out of the pool.
+///
+/// [`Pooled::run`] is the one way a statement reaches PostgreSQL. Call
+/// [`Pooled::finish`] once the work has its answer: on drop the connection goes back
+/// to the pool. A connection that was not finished, whose call was given up
+/// ([`Error::Interrupted`]), or that closed, is discarded instead: detached from the
+/// pool, its statement cancelled server-side, its socket closed, so the next caller
+/// never queues behind an orphaned query.
+pub struct Pooled {
+    object: Option<Object<Manager>>,
+    pool: Pool,
+    finished: bool,
+    /// Given up mid-statement, or closed: never back to the pool.
+    spoiled: bool,
+}
+
+impl Pooled {
+    /// Runs `op` with the connection, driving its I/O on the calling thread until `op`
+    /// is done (see the module doc), watching `interrupt`.
+    ///
+    /// Errors: `op`'s own; [`Error::Interrupted`]; a connection error when the
+    /// connection closed (the connection is then discarded).
+    pub fn run<T>(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
+    ) -> Result<T> {
+        let object = self.object.as_mut().expect("connection present until drop");
+        let PgConn {
+            runtime,
+            driver,
+            conn,
+        } = &mut **object;
+        let runtime = runtime.0.as_ref().expect("runtime present until drop");
+        let result = drive(runtime, interrupt, Some(driver), op(conn));
+        if driver.is_none() || matches!(result, Err(Error::Interrupted)) {
+            self.spoiled = true;
+        }
+        result?
+    }
+
+    /// Marks the work as answered: on drop the connection returns to the pool
+    /// (unless it was given up or closed).
+    pub fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Pooled {
     fn drop(&mut self) {
-        let owned = self
-            .owned
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let Some(owned) = owned else { return };
-        if owned.pid != std::process::id() {
-            // Garbage-collected in a forked child: the parent's runtime must not be
-            // shut down from here (its threads do not exist; shutdown would hang).
-            std::mem::forget(owned);
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        if self.pool.pid != std::process::id() {
+            // Inherited through fork (a transaction handle garbage-collected in the
+            // child): returning it to the parent's pool, or spawning a cancel on the
+            // parent's runtime, could wait forever on a lock another thread held at
+            // fork time. The socket is shared with the parent: leak it.
+            std::mem::forget(object);
             return;
         }
-        let Handle { runtime, pool } = owned.handle;
-        pool.inner.close();
-        drop(pool);
-        // Never block the dropping thread (a Ruby GC) on the runtime's threads.
-        release_runtime(runtime);
+        if self.finished && !self.spoiled {
+            return; // `object` drops here and goes back to the pool
+        }
+        let pg = Object::take(object);
+        if pg.driver.is_some() {
+            let cancel = pg.conn.client.cancel_token();
+            let tls = self.pool.tls.clone();
+            self.pool.background.spawn(async move {
+                let _ = cancel.cancel_query(tls).await;
+            });
+        }
+        drop(pg); // closes the socket; its runtime shuts down without blocking
     }
 }
 
-/// Lets go of a reference to a runtime without ever blocking the calling thread (a
-/// Ruby GC): when it was the last one, the runtime shuts down in the background.
-pub fn release_runtime(runtime: Arc<Runtime>) {
-    if let Ok(runtime) = Arc::try_unwrap(runtime) {
-        runtime.shutdown_background();
-    }
-}
-
-/// Runs `op` on a connection checked out of `pool` for this one operation, then
-/// returns it to the pool. If the returned future is dropped before `op` finished (an
-/// interrupt, a timeout), the connection is detached and its statement cancelled
-/// instead (see [`Conn`]).
+/// Runs `op` on a connection checked out for this one operation, then returns it to
+/// the pool: every statement outside a transaction goes through here.
 ///
-/// Errors: [`Error::Connection`] when no connection can be had; `op`'s own errors.
-pub async fn with_conn<T, F>(pool: &Pool, op: F) -> Result<T>
-where
-    F: AsyncFnOnce(&Conn) -> Result<T>,
-{
-    let mut conn = Conn::checkout(pool).await?;
-    let result = op(&conn).await;
-    conn.finish();
+/// Errors: as [`Pool::checkout`] and [`Pooled::run`].
+pub fn with_conn<T>(
+    pool: &Pool,
+    interrupt: &Interrupt<'_>,
+    op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
+) -> Result<T> {
+    let mut pooled = pool.checkout(interrupt)?;
+    let result = pooled.run(interrupt, op);
+    pooled.finish();
     result
 }
 
-/// A pooled connection checked out for one operation.
-///
-/// Call [`Conn::finish`] once the operation has its answer: the connection goes back
-/// to the pool. If the operation's future is dropped before that (the Ruby thread was
-/// interrupted, a timeout fired), the connection may still be running a statement:
-/// it is detached from the pool, its statement is cancelled server-side and it is
-/// closed, so the next caller never queues behind an orphaned query.
+/// The statement side of a pooled connection, handed to the work of
+/// [`Pooled::run`]: the client, and the connection's cache of the gem's own named
+/// prepared statements. Derefs to `tokio_postgres::Client`.
 pub struct Conn {
-    object: Option<Object>,
-    /// Cancel requests go the way the connection went (TLS or not).
-    tls: MakeRustlsConnect,
-    finished: bool,
-    /// The runtime the connection lives on: the cancel request is spawned there even
-    /// when the operation's future is dropped outside it (after an interrupt).
-    runtime: tokio::runtime::Handle,
+    client: Client,
+    statements: RefCell<HashMap<&'static str, Statement>>,
     /// See [`Conn::query_own`].
     prepared_statements: bool,
-    /// The process that checked it out: in a forked child the connection belongs to
-    /// the parent's pool and runtime, which must not be touched (see `Drop`).
-    pid: u32,
 }
 
 impl Conn {
-    /// Checks a connection out of `pool`, waiting at most the configured checkout
-    /// timeout. Errors: [`Error::Connection`].
-    pub async fn checkout(pool: &Pool) -> Result<Conn> {
-        let object = pool.inner.get().await?;
-        Ok(Conn {
-            object: Some(object),
-            tls: pool.tls.clone(),
-            finished: false,
-            runtime: tokio::runtime::Handle::current(),
-            prepared_statements: pool.prepared_statements,
-            pid: pool.pid,
-        })
-    }
-
     /// Whether the gem's own statements go out as named prepared statements on this
     /// connection ([`Config::prepared_statements`]).
     pub fn prepared_statements(&self) -> bool {
@@ -256,15 +501,16 @@ impl Conn {
     /// emptied, so its next call prepares afresh; nothing is retried here.
     pub async fn query_own(
         &self,
-        sql: &str,
+        sql: &'static str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>> {
         if !self.prepared_statements {
-            return Ok(self.query_typed(sql, params).await?);
+            return Ok(self.client.query_typed(sql, params).await?);
         }
         let (types, values) = split(params);
         let statement = self.prepare_own(sql, &types).await?;
-        self.query(&statement, &values)
+        self.client
+            .query(&statement, &values)
             .await
             .map_err(|e| self.own_error(sql, e))
     }
@@ -275,38 +521,43 @@ impl Conn {
     /// Errors: see [`Conn::query_own`].
     pub async fn execute_own(
         &self,
-        sql: &str,
+        sql: &'static str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<u64> {
         if !self.prepared_statements {
-            return Ok(self.execute_typed(sql, params).await?);
+            return Ok(self.client.execute_typed(sql, params).await?);
         }
         let (types, values) = split(params);
         let statement = self.prepare_own(sql, &types).await?;
-        self.execute(&statement, &values)
+        self.client
+            .execute(&statement, &values)
             .await
             .map_err(|e| self.own_error(sql, e))
     }
 
-    async fn prepare_own(&self, sql: &str, types: &[Type]) -> Result<tokio_postgres::Statement> {
-        let object = self.object.as_ref().expect("connection present until drop");
-        object
-            .prepare_typed_cached(sql, types)
+    async fn prepare_own(&self, sql: &'static str, types: &[Type]) -> Result<Statement> {
+        if let Some(statement) = self.statements.borrow().get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self
+            .client
+            .prepare_typed(sql, types)
             .await
-            .map_err(|e| self.own_error(sql, e))
+            .map_err(|e| self.own_error(sql, e))?;
+        self.statements.borrow_mut().insert(sql, statement.clone());
+        Ok(statement)
     }
 
     /// Names the setting when the server does not know (or already has) a statement
     /// name, and forgets the connection's cached statements.
     fn own_error(&self, sql: &str, err: tokio_postgres::Error) -> Error {
-        let code = err.code().cloned();
-        let (Some(code), Some(object)) = (code, self.object.as_ref()) else {
+        let Some(code) = err.code().cloned() else {
             return err.into();
         };
         if code != SqlState::INVALID_SQL_STATEMENT_NAME && code != SqlState::DUPLICATE_PSTATEMENT {
             return err.into();
         }
-        object.statement_cache.clear();
+        self.statements.borrow_mut().clear();
         let server = err
             .as_db_error()
             .map(|db| db.message().to_string())
@@ -322,14 +573,9 @@ impl Conn {
         }
     }
 
-    /// Marks the operation as answered: on drop the connection returns to the pool.
-    pub fn finish(&mut self) {
-        self.finished = true;
-    }
-
-    /// Mutable access to the underlying client (transactions, migrations).
-    pub fn client_mut(&mut self) -> &mut tokio_postgres::Client {
-        self.object.as_mut().expect("connection present until drop")
+    /// Mutable access to the underlying client (migrations).
+    pub fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
     }
 }
 
@@ -341,34 +587,131 @@ fn split<'a>(
 }
 
 impl Deref for Conn {
-    type Target = tokio_postgres::Client;
-    fn deref(&self) -> &Self::Target {
-        self.object.as_ref().expect("connection present until drop")
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
     }
 }
 
-impl Drop for Conn {
-    fn drop(&mut self) {
-        let Some(object) = self.object.take() else {
-            return;
+struct Owned {
+    pid: u32,
+    runtime: Runtime,
+    pool: Pool,
+}
+
+/// A configured connection to one database. Cheap to create: nothing connects until
+/// the first [`Store::pool`].
+pub struct Store {
+    config: Config,
+    owned: Mutex<Option<Owned>>,
+}
+
+impl Store {
+    /// Validates `config` (without connecting) and returns an idle store.
+    ///
+    /// Errors: [`Error::Config`] for an invalid configuration.
+    pub fn new(config: Config) -> Result<Self> {
+        config.validate()?;
+        Ok(Store {
+            config,
+            owned: Mutex::new(None),
+        })
+    }
+
+    /// The settings this store was built from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The pool of the current process, created on first call and re-created (the old
+    /// one and its runtime leaked) when the pid changed since.
+    ///
+    /// Errors: [`Error::Config`] if the configuration cannot build a pool,
+    /// [`Error::Connection`] if the background runtime cannot start.
+    pub fn pool(&self) -> Result<Pool> {
+        let pid = std::process::id();
+        let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = owned.as_ref() {
+            if o.pid == pid {
+                return Ok(o.pool.clone());
+            }
+        }
+        if let Some(stale) = owned.take() {
+            // Inherited from the parent process: never drop it here.
+            std::mem::forget(stale);
+        }
+        let built = self.build()?;
+        let pool = built.pool.clone();
+        built.runtime.spawn(Bookkeeper::run(pool.clone()));
+        *owned = Some(built);
+        Ok(pool)
+    }
+
+    fn build(&self) -> Result<Owned> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(self.config.pool_size.max(1) + 2)
+            .thread_name("idempotent_job")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::connection(format!("cannot start the tokio runtime: {e}")))?;
+        let tls = super::tls::connector(&self.config.tls()?)?;
+        let manager = Manager {
+            pg_config: self.config.pg_config()?,
+            tls: tls.clone(),
+            connect_timeout: self.config.connect_timeout(),
+            prepared_statements: self.config.prepared_statements,
         };
-        if self.pid != std::process::id() {
-            // Inherited through fork (a transaction handle garbage-collected in the
-            // child): returning it to the parent's pool, or spawning a cancel on the
-            // parent's runtime, could wait forever on a lock another thread held at
-            // fork time. The socket is shared with the parent: leak it.
-            std::mem::forget(object);
+        let inner = managed::Pool::builder(manager)
+            .max_size(self.config.pool_size)
+            .runtime(deadpool::Runtime::Tokio1)
+            .wait_timeout(Some(self.config.checkout_timeout()))
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))?;
+        let pid = std::process::id();
+        Ok(Owned {
+            pid,
+            pool: Pool {
+                inner,
+                tls,
+                background: runtime.handle().clone(),
+                bookkeeper: Default::default(),
+                pid,
+            },
+            runtime,
+        })
+    }
+
+    /// Runs `f` with this process's pool on the calling thread, uninterruptibly. For
+    /// Rust callers and tests; the Ruby layer passes an [`Interrupt`] wired to Ruby's
+    /// unblocking function instead (see `src/ruby/gvl.rs`).
+    pub fn run<T>(&self, f: impl FnOnce(&Pool, &Interrupt<'_>) -> Result<T>) -> Result<T> {
+        let pool = self.pool()?;
+        f(&pool, &Interrupt::none())
+    }
+
+    /// [`with_conn`] on this process's pool, uninterruptibly (see [`Store::run`]).
+    pub fn with_conn<T>(&self, op: impl AsyncFnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+        self.run(|pool, interrupt| with_conn(pool, interrupt, op))
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let owned = self
+            .owned
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(owned) = owned else { return };
+        if owned.pid != std::process::id() {
+            // Garbage-collected in a forked child: the parent's runtime must not be
+            // shut down from here (its threads do not exist; shutdown would hang).
+            std::mem::forget(owned);
             return;
         }
-        if self.finished {
-            return; // `object` drops here and goes back to the pool
-        }
-        let client = Object::take(object);
-        let cancel = client.cancel_token();
-        let tls = self.tls.clone();
-        self.runtime.spawn(async move {
-            let _ = cancel.cancel_query(tls).await;
-            drop(client);
-        });
+        owned.pool.inner.close();
+        // Never block the dropping thread (a Ruby GC) on the runtime's threads.
+        owned.runtime.shutdown_background();
     }
 }

@@ -2,8 +2,10 @@
 //! arguments into owned Rust values, runs the core with the GVL released, and maps
 //! core errors to the exception classes defined in `lib/idempotent_job/errors.rb`.
 
+mod convert;
 mod errors;
 mod gvl;
+mod heartbeat;
 mod store;
 mod transaction;
 
@@ -14,11 +16,14 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     let native = root.define_module("Native")?;
     native.define_module_function("schema_sql", function!(crate::core::migrate::schema_sql, 0))?;
     native.define_module_function("claim_sql", function!(claim_sql, 0))?;
+    native.define_module_function("deliver_sql", function!(deliver_sql, 0))?;
     native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
-    native.define_module_function("decide", function!(store::decide, 3))?;
-    native.define_module_function("fenced_sql", function!(store::fenced_sql, 1))?;
+    native.define_module_function("decide", function!(convert::decide, 3))?;
+    native.define_module_function("fenced_sql", function!(convert::fenced_sql, 1))?;
+    errors::init(ruby)?;
     store::init(ruby, native)?;
+    heartbeat::init(ruby, native)?;
     transaction::init(ruby, native)
 }
 
@@ -28,6 +33,10 @@ fn describe_url(url: String) -> String {
 
 fn repeats_sql() -> &'static str {
     crate::core::claim::REPEATS_SQL.trim()
+}
+
+fn deliver_sql() -> &'static str {
+    crate::core::claim::DELIVER_SQL.trim()
 }
 
 fn claim_sql() -> &'static str {

@@ -5,7 +5,7 @@
 use idempotent_job::core::claim::{self, ClaimRequest};
 use idempotent_job::core::config::Config;
 use idempotent_job::core::migrate;
-use idempotent_job::core::store::{with_conn, Conn, Store};
+use idempotent_job::core::store::Store;
 
 /// The PostgreSQL the tests run against.
 pub fn database_url() -> String {
@@ -25,9 +25,7 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
     config.prepared_statements = prepared;
     config.pool_size = pool_size;
     let store = Store::new(config).unwrap();
-    store
-        .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
-        .unwrap();
+    store.run(migrate::migrate).unwrap();
     store
 }
 
@@ -35,12 +33,10 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
 pub fn find_record(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
     let req = req.clone();
     store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                claim::find(c, &req.job_type, &req.operation_key).await
-            })
-            .await
-        })
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    store
+        .with_conn(async |c| claim::find(c, &req.job_type, &req.operation_key).await)
         .unwrap()
 }
 
@@ -49,20 +45,17 @@ pub fn find_record(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
 /// `pg_prepared_statements`, PostgreSQL 14 and later; `None` on 13, which does not count).
 pub fn prepared_on_connection(store: &Store) -> Vec<(String, Option<i64>)> {
     store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                let rows = c
-                    .query_typed(
-                        "SELECT statement, (to_jsonb(p) ->> 'generic_plans')::int8 \
-                                + (to_jsonb(p) ->> 'custom_plans')::int8 \
-                         FROM pg_prepared_statements p \
-                         WHERE statement LIKE '%idempotent_job_records%' ORDER BY statement",
-                        &[],
-                    )
-                    .await?;
-                Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-            })
-            .await
+        .with_conn(async |c| {
+            let rows = c
+                .query_typed(
+                    "SELECT statement, (to_jsonb(p) ->> 'generic_plans')::int8 \
+                            + (to_jsonb(p) ->> 'custom_plans')::int8 \
+                     FROM pg_prepared_statements p \
+                     WHERE statement LIKE '%idempotent_job_records%' ORDER BY statement",
+                    &[],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
         })
         .unwrap()
 }
@@ -80,14 +73,11 @@ pub fn runs_of(prepared: &[(String, Option<i64>)], sql: &str) -> Vec<Option<i64>
 /// PostgreSQL 14 and later, one `None` per copy on 13.
 pub fn counted(store: &Store, runs: &[i64]) -> Vec<Option<i64>> {
     let version: i32 = store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                let row = c
-                    .query_one("SELECT current_setting('server_version_num')::int4", &[])
-                    .await?;
-                Ok(row.get(0))
-            })
-            .await
+        .with_conn(async |c| {
+            let row = c
+                .query_one("SELECT current_setting('server_version_num')::int4", &[])
+                .await?;
+            Ok(row.get(0))
         })
         .unwrap();
     runs.iter()
