@@ -348,13 +348,14 @@ module IdempotentJob
       def start_heartbeat(options, claim)
         return nil unless options.heartbeat
 
-        store.heartbeat(claim.job_type, claim.operation_key, claim.token, options.lease.to_f, options.max_run.to_f)
+        HeartbeatWatch.watch(store.heartbeat(claim.job_type, claim.operation_key, claim.token, options.lease.to_f,
+                                             options.max_run.to_f), claim)
       end
 
       def stop_heartbeat(heartbeat, claim)
         return unless heartbeat
 
-        report = heartbeat.stop
+        report = HeartbeatWatch.stop(heartbeat)
 
         if report[:lost]
           emit(:lost_claim, claim, during: :heartbeat)

@@ -36,6 +36,11 @@ pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 /// it is counted in `mismatches` and flagged in `last_mismatch`; when $10 is true
 /// (`idempotency_on_mismatch: :raise`) such a delivery never takes a claim over.
 ///
+/// `jsonb` cannot hold the character U+0000: arguments whose JSON text contains the
+/// escape `\u0000` are stored as `{"idempotent_job:json": "<the JSON text>"}` (a jsonb
+/// string holds the escape itself), and [`FIND_SQL`] gives the original text back, so
+/// such a job still runs and a rerun gets its arguments unchanged.
+///
 /// `won` in the result tells the caller whether its token is now the record's.
 /// Parameters: $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
 /// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
@@ -45,7 +50,10 @@ INSERT INTO idempotent_job_records AS r
     (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
      args_digest, job_class, queue, args, job_classes)
 VALUES ($1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
-        $6, $7, $8, $9::jsonb, array_remove(ARRAY[$7], NULL))
+        $6, $7, $8,
+        CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
+             ELSE $9::jsonb END,
+        array_remove(ARRAY[$7], NULL))
 ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (status, claim_token, jid, attempts, takeovers, last_claim, claimed_at,
      lease_seconds, lease_expires_at, args_digest, job_class, queue, args,
@@ -109,8 +117,10 @@ impl Fenced {
     /// The statement, fenced by the claim token.
     pub fn sql(self) -> &'static str {
         match self {
-            // Completion and release are idempotent for their own token: a repeat
-            // (the first answer was lost to an interrupt) succeeds and changes nothing.
+            // Completion, release, hold and give-up are idempotent for their own token:
+            // a repeat (the first answer was lost to an interrupt or a dead connection)
+            // succeeds and changes nothing. Expire and renew only move the lease, so a
+            // repeat is harmless too: every fenced change is safe to send again.
             Fenced::Complete => {
                 "UPDATE idempotent_job_records SET status = 'completed', \
                  completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
@@ -124,14 +134,16 @@ impl Fenced {
                  AND claim_token = $3 AND status IN ('claimed', 'released')"
             }
             Fenced::Hold => {
-                "UPDATE idempotent_job_records SET status = 'held', held_at = now(), \
+                "UPDATE idempotent_job_records SET status = 'held', \
+                 held_at = CASE WHEN status = 'held' THEN held_at ELSE now() END, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
-                 AND claim_token = $3 AND status = 'claimed'"
+                 AND claim_token = $3 AND status IN ('claimed', 'held')"
             }
             Fenced::GiveUp => {
-                "UPDATE idempotent_job_records SET status = 'given_up', given_up_at = now(), \
+                "UPDATE idempotent_job_records SET status = 'given_up', \
+                 given_up_at = CASE WHEN status = 'given_up' THEN given_up_at ELSE now() END, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
-                 AND claim_token = $3 AND status = 'claimed'"
+                 AND claim_token = $3 AND status IN ('claimed', 'given_up')"
             }
             Fenced::Expire => {
                 "UPDATE idempotent_job_records SET lease_expires_at = now(), last_error = $4, \
@@ -159,10 +171,12 @@ impl Fenced {
     }
 }
 
-/// Read one record. Parameters: $1 job_type, $2 operation_key.
+/// Read one record; `args` is the claiming delivery's JSON text (unwrapped when
+/// [`CLAIM_SQL`] had to wrap it). Parameters: $1 job_type, $2 operation_key.
 pub const FIND_SQL: &str = r#"
 SELECT job_type, operation_key, status, claim_token, attempts, takeovers, last_claim, jid,
-       duplicates, lease_seconds, last_error, args_digest, job_class, queue, args::text AS args,
+       duplicates, lease_seconds, last_error, args_digest, job_class, queue,
+       coalesce(args ->> 'idempotent_job:json', args::text) AS args,
        mismatches, last_mismatch, resolution,
        first_claimed_at, claimed_at, lease_expires_at, completed_at, released_at,
        last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at,
@@ -375,8 +389,18 @@ fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
 /// Errors: [`Error::Config`] for an empty/oversized key or a non-positive lease,
 /// [`Error::Connection`] / [`Error::Database`] from PostgreSQL.
 pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<Decision> {
+    claim_as(conn, req, Uuid::new_v4()).await
+}
+
+/// [`claim`] with the caller's fencing token: sending the same request again with the
+/// same token (its first answer was lost with its connection) wins again if the first
+/// one won, so a claim is safe to repeat on a fresh connection.
+///
+/// Errors: as [`claim`]; before the first claim of a process, a table that lacks
+/// columns is refused ([`super::schema::ensure`]).
+pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<Decision> {
     check_request(req)?;
-    let token = Uuid::new_v4();
+    super::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
     let result = conn
         .query_own(
             CLAIM_SQL,

@@ -20,7 +20,8 @@ const LOCK_KEY: i64 = 0x0069_6465_6d6a_6f62;
 /// now, e.g. `["V1__create_idempotent_job_records"]` (empty when up to date).
 ///
 /// Errors: [`crate::core::error::Error::Migration`] when a migration fails (its
-/// transaction is rolled back), connection errors.
+/// transaction is rolled back) or when every migration is recorded but the table lacks
+/// columns (it drifted: see [`super::schema::check_after_migrate`]), connection errors.
 pub async fn migrate(conn: &mut Conn) -> Result<Vec<String>> {
     conn.execute_typed("SELECT pg_advisory_lock($1)", &[(&LOCK_KEY, Type::INT8)])
         .await?;
@@ -34,6 +35,7 @@ pub async fn migrate(conn: &mut Conn) -> Result<Vec<String>> {
     conn.finish();
     let report = report?;
     unlock?;
+    super::schema::check_after_migrate(conn).await?;
     Ok(report
         .applied_migrations()
         .iter()

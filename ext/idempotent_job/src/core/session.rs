@@ -23,8 +23,9 @@ use tokio_postgres::types::{ToSql, Type};
 use super::claim::{self, ClaimRequest, Decision, Fenced};
 use super::config::MAX_PG_TIMEOUT_SECONDS;
 use super::error::{Error, Result};
-use super::store::{Conn, Pool};
+use super::store::{bounded, checkout_bounded, Conn, Pool};
 use super::values::{self, Param, Rows};
+use std::time::Instant;
 
 /// One open transaction on a pooled connection.
 pub struct Session {
@@ -47,10 +48,21 @@ fn bind_error(sql: &str, err: tokio_postgres::Error) -> Error {
 
 impl Session {
     /// Checks a connection out of `pool` and begins a READ COMMITTED transaction.
+    ///
+    /// The gem's own statements of a session (BEGIN, the claim, the completion,
+    /// COMMIT, ROLLBACK) are each bounded by the deadline ([`Conn::deadline`]; the claim
+    /// by the deadline plus its lock timeout) and never repeated: a transaction cannot
+    /// move to a fresh connection. The job's own statements ([`Session::query`],
+    /// [`Session::execute`]) are bounded by `statement_timeout` and, on a dead network,
+    /// by the connection's `TCP_USER_TIMEOUT`.
     pub async fn begin(pool: &Pool) -> Result<Session> {
-        let conn = Conn::checkout(pool).await?;
-        conn.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await?;
+        let conn = checkout_bounded(pool).await?;
+        let begin = async {
+            Ok(conn
+                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                .await?)
+        };
+        bounded(conn.deadline(), Instant::now(), begin).await?;
         Ok(Session { conn })
     }
 
@@ -59,6 +71,24 @@ impl Session {
     ///
     /// Errors: [`Error::LockTimeout`] when the wait runs out; see [`claim::claim`].
     pub async fn claim(&self, req: &ClaimRequest, lock_timeout_seconds: f64) -> Result<Decision> {
+        // The wait for the row is the lock timeout's to bound; the deadline adds to it.
+        let bound = self.conn.deadline()
+            + std::time::Duration::from_secs_f64(
+                lock_timeout_seconds.clamp(0.0, MAX_PG_TIMEOUT_SECONDS),
+            );
+        bounded(
+            bound,
+            Instant::now(),
+            self.claim_unbounded(req, lock_timeout_seconds),
+        )
+        .await
+    }
+
+    async fn claim_unbounded(
+        &self,
+        req: &ClaimRequest,
+        lock_timeout_seconds: f64,
+    ) -> Result<Decision> {
         claim::check_request(req)?;
         if !(lock_timeout_seconds > 0.0 && lock_timeout_seconds <= MAX_PG_TIMEOUT_SECONDS) {
             return Err(Error::Config(format!(
@@ -99,7 +129,8 @@ impl Session {
         token: uuid::Uuid,
         text: Option<&str>,
     ) -> Result<()> {
-        claim::fenced(&self.conn, change, job_type, operation_key, token, text).await
+        let change = claim::fenced(&self.conn, change, job_type, operation_key, token, text);
+        bounded(self.conn.deadline(), Instant::now(), change).await
     }
 
     /// Runs one of the job's statements and returns its rows. Placeholders are `$1`,
@@ -125,14 +156,16 @@ impl Session {
 
     /// Commits, and returns the connection to the pool.
     pub async fn commit(mut self) -> Result<()> {
-        self.conn.batch_execute("COMMIT").await?;
+        let end = async { Ok(self.conn.batch_execute("COMMIT").await?) };
+        bounded(self.conn.deadline(), Instant::now(), end).await?;
         self.conn.finish();
         Ok(())
     }
 
     /// Rolls back, and returns the connection to the pool.
     pub async fn rollback(mut self) -> Result<()> {
-        self.conn.batch_execute("ROLLBACK").await?;
+        let end = async { Ok(self.conn.batch_execute("ROLLBACK").await?) };
+        bounded(self.conn.deadline(), Instant::now(), end).await?;
         self.conn.finish();
         Ok(())
     }

@@ -8,7 +8,9 @@
 
 use std::future::Future;
 use std::ops::Deref;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, RecyclingMethod};
 use tokio::runtime::Runtime;
@@ -31,12 +33,25 @@ pub struct Pool {
     /// The process that built the pool: the only one it ever serves ([`Store::handle`]
     /// builds another in a forked child).
     pid: u32,
+    /// Whether the record table's shape was found complete ([`super::schema::ensure`]).
+    schema_checked: Arc<AtomicBool>,
+    /// A connection of its own for the changes that end or keep a claim (completions,
+    /// releases, renewals): they never wait behind claims that hold the whole pool
+    /// ([`Lane::Reserve`]).
+    reserve: deadpool_postgres::Pool,
+    /// [`Config::deadline`]: the bound on one call, retries included.
+    deadline: Duration,
 }
 
 impl Pool {
     /// The process this pool (and anything checked out of it) belongs to.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The bound on one call ([`Config::deadline`]).
+    pub fn deadline(&self) -> Duration {
+        self.deadline
     }
 }
 
@@ -117,16 +132,17 @@ impl Store {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let inner = deadpool_postgres::Pool::builder(manager)
-            .max_size(self.config.pool_size)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(self.config.checkout_timeout()))
-            // tokio-postgres's connect_timeout covers the TCP connect only: bound the
-            // whole connection start (TLS, startup, authentication) too.
-            .create_timeout(Some(self.config.connect_timeout()))
-            .recycle_timeout(Some(self.config.connect_timeout()))
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))?;
+        let inner = self.pool_of(manager, self.config.pool_size)?;
+        let reserve = self.pool_of(
+            Manager::from_config(
+                self.config.pg_config()?,
+                tls.clone(),
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            ),
+            RESERVE_SIZE,
+        )?;
         Ok(Handle {
             runtime: Arc::new(runtime),
             pool: Pool {
@@ -134,8 +150,24 @@ impl Store {
                 tls,
                 prepared_statements: self.config.prepared_statements,
                 pid: std::process::id(),
+                schema_checked: Arc::default(),
+                reserve,
+                deadline: self.config.deadline(),
             },
         })
+    }
+
+    fn pool_of(&self, manager: Manager, size: usize) -> Result<deadpool_postgres::Pool> {
+        deadpool_postgres::Pool::builder(manager)
+            .max_size(size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(self.config.checkout_timeout()))
+            // tokio-postgres's connect_timeout covers the TCP connect only: bound the
+            // whole connection start (TLS, startup, authentication) too.
+            .create_timeout(Some(self.config.connect_timeout()))
+            .recycle_timeout(Some(self.config.connect_timeout()))
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))
     }
 
     /// Runs `f` with this process's pool on its runtime, blocking the calling thread.
@@ -167,6 +199,7 @@ impl Drop for Store {
         }
         let Handle { runtime, pool } = owned.handle;
         pool.inner.close();
+        pool.reserve.close();
         drop(pool);
         // Never block the dropping thread (a Ruby GC) on the runtime's threads.
         release_runtime(runtime);
@@ -181,20 +214,191 @@ pub fn release_runtime(runtime: Arc<Runtime>) {
     }
 }
 
+/// Connections kept aside for [`Lane::Reserve`], per process.
+pub const RESERVE_SIZE: usize = 1;
+
+/// Which connections a call may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// The pool (claims, reads, purges, operators' calls).
+    Main,
+    /// The pool or, whichever is free first, the reserve connection: for the changes
+    /// that end or keep a claim whose body has run or is running (completions,
+    /// releases, renewals…), so claims waiting on a row lock elsewhere can never hold
+    /// every connection while a finished body's completion waits for one.
+    Reserve,
+}
+
 /// Runs `op` on a connection checked out of `pool` for this one operation, then
-/// returns it to the pool. If the returned future is dropped before `op` finished (an
-/// interrupt, a timeout), the connection is detached and its statement cancelled
-/// instead (see [`Conn`]).
+/// returns it to the pool, all within the pool's deadline ([`Config::deadline`]). If
+/// the returned future is dropped before `op` finished (an interrupt, the deadline),
+/// the connection is detached and its statement cancelled instead (see [`Conn`]).
 ///
-/// Errors: [`Error::Connection`] when no connection can be had; `op`'s own errors.
+/// `op` runs once: only a failure before its statement went out (no connection could
+/// be made, the checked-out one was already closed) is retried, on a fresh connection,
+/// until the deadline. For statements that are safe to send twice, see
+/// [`with_fresh_conn`].
+///
+/// Errors: [`Error::Connection`] when no connection can be had, [`Error::Timeout`]
+/// past the deadline; `op`'s own errors.
 pub async fn with_conn<T, F>(pool: &Pool, op: F) -> Result<T>
 where
     F: AsyncFnOnce(&Conn) -> Result<T>,
 {
-    let mut conn = Conn::checkout(pool).await?;
-    let result = op(&conn).await;
-    conn.finish();
-    result
+    let started = Instant::now();
+    let attempt = async {
+        let mut conn = checkout_live(pool, Lane::Main, started).await?;
+        let result = op(&conn).await;
+        conn.finish_unless_lost(&result);
+        result
+    };
+    bounded(pool.deadline, started, attempt).await
+}
+
+/// Like [`with_conn`] for a statement that is safe to send again even if its first
+/// sending may have committed (the claim with the same fencing token, every fenced
+/// change, reads, purge batches): when the connection turns out dead under it (closed,
+/// an I/O error, the server shutting down or read-only after a failover), the
+/// connection is discarded, dead idle ones are dropped from the pool, and `op` runs
+/// again on a fresh connection, with a short back-off, until the deadline.
+///
+/// Errors: the last error once the deadline leaves no room for another attempt;
+/// [`Error::Timeout`] when the deadline passes during an attempt; `op`'s own errors.
+pub async fn with_fresh_conn<T, F>(pool: &Pool, lane: Lane, op: F) -> Result<T>
+where
+    F: AsyncFn(&Conn) -> Result<T>,
+{
+    let mut attempts = Attempts::new(pool, lane);
+    let deadline = attempts.started;
+    let call = async {
+        loop {
+            let mut conn = attempts.conn().await?;
+            let result = op(&conn).await;
+            if !attempts.again(&mut conn, &result).await {
+                return result;
+            }
+        }
+    };
+    bounded(pool.deadline, deadline, call).await
+}
+
+/// The attempts of one call that may be repeated on fresh connections (what
+/// [`with_fresh_conn`] does, for callers that cannot hand over a closure, such as a
+/// spawned task): `conn` for each attempt, then `again` with its result.
+pub struct Attempts<'p> {
+    pool: &'p Pool,
+    lane: Lane,
+    /// When the call began: the deadline counts from here.
+    pub started: Instant,
+    failures: u32,
+}
+
+impl<'p> Attempts<'p> {
+    /// The first attempt of a call on `lane` of `pool`, starting now.
+    pub fn new(pool: &'p Pool, lane: Lane) -> Self {
+        Attempts {
+            pool,
+            lane,
+            started: Instant::now(),
+            failures: 0,
+        }
+    }
+
+    /// A live connection for the next attempt (see [`checkout_live`]).
+    ///
+    /// Errors: [`Error::Connection`], [`Error::Timeout`].
+    pub async fn conn(&self) -> Result<Conn> {
+        checkout_live(self.pool, self.lane, self.started).await
+    }
+
+    /// After an attempt on `conn`: true when `result` says the connection was lost and
+    /// the deadline leaves room for another attempt (the connection is then discarded
+    /// and the back-off waited); false when `result` is the answer (the connection
+    /// goes back to the pool, or is discarded if lost).
+    pub async fn again<T>(&mut self, conn: &mut Conn, result: &Result<T>) -> bool {
+        if !conn.finish_unless_lost(result) {
+            return false;
+        }
+        self.failures += 1;
+        pause_before_retry(self.pool, self.started, self.failures).await
+    }
+}
+
+/// Checks a live connection out of the pool for a longer use (a transaction), within
+/// the deadline; see [`with_conn`] for what is retried.
+///
+/// Errors: [`Error::Connection`], [`Error::Timeout`].
+pub async fn checkout_bounded(pool: &Pool) -> Result<Conn> {
+    let started = Instant::now();
+    bounded(
+        pool.deadline,
+        started,
+        checkout_live(pool, Lane::Main, started),
+    )
+    .await
+}
+
+/// Checks a live connection out of `lane`: a connection already closed (its backend
+/// killed, the server restarted) is discarded before use, and a failure to connect is
+/// retried with back-off until the deadline.
+async fn checkout_live(pool: &Pool, lane: Lane, started: Instant) -> Result<Conn> {
+    let mut failures = 0u32;
+    loop {
+        let result = Conn::checkout_in(pool, lane).await;
+        match result {
+            Ok(conn) if !conn.is_closed() => return Ok(conn),
+            Ok(conn) => conn.discard(),
+            Err(e) if !is_lost(&e) => return Err(e),
+            Err(e) => {
+                if failures > 0 && !pause_before_retry(pool, started, failures).await {
+                    return Err(e);
+                }
+            }
+        }
+        failures += 1;
+    }
+}
+
+/// Errors after which a fresh connection may succeed where this one failed: the
+/// connection closed or broke, the server was shutting down or refused connections
+/// for now, or it is read-only (25006: it became a standby in a failover).
+fn is_lost(err: &Error) -> bool {
+    matches!(err, Error::Connection { .. }) || err.sqlstate() == Some("25006")
+}
+
+/// Waits before retry number `failures` (20 ms, doubling, at most 1 s) and drops the
+/// pool's idle connections that have closed meanwhile. False when the deadline leaves
+/// no room for the wait and another attempt.
+async fn pause_before_retry(pool: &Pool, started: Instant, failures: u32) -> bool {
+    let pause = Duration::from_millis(20 << failures.min(6)).min(Duration::from_secs(1));
+    if started.elapsed() + pause * 2 >= pool.deadline {
+        return false;
+    }
+    tokio::time::sleep(pause).await;
+    for idle in [&pool.inner, &pool.reserve] {
+        idle.retain(|client, _| !client.is_closed());
+    }
+    true
+}
+
+/// Runs `call` until `deadline` after `started`; past it `call` is dropped (its
+/// connection detached and cancelled) and a retryable [`Error::Timeout`] returned.
+pub async fn bounded<T>(
+    deadline: Duration,
+    started: Instant,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    let left = deadline.saturating_sub(started.elapsed());
+    tokio::time::timeout(left, call).await.unwrap_or_else(|_| {
+        Err(Error::Timeout {
+            message: format!(
+                "no answer from PostgreSQL within the deadline of {} s (deadline): the server \
+                 or the network is not responding; the connection was discarded",
+                deadline.as_secs_f64()
+            ),
+            sqlstate: None,
+        })
+    })
 }
 
 /// A pooled connection checked out for one operation.
@@ -217,13 +421,30 @@ pub struct Conn {
     /// The process that checked it out: in a forked child the connection belongs to
     /// the parent's pool and runtime, which must not be touched (see `Drop`).
     pid: u32,
+    /// The pool's [`super::schema::ensure`] flag.
+    schema_checked: Arc<AtomicBool>,
+    /// See [`Conn::deadline`].
+    deadline: Duration,
 }
 
 impl Conn {
     /// Checks a connection out of `pool`, waiting at most the configured checkout
     /// timeout. Errors: [`Error::Connection`].
     pub async fn checkout(pool: &Pool) -> Result<Conn> {
-        let object = pool.inner.get().await?;
+        Self::checkout_in(pool, Lane::Main).await
+    }
+
+    /// Checks a connection out of `lane` (see [`Lane`]), waiting at most the
+    /// configured checkout timeout. Errors: [`Error::Connection`], [`Error::Timeout`].
+    pub async fn checkout_in(pool: &Pool, lane: Lane) -> Result<Conn> {
+        let object = match lane {
+            Lane::Main => pool.inner.get().await?,
+            Lane::Reserve => tokio::select! {
+                biased;
+                object = pool.inner.get() => object?,
+                object = pool.reserve.get() => object?,
+            },
+        };
         Ok(Conn {
             object: Some(object),
             tls: pool.tls.clone(),
@@ -231,6 +452,8 @@ impl Conn {
             runtime: tokio::runtime::Handle::current(),
             prepared_statements: pool.prepared_statements,
             pid: pool.pid,
+            schema_checked: pool.schema_checked.clone(),
+            deadline: pool.deadline,
         })
     }
 
@@ -322,9 +545,51 @@ impl Conn {
         }
     }
 
+    /// Whether this connection's pool found the record table complete
+    /// ([`super::schema::ensure`]).
+    pub fn schema_checked(&self) -> &AtomicBool {
+        &self.schema_checked
+    }
+
     /// Marks the operation as answered: on drop the connection returns to the pool.
     pub fn finish(&mut self) {
         self.finished = true;
+    }
+
+    /// The bound on one call of this connection's pool ([`Config::deadline`]).
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// After an operation: returns the connection to the pool, unless `result` says
+    /// the connection is lost ([`is_lost`]); then it is discarded and true returned.
+    fn finish_unless_lost<T>(&mut self, result: &Result<T>) -> bool {
+        match result {
+            Err(e) if is_lost(e) => {
+                self.take_and_close();
+                true
+            }
+            _ => {
+                self.finish();
+                false
+            }
+        }
+    }
+
+    /// Closes a connection found dead, without a cancel request (there is nothing to
+    /// cancel) and without returning it to the pool.
+    fn discard(mut self) {
+        self.take_and_close();
+    }
+
+    fn take_and_close(&mut self) {
+        if let Some(object) = self.object.take() {
+            if self.pid == std::process::id() {
+                drop(Object::take(object));
+            } else {
+                std::mem::forget(object);
+            }
+        }
     }
 
     /// Mutable access to the underlying client (transactions, migrations).
@@ -366,8 +631,10 @@ impl Drop for Conn {
         let client = Object::take(object);
         let cancel = client.cancel_token();
         let tls = self.tls.clone();
+        let deadline = self.deadline;
         self.runtime.spawn(async move {
-            let _ = cancel.cancel_query(tls).await;
+            // On a dead network the cancel request gets no answer either.
+            let _ = tokio::time::timeout(deadline, cancel.cancel_query(tls)).await;
             drop(client);
         });
     }

@@ -29,6 +29,7 @@ fn build(ruby: &Ruby, err: &Error) -> Result<magnus::Error, magnus::Error> {
     let class: ExceptionClass = root.const_get(class_name(err))?;
     let exception: Exception = class.new_instance((err.to_string(),))?;
     set(exception, "@sqlstate", err.sqlstate())?;
+    set(exception, "@retryable", err.retryable())?;
     if let Error::LostClaim {
         job_type,
         operation_key,

@@ -22,7 +22,7 @@ use crate::core::error::{Error, Result};
 use crate::core::heartbeat::{Heartbeat, HeartbeatReport};
 use crate::core::migrate;
 use crate::core::session::Session;
-use crate::core::store::{with_conn, Conn, Pool, Store};
+use crate::core::store::{with_conn, with_fresh_conn, Conn, Lane, Pool, Store};
 
 pub(super) type RbResult<T> = std::result::Result<T, magnus::Error>;
 
@@ -224,7 +224,10 @@ fn heartbeat_hash(ruby: &Ruby, r: HeartbeatReport) -> RbResult<RHash> {
     out.set("renewals", r.renewals)?
         .set("lost", r.lost)?
         .set("max_run_reached", r.max_run_reached)?
-        .set("last_error", r.last_error)?;
+        .set("last_error", r.last_error)?
+        .set("failures", r.failures)?
+        .set("since_confirmed", r.since_confirmed)?
+        .set("in_doubt", r.in_doubt)?;
     Ok(out.hash)
 }
 
@@ -251,8 +254,14 @@ impl NativeStore {
     /// [`decision_hash`].
     fn claim(ruby: &Ruby, rb_self: &Self, request: RHash) -> RbResult<RHash> {
         let request = claim_request(ruby, request)?;
+        // One token for every attempt: a claim repeated on a fresh connection after
+        // its first answer was lost wins again if the first had won.
+        let token = Uuid::new_v4();
         let decision = rb_self.run(ruby, |pool| async move {
-            with_conn(&pool, async |c| claim::claim(c, &request).await).await
+            with_fresh_conn(&pool, Lane::Main, async |c| {
+                claim::claim_as(c, &request, token).await
+            })
+            .await
         })?;
         decision_hash(ruby, decision)
     }
@@ -287,7 +296,7 @@ impl NativeStore {
         rb_self.run(ruby, |pool| {
             let (job_type, key, text) = (job_type.clone(), operation_key.clone(), text.clone());
             async move {
-                with_conn(&pool, async |c| {
+                with_fresh_conn(&pool, Lane::Reserve, async |c| {
                     claim::fenced(c, change, &job_type, &key, token, text.as_deref()).await
                 })
                 .await
@@ -305,7 +314,12 @@ impl NativeStore {
     ) -> RbResult<Option<RHash>> {
         let record = rb_self.run(ruby, |pool| {
             let (job_type, key) = (job_type.clone(), operation_key.clone());
-            async move { with_conn(&pool, async |c| claim::find(c, &job_type, &key).await).await }
+            async move {
+                with_fresh_conn(&pool, Lane::Main, async |c| {
+                    claim::find(c, &job_type, &key).await
+                })
+                .await
+            }
         })?;
         record.map(|r| record_hash(ruby, r)).transpose()
     }
@@ -320,7 +334,7 @@ impl NativeStore {
         rb_self.run(ruby, |pool| {
             let job_type = job_type.clone();
             async move {
-                with_conn(&pool, async |c| {
+                with_fresh_conn(&pool, Lane::Main, async |c| {
                     claim::held(c, job_type.as_deref(), limit).await
                 })
                 .await
@@ -329,7 +343,8 @@ impl NativeStore {
     }
 
     /// `resolve(job_type, operation_key, as)`: as is `:done` or `:rerun`. Returns false
-    /// when the operation is not held or given up.
+    /// when the operation is not held or given up. Never sent twice: a repeat after a
+    /// lost answer would find the operation settled and answer false.
     fn resolve(
         ruby: &Ruby,
         rb_self: &Self,
@@ -370,7 +385,7 @@ impl NativeStore {
         let since = DateTime::<Utc>::from_timestamp_micros((since * 1e6) as i64)
             .ok_or_else(|| to_ruby(ruby, Error::Config("since is out of range".into())))?;
         let rows = rb_self.run(ruby, |pool| async move {
-            with_conn(&pool, async |c| {
+            with_fresh_conn(&pool, Lane::Main, async |c| {
                 claim::repeats(c, since, job_type.as_deref()).await
             })
             .await
@@ -401,7 +416,7 @@ impl NativeStore {
     /// `purge_batch(older_than_seconds, batch)` → Integer, records deleted.
     fn purge_batch(ruby: &Ruby, rb_self: &Self, older_than: f64, batch: i64) -> RbResult<u64> {
         rb_self.run(ruby, |pool| async move {
-            with_conn(&pool, async |c| {
+            with_fresh_conn(&pool, Lane::Main, async |c| {
                 claim::purge_batch(c, older_than, batch).await
             })
             .await
@@ -440,7 +455,8 @@ impl NativeStore {
 }
 
 impl NativeHeartbeat {
-    /// `stop` → Hash `{renewals:, lost:, max_run_reached:, last_error:}`; idempotent.
+    /// `stop` → Hash `{renewals:, lost:, max_run_reached:, last_error:, failures:,
+    /// since_confirmed: (seconds), in_doubt:}`; idempotent.
     fn stop(ruby: &Ruby, rb_self: &Self) -> RbResult<RHash> {
         heartbeat_hash(ruby, rb_self.0.stop())
     }
