@@ -14,7 +14,7 @@ RSpec.describe "Fault probe findings", :faults do
     include Sidekiq::Job
     sidekiq_options idempotency_key: :note_id
 
-    def perform(note_id, text)
+    def perform(note_id, text, _extra = nil)
       Effects.record("NoteJob", "#{note_id}:#{text.count("\u0000")}")
     end
   end

@@ -11,8 +11,8 @@ require_relative "support/fault_proxy"
 # its figures and checks that every operation's body ran exactly once and its record
 # ended completed.
 RSpec.describe "Connection faults under a real Sidekiq process", :faults do
-  root = File.expand_path("../..", __dir__)
-  operations = Integer(ENV.fetch("FAULT_OPERATIONS", "240"))
+  let(:root) { File.expand_path("../..", __dir__) }
+  let(:operations) { Integer(ENV.fetch("FAULT_OPERATIONS", "400")) }
 
   before(:all) do
     @db = FaultDatabase.new.start
@@ -43,8 +43,8 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
     File.exist?(path) ? File.readlines(path, chomp: true) : []
   end
 
-  def start_sidekiq(url, settings)
-    env = { "REDIS_URL" => ENV.fetch("REDIS_URL"), "FAULT_DIR" => dir, "FAULT_GEM_URL" => url,
+  def start_sidekiq(url, settings, work)
+    env = { "REDIS_URL" => ENV.fetch("REDIS_URL"), "FAULT_DIR" => dir, "FAULT_GEM_URL" => url, "FAULT_WORK" => work.to_s,
             "FAULT_SETTINGS" => settings.map { |k, v| "#{k}=#{v}" }.join(",") }
     Process.spawn(env, "sidekiq", "-r", File.join(root, "spec/faults/support/boot.rb"), "-c", "5",
                   chdir: root, out: File.join(dir, "sidekiq.log"), err: File.join(dir, "sidekiq.log"), pgroup: true)
@@ -68,10 +68,12 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
     yield
   end
 
-  # Runs `operations` jobs (plus a redelivery of every fifth) through a real Sidekiq;
-  # once a quarter have run, calls the fault block. Returns the figures.
-  def run_with_fault(name, url: @db.url, settings: {})
-    pid = start_sidekiq(url, settings)
+  # Runs `operations` jobs (plus a redelivery of every fifth), each body taking `work`
+  # seconds (none by default: the threads are claiming or completing most of the time,
+  # so the fault meets the gem's calls), through a real Sidekiq; once a quarter have
+  # run, calls the fault block. Returns the figures.
+  def run_with_fault(name, url: @db.url, settings: {}, work: 0)
+    pid = start_sidekiq(url, settings, work)
     ops = (1..operations).to_a
     Sidekiq::Client.push_bulk("class" => "FaultJob", "args" => (ops + ops.select { |o| (o % 5).zero? }).map { [_1] })
     begin
@@ -92,9 +94,11 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
       c.exec("SELECT status, count(*) FROM idempotent_job_records GROUP BY 1").to_h { |r| [r["status"], r["count"].to_i] }
     end
     claims = lines("claims").map(&:to_f)
+    completions = lines("completions").map(&:to_f)
     out = { name:, operations: ops.size, failed_jobs: lines("failures").size, run_twice: runs.count { |_, n| n > 1 },
             lost: ops.count { |o| runs[o].nil? }, records: statuses, drained:,
-            longest_claim: claims.max&.round(2), unrecorded_completions: File.read(File.join(dir, "sidekiq.log"))
+            longest_claim: claims.max&.round(2), longest_completion: completions.max&.round(2),
+            claims_over_1s: claims.count { |c| c > 1 }, unrecorded_completions: File.read(File.join(dir, "sidekiq.log"))
                                                                     .scan("completion could not be recorded").size,
             **fault }
     puts "\n  fault figures: #{out.map { |k, v| "#{k}=#{v}" }.join(" ")}"
@@ -106,20 +110,24 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
     expect(out[:records]).to eq("completed" => operations)
   end
 
-  it "pg_ctl restart: no job fails, none runs twice, none is lost" do
-    out = run_with_fault("restart") { { restart_seconds: @db.restart.round(2) } }
+  it "a restart (pg_ctl stop, 1 s down, start): no job fails, none runs twice, none is lost" do
+    out = run_with_fault("restart") { { restart_seconds: @db.restart(down: 1).round(2) } }
     expect_nothing_lost_or_repeated(out)
     expect(out[:failed_jobs]).to eq(0), "#{out[:failed_jobs]} jobs failed; first: #{lines("failures").first}"
   end
 
   it "pg_terminate_backend of the gem's connections: no job fails, none runs twice, none is lost" do
-    out = run_with_fault("terminate_backend") { { terminated: @db.terminate("idempotent_job_faults") } }
+    out = run_with_fault("terminate_backend") do
+      { terminated: Array.new(5) { @db.terminate("idempotent_job_faults").tap { sleep 0.3 } }.sum }
+    end
     expect_nothing_lost_or_repeated(out)
     expect(out[:failed_jobs]).to eq(0), "#{out[:failed_jobs]} jobs failed; first: #{lines("failures").first}"
   end
 
   it "every connection reset by the network: none runs twice, none is lost" do
-    out = run_with_fault("reset", url: @db.url(@proxy.port)) { { reset_sockets: @proxy.reset! } }
+    out = run_with_fault("reset", url: @db.url(@proxy.port)) do
+      { reset_sockets: Array.new(5) { @proxy.reset!.tap { sleep 0.3 } }.sum }
+    end
     expect_nothing_lost_or_repeated(out)
     expect(out[:failed_jobs]).to eq(0), "#{out[:failed_jobs]} jobs failed; first: #{lines("failures").first}"
   end
@@ -139,6 +147,7 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
     end
     expect_nothing_lost_or_repeated(out)
     expect(out[:recovery_seconds]).to be < 10
+    expect(out[:claims_over_1s]).to be_positive # claims did meet the dead network
     expect(out[:longest_claim]).to be <= deadline + 1
   end
 end

@@ -31,7 +31,9 @@ class FaultRecorder
       Thread.current[:fault_started].nil?
     raise
   ensure
-    Thread.current[:fault_started] = nil
+    ended = Thread.current[:fault_body_end]
+    FaultLog.add("completions", (Process.clock_gettime(Process::CLOCK_MONOTONIC) - ended).round(3)) if ended
+    Thread.current[:fault_started] = Thread.current[:fault_body_end] = nil
   end
 end
 
@@ -49,6 +51,7 @@ class FaultJob
     end
     FaultLog.add("effects", "#{op} #{Process.pid} #{idempotency_claim.token}")
     sleep Float(ENV.fetch("FAULT_WORK", "0.05"))
+    Thread.current[:fault_body_end] = Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 end
 

@@ -36,11 +36,15 @@ class FaultDatabase
     self
   end
 
-  # `pg_ctl restart -m fast`: every connection is closed; new ones are refused until
-  # the server is up again.
-  # @return [Float] seconds the restart took
-  def restart
-    timed { pg_ctl("restart", "-m fast") }
+  # A restart as an operator's takes: `pg_ctl stop -m fast` (every connection is
+  # closed), `down` seconds with the server down (connections refused), then start.
+  # @return [Float] seconds the server was unavailable
+  def restart(down: 1)
+    timed do
+      pg_ctl("stop", "-m fast")
+      sleep down
+      pg_ctl("start")
+    end
   end
 
   # Terminates every backend whose application_name is `name`.
