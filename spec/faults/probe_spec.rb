@@ -99,6 +99,42 @@ RSpec.describe "Fault probe findings", :faults do
     end
   end
 
+  describe "a pool held by claims waiting on a row lock" do
+    it "still records the completion of a body that ran, and bounds the waiting claims by the deadline" do
+      SpecServices.configure_gem!(pool_size: 2, deadline: 3, checkout_timeout: 2)
+      deliver(job_hash([7, 1])) # the record of operation 7 exists; its row is locked below
+      waiting = []
+      waited = []
+      with_row_locked("ChargeOrderJob", "7") do
+        SpecHooks.on(:after_effect) do |order_id|
+          next unless order_id == 8
+
+          # While operation 8's body runs, two deliveries of 7 take both pooled connections.
+          2.times do
+            waiting << Thread.new do
+              started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+              deliver(job_hash([7, 1]))
+            rescue IdempotentJob::Error => e
+              waited << [e.class, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started]
+            end
+          end
+          sleep 0.5
+        end
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        deliver(job_hash([8, 1]))
+        completed_in = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started - 0.5
+        puts "\n  pool starvation: completion recorded #{completed_in.round(3)} s after the body " \
+             "(pool_size 2, both connections held by claims on a locked row)"
+        expect(completed_in).to be < 1
+        waiting.each(&:join)
+      end
+      expect(IdempotentJob.record("ChargeOrderJob", 8).status).to eq(:completed)
+      puts "  claims waiting on the locked row ended after #{waited.map { |_, t| t.round(2) }} s (deadline 3)"
+      expect(waited.map(&:first)).to eq([IdempotentJob::TimeoutError] * 2)
+      expect(waited.map(&:last)).to all(be < 4.5)
+    end
+  end
+
   describe "a dead network while a job runs" do
     # Blocks the network from inside the body for longer than two renewal intervals.
     class DoubtfulJob
