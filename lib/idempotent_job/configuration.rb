@@ -22,7 +22,7 @@ module IdempotentJob
       # its retries on fresh connections): past it the connection is discarded and a
       # retryable TimeoutError raised, even on a network that silently drops packets.
       deadline: 10,
-      statement_timeout: nil,      # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
+      statement_timeout: nil, # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
       application_name: "idempotent_job", # shown in pg_stat_activity unless the URL sets one
       schema: nil,                 # schema of the record table (the connection's search_path); nil: default
       host: nil,                   # discrete connection fields: each overrides the URL's, and

@@ -2,22 +2,13 @@
 
 require "spec_helper"
 require_relative "support/fault_proxy"
+require_relative "support/probe_jobs"
 
 # What a fault probe found, each turned into a check: arguments jsonb cannot hold, a
 # table that drifted from the migrations, a read-only failover, a dead network while
 # a job runs.
 RSpec.describe "Fault probe findings", :faults do
   include ReplayHelpers
-
-  # A job whose arguments are free-form text.
-  class NoteJob
-    include Sidekiq::Job
-    sidekiq_options idempotency_key: :note_id
-
-    def perform(note_id, text, _extra = nil)
-      Effects.record("NoteJob", "#{note_id}:#{text.count("\u0000")}")
-    end
-  end
 
   describe "a NUL character in the arguments" do
     it "runs the job once and keeps the arguments, NULs included" do
@@ -136,21 +127,6 @@ RSpec.describe "Fault probe findings", :faults do
   end
 
   describe "a dead network while a job runs" do
-    # Blocks the network from inside the body for longer than two renewal intervals.
-    class DoubtfulJob
-      include Sidekiq::Job
-      sidekiq_options idempotency_key: :id, idempotency_lease: 1.5
-
-      def perform(id)
-        before = idempotency_claim.in_doubt?
-        SpecHooks.call(:cut)
-        sleep 2.2
-        SpecHooks.call(:seen, before, idempotency_claim.in_doubt?)
-        SpecHooks.call(:heal)
-        Effects.record("DoubtfulJob", id)
-      end
-    end
-
     it "reports the failing heartbeat while the body runs and tells the job its claim is in doubt" do
       proxy = FaultProxy.new(URI(SpecServices.database_url).port)
       log = StringIO.new

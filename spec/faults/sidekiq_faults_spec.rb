@@ -44,7 +44,8 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
   end
 
   def start_sidekiq(url, settings, work)
-    env = { "REDIS_URL" => ENV.fetch("REDIS_URL"), "FAULT_DIR" => dir, "FAULT_GEM_URL" => url, "FAULT_WORK" => work.to_s,
+    env = { "REDIS_URL" => ENV.fetch("REDIS_URL"), "FAULT_DIR" => dir, "FAULT_GEM_URL" => url,
+            "FAULT_WORK" => work.to_s,
             "FAULT_SETTINGS" => settings.map { |k, v| "#{k}=#{v}" }.join(",") }
     Process.spawn(env, "sidekiq", "-r", File.join(root, "spec/faults/support/boot.rb"), "-c", "5",
                   chdir: root, out: File.join(dir, "sidekiq.log"), err: File.join(dir, "sidekiq.log"), pgroup: true)
@@ -90,19 +91,29 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
 
   def figures(name, ops, fault, drained)
     runs = lines("effects").map { |l| Integer(l.split.first) }.tally
-    statuses = @db.with_connection do |c|
-      c.exec("SELECT status, count(*) FROM idempotent_job_records GROUP BY 1").to_h { |r| [r["status"], r["count"].to_i] }
-    end
     claims = lines("claims").map(&:to_f)
-    completions = lines("completions").map(&:to_f)
     out = { name:, operations: ops.size, failed_jobs: lines("failures").size, run_twice: runs.count { |_, n| n > 1 },
-            lost: ops.count { |o| runs[o].nil? }, records: statuses, drained:,
-            longest_claim: claims.max&.round(2), longest_completion: completions.max&.round(2),
-            claims_over_1s: claims.count { |c| c > 1 }, unrecorded_completions: File.read(File.join(dir, "sidekiq.log"))
-                                                                    .scan("completion could not be recorded").size,
-            **fault }
+            lost: ops.count { |o| runs[o].nil? }, records: statuses, drained:, longest_claim: claims.max&.round(2),
+            longest_completion: longest("completions"), claims_over_1s: claims.count { |c| c > 1 },
+            unrecorded_completions:, **fault }
     puts "\n  fault figures: #{out.map { |k, v| "#{k}=#{v}" }.join(" ")}"
     out
+  end
+
+  def longest(name)
+    lines(name).map(&:to_f).max&.round(2)
+  end
+
+  def statuses
+    @db.with_connection do |c|
+      c.exec("SELECT status, count(*) FROM idempotent_job_records GROUP BY 1").to_h do |r|
+        [r["status"], r["count"].to_i]
+      end
+    end
+  end
+
+  def unrecorded_completions
+    File.read(File.join(dir, "sidekiq.log")).scan("completion could not be recorded").size
   end
 
   def expect_nothing_lost_or_repeated(out)

@@ -21,7 +21,8 @@ module GCStress
 
   def self.install!
     native = IdempotentJob::Native
-    [native::Store, native::Store.singleton_class, native::Heartbeat, native::Transaction, native.singleton_class].each { |t| wrap(t) }
+    targets = [native::Store, native::Store.singleton_class, native::Heartbeat, native::Transaction]
+    (targets + [native.singleton_class]).each { |t| wrap(t) }
   end
 end
 

@@ -40,16 +40,16 @@ end
 # One operation per op id; the body's run is the effect.
 class FaultJob
   include Sidekiq::Job
-  sidekiq_options idempotency_key: :op, retry: 25
+  sidekiq_options idempotency_key: :operation, retry: 25
   sidekiq_retry_in { 1 }
 
-  def perform(op)
+  def perform(operation)
     started = Thread.current[:fault_started]
     if started
       FaultLog.add("claims", (Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).round(3))
       Thread.current[:fault_started] = nil
     end
-    FaultLog.add("effects", "#{op} #{Process.pid} #{idempotency_claim.token}")
+    FaultLog.add("effects", "#{operation} #{Process.pid} #{idempotency_claim.token}")
     sleep Float(ENV.fetch("FAULT_WORK", "0.05"))
     Thread.current[:fault_body_end] = Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
