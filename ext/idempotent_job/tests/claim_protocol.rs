@@ -9,7 +9,7 @@ use idempotent_job::core::config::Config;
 use idempotent_job::core::error::Error;
 use idempotent_job::core::heartbeat::Heartbeat;
 use idempotent_job::core::migrate;
-use idempotent_job::core::store::{with_conn, Conn, Store};
+use idempotent_job::core::store::{with_conn, Interrupt, Store};
 
 mod common;
 use common::{database_url, find_record, store, store_with};
@@ -66,9 +66,7 @@ fn unique(name: &str) -> String {
 
 fn decide(store: &Store, req: &ClaimRequest) -> Result<claim::Decision, Error> {
     let req = req.clone();
-    store.block_on(
-        |pool| async move { with_conn(&pool, async |c| claim::claim(c, &req).await).await },
-    )
+    store.with_conn(async |c| claim::claim(c, &req).await)
 }
 
 fn claim(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
@@ -82,18 +80,15 @@ fn fenced(
     token: uuid::Uuid,
 ) -> Result<(), Error> {
     let req = req.clone();
-    store.block_on(|pool| async move {
-        with_conn(&pool, async |c| {
-            claim::fenced(
-                c,
-                change,
-                &req.job_type,
-                &req.operation_key,
-                token,
-                Some("why"),
-            )
-            .await
-        })
+    store.with_conn(async |c| {
+        claim::fenced(
+            c,
+            change,
+            &req.job_type,
+            &req.operation_key,
+            token,
+            Some("why"),
+        )
         .await
     })
 }
@@ -104,27 +99,19 @@ fn find(store: &Store, req: &ClaimRequest) -> claim::Record {
 
 fn complete(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {
     let req = req.clone();
-    store.block_on(|pool| async move {
-        with_conn(&pool, async |c| {
-            claim::complete(c, &req.job_type, &req.operation_key, token).await
-        })
-        .await
-    })
+    store.with_conn(async |c| claim::complete(c, &req.job_type, &req.operation_key, token).await)
 }
 
 fn release(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), Error> {
     let req = req.clone();
-    store.block_on(|pool| async move {
-        with_conn(&pool, async |c| {
-            claim::release(
-                c,
-                &req.job_type,
-                &req.operation_key,
-                token,
-                "RuntimeError: boom",
-            )
-            .await
-        })
+    store.with_conn(async |c| {
+        claim::release(
+            c,
+            &req.job_type,
+            &req.operation_key,
+            token,
+            "RuntimeError: boom",
+        )
         .await
     })
 }
@@ -143,9 +130,7 @@ fn token_of(outcome: Outcome) -> (uuid::Uuid, ClaimKind, i32) {
 #[test]
 fn migrations_are_recorded_and_safe_to_run_twice() {
     let store = store();
-    let applied = store
-        .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
-        .unwrap();
+    let applied = store.run(migrate::migrate).unwrap();
     assert!(applied.is_empty(), "second run applied {applied:?}");
     assert!(migrate::schema_sql().contains("CREATE TABLE idempotent_job_records"));
 }
@@ -179,12 +164,7 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
 
     let req2 = req.clone();
     let record = store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                claim::find(c, &req2.job_type, &req2.operation_key).await
-            })
-            .await
-        })
+        .with_conn(async |c| claim::find(c, &req2.job_type, &req2.operation_key).await)
         .unwrap()
         .expect("record exists");
     assert_eq!(record.status, "completed");
@@ -329,37 +309,57 @@ fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
 
     // Another session holds the record's row lock, so the next claim blocks.
     let (job_type, key) = (req.job_type.clone(), req.operation_key.clone());
-    let handle = store.handle().unwrap();
-    let (locker, connection) = handle
-        .runtime
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (locker, connection) = runtime
         .block_on(tokio_postgres::connect(
             &database_url(),
             tokio_postgres::NoTls,
         ))
         .unwrap();
-    handle.runtime.spawn(connection);
-    handle
-        .runtime
-        .block_on(locker.batch_execute("BEGIN"))
-        .unwrap();
-    handle
-        .runtime
-        .block_on(locker.execute(
-            "SELECT 1 FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2 FOR UPDATE",
-            &[&job_type, &key],
-        ))
-        .unwrap();
-
-    let blocked = handle.runtime.block_on(async {
-        let pool = handle.pool.clone();
-        tokio::time::timeout(Duration::from_millis(300), async move {
-            with_conn(&pool, async |c| claim::claim(c, &req).await).await
+    let locking = std::thread::spawn(move || {
+        runtime.block_on(async move {
+            let driver = tokio::spawn(connection);
+            locker.batch_execute("BEGIN").await.unwrap();
+            locker
+                .execute(
+                    "SELECT 1 FROM idempotent_job_records WHERE job_type = $1 \
+                     AND operation_key = $2 FOR UPDATE",
+                    &[&job_type, &key],
+                )
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            locker.batch_execute("ROLLBACK").await.unwrap();
+            drop(locker);
+            let _ = driver.await;
         })
-        .await
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The caller's thread is interrupted after 300 ms and gives the call up (what
+    // Ruby's Timeout does through the unblocking function).
+    let give_up = || true;
+    let interrupt = Interrupt::new(&give_up);
+    let started = Instant::now();
+    let blocked = std::thread::scope(|s| {
+        let notifier = interrupt.notifier();
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            notifier.notify_one();
+        });
+        store.run(|pool, _| with_conn(pool, &interrupt, async |c| claim::claim(c, &req).await))
     });
     assert!(
-        blocked.is_err(),
-        "the claim should have been blocked by the row lock"
+        matches!(blocked, Err(Error::Interrupted)),
+        "the claim should have been blocked by the row lock, then given up: {blocked:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
     );
 
     // The pool's only connection was detached: another operation gets a fresh one
@@ -375,10 +375,7 @@ fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
         "{:?}",
         started.elapsed()
     );
-    handle
-        .runtime
-        .block_on(locker.batch_execute("ROLLBACK"))
-        .unwrap();
+    locking.join().unwrap();
 }
 
 fn a_different_payload_is_flagged_and_refused_when_asked(store: Store) {
@@ -411,26 +408,15 @@ fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store) {
         claim(&store, &held).unwrap(),
         Outcome::Held { duplicates: 1 }
     );
-    let listed =
-        store
-            .block_on(|pool| {
-                let job_type = held.job_type.clone();
-                async move {
-                    with_conn(&pool, async |c| claim::held(c, Some(&job_type), 10).await).await
-                }
-            })
-            .unwrap();
+    let listed = store
+        .with_conn(async |c| claim::held(c, Some(&held.job_type), 10).await)
+        .unwrap();
     assert_eq!(listed, vec![(held.job_type.clone(), "1".to_string())]);
 
     let resolve = |req: &ClaimRequest, how| {
         let req = req.clone();
         store
-            .block_on(|pool| async move {
-                with_conn(&pool, async |c| {
-                    claim::resolve(c, &req.job_type, &req.operation_key, how).await
-                })
-                .await
-            })
+            .with_conn(async |c| claim::resolve(c, &req.job_type, &req.operation_key, how).await)
             .unwrap()
     };
     assert!(resolve(&held, Resolution::Rerun));
@@ -472,9 +458,9 @@ fn expiring_a_claim_makes_the_next_delivery_a_takeover(store: Store) {
 fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told(store: Store) {
     let req = request(&unique("heartbeat"), "1", 0.6);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
-    let handle = store.handle().unwrap();
+    let pool = store.pool().unwrap();
     let beat = Heartbeat::start(
-        &handle,
+        &pool,
         req.job_type.clone(),
         req.operation_key.clone(),
         token,
@@ -499,11 +485,11 @@ fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told(store: Store) {
 }
 
 fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim(store: Store) {
-    let handle = store.handle().unwrap();
+    let pool = store.pool().unwrap();
     let req = request(&unique("max-run"), "1", 0.3);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     let beat = Heartbeat::start(
-        &handle,
+        &pool,
         req.job_type.clone(),
         req.operation_key.clone(),
         token,
@@ -520,7 +506,7 @@ fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim(store: Sto
     fenced(&store, &lost, Fenced::Expire, token).unwrap();
     token_of(claim(&store, &lost).unwrap()); // taken over
     let beat = Heartbeat::start(
-        &handle,
+        &pool,
         lost.job_type.clone(),
         lost.operation_key.clone(),
         token,
@@ -557,18 +543,15 @@ fn completion_and_release_repeat_safely_for_their_own_token(store: Store) {
 /// text, and how many times it ran (PostgreSQL's plans for it).
 fn prepared_on_connection(store: &Store) -> Vec<(String, i64)> {
     store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                let rows = c
-                    .query_typed(
-                        "SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements \
+        .with_conn(async |c| {
+            let rows = c
+                .query_typed(
+                    "SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements \
                          WHERE statement LIKE '%idempotent_job_records%' ORDER BY statement",
-                        &[],
-                    )
-                    .await?;
-                Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-            })
-            .await
+                    &[],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
         })
         .unwrap()
 }
@@ -627,12 +610,7 @@ fn a_statement_the_server_forgot_names_the_setting_and_is_prepared_again_next_ti
     // What PgBouncer in transaction mode does to a named statement: the server
     // connection that runs it is not the one that prepared it.
     store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                Ok(c.batch_execute("DEALLOCATE ALL").await?)
-            })
-            .await
-        })
+        .with_conn(async |c| Ok(c.batch_execute("DEALLOCATE ALL").await?))
         .unwrap();
     let err = claim(&store, &req).unwrap_err();
     assert_eq!(err.sqlstate(), Some("26000"), "{err}");

@@ -1,14 +1,16 @@
 //! Connection faults against a real PostgreSQL (DATABASE_URL): killed backends, a
 //! server that accepts and never answers, a pool held by claims waiting on a row
-//! lock, a table that drifted, arguments jsonb cannot hold.
+//! lock, a table that drifted, arguments jsonb cannot hold, a read-only server.
 
 use std::time::{Duration, Instant};
 
 use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
 use idempotent_job::core::config::Config;
 use idempotent_job::core::error::Error;
+use idempotent_job::core::migrate;
+use idempotent_job::core::retry::with_fresh_conn;
 use idempotent_job::core::schema;
-use idempotent_job::core::store::{bounded, with_fresh_conn, Attempts, Lane, Pool, Store};
+use idempotent_job::core::store::{Lane, Store};
 
 mod common;
 use common::{database_url, find_record, store_with};
@@ -28,77 +30,89 @@ fn unique(name: &str) -> String {
     format!("{name}-{}", uuid::Uuid::new_v4())
 }
 
-/// A claim repeated on fresh connections as the Ruby layer sends it (with
-/// [`Attempts`] rather than `with_fresh_conn`, so the future can be spawned).
-async fn claim_fresh(pool: &Pool, req: &ClaimRequest) -> Result<Outcome, Error> {
+/// A claim as the Ruby layer sends it: one token, again on a fresh connection when
+/// its connection dies under it.
+fn claim_fresh(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
     let token = uuid::Uuid::new_v4();
-    let mut attempts = Attempts::new(pool, Lane::Main);
-    let started = attempts.started;
-    let call = async {
-        loop {
-            let mut conn = attempts.conn().await?;
-            let result = claim::claim_as(&conn, req, token).await;
-            if !attempts.again(&mut conn, &result).await {
-                return result;
-            }
-        }
-    };
-    bounded(pool.deadline(), started, call)
-        .await
+    store
+        .run(|pool, interrupt| {
+            with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
+                claim::claim_as(c, req, token).await
+            })
+        })
         .map(|d| d.outcome)
 }
 
-/// A plain tokio-postgres client on the test database (not pooled).
-async fn admin() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
+/// A plain tokio-postgres session on the test database, outside the gem's pool.
+struct Admin {
+    runtime: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Admin {
+    fn new() -> Admin {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let client = runtime.block_on(async {
+            let (client, connection) =
+                tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            client
+        });
+        Admin { runtime, client }
+    }
+
+    fn exec(&self, sql: &str) {
+        self.runtime
+            .block_on(self.client.batch_execute(sql))
+            .unwrap();
+    }
+
+    fn count(&self, sql: &str, param: &str) -> i64 {
+        self.runtime
+            .block_on(self.client.query_one(sql, &[&param]))
+            .unwrap()
+            .get(0)
+    }
 }
 
 #[test]
 fn claims_right_after_the_backends_were_killed_all_succeed_on_fresh_connections() {
+    drop(store_with(true, 1)); // migrated
     let mut config = Config::new(database_url());
     config.application_name = unique("killed");
     config.pool_size = 10;
     let name = config.application_name.clone();
     let store = Store::new(config).unwrap();
     let job_type = unique("Killed");
-    let failures = store
-        .block_on(|pool| async move {
-            // Fill the pool: ten connections, all idle afterwards.
-            let warm = (0..10).map(|i| {
-                let (pool, req) = (pool.clone(), request(&job_type, &format!("warm-{i}")));
-                tokio::spawn(async move { claim_fresh(&pool, &req).await })
-            });
-            for task in warm.collect::<Vec<_>>() {
-                task.await.unwrap().unwrap();
-            }
-            let killed: i64 = admin()
-                .await
-                .query_one(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                     WHERE application_name = $1",
-                    &[&name],
-                )
-                .await?
-                .get(0);
-            assert!(killed >= 1, "no backend of {name} to kill");
-            // At once, before the pool could notice: 40 claims.
-            let claims = (0..40).map(|i| {
-                let (pool, req) = (pool.clone(), request(&job_type, &format!("after-{i}")));
-                tokio::spawn(async move { claim_fresh(&pool, &req).await })
-            });
-            let mut failures = Vec::new();
-            for task in claims.collect::<Vec<_>>() {
-                if let Err(e) = task.await.unwrap() {
-                    failures.push(e.to_string());
-                }
-            }
-            Ok(failures)
+    let at_once = |prefix: &str, n: usize| -> Vec<Result<Outcome, Error>> {
+        std::thread::scope(|scope| {
+            let calls: Vec<_> = (0..n)
+                .map(|i| {
+                    let req = request(&job_type, &format!("{prefix}-{i}"));
+                    let store = &store;
+                    scope.spawn(move || claim_fresh(store, &req))
+                })
+                .collect();
+            calls.into_iter().map(|c| c.join().unwrap()).collect()
         })
-        .unwrap();
+    };
+    // Fill the pool: ten connections, all idle afterwards.
+    for warm in at_once("warm", 10) {
+        warm.unwrap();
+    }
+    let killed = Admin::new().count(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = $1",
+        &name,
+    );
+    assert!(killed >= 1, "no backend of {name} to kill");
+    // At once, before anything could notice: 40 claims.
+    let failures: Vec<String> = at_once("after", 40)
+        .into_iter()
+        .filter_map(|r| r.err().map(|e| e.to_string()))
+        .collect();
     assert!(
         failures.is_empty(),
         "{} of 40 failed: {failures:?}",
@@ -121,10 +135,7 @@ fn a_server_that_never_answers_is_given_up_at_the_deadline() {
     config.connect_timeout = 30.0;
     let store = Store::new(config).unwrap();
     let started = Instant::now();
-    let req = request("Silent", "1");
-    let err = store
-        .block_on(|pool| async move { claim_fresh(&pool, &req).await })
-        .unwrap_err();
+    let err = claim_fresh(&store, &request("Silent", "1")).unwrap_err();
     let took = started.elapsed();
     assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
     assert!(err.retryable());
@@ -142,49 +153,44 @@ fn a_completion_gets_a_connection_while_claims_waiting_on_a_row_lock_hold_the_po
     config.checkout_timeout = 2.0;
     let store = Store::new(config).unwrap();
     let job_type = unique("Starved");
-    let (done, blocked) = store
-        .block_on(|pool| async move {
-            let ran = request(&job_type, "ran");
-            let Outcome::Claimed { token, .. } = claim_fresh(&pool, &ran).await? else {
-                panic!("not claimed")
-            };
-            let locked = request(&job_type, "locked");
-            claim_fresh(&pool, &locked).await?;
-            let holder = admin().await;
-            holder.batch_execute("BEGIN").await?;
-            holder
-                .execute(
-                    "SELECT 1 FROM idempotent_job_records WHERE job_type = $1 AND \
-                     operation_key = 'locked' FOR UPDATE",
-                    &[&job_type],
-                )
-                .await?;
-            // Two claims wait on the row and hold both pooled connections.
-            let waiting: Vec<_> = (0..2)
-                .map(|_| {
-                    let (pool, req) = (pool.clone(), locked.clone());
-                    tokio::spawn(async move {
-                        let started = Instant::now();
-                        let result = claim_fresh(&pool, &req).await;
-                        (result, started.elapsed())
-                    })
+    let ran = request(&job_type, "ran");
+    let Outcome::Claimed { token, .. } = claim_fresh(&store, &ran).unwrap() else {
+        panic!("not claimed")
+    };
+    let locked = request(&job_type, "locked");
+    claim_fresh(&store, &locked).unwrap();
+    let holder = Admin::new();
+    holder.exec("BEGIN");
+    holder.count(
+        "SELECT count(*) FROM (SELECT 1 FROM idempotent_job_records WHERE job_type = $1 \
+         AND operation_key = 'locked' FOR UPDATE) AS l",
+        &job_type,
+    );
+    let (done, blocked) = std::thread::scope(|scope| {
+        // Two claims wait on the row and hold both pooled connections.
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let (store, req) = (&store, locked.clone());
+                scope.spawn(move || {
+                    let started = Instant::now();
+                    (claim_fresh(store, &req), started.elapsed())
                 })
-                .collect();
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let started = Instant::now();
-            with_fresh_conn(&pool, Lane::Reserve, async |c| {
-                claim::fenced(c, Fenced::Complete, &ran.job_type, "ran", token, None).await
             })
-            .await?;
-            let done = started.elapsed();
-            let mut blocked = Vec::new();
-            for task in waiting {
-                blocked.push(task.await.unwrap());
-            }
-            holder.batch_execute("ROLLBACK").await?;
-            Ok((done, blocked))
-        })
-        .unwrap();
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        store
+            .run(|pool, interrupt| {
+                with_fresh_conn(pool, interrupt, Lane::Reserve, async |c| {
+                    claim::fenced(c, Fenced::Complete, &job_type, "ran", token, None).await
+                })
+            })
+            .unwrap();
+        let done = started.elapsed();
+        let blocked: Vec<_> = waiting.into_iter().map(|w| w.join().unwrap()).collect();
+        (done, blocked)
+    });
+    holder.exec("ROLLBACK");
     println!("completion beside a starved pool: {done:?}; claims on the locked row: {blocked:?}");
     assert!(
         done < Duration::from_secs(1),
@@ -199,80 +205,51 @@ fn a_completion_gets_a_connection_while_claims_waiting_on_a_row_lock_hold_the_po
 #[test]
 fn a_table_that_lacks_columns_is_refused_before_the_first_claim() {
     let schema_name = format!("drift_{}", uuid::Uuid::new_v4().simple());
-    let mut config = Config::new(database_url());
-    config.schema = Some(schema_name.clone());
-    let setup = schema_name.clone();
-    Store::new(Config::new(database_url()))
-        .unwrap()
-        .block_on(|_| async move {
-            admin()
-                .await
-                .batch_execute(&format!("CREATE SCHEMA {setup}"))
-                .await?;
-            Ok(())
-        })
-        .unwrap();
-    let store = Store::new(config).unwrap();
-    let migrate = |store: &Store| {
-        store.block_on(|pool| async move {
-            idempotent_job::core::migrate::migrate(
-                &mut idempotent_job::core::store::Conn::checkout(&pool).await?,
-            )
-            .await
-        })
+    let admin = Admin::new();
+    admin.exec(&format!("CREATE SCHEMA {schema_name}"));
+    let in_schema = || {
+        let mut config = Config::new(database_url());
+        config.schema = Some(schema_name.clone());
+        Store::new(config).unwrap()
     };
-    migrate(&store).unwrap();
-    let live: Vec<String> = store
-        .block_on(|pool| async move {
-            let conn = idempotent_job::core::store::Conn::checkout(&pool).await?;
-            Ok(conn
-                .query(schema::COLUMNS_SQL, &[])
+    let store = in_schema();
+    store.run(migrate::migrate).unwrap();
+    let mut live: Vec<String> = store
+        .with_conn(async |c| {
+            Ok(c.query(schema::COLUMNS_SQL, &[])
                 .await?
                 .iter()
                 .map(|r| r.get(0))
                 .collect())
         })
         .unwrap();
-    let mut expected: Vec<&str> = schema::COLUMNS.to_vec();
-    let mut live_sorted: Vec<&str> = live.iter().map(String::as_str).collect();
+    let mut expected: Vec<String> = schema::COLUMNS.iter().map(|c| c.to_string()).collect();
+    live.sort_unstable();
     expected.sort_unstable();
-    live_sorted.sort_unstable();
     assert_eq!(
-        live_sorted, expected,
+        live, expected,
         "schema::COLUMNS must list the migrated table"
     );
 
-    let drop_sql =
-        format!("ALTER TABLE {schema_name}.idempotent_job_records DROP COLUMN completed_at");
-    store
-        .block_on(|_| async move { Ok(admin().await.batch_execute(&drop_sql).await?) })
-        .unwrap();
-    let fresh = {
-        let mut config = Config::new(database_url());
-        config.schema = Some(schema_name.clone());
-        Store::new(config).unwrap()
-    };
-    let req = request("Drifted", "1");
-    let err = fresh
-        .block_on(|pool| async move { claim_fresh(&pool, &req).await })
-        .unwrap_err();
+    admin.exec(&format!(
+        "ALTER TABLE {schema_name}.idempotent_job_records DROP COLUMN completed_at"
+    ));
+    let fresh = in_schema(); // a new process: its first claim checks the table
+    let err = claim_fresh(&fresh, &request("Drifted", "1")).unwrap_err();
     assert_eq!(err.sqlstate(), Some("42703"), "{err}");
     assert!(
         err.to_string().contains("missing column completed_at"),
         "{err}"
     );
-    let count = format!("SELECT count(*) FROM {schema_name}.idempotent_job_records");
-    let rows: i64 = store
-        .block_on(|_| async move { Ok(admin().await.query_one(&count, &[]).await?.get(0)) })
-        .unwrap();
+    let rows = admin.count(
+        &format!("SELECT count(*) FROM {schema_name}.idempotent_job_records WHERE $1 = $1"),
+        "",
+    );
     assert_eq!(rows, 0, "nothing was claimed");
-    let err = migrate(&fresh).unwrap_err();
+    let err = fresh.run(migrate::migrate).unwrap_err();
     assert!(matches!(err, Error::Migration(_)), "{err:?}");
     assert!(err.to_string().contains("drifted"), "{err}");
-    let cleanup = format!("DROP SCHEMA {schema_name} CASCADE");
-    fresh
-        .block_on(|_| async move { Ok(admin().await.batch_execute(&cleanup).await?) })
-        .unwrap();
+    admin.exec(&format!("DROP SCHEMA {schema_name} CASCADE"));
 }
 
 #[test]
@@ -281,10 +258,7 @@ fn arguments_with_a_nul_are_stored_and_read_back_unchanged() {
     let mut req = request(&unique("Nul"), "1");
     let args = r#"["a\u0000b",{"k":"\u0000"},"\\u0000 is not a NUL"]"#;
     req.args_json = Some(args.into());
-    let claimed = store.block_on(|pool| {
-        let req = req.clone();
-        async move { claim_fresh(&pool, &req).await }
-    });
+    let claimed = claim_fresh(&store, &req);
     assert!(
         matches!(claimed, Ok(Outcome::Claimed { .. })),
         "{claimed:?}"
@@ -297,13 +271,7 @@ fn arguments_with_a_nul_are_stored_and_read_back_unchanged() {
     );
     req.args_json = Some("[1]".into());
     req.operation_key = "2".into();
-    assert!(find_record(&store, &req).is_none(), "no record yet");
-    store
-        .block_on(|pool| {
-            let req = req.clone();
-            async move { claim_fresh(&pool, &req).await }
-        })
-        .unwrap();
+    claim_fresh(&store, &req).unwrap();
     assert_eq!(
         find_record(&store, &req).unwrap().args.as_deref(),
         Some("[1]")
@@ -318,10 +286,7 @@ fn read_only_and_other_transient_states_are_retryable() {
     ));
     config.deadline = 1.0;
     let store = Store::new(config).unwrap();
-    let req = request("ReadOnly", "1");
-    let err = store
-        .block_on(|pool| async move { claim_fresh(&pool, &req).await })
-        .unwrap_err();
+    let err = claim_fresh(&store, &request("ReadOnly", "1")).unwrap_err();
     assert_eq!(err.sqlstate(), Some("25006"), "{err}");
     assert!(err.retryable(), "{err:?}");
     assert!(err.to_string().contains("read-only"), "{err}");

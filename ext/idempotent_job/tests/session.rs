@@ -32,40 +32,38 @@ fn commit_together_or_not_at_all(store: Store) {
     let rolled_back = request("rollback");
     let (a, b) = (committed.clone(), rolled_back.clone());
     store
-        .block_on(|pool| async move {
+        .run(|pool, i| {
             for (req, commit) in [(&a, true), (&b, false)] {
-                let session = Session::begin(&pool).await?;
-                let token = match session.claim(req, 5.0).await?.outcome {
+                let mut session = Session::begin(pool, i)?;
+                let token = match session.claim(i, req, 5.0)?.outcome {
                     Outcome::Claimed { token, .. } => token,
                     other => panic!("{other:?}"),
                 };
-                let rows = session
-                    .query(
-                        "SELECT $1::int4 + 1 AS n, $2::text AS t, $3::jsonb AS j, $4::date AS d",
-                        &[
-                            Param::Int(41),
-                            Param::Text("x".into()),
-                            Param::Json(r#"{"a":1}"#.into()),
-                            Param::Text("2026-11-29".into()),
-                        ],
-                    )
-                    .await?;
+                let rows = session.query(
+                    i,
+                    "SELECT $1::int4 + 1 AS n, $2::text AS t, $3::jsonb AS j, $4::date AS d",
+                    &[
+                        Param::Int(41),
+                        Param::Text("x".into()),
+                        Param::Json(r#"{"a":1}"#.into()),
+                        Param::Text("2026-11-29".into()),
+                    ],
+                )?;
                 assert_eq!(rows[0][0], ("n".to_string(), Cell::Int(42)));
                 assert_eq!(rows[0][2].1, Cell::Json(r#"{"a": 1}"#.into()));
                 assert_eq!(rows[0][3].1, Cell::Date(2026, 11, 29));
-                session
-                    .fenced(
-                        Fenced::Complete,
-                        &req.job_type,
-                        &req.operation_key,
-                        token,
-                        None,
-                    )
-                    .await?;
+                session.fenced(
+                    i,
+                    Fenced::Complete,
+                    &req.job_type,
+                    &req.operation_key,
+                    token,
+                    None,
+                )?;
                 if commit {
-                    session.commit().await?;
+                    session.commit(i)?;
                 } else {
-                    session.rollback().await?;
+                    session.rollback(i)?;
                 }
             }
             Ok::<_, Error>(())
@@ -79,11 +77,9 @@ fn commit_together_or_not_at_all(store: Store) {
 fn a_bad_bind_names_the_type_and_suggests_a_cast() {
     let store = store();
     let err = store
-        .block_on(|pool| async move {
-            let session = Session::begin(&pool).await?;
-            session
-                .query("SELECT $1::int4", &[Param::Text("nope".into())])
-                .await
+        .run(|pool, i| {
+            let mut session = Session::begin(pool, i)?;
+            session.query(i, "SELECT $1::int4", &[Param::Text("nope".into())])
         })
         .unwrap_err();
     assert!(
@@ -100,29 +96,28 @@ fn a_concurrent_claim_waits_for_the_open_transaction_and_is_bounded() {
 
 fn waits_for_the_open_transaction(store: Store) {
     let req = request("wait");
-    let handle = store.handle().unwrap();
     let (first, second) = (req.clone(), req.clone());
-    let outcome = handle.runtime.block_on(async move {
-        let holder = Session::begin(&handle.pool).await?;
+    let outcome = store.run(|pool, i| {
+        let mut holder = Session::begin(pool, i)?;
         assert!(matches!(
-            holder.claim(&first, 5.0).await?.outcome,
+            holder.claim(i, &first, 5.0)?.outcome,
             Outcome::Claimed { .. }
         ));
         // While the holder's transaction is open, a second claim waits, then times out.
-        let waiter = Session::begin(&handle.pool).await?;
+        let mut waiter = Session::begin(pool, i)?;
         let started = Instant::now();
-        let timed_out = waiter.claim(&second, 0.2).await;
+        let timed_out = waiter.claim(i, &second, 0.2);
         assert!(started.elapsed() < Duration::from_secs(2));
         assert!(
             matches!(timed_out, Err(Error::LockTimeout { ref message }) if message.contains("0.2 s")),
             "{timed_out:?}"
         );
-        waiter.rollback().await?;
+        waiter.rollback(i)?;
         // The holder rolls back: the next claim finds no record and claims.
-        holder.rollback().await?;
-        let next = Session::begin(&handle.pool).await?;
-        let outcome = next.claim(&second, 5.0).await?.outcome;
-        next.rollback().await?;
+        holder.rollback(i)?;
+        let mut next = Session::begin(pool, i)?;
+        let outcome = next.claim(i, &second, 5.0)?.outcome;
+        next.rollback(i)?;
         Ok::<_, Error>(outcome)
     });
     assert!(matches!(outcome.unwrap(), Outcome::Claimed { .. }));
@@ -133,12 +128,12 @@ fn a_transactional_claim_shares_the_connections_prepared_claim() {
     let store = store_with(true, 1);
     let (first, second) = (request("shared"), request("shared"));
     let executions = store
-        .block_on(|pool| async move {
-            let session = Session::begin(&pool).await?;
-            session.claim(&first, 5.0).await?;
-            session.rollback().await?;
-            with_conn(&pool, async |c| claim::claim(c, &second).await).await?;
-            with_conn(&pool, async |c| {
+        .run(|pool, i| {
+            let mut session = Session::begin(pool, i)?;
+            session.claim(i, &first, 5.0)?;
+            session.rollback(i)?;
+            with_conn(pool, i, async |c| claim::claim(c, &second).await)?;
+            with_conn(pool, i, async |c| {
                 let rows = c
                     .query_typed(
                         "SELECT generic_plans + custom_plans FROM pg_prepared_statements \
@@ -148,7 +143,6 @@ fn a_transactional_claim_shares_the_connections_prepared_claim() {
                     .await?;
                 Ok(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
             })
-            .await
         })
         .unwrap();
     // One named claim statement on the pool's one connection, run by both.

@@ -40,6 +40,10 @@ pub enum Error {
     LockTimeout { message: String },
     /// Applying the migrations failed. `IdempotentJob::MigrationError`.
     Migration(String),
+    /// The caller's thread was interrupted and its owner gave the call up (a Ruby
+    /// exception is pending: `Thread#raise`, `Timeout`, `Thread#kill`). The Ruby
+    /// layer raises that exception instead; this never reaches Ruby code.
+    Interrupted,
     /// A Rust panic caught at the boundary; never unwinds into Ruby.
     /// `IdempotentJob::Error`.
     Panic(String),
@@ -89,6 +93,7 @@ impl fmt::Display for Error {
             Error::LostClaim { message, .. }
             | Error::LockTimeout { message }
             | Error::Timeout { message, .. } => f.write_str(message),
+            Error::Interrupted => f.write_str("the call was interrupted"),
             Error::Panic(m) => write!(f, "panic in idempotent_job native code: {m}"),
         }
     }
@@ -200,29 +205,6 @@ fn timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
         source = s.source();
     }
     false
-}
-
-impl From<deadpool_postgres::PoolError> for Error {
-    fn from(err: deadpool_postgres::PoolError) -> Self {
-        use deadpool_postgres::PoolError;
-        match err {
-            PoolError::Backend(e) => e.into(),
-            PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => Error::Timeout {
-                message: "timed out waiting for a free pooled PostgreSQL connection \
-                          (checkout_timeout); raise pool_size or checkout_timeout"
-                    .into(),
-                sqlstate: None,
-            },
-            PoolError::Timeout(kind) => Error::Timeout {
-                message: format!(
-                    "timed out connecting to PostgreSQL ({kind:?}, connect_timeout): the server \
-                     did not complete the connection start; check that it is reachable and healthy"
-                ),
-                sqlstate: None,
-            },
-            other => Error::connection(chain(&other)),
-        }
-    }
 }
 
 impl From<refinery::Error> for Error {

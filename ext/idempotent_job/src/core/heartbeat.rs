@@ -5,8 +5,8 @@
 //! A renewal is bounded by [`renewal_timeout`]: on a dead network it fails within
 //! one interval instead of hanging, renewals never pile up (the next waits for the
 //! last), and the report says the claim is in doubt as soon as a renewal failed or
-//! none was confirmed for two intervals, so the running job can learn that another
-//! delivery may take the operation over when the lease runs out.
+//! none was confirmed for two thirds of the lease, so the running job can learn that
+//! another delivery may take the operation over when the lease runs out.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +17,8 @@ use uuid::Uuid;
 
 use super::claim::{fenced, Fenced};
 use super::error::Error;
-use super::store::{bounded, Attempts, Handle, Lane};
+use super::retry::with_fresh_conn_within;
+use super::store::{Interrupt, Lane, Pool};
 
 /// What a heartbeat saw, read while it runs and when it is stopped.
 #[derive(Debug)]
@@ -87,10 +88,12 @@ fn clamp_seconds(seconds: f64) -> f64 {
 }
 
 impl Heartbeat {
-    /// Starts renewing the claim `token` on `handle`'s runtime every
-    /// [`interval_for`]`(lease_seconds)`, for at most `max_run_seconds` in total.
+    /// Starts renewing the claim `token` every [`interval_for`]`(lease_seconds)`, for
+    /// at most `max_run_seconds` in total. The timer runs on `pool`'s background
+    /// runtime; each renewal runs on one of its blocking threads, which drives the
+    /// renewal's connection itself, so no caller's statement waits behind it.
     pub fn start(
-        handle: &Handle,
+        pool: &Pool,
         job_type: String,
         operation_key: String,
         token: Uuid,
@@ -108,10 +111,10 @@ impl Heartbeat {
             confirmed_at: Mutex::new(Instant::now()),
             lease: Duration::from_secs_f64(clamp_seconds(lease_seconds)),
         });
-        let (task_stop, task_state, pool) = (stop.clone(), state.clone(), handle.pool.clone());
+        let (task_stop, task_state, task_pool) = (stop.clone(), state.clone(), pool.clone());
         let interval = interval_for(lease_seconds);
         let deadline = Instant::now() + Duration::from_secs_f64(clamp_seconds(max_run_seconds));
-        handle.runtime.spawn(async move {
+        pool.background().spawn(async move {
             loop {
                 tokio::select! {
                     biased;
@@ -122,24 +125,23 @@ impl Heartbeat {
                     task_state.max_run_reached.store(true, Ordering::SeqCst);
                     break;
                 }
+                let (pool, job_type, key) =
+                    (task_pool.clone(), job_type.clone(), operation_key.clone());
                 let sent = Instant::now();
-                // Repeated on a fresh connection if its own turns out dead, within
-                // one renewal timeout (no closure: this future is spawned).
-                let mut attempts = Attempts::new(&pool, Lane::Reserve);
-                let started = attempts.started;
-                let renewal = async {
-                    loop {
-                        let mut conn = attempts.conn().await?;
-                        let result =
-                            fenced(&conn, Fenced::Renew, &job_type, &operation_key, token, None)
-                                .await;
-                        if !attempts.again(&mut conn, &result).await {
-                            return result;
-                        }
-                    }
-                };
-                let renewed =
-                    bounded(renewal_timeout(interval, pool.deadline()), started, renewal).await;
+                let budget = renewal_timeout(interval, pool.deadline());
+                // Repeated on a fresh connection if its own turns out dead, from the
+                // pool or the reserve, within one renewal timeout.
+                let renewed = tokio::task::spawn_blocking(move || {
+                    with_fresh_conn_within(
+                        &pool,
+                        &Interrupt::none(),
+                        Lane::Reserve,
+                        budget,
+                        async |c| fenced(c, Fenced::Renew, &job_type, &key, token, None).await,
+                    )
+                })
+                .await
+                .unwrap_or_else(|e| Err(Error::Panic(format!("heartbeat renewal: {e}"))));
                 match renewed {
                     Ok(()) => {
                         task_state.renewals.fetch_add(1, Ordering::SeqCst);
@@ -168,7 +170,7 @@ impl Heartbeat {
         Heartbeat {
             stop,
             state,
-            pid: handle.pool.pid(),
+            pid: pool.pid(),
         }
     }
 

@@ -6,7 +6,7 @@
 use tokio_postgres::types::Type;
 
 use super::error::Result;
-use super::store::Conn;
+use super::store::{Conn, Interrupt, Pool};
 
 refinery::embed_migrations!("../../migrations");
 
@@ -22,7 +22,16 @@ const LOCK_KEY: i64 = 0x0069_6465_6d6a_6f62;
 /// Errors: [`crate::core::error::Error::Migration`] when a migration fails (its
 /// transaction is rolled back) or when every migration is recorded but the table lacks
 /// columns (it drifted: see [`super::schema::check_after_migrate`]), connection errors.
-pub async fn migrate(conn: &mut Conn) -> Result<Vec<String>> {
+pub fn migrate(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Vec<String>> {
+    // Not bounded by the deadline: a migration of a large table may take long, and
+    // the advisory lock waits for a concurrent migration.
+    let mut pooled = pool.checkout(interrupt)?;
+    let applied = pooled.run(interrupt, async |conn| run(conn).await);
+    pooled.finish();
+    applied
+}
+
+async fn run(conn: &mut Conn) -> Result<Vec<String>> {
     conn.execute_typed("SELECT pg_advisory_lock($1)", &[(&LOCK_KEY, Type::INT8)])
         .await?;
     let report = migrations::runner()
@@ -32,7 +41,6 @@ pub async fn migrate(conn: &mut Conn) -> Result<Vec<String>> {
     let unlock = conn
         .execute_typed("SELECT pg_advisory_unlock($1)", &[(&LOCK_KEY, Type::INT8)])
         .await;
-    conn.finish();
     let report = report?;
     unlock?;
     super::schema::check_after_migrate(conn).await?;

@@ -23,13 +23,14 @@ use tokio_postgres::types::{ToSql, Type};
 use super::claim::{self, ClaimRequest, Decision, Fenced};
 use super::config::MAX_PG_TIMEOUT_SECONDS;
 use super::error::{Error, Result};
-use super::store::{bounded, checkout_bounded, Conn, Pool};
+use super::retry::checkout_live;
+use super::store::{Interrupt, Lane, Pool, Pooled};
 use super::values::{self, Param, Rows};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One open transaction on a pooled connection.
 pub struct Session {
-    conn: Conn,
+    conn: Pooled,
 }
 
 fn params(values: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
@@ -50,19 +51,18 @@ impl Session {
     /// Checks a connection out of `pool` and begins a READ COMMITTED transaction.
     ///
     /// The gem's own statements of a session (BEGIN, the claim, the completion,
-    /// COMMIT, ROLLBACK) are each bounded by the deadline ([`Conn::deadline`]; the claim
-    /// by the deadline plus its lock timeout) and never repeated: a transaction cannot
-    /// move to a fresh connection. The job's own statements ([`Session::query`],
-    /// [`Session::execute`]) are bounded by `statement_timeout` and, on a dead network,
-    /// by the connection's `TCP_USER_TIMEOUT`.
-    pub async fn begin(pool: &Pool) -> Result<Session> {
-        let conn = checkout_bounded(pool).await?;
-        let begin = async {
-            Ok(conn
-                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+    /// COMMIT, ROLLBACK) are each bounded by the deadline (the claim by the deadline
+    /// plus its lock timeout) and never repeated: a transaction cannot move to a fresh
+    /// connection. The job's own statements ([`Session::query`], [`Session::execute`])
+    /// are bounded by `statement_timeout` and, on a dead network, by the connection's
+    /// `TCP_USER_TIMEOUT`, not by the deadline.
+    pub fn begin(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Session> {
+        let until = Instant::now() + pool.deadline();
+        let mut conn = checkout_live(pool, interrupt, Lane::Main, until)?;
+        conn.run_until(interrupt, Some(until), async |c| {
+            Ok(c.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
                 .await?)
-        };
-        bounded(conn.deadline(), Instant::now(), begin).await?;
+        })?;
         Ok(Session { conn })
     }
 
@@ -70,22 +70,9 @@ impl Session {
     /// another transaction that holds the operation's row.
     ///
     /// Errors: [`Error::LockTimeout`] when the wait runs out; see [`claim::claim`].
-    pub async fn claim(&self, req: &ClaimRequest, lock_timeout_seconds: f64) -> Result<Decision> {
-        // The wait for the row is the lock timeout's to bound; the deadline adds to it.
-        let bound = self.conn.deadline()
-            + std::time::Duration::from_secs_f64(
-                lock_timeout_seconds.clamp(0.0, MAX_PG_TIMEOUT_SECONDS),
-            );
-        bounded(
-            bound,
-            Instant::now(),
-            self.claim_unbounded(req, lock_timeout_seconds),
-        )
-        .await
-    }
-
-    async fn claim_unbounded(
-        &self,
+    pub fn claim(
+        &mut self,
+        interrupt: &Interrupt<'_>,
         req: &ClaimRequest,
         lock_timeout_seconds: f64,
     ) -> Result<Decision> {
@@ -98,74 +85,97 @@ impl Session {
             )));
         }
         let millis = format!("{}ms", (lock_timeout_seconds * 1000.0).ceil() as u64);
-        self.conn
-            .execute_typed(
+        let until = self.until() + Duration::from_secs_f64(lock_timeout_seconds);
+        self.conn.run_until(interrupt, Some(until), async |c| {
+            c.execute_typed(
                 "SELECT set_config('lock_timeout', $1, true)",
                 &[(&millis, Type::TEXT)],
             )
             .await?;
-        let decision = claim::claim(&self.conn, req).await.map_err(|e| match e {
-            Error::LockTimeout { message } => Error::LockTimeout {
-                message: format!(
-                    "{} operation {:?}: another delivery kept it locked for more than {} s \
-                     (its transaction is still open): {message}",
-                    req.job_type, req.operation_key, lock_timeout_seconds
-                ),
-            },
-            other => other,
-        })?;
-        self.conn
-            .batch_execute("SET LOCAL lock_timeout TO DEFAULT")
-            .await?;
-        Ok(decision)
+            let decision = claim::claim(c, req).await.map_err(|e| match e {
+                Error::LockTimeout { message } => Error::LockTimeout {
+                    message: format!(
+                        "{} operation {:?}: another delivery kept it locked for more than {} s \
+                         (its transaction is still open): {message}",
+                        req.job_type, req.operation_key, lock_timeout_seconds
+                    ),
+                },
+                other => other,
+            })?;
+            c.batch_execute("SET LOCAL lock_timeout TO DEFAULT").await?;
+            Ok(decision)
+        })
     }
 
     /// Applies a fenced change (the completion) inside the transaction.
-    pub async fn fenced(
-        &self,
+    pub fn fenced(
+        &mut self,
+        interrupt: &Interrupt<'_>,
         change: Fenced,
         job_type: &str,
         operation_key: &str,
         token: uuid::Uuid,
         text: Option<&str>,
     ) -> Result<()> {
-        let change = claim::fenced(&self.conn, change, job_type, operation_key, token, text);
-        bounded(self.conn.deadline(), Instant::now(), change).await
+        let until = self.until();
+        self.conn.run_until(interrupt, Some(until), async |c| {
+            claim::fenced(c, change, job_type, operation_key, token, text).await
+        })
     }
 
     /// Runs one of the job's statements and returns its rows. Placeholders are `$1`,
     /// `$2`…; each parameter is converted to the type PostgreSQL infers for it.
-    pub async fn query(&self, sql: &str, values: &[Param]) -> Result<Rows> {
-        let statement = self.conn.prepare(sql).await?;
-        let result = self
-            .conn
-            .query(&statement, &params(values))
-            .await
-            .map_err(|e| bind_error(sql, e))?;
-        Ok(values::rows(result)?)
+    pub fn query(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        sql: &str,
+        values: &[Param],
+    ) -> Result<Rows> {
+        self.conn.run(interrupt, async |c| {
+            let statement = c.prepare(sql).await?;
+            let result = c
+                .query(&statement, &params(values))
+                .await
+                .map_err(|e| bind_error(sql, e))?;
+            Ok(values::rows(result)?)
+        })
     }
 
     /// Runs one of the job's statements and returns the number of rows it affected.
-    pub async fn execute(&self, sql: &str, values: &[Param]) -> Result<u64> {
-        let statement = self.conn.prepare(sql).await?;
-        self.conn
-            .execute(&statement, &params(values))
-            .await
-            .map_err(|e| bind_error(sql, e))
+    pub fn execute(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        sql: &str,
+        values: &[Param],
+    ) -> Result<u64> {
+        self.conn.run(interrupt, async |c| {
+            let statement = c.prepare(sql).await?;
+            c.execute(&statement, &params(values))
+                .await
+                .map_err(|e| bind_error(sql, e))
+        })
+    }
+
+    /// The deadline of a gem statement sent now.
+    fn until(&self) -> Instant {
+        Instant::now() + self.conn.deadline()
     }
 
     /// Commits, and returns the connection to the pool.
-    pub async fn commit(mut self) -> Result<()> {
-        let end = async { Ok(self.conn.batch_execute("COMMIT").await?) };
-        bounded(self.conn.deadline(), Instant::now(), end).await?;
-        self.conn.finish();
-        Ok(())
+    pub fn commit(self, interrupt: &Interrupt<'_>) -> Result<()> {
+        self.end(interrupt, "COMMIT")
     }
 
     /// Rolls back, and returns the connection to the pool.
-    pub async fn rollback(mut self) -> Result<()> {
-        let end = async { Ok(self.conn.batch_execute("ROLLBACK").await?) };
-        bounded(self.conn.deadline(), Instant::now(), end).await?;
+    pub fn rollback(self, interrupt: &Interrupt<'_>) -> Result<()> {
+        self.end(interrupt, "ROLLBACK")
+    }
+
+    fn end(mut self, interrupt: &Interrupt<'_>, sql: &'static str) -> Result<()> {
+        let until = self.until();
+        self.conn.run_until(interrupt, Some(until), async |c| {
+            Ok(c.batch_execute(sql).await?)
+        })?;
         self.conn.finish();
         Ok(())
     }

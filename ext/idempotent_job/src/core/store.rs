@@ -1,462 +1,600 @@
-//! The per-process tokio runtime and deadpool-postgres pool.
+//! The per-process connection pool, and how a statement's I/O is driven.
 //!
-//! Both are created lazily on first use and remember the process id that created
-//! them. A forked child (Puma/Unicorn workers, sidekiqswarm, parallel tests) finds a
-//! different pid and builds its own; the parent's runtime and sockets are leaked in
-//! the child, never dropped or touched, because dropping them there would hang
-//! (the runtime's worker threads do not exist after a fork).
+//! **The calling thread drives its own statement.** Every pooled connection owns a
+//! small current-thread tokio runtime; its socket is registered with that runtime's
+//! reactor, and its `tokio_postgres::Connection` future is kept next to the client
+//! instead of being spawned. [`Pooled::run`] polls the connection together with the
+//! statement's future inside that runtime's `block_on`, on the thread that asked (a
+//! Ruby thread with the GVL released): the request is written, and the answer read,
+//! by the caller itself. No other thread is woken per statement (the synchronous
+//! `postgres` crate works the same way). One background runtime (one worker) remains
+//! for what must run without a caller: lease heartbeats, the timers of pool
+//! checkouts, cancel requests, and opening new connections.
+//!
+//! **Interrupts.** Every blocking call takes an [`Interrupt`]: another thread wakes
+//! it ([`Interrupt::notifier`]); the blocked call then asks its owner, on its own
+//! thread, whether to carry on (the same future is resumed: nothing is sent twice) or
+//! to give up ([`Error::Interrupted`]). A connection given up while it may still run
+//! a statement is discarded, never pooled, and its statement is cancelled
+//! server-side (see [`Pooled`]'s `Drop`).
+//!
+//! **Fork.** The pool remembers the process id that built it. A forked child finds a
+//! different pid ([`Store::pool`]) and builds its own; the parent's runtime, pool and
+//! sockets are leaked in the child, never dropped or touched, because dropping them
+//! there could wait forever (the runtime's threads do not exist after a fork, and a
+//! lock may have been held by one of them at fork time).
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Deref;
+use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, RecyclingMethod};
+use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use tokio::runtime::Runtime;
+use tokio::sync::Notify;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Row;
+use tokio_postgres::{Client, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::config::Config;
 use super::error::{Error, Result};
 
-/// The pool of connections, with the TLS connector its cancel requests need.
+/// How a blocked call learns that its thread is wanted elsewhere, and asks whether to
+/// give up.
+///
+/// Any thread may wake it through [`Interrupt::notifier`] (a Ruby unblocking
+/// function: `Thread#raise`, `Timeout`, `Thread#kill`, `Thread#wakeup`, a signal);
+/// the call then runs `on_wake` on its own thread. `on_wake` returns true to give up
+/// (the call returns [`Error::Interrupted`]), false to carry on with the same future.
+pub struct Interrupt<'a> {
+    notify: Notify,
+    on_wake: Option<&'a dyn Fn() -> bool>,
+}
+
+impl Interrupt<'static> {
+    /// An interrupt nothing ever wakes (Rust callers, tests, heartbeats).
+    pub fn none() -> Self {
+        Interrupt {
+            notify: Notify::new(),
+            on_wake: None,
+        }
+    }
+}
+
+impl<'a> Interrupt<'a> {
+    /// An interrupt that asks `on_wake` (on the blocked thread) whether to give up.
+    pub fn new(on_wake: &'a dyn Fn() -> bool) -> Self {
+        Interrupt {
+            notify: Notify::new(),
+            on_wake: Some(on_wake),
+        }
+    }
+
+    /// What another thread calls `notify_one` on to wake the blocked call. A wake-up
+    /// before the call blocks is kept (a permit), never lost.
+    pub fn notifier(&self) -> &Notify {
+        &self.notify
+    }
+
+    fn gives_up(&self) -> bool {
+        self.on_wake.is_some_and(|f| f())
+    }
+}
+
+/// A pooled connection's `tokio_postgres::Connection`: the future that does its I/O.
+type Driver = Pin<Box<dyn Future<Output = std::result::Result<(), tokio_postgres::Error>> + Send>>;
+
+/// What [`drive`] blocks on: a connection's own current-thread runtime (only
+/// `Runtime::block_on` drives its reactor, on the calling thread), or the background
+/// runtime's handle (its worker drives timers; used for checkouts).
+trait BlockOn {
+    fn block_on<F: Future>(&self, future: F) -> F::Output;
+}
+
+impl BlockOn for Runtime {
+    fn block_on<F: Future>(&self, future: F) -> F::Output {
+        Runtime::block_on(self, future)
+    }
+}
+
+impl BlockOn for tokio::runtime::Handle {
+    fn block_on<F: Future>(&self, future: F) -> F::Output {
+        tokio::runtime::Handle::block_on(self, future)
+    }
+}
+
+enum Step<T> {
+    Done(T),
+    Woken,
+    Closed(Option<tokio_postgres::Error>),
+    Expired,
+}
+
+/// The error of a call still unanswered at its deadline ([`Config::deadline`]).
+pub fn deadline_error(deadline: Duration) -> Error {
+    Error::Timeout {
+        message: format!(
+            "no answer from PostgreSQL within the deadline of {} s (deadline): the server or \
+             the network is not responding; the connection was discarded",
+            deadline.as_secs_f64()
+        ),
+        sqlstate: None,
+    }
+}
+
+/// Polls `future` to completion inside `runtime`'s `block_on` on the calling thread,
+/// together with `driver` (a connection's I/O) when given, and watches `interrupt`.
+///
+/// When `until` passes first, `future` is abandoned (see [`Step::Expired`]).
+///
+/// Errors: [`Error::Interrupted`] when the interrupt's owner gave up; a connection
+/// error when the driver ended (the connection closed) before `future` did;
+/// `Error::Timeout` past `until` (the caller names its deadline).
+fn drive<F: Future>(
+    runtime: &impl BlockOn,
+    interrupt: &Interrupt<'_>,
+    mut driver: Option<&mut Option<Driver>>,
+    until: Option<Instant>,
+    future: F,
+) -> Result<F::Output> {
+    let mut future = std::pin::pin!(future);
+    loop {
+        let step = runtime.block_on(async {
+            let mut notified = std::pin::pin!(interrupt.notify.notified());
+            let mut expiry = std::pin::pin!(until.map(|t| tokio::time::sleep_until(t.into())));
+            std::future::poll_fn(|cx| {
+                if notified.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Step::Woken);
+                }
+                if let Some(timer) = expiry.as_mut().as_pin_mut() {
+                    if timer.poll(cx).is_ready() {
+                        return Poll::Ready(Step::Expired);
+                    }
+                }
+                // The statement first: what it queued is written by the driver below
+                // in the same pass.
+                if let Poll::Ready(value) = future.as_mut().poll(cx) {
+                    return Poll::Ready(Step::Done(value));
+                }
+                if let Some(slot) = driver.as_deref_mut() {
+                    if let Some(d) = slot.as_mut() {
+                        if let Poll::Ready(ended) = d.as_mut().poll(cx) {
+                            *slot = None;
+                            // The statement now fails with "connection closed".
+                            if let Poll::Ready(value) = future.as_mut().poll(cx) {
+                                return Poll::Ready(Step::Done(value));
+                            }
+                            return Poll::Ready(Step::Closed(ended.err()));
+                        }
+                    }
+                }
+                Poll::Pending
+            })
+            .await
+        });
+        match step {
+            Step::Done(value) => return Ok(value),
+            Step::Woken => {
+                if interrupt.gives_up() {
+                    return Err(Error::Interrupted);
+                }
+            }
+            Step::Closed(Some(err)) => return Err(err.into()),
+            Step::Closed(None) => return Err(Error::connection("the connection closed")),
+            Step::Expired => {
+                return Err(Error::Timeout {
+                    message: String::new(),
+                    sqlstate: None,
+                })
+            }
+        }
+    }
+}
+
+/// Lets go of a current-thread runtime without ever blocking (it may be dropped
+/// inside another runtime's task, or in a Ruby GC).
+struct OwnRuntime(Option<Runtime>);
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// One open connection as the pool keeps it: its runtime, its I/O driver, and the
+/// [`Conn`] statements are sent through.
+pub struct PgConn {
+    runtime: OwnRuntime,
+    /// `None` once the connection ended (closed by the server, a broken socket).
+    driver: Option<Driver>,
+    conn: Conn,
+}
+
+impl PgConn {
+    /// Opens a connection on a fresh current-thread runtime, on the calling thread,
+    /// within `timeout` (TCP connect, TLS, startup and authentication).
+    fn connect(
+        config: &tokio_postgres::Config,
+        tls: MakeRustlsConnect,
+        timeout: Duration,
+        prepared_statements: bool,
+        schema_checked: Arc<AtomicBool>,
+    ) -> Result<PgConn> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::connection(format!("cannot start a connection runtime: {e}")))?;
+        let connected =
+            runtime.block_on(async { tokio::time::timeout(timeout, config.connect(tls)).await });
+        let (client, connection) = connected.map_err(|_| Error::Timeout {
+            message: "timed out connecting to PostgreSQL (connect_timeout): the server did not \
+                      complete the connection start; check that it is reachable and healthy"
+                .into(),
+            sqlstate: None,
+        })??;
+        Ok(PgConn {
+            runtime: OwnRuntime(Some(runtime)),
+            driver: Some(Box::pin(connection)),
+            conn: Conn {
+                client,
+                statements: RefCell::new(HashMap::new()),
+                prepared_statements,
+                schema_checked,
+            },
+        })
+    }
+
+    fn is_usable(&self) -> bool {
+        self.driver.is_some() && !self.conn.client.is_closed()
+    }
+}
+
+/// Creates and recycles [`PgConn`]s for deadpool's generic pool.
+pub struct Manager {
+    pg_config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
+    connect_timeout: Duration,
+    prepared_statements: bool,
+    /// Shared by every connection of the process ([`super::schema::ensure`]).
+    schema_checked: Arc<AtomicBool>,
+}
+
+impl managed::Manager for Manager {
+    type Type = PgConn;
+    type Error = Error;
+
+    /// Connects on a blocking thread of the background runtime (a connection's own
+    /// runtime cannot be entered from inside the checkout's).
+    async fn create(&self) -> Result<PgConn> {
+        let (config, tls) = (self.pg_config.clone(), self.tls.clone());
+        let (timeout, prepared) = (self.connect_timeout, self.prepared_statements);
+        let schema_checked = self.schema_checked.clone();
+        tokio::task::spawn_blocking(move || {
+            PgConn::connect(&config, tls, timeout, prepared, schema_checked)
+        })
+        .await
+        .map_err(|e| Error::connection(format!("the connecting thread failed: {e}")))?
+    }
+
+    /// A connection whose driver ended, or whose client is closed, is dropped.
+    async fn recycle(&self, conn: &mut PgConn, _: &Metrics) -> RecycleResult<Error> {
+        if conn.is_usable() {
+            Ok(())
+        } else {
+            Err(RecycleError::message("the connection closed"))
+        }
+    }
+}
+
+/// The pool of connections of one process, with the background runtime's handle.
+/// Cheap to clone.
 #[derive(Clone)]
 pub struct Pool {
-    inner: deadpool_postgres::Pool,
+    inner: managed::Pool<Manager>,
     tls: MakeRustlsConnect,
-    /// Send the gem's own statements as named prepared statements, cached per
-    /// connection ([`Config::prepared_statements`]).
-    prepared_statements: bool,
-    /// The process that built the pool: the only one it ever serves ([`Store::handle`]
+    background: tokio::runtime::Handle,
+    /// The process that built the pool: the only one it ever serves ([`Store::pool`]
     /// builds another in a forked child).
     pid: u32,
-    /// Whether the record table's shape was found complete ([`super::schema::ensure`]).
-    schema_checked: Arc<AtomicBool>,
-    /// A connection of its own for the changes that end or keep a claim (completions,
-    /// releases, renewals): they never wait behind claims that hold the whole pool
-    /// ([`Lane::Reserve`]).
-    reserve: deadpool_postgres::Pool,
-    /// [`Config::deadline`]: the bound on one call, retries included.
+    /// Connections kept for [`Lane::Reserve`] ([`RESERVE_SIZE`]).
+    reserve: managed::Pool<Manager>,
+    /// [`Config::deadline`]: the bound on one call of the gem.
     deadline: Duration,
 }
 
+/// Connections kept aside, per process, for [`Lane::Reserve`].
+pub const RESERVE_SIZE: usize = 1;
+
+/// Which connections a checkout may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// The pool (claims, reads, purges, operators' calls, transactions).
+    Main,
+    /// The pool or the reserve connection, whichever is free first: for the changes
+    /// that end or keep a claim whose body ran or runs (completions, releases,
+    /// renewals…), so claims waiting on a row lock elsewhere can never hold every
+    /// connection while a finished body waits to record its completion.
+    Reserve,
+}
+
 impl Pool {
+    /// The bound on one call ([`Config::deadline`]).
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Checks a connection out of `lane` like [`Pool::checkout`], giving up at `until`
+    /// (the call's deadline) as well.
+    ///
+    /// Errors: as [`Pool::checkout`]; [`deadline_error`] past `until`.
+    pub fn checkout_in(
+        &self,
+        interrupt: &Interrupt<'_>,
+        lane: Lane,
+        until: Instant,
+    ) -> Result<Pooled> {
+        let got = match lane {
+            Lane::Main => drive(
+                &self.background,
+                interrupt,
+                None,
+                Some(until),
+                self.inner.get(),
+            ),
+            Lane::Reserve => drive(&self.background, interrupt, None, Some(until), async {
+                tokio::select! {
+                    biased;
+                    object = self.inner.get() => object,
+                    object = self.reserve.get() => object,
+                }
+            }),
+        };
+        let object = got.map_err(|e| self.expired(e))?.map_err(pool_error)?;
+        Ok(Pooled {
+            object: Some(object),
+            pool: self.clone(),
+            finished: false,
+            spoiled: false,
+        })
+    }
+
+    /// Waits `pause` on the calling thread, watching `interrupt` (a retry's back-off).
+    ///
+    /// Errors: [`Error::Interrupted`].
+    pub fn pause(&self, interrupt: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        drive(
+            &self.background,
+            interrupt,
+            None,
+            None,
+            // Made inside the runtime (its timer), not here.
+            async move { tokio::time::sleep(pause).await },
+        )
+    }
+
+    /// Names the deadline in a [`drive`] time-out.
+    fn expired(&self, err: Error) -> Error {
+        match err {
+            Error::Timeout { message, .. } if message.is_empty() => deadline_error(self.deadline),
+            other => other,
+        }
+    }
+
     /// The process this pool (and anything checked out of it) belongs to.
     pub fn pid(&self) -> u32 {
         self.pid
     }
 
-    /// The bound on one call ([`Config::deadline`]).
-    pub fn deadline(&self) -> Duration {
-        self.deadline
+    /// The background runtime: heartbeats, cancel requests, checkout timers.
+    pub fn background(&self) -> &tokio::runtime::Handle {
+        &self.background
     }
-}
 
-/// What a process needs to talk to PostgreSQL: the runtime that drives the
-/// connections and the pool of them.
-#[derive(Clone)]
-pub struct Handle {
-    pub runtime: Arc<Runtime>,
-    pub pool: Pool,
-}
-
-struct Owned {
-    pid: u32,
-    handle: Handle,
-}
-
-/// A configured connection to one database. Cheap to create: nothing connects until
-/// the first [`Store::handle`].
-pub struct Store {
-    config: Config,
-    owned: Mutex<Option<Owned>>,
-}
-
-impl Store {
-    /// Validates `config` (without connecting) and returns an idle store.
+    /// Checks a connection out, blocking the calling thread: an idle one at once, else
+    /// a new one (within `connect_timeout`) while fewer than `pool_size` are open, else
+    /// waits at most `checkout_timeout` for one to come back.
     ///
-    /// Errors: [`Error::Config`] for an invalid configuration.
-    pub fn new(config: Config) -> Result<Self> {
-        config.validate()?;
-        Ok(Store {
-            config,
-            owned: Mutex::new(None),
+    /// Errors: [`Error::Timeout`] (checkout or connect timeout), [`Error::Connection`],
+    /// [`Error::Interrupted`].
+    pub fn checkout(&self, interrupt: &Interrupt<'_>) -> Result<Pooled> {
+        let object = drive(&self.background, interrupt, None, None, self.inner.get())?
+            .map_err(pool_error)?;
+        Ok(Pooled {
+            object: Some(object),
+            pool: self.clone(),
+            finished: false,
+            spoiled: false,
         })
     }
+}
 
-    /// The settings this store was built from.
-    pub fn config(&self) -> &Config {
-        &self.config
+fn pool_error(err: PoolError<Error>) -> Error {
+    match err {
+        PoolError::Backend(e) => e,
+        PoolError::Timeout(_) => Error::Timeout {
+            message: "timed out waiting for a free pooled PostgreSQL connection \
+                      (checkout_timeout); raise pool_size or checkout_timeout"
+                .into(),
+            sqlstate: None,
+        },
+        other => Error::connection(format!("connection pool: {other}")),
+    }
+}
+
+/// A connection checked out of the pool.
+///
+/// [`Pooled::run`] is the one way a statement reaches PostgreSQL. Call
+/// [`Pooled::finish`] once the work has its answer: on drop the connection goes back
+/// to the pool. A connection that was not finished, whose call was given up
+/// ([`Error::Interrupted`]), or that closed, is discarded instead: detached from the
+/// pool, its statement cancelled server-side, its socket closed, so the next caller
+/// never queues behind an orphaned query.
+pub struct Pooled {
+    object: Option<Object<Manager>>,
+    pool: Pool,
+    finished: bool,
+    /// Given up mid-statement, or closed: never back to the pool.
+    spoiled: bool,
+}
+
+impl Pooled {
+    /// Runs `op` with the connection, driving its I/O on the calling thread until `op`
+    /// is done (see the module doc), watching `interrupt`.
+    ///
+    /// Errors: `op`'s own; [`Error::Interrupted`]; a connection error when the
+    /// connection closed (the connection is then discarded).
+    pub fn run<T>(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
+    ) -> Result<T> {
+        self.run_until(interrupt, None, op)
     }
 
-    /// The runtime and pool of the current process, created on first call and
-    /// re-created (the old ones leaked) when the pid changed since.
+    /// [`Pooled::run`], given up at `until` (the call's deadline): the connection is
+    /// then discarded (its statement cancelled) and [`deadline_error`] returned.
     ///
-    /// Errors: [`Error::Config`] if the configuration cannot build a pool,
-    /// [`Error::Connection`] if the runtime cannot start.
-    pub fn handle(&self) -> Result<Handle> {
-        let pid = std::process::id();
-        let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(o) = owned.as_ref() {
-            if o.pid == pid {
-                return Ok(o.handle.clone());
-            }
+    /// Errors: as [`Pooled::run`]; [`deadline_error`].
+    pub fn run_until<T>(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        until: Option<Instant>,
+        op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
+    ) -> Result<T> {
+        let object = self.object.as_mut().expect("connection present until drop");
+        let PgConn {
+            runtime,
+            driver,
+            conn,
+        } = &mut **object;
+        let runtime = runtime.0.as_ref().expect("runtime present until drop");
+        let result = drive(runtime, interrupt, Some(driver), until, op(conn));
+        let expired = matches!(&result, Err(Error::Timeout { message, .. }) if message.is_empty());
+        if driver.is_none() || expired || matches!(result, Err(Error::Interrupted)) {
+            self.spoiled = true;
         }
-        if let Some(stale) = owned.take() {
-            // Inherited from the parent process: never drop it here.
-            std::mem::forget(stale);
-        }
-        let handle = self.build()?;
-        *owned = Some(Owned {
-            pid,
-            handle: handle.clone(),
+        result.map_err(|e| self.pool.expired(e))?
+    }
+
+    /// Whether the connection is still open, looked at without sending anything: one
+    /// turn of its reactor lets its driver read what arrived while it sat idle in the
+    /// pool (the server's goodbye after `pg_terminate_backend`, a restart, a reset). A
+    /// closed connection is marked to be discarded.
+    pub fn is_alive(&mut self) -> bool {
+        let object = self.object.as_mut().expect("connection present until drop");
+        let PgConn {
+            runtime, driver, ..
+        } = &mut **object;
+        let runtime = runtime.0.as_ref().expect("runtime present until drop");
+        runtime.block_on(async {
+            tokio::task::yield_now().await;
+            std::future::poll_fn(|cx| {
+                if let Some(d) = driver.as_mut() {
+                    if d.as_mut().poll(cx).is_ready() {
+                        *driver = None;
+                    }
+                }
+                Poll::Ready(())
+            })
+            .await
         });
-        Ok(handle)
+        let alive = driver.is_some() && !object.conn.client.is_closed();
+        if !alive {
+            self.spoiled = true;
+        }
+        alive
     }
 
-    fn build(&self) -> Result<Handle> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("idempotent_job")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::connection(format!("cannot start the tokio runtime: {e}")))?;
-        let tls = super::tls::connector(&self.config.tls()?)?;
-        let manager = Manager::from_config(
-            self.config.pg_config()?,
-            tls.clone(),
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let inner = self.pool_of(manager, self.config.pool_size)?;
-        let reserve = self.pool_of(
-            Manager::from_config(
-                self.config.pg_config()?,
-                tls.clone(),
-                ManagerConfig {
-                    recycling_method: RecyclingMethod::Fast,
-                },
-            ),
-            RESERVE_SIZE,
-        )?;
-        Ok(Handle {
-            runtime: Arc::new(runtime),
-            pool: Pool {
-                inner,
-                tls,
-                prepared_statements: self.config.prepared_statements,
-                pid: std::process::id(),
-                schema_checked: Arc::default(),
-                reserve,
-                deadline: self.config.deadline(),
-            },
-        })
+    /// The bound on one call of its pool ([`Config::deadline`]).
+    pub fn deadline(&self) -> Duration {
+        self.pool.deadline
     }
 
-    fn pool_of(&self, manager: Manager, size: usize) -> Result<deadpool_postgres::Pool> {
-        deadpool_postgres::Pool::builder(manager)
-            .max_size(size)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(self.config.checkout_timeout()))
-            // tokio-postgres's connect_timeout covers the TCP connect only: bound the
-            // whole connection start (TLS, startup, authentication) too.
-            .create_timeout(Some(self.config.connect_timeout()))
-            .recycle_timeout(Some(self.config.connect_timeout()))
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))
+    /// Discards the connection now (it is lost, or on the wrong server): never back
+    /// to the pool.
+    pub fn discard(mut self) {
+        self.spoiled = true;
     }
 
-    /// Runs `f` with this process's pool on its runtime, blocking the calling thread.
-    /// For Rust callers and tests; the Ruby layer releases the GVL around the same
-    /// futures instead (see `src/ruby/gvl.rs`).
-    pub fn block_on<T, F, Fut>(&self, f: F) -> Result<T>
-    where
-        F: FnOnce(Pool) -> Fut,
-        Fut: Future<Output = Result<T>>,
-    {
-        let handle = self.handle()?;
-        handle.runtime.block_on(f(handle.pool.clone()))
+    /// Marks the work as answered: on drop the connection returns to the pool
+    /// (unless it was given up or closed).
+    pub fn finish(&mut self) {
+        self.finished = true;
     }
 }
 
-impl Drop for Store {
+impl Drop for Pooled {
     fn drop(&mut self) {
-        let owned = self
-            .owned
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let Some(owned) = owned else { return };
-        if owned.pid != std::process::id() {
-            // Garbage-collected in a forked child: the parent's runtime must not be
-            // shut down from here (its threads do not exist; shutdown would hang).
-            std::mem::forget(owned);
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        if self.pool.pid != std::process::id() {
+            // Inherited through fork (a transaction handle garbage-collected in the
+            // child): returning it to the parent's pool, or spawning a cancel on the
+            // parent's runtime, could wait forever on a lock another thread held at
+            // fork time. The socket is shared with the parent: leak it.
+            std::mem::forget(object);
             return;
         }
-        let Handle { runtime, pool } = owned.handle;
-        pool.inner.close();
-        pool.reserve.close();
-        drop(pool);
-        // Never block the dropping thread (a Ruby GC) on the runtime's threads.
-        release_runtime(runtime);
-    }
-}
-
-/// Lets go of a reference to a runtime without ever blocking the calling thread (a
-/// Ruby GC): when it was the last one, the runtime shuts down in the background.
-pub fn release_runtime(runtime: Arc<Runtime>) {
-    if let Ok(runtime) = Arc::try_unwrap(runtime) {
-        runtime.shutdown_background();
-    }
-}
-
-/// Connections kept aside for [`Lane::Reserve`], per process.
-pub const RESERVE_SIZE: usize = 1;
-
-/// Which connections a call may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lane {
-    /// The pool (claims, reads, purges, operators' calls).
-    Main,
-    /// The pool or, whichever is free first, the reserve connection: for the changes
-    /// that end or keep a claim whose body has run or is running (completions,
-    /// releases, renewals…), so claims waiting on a row lock elsewhere can never hold
-    /// every connection while a finished body's completion waits for one.
-    Reserve,
-}
-
-/// Runs `op` on a connection checked out of `pool` for this one operation, then
-/// returns it to the pool, all within the pool's deadline ([`Config::deadline`]). If
-/// the returned future is dropped before `op` finished (an interrupt, the deadline),
-/// the connection is detached and its statement cancelled instead (see [`Conn`]).
-///
-/// `op` runs once: only a failure before its statement went out (no connection could
-/// be made, the checked-out one was already closed) is retried, on a fresh connection,
-/// until the deadline. For statements that are safe to send twice, see
-/// [`with_fresh_conn`].
-///
-/// Errors: [`Error::Connection`] when no connection can be had, [`Error::Timeout`]
-/// past the deadline; `op`'s own errors.
-pub async fn with_conn<T, F>(pool: &Pool, op: F) -> Result<T>
-where
-    F: AsyncFnOnce(&Conn) -> Result<T>,
-{
-    let started = Instant::now();
-    let attempt = async {
-        let mut conn = checkout_live(pool, Lane::Main, started).await?;
-        let result = op(&conn).await;
-        conn.finish_unless_lost(&result);
-        result
-    };
-    bounded(pool.deadline, started, attempt).await
-}
-
-/// Like [`with_conn`] for a statement that is safe to send again even if its first
-/// sending may have committed (the claim with the same fencing token, every fenced
-/// change, reads, purge batches): when the connection turns out dead under it (closed,
-/// an I/O error, the server shutting down or read-only after a failover), the
-/// connection is discarded, dead idle ones are dropped from the pool, and `op` runs
-/// again on a fresh connection, with a short back-off, until the deadline.
-///
-/// Errors: the last error once the deadline leaves no room for another attempt;
-/// [`Error::Timeout`] when the deadline passes during an attempt; `op`'s own errors.
-pub async fn with_fresh_conn<T, F>(pool: &Pool, lane: Lane, op: F) -> Result<T>
-where
-    F: AsyncFn(&Conn) -> Result<T>,
-{
-    let mut attempts = Attempts::new(pool, lane);
-    let deadline = attempts.started;
-    let call = async {
-        loop {
-            let mut conn = attempts.conn().await?;
-            let result = op(&conn).await;
-            if !attempts.again(&mut conn, &result).await {
-                return result;
-            }
+        if self.finished && !self.spoiled {
+            return; // `object` drops here and goes back to the pool
         }
-    };
-    bounded(pool.deadline, deadline, call).await
-}
-
-/// The attempts of one call that may be repeated on fresh connections (what
-/// [`with_fresh_conn`] does, for callers that cannot hand over a closure, such as a
-/// spawned task): `conn` for each attempt, then `again` with its result.
-pub struct Attempts<'p> {
-    pool: &'p Pool,
-    lane: Lane,
-    /// When the call began: the deadline counts from here.
-    pub started: Instant,
-    failures: u32,
-}
-
-impl<'p> Attempts<'p> {
-    /// The first attempt of a call on `lane` of `pool`, starting now.
-    pub fn new(pool: &'p Pool, lane: Lane) -> Self {
-        Attempts {
-            pool,
-            lane,
-            started: Instant::now(),
-            failures: 0,
+        let pg = Object::take(object);
+        if pg.driver.is_some() {
+            let cancel = pg.conn.client.cancel_token();
+            let tls = self.pool.tls.clone();
+            let deadline = self.pool.deadline;
+            self.pool.background.spawn(async move {
+                // On a dead network the cancel request gets no answer either.
+                let _ = tokio::time::timeout(deadline, cancel.cancel_query(tls)).await;
+            });
         }
-    }
-
-    /// A live connection for the next attempt (see [`checkout_live`]).
-    ///
-    /// Errors: [`Error::Connection`], [`Error::Timeout`].
-    pub async fn conn(&self) -> Result<Conn> {
-        checkout_live(self.pool, self.lane, self.started).await
-    }
-
-    /// After an attempt on `conn`: true when `result` says the connection was lost and
-    /// the deadline leaves room for another attempt (the connection is then discarded
-    /// and the back-off waited); false when `result` is the answer (the connection
-    /// goes back to the pool, or is discarded if lost).
-    pub async fn again<T>(&mut self, conn: &mut Conn, result: &Result<T>) -> bool {
-        if !conn.finish_unless_lost(result) {
-            return false;
-        }
-        self.failures += 1;
-        pause_before_retry(self.pool, self.started, self.failures).await
+        drop(pg); // closes the socket; its runtime shuts down without blocking
     }
 }
 
-/// Checks a live connection out of the pool for a longer use (a transaction), within
-/// the deadline; see [`with_conn`] for what is retried.
+/// Runs `op` on a connection checked out for this one operation, then returns it to
+/// the pool: every statement outside a transaction goes through here.
 ///
-/// Errors: [`Error::Connection`], [`Error::Timeout`].
-pub async fn checkout_bounded(pool: &Pool) -> Result<Conn> {
-    let started = Instant::now();
-    bounded(
-        pool.deadline,
-        started,
-        checkout_live(pool, Lane::Main, started),
-    )
-    .await
-}
-
-/// Checks a live connection out of `lane`: a connection already closed (its backend
-/// killed, the server restarted) is discarded before use, and a failure to connect is
-/// retried with back-off until the deadline.
-async fn checkout_live(pool: &Pool, lane: Lane, started: Instant) -> Result<Conn> {
-    let mut failures = 0u32;
-    loop {
-        let result = Conn::checkout_in(pool, lane).await;
-        match result {
-            Ok(conn) if !conn.is_closed() => return Ok(conn),
-            Ok(conn) => conn.discard(),
-            Err(e) if !is_lost(&e) => return Err(e),
-            Err(e) => {
-                if failures > 0 && !pause_before_retry(pool, started, failures).await {
-                    return Err(e);
-                }
-            }
-        }
-        failures += 1;
-    }
-}
-
-/// Errors after which a fresh connection may succeed where this one failed: the
-/// connection closed or broke, the server was shutting down or refused connections
-/// for now, or it is read-only (25006: it became a standby in a failover).
-fn is_lost(err: &Error) -> bool {
-    matches!(err, Error::Connection { .. }) || err.sqlstate() == Some("25006")
-}
-
-/// Waits before retry number `failures` (20 ms, doubling, at most 1 s) and drops the
-/// pool's idle connections that have closed meanwhile. False when the deadline leaves
-/// no room for the wait and another attempt.
-async fn pause_before_retry(pool: &Pool, started: Instant, failures: u32) -> bool {
-    let pause = Duration::from_millis(20 << failures.min(6)).min(Duration::from_secs(1));
-    if started.elapsed() + pause * 2 >= pool.deadline {
-        return false;
-    }
-    tokio::time::sleep(pause).await;
-    for idle in [&pool.inner, &pool.reserve] {
-        idle.retain(|client, _| !client.is_closed());
-    }
-    true
-}
-
-/// Runs `call` until `deadline` after `started`; past it `call` is dropped (its
-/// connection detached and cancelled) and a retryable [`Error::Timeout`] returned.
-pub async fn bounded<T>(
-    deadline: Duration,
-    started: Instant,
-    call: impl Future<Output = Result<T>>,
+/// Errors: as [`Pool::checkout`] and [`Pooled::run`].
+///
+/// The whole call ends within the pool's deadline ([`Config::deadline`]). `op` runs
+/// once: only what fails before it is sent (a connection that cannot be made, or was
+/// found closed) is retried on a fresh connection (see [`super::retry`]); for
+/// statements safe to send twice, see [`super::retry::with_fresh_conn`].
+pub fn with_conn<T>(
+    pool: &Pool,
+    interrupt: &Interrupt<'_>,
+    op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
 ) -> Result<T> {
-    let left = deadline.saturating_sub(started.elapsed());
-    tokio::time::timeout(left, call).await.unwrap_or_else(|_| {
-        Err(Error::Timeout {
-            message: format!(
-                "no answer from PostgreSQL within the deadline of {} s (deadline): the server \
-                 or the network is not responding; the connection was discarded",
-                deadline.as_secs_f64()
-            ),
-            sqlstate: None,
-        })
-    })
+    let until = Instant::now() + pool.deadline;
+    let mut pooled = super::retry::checkout_live(pool, interrupt, Lane::Main, until)?;
+    let result = pooled.run_until(interrupt, Some(until), op);
+    super::retry::finish_unless_lost(pooled, &result);
+    result
 }
 
-/// A pooled connection checked out for one operation.
-///
-/// Call [`Conn::finish`] once the operation has its answer: the connection goes back
-/// to the pool. If the operation's future is dropped before that (the Ruby thread was
-/// interrupted, a timeout fired), the connection may still be running a statement:
-/// it is detached from the pool, its statement is cancelled server-side and it is
-/// closed, so the next caller never queues behind an orphaned query.
+/// The statement side of a pooled connection, handed to the work of
+/// [`Pooled::run`]: the client, and the connection's cache of the gem's own named
+/// prepared statements. Derefs to `tokio_postgres::Client`.
 pub struct Conn {
-    object: Option<Object>,
-    /// Cancel requests go the way the connection went (TLS or not).
-    tls: MakeRustlsConnect,
-    finished: bool,
-    /// The runtime the connection lives on: the cancel request is spawned there even
-    /// when the operation's future is dropped outside it (after an interrupt).
-    runtime: tokio::runtime::Handle,
+    client: Client,
+    statements: RefCell<HashMap<&'static str, Statement>>,
     /// See [`Conn::query_own`].
     prepared_statements: bool,
-    /// The process that checked it out: in a forked child the connection belongs to
-    /// the parent's pool and runtime, which must not be touched (see `Drop`).
-    pid: u32,
-    /// The pool's [`super::schema::ensure`] flag.
+    /// See [`Conn::schema_checked`].
     schema_checked: Arc<AtomicBool>,
-    /// See [`Conn::deadline`].
-    deadline: Duration,
 }
 
 impl Conn {
-    /// Checks a connection out of `pool`, waiting at most the configured checkout
-    /// timeout. Errors: [`Error::Connection`].
-    pub async fn checkout(pool: &Pool) -> Result<Conn> {
-        Self::checkout_in(pool, Lane::Main).await
-    }
-
-    /// Checks a connection out of `lane` (see [`Lane`]), waiting at most the
-    /// configured checkout timeout. Errors: [`Error::Connection`], [`Error::Timeout`].
-    pub async fn checkout_in(pool: &Pool, lane: Lane) -> Result<Conn> {
-        let object = match lane {
-            Lane::Main => pool.inner.get().await?,
-            Lane::Reserve => tokio::select! {
-                biased;
-                object = pool.inner.get() => object?,
-                object = pool.reserve.get() => object?,
-            },
-        };
-        Ok(Conn {
-            object: Some(object),
-            tls: pool.tls.clone(),
-            finished: false,
-            runtime: tokio::runtime::Handle::current(),
-            prepared_statements: pool.prepared_statements,
-            pid: pool.pid,
-            schema_checked: pool.schema_checked.clone(),
-            deadline: pool.deadline,
-        })
-    }
-
     /// Whether the gem's own statements go out as named prepared statements on this
     /// connection ([`Config::prepared_statements`]).
     pub fn prepared_statements(&self) -> bool {
@@ -479,15 +617,16 @@ impl Conn {
     /// emptied, so its next call prepares afresh; nothing is retried here.
     pub async fn query_own(
         &self,
-        sql: &str,
+        sql: &'static str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>> {
         if !self.prepared_statements {
-            return Ok(self.query_typed(sql, params).await?);
+            return Ok(self.client.query_typed(sql, params).await?);
         }
         let (types, values) = split(params);
         let statement = self.prepare_own(sql, &types).await?;
-        self.query(&statement, &values)
+        self.client
+            .query(&statement, &values)
             .await
             .map_err(|e| self.own_error(sql, e))
     }
@@ -498,38 +637,43 @@ impl Conn {
     /// Errors: see [`Conn::query_own`].
     pub async fn execute_own(
         &self,
-        sql: &str,
+        sql: &'static str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<u64> {
         if !self.prepared_statements {
-            return Ok(self.execute_typed(sql, params).await?);
+            return Ok(self.client.execute_typed(sql, params).await?);
         }
         let (types, values) = split(params);
         let statement = self.prepare_own(sql, &types).await?;
-        self.execute(&statement, &values)
+        self.client
+            .execute(&statement, &values)
             .await
             .map_err(|e| self.own_error(sql, e))
     }
 
-    async fn prepare_own(&self, sql: &str, types: &[Type]) -> Result<tokio_postgres::Statement> {
-        let object = self.object.as_ref().expect("connection present until drop");
-        object
-            .prepare_typed_cached(sql, types)
+    async fn prepare_own(&self, sql: &'static str, types: &[Type]) -> Result<Statement> {
+        if let Some(statement) = self.statements.borrow().get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self
+            .client
+            .prepare_typed(sql, types)
             .await
-            .map_err(|e| self.own_error(sql, e))
+            .map_err(|e| self.own_error(sql, e))?;
+        self.statements.borrow_mut().insert(sql, statement.clone());
+        Ok(statement)
     }
 
     /// Names the setting when the server does not know (or already has) a statement
     /// name, and forgets the connection's cached statements.
     fn own_error(&self, sql: &str, err: tokio_postgres::Error) -> Error {
-        let code = err.code().cloned();
-        let (Some(code), Some(object)) = (code, self.object.as_ref()) else {
+        let Some(code) = err.code().cloned() else {
             return err.into();
         };
         if code != SqlState::INVALID_SQL_STATEMENT_NAME && code != SqlState::DUPLICATE_PSTATEMENT {
             return err.into();
         }
-        object.statement_cache.clear();
+        self.statements.borrow_mut().clear();
         let server = err
             .as_db_error()
             .map(|db| db.message().to_string())
@@ -545,56 +689,15 @@ impl Conn {
         }
     }
 
-    /// Whether this connection's pool found the record table complete
+    /// Whether this process found the record table complete
     /// ([`super::schema::ensure`]).
     pub fn schema_checked(&self) -> &AtomicBool {
         &self.schema_checked
     }
 
-    /// Marks the operation as answered: on drop the connection returns to the pool.
-    pub fn finish(&mut self) {
-        self.finished = true;
-    }
-
-    /// The bound on one call of this connection's pool ([`Config::deadline`]).
-    pub fn deadline(&self) -> Duration {
-        self.deadline
-    }
-
-    /// After an operation: returns the connection to the pool, unless `result` says
-    /// the connection is lost ([`is_lost`]); then it is discarded and true returned.
-    fn finish_unless_lost<T>(&mut self, result: &Result<T>) -> bool {
-        match result {
-            Err(e) if is_lost(e) => {
-                self.take_and_close();
-                true
-            }
-            _ => {
-                self.finish();
-                false
-            }
-        }
-    }
-
-    /// Closes a connection found dead, without a cancel request (there is nothing to
-    /// cancel) and without returning it to the pool.
-    fn discard(mut self) {
-        self.take_and_close();
-    }
-
-    fn take_and_close(&mut self) {
-        if let Some(object) = self.object.take() {
-            if self.pid == std::process::id() {
-                drop(Object::take(object));
-            } else {
-                std::mem::forget(object);
-            }
-        }
-    }
-
-    /// Mutable access to the underlying client (transactions, migrations).
-    pub fn client_mut(&mut self) -> &mut tokio_postgres::Client {
-        self.object.as_mut().expect("connection present until drop")
+    /// Mutable access to the underlying client (migrations).
+    pub fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
     }
 }
 
@@ -606,36 +709,138 @@ fn split<'a>(
 }
 
 impl Deref for Conn {
-    type Target = tokio_postgres::Client;
-    fn deref(&self) -> &Self::Target {
-        self.object.as_ref().expect("connection present until drop")
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
     }
 }
 
-impl Drop for Conn {
-    fn drop(&mut self) {
-        let Some(object) = self.object.take() else {
-            return;
+struct Owned {
+    pid: u32,
+    runtime: Runtime,
+    pool: Pool,
+}
+
+/// A configured connection to one database. Cheap to create: nothing connects until
+/// the first [`Store::pool`].
+pub struct Store {
+    config: Config,
+    owned: Mutex<Option<Owned>>,
+}
+
+impl Store {
+    /// Validates `config` (without connecting) and returns an idle store.
+    ///
+    /// Errors: [`Error::Config`] for an invalid configuration.
+    pub fn new(config: Config) -> Result<Self> {
+        config.validate()?;
+        Ok(Store {
+            config,
+            owned: Mutex::new(None),
+        })
+    }
+
+    /// The settings this store was built from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The pool of the current process, created on first call and re-created (the old
+    /// one and its runtime leaked) when the pid changed since.
+    ///
+    /// Errors: [`Error::Config`] if the configuration cannot build a pool,
+    /// [`Error::Connection`] if the background runtime cannot start.
+    pub fn pool(&self) -> Result<Pool> {
+        let pid = std::process::id();
+        let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = owned.as_ref() {
+            if o.pid == pid {
+                return Ok(o.pool.clone());
+            }
+        }
+        if let Some(stale) = owned.take() {
+            // Inherited from the parent process: never drop it here.
+            std::mem::forget(stale);
+        }
+        let built = self.build()?;
+        let pool = built.pool.clone();
+        *owned = Some(built);
+        Ok(pool)
+    }
+
+    fn build(&self) -> Result<Owned> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(self.config.pool_size.max(1) + RESERVE_SIZE + 2)
+            .thread_name("idempotent_job")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::connection(format!("cannot start the tokio runtime: {e}")))?;
+        let tls = super::tls::connector(&self.config.tls()?)?;
+        let schema_checked = Arc::new(AtomicBool::new(false));
+        let pool_of = |size: usize| -> Result<managed::Pool<Manager>> {
+            let manager = Manager {
+                pg_config: self.config.pg_config()?,
+                tls: tls.clone(),
+                connect_timeout: self.config.connect_timeout(),
+                prepared_statements: self.config.prepared_statements,
+                schema_checked: schema_checked.clone(),
+            };
+            managed::Pool::builder(manager)
+                .max_size(size)
+                .runtime(deadpool::Runtime::Tokio1)
+                .wait_timeout(Some(self.config.checkout_timeout()))
+                .build()
+                .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))
         };
-        if self.pid != std::process::id() {
-            // Inherited through fork (a transaction handle garbage-collected in the
-            // child): returning it to the parent's pool, or spawning a cancel on the
-            // parent's runtime, could wait forever on a lock another thread held at
-            // fork time. The socket is shared with the parent: leak it.
-            std::mem::forget(object);
+        let inner = pool_of(self.config.pool_size)?;
+        let reserve = pool_of(RESERVE_SIZE)?;
+        let pid = std::process::id();
+        Ok(Owned {
+            pid,
+            pool: Pool {
+                inner,
+                tls,
+                background: runtime.handle().clone(),
+                pid,
+                reserve,
+                deadline: self.config.deadline(),
+            },
+            runtime,
+        })
+    }
+
+    /// Runs `f` with this process's pool on the calling thread, uninterruptibly. For
+    /// Rust callers and tests; the Ruby layer passes an [`Interrupt`] wired to Ruby's
+    /// unblocking function instead (see `src/ruby/gvl.rs`).
+    pub fn run<T>(&self, f: impl FnOnce(&Pool, &Interrupt<'_>) -> Result<T>) -> Result<T> {
+        let pool = self.pool()?;
+        f(&pool, &Interrupt::none())
+    }
+
+    /// [`with_conn`] on this process's pool, uninterruptibly (see [`Store::run`]).
+    pub fn with_conn<T>(&self, op: impl AsyncFnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+        self.run(|pool, interrupt| with_conn(pool, interrupt, op))
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let owned = self
+            .owned
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(owned) = owned else { return };
+        if owned.pid != std::process::id() {
+            // Garbage-collected in a forked child: the parent's runtime must not be
+            // shut down from here (its threads do not exist; shutdown would hang).
+            std::mem::forget(owned);
             return;
         }
-        if self.finished {
-            return; // `object` drops here and goes back to the pool
-        }
-        let client = Object::take(object);
-        let cancel = client.cancel_token();
-        let tls = self.tls.clone();
-        let deadline = self.deadline;
-        self.runtime.spawn(async move {
-            // On a dead network the cancel request gets no answer either.
-            let _ = tokio::time::timeout(deadline, cancel.cancel_query(tls)).await;
-            drop(client);
-        });
+        owned.pool.inner.close();
+        owned.pool.reserve.close();
+        // Never block the dropping thread (a Ruby GC) on the runtime's threads.
+        owned.runtime.shutdown_background();
     }
 }

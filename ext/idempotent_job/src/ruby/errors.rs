@@ -1,21 +1,53 @@
 //! Core errors → Ruby exceptions. The classes are defined in Ruby
-//! (`lib/idempotent_job/errors.rb`, loaded before the native library) and looked up
-//! by name when an error is raised.
+//! (`lib/idempotent_job/errors.rb`, loaded before the native library), looked up
+//! once when the library loads ([`init`]) and kept in statics.
 
+use magnus::value::Lazy;
 use magnus::{prelude::*, Exception, ExceptionClass, IntoValue, RModule, Ruby, Value};
 
 use crate::core::error::Error;
 
-fn class_name(err: &Error) -> &'static str {
+/// The class `IdempotentJob::<name>`; [`init`] has checked that it exists.
+fn lookup(ruby: &Ruby, name: &str) -> Result<ExceptionClass, magnus::Error> {
+    let root: RModule = ruby.class_object().const_get("IdempotentJob")?;
+    root.const_get(name)
+}
+
+macro_rules! classes {
+    ($($stat:ident => $name:literal),* $(,)?) => {
+        $(static $stat: Lazy<ExceptionClass> =
+            Lazy::new(|ruby| lookup(ruby, $name).expect(concat!("IdempotentJob::", $name)));)*
+
+        /// Looks every exception class up once; fails (instead of panicking later)
+        /// when `lib/idempotent_job/errors.rb` did not define one.
+        pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
+            $(lookup(ruby, $name)?; Lazy::force(&$stat, ruby);)*
+            Ok(())
+        }
+    };
+}
+
+classes! {
+    BASE => "Error",
+    CONFIGURATION => "ConfigurationError",
+    CONNECTION => "ConnectionError",
+    DATABASE => "DatabaseError",
+    LOST_CLAIM => "LostClaimError",
+    MIGRATION => "MigrationError",
+    LOCK_TIMEOUT => "LockTimeoutError",
+    TIMEOUT => "TimeoutError",
+}
+
+fn class(err: &Error) -> &'static Lazy<ExceptionClass> {
     match err {
-        Error::Config(_) => "ConfigurationError",
-        Error::Connection { .. } => "ConnectionError",
-        Error::Database { .. } => "DatabaseError",
-        Error::LostClaim { .. } => "LostClaimError",
-        Error::Migration(_) => "MigrationError",
-        Error::LockTimeout { .. } => "LockTimeoutError",
-        Error::Timeout { .. } => "TimeoutError",
-        Error::Panic(_) => "Error",
+        Error::Config(_) => &CONFIGURATION,
+        Error::Connection { .. } => &CONNECTION,
+        Error::Database { .. } => &DATABASE,
+        Error::LostClaim { .. } => &LOST_CLAIM,
+        Error::Migration(_) => &MIGRATION,
+        Error::LockTimeout { .. } => &LOCK_TIMEOUT,
+        Error::Timeout { .. } => &TIMEOUT,
+        Error::Interrupted | Error::Panic(_) => &BASE,
     }
 }
 
@@ -25,9 +57,9 @@ fn set<T: IntoValue>(exception: Exception, name: &str, value: T) -> Result<(), m
 }
 
 fn build(ruby: &Ruby, err: &Error) -> Result<magnus::Error, magnus::Error> {
-    let root: RModule = ruby.class_object().const_get("IdempotentJob")?;
-    let class: ExceptionClass = root.const_get(class_name(err))?;
-    let exception: Exception = class.new_instance((err.to_string(),))?;
+    let exception: Exception = ruby
+        .get_inner(class(err))
+        .new_instance((err.to_string(),))?;
     set(exception, "@sqlstate", err.sqlstate())?;
     set(exception, "@retryable", err.retryable())?;
     if let Error::LostClaim {

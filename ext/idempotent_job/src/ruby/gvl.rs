@@ -1,56 +1,80 @@
-//! Running core futures with the GVL released, interruptibly.
+//! Running core calls with the GVL released, interruptibly.
 //!
-//! `rb_thread_call_without_gvl2` runs the future on the calling thread (other Ruby
-//! threads keep running). Its unblocking function, called by Ruby for Thread#raise,
-//! Timeout, Thread#kill or shutdown, wakes a `Notify` that makes the future lose a
-//! `select!`: the future is dropped, which detaches and cancels any connection it had
-//! checked out (`core::store::Conn`). Once the GVL is back, pending interrupts are
-//! processed under `rb_protect`, so Ruby's exception is returned as a value and
-//! raised by magnus after every Rust frame has been dropped; nothing ever
-//! longjmps over Rust code. Panics are caught and become `IdempotentJob::Error`.
+//! `rb_thread_call_without_gvl2` runs the call on the calling thread (other Ruby
+//! threads keep running); the call drives its own statement's I/O there (see
+//! `core::store`). Its unblocking function, called by Ruby for Thread#raise, Timeout,
+//! Thread#kill, Thread#wakeup, a signal or shutdown, wakes the call's
+//! [`Interrupt`]. The woken call takes the GVL back for a moment
+//! (`rb_thread_call_with_gvl`) and processes pending interrupts under `rb_protect`:
+//! when one raises, the exception is kept, the call gives up (its connection is
+//! discarded and its statement cancelled) and the exception is returned as a value,
+//! raised by magnus after every Rust frame has been dropped; when none raises, the
+//! SAME future is resumed, so a statement is never sent twice. Nothing ever longjmps
+//! over Rust code. Panics are caught and become `IdempotentJob::Error`.
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::ffi::c_void;
-use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
 
-use magnus::rb_sys::{protect, AsRawValue};
+use magnus::rb_sys::protect;
 use magnus::Ruby;
-use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
 use super::errors::to_ruby;
 use crate::core::error::Error;
+use crate::core::store::Interrupt;
 
-struct Call<'a, Fut: Future> {
-    runtime: &'a Runtime,
-    future: Pin<&'a mut Fut>,
-    notify: &'a Notify,
-    out: Option<std::thread::Result<Option<Fut::Output>>>,
+struct Call<'a, F, T> {
+    op: Option<F>,
+    interrupt: &'a Interrupt<'a>,
+    out: Option<std::thread::Result<T>>,
 }
 
-unsafe extern "C" fn run<Fut: Future>(data: *mut c_void) -> *mut c_void {
+unsafe extern "C" fn run<F: FnOnce(&Interrupt<'_>) -> T, T>(data: *mut c_void) -> *mut c_void {
     // SAFETY: `data` is the `Call` on `without_gvl`'s stack, alive for this call.
-    let call = unsafe { &mut *(data as *mut Call<'_, Fut>) };
-    let (runtime, notify) = (call.runtime, call.notify);
-    let future = &mut call.future;
-    call.out = Some(catch_unwind(AssertUnwindSafe(|| {
-        runtime.block_on(async {
-            tokio::select! {
-                biased;
-                _ = notify.notified() => None,
-                value = future.as_mut() => Some(value),
-            }
-        })
-    })));
+    let call = unsafe { &mut *(data as *mut Call<'_, F, T>) };
+    if let Some(op) = call.op.take() {
+        let interrupt = call.interrupt;
+        call.out = Some(catch_unwind(AssertUnwindSafe(|| op(interrupt))));
+    }
     std::ptr::null_mut()
 }
 
 unsafe extern "C" fn unblock(data: *mut c_void) {
-    // SAFETY: `data` is the `Notify` on `without_gvl`'s stack; `Notify` is Sync.
-    // `notify_one` stores a permit, so a wake-up before the future polls is kept.
+    // SAFETY: `data` is the `Notify` of the `Interrupt` on `without_gvl`'s stack;
+    // `Notify` is Sync. `notify_one` stores a permit, so a wake-up before the call
+    // blocks is kept.
     unsafe { (*(data as *const Notify)).notify_one() };
+}
+
+/// Processes pending interrupts; `data` is a `Option<magnus::Error>` slot that
+/// receives the exception one of them raised. Runs with the GVL.
+unsafe extern "C" fn check_ints(data: *mut c_void) -> *mut c_void {
+    // SAFETY: `data` is the slot on `without_gvl`'s stack.
+    let slot = unsafe { &mut *(data as *mut Option<magnus::Error>) };
+    let checked = protect(|| {
+        // SAFETY: called with the GVL held; a raise is caught by protect.
+        unsafe { rb_sys::rb_thread_check_ints() };
+        rb_sys::Qnil as rb_sys::VALUE
+    });
+    if let Err(e) = checked {
+        *slot = Some(e);
+    }
+    std::ptr::null_mut()
+}
+
+fn pending_exception(slot: &mut Option<magnus::Error>, with_gvl: bool) {
+    let data = slot as *mut Option<magnus::Error> as *mut c_void;
+    // SAFETY: `check_ints` only touches `slot`, alive for this call; with_gvl is
+    // true only on a thread that released the GVL through `without_gvl`.
+    unsafe {
+        if with_gvl {
+            rb_sys::rb_thread_call_with_gvl(Some(check_ints), data);
+        } else {
+            check_ints(data);
+        }
+    }
 }
 
 fn panic_message(panic: Box<dyn Any + Send>) -> String {
@@ -61,47 +85,58 @@ fn panic_message(panic: Box<dyn Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".to_string())
 }
 
-/// Runs `future` on `runtime` without the GVL and returns its output.
+/// Runs `op` on the calling thread without the GVL and returns its output.
 ///
-/// If Ruby interrupts the thread, pending interrupts are processed with the GVL
-/// back: when one raises (Thread#raise, Timeout, Thread#kill), the future is dropped
-/// and Ruby's exception is returned as the error. When none raises (Thread#wakeup, a
-/// trapped signal, an interrupt deferred by `handle_interrupt`), the SAME future is
-/// resumed: a statement is never sent twice.
-pub fn without_gvl<Fut: Future>(
+/// `op` receives the [`Interrupt`] that Ruby's unblocking function wakes. If Ruby
+/// interrupts the thread and a pending interrupt raises (Thread#raise, Timeout,
+/// Thread#kill), `op` gives up (`Error::Interrupted`) and Ruby's exception is returned
+/// as the error. When none raises (Thread#wakeup, a trapped signal, an interrupt
+/// deferred by `handle_interrupt`), `op` carries on with the same future.
+pub fn without_gvl<T, F: FnOnce(&Interrupt<'_>) -> T>(
     ruby: &Ruby,
-    runtime: &Runtime,
-    future: Fut,
-) -> Result<Fut::Output, magnus::Error> {
-    let mut future = std::pin::pin!(future);
+    op: F,
+) -> Result<T, magnus::Error> {
+    let raised: RefCell<Option<magnus::Error>> = RefCell::new(None);
+    let on_wake = || {
+        let mut slot = None;
+        pending_exception(&mut slot, true);
+        let gives_up = slot.is_some();
+        if gives_up {
+            *raised.borrow_mut() = slot;
+        }
+        gives_up
+    };
+    let interrupt = Interrupt::new(&on_wake);
+    let mut call = Call {
+        op: Some(op),
+        interrupt: &interrupt,
+        out: None,
+    };
     loop {
-        let notify = Notify::new();
-        let mut call = Call {
-            runtime,
-            future: future.as_mut(),
-            notify: &notify,
-            out: None,
-        };
         // SAFETY: both pointers outlive the call; `run` and `unblock` only touch
-        // what they are given; neither calls into Ruby.
+        // what they are given; `run` calls into Ruby only through
+        // `rb_thread_call_with_gvl`.
         unsafe {
             rb_sys::rb_thread_call_without_gvl2(
-                Some(run::<Fut>),
-                &mut call as *mut Call<'_, Fut> as *mut c_void,
+                Some(run::<F, T>),
+                &mut call as *mut Call<'_, F, T> as *mut c_void,
                 Some(unblock),
-                &notify as *const Notify as *mut c_void,
+                interrupt.notifier() as *const Notify as *mut c_void,
             );
         }
+        if let Some(exception) = raised.borrow_mut().take() {
+            return Err(exception);
+        }
         match call.out.take() {
-            Some(Ok(Some(value))) => return Ok(value),
+            Some(Ok(value)) => return Ok(value),
             Some(Err(panic)) => return Err(to_ruby(ruby, Error::Panic(panic_message(panic)))),
-            // Interrupted, or not started because an interrupt was already pending.
-            Some(Ok(None)) | None => {
-                protect(|| {
-                    // SAFETY: called with the GVL held; a raise is caught by protect.
-                    unsafe { rb_sys::rb_thread_check_ints() };
-                    ruby.qnil().as_raw()
-                })?;
+            // Not started: an interrupt was already pending.
+            None => {
+                let mut slot = None;
+                pending_exception(&mut slot, false);
+                if let Some(exception) = slot {
+                    return Err(exception);
+                }
             }
         }
     }

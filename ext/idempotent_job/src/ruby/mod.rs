@@ -2,8 +2,10 @@
 //! arguments into owned Rust values, runs the core with the GVL released, and maps
 //! core errors to the exception classes defined in `lib/idempotent_job/errors.rb`.
 
+mod convert;
 mod errors;
 mod gvl;
+mod heartbeat;
 mod store;
 mod transaction;
 
@@ -16,9 +18,11 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("claim_sql", function!(claim_sql, 0))?;
     native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
-    native.define_module_function("decide", function!(store::decide, 3))?;
-    native.define_module_function("fenced_sql", function!(store::fenced_sql, 1))?;
+    native.define_module_function("decide", function!(convert::decide, 3))?;
+    native.define_module_function("fenced_sql", function!(convert::fenced_sql, 1))?;
+    errors::init(ruby)?;
     store::init(ruby, native)?;
+    heartbeat::init(ruby, native)?;
     transaction::init(ruby, native)
 }
 

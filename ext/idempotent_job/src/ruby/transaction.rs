@@ -2,26 +2,23 @@
 //! (see `core::session`). Internal; the job's handle is the Ruby class
 //! `IdempotentJob::Transaction`.
 
-use std::mem::ManuallyDrop;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use magnus::{
     encoding::EncodingCapable, method, prelude::*, r_string::RString, value::ReprValue, Float,
     Integer, RArray, RHash, RModule, Ruby, Symbol, Value,
 };
-use tokio::runtime::Runtime;
 
+use super::convert::{claim_request, decision_hash, parse_fenced, parse_token, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
-use super::store::{claim_request, decision_hash, parse_fenced, parse_token, RbResult};
 use crate::core::error::{Error, Result};
 use crate::core::session::Session;
+use crate::core::store::Interrupt;
 use crate::core::values::{Cell, Param};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Transaction", free_immediately, size)]
 pub struct NativeTransaction {
-    /// Taken out only by `Drop`.
-    runtime: ManuallyDrop<Arc<Runtime>>,
     session: Mutex<Option<Session>>,
     /// The process that opened it: a forked child that garbage-collects the handle
     /// must not touch the parent's runtime or pool (see `Drop`).
@@ -36,26 +33,19 @@ impl Drop for NativeTransaction {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if self.pid != std::process::id() {
-            // Inherited through fork: the parent's runtime threads do not exist here.
-            // Dropping its last reference would wait for them forever (with the GVL,
-            // inside Ruby's GC), and a pooled connection would go back to a pool whose
-            // locks another thread may have held at fork time. Leak both instead.
+            // Inherited through fork: a pooled connection would go back to a pool
+            // whose locks another thread may have held at fork time. Leak it.
             std::mem::forget(session);
-            return;
         }
-        drop(session);
-        // SAFETY: taken once, here, and never used again.
-        let runtime = unsafe { ManuallyDrop::take(&mut self.runtime) };
-        // This handle may outlive its store (a reconfiguration): never block Ruby's
-        // GC on shutting a runtime down.
-        crate::core::store::release_runtime(runtime);
+        // Otherwise `session` drops here: an open transaction's connection is
+        // discarded (PostgreSQL rolls it back), never pooled.
     }
 }
 
 impl NativeTransaction {
-    pub fn new(runtime: Arc<Runtime>, session: Session) -> Self {
+    /// Wraps a session that has begun.
+    pub fn new(session: Session) -> Self {
         NativeTransaction {
-            runtime: ManuallyDrop::new(runtime),
             session: Mutex::new(Some(session)),
             pid: std::process::id(),
         }
@@ -67,7 +57,7 @@ impl NativeTransaction {
     fn with_session<T>(
         &self,
         ruby: &Ruby,
-        op: impl AsyncFnOnce(&Session) -> Result<T>,
+        op: impl FnOnce(&mut Session, &Interrupt<'_>) -> Result<T>,
     ) -> RbResult<T> {
         // Taken out of the mutex while it runs, so no Ruby thread ever waits on this
         // lock while holding the GVL (a second thread using the same handle gets an
@@ -77,7 +67,7 @@ impl NativeTransaction {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        let Some(session) = taken else {
+        let Some(mut session) = taken else {
             return Err(to_ruby(
                 ruby,
                 Error::Config(
@@ -85,7 +75,7 @@ impl NativeTransaction {
                 ),
             ));
         };
-        match without_gvl(ruby, &self.runtime, op(&session)) {
+        match without_gvl(ruby, |interrupt| op(&mut session, interrupt)) {
             Ok(result) => {
                 *self.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
                 result.map_err(|e| to_ruby(ruby, e))
@@ -105,22 +95,21 @@ impl NativeTransaction {
         let Some(session) = session else {
             return Ok(false);
         };
-        let ending = async move {
+        let ending = |interrupt: &Interrupt<'_>| {
             if commit {
-                session.commit().await
+                session.commit(interrupt)
             } else {
-                session.rollback().await
+                session.rollback(interrupt)
             }
         };
-        without_gvl(ruby, &self.runtime, ending)?.map_err(|e| to_ruby(ruby, e))?;
+        without_gvl(ruby, ending)?.map_err(|e| to_ruby(ruby, e))?;
         Ok(true)
     }
 
     /// `claim(request, lock_timeout_seconds)` → the same Hash as `Store#claim`.
     fn claim(ruby: &Ruby, rb_self: &Self, request: RHash, lock_timeout: f64) -> RbResult<RHash> {
         let request = claim_request(ruby, request)?;
-        let decision =
-            rb_self.with_session(ruby, async |s| s.claim(&request, lock_timeout).await)?;
+        let decision = rb_self.with_session(ruby, |s, i| s.claim(i, &request, lock_timeout))?;
         decision_hash(ruby, decision)
     }
 
@@ -136,9 +125,8 @@ impl NativeTransaction {
     ) -> RbResult<bool> {
         let change = parse_fenced(ruby, change)?;
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
-        rb_self.with_session(ruby, async |s| {
-            s.fenced(change, &job_type, &operation_key, token, text.as_deref())
-                .await
+        rb_self.with_session(ruby, |s, i| {
+            s.fenced(i, change, &job_type, &operation_key, token, text.as_deref())
         })?;
         Ok(true)
     }
@@ -146,7 +134,7 @@ impl NativeTransaction {
     /// `query(sql, params)` → Array of Hashes (column name → typed value).
     fn query(ruby: &Ruby, rb_self: &Self, sql: String, params: RArray) -> RbResult<RArray> {
         let params = to_params(ruby, params)?;
-        let rows = rb_self.with_session(ruby, async |s| s.query(&sql, &params).await)?;
+        let rows = rb_self.with_session(ruby, |s, i| s.query(i, &sql, &params))?;
         let out = ruby.ary_new_capa(rows.len());
         for row in rows {
             let hash = ruby.hash_new();
@@ -161,7 +149,7 @@ impl NativeTransaction {
     /// `exec(sql, params)` → Integer, the number of rows affected.
     fn exec(ruby: &Ruby, rb_self: &Self, sql: String, params: RArray) -> RbResult<u64> {
         let params = to_params(ruby, params)?;
-        rb_self.with_session(ruby, async |s| s.execute(&sql, &params).await)
+        rb_self.with_session(ruby, |s, i| s.execute(i, &sql, &params))
     }
 
     /// `commit` → true, or false when the transaction had already ended.

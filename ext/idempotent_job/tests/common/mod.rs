@@ -5,7 +5,7 @@
 use idempotent_job::core::claim::{self, ClaimRequest};
 use idempotent_job::core::config::Config;
 use idempotent_job::core::migrate;
-use idempotent_job::core::store::{with_conn, Conn, Store};
+use idempotent_job::core::store::Store;
 
 /// The PostgreSQL the tests run against.
 pub fn database_url() -> String {
@@ -25,9 +25,7 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
     config.prepared_statements = prepared;
     config.pool_size = pool_size;
     let store = Store::new(config).unwrap();
-    store
-        .block_on(|pool| async move { migrate::migrate(&mut Conn::checkout(&pool).await?).await })
-        .unwrap();
+    store.run(migrate::migrate).unwrap();
     store
 }
 
@@ -35,11 +33,6 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
 pub fn find_record(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
     let req = req.clone();
     store
-        .block_on(|pool| async move {
-            with_conn(&pool, async |c| {
-                claim::find(c, &req.job_type, &req.operation_key).await
-            })
-            .await
-        })
+        .with_conn(async |c| claim::find(c, &req.job_type, &req.operation_key).await)
         .unwrap()
 }

@@ -1,0 +1,200 @@
+//! Conversions between Ruby values and the core's types, shared by the classes of
+//! `IdempotentJob::Native` (`store.rs`, `transaction.rs`) and its module functions.
+
+use chrono::{DateTime, Utc};
+use magnus::{prelude::*, IntoValue, RHash, Ruby, Symbol, Value};
+use uuid::Uuid;
+
+use super::errors::to_ruby;
+use crate::core::claim::{self, ClaimRequest, ClaimRow, Decision, Fenced, Outcome, Record};
+use crate::core::error::{Error, Result};
+
+/// Results of the binding's functions: a Ruby exception as the error.
+pub type RbResult<T> = std::result::Result<T, magnus::Error>;
+
+pub fn parse_token(token: &str) -> Result<Uuid> {
+    Uuid::parse_str(token).map_err(|_| Error::Config(format!("{token:?} is not a claim token")))
+}
+
+/// A Hash with Symbol keys, filled by `set`.
+pub struct Out<'r> {
+    ruby: &'r Ruby,
+    pub hash: RHash,
+}
+
+impl<'r> Out<'r> {
+    pub fn new(ruby: &'r Ruby) -> Self {
+        Out {
+            ruby,
+            hash: ruby.hash_new(),
+        }
+    }
+    pub fn set<T: IntoValue>(&self, key: &str, value: T) -> RbResult<&Self> {
+        self.hash.aset(self.ruby.to_symbol(key), value)?;
+        Ok(self)
+    }
+    pub fn sym(&self, key: &str, value: &str) -> RbResult<&Self> {
+        self.set(key, self.ruby.to_symbol(value))
+    }
+    pub fn time(&self, key: &str, t: Option<DateTime<Utc>>) -> RbResult<&Self> {
+        let value: Value = match t {
+            None => self.ruby.qnil().as_value(),
+            Some(t) => self
+                .ruby
+                .time_new(t.timestamp(), i64::from(t.timestamp_subsec_micros()))?
+                .as_value(),
+        };
+        self.set(key, value)
+    }
+}
+
+/// A claim request from a Hash with Symbol keys `job_type`, `operation_key`, `jid`,
+/// `lease` (seconds), `args_digest`, `job_class`, `queue`, `args_json`,
+/// `refuse_mismatch`.
+pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
+    let get = |key: &str| request.lookup::<_, Option<String>>(ruby.to_symbol(key));
+    Ok(ClaimRequest {
+        job_type: get("job_type")?.unwrap_or_default(),
+        operation_key: get("operation_key")?.unwrap_or_default(),
+        jid: get("jid")?,
+        lease_seconds: request
+            .lookup::<_, Option<f64>>(ruby.to_symbol("lease"))?
+            .unwrap_or(0.0),
+        args_digest: get("args_digest")?,
+        job_class: get("job_class")?,
+        queue: get("queue")?,
+        args_json: get("args_json")?,
+        refuse_mismatch: request
+            .lookup::<_, Option<bool>>(ruby.to_symbol("refuse_mismatch"))?
+            .unwrap_or(false),
+    })
+}
+
+/// A decision as a Hash: `:decision` (`:claimed`, `:completed`, `:in_progress`,
+/// `:held`, `:given_up`, `:refused`), `:mismatch`, and the decision's details.
+pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
+    let out = Out::new(ruby);
+    out.set("mismatch", decision.mismatch)?;
+    match decision.outcome {
+        Outcome::Claimed {
+            token,
+            attempt,
+            kind,
+        } => {
+            out.sym("decision", "claimed")?
+                .set("token", token.to_string())?
+                .set("attempt", attempt)?
+                .sym("kind", kind.as_str())?;
+        }
+        Outcome::InProgress {
+            holder_jid,
+            attempt,
+            lease_remaining,
+            duplicates,
+        } => {
+            out.sym("decision", "in_progress")?
+                .set("holder_jid", holder_jid)?
+                .set("attempt", attempt)?
+                .set("lease_remaining", lease_remaining)?
+                .set("duplicates", duplicates)?;
+        }
+        Outcome::Completed { duplicates } => {
+            out.sym("decision", "completed")?
+                .set("duplicates", duplicates)?;
+        }
+        Outcome::Held { duplicates } => {
+            out.sym("decision", "held")?.set("duplicates", duplicates)?;
+        }
+        Outcome::GivenUp { duplicates } => {
+            out.sym("decision", "given_up")?
+                .set("duplicates", duplicates)?;
+        }
+        Outcome::Refused { duplicates } => {
+            out.sym("decision", "refused")?
+                .set("duplicates", duplicates)?;
+        }
+    }
+    Ok(out.hash)
+}
+
+/// `:complete`, `:release`, `:hold`, `:give_up`, `:expire`, `:renew` → [`Fenced`].
+pub fn parse_fenced(ruby: &Ruby, change: Symbol) -> RbResult<Fenced> {
+    Ok(match change.name()?.as_ref() {
+        "complete" => Fenced::Complete,
+        "release" => Fenced::Release,
+        "hold" => Fenced::Hold,
+        "give_up" => Fenced::GiveUp,
+        "expire" => Fenced::Expire,
+        "renew" => Fenced::Renew,
+        other => {
+            return Err(to_ruby(
+                ruby,
+                Error::Config(format!("unknown claim change :{other}")),
+            ))
+        }
+    })
+}
+
+/// `Native.decide(row, token, request)`: the decision for a row of the claim
+/// statement run by another driver (ActiveRecord's connection). `row` has Symbol keys
+/// `won`, `status`, `last_claim`, `attempts`, `jid`, `duplicates`, `mismatch`,
+/// `lease_remaining` with typed values; `token` is the uuid sent as $3.
+pub fn decide(ruby: &Ruby, row: RHash, token: String, request: RHash) -> RbResult<RHash> {
+    let sym = |key: &str| ruby.to_symbol(key);
+    let claim_row = ClaimRow {
+        won: row.fetch(sym("won"))?,
+        status: row.fetch(sym("status"))?,
+        last_claim: row.fetch(sym("last_claim"))?,
+        attempts: row.fetch(sym("attempts"))?,
+        jid: row.lookup(sym("jid"))?,
+        duplicates: row.fetch(sym("duplicates"))?,
+        mismatch: row.fetch(sym("mismatch"))?,
+        lease_remaining: row.fetch(sym("lease_remaining"))?,
+    };
+    let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
+    let request = claim_request(ruby, request)?;
+    let decision = claim::check_request(&request)
+        .and_then(|()| claim::decide(claim_row, token, &request))
+        .map_err(|e| to_ruby(ruby, e))?;
+    decision_hash(ruby, decision)
+}
+
+/// `Native.fenced_sql(change)`: the statement of a fenced change, for other drivers.
+pub fn fenced_sql(ruby: &Ruby, change: Symbol) -> RbResult<&'static str> {
+    Ok(parse_fenced(ruby, change)?.sql())
+}
+
+pub fn record_hash(ruby: &Ruby, r: Record) -> RbResult<RHash> {
+    let out = Out::new(ruby);
+    out.set("job_type", r.job_type)?
+        .set("operation_key", r.operation_key)?
+        .sym("status", &r.status)?
+        .set("claim_token", r.claim_token.to_string())?
+        .set("attempts", r.attempts)?
+        .set("takeovers", r.takeovers)?
+        .sym("last_claim", &r.last_claim)?
+        .set("jid", r.jid)?
+        .set("duplicates", r.duplicates)?
+        .set("lease_seconds", r.lease_seconds)?
+        .set("lease_expired", r.lease_expired)?
+        .set("last_error", r.last_error)?
+        .set("args_digest", r.args_digest)?
+        .set("job_class", r.job_class)?
+        .set("queue", r.queue)?
+        .set("args_json", r.args)?
+        .set("mismatches", r.mismatches)?
+        .set("last_mismatch", r.last_mismatch)?
+        .set("resolution", r.resolution)?
+        .time("first_claimed_at", Some(r.first_claimed_at))?
+        .time("claimed_at", Some(r.claimed_at))?
+        .time("lease_expires_at", Some(r.lease_expires_at))?
+        .time("completed_at", r.completed_at)?
+        .time("released_at", r.released_at)?
+        .time("last_duplicate_at", r.last_duplicate_at)?
+        .time("heartbeat_at", r.heartbeat_at)?
+        .time("held_at", r.held_at)?
+        .time("given_up_at", r.given_up_at)?
+        .time("resolved_at", r.resolved_at)?
+        .time("updated_at", Some(r.updated_at))?;
+    Ok(out.hash)
+}
