@@ -216,7 +216,7 @@ fn a_table_that_lacks_columns_is_refused_before_the_first_claim() {
     store.run(migrate::migrate).unwrap();
     let mut live: Vec<String> = store
         .with_conn(async |c| {
-            Ok(c.query(schema::COLUMNS_SQL, &[])
+            Ok(c.query_typed(schema::COLUMNS_SQL, &[])
                 .await?
                 .iter()
                 .map(|r| r.get(0))

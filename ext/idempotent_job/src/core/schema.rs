@@ -62,7 +62,8 @@ pub const COLUMNS_SQL: &str = "SELECT a.attname::text FROM pg_attribute a \
 ///
 /// Errors: connection/database errors.
 pub async fn missing_columns(client: &Client) -> Result<Option<Vec<&'static str>>> {
-    let rows = client.query(COLUMNS_SQL, &[]).await?;
+    // Unnamed (one round trip, nothing left prepared: PgBouncer in transaction mode).
+    let rows = client.query_typed(COLUMNS_SQL, &[]).await?;
     if rows.is_empty() {
         return Ok(None);
     }
