@@ -80,10 +80,17 @@ module IdempotentJobBench
        GemStore.new(store, name: :gem_unnamed, baseline: :floor_unnamed, label:)]
     end
 
+    # Proposal A (a first delivery's completion committed asynchronously) on the floor,
+    # and the gem with `asynchronous_completion: true` (× that floor). A duplicate
+    # writes nothing any more: no proposal for it.
     def proposals(url, kind)
-      what = kind == :first ? "completion" : "turned-away duplicate"
-      [Floor.new(@db.connect(url), name: :async, async: kind == :first ? :complete : :duplicate,
-                                   label: "proposal A: floor, #{what} committed asynchronously")]
+      return [] unless kind == :first
+
+      store = Gem.store(url, pool_size: 1, asynchronous_completion: true)
+      [Floor.new(@db.connect(url), name: :async, async: :complete,
+                                   label: "proposal A: floor, completion committed asynchronously"),
+       GemStore.new(store, name: :gem_async, baseline: :async,
+                           label: "gem, asynchronous_completion: true (× proposal A floor)")]
     end
 
     # Both without waiting for the disk, to show the gem's own overhead (× its own floor).

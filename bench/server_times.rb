@@ -9,8 +9,9 @@ module IdempotentJobBench
     # Statements of the variants, recognised by their text as pg_stat_statements keeps it
     # (constants replaced by $n), in the order shown.
     STATEMENTS = [
-      [/\AINSERT INTO idempotent_job_records AS r.*async_commit/m, "claim, async commit when turned away (A)"],
-      [/\AINSERT INTO idempotent_job_records AS r/, "claim (the gem's statement)"],
+      [/\AWITH look AS/, "delivery: look, or first claim (the gem's statement)"],
+      [/\AINSERT INTO idempotent_job_records AS r/, "claim (the gem's takeover/retry statement)"],
+      [/\AUPDATE idempotent_job_records AS r\s+SET duplicates/, "repeat bookkeeping (batched, async commit)"],
       [/\AUPDATE idempotent_job_records SET status = \S+, completed_at.*set_config/m, "completion, async commit (A)"],
       [/\AUPDATE idempotent_job_records SET status = \S+, completed_at/, "completion (the gem's statement)"],
       [/\AINSERT INTO bench_handwritten_jobs/, "hand-written insert"],

@@ -40,10 +40,12 @@ module IdempotentJobBench
     # @param pool_size [Integer]
     # @param schema [String, nil] schema of the record table
     # @param prepared_statements [Boolean] the gem's setting (named statements cached per connection)
+    # @param asynchronous_completion [Boolean] the gem's setting (proposal A)
     # @return [IdempotentJob::Native::Store]
     # @raise [IdempotentJob::ConfigurationError]
-    def self.store(url, pool_size:, schema: nil, prepared_statements: true)
-      config = IdempotentJob::Configuration.new.update(database_url: url, schema:, pool_size:, prepared_statements:)
+    def self.store(url, pool_size:, schema: nil, prepared_statements: true, asynchronous_completion: false)
+      config = IdempotentJob::Configuration.new.update(database_url: url, schema:, pool_size:, prepared_statements:,
+                                                       asynchronous_completion:)
       IdempotentJob::Native::Store.new(config.validate!.to_native_json)
     end
   end
@@ -100,34 +102,30 @@ module IdempotentJobBench
     end
   end
 
-  # The floor: the gem's own statements (IdempotentJob.claim_sql and
+  # The floor: the gem's own statements (IdempotentJob::Native.deliver_sql, the
+  # statement that decides a first delivery or a duplicate outside a transaction, and
   # IdempotentJob::Native.fenced_sql(:complete), read from the extension) sent raw with
   # the pg gem on one connection: named prepared statements, prepared once, then
   # exec_prepared (one round trip each), as the gem sends them by default
   # (`prepared_statements: true`). Options:
   # * named: false — unnamed statements (exec_params), as the gem sends them with
   #   `prepared_statements: false` (behind PgBouncer in transaction mode);
-  # * async: — a write that needs no durability wait commits asynchronously
-  #   (`set_config('synchronous_commit', 'off', true)` evaluated in its RETURNING):
-  #   :complete, the completion; :duplicate, a turned-away duplicate's bookkeeping (a
-  #   won claim stays durable).
+  # * async: :complete — the completion commits asynchronously
+  #   (`set_config('synchronous_commit', 'off', true)` evaluated in its RETURNING;
+  #   proposal A, the gem's `asynchronous_completion`); the claim stays durable.
   class Floor < Variant
     # @param conn [PG::Connection] a connection of its own
     # @param name [Symbol]
     # @param label [String]
     # @param named [Boolean] use named prepared statements
-    # @param async [Symbol, nil] :complete or :duplicate (see above), nil for neither
+    # @param async [Symbol, nil] :complete (see above), or nil
     def initialize(conn, name: :floor, label: "floor: same SQL, raw pg, named prepared", named: true, async: nil)
       super(name, label, baseline: name == :floor_nosync ? name : :floor)
       @conn = conn
       @named = named
-      @claim = IdempotentJob.claim_sql
+      @claim = IdempotentJob::Native.deliver_sql
       @complete = IdempotentJob::Native.fenced_sql(:complete)
       @complete += " RETURNING set_config('synchronous_commit', 'off', true)" if async == :complete
-      if async == :duplicate
-        @claim += ",\n          CASE WHEN r.claim_token = $3 THEN NULL " \
-                  "ELSE set_config('synchronous_commit', 'off', true) END AS async_commit"
-      end
       prepare if named
     end
 
@@ -137,19 +135,19 @@ module IdempotentJobBench
     # @raise [RuntimeError, PG::Error]
     def first(delivery)
       token = SecureRandom.uuid
-      won = run(:claim, claim_params(delivery, token)).getvalue(0, 0)
-      expect!(won == "t", "the claim of a new operation was not won")
+      inserted = run(:claim, claim_params(delivery, token)[0, 9]).getvalue(0, 0)
+      expect!(inserted == "t", "the claim of a new operation was not won")
       done = run(:complete, [JOB_TYPE, delivery.key, token]).cmd_tuples
       expect!(done == 1, "the completion changed #{done} rows")
     end
 
-    # Sends the claim statement for a completed operation.
+    # Sends the delivery statement for a completed operation (a read: nothing written).
     # @param delivery [Op]
     # @return [void]
     # @raise [RuntimeError, PG::Error]
     def duplicate(delivery)
-      row = run(:claim, claim_params(delivery, SecureRandom.uuid)).first
-      expect!(row["won"] == "f" && row["status"] == "completed", "a duplicate was not turned away: #{row}")
+      row = run(:claim, claim_params(delivery, SecureRandom.uuid)[0, 9]).first
+      expect!(row["inserted"] == "f" && row["status"] == "completed", "a duplicate was not turned away: #{row}")
     end
 
     # @return [void]

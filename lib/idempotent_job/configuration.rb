@@ -39,7 +39,13 @@ module IdempotentJob
       # without PostgreSQL parsing and planning them again); false: unnamed statements,
       # parsed and planned at every call. Set false behind PgBouncer in transaction mode
       # before 1.21 (or without max_prepared_statements), which cannot keep named ones.
-      prepared_statements: true
+      prepared_statements: true,
+      # Commit the completion asynchronously (synchronous_commit off for that one
+      # statement): no wait for the WAL flush. RISK: a PostgreSQL crash within
+      # wal_writer_delay (200 ms by default) of a completion can lose it; the record then
+      # stays claimed and, once its lease ends, the stale policy decides (:reclaim runs
+      # the job again). Claims stay durable. Off by default.
+      asynchronous_completion: false
     }.freeze
 
     # Type checks of {#validate!}: setting => [what it must be, test].
@@ -49,6 +55,7 @@ module IdempotentJob
       port: ["an Integer from 1 to 65535", ->(v) { v.nil? || (v.is_a?(Integer) && v.between?(1, 65_535)) }],
       heartbeat: ["true or false", ->(v) { [true, false].include?(v) }],
       prepared_statements: ["true or false", ->(v) { [true, false].include?(v) }],
+      asynchronous_completion: ["true or false", ->(v) { [true, false].include?(v) }],
       logger: ["a Logger", ->(v) { v.nil? || %i[info warn error].all? { |m| v.respond_to?(m) } }],
       **%i[database_url schema host dbname user password sslmode sslrootcert sslcert sslkey].to_h do |name|
         [name, ["a String", ->(v) { v.nil? || v.is_a?(String) }]]

@@ -61,7 +61,7 @@ RSpec.describe "IdempotentJob's native layer" do
     it "Timeout returns promptly from a claim blocked on a row lock; the next call is not delayed", :no_gc_stress do
       SpecServices.configure_gem!(pool_size: 1)
       key = unique_key
-      claim("T", key, "j", 30.0)
+      stale_claim("T", key)
       with_row_locked("T", key) do
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         expect do
@@ -77,7 +77,7 @@ RSpec.describe "IdempotentJob's native layer" do
 
     it "Thread#raise and Thread#kill reach a thread blocked in a claim" do
       key = unique_key
-      claim("T", key, "j", 30.0)
+      stale_claim("T", key)
       with_row_locked("T", key) do
         raised = Thread.new { claim("T", key, "j2", 30.0) }
         raised.report_on_exception = false
@@ -92,7 +92,7 @@ RSpec.describe "IdempotentJob's native layer" do
 
     it "cancels the interrupted statement: nothing runs on, and the record is untouched", :no_gc_stress do
       key = unique_key
-      first = claim("T", key, "j", 30.0)
+      first = stale_claim("T", key)
       with_row_locked("T", key) do
         expect { Timeout.timeout(0.2) { claim("T", key, "j2", 30.0) } }.to raise_error(Timeout::Error)
         sleep 0.3
@@ -131,7 +131,7 @@ RSpec.describe "IdempotentJob's native layer" do
   describe "the GVL" do
     it "is released while a call waits on the database, so other Ruby threads run" do
       key = unique_key
-      claim("T", key, "j", 30.0)
+      stale_claim("T", key)
       ticks = 0
       with_row_locked("T", key) do
         waiter = Thread.new { Timeout.timeout(1) { claim("T", key, "j2", 30.0) } rescue nil } # rubocop:disable Style/RescueModifier

@@ -27,7 +27,7 @@ RSpec.describe "The connection layer", :integration do
   it "raises a retryable TimeoutError when the pool is exhausted past checkout_timeout, never hangs" do
     SpecServices.configure_gem!(pool_size: 2, checkout_timeout: 0.5)
     key = unique_key
-    claim("Pool", key, "j", 30)
+    stale_claim("Pool", key)
     errors = Queue.new
     with_row_locked("Pool", key) do
       threads = Array.new(5) do
@@ -61,7 +61,7 @@ RSpec.describe "The connection layer", :integration do
   it "raises a TimeoutError for a statement past statement_timeout" do
     SpecServices.configure_gem!(statement_timeout: 0.3)
     key = unique_key
-    claim("Slow", key, "j", 30)
+    stale_claim("Slow", key)
     with_row_locked("Slow", key) do
       expect { claim("Slow", key, "j2", 30) }.to raise_error(IdempotentJob::TimeoutError) do |e|
         expect(e.sqlstate).to eq("57014")

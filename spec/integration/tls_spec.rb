@@ -98,7 +98,7 @@ RSpec.describe "TLS", :integration do
   it "cancels an interrupted statement over TLS too" do
     use(host: "127.0.0.1", sslmode: "require")
     key = "cancel-#{rand(1 << 30)}"
-    claim("Tls", key, "j", 30)
+    stale_claim("Tls", key)
     admin = PG.connect(host: "127.0.0.1", port:, user: "postgres", dbname: "idempotent_job")
     admin.exec("BEGIN")
     admin.exec_params("SELECT 1 FROM idempotent_job_records WHERE job_type = 'Tls' AND operation_key = $1 FOR UPDATE",

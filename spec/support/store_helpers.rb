@@ -10,6 +10,12 @@ module StoreHelpers
     IdempotentJob.store.fenced(:complete, job_type, key, token, nil)
   end
 
+  # A claim whose lease has already run out: the next delivery cannot be answered by the
+  # read-only look, so the claim statement runs (and waits for a row lock held elsewhere).
+  def stale_claim(job_type, key, jid = "j")
+    claim(job_type, key, jid, 0.05).tap { sleep 0.1 }
+  end
+
   def unique_key
     "k-#{rand(1 << 40)}"
   end

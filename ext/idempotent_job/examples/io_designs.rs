@@ -34,32 +34,17 @@ trait Design: Sync {
     fn call(&self, i: usize, v: i32) -> i32;
 }
 
+/// A runtime with the connections spawned on it as tasks: `spawned` (multi-thread,
+/// one worker) and `shared_ct` (current-thread).
 struct Spawned {
+    name: &'static str,
     rt: Runtime,
     clients: Vec<Client>,
 }
 
 impl Design for Spawned {
     fn name(&self) -> &'static str {
-        "spawned (today)"
-    }
-    fn call(&self, i: usize, v: i32) -> i32 {
-        let c = &self.clients[i];
-        self.rt.block_on(async {
-            let rows = c.query_typed(SQL, &[(&v, Type::INT4)]).await.unwrap();
-            rows[0].get(0)
-        })
-    }
-}
-
-struct SharedCt {
-    rt: Runtime,
-    clients: Vec<Client>,
-}
-
-impl Design for SharedCt {
-    fn name(&self) -> &'static str {
-        "current-thread shared"
+        self.name
     }
     fn call(&self, i: usize, v: i32) -> i32 {
         let c = &self.clients[i];
@@ -142,7 +127,11 @@ fn main() {
             })
         })
         .collect();
-    let spawned = Spawned { rt, clients };
+    let spawned = Spawned {
+        name: "spawned (today)",
+        rt,
+        clients,
+    };
 
     let rt = Builder::new_current_thread().enable_all().build().unwrap();
     let clients = (0..10)
@@ -154,7 +143,11 @@ fn main() {
             })
         })
         .collect();
-    let shared = SharedCt { rt, clients };
+    let shared = Spawned {
+        name: "current-thread shared",
+        rt,
+        clients,
+    };
 
     let conns = (0..10)
         .map(|_| {

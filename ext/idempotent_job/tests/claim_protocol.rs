@@ -57,6 +57,7 @@ fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
         queue: Some("default".into()),
         args_json: Some(format!("[{key:?}]")),
         refuse_mismatch: false,
+        facts_json: Some(format!(r#"{{"delivery":"d-{key}"}}"#)),
     }
 }
 
@@ -66,7 +67,7 @@ fn unique(name: &str) -> String {
 
 fn decide(store: &Store, req: &ClaimRequest) -> Result<claim::Decision, Error> {
     let req = req.clone();
-    store.with_conn(async |c| claim::claim(c, &req).await)
+    store.run(|pool, i| claim::deliver(pool, i, &req))
 }
 
 fn claim(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
@@ -162,11 +163,7 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
         Outcome::Completed { duplicates: 2 }
     );
 
-    let req2 = req.clone();
-    let record = store
-        .with_conn(async |c| claim::find(c, &req2.job_type, &req2.operation_key).await)
-        .unwrap()
-        .expect("record exists");
+    let record = find_record(&store, &req).expect("record exists");
     assert_eq!(record.status, "completed");
     assert_eq!(record.attempts, 1);
     assert_eq!(record.duplicates, 2);
@@ -576,11 +573,14 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     complete(&store, &req, token).unwrap();
     find(&store, &req);
     let prepared = prepared_on_connection(&store);
+    // The first claim and the duplicate are decided by the delivery statement (its
+    // insert, then its read-only look); the claim statement is not needed.
     assert_eq!(
-        runs_of(&prepared, claim::CLAIM_SQL),
+        runs_of(&prepared, claim::DELIVER_SQL),
         vec![2],
         "{prepared:?}"
     );
+    assert_eq!(runs_of(&prepared, claim::CLAIM_SQL), Vec::<i64>::new());
     assert_eq!(runs_of(&prepared, Fenced::Complete.sql()), vec![1]);
     assert_eq!(runs_of(&prepared, claim::FIND_SQL), vec![1]);
 
@@ -588,7 +588,7 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     claim(&store, &req).unwrap();
     let again = prepared_on_connection(&store);
     assert_eq!(again.len(), prepared.len(), "{again:?}");
-    assert_eq!(runs_of(&again, claim::CLAIM_SQL), vec![3]);
+    assert_eq!(runs_of(&again, claim::DELIVER_SQL), vec![3]);
 }
 
 #[test]
@@ -624,5 +624,60 @@ fn a_statement_the_server_forgot_names_the_setting_and_is_prepared_again_next_ti
     assert!(matches!(
         claim(&store, &req).unwrap(),
         Outcome::InProgress { .. }
+    ));
+}
+
+#[test]
+fn the_gems_named_statements_are_planned_once_per_connection_generically() {
+    let store = store_with(true, 1);
+    for n in 0..8 {
+        let req = request(&unique("plans"), &n.to_string(), 30.0);
+        let (token, _, _) = token_of(claim(&store, &req).unwrap());
+        claim(&store, &req).unwrap(); // a duplicate: the read-only look
+        complete(&store, &req, token).unwrap();
+    }
+    let plans: Vec<(String, i64, i64)> = store
+        .with_conn(async |c| {
+            let rows = c
+                .query_typed(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements \
+                     WHERE statement LIKE '%idempotent_job_records%'",
+                    &[],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect())
+        })
+        .unwrap();
+    for sql in [claim::DELIVER_SQL, Fenced::Complete.sql()] {
+        let found: Vec<_> = plans.iter().filter(|(text, ..)| text == sql).collect();
+        assert_eq!(found.len(), 1, "{plans:?}");
+        assert_eq!(found[0].2, 0, "custom plans of {sql}: {plans:?}");
+        assert!(found[0].1 >= 8, "{plans:?}");
+    }
+}
+
+#[test]
+fn an_asynchronous_completion_completes_the_claim() {
+    store(); // migrated
+    let mut config = Config::new(database_url());
+    config.asynchronous_completion = true;
+    let store = Store::new(config).unwrap();
+    let req = request(&unique("async"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    fenced(&store, &req, Fenced::CompleteAsynchronously, token).unwrap();
+    // Idempotent for its own token, like the durable completion.
+    fenced(&store, &req, Fenced::CompleteAsynchronously, token).unwrap();
+    assert_eq!(find(&store, &req).status, "completed");
+    assert!(matches!(
+        fenced(
+            &store,
+            &req,
+            Fenced::CompleteAsynchronously,
+            uuid::Uuid::new_v4()
+        ),
+        Err(Error::LostClaim { .. })
     ));
 }

@@ -9,8 +9,10 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
+use super::bookkeeping::Repeat;
 use super::error::{Error, Result};
-use super::store::Conn;
+use super::retry::with_fresh_conn;
+use super::store::{Conn, Interrupt, Lane, Pool};
 use tokio_postgres::Client;
 
 /// Longest `job_type` + `operation_key`, in bytes, that the unique index accepts
@@ -90,7 +92,48 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
                             AND r.args_digest <> excluded.args_digest AS mismatch) AS m) AS d)
 RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
           r.duplicates, r.last_mismatch AS mismatch,
-          EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_remaining"#;
+          EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_remaining,
+          now() AS decided_at"#;
+
+/// A delivery's first statement outside a transaction ([`deliver`]): a look at the
+/// record and, only when there is none, the first claim's insert, in one round trip.
+///
+/// * no record: inserts it as `claimed` with the caller's token, exactly as
+///   [`CLAIM_SQL`] would (`inserted` is true): a first claim, durable;
+/// * a record: returns its state (`inserted` false) and writes nothing, so the
+///   statement assigns no transaction id and commits without a WAL flush;
+/// * no row at all: a concurrent first claim inserted the record after this
+///   statement's snapshot (`ON CONFLICT DO NOTHING` waited for it): the caller asks
+///   [`CLAIM_SQL`].
+///
+/// Parameters: as [`CLAIM_SQL`]'s $1–$9.
+pub const DELIVER_SQL: &str = r#"
+WITH look AS (
+    SELECT status, jid, attempts, duplicates, args_digest, lease_expires_at,
+           claim_token = $3 AS mine, last_claim
+      FROM idempotent_job_records
+     WHERE job_type = $1 AND operation_key = $2),
+first AS (
+    INSERT INTO idempotent_job_records
+        (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
+         args_digest, job_class, queue, args, job_classes)
+    SELECT $1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
+           $6, $7, $8,
+           CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
+                ELSE $9::jsonb END,
+           array_remove(ARRAY[$7::text], NULL)
+     WHERE NOT EXISTS (SELECT 1 FROM look)
+    ON CONFLICT (job_type, operation_key) DO NOTHING
+    RETURNING status, jid, attempts, duplicates, args_digest, lease_expires_at)
+SELECT true AS inserted, true AS mine, 'first' AS last_claim, status, jid, attempts,
+       duplicates, args_digest,
+       EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_remaining,
+       now() AS decided_at
+  FROM first
+UNION ALL
+SELECT false, mine, last_claim, status, jid, attempts, duplicates, args_digest,
+       EXTRACT(EPOCH FROM lease_expires_at - now())::float8, now()
+  FROM look"#;
 
 /// A change that only the current claim holder may make. Every fenced statement
 /// has the same guard: the record is still `claimed` under the caller's token.
@@ -99,6 +142,9 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 pub enum Fenced {
     /// Mark the claim completed: the effect is done.
     Complete,
+    /// [`Fenced::Complete`], committed with `synchronous_commit = off` (the
+    /// `asynchronous_completion` setting; never inside a transaction).
+    CompleteAsynchronously,
     /// Give the claim back after the job raised ($4: error text); the next delivery
     /// (Sidekiq's retry) claims again at once.
     Release,
@@ -125,6 +171,14 @@ impl Fenced {
                 "UPDATE idempotent_job_records SET status = 'completed', \
                  completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
+                 AND claim_token = $3 AND status IN ('claimed', 'completed')"
+            }
+            Fenced::CompleteAsynchronously => {
+                "UPDATE idempotent_job_records SET status = 'completed', \
+                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
+                 updated_at = now() \
+                 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
+                 WHERE job_type = $1 AND operation_key = $2 \
                  AND claim_token = $3 AND status IN ('claimed', 'completed')"
             }
             Fenced::Release => {
@@ -161,7 +215,7 @@ impl Fenced {
 
     fn verb(self) -> &'static str {
         match self {
-            Fenced::Complete => "complete",
+            Fenced::Complete | Fenced::CompleteAsynchronously => "complete",
             Fenced::Release => "release",
             Fenced::Hold => "hold",
             Fenced::GiveUp => "give up",
@@ -248,6 +302,9 @@ pub struct ClaimRequest {
     pub args_json: Option<String>,
     /// Never take a claim over with a mismatched payload (`on_mismatch: :raise`).
     pub refuse_mismatch: bool,
+    /// The door's facts about this delivery (delivery id, retry count, enqueued at…):
+    /// a JSON object text, stored with the operation's repeats (`repeat_facts`).
+    pub facts_json: Option<String>,
 }
 
 /// How a won claim was obtained.
@@ -270,6 +327,24 @@ impl ClaimKind {
             ClaimKind::First => "first",
             ClaimKind::Retry => "retry",
             ClaimKind::Takeover => "takeover",
+        }
+    }
+}
+
+impl Outcome {
+    /// The outcome's name, as the Ruby layer and `repeat_facts` spell it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Claimed { kind, .. } => match kind {
+                ClaimKind::First => "claimed",
+                ClaimKind::Retry => "retry",
+                ClaimKind::Takeover => "takeover",
+            },
+            Outcome::Completed { .. } => "completed",
+            Outcome::InProgress { .. } => "in_progress",
+            Outcome::Held { .. } => "held",
+            Outcome::GivenUp { .. } => "given_up",
+            Outcome::Refused { .. } => "refused",
         }
     }
 }
@@ -360,6 +435,17 @@ pub fn check_request(req: &ClaimRequest) -> Result<()> {
             req.job_type, req.lease_seconds
         )));
     }
+    if let Some(facts) = &req.facts_json {
+        if !matches!(
+            serde_json::from_str(facts),
+            Ok(serde_json::Value::Object(_))
+        ) {
+            return Err(Error::Config(format!(
+                "the delivery facts of {} must be a JSON object text, got {facts:?}",
+                req.job_type
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -399,30 +485,43 @@ pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<Decision> {
 /// Errors: as [`claim`]; before the first claim of a process, a table that lacks
 /// columns is refused ([`super::schema::ensure`]).
 pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<Decision> {
+    Ok(claim_at(conn, req, token).await?.0)
+}
+
+/// [`CLAIM_SQL`]'s parameters $1–$10 for `req`, with `token` as $3.
+fn claim_params<'a>(
+    req: &'a ClaimRequest,
+    token: &'a Uuid,
+) -> [(&'a (dyn ToSql + Sync), Type); 10] {
+    [
+        (&req.job_type, Type::TEXT),
+        (&req.operation_key, Type::TEXT),
+        (token, Type::UUID),
+        (&req.jid, Type::TEXT),
+        (&req.lease_seconds, Type::FLOAT8),
+        (&req.args_digest, Type::TEXT),
+        (&req.job_class, Type::TEXT),
+        (&req.queue, Type::TEXT),
+        (&req.args_json, Type::TEXT),
+        (&req.refuse_mismatch, Type::BOOL),
+    ]
+}
+
+/// [`claim_as`], and the database time of the decision.
+async fn claim_at(
+    conn: &Conn,
+    req: &ClaimRequest,
+    token: Uuid,
+) -> Result<(Decision, DateTime<Utc>)> {
     check_request(req)?;
     super::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
-    let result = conn
-        .query_own(
-            CLAIM_SQL,
-            &[
-                (&req.job_type, Type::TEXT),
-                (&req.operation_key, Type::TEXT),
-                (&token, Type::UUID),
-                (&req.jid, Type::TEXT),
-                (&req.lease_seconds, Type::FLOAT8),
-                (&req.args_digest, Type::TEXT),
-                (&req.job_class, Type::TEXT),
-                (&req.queue, Type::TEXT),
-                (&req.args_json, Type::TEXT),
-                (&req.refuse_mismatch, Type::BOOL),
-            ],
-        )
-        .await;
+    let result = conn.query_own(CLAIM_SQL, &claim_params(req, &token)).await;
     let rows = result?;
     let row = rows
         .first()
         .ok_or_else(|| Error::connection("the claim statement returned no row"))?;
-    decide(
+    let at = row.try_get("decided_at")?;
+    let decision = decide(
         ClaimRow {
             won: row.try_get("won")?,
             status: row.try_get("status")?,
@@ -435,7 +534,120 @@ pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<De
         },
         token,
         req,
-    )
+    )?;
+    Ok((decision, at))
+}
+
+/// Decides one delivery outside a transaction, durably only when it must.
+///
+/// One statement first ([`DELIVER_SQL`]): with no record it makes the first claim
+/// (durable, one round trip, as [`CLAIM_SQL`] would); when the operation is
+/// completed, held, given up or claimed under a live lease, the record's state is
+/// the answer and nothing is written (no transaction id, no WAL flush), and the
+/// duplicate's bookkeeping is queued for the background writer
+/// ([`super::bookkeeping`]). Otherwise (released, a stale claim, or a concurrent
+/// first claim that committed after the statement's snapshot) [`CLAIM_SQL`] decides,
+/// durably: a takeover or a retry is never decided by the look, and the race never
+/// yields a wrong answer. `duplicates` in a look's answer counts this delivery.
+///
+/// Errors: as [`claim`].
+pub fn deliver(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Result<Decision> {
+    check_request(req)?;
+    let books = pool.bookkeeper();
+    if books.is_unsettled(&req.job_type, &req.operation_key) {
+        // This process still has a repeat of the operation to write: write it first,
+        // so the counts it reads are its own.
+        books.settle(pool, interrupt)?;
+    }
+    // One token for every attempt: sent again on a fresh connection after its first
+    // answer was lost, a claim that had won is found as this delivery's own.
+    let token = Uuid::new_v4();
+    let (decision, repeat) = with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
+        look_or_claim(c, req, token).await
+    })?;
+    if let Some(repeat) = repeat {
+        books.record(repeat);
+    }
+    Ok(decision)
+}
+
+async fn look_or_claim(
+    conn: &Conn,
+    req: &ClaimRequest,
+    token: Uuid,
+) -> Result<(Decision, Option<Repeat>)> {
+    super::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
+    // DELIVER_SQL takes CLAIM_SQL's parameters but the last ($10).
+    let rows = conn
+        .query_own(DELIVER_SQL, &claim_params(req, &token)[..9])
+        .await?;
+    let repeat = |decision: &Decision, at: DateTime<Utc>, count: bool| Repeat {
+        job_type: req.job_type.clone(),
+        operation_key: req.operation_key.clone(),
+        at,
+        job_class: req.job_class.clone(),
+        decision: decision.outcome.name(),
+        facts: req.facts_json.clone(),
+        count,
+        mismatch: decision.mismatch,
+    };
+    if let Some(row) = rows.first() {
+        let inserted: bool = row.try_get("inserted")?;
+        let status: String = row.try_get("status")?;
+        let lease_remaining: f64 = row.try_get("lease_remaining")?;
+        if !inserted && status == "claimed" && row.try_get::<_, bool>("mine")? {
+            // This delivery's own claim, made by an attempt whose answer was lost.
+            let decision = decide(
+                ClaimRow {
+                    won: true,
+                    status,
+                    last_claim: row.try_get("last_claim")?,
+                    attempts: row.try_get("attempts")?,
+                    jid: row.try_get("jid")?,
+                    duplicates: row.try_get("duplicates")?,
+                    mismatch: false,
+                    lease_remaining,
+                },
+                token,
+                req,
+            )?;
+            return Ok((decision, None));
+        }
+        let live = status == "claimed" && lease_remaining > 0.0;
+        if inserted || live || matches!(status.as_str(), "completed" | "held" | "given_up") {
+            let digest: Option<String> = row.try_get("args_digest")?;
+            let mismatch =
+                !inserted && matches!((&digest, &req.args_digest), (Some(a), Some(b)) if a != b);
+            let duplicates: i32 = row.try_get("duplicates")?;
+            let decision = decide(
+                ClaimRow {
+                    won: inserted,
+                    status,
+                    last_claim: "first".into(),
+                    attempts: row.try_get("attempts")?,
+                    jid: row.try_get("jid")?,
+                    duplicates: duplicates + i32::from(!inserted),
+                    mismatch,
+                    lease_remaining,
+                },
+                token,
+                req,
+            )?;
+            let at = row.try_get("decided_at")?;
+            let repeat = (!inserted).then(|| repeat(&decision, at, true));
+            return Ok((decision, repeat));
+        }
+    }
+    let (decision, at) = claim_at(conn, req, token).await?;
+    let first = matches!(
+        decision.outcome,
+        Outcome::Claimed {
+            kind: ClaimKind::First,
+            ..
+        }
+    );
+    let repeat = (!first).then(|| repeat(&decision, at, false));
+    Ok((decision, repeat))
 }
 
 /// The columns [`CLAIM_SQL`] returns, read by whichever driver ran it (the native

@@ -80,6 +80,13 @@ pub struct Config {
     /// Default 10.
     #[serde(default = "default_deadline")]
     pub deadline: f64,
+    /// Commit the completion outside a transaction with `synchronous_commit = off`
+    /// ([`super::claim::Fenced::CompleteAsynchronously`]): no wait for the WAL flush.
+    /// Risk: a PostgreSQL crash within `wal_writer_delay` of a completion can lose it;
+    /// the record stays claimed and the stale policy decides once the lease ends.
+    /// Default false.
+    #[serde(default)]
+    pub asynchronous_completion: bool,
 }
 
 /// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
@@ -150,6 +157,7 @@ impl std::fmt::Debug for Config {
             .field("password", &self.password.as_ref().map(|_| "[REDACTED]"))
             .field("prepared_statements", &self.prepared_statements)
             .field("deadline", &self.deadline)
+            .field("asynchronous_completion", &self.asynchronous_completion)
             .finish()
     }
 }
@@ -215,6 +223,7 @@ impl Config {
             sslkey: None,
             prepared_statements: default_prepared_statements(),
             deadline: default_deadline(),
+            asynchronous_completion: false,
         }
     }
 

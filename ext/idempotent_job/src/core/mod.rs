@@ -1,4 +1,5 @@
 //! The native core: no Ruby here, tested by `cargo test` against PostgreSQL.
+pub mod bookkeeping;
 pub mod claim;
 pub mod config;
 pub mod error;

@@ -60,8 +60,14 @@ impl Session {
         let until = Instant::now() + pool.deadline();
         let mut conn = checkout_live(pool, interrupt, Lane::Main, until)?;
         conn.run_until(interrupt, Some(until), async |c| {
-            Ok(c.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                .await?)
+            // The job's own statements are planned as PostgreSQL would by default
+            // (the connection forces generic plans for the gem's statements only).
+            let begin = if c.prepared_statements() {
+                "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL plan_cache_mode = auto"
+            } else {
+                "BEGIN ISOLATION LEVEL READ COMMITTED"
+            };
+            Ok(c.batch_execute(begin).await?)
         })?;
         Ok(Session { conn })
     }

@@ -42,6 +42,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::bookkeeping::Bookkeeper;
 use super::config::Config;
 use super::error::{Error, Result};
 
@@ -240,9 +241,25 @@ impl PgConn {
                 .into(),
             sqlstate: None,
         })??;
+        let mut driver: Driver = Box::pin(connection);
+        if prepared_statements {
+            // The gem's named statements get one generic plan per connection instead of
+            // being re-planned (custom plans) at many calls. PostgreSQL 12 and later;
+            // elsewhere the setting is unknown and left alone. A transaction resets it
+            // for the job's own statements (see `Session::begin`).
+            let mut slot = Some(driver);
+            let _ = drive(
+                &runtime,
+                &Interrupt::none(),
+                Some(&mut slot),
+                None,
+                client.batch_execute("SET plan_cache_mode = force_generic_plan"),
+            );
+            driver = slot.ok_or_else(|| Error::connection("the connection closed"))?;
+        }
         Ok(PgConn {
             runtime: OwnRuntime(Some(runtime)),
-            driver: Some(Box::pin(connection)),
+            driver: Some(driver),
             conn: Conn {
                 client,
                 statements: RefCell::new(HashMap::new()),
@@ -301,6 +318,7 @@ pub struct Pool {
     inner: managed::Pool<Manager>,
     tls: MakeRustlsConnect,
     background: tokio::runtime::Handle,
+    bookkeeper: std::sync::Arc<Bookkeeper>,
     /// The process that built the pool: the only one it ever serves ([`Store::pool`]
     /// builds another in a forked child).
     pid: u32,
@@ -396,6 +414,24 @@ impl Pool {
     /// The background runtime: heartbeats, cancel requests, checkout timers.
     pub fn background(&self) -> &tokio::runtime::Handle {
         &self.background
+    }
+
+    /// This process's queue of repeated deliveries to record (see
+    /// [`super::bookkeeping`]).
+    pub fn bookkeeper(&self) -> &std::sync::Arc<Bookkeeper> {
+        &self.bookkeeper
+    }
+
+    /// Polls `future` on the background runtime from the calling thread, watching
+    /// `interrupt` (for waits on the pool's own locks and semaphores).
+    ///
+    /// Errors: [`Error::Interrupted`].
+    pub fn block_on_background<F: Future>(
+        &self,
+        interrupt: &Interrupt<'_>,
+        future: F,
+    ) -> Result<F::Output> {
+        drive(&self.background, interrupt, None, None, future)
     }
 
     /// Checks a connection out, blocking the calling thread: an idle one at once, else
@@ -764,6 +800,7 @@ impl Store {
         }
         let built = self.build()?;
         let pool = built.pool.clone();
+        built.runtime.spawn(Bookkeeper::run(pool.clone()));
         *owned = Some(built);
         Ok(pool)
     }
@@ -802,6 +839,7 @@ impl Store {
                 inner,
                 tls,
                 background: runtime.handle().clone(),
+                bookkeeper: Default::default(),
                 pid,
                 reserve,
                 deadline: self.config.deadline(),

@@ -50,7 +50,7 @@ impl<'r> Out<'r> {
 
 /// A claim request from a Hash with Symbol keys `job_type`, `operation_key`, `jid`,
 /// `lease` (seconds), `args_digest`, `job_class`, `queue`, `args_json`,
-/// `refuse_mismatch`.
+/// `refuse_mismatch`, `facts_json` (the door's delivery facts: a JSON object text).
 pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
     let get = |key: &str| request.lookup::<_, Option<String>>(ruby.to_symbol(key));
     Ok(ClaimRequest {
@@ -67,6 +67,7 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
         refuse_mismatch: request
             .lookup::<_, Option<bool>>(ruby.to_symbol("refuse_mismatch"))?
             .unwrap_or(false),
+        facts_json: get("facts_json")?,
     })
 }
 

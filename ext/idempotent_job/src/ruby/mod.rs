@@ -16,6 +16,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     let native = root.define_module("Native")?;
     native.define_module_function("schema_sql", function!(crate::core::migrate::schema_sql, 0))?;
     native.define_module_function("claim_sql", function!(claim_sql, 0))?;
+    native.define_module_function("deliver_sql", function!(deliver_sql, 0))?;
     native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
     native.define_module_function("decide", function!(convert::decide, 3))?;
@@ -32,6 +33,10 @@ fn describe_url(url: String) -> String {
 
 fn repeats_sql() -> &'static str {
     crate::core::claim::REPEATS_SQL.trim()
+}
+
+fn deliver_sql() -> &'static str {
+    crate::core::claim::DELIVER_SQL.trim()
 }
 
 fn claim_sql() -> &'static str {

@@ -13,7 +13,7 @@ use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::NativeHeartbeat;
 use super::transaction::NativeTransaction;
-use crate::core::claim::{self, Resolution};
+use crate::core::claim::{self, Fenced, Resolution};
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::heartbeat::Heartbeat;
@@ -21,7 +21,6 @@ use crate::core::migrate;
 use crate::core::retry::with_fresh_conn;
 use crate::core::session::Session;
 use crate::core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
-use uuid::Uuid;
 
 #[magnus::wrap(class = "IdempotentJob::Native::Store", free_immediately, size)]
 struct NativeStore(Store);
@@ -68,16 +67,25 @@ impl NativeStore {
         })
     }
 
+    /// Like [`NativeStore::with_fresh_conn`] on the pool's main lane, after writing
+    /// this process's queued repeat bookkeeping, so a read sees the process's own
+    /// repeats.
+    fn with_settled_conn<T>(
+        &self,
+        ruby: &Ruby,
+        op: impl AsyncFn(&mut Conn) -> Result<T>,
+    ) -> RbResult<T> {
+        self.run(ruby, |pool, interrupt| {
+            pool.bookkeeper().settle(pool, interrupt)?;
+            with_fresh_conn(pool, interrupt, Lane::Main, op)
+        })
+    }
+
     /// `claim(request)`: see [`claim_request`] for the Hash; returns
     /// [`decision_hash`].
     fn claim(ruby: &Ruby, rb_self: &Self, request: RHash) -> RbResult<RHash> {
         let request = claim_request(ruby, request)?;
-        // One token for every attempt: a claim sent again on a fresh connection after
-        // its first answer was lost wins again if the first had won.
-        let token = Uuid::new_v4();
-        let decision = rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
-            claim::claim_as(c, &request, token).await
-        })?;
+        let decision = rb_self.run(ruby, |pool, i| claim::deliver(pool, i, &request))?;
         decision_hash(ruby, decision)
     }
 
@@ -99,7 +107,12 @@ impl NativeStore {
         token: String,
         text: Option<String>,
     ) -> RbResult<bool> {
-        let change = parse_fenced(ruby, change)?;
+        let change = match parse_fenced(ruby, change)? {
+            Fenced::Complete if rb_self.0.config().asynchronous_completion => {
+                Fenced::CompleteAsynchronously
+            }
+            other => other,
+        };
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
         rb_self.with_fresh_conn(ruby, Lane::Reserve, async |c| {
             claim::fenced(c, change, &job_type, &operation_key, token, text.as_deref()).await
@@ -114,7 +127,7 @@ impl NativeStore {
         job_type: String,
         operation_key: String,
     ) -> RbResult<Option<RHash>> {
-        let record = rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+        let record = rb_self.with_settled_conn(ruby, async |c| {
             claim::find(c, &job_type, &operation_key).await
         })?;
         record.map(|r| record_hash(ruby, r)).transpose()
@@ -168,7 +181,7 @@ impl NativeStore {
     ) -> RbResult<RArray> {
         let since = DateTime::<Utc>::from_timestamp_micros((since * 1e6) as i64)
             .ok_or_else(|| to_ruby(ruby, Error::Config("since is out of range".into())))?;
-        let rows = rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+        let rows = rb_self.with_settled_conn(ruby, async |c| {
             claim::repeats(c, since, job_type.as_deref()).await
         })?;
         let out = ruby.ary_new_capa(rows.len());
@@ -224,6 +237,13 @@ impl NativeStore {
         )))
     }
 
+    /// `settle_repeats` → true once this process's queued repeat bookkeeping is
+    /// written (see `core::bookkeeping`).
+    fn settle_repeats(ruby: &Ruby, rb_self: &Self) -> RbResult<bool> {
+        rb_self.run(ruby, |pool, i| pool.bookkeeper().settle(pool, i))?;
+        Ok(true)
+    }
+
     /// `migrate` → Array of the migration names applied now.
     fn migrate(ruby: &Ruby, rb_self: &Self) -> RbResult<Vec<String>> {
         rb_self.run(ruby, migrate::migrate)
@@ -240,6 +260,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("resolve", method!(NativeStore::resolve, 3))?;
     class.define_method("heartbeat", method!(NativeStore::heartbeat, 5))?;
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
+    class.define_method("settle_repeats", method!(NativeStore::settle_repeats, 0))?;
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
     class.define_method("purge_batch", method!(NativeStore::purge_batch, 2))?;
     class.define_method("repeats", method!(NativeStore::repeats, 2))?;

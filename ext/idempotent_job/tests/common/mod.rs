@@ -33,6 +33,9 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
 pub fn find_record(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
     let req = req.clone();
     store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    store
         .with_conn(async |c| claim::find(c, &req.job_type, &req.operation_key).await)
         .unwrap()
 }
