@@ -93,7 +93,10 @@ RSpec.describe "Fault probe findings", :faults do
   describe "a pool held by claims waiting on a row lock" do
     it "still records the completion of a body that ran, and bounds the waiting claims by the deadline" do
       SpecServices.configure_gem!(pool_size: 2, deadline: 3, checkout_timeout: 2)
-      deliver(job_hash([7, 1])) # the record of operation 7 exists; its row is locked below
+      # Operation 7 holds a stale claim (a read cannot decide it: the claim statement
+      # must, and it waits on the row locked below).
+      claim("ChargeOrderJob", "7", "gone", 0.1)
+      sleep 0.2
       waiting = []
       waited = []
       with_row_locked("ChargeOrderJob", "7") do
