@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "spec_helper"
-require "sidekiq/api"
+require_relative "../support/sidekiq_processes"
 require_relative "support/fault_database"
 require_relative "support/fault_proxy"
 
@@ -11,6 +11,8 @@ require_relative "support/fault_proxy"
 # its figures and checks that every operation's body ran exactly once and its record
 # ended completed.
 RSpec.describe "Connection faults under a real Sidekiq process", :faults do
+  include SidekiqProcesses
+
   let(:root) { File.expand_path("../..", __dir__) }
   let(:operations) { Integer(ENV.fetch("FAULT_OPERATIONS", "400")) }
 
@@ -49,18 +51,6 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
             "FAULT_SETTINGS" => settings.map { |k, v| "#{k}=#{v}" }.join(",") }
     Process.spawn(env, "sidekiq", "-r", File.join(root, "spec/faults/support/boot.rb"), "-c", "5",
                   chdir: root, out: File.join(dir, "sidekiq.log"), err: File.join(dir, "sidekiq.log"), pgroup: true)
-  end
-
-  def stop_sidekiq(pid)
-    Process.kill(:TERM, pid)
-    Timeout.timeout(30) { Process.wait(pid) }
-  rescue Errno::ESRCH, Errno::ECHILD
-    nil
-  end
-
-  def drained?
-    Sidekiq::Queue.new("default").size.zero? && Sidekiq::ScheduledSet.new.size.zero? &&
-      Sidekiq::RetrySet.new.size.zero? && Sidekiq::Workers.new.size.zero?
   end
 
   def wait_for(timeout)
