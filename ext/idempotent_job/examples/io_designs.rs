@@ -42,6 +42,22 @@ struct Spawned {
     clients: Vec<Client>,
 }
 
+impl Spawned {
+    /// Ten connections, each spawned as a task on `rt`.
+    fn connect(name: &'static str, rt: Runtime, config: &tokio_postgres::Config) -> Self {
+        let clients = (0..10)
+            .map(|_| {
+                rt.block_on(async {
+                    let (c, conn) = config.connect(NoTls).await.unwrap();
+                    tokio::spawn(conn);
+                    c
+                })
+            })
+            .collect();
+        Spawned { name, rt, clients }
+    }
+}
+
 impl Design for Spawned {
     fn name(&self) -> &'static str {
         self.name
@@ -118,36 +134,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let clients = (0..10)
-        .map(|_| {
-            rt.block_on(async {
-                let (c, conn) = config.connect(NoTls).await.unwrap();
-                tokio::spawn(conn);
-                c
-            })
-        })
-        .collect();
-    let spawned = Spawned {
-        name: "spawned (today)",
-        rt,
-        clients,
-    };
-
+    let spawned = Spawned::connect("spawned (today)", rt, &config);
     let rt = Builder::new_current_thread().enable_all().build().unwrap();
-    let clients = (0..10)
-        .map(|_| {
-            rt.block_on(async {
-                let (c, conn) = config.connect(NoTls).await.unwrap();
-                tokio::spawn(conn);
-                c
-            })
-        })
-        .collect();
-    let shared = Spawned {
-        name: "current-thread shared",
-        rt,
-        clients,
-    };
+    let shared = Spawned::connect("current-thread shared", rt, &config);
 
     let conns = (0..10)
         .map(|_| {

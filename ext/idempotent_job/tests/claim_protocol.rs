@@ -158,6 +158,11 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
         other => panic!("expected in progress, got {other:?}"),
     }
     complete(&store, &req, token).unwrap();
+    // The duplicate's bookkeeping is written in the background: once written, the
+    // next answer counts it.
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
     assert_eq!(
         claim(&store, &req).unwrap(),
         Outcome::Completed { duplicates: 2 }
@@ -679,5 +684,37 @@ fn an_asynchronous_completion_completes_the_claim() {
             uuid::Uuid::new_v4()
         ),
         Err(Error::LostClaim { .. })
+    ));
+}
+
+#[test]
+fn an_idle_connection_the_server_terminated_is_replaced_at_checkout() {
+    store(); // migrated
+    let mut config = Config::new(database_url());
+    config.pool_size = 1;
+    config.application_name = "terminated-idle".into();
+    let victim = Store::new(config).unwrap();
+    let req = request(&unique("terminated"), "1", 30.0);
+    claim(&victim, &req).unwrap();
+    // Another session terminates the pooled connection while it sits idle (what a
+    // PostgreSQL restart or failover does); the server's message waits in its socket.
+    let killed: i64 = store()
+        .with_conn(async |c| {
+            let rows = c
+                .query_typed(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE application_name = 'terminated-idle'",
+                    &[],
+                )
+                .await?;
+            Ok(rows[0].get(0))
+        })
+        .unwrap();
+    assert_eq!(killed, 1);
+    std::thread::sleep(Duration::from_millis(100));
+    // The checkout reads the termination and connects afresh: no error reaches the caller.
+    assert!(matches!(
+        claim(&victim, &req).unwrap(),
+        Outcome::InProgress { .. }
     ));
 }

@@ -13,7 +13,7 @@
 //! record's status and claim token, which only the durable claim and fenced
 //! statements change):
 //! * a process killed (SIGKILL, OOM) loses the repeats queued and not yet written:
-//!   those decided in about the last flush (a few milliseconds under load);
+//!   those decided in about the last [`LINGER`] (5 ms) plus one batch's write;
 //! * a PostgreSQL crash loses the batches committed within `wal_writer_delay`
 //!   (200 ms by default) before it.
 //!
@@ -33,12 +33,14 @@ use tokio_postgres::types::Type;
 use super::error::Result;
 use super::store::{with_conn, Conn, Interrupt, Pool};
 
-/// Applies one batch of repeats. $1: a JSON array, one object per operation:
-/// `job_type`, `operation_key`, `dups` (duplicates to add), `mismatches`,
+/// Applies one batch of repeats: $1 job types, $2 operation keys, $3 one JSON
+/// object per operation (same order): `dups` (duplicates to add), `mismatches`,
 /// `last_mismatch`, `last_at` (latest duplicate's database time, or null), `times`
 /// (duplicate times to append to `repeat_times`), `classes`, `facts` (entries to
-/// append to `repeat_facts`). Keeps the last 20 times and facts. Committed
-/// asynchronously (`synchronous_commit = off` for this statement's transaction).
+/// append to `repeat_facts`). Keeps the last 20 times and facts. Each operation's
+/// row is found through the primary key (arrays, so the planner expects a few rows,
+/// never a scan of the table). Committed asynchronously (`synchronous_commit = off`
+/// for this statement's transaction).
 pub const FLUSH_SQL: &str = r#"
 UPDATE idempotent_job_records AS r
    SET duplicates = r.duplicates + b.dups,
@@ -55,10 +57,11 @@ UPDATE idempotent_job_records AS r
                                         WITH ORDINALITY AS x(e, n)
                                ORDER BY n DESC LIMIT 20) AS kept),
        updated_at = greatest(r.updated_at, b.last_at)
-  FROM jsonb_to_recordset($1::jsonb) AS b(job_type text, operation_key text, dups int,
-                                          mismatches int, last_mismatch bool,
-                                          last_at timestamptz, times timestamptz[],
-                                          classes text[], facts jsonb),
+  FROM (SELECT k.job_type, k.operation_key, d.*
+          FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS k(job_type, operation_key, doc),
+               jsonb_to_record(k.doc) AS d(dups int, mismatches int, last_mismatch bool,
+                                           last_at timestamptz, times timestamptz[],
+                                           classes text[], facts jsonb)) AS b,
        (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
  WHERE r.job_type = b.job_type AND r.operation_key = b.operation_key"#;
 
@@ -83,6 +86,9 @@ pub struct Repeat {
 
 type Key = (String, String);
 
+/// How long the background writer gathers repeats before writing them as one batch.
+pub const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// The queue of one process's repeats, and its background writer.
 #[derive(Default)]
 pub struct Bookkeeper {
@@ -98,23 +104,31 @@ impl Bookkeeper {
     /// Queues `repeat` for the background writer.
     pub fn record(&self, repeat: Repeat) {
         let key = (repeat.job_type.clone(), repeat.operation_key.clone());
-        *lock(&self.unsettled).entry(key).or_default() += 1;
+        if repeat.count {
+            *lock(&self.unsettled).entry(key).or_default() += 1;
+        }
         lock(&self.queue).push(repeat);
         self.wake.notify_one();
     }
 
-    /// Whether a repeat of this operation is queued or being written.
-    pub fn is_unsettled(&self, job_type: &str, operation_key: &str) -> bool {
+    /// Duplicates of this operation queued or being written (not yet counted in the
+    /// record).
+    pub fn pending(&self, job_type: &str, operation_key: &str) -> usize {
         let unsettled = lock(&self.unsettled);
-        !unsettled.is_empty()
-            && unsettled.contains_key(&(job_type.to_string(), operation_key.to_string()))
+        if unsettled.is_empty() {
+            return 0;
+        }
+        unsettled
+            .get(&(job_type.to_string(), operation_key.to_string()))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Writes everything queued now, on the calling thread, after any batch in flight.
     ///
     /// Errors: connection/database errors (the batch is then lost: telemetry only).
     pub fn settle(&self, pool: &Pool, interrupt: &Interrupt<'_>) -> Result<()> {
-        if lock(&self.unsettled).is_empty() {
+        if lock(&self.unsettled).is_empty() && lock(&self.queue).is_empty() {
             return Ok(());
         }
         let _writing = pool.block_on_background(interrupt, self.writing.lock())?;
@@ -127,12 +141,20 @@ impl Bookkeeper {
         if batch.is_empty() {
             return Ok(());
         }
-        let json = batch_json(&batch);
+        let (job_types, keys, docs) = batch_params(&batch);
         let written = with_conn(pool, interrupt, async |c: &mut Conn| {
-            c.execute_own(FLUSH_SQL, &[(&json, Type::JSONB)]).await
+            c.execute_own(
+                FLUSH_SQL,
+                &[
+                    (&job_types, Type::TEXT_ARRAY),
+                    (&keys, Type::TEXT_ARRAY),
+                    (&docs, Type::JSONB_ARRAY),
+                ],
+            )
+            .await
         });
         let mut unsettled = lock(&self.unsettled);
-        for r in &batch {
+        for r in batch.iter().filter(|r| r.count) {
             let key = (r.job_type.clone(), r.operation_key.clone());
             if let Some(n) = unsettled.get_mut(&key) {
                 *n -= 1;
@@ -151,6 +173,9 @@ impl Bookkeeper {
         let this = pool.bookkeeper().clone();
         loop {
             this.wake.notified().await;
+            // Gather a batch: one write for all the repeats of the next few
+            // milliseconds, so the bookkeeping takes a pooled connection rarely.
+            tokio::time::sleep(LINGER).await;
             let writing = this.writing.lock().await;
             let (p, b) = (pool.clone(), this.clone());
             // A failed batch is lost (telemetry only); the next one goes on.
@@ -164,8 +189,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The batch as [`FLUSH_SQL`]'s $1: one object per operation, in queue order.
-fn batch_json(batch: &[Repeat]) -> Value {
+/// The batch as [`FLUSH_SQL`]'s $1, $2, $3: one entry per operation, in queue order.
+fn batch_params(batch: &[Repeat]) -> (Vec<String>, Vec<String>, Vec<Value>) {
     let mut order: Vec<Key> = Vec::new();
     let mut per: HashMap<Key, Value> = HashMap::new();
     for r in batch {
@@ -173,8 +198,7 @@ fn batch_json(batch: &[Repeat]) -> Value {
         let entry = per.entry(key.clone()).or_insert_with(|| {
             order.push(key);
             json!({
-                "job_type": r.job_type, "operation_key": r.operation_key, "dups": 0,
-                "mismatches": 0, "last_mismatch": false, "last_at": null,
+                "dups": 0, "mismatches": 0, "last_mismatch": false, "last_at": null,
                 "times": [], "classes": [], "facts": [],
             })
         });
@@ -200,7 +224,15 @@ fn batch_json(batch: &[Repeat]) -> Value {
             json!({"at": at, "job_class": r.job_class, "decision": r.decision, "facts": facts}),
         );
     }
-    Value::Array(order.into_iter().filter_map(|k| per.remove(&k)).collect())
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    for key in order {
+        if let Some(doc) = per.remove(&key) {
+            out.0.push(key.0);
+            out.1.push(key.1);
+            out.2.push(doc);
+        }
+    }
+    out
 }
 
 fn push(array: &mut Value, value: Value) {

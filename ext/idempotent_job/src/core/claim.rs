@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
-use super::bookkeeping::Repeat;
+use super::bookkeeping::{Bookkeeper, Repeat};
 use super::error::{Error, Result};
 use super::retry::with_fresh_conn;
 use super::store::{Conn, Interrupt, Lane, Pool};
@@ -548,22 +548,19 @@ async fn claim_at(
 /// ([`super::bookkeeping`]). Otherwise (released, a stale claim, or a concurrent
 /// first claim that committed after the statement's snapshot) [`CLAIM_SQL`] decides,
 /// durably: a takeover or a retry is never decided by the look, and the race never
-/// yields a wrong answer. `duplicates` in a look's answer counts this delivery.
+/// yields a wrong answer. `duplicates` in a look's answer counts this delivery, those
+/// written, and this process's still queued (informative: a batch being written at
+/// that moment may be missed or counted twice; the record's own count is exact).
 ///
 /// Errors: as [`claim`].
 pub fn deliver(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Result<Decision> {
     check_request(req)?;
     let books = pool.bookkeeper();
-    if books.is_unsettled(&req.job_type, &req.operation_key) {
-        // This process still has a repeat of the operation to write: write it first,
-        // so the counts it reads are its own.
-        books.settle(pool, interrupt)?;
-    }
     // One token for every attempt: sent again on a fresh connection after its first
     // answer was lost, a claim that had won is found as this delivery's own.
     let token = Uuid::new_v4();
     let (decision, repeat) = with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
-        look_or_claim(c, req, token).await
+        look_or_claim(c, req, token, books).await
     })?;
     if let Some(repeat) = repeat {
         books.record(repeat);
@@ -575,6 +572,7 @@ async fn look_or_claim(
     conn: &Conn,
     req: &ClaimRequest,
     token: Uuid,
+    books: &Bookkeeper,
 ) -> Result<(Decision, Option<Repeat>)> {
     super::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
     // DELIVER_SQL takes CLAIM_SQL's parameters but the last ($10).
@@ -618,7 +616,11 @@ async fn look_or_claim(
             let digest: Option<String> = row.try_get("args_digest")?;
             let mismatch =
                 !inserted && matches!((&digest, &req.args_digest), (Some(a), Some(b)) if a != b);
-            let duplicates: i32 = row.try_get("duplicates")?;
+            // Counted so far: what is written, what this process has still queued, and
+            // this delivery (a batch being written at this moment may be counted twice
+            // or not at all: the answer's count is informative, the record's is exact).
+            let duplicates: i32 = row.try_get::<_, i32>("duplicates")?
+                + i32::try_from(books.pending(&req.job_type, &req.operation_key)).unwrap_or(0);
             let decision = decide(
                 ClaimRow {
                     won: inserted,

@@ -269,6 +269,30 @@ impl PgConn {
         })
     }
 
+    /// Lets the connection's runtime look at the socket once, without waiting, and
+    /// its driver read whatever arrived while it was idle. Returns whether the
+    /// connection is still usable (false once the server closed it).
+    fn refresh(&mut self) -> bool {
+        let Some(runtime) = self.runtime.0.as_ref() else {
+            return false;
+        };
+        let driver = &mut self.driver;
+        runtime.block_on(async {
+            // Once to (re)register interest in the socket, then once more after the
+            // reactor had a non-blocking look at it.
+            for _ in 0..2 {
+                let Some(d) = driver.as_mut() else { return };
+                let ended = std::future::poll_fn(|cx| Poll::Ready(d.as_mut().poll(cx))).await;
+                if ended.is_ready() {
+                    *driver = None;
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        self.is_usable()
+    }
+
     fn is_usable(&self) -> bool {
         self.driver.is_some() && !self.conn.client.is_closed()
     }
@@ -441,14 +465,21 @@ impl Pool {
     /// Errors: [`Error::Timeout`] (checkout or connect timeout), [`Error::Connection`],
     /// [`Error::Interrupted`].
     pub fn checkout(&self, interrupt: &Interrupt<'_>) -> Result<Pooled> {
-        let object = drive(&self.background, interrupt, None, None, self.inner.get())?
-            .map_err(pool_error)?;
-        Ok(Pooled {
-            object: Some(object),
-            pool: self.clone(),
-            finished: false,
-            spoiled: false,
-        })
+        loop {
+            let mut object = drive(&self.background, interrupt, None, None, self.inner.get())?
+                .map_err(pool_error)?;
+            // An idle connection's I/O is driven by nobody: let it read what the server
+            // sent meanwhile (a termination on restart or failover) before it is used.
+            if object.refresh() {
+                return Ok(Pooled {
+                    object: Some(object),
+                    pool: self.clone(),
+                    finished: false,
+                    spoiled: false,
+                });
+            }
+            drop(Object::take(object)); // closed: never back to the pool
+        }
     }
 }
 
