@@ -15,6 +15,7 @@ require_relative "support/processes"
 require_relative "support/store_helpers"
 require_relative "support/replay_helpers"
 require_relative "support/transactional_jobs"
+require_relative "support/gc_stress"
 
 Sidekiq.logger.level = Logger::WARN
 Sidekiq::Testing.fake!

@@ -7,6 +7,21 @@ module IdempotentJob
   #
   # Members: job_type (String), operation_key (String), token (String, the fencing
   # token), attempt (Integer, 1 for the first claim), kind (:first, :retry, :takeover),
-  # jid (String, the delivering job's id).
-  Claim = Struct.new(:job_type, :operation_key, :token, :attempt, :kind, :jid, keyword_init: true)
+  # jid (String, the delivering job's id). {#in_doubt?} tells whether the lease is still
+  # known to be this delivery's.
+  Claim = Struct.new(:job_type, :operation_key, :token, :attempt, :kind, :jid, keyword_init: true) do
+    # @return [IdempotentJob::Native::Heartbeat, nil] the heartbeat renewing this claim's
+    #   lease while the body runs (set by {HeartbeatWatch.watch}); nil without one
+    attr_accessor :heartbeat
+
+    # Whether this delivery may no longer hold the operation: its heartbeat found the
+    # claim taken over, its last lease renewal failed (the database unreachable, a
+    # failover), or no renewal was confirmed for two thirds of the lease. A long job
+    # can check it before an effect that must not happen twice, and stop (raise) rather
+    # than race the delivery that may take over when the lease runs out.
+    # @return [Boolean] false without a heartbeat (`idempotency_heartbeat: false`)
+    def in_doubt?
+      heartbeat ? heartbeat.report[:in_doubt] : false
+    end
+  end
 end

@@ -18,7 +18,11 @@ module IdempotentJob
       pool_size: nil,              # pooled connections per process; nil: the queue's concurrency + 5 (else 10)
       connect_timeout: 5,          # seconds to establish a connection
       checkout_timeout: 5,         # seconds to wait for a free pooled connection
-      statement_timeout: nil,      # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
+      # Client-side bound, in seconds, on each call (checkout, connect, the statement and
+      # its retries on fresh connections): past it the connection is discarded and a
+      # retryable TimeoutError raised, even on a network that silently drops packets.
+      deadline: 10,
+      statement_timeout: nil, # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
       application_name: "idempotent_job", # shown in pg_stat_activity unless the URL sets one
       schema: nil,                 # schema of the record table (the connection's search_path); nil: default
       host: nil,                   # discrete connection fields: each overrides the URL's, and
@@ -208,6 +212,7 @@ module IdempotentJob
     # @raise [ConfigurationError] naming the first bad setting
     def validate!
       %i[connect_timeout checkout_timeout].each { |name| self.class.positive_seconds!(name.to_s, public_send(name)) }
+      self.class.pg_timeout!("deadline", deadline)
       self.class.pg_timeout!("statement_timeout", statement_timeout) if statement_timeout
       VALIDATIONS.each { |name, (expected, valid)| check(name, expected, &valid) }
       self

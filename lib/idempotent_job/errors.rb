@@ -30,8 +30,17 @@ module IdempotentJob
   end
 
   # PostgreSQL answered with an error; {#message} is its own text and {#sqlstate}
-  # its code. SQLSTATE 42P01 means the migration has not been run.
-  class DatabaseError < Error; end
+  # its code. SQLSTATE 42P01 means the migration has not been run; 42703 that the
+  # table lacks columns (it drifted from the migrations: the message names them).
+  class DatabaseError < Error
+    # @return [Boolean] true for an answer that usually passes (set by the native core):
+    #   25006 read-only (a failover in progress), 40001 serialization failure, 40P01
+    #   deadlock, 58000/58030 system and I/O errors, class 53 (too many connections, out
+    #   of memory, disk full); retrying the same call later may succeed. False otherwise.
+    def retryable?
+      @retryable == true
+    end
+  end
 
   # A completion or release was refused because the claim's fencing token is no
   # longer the record's: the lease ran out and another delivery took the operation

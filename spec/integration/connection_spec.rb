@@ -119,7 +119,7 @@ RSpec.describe "The connection layer", :integration do
       url = services("start")
       log = StringIO.new
       SpecServices.configure_gem!(database_url: url.sub("//postgres@", "//postgres:pa55-secret@"),
-                                  connect_timeout: 2, logger: Logger.new(log))
+                                  connect_timeout: 2, deadline: 2, logger: Logger.new(log))
       IdempotentJob.migrate!
       ChargeOrderJob.perform_async(1, 100)
       ChargeOrderJob.drain

@@ -1,10 +1,12 @@
 # frozen_string_literal: true
 
 require "spec_helper"
-require "sidekiq/api"
+require_relative "../support/sidekiq_processes"
 
 # A real `sidekiq` process on a real Redis, fed duplicate deliveries.
 RSpec.describe "A real Sidekiq process", :integration do
+  include SidekiqProcesses
+
   let(:root) { File.expand_path("../..", __dir__) }
   let(:log) { File.join(root, "tmp", "spec-sidekiq.log") }
 
@@ -12,18 +14,6 @@ RSpec.describe "A real Sidekiq process", :integration do
     Process.spawn({ "REDIS_URL" => ENV.fetch("REDIS_URL") },
                   "sidekiq", "-r", File.join(root, "spec/support/sidekiq_boot.rb"), "-c", "5", "-q", "default",
                   chdir: root, out: log, err: log, pgroup: true)
-  end
-
-  def stop_sidekiq(pid)
-    Process.kill(:TERM, pid)
-    Timeout.timeout(30) { Process.wait(pid) }
-  rescue Errno::ESRCH, Errno::ECHILD
-    nil
-  end
-
-  def drained?
-    Sidekiq::Queue.new("default").size.zero? && Sidekiq::ScheduledSet.new.size.zero? &&
-      Sidekiq::RetrySet.new.size.zero? && Sidekiq::Workers.new.size.zero?
   end
 
   def wait_until_drained(timeout: 60)

@@ -3,7 +3,9 @@
 module IdempotentJob
   class Protocol
     # Renews a claim's lease in the background while the body runs (the native
-    # heartbeat), and reports when it stopped what it found. Internal.
+    # heartbeat, watched by {HeartbeatWatch}: failed renewals are logged and published
+    # while the body runs, and {Claim#in_doubt?} turns true), and reports when it
+    # stopped what it found. Internal.
     class Heartbeat
       # Starts renewing, unless the options turn the heartbeat off.
       # @param options [JobOptions] lease, heartbeat, max_run
@@ -13,9 +15,9 @@ module IdempotentJob
       # @raise [ConnectionError, DatabaseError] from the native store
       def self.start(options, claim, narrator)
         native = if options.heartbeat
-                   IdempotentJob.store.heartbeat(claim.job_type, claim.operation_key,
-                                                 claim.token, options.lease.to_f,
-                                                 options.max_run.to_f)
+                   HeartbeatWatch.watch(IdempotentJob.store.heartbeat(claim.job_type, claim.operation_key,
+                                                                      claim.token, options.lease.to_f,
+                                                                      options.max_run.to_f), claim)
                  end
         new(native, claim, narrator)
       end
@@ -31,7 +33,7 @@ module IdempotentJob
       def stop
         return unless @native
 
-        report = @native.stop
+        report = HeartbeatWatch.stop(@native)
         if report[:lost]
           @narrator.emit(:lost_claim, @claim, during: :heartbeat)
           @narrator.error("lost the claim of #{@narrator.describe_claim(@claim)} while it ran: a renewal " \

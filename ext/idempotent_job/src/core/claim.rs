@@ -11,7 +11,8 @@ use uuid::Uuid;
 
 use super::bookkeeping::{Bookkeeper, Repeat};
 use super::error::{Error, Result};
-use super::store::{with_conn, Conn, Interrupt, Pool};
+use super::retry::with_fresh_conn;
+use super::store::{Conn, Interrupt, Lane, Pool};
 use tokio_postgres::Client;
 
 /// Longest `job_type` + `operation_key`, in bytes, that the unique index accepts
@@ -37,6 +38,11 @@ pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 /// it is counted in `mismatches` and flagged in `last_mismatch`; when $10 is true
 /// (`idempotency_on_mismatch: :raise`) such a delivery never takes a claim over.
 ///
+/// `jsonb` cannot hold the character U+0000: arguments whose JSON text contains the
+/// escape `\u0000` are stored as `{"idempotent_job:json": "<the JSON text>"}` (a jsonb
+/// string holds the escape itself), and [`FIND_SQL`] gives the original text back, so
+/// such a job still runs and a rerun gets its arguments unchanged.
+///
 /// `won` in the result tells the caller whether its token is now the record's.
 /// Parameters: $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
 /// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
@@ -46,7 +52,10 @@ INSERT INTO idempotent_job_records AS r
     (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
      args_digest, job_class, queue, args, job_classes)
 VALUES ($1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
-        $6, $7, $8, $9::jsonb, array_remove(ARRAY[$7], NULL))
+        $6, $7, $8,
+        CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
+             ELSE $9::jsonb END,
+        array_remove(ARRAY[$7], NULL))
 ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (status, claim_token, jid, attempts, takeovers, last_claim, claimed_at,
      lease_seconds, lease_expires_at, args_digest, job_class, queue, args,
@@ -100,7 +109,8 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 /// Parameters: as [`CLAIM_SQL`]'s $1–$9.
 pub const DELIVER_SQL: &str = r#"
 WITH look AS (
-    SELECT status, jid, attempts, duplicates, args_digest, lease_expires_at
+    SELECT status, jid, attempts, duplicates, args_digest, lease_expires_at,
+           claim_token = $3 AS mine, last_claim
       FROM idempotent_job_records
      WHERE job_type = $1 AND operation_key = $2),
 first AS (
@@ -108,16 +118,20 @@ first AS (
         (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
          args_digest, job_class, queue, args, job_classes)
     SELECT $1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
-           $6, $7, $8, $9::jsonb, array_remove(ARRAY[$7::text], NULL)
+           $6, $7, $8,
+           CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
+                ELSE $9::jsonb END,
+           array_remove(ARRAY[$7::text], NULL)
      WHERE NOT EXISTS (SELECT 1 FROM look)
     ON CONFLICT (job_type, operation_key) DO NOTHING
     RETURNING status, jid, attempts, duplicates, args_digest, lease_expires_at)
-SELECT true AS inserted, status, jid, attempts, duplicates, args_digest,
+SELECT true AS inserted, true AS mine, 'first' AS last_claim, status, jid, attempts,
+       duplicates, args_digest,
        EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_remaining,
        now() AS decided_at
   FROM first
 UNION ALL
-SELECT false, status, jid, attempts, duplicates, args_digest,
+SELECT false, mine, last_claim, status, jid, attempts, duplicates, args_digest,
        EXTRACT(EPOCH FROM lease_expires_at - now())::float8, now()
   FROM look"#;
 
@@ -149,8 +163,10 @@ impl Fenced {
     /// The statement, fenced by the claim token.
     pub fn sql(self) -> &'static str {
         match self {
-            // Completion and release are idempotent for their own token: a repeat
-            // (the first answer was lost to an interrupt) succeeds and changes nothing.
+            // Completion, release, hold and give-up are idempotent for their own token:
+            // a repeat (the first answer was lost to an interrupt or a dead connection)
+            // succeeds and changes nothing. Expire and renew only move the lease, so a
+            // repeat is harmless too: every fenced change is safe to send again.
             Fenced::Complete => {
                 "UPDATE idempotent_job_records SET status = 'completed', \
                  completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
@@ -172,14 +188,16 @@ impl Fenced {
                  AND claim_token = $3 AND status IN ('claimed', 'released')"
             }
             Fenced::Hold => {
-                "UPDATE idempotent_job_records SET status = 'held', held_at = now(), \
+                "UPDATE idempotent_job_records SET status = 'held', \
+                 held_at = CASE WHEN status = 'held' THEN held_at ELSE now() END, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
-                 AND claim_token = $3 AND status = 'claimed'"
+                 AND claim_token = $3 AND status IN ('claimed', 'held')"
             }
             Fenced::GiveUp => {
-                "UPDATE idempotent_job_records SET status = 'given_up', given_up_at = now(), \
+                "UPDATE idempotent_job_records SET status = 'given_up', \
+                 given_up_at = CASE WHEN status = 'given_up' THEN given_up_at ELSE now() END, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
-                 AND claim_token = $3 AND status = 'claimed'"
+                 AND claim_token = $3 AND status IN ('claimed', 'given_up')"
             }
             Fenced::Expire => {
                 "UPDATE idempotent_job_records SET lease_expires_at = now(), last_error = $4, \
@@ -207,10 +225,12 @@ impl Fenced {
     }
 }
 
-/// Read one record. Parameters: $1 job_type, $2 operation_key.
+/// Read one record; `args` is the claiming delivery's JSON text (unwrapped when
+/// [`CLAIM_SQL`] had to wrap it). Parameters: $1 job_type, $2 operation_key.
 pub const FIND_SQL: &str = r#"
 SELECT job_type, operation_key, status, claim_token, attempts, takeovers, last_claim, jid,
-       duplicates, lease_seconds, last_error, args_digest, job_class, queue, args::text AS args,
+       duplicates, lease_seconds, last_error, args_digest, job_class, queue,
+       coalesce(args ->> 'idempotent_job:json', args::text) AS args,
        mismatches, last_mismatch, resolution,
        first_claimed_at, claimed_at, lease_expires_at, completed_at, released_at,
        last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at,
@@ -455,7 +475,17 @@ fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
 /// Errors: [`Error::Config`] for an empty/oversized key or a non-positive lease,
 /// [`Error::Connection`] / [`Error::Database`] from PostgreSQL.
 pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<Decision> {
-    Ok(claim_at(conn, req).await?.0)
+    claim_as(conn, req, Uuid::new_v4()).await
+}
+
+/// [`claim`] with the caller's fencing token: sending the same request again with the
+/// same token (its first answer was lost with its connection) wins again if the first
+/// one won, so a claim is safe to repeat on a fresh connection.
+///
+/// Errors: as [`claim`]; before the first claim of a process, a table that lacks
+/// columns is refused ([`super::schema::ensure`]).
+pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<Decision> {
+    Ok(claim_at(conn, req, token).await?.0)
 }
 
 /// [`CLAIM_SQL`]'s parameters $1–$10 for `req`, with `token` as $3.
@@ -477,10 +507,14 @@ fn claim_params<'a>(
     ]
 }
 
-/// [`claim`], and the database time of the decision.
-async fn claim_at(conn: &Conn, req: &ClaimRequest) -> Result<(Decision, DateTime<Utc>)> {
+/// [`claim_as`], and the database time of the decision.
+async fn claim_at(
+    conn: &Conn,
+    req: &ClaimRequest,
+    token: Uuid,
+) -> Result<(Decision, DateTime<Utc>)> {
     check_request(req)?;
-    let token = Uuid::new_v4();
+    super::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
     let result = conn.query_own(CLAIM_SQL, &claim_params(req, &token)).await;
     let rows = result?;
     let row = rows
@@ -522,8 +556,11 @@ async fn claim_at(conn: &Conn, req: &ClaimRequest) -> Result<(Decision, DateTime
 pub fn deliver(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Result<Decision> {
     check_request(req)?;
     let books = pool.bookkeeper();
-    let (decision, repeat) = with_conn(pool, interrupt, async |c| {
-        look_or_claim(c, req, books).await
+    // One token for every attempt: sent again on a fresh connection after its first
+    // answer was lost, a claim that had won is found as this delivery's own.
+    let token = Uuid::new_v4();
+    let (decision, repeat) = with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
+        look_or_claim(c, req, token, books).await
     })?;
     if let Some(repeat) = repeat {
         books.record(repeat);
@@ -534,9 +571,10 @@ pub fn deliver(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Re
 async fn look_or_claim(
     conn: &Conn,
     req: &ClaimRequest,
+    token: Uuid,
     books: &Bookkeeper,
 ) -> Result<(Decision, Option<Repeat>)> {
-    let token = Uuid::new_v4();
+    super::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
     // DELIVER_SQL takes CLAIM_SQL's parameters but the last ($10).
     let rows = conn
         .query_own(DELIVER_SQL, &claim_params(req, &token)[..9])
@@ -555,6 +593,24 @@ async fn look_or_claim(
         let inserted: bool = row.try_get("inserted")?;
         let status: String = row.try_get("status")?;
         let lease_remaining: f64 = row.try_get("lease_remaining")?;
+        if !inserted && status == "claimed" && row.try_get::<_, bool>("mine")? {
+            // This delivery's own claim, made by an attempt whose answer was lost.
+            let decision = decide(
+                ClaimRow {
+                    won: true,
+                    status,
+                    last_claim: row.try_get("last_claim")?,
+                    attempts: row.try_get("attempts")?,
+                    jid: row.try_get("jid")?,
+                    duplicates: row.try_get("duplicates")?,
+                    mismatch: false,
+                    lease_remaining,
+                },
+                token,
+                req,
+            )?;
+            return Ok((decision, None));
+        }
         let live = status == "claimed" && lease_remaining > 0.0;
         if inserted || live || matches!(status.as_str(), "completed" | "held" | "given_up") {
             let digest: Option<String> = row.try_get("args_digest")?;
@@ -584,7 +640,7 @@ async fn look_or_claim(
             return Ok((decision, repeat));
         }
     }
-    let (decision, at) = claim_at(conn, req).await?;
+    let (decision, at) = claim_at(conn, req, token).await?;
     let first = matches!(
         decision.outcome,
         Outcome::Claimed {

@@ -72,6 +72,14 @@ pub struct Config {
     /// `max_prepared_statements`), which cannot keep named statements.
     #[serde(default = "default_prepared_statements")]
     pub prepared_statements: bool,
+    /// Client-side bound, in seconds, on one call of the gem: checking out (and
+    /// connecting) plus its statement, retries on fresh connections included. Past it
+    /// the connection is discarded and a retryable [`crate::core::error::Error::Timeout`]
+    /// raised, even when the network drops packets silently (PostgreSQL's
+    /// `statement_timeout` cannot help then). Also the connections' `TCP_USER_TIMEOUT`.
+    /// Default 10.
+    #[serde(default = "default_deadline")]
+    pub deadline: f64,
     /// Commit the completion outside a transaction with `synchronous_commit = off`
     /// ([`super::claim::Fenced::CompleteAsynchronously`]): no wait for the WAL flush.
     /// Risk: a PostgreSQL crash within `wal_writer_delay` of a completion can lose it;
@@ -128,6 +136,9 @@ fn default_application_name() -> String {
 fn default_prepared_statements() -> bool {
     true
 }
+fn default_deadline() -> f64 {
+    10.0
+}
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,6 +156,7 @@ impl std::fmt::Debug for Config {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "[REDACTED]"))
             .field("prepared_statements", &self.prepared_statements)
+            .field("deadline", &self.deadline)
             .field("asynchronous_completion", &self.asynchronous_completion)
             .finish()
     }
@@ -210,6 +222,7 @@ impl Config {
             sslcert: None,
             sslkey: None,
             prepared_statements: default_prepared_statements(),
+            deadline: default_deadline(),
             asynchronous_completion: false,
         }
     }
@@ -270,6 +283,13 @@ impl Config {
         }
         positive_seconds("connect_timeout", self.connect_timeout)?;
         positive_seconds("checkout_timeout", self.checkout_timeout)?;
+        positive_seconds("deadline", self.deadline)?;
+        if self.deadline > MAX_PG_TIMEOUT_SECONDS {
+            return Err(Error::Config(format!(
+                "deadline must be at most {MAX_PG_TIMEOUT_SECONDS} seconds, got {}",
+                self.deadline
+            )));
+        }
         if let Some(seconds) = self.statement_timeout {
             positive_seconds("statement_timeout", seconds)?;
             if seconds > MAX_PG_TIMEOUT_SECONDS {
@@ -300,6 +320,11 @@ impl Config {
     /// Seconds to establish a connection, as a `Duration`.
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.connect_timeout)
+    }
+
+    /// The client-side bound on one call ([`Config::deadline`]), as a `Duration`.
+    pub fn deadline(&self) -> Duration {
+        Duration::from_secs_f64(self.deadline)
     }
 
     /// Seconds to wait for a pooled connection, as a `Duration`.
@@ -377,6 +402,12 @@ impl Config {
         // a transactional claim's row stays locked until PostgreSQL sees it gone.
         if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
             pg.keepalives_idle(Duration::from_secs(30));
+        }
+        // A partition that drops packets silently: the kernel gives a connection with
+        // unacknowledged data up after the deadline instead of ~15 minutes of
+        // retransmissions (the URL's own tcp_user_timeout wins).
+        if pg.get_tcp_user_timeout().is_none() {
+            pg.tcp_user_timeout(self.deadline());
         }
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(positive_seconds("connect_timeout", self.connect_timeout)?);
@@ -478,6 +509,24 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn the_deadline_defaults_to_ten_seconds_and_must_be_positive() {
+        let c = Config::from_json(r#"{"database_url":"postgres://h/db"}"#).unwrap();
+        assert_eq!(c.deadline, 10.0);
+        assert_eq!(
+            c.pg_config().unwrap().get_tcp_user_timeout(),
+            Some(&Duration::from_secs(10))
+        );
+        for bad in ["0", "-1", "3000000"] {
+            let err = Config::from_json(&format!(
+                r#"{{"database_url":"postgres://h/db","deadline":{bad}}}"#
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("deadline"), "{err}");
+        }
     }
 
     #[test]

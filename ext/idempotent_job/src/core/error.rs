@@ -64,6 +64,18 @@ impl Error {
         }
     }
 
+    /// Whether the same call may succeed when made again later: a lost or refused
+    /// connection, a timeout, a lock wait, or a server answer of a transient state
+    /// ([`is_transient_state`]: read-only during a failover, a serialization failure,
+    /// a deadlock, out of resources). Raised to Ruby as `retryable?`.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Error::Connection { .. } | Error::Timeout { .. } | Error::LockTimeout { .. } => true,
+            Error::Database { sqlstate, .. } => is_transient_state(sqlstate),
+            _ => false,
+        }
+    }
+
     pub(crate) fn connection(message: impl Into<String>) -> Self {
         Error::Connection {
             message: message.into(),
@@ -94,6 +106,15 @@ impl std::error::Error for Error {}
 /// 53300 too many connections.
 fn is_connection_state(code: &str) -> bool {
     code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+}
+
+/// SQLSTATEs of a server answer that usually passes: 25006 read-only transaction (the
+/// server became a standby in a failover, or a replica was reached), 40001
+/// serialization failure, 40P01 deadlock, class 53 insufficient resources, 58000 /
+/// 58030 system and I/O errors. Such an error is a [`Error::Database`] whose
+/// [`Error::retryable`] is true.
+pub fn is_transient_state(code: &str) -> bool {
+    matches!(code, "25006" | "40001" | "40P01" | "58000" | "58030") || code.starts_with("53")
 }
 
 /// The full `source()` chain of an error, joined with ": ". tokio-postgres's own
@@ -127,6 +148,12 @@ impl From<tokio_postgres::Error> for Error {
                 message.push_str(
                     " (the idempotency record table is missing: run `rake idempotent_job:migrate` \
                      or IdempotentJob.migrate!)",
+                );
+            }
+            if code == "25006" {
+                message.push_str(
+                    " (the server is read-only: a failover in progress, or the URL reaches a \
+                     standby; retryable)",
                 );
             }
             if code == "55P03" {

@@ -6,7 +6,7 @@
 use tokio_postgres::types::Type;
 
 use super::error::Result;
-use super::store::{with_conn, Conn, Interrupt, Pool};
+use super::store::{Conn, Interrupt, Pool};
 
 refinery::embed_migrations!("../../migrations");
 
@@ -20,9 +20,15 @@ const LOCK_KEY: i64 = 0x0069_6465_6d6a_6f62;
 /// now, e.g. `["V1__create_idempotent_job_records"]` (empty when up to date).
 ///
 /// Errors: [`crate::core::error::Error::Migration`] when a migration fails (its
-/// transaction is rolled back), connection errors.
+/// transaction is rolled back) or when every migration is recorded but the table lacks
+/// columns (it drifted: see [`super::schema::check_after_migrate`]), connection errors.
 pub fn migrate(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Vec<String>> {
-    with_conn(pool, interrupt, async |conn| run(conn).await)
+    // Not bounded by the deadline: a migration of a large table may take long, and
+    // the advisory lock waits for a concurrent migration.
+    let mut pooled = pool.checkout(interrupt)?;
+    let applied = pooled.run(interrupt, async |conn| run(conn).await);
+    pooled.finish();
+    applied
 }
 
 async fn run(conn: &mut Conn) -> Result<Vec<String>> {
@@ -37,6 +43,7 @@ async fn run(conn: &mut Conn) -> Result<Vec<String>> {
         .await;
     let report = report?;
     unlock?;
+    super::schema::check_after_migrate(conn).await?;
     Ok(report
         .applied_migrations()
         .iter()

@@ -5,6 +5,8 @@ pub mod config;
 pub mod error;
 pub mod heartbeat;
 pub mod migrate;
+pub mod retry;
+pub mod schema;
 pub mod session;
 pub mod store;
 pub mod tls;

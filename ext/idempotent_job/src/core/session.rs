@@ -23,8 +23,10 @@ use tokio_postgres::types::{ToSql, Type};
 use super::claim::{self, ClaimRequest, Decision, Fenced};
 use super::config::MAX_PG_TIMEOUT_SECONDS;
 use super::error::{Error, Result};
-use super::store::{Interrupt, Pool, Pooled};
+use super::retry::checkout_live;
+use super::store::{Interrupt, Lane, Pool, Pooled};
 use super::values::{self, Param, Rows};
+use std::time::{Duration, Instant};
 
 /// One open transaction on a pooled connection.
 pub struct Session {
@@ -47,9 +49,17 @@ fn bind_error(sql: &str, err: tokio_postgres::Error) -> Error {
 
 impl Session {
     /// Checks a connection out of `pool` and begins a READ COMMITTED transaction.
+    ///
+    /// The gem's own statements of a session (BEGIN, the claim, the completion,
+    /// COMMIT, ROLLBACK) are each bounded by the deadline (the claim by the deadline
+    /// plus its lock timeout) and never repeated: a transaction cannot move to a fresh
+    /// connection. The job's own statements ([`Session::query`], [`Session::execute`])
+    /// are bounded by `statement_timeout` and, on a dead network, by the connection's
+    /// `TCP_USER_TIMEOUT`, not by the deadline.
     pub fn begin(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Session> {
-        let mut conn = pool.checkout(interrupt)?;
-        conn.run(interrupt, async |c| {
+        let until = Instant::now() + pool.deadline();
+        let mut conn = checkout_live(pool, interrupt, Lane::Main, until)?;
+        conn.run_until(interrupt, Some(until), async |c| {
             // The job's own statements are planned as PostgreSQL would by default
             // (the connection forces generic plans for the gem's statements only).
             let begin = if c.prepared_statements() {
@@ -81,7 +91,8 @@ impl Session {
             )));
         }
         let millis = format!("{}ms", (lock_timeout_seconds * 1000.0).ceil() as u64);
-        self.conn.run(interrupt, async |c| {
+        let until = self.until() + Duration::from_secs_f64(lock_timeout_seconds);
+        self.conn.run_until(interrupt, Some(until), async |c| {
             c.execute_typed(
                 "SELECT set_config('lock_timeout', $1, true)",
                 &[(&millis, Type::TEXT)],
@@ -112,7 +123,8 @@ impl Session {
         token: uuid::Uuid,
         text: Option<&str>,
     ) -> Result<()> {
-        self.conn.run(interrupt, async |c| {
+        let until = self.until();
+        self.conn.run_until(interrupt, Some(until), async |c| {
             claim::fenced(c, change, job_type, operation_key, token, text).await
         })
     }
@@ -150,6 +162,11 @@ impl Session {
         })
     }
 
+    /// The deadline of a gem statement sent now.
+    fn until(&self) -> Instant {
+        Instant::now() + self.conn.deadline()
+    }
+
     /// Commits, and returns the connection to the pool.
     pub fn commit(self, interrupt: &Interrupt<'_>) -> Result<()> {
         self.end(interrupt, "COMMIT")
@@ -161,8 +178,10 @@ impl Session {
     }
 
     fn end(mut self, interrupt: &Interrupt<'_>, sql: &'static str) -> Result<()> {
-        self.conn
-            .run(interrupt, async |c| Ok(c.batch_execute(sql).await?))?;
+        let until = self.until();
+        self.conn.run_until(interrupt, Some(until), async |c| {
+            Ok(c.batch_execute(sql).await?)
+        })?;
         self.conn.finish();
         Ok(())
     }

@@ -29,9 +29,10 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Deref;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use tokio::runtime::Runtime;
@@ -113,26 +114,49 @@ enum Step<T> {
     Done(T),
     Woken,
     Closed(Option<tokio_postgres::Error>),
+    Expired,
+}
+
+/// The error of a call still unanswered at its deadline ([`Config::deadline`]).
+pub fn deadline_error(deadline: Duration) -> Error {
+    Error::Timeout {
+        message: format!(
+            "no answer from PostgreSQL within the deadline of {} s (deadline): the server or \
+             the network is not responding; the connection was discarded",
+            deadline.as_secs_f64()
+        ),
+        sqlstate: None,
+    }
 }
 
 /// Polls `future` to completion inside `runtime`'s `block_on` on the calling thread,
 /// together with `driver` (a connection's I/O) when given, and watches `interrupt`.
 ///
+/// When `until` passes first, `future` is abandoned (see [`Step::Expired`]).
+///
 /// Errors: [`Error::Interrupted`] when the interrupt's owner gave up; a connection
-/// error when the driver ended (the connection closed) before `future` did.
+/// error when the driver ended (the connection closed) before `future` did;
+/// `Error::Timeout` past `until` (the caller names its deadline).
 fn drive<F: Future>(
     runtime: &impl BlockOn,
     interrupt: &Interrupt<'_>,
     mut driver: Option<&mut Option<Driver>>,
+    until: Option<Instant>,
     future: F,
 ) -> Result<F::Output> {
     let mut future = std::pin::pin!(future);
     loop {
         let step = runtime.block_on(async {
             let mut notified = std::pin::pin!(interrupt.notify.notified());
+            let mut expiry = std::pin::pin!(until.map(|t| tokio::time::sleep_until(t.into())));
             std::future::poll_fn(|cx| {
                 if notified.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Step::Woken);
+                }
+                if let Some(timer) = expiry.as_mut().as_pin_mut() {
+                    if timer.poll(cx).is_ready() {
+                        return Poll::Ready(Step::Expired);
+                    }
                 }
                 // The statement first: what it queued is written by the driver below
                 // in the same pass.
@@ -164,6 +188,12 @@ fn drive<F: Future>(
             }
             Step::Closed(Some(err)) => return Err(err.into()),
             Step::Closed(None) => return Err(Error::connection("the connection closed")),
+            Step::Expired => {
+                return Err(Error::Timeout {
+                    message: String::new(),
+                    sqlstate: None,
+                })
+            }
         }
     }
 }
@@ -197,6 +227,7 @@ impl PgConn {
         tls: MakeRustlsConnect,
         timeout: Duration,
         prepared_statements: bool,
+        schema_checked: Arc<AtomicBool>,
     ) -> Result<PgConn> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -221,6 +252,7 @@ impl PgConn {
                 &runtime,
                 &Interrupt::none(),
                 Some(&mut slot),
+                None,
                 client.batch_execute("SET plan_cache_mode = force_generic_plan"),
             );
             driver = slot.ok_or_else(|| Error::connection("the connection closed"))?;
@@ -232,6 +264,7 @@ impl PgConn {
                 client,
                 statements: RefCell::new(HashMap::new()),
                 prepared_statements,
+                schema_checked,
             },
         })
     }
@@ -271,6 +304,8 @@ pub struct Manager {
     tls: MakeRustlsConnect,
     connect_timeout: Duration,
     prepared_statements: bool,
+    /// Shared by every connection of the process ([`super::schema::ensure`]).
+    schema_checked: Arc<AtomicBool>,
 }
 
 impl managed::Manager for Manager {
@@ -282,9 +317,12 @@ impl managed::Manager for Manager {
     async fn create(&self) -> Result<PgConn> {
         let (config, tls) = (self.pg_config.clone(), self.tls.clone());
         let (timeout, prepared) = (self.connect_timeout, self.prepared_statements);
-        tokio::task::spawn_blocking(move || PgConn::connect(&config, tls, timeout, prepared))
-            .await
-            .map_err(|e| Error::connection(format!("the connecting thread failed: {e}")))?
+        let schema_checked = self.schema_checked.clone();
+        tokio::task::spawn_blocking(move || {
+            PgConn::connect(&config, tls, timeout, prepared, schema_checked)
+        })
+        .await
+        .map_err(|e| Error::connection(format!("the connecting thread failed: {e}")))?
     }
 
     /// A connection whose driver ended, or whose client is closed, is dropped.
@@ -308,9 +346,90 @@ pub struct Pool {
     /// The process that built the pool: the only one it ever serves ([`Store::pool`]
     /// builds another in a forked child).
     pid: u32,
+    /// Connections kept for [`Lane::Reserve`] ([`RESERVE_SIZE`]).
+    reserve: managed::Pool<Manager>,
+    /// [`Config::deadline`]: the bound on one call of the gem.
+    deadline: Duration,
+}
+
+/// Connections kept aside, per process, for [`Lane::Reserve`].
+pub const RESERVE_SIZE: usize = 1;
+
+/// Which connections a checkout may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// The pool (claims, reads, purges, operators' calls, transactions).
+    Main,
+    /// The pool or the reserve connection, whichever is free first: for the changes
+    /// that end or keep a claim whose body ran or runs (completions, releases,
+    /// renewals…), so claims waiting on a row lock elsewhere can never hold every
+    /// connection while a finished body waits to record its completion.
+    Reserve,
 }
 
 impl Pool {
+    /// The bound on one call ([`Config::deadline`]).
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Checks a connection out of `lane` like [`Pool::checkout`], giving up at `until`
+    /// (the call's deadline) as well.
+    ///
+    /// Errors: as [`Pool::checkout`]; [`deadline_error`] past `until`.
+    pub fn checkout_in(
+        &self,
+        interrupt: &Interrupt<'_>,
+        lane: Lane,
+        until: Instant,
+    ) -> Result<Pooled> {
+        let got = match lane {
+            Lane::Main => drive(
+                &self.background,
+                interrupt,
+                None,
+                Some(until),
+                self.inner.get(),
+            ),
+            Lane::Reserve => drive(&self.background, interrupt, None, Some(until), async {
+                tokio::select! {
+                    biased;
+                    object = self.inner.get() => object,
+                    object = self.reserve.get() => object,
+                }
+            }),
+        };
+        let object = got.map_err(|e| self.expired(e))?.map_err(pool_error)?;
+        Ok(Pooled {
+            object: Some(object),
+            pool: self.clone(),
+            finished: false,
+            spoiled: false,
+        })
+    }
+
+    /// Waits `pause` on the calling thread, watching `interrupt` (a retry's back-off).
+    ///
+    /// Errors: [`Error::Interrupted`].
+    pub fn pause(&self, interrupt: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        drive(
+            &self.background,
+            interrupt,
+            None,
+            None,
+            // Made inside the runtime (its timer), not here.
+            async move { tokio::time::sleep(pause).await },
+        )
+    }
+
+    /// Names the deadline in a [`drive`] time-out.
+    fn expired(&self, err: Error) -> Error {
+        match err {
+            Error::Timeout { message, .. } if message.is_empty() => deadline_error(self.deadline),
+            other => other,
+        }
+    }
+
     /// The process this pool (and anything checked out of it) belongs to.
     pub fn pid(&self) -> u32 {
         self.pid
@@ -336,7 +455,7 @@ impl Pool {
         interrupt: &Interrupt<'_>,
         future: F,
     ) -> Result<F::Output> {
-        drive(&self.background, interrupt, None, future)
+        drive(&self.background, interrupt, None, None, future)
     }
 
     /// Checks a connection out, blocking the calling thread: an idle one at once, else
@@ -347,8 +466,8 @@ impl Pool {
     /// [`Error::Interrupted`].
     pub fn checkout(&self, interrupt: &Interrupt<'_>) -> Result<Pooled> {
         loop {
-            let mut object =
-                drive(&self.background, interrupt, None, self.inner.get())?.map_err(pool_error)?;
+            let mut object = drive(&self.background, interrupt, None, None, self.inner.get())?
+                .map_err(pool_error)?;
             // An idle connection's I/O is driven by nobody: let it read what the server
             // sent meanwhile (a termination on restart or failover) before it is used.
             if object.refresh() {
@@ -404,6 +523,19 @@ impl Pooled {
         interrupt: &Interrupt<'_>,
         op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
     ) -> Result<T> {
+        self.run_until(interrupt, None, op)
+    }
+
+    /// [`Pooled::run`], given up at `until` (the call's deadline): the connection is
+    /// then discarded (its statement cancelled) and [`deadline_error`] returned.
+    ///
+    /// Errors: as [`Pooled::run`]; [`deadline_error`].
+    pub fn run_until<T>(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        until: Option<Instant>,
+        op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
+    ) -> Result<T> {
         let object = self.object.as_mut().expect("connection present until drop");
         let PgConn {
             runtime,
@@ -411,11 +543,52 @@ impl Pooled {
             conn,
         } = &mut **object;
         let runtime = runtime.0.as_ref().expect("runtime present until drop");
-        let result = drive(runtime, interrupt, Some(driver), op(conn));
-        if driver.is_none() || matches!(result, Err(Error::Interrupted)) {
+        let result = drive(runtime, interrupt, Some(driver), until, op(conn));
+        let expired = matches!(&result, Err(Error::Timeout { message, .. }) if message.is_empty());
+        if driver.is_none() || expired || matches!(result, Err(Error::Interrupted)) {
             self.spoiled = true;
         }
-        result?
+        result.map_err(|e| self.pool.expired(e))?
+    }
+
+    /// Whether the connection is still open, looked at without sending anything: one
+    /// turn of its reactor lets its driver read what arrived while it sat idle in the
+    /// pool (the server's goodbye after `pg_terminate_backend`, a restart, a reset). A
+    /// closed connection is marked to be discarded.
+    pub fn is_alive(&mut self) -> bool {
+        let object = self.object.as_mut().expect("connection present until drop");
+        let PgConn {
+            runtime, driver, ..
+        } = &mut **object;
+        let runtime = runtime.0.as_ref().expect("runtime present until drop");
+        runtime.block_on(async {
+            tokio::task::yield_now().await;
+            std::future::poll_fn(|cx| {
+                if let Some(d) = driver.as_mut() {
+                    if d.as_mut().poll(cx).is_ready() {
+                        *driver = None;
+                    }
+                }
+                Poll::Ready(())
+            })
+            .await
+        });
+        let alive = driver.is_some() && !object.conn.client.is_closed();
+        if !alive {
+            self.spoiled = true;
+        }
+        alive
+    }
+
+    /// The bound on one call of its pool ([`Config::deadline`]).
+    pub fn deadline(&self) -> Duration {
+        self.pool.deadline
+    }
+
+    /// Discards the connection now (it is lost, or on the wrong server): never back
+    /// to the pool.
+    pub fn discard(mut self) {
+        self.spoiled = true;
     }
 
     /// Marks the work as answered: on drop the connection returns to the pool
@@ -445,8 +618,10 @@ impl Drop for Pooled {
         if pg.driver.is_some() {
             let cancel = pg.conn.client.cancel_token();
             let tls = self.pool.tls.clone();
+            let deadline = self.pool.deadline;
             self.pool.background.spawn(async move {
-                let _ = cancel.cancel_query(tls).await;
+                // On a dead network the cancel request gets no answer either.
+                let _ = tokio::time::timeout(deadline, cancel.cancel_query(tls)).await;
             });
         }
         drop(pg); // closes the socket; its runtime shuts down without blocking
@@ -457,14 +632,20 @@ impl Drop for Pooled {
 /// the pool: every statement outside a transaction goes through here.
 ///
 /// Errors: as [`Pool::checkout`] and [`Pooled::run`].
+///
+/// The whole call ends within the pool's deadline ([`Config::deadline`]). `op` runs
+/// once: only what fails before it is sent (a connection that cannot be made, or was
+/// found closed) is retried on a fresh connection (see [`super::retry`]); for
+/// statements safe to send twice, see [`super::retry::with_fresh_conn`].
 pub fn with_conn<T>(
     pool: &Pool,
     interrupt: &Interrupt<'_>,
     op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
 ) -> Result<T> {
-    let mut pooled = pool.checkout(interrupt)?;
-    let result = pooled.run(interrupt, op);
-    pooled.finish();
+    let until = Instant::now() + pool.deadline;
+    let mut pooled = super::retry::checkout_live(pool, interrupt, Lane::Main, until)?;
+    let result = pooled.run_until(interrupt, Some(until), op);
+    super::retry::finish_unless_lost(pooled, &result);
     result
 }
 
@@ -476,6 +657,8 @@ pub struct Conn {
     statements: RefCell<HashMap<&'static str, Statement>>,
     /// See [`Conn::query_own`].
     prepared_statements: bool,
+    /// See [`Conn::schema_checked`].
+    schema_checked: Arc<AtomicBool>,
 }
 
 impl Conn {
@@ -573,6 +756,12 @@ impl Conn {
         }
     }
 
+    /// Whether this process found the record table complete
+    /// ([`super::schema::ensure`]).
+    pub fn schema_checked(&self) -> &AtomicBool {
+        &self.schema_checked
+    }
+
     /// Mutable access to the underlying client (migrations).
     pub fn client_mut(&mut self) -> &mut Client {
         &mut self.client
@@ -650,24 +839,30 @@ impl Store {
     fn build(&self) -> Result<Owned> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
-            .max_blocking_threads(self.config.pool_size.max(1) + 2)
+            .max_blocking_threads(self.config.pool_size.max(1) + RESERVE_SIZE + 2)
             .thread_name("idempotent_job")
             .enable_all()
             .build()
             .map_err(|e| Error::connection(format!("cannot start the tokio runtime: {e}")))?;
         let tls = super::tls::connector(&self.config.tls()?)?;
-        let manager = Manager {
-            pg_config: self.config.pg_config()?,
-            tls: tls.clone(),
-            connect_timeout: self.config.connect_timeout(),
-            prepared_statements: self.config.prepared_statements,
+        let schema_checked = Arc::new(AtomicBool::new(false));
+        let pool_of = |size: usize| -> Result<managed::Pool<Manager>> {
+            let manager = Manager {
+                pg_config: self.config.pg_config()?,
+                tls: tls.clone(),
+                connect_timeout: self.config.connect_timeout(),
+                prepared_statements: self.config.prepared_statements,
+                schema_checked: schema_checked.clone(),
+            };
+            managed::Pool::builder(manager)
+                .max_size(size)
+                .runtime(deadpool::Runtime::Tokio1)
+                .wait_timeout(Some(self.config.checkout_timeout()))
+                .build()
+                .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))
         };
-        let inner = managed::Pool::builder(manager)
-            .max_size(self.config.pool_size)
-            .runtime(deadpool::Runtime::Tokio1)
-            .wait_timeout(Some(self.config.checkout_timeout()))
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))?;
+        let inner = pool_of(self.config.pool_size)?;
+        let reserve = pool_of(RESERVE_SIZE)?;
         let pid = std::process::id();
         Ok(Owned {
             pid,
@@ -677,6 +872,8 @@ impl Store {
                 background: runtime.handle().clone(),
                 bookkeeper: Default::default(),
                 pid,
+                reserve,
+                deadline: self.config.deadline(),
             },
             runtime,
         })
@@ -711,6 +908,7 @@ impl Drop for Store {
             return;
         }
         owned.pool.inner.close();
+        owned.pool.reserve.close();
         // Never block the dropping thread (a Ruby GC) on the runtime's threads.
         owned.runtime.shutdown_background();
     }

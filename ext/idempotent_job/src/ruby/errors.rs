@@ -61,6 +61,7 @@ fn build(ruby: &Ruby, err: &Error) -> Result<magnus::Error, magnus::Error> {
         .get_inner(class(err))
         .new_instance((err.to_string(),))?;
     set(exception, "@sqlstate", err.sqlstate())?;
+    set(exception, "@retryable", err.retryable())?;
     if let Error::LostClaim {
         job_type,
         operation_key,

@@ -14,12 +14,16 @@ fn heartbeat_hash(ruby: &Ruby, r: HeartbeatReport) -> RbResult<RHash> {
     out.set("renewals", r.renewals)?
         .set("lost", r.lost)?
         .set("max_run_reached", r.max_run_reached)?
-        .set("last_error", r.last_error)?;
+        .set("last_error", r.last_error)?
+        .set("failures", r.failures)?
+        .set("since_confirmed", r.since_confirmed)?
+        .set("in_doubt", r.in_doubt)?;
     Ok(out.hash)
 }
 
 impl NativeHeartbeat {
-    /// `stop` → Hash `{renewals:, lost:, max_run_reached:, last_error:}`; idempotent.
+    /// `stop` → Hash `{renewals:, lost:, max_run_reached:, last_error:, failures:,
+    /// since_confirmed: (seconds), in_doubt:}`; idempotent.
     fn stop(ruby: &Ruby, rb_self: &Self) -> RbResult<RHash> {
         heartbeat_hash(ruby, rb_self.0.stop())
     }

@@ -18,8 +18,9 @@ use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::heartbeat::Heartbeat;
 use crate::core::migrate;
+use crate::core::retry::with_fresh_conn;
 use crate::core::session::Session;
-use crate::core::store::{with_conn, Conn, Interrupt, Pool, Store};
+use crate::core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Store", free_immediately, size)]
 struct NativeStore(Store);
@@ -52,16 +53,31 @@ impl NativeStore {
         self.run(ruby, |pool, interrupt| with_conn(pool, interrupt, op))
     }
 
-    /// Like [`NativeStore::with_conn`], after writing this process's queued repeat
-    /// bookkeeping, so a read sees the process's own repeats.
+    /// Runs `op` like [`NativeStore::with_conn`], again on a fresh connection of
+    /// `lane` when its connection dies under it (see [`with_fresh_conn`]): only for
+    /// statements that are safe to send twice.
+    fn with_fresh_conn<T>(
+        &self,
+        ruby: &Ruby,
+        lane: Lane,
+        op: impl AsyncFn(&mut Conn) -> Result<T>,
+    ) -> RbResult<T> {
+        self.run(ruby, |pool, interrupt| {
+            with_fresh_conn(pool, interrupt, lane, op)
+        })
+    }
+
+    /// Like [`NativeStore::with_fresh_conn`] on the pool's main lane, after writing
+    /// this process's queued repeat bookkeeping, so a read sees the process's own
+    /// repeats.
     fn with_settled_conn<T>(
         &self,
         ruby: &Ruby,
-        op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
+        op: impl AsyncFn(&mut Conn) -> Result<T>,
     ) -> RbResult<T> {
         self.run(ruby, |pool, interrupt| {
             pool.bookkeeper().settle(pool, interrupt)?;
-            with_conn(pool, interrupt, op)
+            with_fresh_conn(pool, interrupt, Lane::Main, op)
         })
     }
 
@@ -98,7 +114,7 @@ impl NativeStore {
             other => other,
         };
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
-        rb_self.with_conn(ruby, async |c| {
+        rb_self.with_fresh_conn(ruby, Lane::Reserve, async |c| {
             claim::fenced(c, change, &job_type, &operation_key, token, text.as_deref()).await
         })?;
         Ok(true)
@@ -124,13 +140,14 @@ impl NativeStore {
         job_type: Option<String>,
         limit: i64,
     ) -> RbResult<Vec<(String, String)>> {
-        rb_self.with_conn(ruby, async |c| {
+        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
             claim::held(c, job_type.as_deref(), limit).await
         })
     }
 
     /// `resolve(job_type, operation_key, as)`: as is `:done` or `:rerun`. Returns false
-    /// when the operation is not held or given up.
+    /// when the operation is not held or given up. Never sent twice: a repeat after a
+    /// lost answer would find the operation settled and answer false.
     fn resolve(
         ruby: &Ruby,
         rb_self: &Self,
@@ -192,7 +209,7 @@ impl NativeStore {
 
     /// `purge_batch(older_than_seconds, batch)` → Integer, records deleted.
     fn purge_batch(ruby: &Ruby, rb_self: &Self, older_than: f64, batch: i64) -> RbResult<u64> {
-        rb_self.with_conn(ruby, async |c| {
+        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
             claim::purge_batch(c, older_than, batch).await
         })
     }

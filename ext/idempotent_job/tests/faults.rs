@@ -1,0 +1,300 @@
+//! Connection faults against a real PostgreSQL (DATABASE_URL): killed backends, a
+//! server that accepts and never answers, a pool held by claims waiting on a row
+//! lock, a table that drifted, arguments jsonb cannot hold, a read-only server.
+
+use std::time::{Duration, Instant};
+
+use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
+use idempotent_job::core::config::Config;
+use idempotent_job::core::error::Error;
+use idempotent_job::core::migrate;
+use idempotent_job::core::retry::with_fresh_conn;
+use idempotent_job::core::schema;
+use idempotent_job::core::store::{Lane, Store};
+
+mod common;
+use common::{database_url, find_record, store_with};
+
+fn request(job_type: &str, key: &str) -> ClaimRequest {
+    ClaimRequest {
+        job_type: job_type.into(),
+        operation_key: key.into(),
+        jid: Some("jid".into()),
+        lease_seconds: 30.0,
+        args_json: Some("[1]".into()),
+        ..ClaimRequest::default()
+    }
+}
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid::Uuid::new_v4())
+}
+
+/// A claim as the Ruby layer sends it: one token, again on a fresh connection when
+/// its connection dies under it.
+fn claim_fresh(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
+    let token = uuid::Uuid::new_v4();
+    store
+        .run(|pool, interrupt| {
+            with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
+                claim::claim_as(c, req, token).await
+            })
+        })
+        .map(|d| d.outcome)
+}
+
+/// A plain tokio-postgres session on the test database, outside the gem's pool.
+struct Admin {
+    runtime: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Admin {
+    fn new() -> Admin {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let client = runtime.block_on(async {
+            let (client, connection) =
+                tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            client
+        });
+        Admin { runtime, client }
+    }
+
+    fn exec(&self, sql: &str) {
+        self.runtime
+            .block_on(self.client.batch_execute(sql))
+            .unwrap();
+    }
+
+    fn count(&self, sql: &str, param: &str) -> i64 {
+        self.runtime
+            .block_on(self.client.query_one(sql, &[&param]))
+            .unwrap()
+            .get(0)
+    }
+}
+
+#[test]
+fn claims_right_after_the_backends_were_killed_all_succeed_on_fresh_connections() {
+    drop(store_with(true, 1)); // migrated
+    let mut config = Config::new(database_url());
+    config.application_name = unique("killed");
+    config.pool_size = 10;
+    let name = config.application_name.clone();
+    let store = Store::new(config).unwrap();
+    let job_type = unique("Killed");
+    let at_once = |prefix: &str, n: usize| -> Vec<Result<Outcome, Error>> {
+        std::thread::scope(|scope| {
+            let calls: Vec<_> = (0..n)
+                .map(|i| {
+                    let req = request(&job_type, &format!("{prefix}-{i}"));
+                    let store = &store;
+                    scope.spawn(move || claim_fresh(store, &req))
+                })
+                .collect();
+            calls.into_iter().map(|c| c.join().unwrap()).collect()
+        })
+    };
+    // Fill the pool: ten connections, all idle afterwards.
+    for warm in at_once("warm", 10) {
+        warm.unwrap();
+    }
+    let killed = Admin::new().count(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = $1",
+        &name,
+    );
+    assert!(killed >= 1, "no backend of {name} to kill");
+    // At once, before anything could notice: 40 claims.
+    let failures: Vec<String> = at_once("after", 40)
+        .into_iter()
+        .filter_map(|r| r.err().map(|e| e.to_string()))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of 40 failed: {failures:?}",
+        failures.len()
+    );
+}
+
+#[test]
+fn a_server_that_never_answers_is_given_up_at_the_deadline() {
+    // Accepts connections and never says a word: a partition after the TCP handshake.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        let sockets: Vec<_> = listener.incoming().take(4).collect();
+        std::thread::sleep(Duration::from_secs(5));
+        drop(sockets);
+    });
+    let mut config = Config::new(format!("postgres://u@127.0.0.1:{port}/db?sslmode=disable"));
+    config.deadline = 1.0;
+    config.connect_timeout = 30.0;
+    let store = Store::new(config).unwrap();
+    let started = Instant::now();
+    let err = claim_fresh(&store, &request("Silent", "1")).unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    assert!(err.retryable());
+    assert!(err.to_string().contains("deadline"), "{err}");
+    assert!(took < Duration::from_millis(1900), "took {took:?}");
+    drop(held);
+}
+
+#[test]
+fn a_completion_gets_a_connection_while_claims_waiting_on_a_row_lock_hold_the_pool() {
+    drop(store_with(true, 1)); // migrated
+    let mut config = Config::new(database_url());
+    config.pool_size = 2;
+    config.deadline = 3.0;
+    config.checkout_timeout = 2.0;
+    let store = Store::new(config).unwrap();
+    let job_type = unique("Starved");
+    let ran = request(&job_type, "ran");
+    let Outcome::Claimed { token, .. } = claim_fresh(&store, &ran).unwrap() else {
+        panic!("not claimed")
+    };
+    let locked = request(&job_type, "locked");
+    claim_fresh(&store, &locked).unwrap();
+    let holder = Admin::new();
+    holder.exec("BEGIN");
+    holder.count(
+        "SELECT count(*) FROM (SELECT 1 FROM idempotent_job_records WHERE job_type = $1 \
+         AND operation_key = 'locked' FOR UPDATE) AS l",
+        &job_type,
+    );
+    let (done, blocked) = std::thread::scope(|scope| {
+        // Two claims wait on the row and hold both pooled connections.
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let (store, req) = (&store, locked.clone());
+                scope.spawn(move || {
+                    let started = Instant::now();
+                    (claim_fresh(store, &req), started.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        store
+            .run(|pool, interrupt| {
+                with_fresh_conn(pool, interrupt, Lane::Reserve, async |c| {
+                    claim::fenced(c, Fenced::Complete, &job_type, "ran", token, None).await
+                })
+            })
+            .unwrap();
+        let done = started.elapsed();
+        let blocked: Vec<_> = waiting.into_iter().map(|w| w.join().unwrap()).collect();
+        (done, blocked)
+    });
+    holder.exec("ROLLBACK");
+    println!("completion beside a starved pool: {done:?}; claims on the locked row: {blocked:?}");
+    assert!(
+        done < Duration::from_secs(1),
+        "the completion waited {done:?}"
+    );
+    for (result, took) in blocked {
+        assert!(matches!(result, Err(Error::Timeout { .. })), "{result:?}");
+        assert!(took < Duration::from_secs(4), "a claim waited {took:?}");
+    }
+}
+
+#[test]
+fn a_table_that_lacks_columns_is_refused_before_the_first_claim() {
+    let schema_name = format!("drift_{}", uuid::Uuid::new_v4().simple());
+    let admin = Admin::new();
+    admin.exec(&format!("CREATE SCHEMA {schema_name}"));
+    let in_schema = || {
+        let mut config = Config::new(database_url());
+        config.schema = Some(schema_name.clone());
+        Store::new(config).unwrap()
+    };
+    let store = in_schema();
+    store.run(migrate::migrate).unwrap();
+    let mut live: Vec<String> = store
+        .with_conn(async |c| {
+            Ok(c.query_typed(schema::COLUMNS_SQL, &[])
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect())
+        })
+        .unwrap();
+    let mut expected: Vec<String> = schema::COLUMNS.iter().map(|c| c.to_string()).collect();
+    live.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(
+        live, expected,
+        "schema::COLUMNS must list the migrated table"
+    );
+
+    admin.exec(&format!(
+        "ALTER TABLE {schema_name}.idempotent_job_records DROP COLUMN completed_at"
+    ));
+    let fresh = in_schema(); // a new process: its first claim checks the table
+    let err = claim_fresh(&fresh, &request("Drifted", "1")).unwrap_err();
+    assert_eq!(err.sqlstate(), Some("42703"), "{err}");
+    assert!(
+        err.to_string().contains("missing column completed_at"),
+        "{err}"
+    );
+    let rows = admin.count(
+        &format!("SELECT count(*) FROM {schema_name}.idempotent_job_records WHERE $1 = $1"),
+        "",
+    );
+    assert_eq!(rows, 0, "nothing was claimed");
+    let err = fresh.run(migrate::migrate).unwrap_err();
+    assert!(matches!(err, Error::Migration(_)), "{err:?}");
+    assert!(err.to_string().contains("drifted"), "{err}");
+    admin.exec(&format!("DROP SCHEMA {schema_name} CASCADE"));
+}
+
+#[test]
+fn arguments_with_a_nul_are_stored_and_read_back_unchanged() {
+    let store = store_with(true, 2);
+    let mut req = request(&unique("Nul"), "1");
+    let args = r#"["a\u0000b",{"k":"\u0000"},"\\u0000 is not a NUL"]"#;
+    req.args_json = Some(args.into());
+    let claimed = claim_fresh(&store, &req);
+    assert!(
+        matches!(claimed, Ok(Outcome::Claimed { .. })),
+        "{claimed:?}"
+    );
+    let record = find_record(&store, &req).unwrap();
+    let stored: serde_json::Value = serde_json::from_str(record.args.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        stored,
+        serde_json::from_str::<serde_json::Value>(args).unwrap()
+    );
+    req.args_json = Some("[1]".into());
+    req.operation_key = "2".into();
+    claim_fresh(&store, &req).unwrap();
+    assert_eq!(
+        find_record(&store, &req).unwrap().args.as_deref(),
+        Some("[1]")
+    );
+}
+
+#[test]
+fn read_only_and_other_transient_states_are_retryable() {
+    let mut config = Config::new(format!(
+        "{}?options=-c%20default_transaction_read_only%3Don",
+        database_url()
+    ));
+    config.deadline = 1.0;
+    let store = Store::new(config).unwrap();
+    let err = claim_fresh(&store, &request("ReadOnly", "1")).unwrap_err();
+    assert_eq!(err.sqlstate(), Some("25006"), "{err}");
+    assert!(err.retryable(), "{err:?}");
+    assert!(err.to_string().contains("read-only"), "{err}");
+    for (code, retryable) in [("40001", true), ("53300", true), ("23505", false)] {
+        let e = Error::Database {
+            message: String::new(),
+            sqlstate: code.into(),
+        };
+        assert_eq!(e.retryable(), retryable, "{code}");
+    }
+}

@@ -1,0 +1,29 @@
+# frozen_string_literal: true
+
+# IDEMPOTENT_JOB_GC_STRESS=1: every call into the native binding runs with
+# GC.stress on (a full GC at every allocation), so a Ruby object the binding holds
+# without marking, or frees too early, crashes at once instead of once in a while.
+# bin/test runs spec/idempotent_job/native_spec.rb this way.
+module GCStress
+  def self.wrap(target)
+    names = target.instance_methods(false)
+    target.prepend(Module.new do
+      names.each do |name|
+        define_method(name) do |*args, &block|
+          GC.stress = true
+          super(*args, &block)
+        ensure
+          GC.stress = false
+        end
+      end
+    end)
+  end
+
+  def self.install!
+    native = IdempotentJob::Native
+    targets = [native::Store, native::Store.singleton_class, native::Heartbeat, native::Transaction]
+    (targets + [native.singleton_class]).each { |t| wrap(t) }
+  end
+end
+
+GCStress.install! if ENV["IDEMPOTENT_JOB_GC_STRESS"] == "1"
