@@ -4,6 +4,7 @@ pub mod config;
 pub mod error;
 pub mod heartbeat;
 pub mod migrate;
+pub mod report;
 pub mod session;
 pub mod store;
 pub mod tls;
