@@ -79,8 +79,12 @@ RSpec.describe "The operators' page in a browser", :browser do
     web_repeated("ChargeOrderJob", "1001", repeats: 3)
   end
 
+  # Waits for `text` on the page; a click starts a navigation, so the body read may be
+  # the old page's, gone by the time its text is asked for (a stale element): read again.
   def wait_for(driver, text)
-    Selenium::WebDriver::Wait.new(timeout: 20).until { driver.find_element(tag_name: "body").text.include?(text) }
+    errors = Selenium::WebDriver::Error
+    Selenium::WebDriver::Wait.new(timeout: 20, ignore: [errors::NoSuchElementError, errors::StaleElementReferenceError])
+                             .until { driver.find_element(tag_name: "body").text.include?(text) }
   end
 
   it "resolves a held operation from the Sidekiq Web tab: click, confirm, and the record is completed" do
