@@ -1,0 +1,116 @@
+# frozen_string_literal: true
+
+require "csv"
+require "time"
+require_relative "classifier"
+
+module IdempotentJob
+  module Repeats
+    # The repeats report built on delivery facts: each repeated operation with its
+    # repeats classified ({Classifier}), a summary per job type, the pairs of producers
+    # that enqueue the same operations, as text lines and as CSV. Pure: it is given the
+    # rows (what the report's SQL read) and computes; it reads and writes nothing.
+    class Report
+      # One repeated operation.
+      # Members: job_type, operation_key (String), status (Symbol), first_claimed_at
+      # (Time or nil), producers (Array of String, first enqueue's first), repeats (Array
+      # of {Classifier::Repeat}, arrival order).
+      Operation = Struct.new(:job_type, :operation_key, :status, :first_claimed_at, :producers, :repeats,
+                             keyword_init: true)
+
+      # CSV columns, one row per repeat.
+      CSV_HEADERS = %w[job_type operation_key status at cause delivery_id retry_count after_claim_s after_enqueue_s
+                       live_claim deferred_return producer first_producer restart_at].freeze
+
+      # @return [Array<Operation>]
+      attr_reader :operations
+
+      # @param rows [Array<Hash>] per operation: :job_type, :operation_key, :status and
+      #   :deliveries (Array of fact Hashes in arrival order, the first claim's first; see
+      #   {Classifier})
+      # @param restarts [Array<Time>] recorded deploy/restart times
+      # @param restart_window [Numeric] seconds after a restart that a redelivery is matched
+      def initialize(rows, restarts: [], restart_window: 120)
+        @operations = rows.map do |row|
+          deliveries = row.fetch(:deliveries)
+          first_at = Classifier.seconds(deliveries.first&.fetch("at", nil))
+          Operation.new(job_type: row.fetch(:job_type), operation_key: row.fetch(:operation_key),
+                        status: row[:status], first_claimed_at: first_at && Time.at(first_at),
+                        producers: deliveries.filter_map { |d| d["producer"] }.uniq,
+                        repeats: Classifier.classify(deliveries, restarts:, restart_window:))
+        end
+      end
+
+      # @return [Hash{String => Hash{Symbol => Integer}}] per job type: operations,
+      #   repeats (deferred returns left out), one count per cause of
+      #   {Classifier::CAUSES}, near_restart (redeliveries matched to a restart),
+      #   deferred_returns, several_producers (operations enqueued by more than one)
+      def summary
+        @operations.group_by(&:job_type).transform_values do |ops|
+          repeats = ops.flat_map(&:repeats)
+          counted = repeats.reject(&:deferred_return)
+          causes = counted.map(&:cause).tally
+          { operations: ops.size, repeats: counted.size, **Classifier::CAUSES.to_h { |c| [c, causes.fetch(c, 0)] },
+            near_restart: counted.count(&:restart), deferred_returns: repeats.size - counted.size,
+            several_producers: ops.count { |op| op.producers.size > 1 } }
+        end
+      end
+
+      # @return [Hash{Array(String, String, String) => Integer}] per [job_type, producer,
+      #   producer], the operations both producers enqueued, most first
+      def producer_pairs
+        Classifier.producer_pairs(@operations)
+      end
+
+      # @return [Array<String>] the report as text: one line per operation, then per job
+      #   type, then per pair of producers
+      def lines
+        @operations.map { |op| operation_line(op) } +
+          summary.map { |type, s| summary_line(type, s) } +
+          producer_pairs.map do |(type, a, b), count|
+            "#{a} and #{b} both enqueue #{type} for the same operation: #{count} operation#{"s" unless count == 1}"
+          end
+      end
+
+      # @return [String] one CSV row per repeat, with {CSV_HEADERS}
+      def to_csv
+        CSV.generate do |csv|
+          csv << CSV_HEADERS
+          @operations.each do |op|
+            op.repeats.each do |r|
+              csv << [op.job_type, op.operation_key, op.status, r.at&.utc&.iso8601(6), r.cause, r.id, r.retry_count,
+                      r.after_claim&.round(6), r.after_enqueue&.round(6), r.live_claim, r.deferred_return,
+                      r.producer, r.first_producer, r.restart&.utc&.iso8601]
+            end
+          end
+        end
+      end
+
+      private
+
+      def operation_line(operation)
+        repeats = operation.repeats.map do |r|
+          text = "#{Classifier::LABELS.fetch(r.cause)} after #{r.after_claim&.round(1)} s"
+          text += " (deferred copy back)" if r.deferred_return
+          text += " near the restart at #{r.restart.utc.iso8601}" if r.restart
+          text += " by #{r.producer}" if %i[re_enqueue_other_producer].include?(r.cause)
+          text
+        end
+        "#{operation.job_type} #{operation.operation_key.inspect}: #{operation.status}, " \
+          "#{operation.repeats.count { |r| !r.deferred_return }} repeats (#{repeats.join(", ")})"
+      end
+
+      def summary_line(job_type, counts)
+        causes = Classifier::CAUSES.filter_map do |c|
+          "#{counts[c]} #{Classifier::LABELS.fetch(c)}" if counts[c].positive?
+        end
+        extra = []
+        extra << "#{counts[:near_restart]} near a restart" if counts[:near_restart].positive?
+        extra << "#{counts[:deferred_returns]} deferred copies back" if counts[:deferred_returns].positive?
+        extra << "#{counts[:several_producers]} enqueued by several producers" if counts[:several_producers].positive?
+        "#{job_type}: #{counts[:operations]} operations repeated #{counts[:repeats]} times — #{causes.join(", ")}" \
+          "#{"; #{extra.join(", ")}" unless extra.empty?}"
+      end
+    end
+  end
+end

@@ -1,0 +1,71 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "idempotent_job/repeats/report"
+
+RSpec.describe IdempotentJob::Repeats::Report do
+  let(:t0) { 1_764_547_200.0 }
+  let(:orders) { "app/controllers/orders_controller.rb:42" }
+  let(:stripe) { "app/webhooks/stripe_webhook.rb:17" }
+
+  def facts(at, jid, decision = "completed", producer: orders, **more)
+    { "at" => t0 + at, "jid" => jid, "decision" => decision, "producer" => producer,
+      "enqueued_at" => t0 + at - 0.5 }.merge(more.transform_keys(&:to_s))
+  end
+
+  # The demo's scenarios, as their facts would be recorded.
+  let(:rows) do
+    [{ job_type: "ChargeOrderJob", operation_key: "1", status: :completed, # five copies pushed at once
+       deliveries: [facts(0, "a", "claimed"), *%w[b c d e].map { |j| facts(0.01, j, "in_progress") },
+                    *%w[b c d e].map { |j| facts(1.2, j, deferrals: 1) }] },
+     { job_type: "ChargeOrderJob", operation_key: "2", status: :completed, # enqueued by two producers
+       deliveries: [facts(0, "f", "claimed"), facts(3600, "g", producer: stripe), facts(7200, "h")] },
+     { job_type: "ShipParcelJob", operation_key: "3", status: :completed, # raised once, then the killed worker
+       deliveries: [facts(0, "i", "claimed"), facts(20, "i", "claimed", retry_count: 0),
+                    facts(500, "i", "claimed", retry_count: 0)] }]
+  end
+
+  let(:report) { described_class.new(rows, restarts: [Time.at(t0 + 450)]) }
+
+  it "classifies each scenario's repeats and counts them per job type, deferred returns apart" do
+    expect(report.operations.map { |op| op.repeats.map(&:cause).tally }).to eq(
+      [{ concurrent_copy: 8 }, { re_enqueue_other_producer: 1, re_enqueue_same_producer: 1 },
+       { queue_retry: 1, redelivery: 1 }]
+    )
+    expect(report.summary["ChargeOrderJob"]).to include(operations: 2, repeats: 6, concurrent_copy: 4,
+                                                        re_enqueue_other_producer: 1, re_enqueue_same_producer: 1,
+                                                        deferred_returns: 4, several_producers: 1)
+    expect(report.summary["ShipParcelJob"]).to include(queue_retry: 1, redelivery: 1, near_restart: 1)
+  end
+
+  it "names the two producers that enqueue the same operation" do
+    expect(report.producer_pairs).to eq({ ["ChargeOrderJob", orders, stripe] => 1 })
+    expect(report.lines).to include(
+      "#{orders} and #{stripe} both enqueue ChargeOrderJob for the same operation: 1 operation"
+    )
+  end
+
+  it "reads as text: per operation, per job type" do
+    lines = report.lines
+    expect(lines[0]).to start_with('ChargeOrderJob "1": completed, 4 repeats (concurrent copy after 0.0 s, ')
+    expect(lines[0]).to include("concurrent copy after 1.2 s (deferred copy back)")
+    expect(lines[1]).to eq('ChargeOrderJob "2": completed, 2 repeats (re-enqueue, other producer after 3600.0 s by ' \
+                           "#{stripe}, re-enqueue, same producer after 7200.0 s)")
+    expect(lines[2]).to include("queue retry after 20.0 s", "redelivery/restart after 500.0 s near the restart at")
+    expect(lines).to include("ChargeOrderJob: 2 operations repeated 6 times — 4 concurrent copy, 1 re-enqueue, same " \
+                             "producer, 1 re-enqueue, other producer; 4 deferred copies back, 1 enqueued by several " \
+                             "producers")
+  end
+
+  it "exports one CSV row per repeat" do
+    rows = CSV.parse(report.to_csv, headers: true)
+    expect(rows.headers).to eq(described_class::CSV_HEADERS)
+    expect(rows.size).to eq(12)
+    other = rows.find { |r| r["cause"] == "re_enqueue_other_producer" }
+    expect(other.to_h).to include("job_type" => "ChargeOrderJob", "operation_key" => "2", "delivery_id" => "g",
+                                  "after_claim_s" => "3600.0", "after_enqueue_s" => "0.5", "live_claim" => "false",
+                                  "producer" => stripe, "first_producer" => orders,
+                                  "at" => "2025-12-01T01:00:00.000000Z")
+    expect(rows.find { |r| r["cause"] == "redelivery" }["restart_at"]).to eq("2025-12-01T00:07:30Z")
+  end
+end
