@@ -2,7 +2,8 @@
 
 # A real Rack server for the browser spec: Sidekiq Web (with the Idempotency tab) at
 # /sidekiq and the standalone page at /idempotency, behind a cookie session, in WEBrick.
-# Run as its own process: ruby spec/support/web_server.rb PORT (DATABASE_URL, REDIS_URL).
+# Run as its own process: ruby spec/support/web_server.rb PORT_FILE (DATABASE_URL,
+# REDIS_URL); it listens on a free port of loopback and writes the port to PORT_FILE.
 $LOAD_PATH.unshift File.expand_path("../../lib", __dir__)
 require "securerandom"
 require "logger"
@@ -22,5 +23,9 @@ app = Rack::Builder.new do
   map("/sidekiq") { run Sidekiq::Web }
   map("/idempotency") { run IdempotentJob::Web }
 end
-Rack::Handler::WEBrick.run(app, Host: "127.0.0.1", Port: Integer(ARGV.fetch(0)), AccessLog: [],
-                                Logger: WEBrick::Log.new(File::NULL))
+port_file = ARGV.fetch(0)
+Rack::Handler::WEBrick.run(app, Host: "127.0.0.1", Port: 0, AccessLog: [],
+                                Logger: WEBrick::Log.new(File::NULL)) do |server|
+  File.write("#{port_file}.tmp", server.listeners.first.addr[1].to_s)
+  File.rename("#{port_file}.tmp", port_file)
+end

@@ -2,7 +2,6 @@
 
 require "spec_helper"
 require "net/http"
-require "socket"
 require "tmpdir"
 require "uri"
 require_relative "../support/web_records"
@@ -37,28 +36,24 @@ RSpec.describe "The operators' page in a browser", :browser do
     admin&.close
   end
 
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
-  end
-
-  def start_server(port)
+  # Starts the server process; returns its pid and port once it answers.
+  def start_server
     log = File.join(root, "tmp", "web-server.log")
+    port_file = File.join(root, "tmp", "web-server.port")
+    FileUtils.rm_f(port_file)
     pid = Process.spawn({ "DATABASE_URL" => database_url, "REDIS_URL" => ENV.fetch("REDIS_URL") },
-                        RbConfig.ruby, File.join(root, "spec/support/web_server.rb"), port.to_s,
-                        out: log, err: log)
+                        RbConfig.ruby, File.join(root, "spec/support/web_server.rb"), port_file, out: log, err: log)
     deadline = Time.now + 30
     begin
+      port = Integer(File.read(port_file))
       Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/idempotency/"))
-    rescue SystemCallError
+      [pid, port]
+    rescue SystemCallError, ArgumentError
       raise "the web server did not start (see #{log})" if Time.now > deadline || Process.wait(pid, Process::WNOHANG)
 
       sleep 0.1
       retry
     end
-    pid
   end
 
   # Held and given-up operations as a stale-claim policy leaves them: a claim whose
@@ -93,8 +88,7 @@ RSpec.describe "The operators' page in a browser", :browser do
     IdempotentJob.configure(database_url:)
     IdempotentJob.migrate!
     seed!
-    port = free_port
-    server = start_server(port)
+    server, port = start_server
     profile = Dir.mktmpdir("chromium-profile")
     options = Selenium::WebDriver::Chrome::Options.new(
       args: %W[--headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update

@@ -19,13 +19,8 @@ fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
     ClaimRequest {
         job_type: job_type.into(),
         operation_key: key.into(),
-        jid: Some(format!("jid-{key}")),
         lease_seconds: lease,
-        args_digest: Some("digest".into()),
-        job_class: Some("ExampleJob".into()),
-        queue: Some("default".into()),
-        args_json: Some("[]".into()),
-        refuse_mismatch: false,
+        ..ClaimRequest::default()
     }
 }
 
