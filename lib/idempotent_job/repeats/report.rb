@@ -22,8 +22,38 @@ module IdempotentJob
       CSV_HEADERS = %w[job_type operation_key status at cause delivery_id retry_count after_claim_s after_enqueue_s
                        live_claim deferred_return producer first_producer restart_at].freeze
 
+      # Claim-statement decisions that mean the delivery won the claim.
+      WON = %w[claimed first retry takeover].freeze
+
       # @return [Array<Operation>]
       attr_reader :operations
+
+      # An operation's deliveries as {Classifier} reads them, from what the record keeps:
+      # the first claim (its time, and its facts when recorded) and the repeats'
+      # elements (`{"at", "job_class", "decision", "facts"}`, oldest first).
+      # @param first_claimed_at [Time]
+      # @param first_facts [Hash, nil] the first delivery's door facts
+      # @param repeat_facts [Array<Hash>] the record's repeat elements
+      # @return [Array<Hash{String => Object}>] fact Hashes with "at" (epoch seconds) and
+      #   "decision" ("claimed" for a won claim)
+      def self.deliveries(first_claimed_at:, first_facts:, repeat_facts:)
+        first = (first_facts || {}).merge("at" => first_claimed_at.to_f, "decision" => "claimed")
+        [first] + repeat_facts.map do |element|
+          decision = element["decision"].to_s
+          (element["facts"] || {}).merge("at" => epoch(element["at"]), "job_class" => element["job_class"],
+                                         "decision" => WON.include?(decision) ? "claimed" : decision)
+        end
+      end
+
+      # @param value [String, Numeric, Time, nil] ISO 8601 text, epoch seconds or a Time
+      # @return [Float, nil] epoch seconds
+      def self.epoch(value)
+        case value
+        when Time then value.to_f
+        when String then Time.iso8601(value).to_f
+        when Numeric then Classifier.seconds(value)
+        end
+      end
 
       # @param rows [Array<Hash>] per operation: :job_type, :operation_key, :status and
       #   :deliveries (Array of fact Hashes in arrival order, the first claim's first; see

@@ -68,4 +68,22 @@ RSpec.describe IdempotentJob::Repeats::Report do
                                   "at" => "2025-12-01T01:00:00.000000Z")
     expect(rows.find { |r| r["cause"] == "redelivery" }["restart_at"]).to eq("2025-12-01T00:07:30Z")
   end
+
+  it "reads a record's first claim and repeat elements as deliveries" do
+    deliveries = described_class.deliveries(
+      first_claimed_at: Time.at(t0), first_facts: { "jid" => "a", "producer" => orders },
+      repeat_facts: [{ "at" => "2025-12-01T00:00:00.5+00:00", "job_class" => "ChargeOrderJob",
+                       "decision" => "in_progress", "facts" => { "jid" => "b" } },
+                     { "at" => t0 + 30, "decision" => "retry", "facts" => { "jid" => "a", "retry_count" => 0 } },
+                     { "at" => (t0 + 60) * 1000, "decision" => "completed", "facts" => nil }]
+    )
+    expect(deliveries).to eq([{ "jid" => "a", "producer" => orders, "at" => t0, "decision" => "claimed" },
+                              { "jid" => "b", "at" => t0 + 0.5, "job_class" => "ChargeOrderJob",
+                                "decision" => "in_progress" },
+                              { "jid" => "a", "retry_count" => 0, "at" => t0 + 30, "job_class" => nil,
+                                "decision" => "claimed" },
+                              { "at" => t0 + 60, "job_class" => nil, "decision" => "completed" }])
+    expect(IdempotentJob::Repeats::Classifier.classify(deliveries).map(&:cause))
+      .to eq(%i[concurrent_copy queue_retry re_enqueue])
+  end
 end
