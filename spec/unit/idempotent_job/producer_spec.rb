@@ -2,7 +2,7 @@
 
 require "spec_helper"
 require "idempotent_job/producer"
-require_relative "../support/producer_stamper"
+require_relative "../../support/producer_stamper"
 
 RSpec.describe IdempotentJob::Producer do
   after { described_class.resolver = nil }
@@ -10,12 +10,12 @@ RSpec.describe IdempotentJob::Producer do
   def enqueue_here = described_class.current
 
   it "is the first caller frame outside the gem and the queue library, relative to the app's root" do
-    expect(described_class.current).to eq("spec/idempotent_job/producer_spec.rb:#{__LINE__}")
+    expect(described_class.current).to eq("spec/unit/idempotent_job/producer_spec.rb:#{__LINE__}")
     described_class.ignored << "spec/support/producer_stamper.rb"
     Sidekiq.client_middleware { |chain| chain.add ProducerStamper }
     UnkeyedJob.perform_async(1)
     line = __LINE__ - 1
-    expect(UnkeyedJob.jobs.last["idempotency_producer"]).to eq("spec/idempotent_job/producer_spec.rb:#{line}")
+    expect(UnkeyedJob.jobs.last["idempotency_producer"]).to eq("spec/unit/idempotent_job/producer_spec.rb:#{line}")
   ensure
     Sidekiq.client_middleware { |chain| chain.remove ProducerStamper }
     described_class.ignored.clear
@@ -27,7 +27,7 @@ RSpec.describe IdempotentJob::Producer do
     expect(enqueue_here).to eq("x" * 200)
     expect(described_class.with("inner") { enqueue_here }).to eq("inner")
     described_class.resolver = -> {}
-    expect(enqueue_here).to start_with("spec/idempotent_job/producer_spec.rb:")
+    expect(enqueue_here).to start_with("spec/unit/idempotent_job/producer_spec.rb:")
   end
 
   it "keeps the producer a payload already has (a retry keeps its first enqueue's)" do
