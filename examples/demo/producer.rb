@@ -39,6 +39,7 @@ module Demo
       same_jid
       distinct
       composite
+      two_producers
       @state.save
     end
 
@@ -132,6 +133,17 @@ module Demo
       ShipParcelJob.perform_async({ "parcels" => 2, "order_id" => order }, "ups")
       @state.delivered(ShipParcelJob, @state.shipment.key, 2)
       puts "(f) ShipParcelJob #{order} via ups: enqueued twice, the Hash argument's keys in another order"
+    end
+
+    # (j): the same charge enqueued by two producers: the orders controller, then the payment
+    # provider's webhook a few seconds later.
+    def two_producers
+      order = @state.order_id(111)
+      OrdersController.new.create(order)
+      StripeWebhook.new.handle(order)
+      @state.delivered(ChargeOrderJob, order, 2)
+      puts "(j) ChargeOrderJob #{order}: enqueued by OrdersController#create, and by StripeWebhook#handle " \
+           "#{StripeWebhook::NOTICE_DELAY} s later"
     end
 
     # (g): waits until the receipt went out while its worker still holds the claim.
