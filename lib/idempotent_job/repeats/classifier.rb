@@ -12,16 +12,21 @@ module IdempotentJob
     #   milliseconds are read as such too);
     # * "deferrals" (Integer): how many times the gem deferred this copy already;
     # * "producer" (String): who enqueued it ({IdempotentJob::Producer});
-    # * "decision" (String): what the claim statement answered it — "claimed",
-    #   "in_progress" (it met a live claim), "completed", "held", "given_up", "refused".
+    # * "decision" (String): what the claim statement answered it — "claimed" (a first
+    #   claim or a retry's), "takeover" (it took over an expired lease), "in_progress"
+    #   (it met a live claim), "completed", "held", "given_up", "refused".
+    #
+    # A delivery met a live claim when it was answered "in_progress", or answered
+    # "completed" although it arrived before the operation completed (it waited on the
+    # record's row lock for a transactional claim's commit).
     #
     # Causes, in the order they are tried:
     # * :queue_retry — the same delivery again with a higher retry_count: the queue's
     #   retry after the job raised;
-    # * :redelivery — the same delivery again without a new retry: redelivered after a
-    #   crash or restart (`restart:` names the recorded deploy/restart it falls near);
-    # * :concurrent_copy — another delivery that met a live claim: a copy running at
-    #   the same time as the claim's;
+    # * :redelivery — the same delivery again without a new retry, or any delivery that
+    #   took over an expired lease: work redone after a worker died (a crash, a restart,
+    #   a deploy; `restart:` names the recorded deploy/restart it falls near);
+    # * :concurrent_copy — another delivery that met a live claim;
     # * :re_enqueue_same_producer / :re_enqueue_other_producer — another delivery after
     #   the claim ended, enqueued by a producer seen before for this operation, or not;
     # * :re_enqueue — the same, with no producer recorded to compare.
@@ -42,31 +47,30 @@ module IdempotentJob
       # Members: at (Time), id (String), cause (Symbol of {CAUSES}), after_claim (Float
       # seconds since the operation's first claim), after_enqueue (Float seconds since its
       # own enqueue, nil when unknown), retry_count, producer, first_producer, live_claim
-      # (Boolean), deferred_return (Boolean), restart (Time of the matching deploy/restart,
-      # or nil), decision (String).
+      # (Boolean: it met a live claim), deferred_return (Boolean), restart (Time of the
+      # matching deploy/restart, or nil), decision (String).
       Repeat = Struct.new(:at, :id, :cause, :after_claim, :after_enqueue, :retry_count, :producer, :first_producer,
                           :live_claim, :deferred_return, :restart, :decision, keyword_init: true)
 
       class << self
         # @param deliveries [Array<Hash{String => Object}>] an operation's deliveries in
         #   arrival order, the first claim's first (facts as described above)
+        # @param completed_at [Time, nil] when the operation completed (a "completed"
+        #   answer to a delivery that arrived earlier means it waited for that commit)
         # @param restarts [Array<Time>] recorded deploy/restart times
         # @param restart_window [Numeric] seconds after a restart within which a redelivery
         #   is matched to it
         # @return [Array<Repeat>] one per delivery after the first
-        def classify(deliveries, restarts: [], restart_window: 120)
+        def classify(deliveries, completed_at: nil, restarts: [], restart_window: 120)
           first = deliveries.first or return []
-          claimed_at = seconds(first["at"])
-          seen = {} # id => [facts of its latest arrival, cause of its first]
-          seen[first["jid"]] = [first, nil] if first["jid"]
-          producers = [first["producer"]].compact
-          deliveries.drop(1).map do |facts|
-            repeat = classify_one(facts, seen, producers, claimed_at, [restarts, restart_window])
-            seen[facts["jid"]] = [facts, seen.dig(facts["jid"], 1) || repeat.cause] if facts["jid"]
-            producers |= [facts["producer"]] if facts["producer"]
-            repeat.first_producer = first["producer"]
-            repeat
+          context = { claimed_at: seconds(first["at"]), completed_at: completed_at&.to_f,
+                      producers: [first["producer"]].compact, seen: {} } # seen: id => [latest facts, first cause]
+          context[:seen][first["jid"]] = [first, nil] if first["jid"]
+          repeats = deliveries.drop(1).map do |facts|
+            classify_one(facts, context).tap { |repeat| remember(context, facts, repeat, first) }
           end
+          took_over(repeats)
+          match_restarts(repeats, restarts, restart_window)
         end
 
         # @param operations [Array<#job_type, #producers>] operations with the producers
@@ -91,25 +95,26 @@ module IdempotentJob
 
         private
 
-        def classify_one(facts, seen, producers, claimed_at, (restarts, window))
+        def classify_one(facts, context)
           at = seconds(facts["at"])
-          earlier, first_cause = seen[facts["jid"]]
-          cause, returned = cause_of(facts, earlier, first_cause, producers)
+          earlier, first_cause = context[:seen][facts["jid"]]
+          live = live_claim?(facts, at, context[:completed_at])
+          cause, returned = cause_of(facts, earlier, first_cause, live, context[:producers])
           enqueued = seconds(facts["enqueued_at"]) || seconds(facts["created_at"])
-          Repeat.new(at: at && Time.at(at), id: facts["jid"], cause:, after_claim: since(at, claimed_at),
+          Repeat.new(at: at && Time.at(at), id: facts["jid"], cause:, after_claim: since(at, context[:claimed_at]),
                      after_enqueue: since(at, enqueued), retry_count: facts["retry_count"],
-                     producer: facts["producer"], live_claim: facts["decision"] == "in_progress",
-                     deferred_return: returned, decision: facts["decision"],
-                     restart: cause == :redelivery && !returned ? restart_near(at, restarts, window) : nil)
+                     producer: facts["producer"], live_claim: live, deferred_return: returned,
+                     decision: facts["decision"])
         end
 
-        def since(at, start)
-          at && start && (at - start)
+        def live_claim?(facts, at, completed_at)
+          facts["decision"] == "in_progress" ||
+            (facts["decision"] == "completed" && !at.nil? && !completed_at.nil? && at < completed_at)
         end
 
         # [cause, deferred_return]
-        def cause_of(facts, earlier, first_cause, producers)
-          return [other_delivery(facts, producers), false] unless earlier
+        def cause_of(facts, earlier, first_cause, live, producers)
+          return [other_delivery(facts, live, producers), false] unless earlier
           return [:queue_retry, false] if facts["retry_count"].to_i > earlier["retry_count"].to_i ||
                                           (facts.key?("retry_count") && !earlier.key?("retry_count"))
           return [first_cause || :concurrent_copy, true] if facts["deferrals"].to_i > earlier["deferrals"].to_i
@@ -117,11 +122,39 @@ module IdempotentJob
           [:redelivery, false]
         end
 
-        def other_delivery(facts, producers)
-          return :concurrent_copy if facts["decision"] == "in_progress"
+        def other_delivery(facts, live, producers)
+          return :concurrent_copy if live
           return :re_enqueue if facts["producer"].nil? || producers.empty?
 
           producers.include?(facts["producer"]) ? :re_enqueue_same_producer : :re_enqueue_other_producer
+        end
+
+        def remember(context, facts, repeat, first)
+          id = facts["jid"]
+          context[:seen][id] = [facts, context[:seen].dig(id, 1) || repeat.cause] if id
+          context[:producers] |= [facts["producer"]] if facts["producer"]
+          repeat.first_producer = first["producer"]
+        end
+
+        # A delivery that took over an expired lease redid a dead worker's claim: it and
+        # its earlier arrivals (a copy deferred behind that claim until the lease ran out)
+        # are redeliveries.
+        def took_over(repeats)
+          repeats.select { |r| r.decision == "takeover" }.each do |taker|
+            chain = taker.id ? repeats.select { |r| r.id == taker.id && r.cause != :queue_retry } : [taker]
+            chain.each { |r| r.cause = :redelivery }
+          end
+        end
+
+        # Each redelivery (deferred returns aside) is matched to the restart it follows.
+        def match_restarts(repeats, restarts, window)
+          repeats.each do |r|
+            r.restart = restart_near(r.at&.to_f, restarts, window) if r.cause == :redelivery && !r.deferred_return
+          end
+        end
+
+        def since(at, start)
+          at && start && (at - start)
         end
 
         def restart_near(at, restarts, window)

@@ -22,8 +22,8 @@ module IdempotentJob
       CSV_HEADERS = %w[job_type operation_key status at cause delivery_id retry_count after_claim_s after_enqueue_s
                        live_claim deferred_return producer first_producer restart_at].freeze
 
-      # Claim-statement decisions that mean the delivery won the claim.
-      WON = %w[claimed first retry takeover].freeze
+      # Claim-statement decisions of a won claim that is not a takeover.
+      CLAIMED = %w[claimed first retry].freeze
 
       # @return [Array<Operation>]
       attr_reader :operations
@@ -35,13 +35,13 @@ module IdempotentJob
       # @param first_facts [Hash, nil] the first delivery's door facts
       # @param repeat_facts [Array<Hash>] the record's repeat elements
       # @return [Array<Hash{String => Object}>] fact Hashes with "at" (epoch seconds) and
-      #   "decision" ("claimed" for a won claim)
+      #   "decision" ("claimed" for a first claim or a retry's, "takeover" kept)
       def self.deliveries(first_claimed_at:, first_facts:, repeat_facts:)
         first = (first_facts || {}).merge("at" => first_claimed_at.to_f, "decision" => "claimed")
         [first] + repeat_facts.map do |element|
           decision = element["decision"].to_s
           (element["facts"] || {}).merge("at" => epoch(element["at"]), "job_class" => element["job_class"],
-                                         "decision" => WON.include?(decision) ? "claimed" : decision)
+                                         "decision" => CLAIMED.include?(decision) ? "claimed" : decision)
         end
       end
 
@@ -55,9 +55,9 @@ module IdempotentJob
         end
       end
 
-      # @param rows [Array<Hash>] per operation: :job_type, :operation_key, :status and
-      #   :deliveries (Array of fact Hashes in arrival order, the first claim's first; see
-      #   {Classifier})
+      # @param rows [Array<Hash>] per operation: :job_type, :operation_key, :status,
+      #   :completed_at (Time or nil) and :deliveries (Array of fact Hashes in arrival
+      #   order, the first claim's first; see {Classifier})
       # @param restarts [Array<Time>] recorded deploy/restart times
       # @param restart_window [Numeric] seconds after a restart that a redelivery is matched
       def initialize(rows, restarts: [], restart_window: 120)
@@ -67,7 +67,8 @@ module IdempotentJob
           Operation.new(job_type: row.fetch(:job_type), operation_key: row.fetch(:operation_key),
                         status: row[:status], first_claimed_at: first_at && Time.at(first_at),
                         producers: deliveries.filter_map { |d| d["producer"] }.uniq,
-                        repeats: Classifier.classify(deliveries, restarts:, restart_window:))
+                        repeats: Classifier.classify(deliveries, completed_at: row[:completed_at], restarts:,
+                                                                 restart_window:))
         end
       end
 

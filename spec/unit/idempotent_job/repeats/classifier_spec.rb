@@ -74,4 +74,22 @@ RSpec.describe IdempotentJob::Repeats::Classifier do
                                             op.new("ChargeOrderJob", ["orders"]), op.new("RefundJob", ["a", nil, "b"])])
     expect(pairs).to eq({ %w[ChargeOrderJob orders stripe] => 2, %w[RefundJob a b] => 1 })
   end
+
+  it "calls a copy answered 'completed' that arrived before the completion (a row-lock wait) a concurrent copy" do
+    deliveries = [delivery(0, "a", decision: "claimed"), delivery(0.01, "b"), delivery(2, "c")]
+    repeats = described_class.classify(deliveries, completed_at: Time.at(t0 + 0.85))
+    expect(repeats.map(&:cause)).to eq(%i[concurrent_copy re_enqueue_same_producer])
+    expect(repeats.map(&:live_claim)).to eq([true, false])
+  end
+
+  it "calls a delivery that took over a dead worker's claim, and its deferred arrivals before, a redelivery" do
+    restart = Time.at(t0 + 1)
+    deliveries = [delivery(0, "a", decision: "claimed"), delivery(2, "b", decision: "in_progress"),
+                  delivery(6, "b", decision: "takeover", deferrals: 1), delivery(7, nil, decision: "takeover"),
+                  delivery(8, "c", decision: "in_progress")]
+    repeats = described_class.classify(deliveries, restarts: [restart], restart_window: 5)
+    expect(repeats.map(&:cause)).to eq(%i[redelivery redelivery redelivery concurrent_copy])
+    expect(repeats.map(&:deferred_return)).to eq([false, true, false, false])
+    expect(repeats.map(&:restart)).to eq([restart, nil, nil, nil])
+  end
 end

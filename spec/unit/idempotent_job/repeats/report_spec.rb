@@ -86,4 +86,27 @@ RSpec.describe IdempotentJob::Repeats::Report do
     expect(IdempotentJob::Repeats::Classifier.classify(deliveries).map(&:cause))
       .to eq(%i[concurrent_copy queue_retry re_enqueue])
   end
+
+  it "reads each of the demo's other scenarios as what it is" do
+    completed = ->(at) { Time.at(t0 + at) }
+    rows = [
+      # (a) 3 enqueues, 2 s apart; (c) one jid twice; (d) its worker killed; (h) 5 copies at once
+      { job_type: "ChargeOrderJob", operation_key: "a", status: :completed, completed_at: completed[0.8],
+        deliveries: [facts(0, "a1", "claimed"), facts(2, "a2"), facts(4, "a3")] },
+      { job_type: "ChargeOrderJob", operation_key: "c", status: :completed, completed_at: completed[0.8],
+        deliveries: [facts(0, "c1", "claimed"), facts(0.01, "c1", "in_progress"), facts(1.5, "c1", deferrals: 1)] },
+      { job_type: "CaptureOrderJob", operation_key: "d", status: :completed, completed_at: completed[9],
+        deliveries: [facts(0, "d1", "claimed"), facts(3, "d2", "in_progress"),
+                     facts(6, "d2", "takeover", deferrals: 1)] },
+      { job_type: "LedgerEntryJob", operation_key: "h", status: :completed, completed_at: completed[0.85],
+        deliveries: [facts(0, "h1", "claimed"), *%w[h2 h3 h4 h5].map { |j| facts(0.001, j) }] }
+    ]
+    report = described_class.new(rows, restarts: [Time.at(t0 + 2)], restart_window: 2)
+    expect(report.operations.to_h { |op| [op.operation_key, op.repeats.map { |r| [r.cause, r.deferred_return] }] })
+      .to eq("a" => [[:re_enqueue_same_producer, false]] * 2,
+             "c" => [[:redelivery, false], [:redelivery, true]],
+             "d" => [[:redelivery, false], [:redelivery, true]],
+             "h" => [[:concurrent_copy, false]] * 4)
+    expect(report.operations[2].repeats.first.restart).to eq(Time.at(t0 + 2))
+  end
 end
