@@ -99,12 +99,13 @@ module Demo
            "worker, whose lease #{lease_text(record)}; whether the receipt went out, the record cannot tell"
     end
 
-    # (a): the producer enqueues the same operation 3 times (new jids).
+    # (a): the producer enqueues the same operation 3 times (new jids), 2 s apart: after
+    # the first has completed, as a resubmitted form or a rerun schedule would.
     def repeats
       order = @state.order_id(101)
-      3.times { ChargeOrderJob.perform_async(order, 1500) }
+      3.times { |i| ChargeOrderJob.perform_in(2 * i, order, 1500) }
       @state.delivered(ChargeOrderJob, order, 3)
-      puts "(a) ChargeOrderJob #{order}: enqueued 3 times"
+      puts "(a) ChargeOrderJob #{order}: enqueued 3 times, 2 s apart"
     end
 
     # (c): the identical payload (same jid) delivered twice, as a retry or a queue's redelivery would.
