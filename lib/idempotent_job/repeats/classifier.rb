@@ -29,17 +29,19 @@ module IdempotentJob
     # * :concurrent_copy — another delivery that met a live claim;
     # * :re_enqueue_same_producer / :re_enqueue_other_producer — another delivery after
     #   the claim ended, enqueued by a producer seen before for this operation, or not;
-    # * :re_enqueue — the same, with no producer recorded to compare.
+    # * :re_enqueue — the same, with no producer recorded to compare;
+    # * :unknown — no facts were recorded with it (a record kept before the upgrade).
     # A copy the gem deferred that comes back (same id, more deferrals) is not a new
     # repeat: it keeps the cause of its first arrival, with `deferred_return: true`.
     module Classifier
       # Every cause, in report order.
       CAUSES = %i[concurrent_copy queue_retry redelivery re_enqueue_same_producer re_enqueue_other_producer
-                  re_enqueue].freeze
+                  re_enqueue unknown].freeze
       # How each cause reads in a report.
       LABELS = { concurrent_copy: "concurrent copy", queue_retry: "queue retry", redelivery: "redelivery/restart",
                  re_enqueue_same_producer: "re-enqueue, same producer",
-                 re_enqueue_other_producer: "re-enqueue, other producer", re_enqueue: "re-enqueue" }.freeze
+                 re_enqueue_other_producer: "re-enqueue, other producer", re_enqueue: "re-enqueue",
+                 unknown: "no facts recorded" }.freeze
       # Epoch values at or above this are milliseconds (year 5138 in seconds).
       MILLISECONDS_FROM = 100_000_000_000
 
@@ -114,6 +116,7 @@ module IdempotentJob
 
         # [cause, deferred_return]
         def cause_of(facts, earlier, first_cause, live, producers)
+          return [:unknown, false] unless facts.key?("decision")
           return [other_delivery(facts, live, producers), false] unless earlier
           return [:queue_retry, false] if facts["retry_count"].to_i > earlier["retry_count"].to_i ||
                                           (facts.key?("retry_count") && !earlier.key?("retry_count"))

@@ -63,8 +63,9 @@ RSpec.describe IdempotentJob::Repeats::Classifier do
     expect(described_class.seconds(nil)).to be_nil
   end
 
-  it "has nothing to classify without deliveries" do
+  it "has nothing to classify without deliveries, and says so of a repeat recorded without facts" do
     expect(described_class.classify([])).to eq([])
+    expect(causes([delivery(0, "a"), { "at" => t0 + 5 }])).to eq([:unknown])
   end
 
   it "counts operations per job type and pair of producers that both enqueued them" do
