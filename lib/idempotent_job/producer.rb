@@ -64,16 +64,22 @@ module IdempotentJob
         payload
       end
 
-      # @param locations [Array<Thread::Backtrace::Location>] frames, innermost first
-      # @return [String, nil] the first frame outside the gem, the queue libraries and Ruby's
-      #   own files, as "path:line" relative to the working directory
-      def caller_frame(locations = caller_locations(2, 80))
+      # The first caller frame outside the gem, the queue libraries and Ruby's own files.
+      # Frames are read in batches (16, then 32 more, …, 200 at most): the app's frame is
+      # usually a few frames above the enqueue.
+      # @return [String, nil] "path:line" relative to the working directory
+      def caller_frame
         skip = library_roots + ignored.map { |path| File.expand_path(path) }
-        frame = locations.find do |loc|
-          path = loc.absolute_path || loc.path
-          !path.start_with?("<internal:") && skip.none? { |root| path.start_with?(root) }
+        start = 2
+        [16, 32, 64, 88].each do |count|
+          frames = caller_locations(start, count) or return nil
+          frame = frames.find { |loc| outside?(loc, skip) }
+          return "#{relative(frame.absolute_path || frame.path)}:#{frame.lineno}" if frame
+          return nil if frames.size < count
+
+          start += count
         end
-        frame && "#{relative(frame.absolute_path || frame.path)}:#{frame.lineno}"
+        nil
       end
 
       private
@@ -88,6 +94,11 @@ module IdempotentJob
         LIBRARIES.each { |name| roots << Gem.loaded_specs[name]&.full_gem_path }
         @roots_for = loaded
         @roots = roots.compact.uniq.freeze
+      end
+
+      def outside?(location, skip)
+        path = location.absolute_path || location.path
+        !path.start_with?("<internal:") && skip.none? { |root| path.start_with?(root) }
       end
 
       def relative(path)

@@ -30,7 +30,7 @@ module IdempotentJob
 
       # An operation's deliveries as {Classifier} reads them, from what the record keeps:
       # the first claim (its time, and its facts when recorded) and the repeats'
-      # elements (`{"at", "job_class", "decision", "facts"}`, oldest first).
+      # elements (`{"at", "job_class", "decision", "facts"}`, put in time order).
       # @param first_claimed_at [Time]
       # @param first_facts [Hash, nil] the first delivery's door facts
       # @param repeat_facts [Array<Hash>] the record's repeat elements
@@ -38,7 +38,7 @@ module IdempotentJob
       #   "decision" ("claimed" for a first claim or a retry's, "takeover" kept)
       def self.deliveries(first_claimed_at:, first_facts:, repeat_facts:)
         first = (first_facts || {}).merge("at" => first_claimed_at.to_f, "decision" => "claimed")
-        [first] + repeat_facts.map do |element|
+        [first] + repeat_facts.sort_by { |element| epoch(element["at"]) || 0.0 }.map do |element|
           decision = element["decision"].to_s
           (element["facts"] || {}).merge("at" => epoch(element["at"]), "job_class" => element["job_class"],
                                          "decision" => CLAIMED.include?(decision) ? "claimed" : decision)
