@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "spec_helper"
+require "fileutils"
 require "net/http"
 require "tmpdir"
 require "uri"
@@ -38,6 +39,7 @@ RSpec.describe "The operators' page in a browser", :browser do
 
   # Starts the server process; returns its pid and port once it answers.
   def start_server
+    FileUtils.mkdir_p(File.join(root, "tmp"))
     log = File.join(root, "tmp", "web-server.log")
     port_file = File.join(root, "tmp", "web-server.port")
     FileUtils.rm_f(port_file)

@@ -2,6 +2,7 @@
 
 require "spec_helper"
 require "json"
+require "fileutils"
 require "open3"
 require_relative "../support/web_records"
 
@@ -47,6 +48,7 @@ RSpec.describe "IdempotentJob::Web mounted in Rails routes", :integration do
 
   it "confirms, refuses a POST without the token, and resolves with it" do
     web_stopped(job_type, "7")
+    FileUtils.mkdir_p(File.join(root, "tmp"))
     out, status = Open3.capture2e({ "RUBYLIB" => File.join(root, "lib"), "RAILS_ENV" => "development",
                                     "SPEC_DATABASE_URL" => SpecServices.database_url, "SPEC_JOB_TYPE" => job_type },
                                   RbConfig.ruby, "-e", script, chdir: File.join(root, "tmp"))
