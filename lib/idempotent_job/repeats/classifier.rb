@@ -6,8 +6,10 @@ module IdempotentJob
     # function: no database, no clock. A delivery's facts (a Hash with String keys, as
     # the doors record them) are:
     # * "at" (Float, epoch seconds by the database clock): when it reached the claim;
-    # * "jid" (String): its delivery id (Sidekiq jid, ActiveJob job_id, message id);
-    # * "retry_count" (Integer, absent before the queue's first retry);
+    # * "jid" (String): its delivery id (Sidekiq jid; "job_id" for ActiveJob, or
+    #   "delivery_id" / "message_id", are read too);
+    # * "retry_count" (Integer, Sidekiq: absent before the queue's first retry) or
+    #   "executions" (Integer, ActiveJob: 1 on the first run, 2 on the first retry);
     # * "enqueued_at" / "created_at" (Float epoch seconds: Sidekiq 8's integer
     #   milliseconds are read as such too);
     # * "deferrals" (Integer): how many times the gem deferred this copy already;
@@ -21,8 +23,8 @@ module IdempotentJob
     # record's row lock for a transactional claim's commit).
     #
     # Causes, in the order they are tried:
-    # * :queue_retry — the same delivery again with a higher retry_count: the queue's
-    #   retry after the job raised;
+    # * :queue_retry — the same delivery again with more retries (retry_count or
+    #   executions): the queue's retry after the job raised;
     # * :redelivery — the same delivery again without a new retry, or any delivery that
     #   took over an expired lease: work redone after a worker died (a crash, a restart,
     #   a deploy; `restart:` names the recorded deploy/restart it falls near);
@@ -48,7 +50,8 @@ module IdempotentJob
       # One classified repeat.
       # Members: at (Time), id (String), cause (Symbol of {CAUSES}), after_claim (Float
       # seconds since the operation's first claim), after_enqueue (Float seconds since its
-      # own enqueue, nil when unknown), retry_count, producer, first_producer, live_claim
+      # own enqueue, nil when unknown), retry_count (the queue's retries before this one:
+      # Sidekiq's retry_count, ActiveJob's executions - 1), producer, first_producer, live_claim
       # (Boolean: it met a live claim), deferred_return (Boolean), restart (Time of the
       # matching deploy/restart, or nil), decision (String).
       Repeat = Struct.new(:at, :id, :cause, :after_claim, :after_enqueue, :retry_count, :producer, :first_producer,
@@ -67,7 +70,7 @@ module IdempotentJob
           first = deliveries.first or return []
           context = { claimed_at: seconds(first["at"]), completed_at: completed_at&.to_f,
                       producers: [first["producer"]].compact, seen: {} } # seen: id => [latest facts, first cause]
-          context[:seen][first["jid"]] = [first, nil] if first["jid"]
+          context[:seen][id_of(first)] = [first, nil] if id_of(first)
           repeats = deliveries.drop(1).map do |facts|
             classify_one(facts, context).tap { |repeat| remember(context, facts, repeat, first) }
           end
@@ -99,12 +102,12 @@ module IdempotentJob
 
         def classify_one(facts, context)
           at = seconds(facts["at"])
-          earlier, first_cause = context[:seen][facts["jid"]]
+          earlier, first_cause = context[:seen][id_of(facts)]
           live = live_claim?(facts, at, context[:completed_at])
           cause, returned = cause_of(facts, earlier, first_cause, live, context[:producers])
           enqueued = seconds(facts["enqueued_at"]) || seconds(facts["created_at"])
-          Repeat.new(at: at && Time.at(at), id: facts["jid"], cause:, after_claim: since(at, context[:claimed_at]),
-                     after_enqueue: since(at, enqueued), retry_count: facts["retry_count"],
+          Repeat.new(at: at && Time.at(at), id: id_of(facts), cause:, after_claim: since(at, context[:claimed_at]),
+                     after_enqueue: since(at, enqueued), retry_count: facts["retry_count"] || facts["executions"]&.-(1),
                      producer: facts["producer"], live_claim: live, deferred_return: returned,
                      decision: facts["decision"])
         end
@@ -118,8 +121,7 @@ module IdempotentJob
         def cause_of(facts, earlier, first_cause, live, producers)
           return [:unknown, false] unless facts.key?("decision")
           return [other_delivery(facts, live, producers), false] unless earlier
-          return [:queue_retry, false] if facts["retry_count"].to_i > earlier["retry_count"].to_i ||
-                                          (facts.key?("retry_count") && !earlier.key?("retry_count"))
+          return [:queue_retry, false] if retries(facts) > retries(earlier)
           return [first_cause || :concurrent_copy, true] if facts["deferrals"].to_i > earlier["deferrals"].to_i
 
           [:redelivery, false]
@@ -133,7 +135,7 @@ module IdempotentJob
         end
 
         def remember(context, facts, repeat, first)
-          id = facts["jid"]
+          id = id_of(facts)
           context[:seen][id] = [facts, context[:seen].dig(id, 1) || repeat.cause] if id
           context[:producers] |= [facts["producer"]] if facts["producer"]
           repeat.first_producer = first["producer"]
@@ -154,6 +156,19 @@ module IdempotentJob
           repeats.each do |r|
             r.restart = restart_near(r.at&.to_f, restarts, window) if r.cause == :redelivery && !r.deferred_return
           end
+        end
+
+        # The delivery id, whichever door recorded it.
+        def id_of(facts)
+          facts["jid"] || facts["job_id"] || facts["delivery_id"] || facts["message_id"]
+        end
+
+        # How many times the queue has retried this delivery: Sidekiq's retry_count is
+        # absent before the first retry, then 0, 1…; ActiveJob's executions is 1, 2…
+        def retries(facts)
+          return facts["retry_count"].to_i + 1 if facts.key?("retry_count")
+
+          [facts["executions"].to_i - 1, 0].max
         end
 
         def since(at, start)

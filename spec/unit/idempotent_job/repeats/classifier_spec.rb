@@ -30,6 +30,11 @@ RSpec.describe IdempotentJob::Repeats::Classifier do
     deliveries = [delivery(0, "a", decision: "claimed"), delivery(30, "a", retry_count: 0, decision: "claimed"),
                   delivery(90, "a", retry_count: 1, decision: "claimed"), delivery(400, "a", retry_count: 1)]
     expect(causes(deliveries)).to eq(%i[queue_retry queue_retry redelivery])
+    active_job = [{ "at" => t0, "job_id" => "x", "executions" => 1, "decision" => "claimed" },
+                  { "at" => t0 + 3, "job_id" => "x", "executions" => 2, "decision" => "claimed" },
+                  { "at" => t0 + 9, "job_id" => "x", "executions" => 2, "decision" => "completed" }]
+    expect(described_class.classify(active_job).map { |r| [r.cause, r.id, r.retry_count] })
+      .to eq([[:queue_retry, "x", 1], [:redelivery, "x", 1]])
   end
 
   it "matches a redelivery to the deploy or restart it follows, within the window" do
