@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "time"
+
 module IdempotentJob
   module Repeats
     # Classifies each repeat of an operation from the facts recorded with it — a pure
@@ -10,8 +12,8 @@ module IdempotentJob
     #   "delivery_id" / "message_id", are read too);
     # * "retry_count" (Integer, Sidekiq: absent before the queue's first retry) or
     #   "executions" (Integer, ActiveJob: 1 on the first run, 2 on the first retry);
-    # * "enqueued_at" / "created_at" (Float epoch seconds: Sidekiq 8's integer
-    #   milliseconds are read as such too);
+    # * "enqueued_at" / "created_at" (Float epoch seconds; Sidekiq 8's integer
+    #   milliseconds and ActiveJob's ISO 8601 text are read as such too);
     # * "deferrals" (Integer): how many times the gem deferred this copy already;
     # * "producer" (String): who enqueued it ({IdempotentJob::Producer});
     # * "decision" (String): what the claim statement answered it — "claimed" (a first
@@ -90,12 +92,17 @@ module IdempotentJob
           pairs.sort_by { |key, count| [-count, key] }.to_h
         end
 
-        # @param value [Numeric, nil] epoch seconds, or milliseconds (Sidekiq 8)
-        # @return [Float, nil] epoch seconds
+        # @param value [Numeric, String, Time, nil] epoch seconds, epoch milliseconds
+        #   (Sidekiq 8), ISO 8601 text (ActiveJob's enqueued_at, the record's times) or a Time
+        # @return [Float, nil] epoch seconds (nil for anything else)
         def seconds(value)
-          return nil unless value.is_a?(Numeric)
-
-          value >= MILLISECONDS_FROM ? value / 1000.0 : value.to_f
+          case value
+          when Numeric then value >= MILLISECONDS_FROM ? value / 1000.0 : value.to_f
+          when Time then value.to_f
+          when String then Time.iso8601(value).to_f
+          end
+        rescue ArgumentError
+          nil
         end
 
         private

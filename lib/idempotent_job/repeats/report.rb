@@ -38,20 +38,10 @@ module IdempotentJob
       #   "decision" ("claimed" for a first claim or a retry's, "takeover" kept)
       def self.deliveries(first_claimed_at:, first_facts:, repeat_facts:)
         first = (first_facts || {}).merge("at" => first_claimed_at.to_f, "decision" => "claimed")
-        [first] + repeat_facts.sort_by { |element| epoch(element["at"]) || 0.0 }.map do |element|
+        [first] + repeat_facts.sort_by { |element| Classifier.seconds(element["at"]) || 0.0 }.map do |element|
           decision = element["decision"].to_s
-          (element["facts"] || {}).merge("at" => epoch(element["at"]), "job_class" => element["job_class"],
+          (element["facts"] || {}).merge("at" => Classifier.seconds(element["at"]), "job_class" => element["job_class"],
                                          "decision" => CLAIMED.include?(decision) ? "claimed" : decision)
-        end
-      end
-
-      # @param value [String, Numeric, Time, nil] ISO 8601 text, epoch seconds or a Time
-      # @return [Float, nil] epoch seconds
-      def self.epoch(value)
-        case value
-        when Time then value.to_f
-        when String then Time.iso8601(value).to_f
-        when Numeric then Classifier.seconds(value)
         end
       end
 

@@ -66,6 +66,8 @@ RSpec.describe IdempotentJob::Repeats::Classifier do
     expect(repeat.at).to eq(Time.at(t0 + 120))
     expect(described_class.seconds(1_764_547_200_123)).to be_within(1e-6).of(1_764_547_200.123)
     expect(described_class.seconds(nil)).to be_nil
+    expect(described_class.seconds("2025-12-01T00:00:01Z")).to eq(t0 + 1)
+    expect(described_class.seconds("yesterday")).to be_nil
   end
 
   it "has nothing to classify without deliveries, and says so of a repeat recorded without facts" do
