@@ -34,7 +34,9 @@ module IdempotentJob
     # * :re_enqueue_same_producer / :re_enqueue_other_producer — another delivery after
     #   the claim ended, enqueued by a producer seen before for this operation, or not;
     # * :re_enqueue — the same, with no producer recorded to compare;
-    # * :unknown — no facts were recorded with it (a record kept before the upgrade).
+    # * :unknown — no facts were recorded with it (a record kept before the upgrade) and
+    #   it came after the completion (one that came before overlapped the claim: a
+    #   concurrent copy, as a transactional claim's copies waiting on its row lock are).
     # A copy the gem deferred that comes back (same id, more deferrals) is not a new
     # repeat: it keeps the cause of its first arrival, with `deferred_return: true`.
     module Classifier
@@ -119,14 +121,17 @@ module IdempotentJob
                      decision: facts["decision"])
         end
 
+        # Answered "in progress", or answered "completed" (or recorded without facts, as a
+        # transactional claim's copies are) although it arrived before the completion.
         def live_claim?(facts, at, completed_at)
           facts["decision"] == "in_progress" ||
-            (facts["decision"] == "completed" && !at.nil? && !completed_at.nil? && at < completed_at)
+            (%w[completed].include?(facts.fetch("decision", "completed")) && !at.nil? && !completed_at.nil? &&
+             at < completed_at)
         end
 
         # [cause, deferred_return]
         def cause_of(facts, earlier, first_cause, live, producers)
-          return [:unknown, false] unless facts.key?("decision")
+          return [live ? :concurrent_copy : :unknown, false] unless facts.key?("decision")
           return [other_delivery(facts, live, producers), false] unless earlier
           return [:queue_retry, false] if retries(facts) > retries(earlier)
           return [first_cause || :concurrent_copy, true] if facts["deferrals"].to_i > earlier["deferrals"].to_i

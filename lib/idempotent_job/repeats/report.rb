@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "csv"
+require "json"
 require "time"
 require_relative "classifier"
 
@@ -12,10 +13,13 @@ module IdempotentJob
     # rows (what the report's SQL read) and computes; it reads and writes nothing.
     class Report
       # One repeated operation.
-      # Members: job_type, operation_key (String), status (Symbol), first_claimed_at
-      # (Time or nil), producers (Array of String, first enqueue's first), repeats (Array
-      # of {Classifier::Repeat}, arrival order).
-      Operation = Struct.new(:job_type, :operation_key, :status, :first_claimed_at, :producers, :repeats,
+      # Members: job_type, operation_key (String), status (Symbol), attempts, takeovers,
+      # duplicates, mismatches (Integer), first_claimed_at, completed_at (Time or nil),
+      # producers (Array of String, the first enqueue's first), job_classes (Array of
+      # String), repeats (Array of {Classifier::Repeat}, arrival order), notes (Array of
+      # String: several producers or job classes, different payloads, takeovers, held).
+      Operation = Struct.new(:job_type, :operation_key, :status, :attempts, :takeovers, :duplicates, :mismatches,
+                             :first_claimed_at, :completed_at, :producers, :job_classes, :repeats, :notes,
                              keyword_init: true)
 
       # CSV columns, one row per repeat.
@@ -28,9 +32,26 @@ module IdempotentJob
       # @return [Array<Operation>]
       attr_reader :operations
 
+      # A row of the report's SQL (the native layer's Hash) as {#initialize} takes it:
+      # its deliveries from the first claim (`first_facts`; its delivery id is also the
+      # record's when it was claimed once) and the repeat elements of `repeat_facts`; a
+      # record kept before repeat facts existed has only its repeat times (read as
+      # repeats without facts).
+      # @param row [Hash] the native row (`first_facts_json`, `repeat_facts_json`: JSON text)
+      # @return [Hash] the row with :deliveries
+      def self.row(row)
+        elements = JSON.parse(row[:repeat_facts_json] || "[]")
+        elements = row[:repeat_times].map { |t| { "at" => t } } if elements.empty?
+        first = row[:first_facts_json] ? JSON.parse(row[:first_facts_json]) : {}
+        first["jid"] ||= row[:jid] if row[:attempts] == 1
+        row.merge(deliveries: deliveries(first_claimed_at: row[:first_claimed_at], first_facts: first,
+                                         repeat_facts: elements))
+      end
+
       # An operation's deliveries as {Classifier} reads them, from what the record keeps:
-      # the first claim (its time, and its facts when recorded) and the repeats'
-      # elements (`{"at", "job_class", "decision", "facts"}`, put in time order).
+      # the first claim (its time, and its facts when known) and the repeats' elements
+      # (`{"at", "job_class", "decision", "facts"}`, put in time order; an element
+      # without a decision has no facts).
       # @param first_claimed_at [Time]
       # @param first_facts [Hash, nil] the first delivery's door facts
       # @param repeat_facts [Array<Hash>] the record's repeat elements
@@ -39,9 +60,12 @@ module IdempotentJob
       def self.deliveries(first_claimed_at:, first_facts:, repeat_facts:)
         first = (first_facts || {}).merge("at" => first_claimed_at.to_f, "decision" => "claimed")
         [first] + repeat_facts.sort_by { |element| Classifier.seconds(element["at"]) || 0.0 }.map do |element|
+          at = { "at" => Classifier.seconds(element["at"]) }
+          next at unless element.key?("decision")
+
           decision = element["decision"].to_s
-          (element["facts"] || {}).merge("at" => Classifier.seconds(element["at"]), "job_class" => element["job_class"],
-                                         "decision" => CLAIMED.include?(decision) ? "claimed" : decision)
+          decision = "claimed" if CLAIMED.include?(decision)
+          (element["facts"] || {}).merge(at, "job_class" => element["job_class"], "decision" => decision)
         end
       end
 
@@ -54,27 +78,45 @@ module IdempotentJob
         @operations = rows.map do |row|
           deliveries = row.fetch(:deliveries)
           first_at = Classifier.seconds(deliveries.first&.fetch("at", nil))
-          Operation.new(job_type: row.fetch(:job_type), operation_key: row.fetch(:operation_key),
-                        status: row[:status], first_claimed_at: first_at && Time.at(first_at),
-                        producers: deliveries.filter_map { |d| d["producer"] }.uniq,
-                        repeats: Classifier.classify(deliveries, completed_at: row[:completed_at], restarts:,
-                                                                 restart_window:))
+          operation = Operation.new(
+            **row.slice(*Operation.members), first_claimed_at: first_at && Time.at(first_at),
+                                             producers: deliveries.filter_map { |d| d["producer"] }.uniq,
+                                             job_classes: row[:job_classes] || [],
+                                             repeats: Classifier.classify(deliveries, completed_at: row[:completed_at],
+                                                                                      restarts:, restart_window:)
+          )
+          operation.notes = notes(operation)
+          operation
         end
       end
 
+      # @param operations [Array<Operation>]
       # @return [Hash{String => Hash{Symbol => Integer}}] per job type: operations,
       #   repeats (deferred returns left out), one count per cause of
       #   {Classifier::CAUSES}, near_restart (redeliveries matched to a restart),
-      #   deferred_returns, several_producers (operations enqueued by more than one)
-      def summary
-        @operations.group_by(&:job_type).transform_values do |ops|
+      #   deferred_returns, several_producers (operations enqueued by more than one),
+      #   takeovers, held, mismatched (operations with different payloads)
+      def self.summary(operations)
+        operations.group_by(&:job_type).transform_values do |ops|
           repeats = ops.flat_map(&:repeats)
           counted = repeats.reject(&:deferred_return)
           causes = counted.map(&:cause).tally
           { operations: ops.size, repeats: counted.size, **Classifier::CAUSES.to_h { |c| [c, causes.fetch(c, 0)] },
             near_restart: counted.count(&:restart), deferred_returns: repeats.size - counted.size,
-            several_producers: ops.count { |op| op.producers.size > 1 } }
+            **operation_counts(ops) }
         end
+      end
+
+      # Per-operation counts of a job type's summary.
+      def self.operation_counts(ops)
+        { several_producers: ops.count { |op| op.producers.size > 1 }, takeovers: ops.sum { |op| op.takeovers.to_i },
+          held: ops.count { |op| op.status == :held }, mismatched: ops.count { |op| op.mismatches.to_i.positive? } }
+      end
+      private_class_method :operation_counts
+
+      # @return [Hash{String => Hash{Symbol => Integer}}] {Report.summary} of this report
+      def summary
+        self.class.summary(@operations)
       end
 
       # @return [Hash{Array(String, String, String) => Integer}] per [job_type, producer,
@@ -109,6 +151,19 @@ module IdempotentJob
 
       private
 
+      def notes(operation)
+        notes = []
+        notes << "enqueued by #{operation.producers.size} producers: #{operation.producers.join(", ")}" if
+          operation.producers.size > 1
+        notes << "delivered by #{operation.job_classes.size} job classes: #{operation.job_classes.join(", ")}" if
+          operation.job_classes.size > 1
+        notes << "#{operation.mismatches} deliveries with different arguments (payload digest)" if
+          operation.mismatches.to_i.positive?
+        notes << "#{operation.takeovers} stale claims taken over" if operation.takeovers.to_i.positive?
+        notes << "held for a person" if operation.status == :held
+        notes
+      end
+
       def operation_line(operation)
         repeats = operation.repeats.map do |r|
           text = "#{Classifier::LABELS.fetch(r.cause)} after #{r.after_claim&.round(1)} s"
@@ -118,7 +173,8 @@ module IdempotentJob
           text
         end
         "#{operation.job_type} #{operation.operation_key.inspect}: #{operation.status}, " \
-          "#{operation.repeats.count { |r| !r.deferred_return }} repeats (#{repeats.join(", ")})"
+          "#{operation.repeats.count { |r| !r.deferred_return }} repeats (#{repeats.join(", ")})" \
+          "#{"; #{operation.notes.join("; ")}" unless operation.notes.to_a.empty?}"
       end
 
       def summary_line(job_type, counts)

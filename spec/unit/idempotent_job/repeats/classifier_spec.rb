@@ -73,6 +73,8 @@ RSpec.describe IdempotentJob::Repeats::Classifier do
   it "has nothing to classify without deliveries, and says so of a repeat recorded without facts" do
     expect(described_class.classify([])).to eq([])
     expect(causes([delivery(0, "a"), { "at" => t0 + 5 }])).to eq([:unknown])
+    expect(causes([delivery(0, "a"), { "at" => t0 + 0.1 }, { "at" => t0 + 5 }], completed_at: Time.at(t0 + 1)))
+      .to eq(%i[concurrent_copy unknown])
   end
 
   it "counts operations per job type and pair of producers that both enqueued them" do

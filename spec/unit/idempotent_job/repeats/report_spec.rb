@@ -50,7 +50,8 @@ RSpec.describe IdempotentJob::Repeats::Report do
     expect(lines[0]).to start_with('ChargeOrderJob "1": completed, 4 repeats (concurrent copy after 0.0 s, ')
     expect(lines[0]).to include("concurrent copy after 1.2 s (deferred copy back)")
     expect(lines[1]).to eq('ChargeOrderJob "2": completed, 2 repeats (re-enqueue, other producer after 3600.0 s by ' \
-                           "#{stripe}, re-enqueue, same producer after 7200.0 s)")
+                           "#{stripe}, re-enqueue, same producer after 7200.0 s); enqueued by 2 producers: " \
+                           "#{orders}, #{stripe}")
     expect(lines[2]).to include("queue retry after 20.0 s", "redelivery/restart after 500.0 s near the restart at")
     expect(lines).to include("ChargeOrderJob: 2 operations repeated 6 times — 4 concurrent copy, 1 re-enqueue, same " \
                              "producer, 1 re-enqueue, other producer; 4 deferred copies back, 1 enqueued by several " \
@@ -108,5 +109,20 @@ RSpec.describe IdempotentJob::Repeats::Report do
              "d" => [[:redelivery, false], [:redelivery, true]],
              "h" => [[:concurrent_copy, false]] * 4)
     expect(report.operations[2].repeats.first.restart).to eq(Time.at(t0 + 2))
+  end
+
+  it "reads the report SQL's row: repeat facts, the first claim's delivery id, and old records' times alone" do
+    row = { job_type: "ChargeOrderJob", operation_key: "9", status: :completed, attempts: 1, takeovers: 0,
+            duplicates: 2, mismatches: 0, first_claimed_at: Time.at(t0), completed_at: Time.at(t0 + 1), jid: "a",
+            job_classes: ["ChargeOrderJob"], repeat_times: [Time.at(t0 + 0.1), Time.at(t0 + 9)],
+            repeat_facts_json: JSON.generate([{ "at" => "2025-12-01T00:00:09Z", "decision" => "completed",
+                                                "facts" => { "jid" => "a" } },
+                                              { "at" => "2025-12-01T00:00:00.1Z", "decision" => "in_progress",
+                                                "facts" => { "jid" => "b" } }]) }
+    op = described_class.new([described_class.row(row)]).operations.first
+    expect(op.repeats.map(&:cause)).to eq(%i[concurrent_copy redelivery])
+    expect(op).to have_attributes(duplicates: 2, job_classes: ["ChargeOrderJob"], notes: [])
+    old = described_class.new([described_class.row(row.merge(repeat_facts_json: "[]"))]).operations.first
+    expect(old.repeats.map(&:cause)).to eq(%i[concurrent_copy unknown])
   end
 end
