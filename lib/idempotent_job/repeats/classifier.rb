@@ -37,8 +37,8 @@ module IdempotentJob
     # * :unknown — no facts were recorded with it (a record kept before the upgrade) and
     #   it came after the completion (one that came before overlapped the claim: a
     #   concurrent copy, as a transactional claim's copies waiting on its row lock are).
-    # A copy the gem deferred that comes back (same id, more deferrals) is not a new
-    # repeat: it keeps the cause of its first arrival, with `deferred_return: true`.
+    # A copy the gem deferred that comes back (same id, deferrals above 0) is not a new
+    # repeat: it keeps the cause of its id's first arrival, with `deferred_return: true`.
     module Classifier
       # Every cause, in report order.
       CAUSES = %i[concurrent_copy queue_retry redelivery re_enqueue_same_producer re_enqueue_other_producer
@@ -134,7 +134,7 @@ module IdempotentJob
           return [live ? :concurrent_copy : :unknown, false] unless facts.key?("decision")
           return [other_delivery(facts, live, producers), false] unless earlier
           return [:queue_retry, false] if retries(facts) > retries(earlier)
-          return [first_cause || :concurrent_copy, true] if facts["deferrals"].to_i > earlier["deferrals"].to_i
+          return [first_cause || :concurrent_copy, true] if facts["deferrals"].to_i.positive?
 
           [:redelivery, false]
         end

@@ -24,6 +24,11 @@ RSpec.describe IdempotentJob::Repeats::Classifier do
     expect(repeats.map(&:deferred_return)).to eq(([false] * 4) + ([true] * 4))
     expect(repeats.first).to have_attributes(live_claim: true, id: "b")
     expect(repeats.first.after_claim).to be_within(1e-6).of(0.002)
+    # One id delivered twice, each copy deferred: both returns are returns.
+    twice = [first, delivery(0.01, "b", decision: "in_progress"), delivery(0.02, "b", decision: "in_progress"),
+             delivery(1.0, "b", deferrals: 1), delivery(1.1, "b", deferrals: 1)]
+    expect(described_class.classify(twice).map { |r| [r.cause, r.deferred_return] })
+      .to eq([[:concurrent_copy, false], [:redelivery, false], [:concurrent_copy, true], [:concurrent_copy, true]])
   end
 
   it "tells the queue's retry (same id, higher retry_count) from a redelivery (same id, no new retry)" do
