@@ -8,7 +8,7 @@
 $LOAD_PATH.unshift File.expand_path("../lib", __dir__)
 require "json"
 require "sidekiq"
-Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
 
 if ENV["BENCH_MIDDLEWARE"] == "1"
   require "idempotent_job/sidekiq"

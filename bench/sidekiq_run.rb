@@ -31,7 +31,7 @@ module IdempotentJobBench
       @dir = dir
       FileUtils.mkdir_p(dir)
       ENV.fetch("REDIS_URL")
-      Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+      Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
     end
 
     # @return [Hash{Symbol => Float}] :without and :with (median jobs/s) and :ratio

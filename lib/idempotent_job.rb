@@ -3,10 +3,20 @@
 require_relative "idempotent_job/version"
 require_relative "idempotent_job/errors"
 require_relative "idempotent_job/configuration"
+require_relative "idempotent_job/canonical_json"
 require_relative "idempotent_job/key"
+require_relative "idempotent_job/args_digest"
 require_relative "idempotent_job/record"
 require_relative "idempotent_job/claim"
+require_relative "idempotent_job/job"
 require_relative "idempotent_job/transaction"
+require_relative "idempotent_job/transactional"
+require_relative "idempotent_job/job_options"
+require_relative "idempotent_job/delivery"
+require_relative "idempotent_job/outcome"
+require_relative "idempotent_job/door"
+require_relative "idempotent_job/protocol"
+require_relative "idempotent_job/plain"
 require_relative "idempotent_job/events"
 require_relative "idempotent_job/repeats"
 require_relative "idempotent_job/native"
@@ -14,7 +24,7 @@ require_relative "idempotent_job/native"
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
 #
 # A job declares its operation key (`sidekiq_options idempotency_key: :order_id`); the
-# Sidekiq middleware (`require "idempotent_job/sidekiq"`) claims the operation before the
+# queue's door (e.g. `require "idempotent_job/sidekiq"`) claims the operation before the
 # body runs and records its completion, so a repeated delivery of the same operation
 # does not run the body again. See README.md.
 module IdempotentJob
@@ -65,6 +75,44 @@ module IdempotentJob
       store.migrate
     end
 
+    # Runs the block at most once per operation, for any consumer (an SQS poller, a
+    # webhook handler, a rake task): the plain Ruby door of the claim protocol.
+    #
+    #   outcome = IdempotentJob.perform_once("ChargeOrder", order_id, lease: 60, payload: [order_id, cents]) do |claim|
+    #     Gateway.charge(order_id, cents, reference: claim.operation_key)
+    #   end
+    #   outcome.ran?          # the block ran (and its completion was recorded)
+    #   outcome.retry_after   # for :in_progress: seconds after which to try again
+    #
+    # A raising block releases the claim (the next call claims it as a retry) and the
+    # exception is re-raised.
+    # @param job_type [String, #to_s] the job type the record is stored under
+    # @param operation_key [String, Symbol, Integer, Hash, Array] the operation key: a
+    #   scalar as is, a Hash/Array as canonical JSON; never nil or empty; job type plus
+    #   key at most 2000 bytes, no NUL character
+    # @param lease [Numeric, nil] seconds (at least {JobOptions::MIN_LEASE}); nil: the configured lease
+    # @param payload [Array, Object] what the operation carries: digested to notice a
+    #   mismatch, stored for `resolve(as: :rerun)`
+    # @param id [String, nil] this delivery's id (a message id); nil: a new UUID
+    # @param deferrals [Integer] times this delivery met a live claim before (e.g. an SQS
+    #   receive count minus one): {Outcome#retry_after} grows with it
+    # @param facts [Hash] facts of this attempt, stored with the claim where the record keeps them
+    # @param job_class [String, nil] stored with the claim (default the job type)
+    # @param queue [String, nil] stored with the claim
+    # @param options [Hash] `on_stale:`, `on_mismatch:`, `lookup:` (callable: key → :done,
+    #   :not_done, :unknown), `heartbeat:`, `max_run:`, `transaction:`, `lock_timeout:`
+    # @yieldparam claim [Claim] the claim held
+    # @return [Outcome] decision :ran (with the block's value), :completed, :held,
+    #   :given_up or :in_progress (with retry_after and lease_remaining)
+    # @raise [OperationKeyError] for a bad operation key (nothing recorded)
+    # @raise [ConfigurationError] for a bad option
+    # @raise [ConnectionError, TimeoutError, DatabaseError] when the claim cannot be decided
+    # @raise [LookupError, PayloadMismatchError, LostClaimError] as {Protocol#run}
+    # @raise [Exception] what the block raised, after releasing the claim
+    def perform_once(job_type, operation_key, **options, &)
+      Plain.perform_once(job_type, operation_key, **options, &)
+    end
+
     # Reads one idempotency record.
     # @param job_type [String, Class] the job type (idempotency_scope; default the class name)
     # @param operation_key [String, Integer] the operation key as stored ("42" for 42)
@@ -91,15 +139,16 @@ module IdempotentJob
     # * `as: :done` — the effect is known to have happened: the record becomes completed
     #   and later deliveries are skipped;
     # * `as: :rerun` — run it again: the record is released and the stored job (class,
-    #   arguments, queue of the last claiming delivery) is re-enqueued with Sidekiq; that
-    #   delivery claims it as a retry and runs once.
+    #   arguments, queue of the last claiming delivery) is re-enqueued by the loaded door
+    #   of its kind; that delivery claims it as a retry and runs once (a plain operation,
+    #   with no door to enqueue it, runs at its next perform_once call).
     # @param job_type [String, Class] the job type (idempotency scope)
     # @param operation_key [String, Integer] the operation key as stored
     # @param as [Symbol] :done or :rerun
     # @return [Record] the record after the change
     # @raise [Error] when the operation is not held or given up
     # @raise [ConfigurationError] for another `as:`
-    # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises Sidekiq's error
+    # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises the queue's error
     #   after the record was released (enqueue the job again to run it)
     def resolve(job_type, operation_key, as:)
       resolution = Configuration.choice!("as", as, %i[done rerun])
@@ -136,7 +185,7 @@ module IdempotentJob
     end
 
     # Operations delivered more than once since `since`, each repeat classified: within
-    # `retry_window` seconds of the first claim → :retry (Sidekiq's retries, concurrent
+    # `retry_window` seconds of the first claim → :retry (the queue's retries, concurrent
     # copies); later → :re_enqueue (a producer enqueued it again); within
     # `restart_window` seconds of a recorded deploy/restart → :restart.
     # @param since [Time] default 24 hours ago
@@ -171,7 +220,7 @@ module IdempotentJob
       Events.unsubscribe(handle)
     end
 
-    # The claim of the delivery running on this thread, set by the Sidekiq middleware
+    # The claim of the delivery running on this thread, set by the protocol (any door)
     # around the job body (and the stale-claim lookup).
     # @return [Claim, nil]
     def current_claim
@@ -232,10 +281,13 @@ module IdempotentJob
     end
 
     def rerun(record)
-      require "sidekiq"
-      ::Sidekiq::Client.push("class" => record.job_class, "args" => record.args, "queue" => record.queue || "default")
-      logger.warn("idempotent_job: #{record.job_type} operation #{record.operation_key.inspect} resolved for a " \
-                  "rerun: #{record.job_class} re-enqueued")
+      name = "#{record.job_type} operation #{record.operation_key.inspect}"
+      if Door.registered.any? { |door| door.rerun(record) }
+        logger.warn("idempotent_job: #{name} resolved for a rerun: #{record.job_class} re-enqueued")
+      else
+        logger.warn("idempotent_job: #{name} resolved for a rerun: released; no loaded door enqueues " \
+                    "#{record.job_class.inspect}, so its next delivery (or perform_once call) runs it")
+      end
     end
 
     def build_store(config)

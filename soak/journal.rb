@@ -78,7 +78,7 @@ module Soak
     # @param worker_id [String]
     # @return [Boolean] whether the worker said it is fetching jobs
     def ready?(worker_id)
-      ::Sidekiq.redis { |redis| redis.exists?("#{READY_PREFIX}#{worker_id}") }
+      ::Sidekiq.redis { |redis| !redis.get("#{READY_PREFIX}#{worker_id}").nil? }
     end
   end
 end

@@ -10,7 +10,7 @@ require "set"
 require "uri"
 require "pg"
 require "sidekiq"
-Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
 require "sidekiq/api"
 require "idempotent_job/sidekiq"
 require_relative "jobs"

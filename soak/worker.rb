@@ -70,23 +70,32 @@ module Soak
       ::Sidekiq.redis { |redis| worker_ids.sum { |id| redis.llen(working_key(id)) } }
     end
 
-    # @param options [Hash] Sidekiq's options (:queues: the soak uses one queue)
-    def initialize(options)
-      @queue = "queue:#{Array(options[:queues]).first || QUEUE}"
+    # @param source [Hash, Object] Sidekiq 6.4's options Hash, or Sidekiq 7's capsule
+    #   (its queues: the soak uses one queue)
+    def initialize(source)
+      queues = source.respond_to?(:queues) ? source.queues : source[:queues]
+      @queue = "queue:#{Array(queues).first || QUEUE}"
       @working = self.class.working_key(Soak.worker_id)
     end
 
     # @return [UnitOfWork, nil] the next job, nil after {TIMEOUT} seconds without one
     def retrieve_work
-      job = ::Sidekiq.redis { |redis| redis.blmove(@queue, @working, "RIGHT", "LEFT", timeout: TIMEOUT) }
+      job = ::Sidekiq.redis do |redis|
+        # redis-client (Sidekiq 7+) blocks through blocking_call; redis-rb takes a timeout: keyword.
+        if redis.respond_to?(:blocking_call)
+          redis.blocking_call(TIMEOUT + 1, "BLMOVE", @queue, @working, "RIGHT", "LEFT", TIMEOUT)
+        else
+          redis.blmove(@queue, @working, "RIGHT", "LEFT", timeout: TIMEOUT)
+        end
+      end
       job && UnitOfWork.new(@queue, job, @working)
     end
 
     # Sidekiq's graceful shutdown: the jobs that did not finish go back to the queue.
     # @param inprogress [Array<UnitOfWork>]
-    # @param _options [Hash]
+    # @param _options [Hash] (Sidekiq 6.4 passes its options; 7 passes nothing)
     # @return [void]
-    def bulk_requeue(inprogress, _options)
+    def bulk_requeue(inprogress, _options = nil)
       inprogress.each(&:requeue)
     end
   end

@@ -6,7 +6,7 @@ require_relative "support/services"
 require "sidekiq"
 require "timeout"
 require "sidekiq/testing"
-Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
 require "idempotent_job"
 require "idempotent_job/sidekiq"
 require_relative "support/effects"
@@ -42,7 +42,7 @@ RSpec.configure do |config|
     SpecServices.configure_gem!
     Effects.reset!
     SpecHooks.reset!
-    Sidekiq::Worker.clear_all
+    Sidekiq::Job.clear_all
     Sidekiq::Testing.server_middleware(&:clear)
     Sidekiq::Testing.server_middleware { |chain| chain.add IdempotentJob::Sidekiq::ServerMiddleware }
   end

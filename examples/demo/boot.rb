@@ -5,7 +5,7 @@
 # that counts the deliveries reaching this worker.
 $LOAD_PATH.unshift File.expand_path("../../lib", __dir__)
 require "sidekiq"
-Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
 require "idempotent_job/sidekiq"
 require_relative "jobs"
 
@@ -54,7 +54,8 @@ end
 Sidekiq.configure_server do |config|
   # Look for due scheduled jobs (deliveries the gem deferred) about every second
   # instead of every 5 s, to keep the demo short.
-  config.options[:poll_interval_average] = 1
+  # `config[...]` from Sidekiq 6.5/7, `config.options` on 6.4.
+  config.respond_to?(:[]=) ? config[:poll_interval_average] = 1 : config.options[:poll_interval_average] = 1
   config.server_middleware { |chain| chain.prepend(Demo::Arrivals) }
   # Fired by the first heartbeat, once the worker threads are starting: bin/demo waits for it.
   config.on(:heartbeat) { Sidekiq.logger.info("demo: worker ready") }

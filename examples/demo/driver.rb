@@ -14,7 +14,7 @@
 $LOAD_PATH.unshift File.expand_path("../../lib", __dir__)
 require "timeout"
 require "sidekiq"
-Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
 require "sidekiq/api"
 require "idempotent_job/sidekiq"
 require_relative "jobs"
@@ -54,7 +54,7 @@ begin
   when "setup"
     Demo::Effects.create_tables
     # In-hand counts that killed workers of earlier runs left behind (their pids may be reused).
-    Sidekiq.redis { |redis| redis.scan_each(match: "#{Demo::INFLIGHT_PREFIX}*").each { |key| redis.del(key) } }
+    Sidekiq.redis { |redis| redis.keys("#{Demo::INFLIGHT_PREFIX}*").each { |key| redis.del(key) } }
     state = Demo::State.start
     puts "demo tables ready (demo_charges, demo_shipments, demo_emails, demo_ledger); run tag #{state.run} " \
          "(order numbers #{state.run}-1xx)"

@@ -267,3 +267,5 @@ class LedgerEntryJob
     Demo::Uncommitted.store(order_id, inside)
   end
 end
+
+require_relative "active_job"

@@ -40,6 +40,7 @@ module Demo
       distinct
       composite
       two_producers
+      ActiveJobScenario.enqueue(@state)
       @state.save
     end
 

@@ -67,7 +67,9 @@ module Demo
     # Deliveries inside live workers' middleware (a killed worker's count is ignored).
     def in_hand
       Sidekiq.redis do |redis|
-        redis.scan_each(match: "#{INFLIGHT_PREFIX}*").sum do |key|
+        # KEYS, not redis-rb's scan_each: the demo's keyspace is small, and KEYS is one
+        # command on both redis-rb (Sidekiq 6) and redis-client (Sidekiq 7+).
+        redis.keys("#{INFLIGHT_PREFIX}*").sum do |key|
           alive?(key.delete_prefix(INFLIGHT_PREFIX).to_i) ? redis.get(key).to_i : 0
         end
       end

@@ -67,7 +67,7 @@ module Demo
         [ChargeOrderJob, 107, "(e) distinct"], [ChargeOrderJob, 111, "(j) two producers"]
       ].map do |job_class, number, scenario|
         Operation.new(scenario:, job_class:, key: order_id(number), effects: charges)
-      end << shipment << email << ledger_copies << ledger_crash
+      end << shipment << email << ledger_copies << ledger_crash << ActiveJobScenario.operation(self)
     end
 
     # (h) and (i): LedgerEntryJob, whose effect is written in its idempotent transaction.

@@ -15,7 +15,7 @@ module IdempotentJob
   class Configuration
     # Connection settings handed to the native pool, with their defaults.
     NATIVE_DEFAULTS = {
-      pool_size: nil,              # pooled connections per process; nil: Sidekiq's concurrency + 5 (else 10)
+      pool_size: nil,              # pooled connections per process; nil: the queue's concurrency + 5 (else 10)
       connect_timeout: 5,          # seconds to establish a connection
       checkout_timeout: 5,         # seconds to wait for a free pooled connection
       statement_timeout: nil,      # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
@@ -99,8 +99,8 @@ module IdempotentJob
     #   same operation to commit or roll back before LockTimeoutError. Default 5.
     attr_reader :lock_timeout
 
-    # @return [Logger, nil] where decisions are logged; nil means Sidekiq.logger when
-    #   Sidekiq is loaded, otherwise a Logger on $stderr.
+    # @return [Logger, nil] where decisions are logged; nil means the logger of a loaded
+    #   door's queue (the queue library's logger with its door loaded), otherwise a Logger on $stderr.
     attr_writer :logger
 
     attr_accessor(*NATIVE_DEFAULTS.keys)
@@ -178,7 +178,7 @@ module IdempotentJob
 
     # @return [Logger] the logger decisions go to
     def logger
-      @logger || (defined?(::Sidekiq) && ::Sidekiq.respond_to?(:logger) ? ::Sidekiq.logger : default_logger)
+      @logger || Door.registered.lazy.filter_map(&:host_logger).first || default_logger
     end
 
     # Sets several settings at once, rejecting unknown ones.
@@ -214,12 +214,13 @@ module IdempotentJob
                      .compact.to_json
     end
 
-    # @return [Integer] pool_size, or Sidekiq's concurrency + 5 (heartbeats and
-    #   deferrals share the pool) when running inside a Sidekiq server, else 10
+    # @return [Integer] pool_size, or the queue's concurrency + 5 (heartbeats and
+    #   deferrals share the pool) when running inside a queue's server whose
+    #   door is loaded, else 10
     def effective_pool_size
       return pool_size if pool_size
 
-      concurrency = sidekiq_concurrency
+      concurrency = door_concurrency
       concurrency ? concurrency + 5 : 10
     end
 
@@ -292,14 +293,8 @@ module IdempotentJob
       raise ConfigurationError, "#{name} must be #{expected}, got #{shown}"
     end
 
-    def sidekiq_concurrency
-      return nil unless defined?(::Sidekiq) && ::Sidekiq.respond_to?(:server?) && ::Sidekiq.server?
-
-      if ::Sidekiq.respond_to?(:default_configuration)
-        ::Sidekiq.default_configuration[:concurrency]
-      elsif ::Sidekiq.respond_to?(:options)
-        ::Sidekiq.options[:concurrency]
-      end
+    def door_concurrency
+      Door.registered.lazy.filter_map(&:concurrency).first
     end
 
     def default_logger

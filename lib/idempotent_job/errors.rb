@@ -21,7 +21,7 @@ module IdempotentJob
 
   # PostgreSQL could not be reached, the connection was lost, or no pooled
   # connection became free within checkout_timeout. The job body did not run
-  # (fail closed); Sidekiq's retry will try again.
+  # (fail closed); the queue's retry will try again.
   class ConnectionError < Error
     # @return [Boolean] always true
     def retryable?
@@ -73,7 +73,7 @@ end
 module IdempotentJob
   # A job's `idempotency_lookup` method raised or answered something other than
   # :done, :not_done or :unknown. The body was not run; the stale claim's lease was
-  # ended so the next delivery (Sidekiq's retry) asks the lookup again. The original
+  # ended so the next delivery (the queue's retry) asks the lookup again. The original
   # exception, if any, is the `cause`.
   class LookupError < Error; end
 

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "json"
+require_relative "canonical_json"
 
 module IdempotentJob
   # Turns an `idempotency_key` declaration into the operation key of a delivery.
@@ -23,12 +24,49 @@ module IdempotentJob
     JSON_LOOKALIKE = /\A[\[{"]/
     private_constant :PARAMETER_KINDS, :JSON_LOOKALIKE
 
+    # Longest job type plus operation key, in bytes (the record's index limit; the
+    # native core refuses longer ones too).
+    MAX_BYTES = 2000
+
     @cache = {}
     @cache_lock = Mutex.new
 
     class << self
+      # Checks a finished operation key against the record's limits: job type plus key
+      # at most {MAX_BYTES} bytes, and no NUL character (PostgreSQL text cannot hold one).
+      # @param job_type [String] the job type (scope)
+      # @param operation_key [String] the operation key
+      # @param job_name [String] the job, for the message
+      # @param declaration [Object] the key declaration, for the error's attribute
+      # @return [String] the operation key
+      # @raise [OperationKeyError] naming the job and the problem
+      def check!(job_type, operation_key, job_name:, declaration: nil)
+        size = job_type.bytesize + operation_key.bytesize
+        problem = if size > MAX_BYTES
+                    "job type and operation key are #{size} bytes together, more than #{MAX_BYTES}: declare a " \
+                      "narrower key (or hash a long one yourself)"
+                  elsif operation_key.include?("\0")
+                    "the operation key contains a NUL character, which PostgreSQL text cannot store"
+                  end
+        return operation_key unless problem
+
+        raise OperationKeyError.new("#{job_name}: #{problem}; the job was not run and nothing was recorded",
+                                    job_class: job_name, declaration:)
+      end
+
+      # The operation key of a value given directly (the plain API): a String,
+      # Symbol or Integer as is, a Hash or Array as canonical JSON — the rules of a
+      # declared key's value.
+      # @param value [String, Symbol, Integer, Hash, Array]
+      # @param job_name [String] the job type, for messages
+      # @return [String]
+      # @raise [OperationKeyError] for nil, an empty value or an unsupported type
+      def value_key(value, job_name)
+        new(job_name, 0, direct: true).operation_key([value])
+      end
+
       # A resolved declaration for a job class, cached per class and declaration.
-      # @param job_class [Class] the Sidekiq job class (its `perform` names parameters)
+      # @param job_class [Class] the job class (its `perform` names parameters)
       # @param declaration [Symbol, String, Integer, Array] the idempotency_key option
       # @return [Key]
       # @raise [OperationKeyError] when the declaration is malformed or names an unknown parameter
@@ -44,9 +82,11 @@ module IdempotentJob
 
     # @param job_class [Class, String] the job class
     # @param declaration [Symbol, String, Integer, Array] see {Key}
+    # @param direct [Boolean] the key is given as a value (the plain API), not declared
     # @raise [OperationKeyError] when the declaration is malformed or names an unknown parameter
-    def initialize(job_class, declaration)
+    def initialize(job_class, declaration, direct: false)
       @job_class = job_class
+      @direct = direct
       @declaration = declaration
       @composite = declaration.is_a?(Array)
       parts = @composite ? declaration : [declaration]
@@ -81,10 +121,11 @@ module IdempotentJob
 
     def fail_value(path, problem)
       where = path ? " (#{path[:label]})" : ""
+      subject = @direct ? "operation key" : "idempotency_key #{@declaration.inspect}#{where}"
       raise OperationKeyError.new(
-        "#{job_name}: idempotency_key #{@declaration.inspect}#{where}: #{problem}; " \
+        "#{job_name}: #{subject}: #{problem}; " \
         "the job was not run and nothing was recorded",
-        job_class: job_name, declaration: @declaration
+        job_class: job_name, declaration: @direct ? nil : @declaration
       )
     end
 
@@ -193,21 +234,9 @@ module IdempotentJob
     end
 
     def canonical(value, path)
-      case value
-      when Hash
-        value.map { |k, v| [k.to_s, canonical(v, path)] }.sort_by(&:first).to_h
-      when Array then value.map { |v| canonical(v, path) }
-      when Symbol then value.to_s
-      when Float then canonical_float(value, path)
-      when String, Integer, true, false, nil then value
-      else unsupported(value, path)
-      end
-    end
-
-    # 1.0 and 1 are one value (JSON producers in other languages do not tell them apart).
-    def canonical_float(value, path)
-      unsupported(value, path) unless value.finite?
-      value == value.truncate ? value.to_i : value
+      fail_value(path, "the value is an empty #{value.class}") if value.respond_to?(:empty?) && value.empty? &&
+                                                                  !value.is_a?(String)
+      CanonicalJson.normalize(value) { |bad| unsupported(bad, path) }
     end
 
     def unsupported(value, path)

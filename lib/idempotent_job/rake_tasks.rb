@@ -6,7 +6,7 @@ require "rake"
 # in Rails the Railtie loads them (and they run after the :environment task).
 # Connection settings come from the environment (IDEMPOTENT_JOB_DATABASE_URL, then
 # DATABASE_URL) unless the app configured the gem; `resolve ... rerun` enqueues with
-# Sidekiq's own settings (REDIS_URL). The native library is loaded only when a task
+# the queue's own settings (REDIS_URL). The native library is loaded only when a task
 # runs, not when the Rakefile is read.
 namespace :idempotent_job do
   prerequisites = Rake::Task.task_defined?(:environment) ? [:environment] : []
@@ -91,6 +91,15 @@ namespace :idempotent_job do
     as = args[:as] || ENV.fetch("AS", nil)
     abort "usage: rake idempotent_job:resolve[JOB_TYPE,KEY,done|rerun]" unless job_type && key && as
 
+    # A rerun is enqueued by a loaded door; a plain Rakefile loads none, so the
+    # door of the installed queue library is loaded (idempotent_job/sidekiq).
+    if as.to_s == "rerun" && IdempotentJob::Door.registered.empty?
+      begin
+        require "idempotent_job/sidekiq"
+      rescue LoadError
+        nil
+      end
+    end
     record = IdempotentJob.resolve(job_type, key, as:)
     puts "idempotent_job: #{record.job_type} operation #{record.operation_key.inspect} resolved as #{as}: " \
          "now #{record.status}"

@@ -1,9 +1,15 @@
 # frozen_string_literal: true
 
-require "sidekiq"
-require "sidekiq/testing"
 require "idempotent_job"
-require "idempotent_job/sidekiq"
+begin
+  require "sidekiq"
+rescue LoadError
+  nil # the kit without Sidekiq: plain operations (and doors that register a kind)
+end
+if defined?(Sidekiq::VERSION)
+  require "idempotent_job/sidekiq"
+  IdempotentJob::Sidekiq::Compat.load_testing!
+end
 
 module IdempotentJob
   # A replay testing kit: run your own Sidekiq job through the deliveries a real queue
@@ -17,11 +23,14 @@ module IdempotentJob
   #   expect(ChargeOrderJob).to be_idempotent_for(order_id: 42, amount_cents: 1500)
   #     .with_effect { Charge.count }   # counts every operation's effect (distinct needs both)
   #
-  # Deliveries go through the job's server middleware chain
-  # (`Sidekiq::Testing.server_middleware` plus the gem's middleware) against the real
-  # database; Sidekiq's testing mode (fake or inline) is left as it was found. Requiring
-  # this file loads `sidekiq/testing`, which turns Sidekiq's fake mode on unless your
-  # suite chose another.
+  # Deliveries go through the job's door against the real database: a Sidekiq job
+  # through its server middleware chain (`Sidekiq::Testing.server_middleware` plus the
+  # gem's middleware), a {PlainJob} through {IdempotentJob.perform_once}. No Sidekiq
+  # test mode is set or nested, so the kit works inside a test's own
+  # `Sidekiq::Testing.inline! do … end` or `fake! do … end` (Sidekiq 7.2+ refuses
+  # nesting). With Sidekiq installed, requiring this file loads Sidekiq's testing API
+  # (`sidekiq/testing`, or `Sidekiq.testing!(:fake)` on 8.1+), which turns fake mode on
+  # unless your suite chose another.
   module Testing
     # Lease in seconds given to the deliveries the kit makes, so that scenarios which
     # wait for a lease to end take a few seconds (long enough for a loaded CI machine).
@@ -134,5 +143,18 @@ end
 
 require "idempotent_job/testing/database"
 require "idempotent_job/testing/probe"
+require "idempotent_job/testing/subjects"
+require "idempotent_job/testing/plain_job"
+require "idempotent_job/testing/plain_subject"
+if defined?(Sidekiq::VERSION)
+  require "idempotent_job/testing/fake_queues"
+  require "idempotent_job/testing/sidekiq_capture"
+  require "idempotent_job/testing/sidekiq_door"
+  require "idempotent_job/testing/sidekiq_middleware"
+  require "idempotent_job/testing/sidekiq_subject"
+end
+# The ActiveJob kind, when the ActiveJob door was required first (it requires the
+# kind itself when the kit comes first).
+require "idempotent_job/testing/active_job_subject" if defined?(IdempotentJob::ActiveJob::Performer)
 require "idempotent_job/testing/replay"
 require "idempotent_job/testing/rspec" if defined?(RSpec.configure)

@@ -60,4 +60,21 @@ RSpec.describe "A real Sidekiq process", :integration do
     expect(records.first.duplicates).to be >= 2
     expect(File.read(log)).not_to match(/ERROR|Error:/)
   end
+
+  it "brings a duplicate that met a live claim back soon after the holder finishes, not at its lease end" do
+    pid = start_sidekiq
+    begin
+      Sidekiq::Client.push_bulk("class" => QuickUnderLongLeaseJob, "args" => [[77], [77]]) # two copies at once
+      wait_until_drained
+    ensure
+      stop_sidekiq(pid)
+    end
+    expect(Effects.count(77)).to eq(1)
+    record = IdempotentJob.record("QuickUnderLongLeaseJob", 77)
+    # One duplicate met the live claim and was deferred; a later copy found the operation
+    # completed — well before the holder's 30 s lease would have ended.
+    expect(record).to have_attributes(status: :completed, attempts: 1, duplicates: be >= 2)
+    expect(record.last_duplicate_at - record.first_claimed_at).to be < 30
+    expect(File.read(log)).to match(/delivery deferred by 1\.0 s \(deferral 1; its lease ends in \d+\.\d s\)/)
+  end
 end

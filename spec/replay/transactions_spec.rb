@@ -131,6 +131,8 @@ RSpec.describe "Transactional jobs (effects in the same database)" do
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         expect { deliver(job) }.to raise_error(IdempotentJob::LockTimeoutError, /more than 0.3 s/) do |e|
           expect(e).to be_retryable
+          expect(e.sqlstate).to eq("55P03") # the same attributes on both flavours
+          expect(e.message).to start_with("RecordPayment")
         end
         expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 1.2
         holder.join

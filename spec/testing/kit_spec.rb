@@ -309,6 +309,18 @@ RSpec.describe "The replay testing kit" do
       end
     end
 
+    { inline!: :be_inline, fake!: :be_fake }.each do |mode, state|
+      it "never sets a test mode itself, so it works inside a user's #{mode} block (7.2+ refuses nesting)" do
+        Sidekiq::Testing.public_send(mode) do
+          %i[fake! inline! disable!].each { |m| expect(Sidekiq::Testing).not_to receive(m) }
+          expect(KitChargeJob).to be_idempotent_for(14, 1)
+            .with_effect { effect_rows("kit-charge") }
+            .in_scenarios(:repeated, :concurrent_threads)
+          expect(Sidekiq::Testing).to send(state)
+        end
+      end
+    end
+
     it "works in fake mode and leaves the suite's own queued jobs alone, adding none" do
       KitChargeJob.perform_async(99, 1)
       expect(KitChargeJob).to be_idempotent_for(13, 1)

@@ -45,10 +45,8 @@ module IdempotentJob
           ::Sidekiq::Queues.jobs_by_queue
         end
 
-        # `jobs_by_worker` in Sidekiq 6, `jobs_by_class` later.
         def by_class
-          queues = ::Sidekiq::Queues
-          queues.respond_to?(:jobs_by_class) ? queues.jobs_by_class : queues.jobs_by_worker
+          IdempotentJob::Sidekiq::Compat.fake_jobs_by_class
         end
       end
     end

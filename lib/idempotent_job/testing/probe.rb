@@ -34,6 +34,11 @@ module IdempotentJob
         @delivery.deferred ||= []
       end
 
+      # @return [Recorder, nil] the recorder of the delivery running on this thread
+      def self.current
+        Thread.current[:idempotent_job_testing]
+      end
+
       # Runs the block with this recorder attached to the current thread.
       def attach
         before = Thread.current[:idempotent_job_testing]
@@ -55,6 +60,13 @@ module IdempotentJob
         end
       end
 
+      # Keeps a copy the door deferred (to be delivered later by the kit).
+      # @param payload [Hash]
+      # @return [void]
+      def deferred!(payload)
+        @delivery.deferred << payload
+      end
+
       def ran!
         @delivery.ran = true
         @delivery.outcome = :ran
@@ -73,7 +85,8 @@ module IdempotentJob
       end
     end
 
-    # Innermost server middleware of the kit's deliveries: notes that the body ran,
+    # Innermost layer of the kit's deliveries (a Sidekiq server middleware, or
+    # {Probe.around} called by a door's kit subject around the body): notes that the body ran,
     # and in a worker the kit is about to kill, stops it at the chosen point (right
     # after the claim, before the body; or after the body, before the completion is
     # recorded) until the SIGKILL arrives.
@@ -93,27 +106,36 @@ module IdempotentJob
       # @param point [Symbol] :claim or :effect
       # @return [void]
       def self.stop!(point)
-        Thread.current[:idempotent_job_testing]&.ran! if point == :effect
+        Recorder.current&.ran! if point == :effect
         signal.puts("stopped #{point}")
         sleep 60
         exit!(3)
       end
 
+      # Runs the body (inside the claim): stops a worker to be killed at its point,
+      # notes that the body ran, and holds the claim for {hold} seconds.
+      # @yield the body
+      # @return [Object] the body's value
+      def self.around
+        stop!(:claim) if stop_at == :claim
+        result = yield
+        stop!(:effect) if stop_at == :effect
+        Recorder.current&.ran!
+        sleep(hold) if hold
+        result
+      end
+
+      # As a Sidekiq server middleware: {Probe.around} the rest of the chain.
       # @param _worker [Object] the job instance
       # @param _job [Hash] the payload
       # @param _queue [String]
       # @return [Object] the body's value
-      def call(_worker, _job, _queue)
-        Probe.stop!(:claim) if Probe.stop_at == :claim
-        result = yield
-        Probe.stop!(:effect) if Probe.stop_at == :effect
-        Thread.current[:idempotent_job_testing]&.ran!
-        sleep(Probe.hold) if Probe.hold
-        result
+      def call(_worker, _job, _queue, &)
+        Probe.around(&)
       end
     end
 
     # The gem's events reach the recorder of the delivery on the same thread.
-    Events.subscribe { |name, payload| Thread.current[:idempotent_job_testing]&.event(name, payload) }
+    Events.subscribe { |name, payload| Recorder.current&.event(name, payload) }
   end
 end

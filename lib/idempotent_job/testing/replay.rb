@@ -48,8 +48,10 @@ module IdempotentJob
       end
     end
 
-    # Replays deliveries of one operation of a Sidekiq job class through its server
-    # middleware chain against the real database, and reports what happened.
+    # Replays deliveries of one operation of a job through its door (a Sidekiq job
+    # class through its server middleware chain, a {PlainJob} through perform_once;
+    # further doors add a kind to {Subjects}) against the real database, and reports
+    # what happened.
     #
     #   replay = IdempotentJob::Testing::Replay.new(ChargeOrderJob, { order_id: 42, amount_cents: 1500 },
     #                                               effect: -> { Charge.where(order_id: 42).count })
@@ -72,7 +74,8 @@ module IdempotentJob
       # @return [Array] perform's positional arguments, as they will be delivered
       attr_reader :args
 
-      # @param job_class [Class] a Sidekiq job class (includes Sidekiq::Job/Worker)
+      # @param job_class [Class, PlainJob] a Sidekiq job class (includes Sidekiq::Job/Worker),
+      #   a {PlainJob}, or another job a registered {Subjects} kind handles
       # @param args [Array, Hash] perform's arguments: positional, or a Hash by
       #   parameter name (`{ order_id: 42 }` for `perform(order_id)`)
       # @param effect [#call, nil] returns a number counting the effect (e.g. rows);
@@ -85,10 +88,11 @@ module IdempotentJob
       #   `effect_at` names no such method
       def initialize(job_class, args, effect: nil, effect_at: nil, lease: Testing.lease)
         @job_class = job_class
-        @args = Arguments.positional(job_class, args)
+        @lease = lease.to_f
+        @subject = Subjects.for(job_class, lease: @lease)
+        @args = @subject.positional(args)
         @effect = effect
         @effect_at = effect_at && EffectPoint.parse(effect_at)
-        @lease = lease.to_f
         @lock = Mutex.new
       end
 
@@ -161,7 +165,7 @@ module IdempotentJob
       # @param other_args [Array, Hash] arguments of another operation
       # @return [Result]
       def distinct(other_args)
-        other = Arguments.positional(@job_class, other_args)
+        other = @subject.positional(other_args)
         scenario(:distinct, "two distinct operations (#{@args.inspect} and #{other.inspect}) delivered once " \
                             "each") do |run|
           forget(other)
@@ -178,7 +182,7 @@ module IdempotentJob
       # @param other_args [Array, Hash] arguments of the same operation
       # @return [Result]
       def same_operation(other_args)
-        other = Arguments.positional(@job_class, other_args)
+        other = @subject.positional(other_args)
         scenario(:same_operation, "one operation delivered with #{@args.inspect} and again with " \
                                   "#{other.inspect}") do |run|
           forget(other)
@@ -189,15 +193,15 @@ module IdempotentJob
         end
       end
 
-      # @return [Hash, nil] the job's resolved idempotency options (nil: the job
+      # @return [JobOptions, nil] the job's resolved idempotency options (nil: the job
       #   declares no idempotency_key and is not protected)
       def options
-        @options ||= IdempotentJob::Sidekiq::Options.resolve(@job_class, @job_class.get_sidekiq_options)
+        @subject.options
       end
 
       # @return [String, nil] the operation key of these arguments (nil when unprotected)
       def operation_key(args = @args)
-        options&.key&.operation_key(JSON.parse(JSON.generate(args)))
+        @subject.operation_key(args)
       end
 
       # @return [IdempotentJob::Record, nil] the operation's record now
@@ -265,20 +269,16 @@ module IdempotentJob
       end
 
       def scenario(name, description)
-        ::Sidekiq::Testing.fake! do
-          saved = FakeQueues.snapshot
-          begin
-            forget(@args)
-            @runs_so_far = 0
-            run = Run.new(self, effect_value)
-            yield run
-            Result.new(scenario: name, description:, deliveries: run.deliveries, effects: run.effects,
-                       observations: run.observations, record:, allowance: run.allowance,
-                       violations: run.violations, enqueued: FakeQueues.added_since(saved))
-          ensure
-            FakeQueues.restore(saved)
-          end
+        run = nil
+        _, enqueued = @subject.around_scenario do
+          forget(@args)
+          @runs_so_far = 0
+          run = Run.new(self, effect_value)
+          yield run
         end
+        Result.new(scenario: name, description:, deliveries: run.deliveries, effects: run.effects,
+                   observations: run.observations, record:, allowance: run.allowance, violations: run.violations,
+                   enqueued:)
       end
 
       def forget(args)
@@ -286,64 +286,24 @@ module IdempotentJob
         Testing.forget(options.scope, key) if key
       end
 
-      # Enqueues through Sidekiq's client (its middleware, JSON round trip) into the
-      # fake queue and takes the payload back out.
+      # A payload of these arguments as the queue would deliver it (through the door's
+      # client side and JSON), not put on any queue.
       def enqueue(args = @args)
-        setter = @job_class.set("idempotency_lease" => @lease)
-        # As a producer's arguments reach a worker: through JSON (symbol keys become strings).
-        jid = setter.perform_async(*JSON.parse(JSON.generate(args)))
-        raise Error, "#{@job_class}: a client middleware stopped the push" unless jid
-
-        take(jid) || raise(Error, "#{@job_class}: the enqueued payload (jid #{jid}) was not found")
+        @subject.enqueue(args)
       end
 
-      # Removes the payload with this jid from the fake queues.
-      def take(jid)
-        payload = queued_by_class.find { |job| job["jid"] == jid }
-        ::Sidekiq::Queues.delete_for(jid, payload["queue"], @job_class.to_s) if payload
-        payload
-      end
-
-      # The fake queue's jobs of this class.
-      def queued_by_class
-        FakeQueues.of_class(@job_class.to_s)
-      end
-
-      def chain
-        chain = ::Sidekiq::Testing.server_middleware.dup
-        gem = IdempotentJob::Sidekiq::ServerMiddleware
-        if Testing.disabled?
-          chain.remove(gem)
-        elsif !chain.exists?(gem)
-          chain.add(gem)
-        end
-        chain.remove(Probe)
-        chain.add(Probe)
-        chain
-      end
-
-      # Delivers one payload on the current thread, as Sidekiq's processor would.
+      # Delivers one payload on the current thread through the subject's door.
       # @return [Delivery]
       def deliver(payload, label)
-        delivery = Delivery.new(label:, jid: payload["jid"], outcome: :not_run, ran: false)
+        delivery = Delivery.new(label:, jid: @subject.id(payload), outcome: :not_run, ran: false)
         recorder = Recorder.new(delivery)
         recorder.attach do
-          worker = @job_class.new
-          worker.jid = payload["jid"]
-          chain.invoke(worker, payload, payload["queue"]) { worker.perform(*payload["args"]) }
-        rescue StandardError, ScriptError => e # what Sidekiq would count as a failed job (NotImplementedError…)
+          @subject.deliver(payload)
+        rescue StandardError, ScriptError => e # what a queue would count as a failed job (NotImplementedError…)
           recorder.raised!(e)
         end
-        delivery.deferred = deferred_copies(payload["jid"]) if delivery.outcome == :deferred
         count_run if delivery.ran
         delivery
-      end
-
-      # The copies of `jid` the gem pushed back (deferred), taken out of the fake queue.
-      def deferred_copies(jid)
-        queued_by_class
-          .select { |job| job["jid"] == jid && job["idempotency_deferrals"] }
-          .filter_map { |job| take(job["jid"]) }
       end
 
       # Delivers what the gem pushed back, as the scheduled set would once due.
@@ -358,9 +318,6 @@ module IdempotentJob
       def race_threads(payloads)
         ready = Queue.new
         gate = Queue.new
-        # Sidekiq's fake queues create their arrays lazily: do it before the race.
-        queued_by_class
-        ::Sidekiq::Queues.jobs_by_queue[payloads.first["queue"]]
         threads = payloads.each_with_index.map do |payload, i|
           Thread.new do
             ready << true
@@ -399,7 +356,7 @@ module IdempotentJob
         finished = worker.kill_at_stop!(after)
         return never_stopped(run, after, finished) if finished
 
-        run.deliveries << Delivery.new(label: "killed worker", jid: killed_payload["jid"], outcome: :killed,
+        run.deliveries << Delivery.new(label: "killed worker", jid: @subject.id(killed_payload), outcome: :killed,
                                        ran: after == :effect, deferred: [])
         count_run if after == :effect
         after_kill = run.observe("after the kill")
@@ -509,5 +466,4 @@ module IdempotentJob
 end
 
 require "idempotent_job/testing/arguments"
-require "idempotent_job/testing/fake_queues"
 require "idempotent_job/testing/worker"

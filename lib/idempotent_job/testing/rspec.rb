@@ -101,7 +101,8 @@ module IdempotentJob
         self
       end
 
-      # @param job_class [Class] the Sidekiq job class under test
+      # @param job_class [Class, PlainJob] the job under test (a Sidekiq job class, a PlainJob, or
+      #   another job a registered Testing::Subjects kind handles)
       # @return [Boolean] whether every scenario passed
       def matches?(job_class)
         @job_class = job_class
@@ -188,7 +189,7 @@ module IdempotentJob
 
     # Helpers for examples that want the scenarios one by one.
     module Helpers
-      # @param job_class [Class] a Sidekiq job class
+      # @param job_class [Class, PlainJob] the job (see {BeIdempotentFor#matches?})
       # @param args [Array] perform's positional arguments, or
       # @param named [Hash] by parameter name
       # @param effect [#call, nil] a count of the effect (see {Replay#initialize})

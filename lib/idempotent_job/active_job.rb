@@ -1,0 +1,178 @@
+# frozen_string_literal: true
+
+require "active_job"
+require "idempotent_job"
+require_relative "active_job/arguments"
+require_relative "active_job/door"
+require_relative "active_job/performer"
+
+module IdempotentJob
+  # The ActiveJob door: works on any adapter (Sidekiq's, Delayed Job, Solid Queue,
+  # GoodJob, inline, async…) because it hooks ActiveJob's own `around_perform`, not a
+  # queue.
+  #
+  #   require "idempotent_job/active_job"
+  #   class ChargeOrderJob < ApplicationJob
+  #     include IdempotentJob::ActiveJob
+  #     idempotency key: :order_id, lease: 60, on_stale: :hold
+  #     def perform(order_id, cents) = Gateway.charge(order_id, cents)
+  #   end
+  #
+  # The operation key comes from `perform`'s deserialized arguments ({Arguments}); the
+  # job type is the class name (or `scope:`). A delivery that meets a live claim is
+  # re-enqueued with `retry_job(wait: …)` (on the inline adapter it waits in place);
+  # an interrupt of the worker (Sidekiq's hard shutdown, a signal) keeps the claim for
+  # its lease, as a crash would. See {ClassMethods#idempotency} and {Performer}.
+  module ActiveJob
+    # Options `idempotency` accepts besides `key:` (as the Sidekiq door's, unprefixed).
+    OPTIONS = (JobOptions::NAMES - [:key]).freeze
+    # Oldest ActiveJob supported. From 6.0 `retry_on` counts its attempts per exception
+    # in `exception_executions` (through 8.1, read from source), which a deferral leaves
+    # alone; 5.2 counted `executions`, which every delivery raises.
+    MINIMUM_VERSION = Gem::Version.new("6.1")
+
+    if ::ActiveJob.gem_version < MINIMUM_VERSION
+      raise LoadError, "idempotent_job/active_job needs ActiveJob #{MINIMUM_VERSION} or later " \
+                       "(this is #{::ActiveJob.gem_version})"
+    end
+
+    class << self
+      # @param base [Class] an ActiveJob::Base subclass (ApplicationJob or a job)
+      # @raise [ConfigurationError] when `base` is not an ActiveJob class
+      def included(base)
+        unless job_class?(base)
+          raise ConfigurationError, "#{base}: IdempotentJob::ActiveJob is for ActiveJob classes " \
+                                    "(include IdempotentJob::Job in a Sidekiq job instead)"
+        end
+        # idempotency_key, idempotency_claim, idempotency_attempt, idempotent_transaction inside perform
+        base.include(IdempotentJob::Job)
+        base.extend(ClassMethods)
+        base.class_attribute(:idempotency_values, instance_accessor: false, default: nil)
+        base.around_perform { |job, block| Performer.new(job).call(&block) }
+        base.before_enqueue { |job| Performer.check_enqueue(job) }
+        super
+      end
+
+      # Runs the block with the door passing every delivery through unprotected, on
+      # this thread (and in children it forks): the testing kit's control runs.
+      # @return [Object] the block's value
+      def unprotected
+        before = Thread.current[:idempotent_job_active_job_off]
+        Thread.current[:idempotent_job_active_job_off] = true
+        yield
+      ensure
+        Thread.current[:idempotent_job_active_job_off] = before
+      end
+
+      # @return [Boolean] whether {unprotected} is in effect on this thread
+      def unprotected?
+        Thread.current[:idempotent_job_active_job_off] == true
+      end
+
+      # @param klass [Object]
+      # @return [Boolean] whether it is an ActiveJob job class
+      def job_class?(klass)
+        klass.is_a?(Class) && klass <= ::ActiveJob::Base
+      end
+
+      # Performs a serialized job (`job.serialize`, e.g. read back from JSON) on this
+      # thread as an adapter's worker does (`ActiveJob::Base.execute`): deserialized,
+      # inside ActiveJob's execute callbacks, through the job's perform callbacks.
+      # @param job_data [Hash] the serialized job
+      # @yieldparam job [ActiveJob::Base] the deserialized job, before it is performed
+      #   (the testing kit adjusts it here)
+      # @return [Object] perform_now's value
+      def execute(job_data)
+        job = ::ActiveJob::Base.deserialize(job_data)
+        yield job if block_given?
+        ::ActiveJob::Callbacks.run_callbacks(:execute) { job.perform_now }
+      end
+    end
+
+    # Declaration methods of a job class that includes {IdempotentJob::ActiveJob}.
+    module ClassMethods
+      # Declares the job idempotent: each operation runs once however often it is delivered.
+      # @param key [Symbol, String, Integer, Array] the operation key declaration, as
+      #   the Sidekiq door's `idempotency_key`: a `perform` parameter name, an argument
+      #   index, a dotted path ("payload.order.id") or an Array of those
+      # @param options [Hash] any of {OPTIONS}: `scope:` (String, the job type; default
+      #   the class name), `lease:` (seconds), `on_stale:` (:reclaim, :hold, :skip),
+      #   `on_mismatch:` (:log, :raise), `lookup:` (a method name), `heartbeat:`
+      #   (Boolean), `max_run:` (seconds), `transaction:` (true/:native,
+      #   :active_record), `lock_timeout:` (seconds); unset ones take
+      #   {IdempotentJob.configuration}'s defaults at first use
+      # @return [Hash] the declaration
+      # @raise [ConfigurationError] for an unknown option or a bad value, naming the job
+      # @raise [OperationKeyError] for a malformed key declaration; a parameter name is
+      #   checked once `perform` is defined (here when it already is)
+      def idempotency(key:, **options)
+        unknown = options.keys - OPTIONS
+        if unknown.any?
+          raise ConfigurationError, "#{name}: idempotency got unknown option(s) #{unknown.join(", ")} " \
+                                    "(known: key, #{OPTIONS.join(", ")})"
+        end
+        values = { key:, **options }.freeze
+        # Everything but the key (and a lookup defined further down) can be checked now.
+        JobOptions.new(self, values.merge(key: nil, lookup: nil))
+        self.idempotency_values = values
+        Key.new(self, key) if idempotency_perform_defined?
+        values
+      end
+
+      # @param lease [Numeric, nil] a per-delivery lease in seconds overriding the
+      #   declared one (the testing kit's short lease travels in the serialized job)
+      # @return [JobOptions, nil] the resolved options (nil when not declared); built
+      #   on first use and cached
+      # @raise [OperationKeyError, ConfigurationError] as {#idempotency}
+      def idempotency_options(lease: nil)
+        values = idempotency_values
+        return nil unless values
+
+        JobOptions.cached(self, lease ? values.merge(lease:) : values)
+      end
+
+      # Checks a key declaration's parameter names once `perform` is defined.
+      # @param name [Symbol] the method just defined
+      # @raise [OperationKeyError] when the declaration names a parameter perform lacks
+      def method_added(name)
+        super
+        Key.new(self, idempotency_values[:key]) if name == :perform && idempotency_values
+      end
+
+      private
+
+      def idempotency_perform_defined?
+        instance_method(:perform).owner != ::ActiveJob::Execution
+      end
+    end
+
+    # @return [Integer] how many times this job was deferred by a live claim so far
+    def idempotency_deferrals
+      @idempotency_deferrals.to_i
+    end
+
+    # @return [Numeric, nil] a lease (seconds) this job carries in its serialized form,
+    #   overriding the declared one (set by the testing kit)
+    attr_accessor :idempotency_lease
+
+    # Adds the deferral count (the back-off grows with it) and a carried lease to
+    # ActiveJob's serialized job.
+    # @return [Hash]
+    def serialize
+      extra = { "idempotency_deferrals" => @idempotency_deferrals, "idempotency_lease" => @idempotency_lease }
+      super.merge(extra.compact)
+    end
+
+    # @param job_data [Hash] ActiveJob's serialized job
+    # @return [void]
+    def deserialize(job_data)
+      super
+      @idempotency_deferrals = job_data["idempotency_deferrals"]
+      @idempotency_lease = job_data["idempotency_lease"]
+    end
+  end
+end
+
+IdempotentJob::Door.register(IdempotentJob::ActiveJob::Door.new)
+# The testing kit, when it is loaded first, learns to replay ActiveJob classes.
+require "idempotent_job/testing/active_job_subject" if defined?(IdempotentJob::Testing::Subjects)

@@ -1,0 +1,57 @@
+# frozen_string_literal: true
+
+require "json"
+
+module IdempotentJob
+  # One delivery of an operation, as a door hands it to the {Protocol}: what is
+  # claimed, what is stored with the claim, and the facts of this attempt. Frozen.
+  #
+  #   IdempotentJob::Delivery.new(job_type: "ChargeOrder", operation_key: "42", payload: [42, 1500],
+  #                               id: message_id, facts: { "receive_count" => 2 })
+  class Delivery
+    # @return [String] the job type (scope) the record is stored under
+    attr_reader :job_type
+    # @return [String] the operation key, as stored
+    attr_reader :operation_key
+    # @return [Array] the payload: digested to notice a mismatch, stored for `resolve(as: :rerun)`
+    attr_reader :payload
+    # @return [String, nil] the job class name stored with the claim (what a rerun enqueues)
+    attr_reader :job_class
+    # @return [String, nil] the queue stored with the claim
+    attr_reader :queue
+    # @return [String, nil] this delivery's id (a jid, a job_id, a message id)
+    attr_reader :id
+    # @return [Integer] how many times this delivery was deferred already (0 for a fresh one)
+    attr_reader :deferrals
+    # @return [Hash{String => Object}] facts of this attempt as the queue gave them
+    #   (retry_count, enqueued_at, created_at…), JSON values only
+    attr_reader :facts
+
+    # @param job_type [String, #to_s] the job type (scope)
+    # @param operation_key [String] the operation key (see {Key} / {IdempotentJob.perform_once})
+    # @param payload [Array, Object] what the delivery carries (default: none); a non-Array is wrapped
+    # @param job_class [String, #to_s, nil] the job class name to store
+    # @param queue [String, nil] the queue name to store
+    # @param id [String, #to_s, nil] the delivery's id
+    # @param deferrals [Integer] deferrals so far (drives the back-off of {Protocol::Deferral})
+    # @param facts [Hash] attempt facts; keys become Strings
+    def initialize(job_type:, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only
+                   operation_key:, payload: [], job_class: nil, queue: nil, id: nil, deferrals: 0,
+                   facts: {})
+      @job_type = job_type.to_s
+      @operation_key = operation_key
+      @payload = payload.is_a?(Array) ? payload : [payload]
+      @job_class = job_class&.to_s
+      @queue = queue&.to_s
+      @id = id&.to_s
+      @deferrals = Integer(deferrals || 0)
+      @facts = facts.to_h.transform_keys(&:to_s).freeze
+      freeze
+    end
+
+    # @return [String] the facts as a JSON object text (the claim request's `facts_json`)
+    def facts_json
+      JSON.generate(@facts)
+    end
+  end
+end

@@ -1,0 +1,59 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  # What the {Protocol} decided for one delivery, and what the block returned when it ran.
+  class Outcome
+    # Decisions an outcome can carry.
+    # * :ran — the block ran and returned (its completion recorded, or at least attempted);
+    # * :completed — the operation was already completed (or a stale-claim lookup said it was done);
+    # * :held — held for a person (the :hold stale policy, or held before);
+    # * :given_up — given up (the :skip stale policy, or given up before);
+    # * :in_progress — another delivery holds a live claim: try again after {#retry_after};
+    # * :refused — the record refuses this payload (`on_mismatch: :raise`; normally raised first).
+    DECISIONS = %i[ran completed held given_up in_progress refused].freeze
+
+    # @return [Symbol] one of {DECISIONS}
+    attr_reader :decision
+    # @return [Object, nil] the block's value when it ran, else nil
+    attr_reader :value
+    # @return [Float, nil] for :in_progress, seconds after which to deliver again: short
+    #   at first, doubling with each deferral, never later than the holder's lease end
+    #   plus {Configuration#defer_margin}; nil otherwise
+    attr_reader :retry_after
+    # @return [Float, nil] for :in_progress, seconds until the holder's lease ends
+    attr_reader :lease_remaining
+    # @return [Claim, nil] the claim this delivery held (:ran, and a takeover that did not run)
+    attr_reader :claim
+    # @return [String, nil] for :in_progress, the holder's delivery id
+    attr_reader :holder
+    # @return [Integer, nil] for a duplicate, the record's duplicate count so far
+    attr_reader :duplicates
+
+    # @param decision [Symbol] one of {DECISIONS}
+    # @raise [ArgumentError] for another decision
+    def initialize(decision, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only
+                   value: nil, retry_after: nil, lease_remaining: nil, claim: nil, holder: nil,
+                   duplicates: nil)
+      raise ArgumentError, "unknown decision #{decision.inspect}" unless DECISIONS.include?(decision)
+
+      @decision = decision
+      @value = value
+      @retry_after = retry_after&.to_f
+      @lease_remaining = lease_remaining&.to_f
+      @claim = claim
+      @holder = holder
+      @duplicates = duplicates
+      freeze
+    end
+
+    # @return [Boolean] whether the block ran (and returned)
+    def ran?
+      @decision == :ran
+    end
+
+    # @return [Boolean] whether another delivery holds the operation now
+    def in_progress?
+      @decision == :in_progress
+    end
+  end
+end

@@ -1,0 +1,47 @@
+# frozen_string_literal: true
+
+require "securerandom"
+
+module IdempotentJob
+  # The plain Ruby door behind {IdempotentJob.perform_once}: any consumer (an SQS
+  # poller, a webhook handler, a rake task) runs a block at most once per operation.
+  # It gives the {Protocol} the key as a value and the base {Door}: nothing is
+  # deferred for the caller — an :in_progress outcome says when to come back.
+  module Plain
+    # Options the plain API takes besides `lease:` (the same as a job's, unprefixed).
+    OPTIONS = %i[on_stale on_mismatch lookup heartbeat max_run transaction lock_timeout].freeze
+
+    # See {IdempotentJob.perform_once}.
+    # @return [Outcome]
+    def self.perform_once(job_type, # rubocop:disable Metrics/ParameterLists -- the public API, keywords
+                          operation_key, lease: nil, payload: [], id: nil, deferrals: 0, facts: {},
+                          job_class: nil, queue: nil, **options, &block)
+      raise ArgumentError, "IdempotentJob.perform_once needs a block" unless block
+
+      type = job_type.to_s
+      raise ConfigurationError, "perform_once: the job type must not be empty" if type.empty?
+
+      options = JobOptions.cached(type, { lease:, **checked(type, options) })
+      key = Key.check!(type, Key.value_key(operation_key, type), job_name: type)
+      delivery = Delivery.new(job_type: type, operation_key: key, payload:, job_class: job_class || type, queue:,
+                              id: id || SecureRandom.uuid, deferrals:, facts:)
+      Protocol.new(options, door: Door::PLAIN).run(delivery, &block)
+    end
+
+    def self.checked(type, options)
+      unknown = options.keys - OPTIONS
+      if unknown.any?
+        raise ConfigurationError, "#{type}: perform_once does not take #{unknown.map(&:inspect).join(", ")} " \
+                                  "(it takes lease:, payload:, id:, deferrals:, facts:, job_class:, queue:, " \
+                                  "#{OPTIONS.map { |o| "#{o}:" }.join(", ")})"
+      end
+      lookup = options[:lookup]
+      if lookup && !lookup.respond_to?(:call)
+        raise ConfigurationError, "#{type}: perform_once's lookup: must be callable (it gets the operation key " \
+                                  "and answers :done, :not_done or :unknown), got #{lookup.inspect}"
+      end
+      options
+    end
+    private_class_method :checked
+  end
+end

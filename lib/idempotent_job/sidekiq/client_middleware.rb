@@ -1,0 +1,36 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  module Sidekiq
+    # Client middleware: checks at enqueue time that a job's arguments yield a valid
+    # operation key (declared, present, not empty, at most 2000 bytes with the job type,
+    # no NUL), so a bad declaration or argument fails in the caller of `perform_async`
+    # rather than in the worker. Touches no database.
+    #
+    # Only a producer's push is checked: one that passes the job class itself
+    # (`perform_async`, `perform_in`, `set(...)`). A payload pushed by name — what
+    # Sidekiq's retry and scheduled pollers push (perform_in's jobs when due), and the
+    # gem's own deferrals — and any payload already enqueued once (`enqueued_at`) is
+    # never checked again: raising there would drop the job from Redis for good.
+    class ClientMiddleware
+      # @param job_class [Class, String] the job class, or its name
+      # @param job [Hash] the job payload
+      # @param _queue [String]
+      # @param _redis_pool [ConnectionPool, nil]
+      # @yield pushes the job
+      # @return [Object] the push's value
+      # @raise [OperationKeyError, ConfigurationError] when the job would fail its claim
+      def call(job_class, job, _queue, _redis_pool = nil, &)
+        return yield if !job_class.is_a?(Class) || job.key?("enqueued_at")
+        return Wrapped.check!(job, &) if Compat.active_job?(job)
+
+        options = Options.resolve(job_class, job)
+        if options
+          Key.check!(options.scope, options.key.operation_key(job["args"]), job_name: options.name,
+                                                                            declaration: options.key.declaration)
+        end
+        yield
+      end
+    end
+  end
+end

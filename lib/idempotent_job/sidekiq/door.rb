@@ -1,0 +1,104 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  module Sidekiq
+    # What the Sidekiq door tells the protocol: Sidekiq::Shutdown is a crash (the
+    # claim is kept), a delivery that meets a live claim is pushed back as a scheduled
+    # copy carrying its deferral count, and Sidekiq's logger takes the decisions.
+    class Door < IdempotentJob::Door
+      # The payload key counting a delivery's deferrals.
+      DEFERRALS = "idempotency_deferrals"
+
+      # @param job_hash [Hash, nil] the payload being delivered (what a deferral copies)
+      def initialize(job_hash = nil)
+        super()
+        @job_hash = job_hash
+      end
+
+      # @return [Boolean] for Sidekiq::Shutdown (a hard shutdown: Sidekiq requeues the job)
+      def crash?(error)
+        defined?(::Sidekiq::Shutdown) ? error.is_a?(::Sidekiq::Shutdown) : false
+      end
+
+      # @return [String]
+      def crash_text
+        "Sidekiq is shutting down"
+      end
+
+      # @return [String]
+      def id_label
+        "jid"
+      end
+
+      # @return [String]
+      def defer_text
+        "delivery deferred by"
+      end
+
+      # Pushes a copy of the payload to arrive after `outcome.retry_after` seconds.
+      # @param delivery [Delivery] the delivery (of the job hash given to {#initialize})
+      # @param outcome [Outcome]
+      # @return [void]
+      # @raise [Error] under inline testing (nothing can be deferred), or when a client
+      #   middleware stopped the push (the delivery fails rather than being lost)
+      def defer(delivery, outcome)
+        raise ArgumentError, "#{self.class} needs the job hash to defer" unless @job_hash
+
+        if inline?
+          raise Error, "#{delivery.job_type} operation #{delivery.operation_key.inspect} (jid #{delivery.id}) is in " \
+                       "progress under jid #{outcome.holder}; inline testing cannot defer it"
+        end
+        copy = @job_hash.merge("at" => Time.now.to_f + outcome.retry_after, DEFERRALS => delivery.deferrals + 1)
+        return if push(copy)
+
+        # A client middleware that stops the push would lose the delivery: fail it instead.
+        raise Error, "#{delivery.job_type} operation #{delivery.operation_key.inspect} (jid #{delivery.id}): the " \
+                     "deferred copy was not pushed"
+      end
+
+      # @return [Boolean] whether Sidekiq's inline testing mode is on (nothing can be deferred)
+      def inline?
+        Compat.inline?
+      end
+
+      # Pushes a payload through Sidekiq's client (and its middleware).
+      # @param payload [Hash]
+      # @return [String, nil] the jid, nil when a middleware stopped it
+      def push(payload)
+        ::Sidekiq::Client.push(payload)
+      end
+
+      # Enqueues the stored job of a record resolved for a rerun, unless it is an
+      # Sidekiq job (an ActiveJob class: its door reruns it; no job class: nothing to
+      # enqueue).
+      # @param record [Record]
+      # @return [Boolean] whether it was enqueued here
+      def rerun(record)
+        return false unless record.job_class && sidekiq_job?(record.job_class)
+
+        !push("class" => record.job_class, "args" => record.args, "queue" => record.queue || "default").nil?
+      end
+
+      # @return [Logger, nil] Sidekiq's logger, the gem's default when none is configured
+      def host_logger
+        Compat.logger
+      end
+
+      # @return [Integer, nil] the server's concurrency (sizes the pool)
+      def concurrency
+        Compat.concurrency
+      end
+
+      private
+
+      # A Sidekiq job class, or a name this process cannot load (a producer-only
+      # process pushes by name, as before).
+      def sidekiq_job?(name)
+        klass = Object.const_get(name)
+        klass.is_a?(Class) && klass.include?(Compat.job_module)
+      rescue NameError
+        true
+      end
+    end
+  end
+end

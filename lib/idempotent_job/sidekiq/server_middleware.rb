@@ -1,0 +1,71 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  module Sidekiq
+    # Server middleware: runs each delivery of a job that declares `idempotency_key`
+    # through the claim protocol ({IdempotentJob::Protocol}) before its body.
+    #
+    # * first delivery, or a retry after the body raised: run the body, then mark the
+    #   record completed;
+    # * already completed, held or given up: do not run; the record's `duplicates` counts it;
+    # * claimed by another delivery whose lease is live: do not run now; a copy is pushed
+    #   back to arrive soon (1 s, then doubling with each deferral) and never later than
+    #   that lease's end, so it is never lost;
+    # * claimed, lease expired (a stale claim): take it over, ask `idempotency_lookup`,
+    #   then apply the stale policy (:reclaim runs the body, :hold holds, :skip gives up).
+    # While the body runs a heartbeat renews the lease. If the body raises, the claim is
+    # released and the exception re-raised (Sidekiq's retry runs it again), except on
+    # Sidekiq::Shutdown, where the claim is kept for the lease to decide.
+    #
+    # A payload from Sidekiq's ActiveJob adapter (the `wrapped` key) is left to the
+    # ActiveJob door, which claims it once under the ActiveJob class; declaring
+    # `sidekiq_options idempotency_key` on such a class is refused (ConfigurationError).
+    # Reads and writes `idempotent_job_records`.
+    class ServerMiddleware
+      # @param job_instance [Object] the job object Sidekiq built
+      # @param job_hash [Hash] the job payload ("class", "args", "jid", options…)
+      # @param _queue [String] queue name
+      # @yield runs the rest of the chain and the job body
+      # @return [Object] the block's value, or nil when the delivery was not run
+      # @raise [OperationKeyError] when the arguments yield no operation key (body not run)
+      # @raise [ConfigurationError] for bad options, or an idempotency_key on an ActiveJob class
+      # @raise [ConnectionError, DatabaseError] when the claim cannot be decided (body not run)
+      # @raise [PayloadMismatchError] for a mismatched payload under `on_mismatch: :raise`
+      # @raise [LookupError] when the stale-claim lookup fails (body not run)
+      # @raise [LostClaimError] when the body ran but its claim had been taken over
+      def call(job_instance, job_hash, _queue, &)
+        return Wrapped.check!(job_hash, &) if Compat.active_job?(job_hash)
+
+        options = Options.resolve(job_instance.class, job_hash)
+        return yield unless options
+
+        job_instance.class.include(IdempotentJob::Job) unless job_instance.is_a?(IdempotentJob::Job)
+        Protocol.new(options, door: door_for(job_hash)).run(delivery(options, job_hash), host: job_instance, &).value
+      end
+
+      private
+
+      # The door of one delivery (the testing kit's subclass keeps deferred copies).
+      def door_for(job_hash)
+        Door.new(job_hash)
+      end
+
+      def delivery(options, job_hash)
+        args = job_hash["args"]
+        key = Key.check!(options.scope, options.key.operation_key(args), job_name: options.name,
+                                                                         declaration: options.key.declaration)
+        Delivery.new(job_type: options.scope, operation_key: key, payload: args, job_class: job_hash["class"],
+                     queue: job_hash["queue"], id: job_hash["jid"], deferrals: job_hash[Door::DEFERRALS],
+                     facts: facts(job_hash))
+      end
+
+      # The attempt's facts, timestamps in seconds whatever the Sidekiq version.
+      def facts(job_hash)
+        { "jid" => job_hash["jid"], "retry_count" => job_hash["retry_count"],
+          "enqueued_at" => Compat.seconds(job_hash["enqueued_at"]),
+          "created_at" => Compat.seconds(job_hash["created_at"]),
+          "deferrals" => job_hash[Door::DEFERRALS] }.compact
+      end
+    end
+  end
+end

@@ -1,0 +1,104 @@
+# frozen_string_literal: true
+
+require "json"
+
+module IdempotentJob
+  # See lib/idempotent_job/testing.rb.
+  module Testing
+    # The kit's kind for an ActiveJob class (see {Subjects}): a payload is the job's
+    # serialized form (`job.serialize`, through JSON, carrying the kit's lease as
+    # `idempotency_lease`); a delivery deserializes it and runs `perform_now` inside
+    # ActiveJob's execute callbacks, as every adapter's worker does, so it goes through
+    # the job's callbacks and the ActiveJob door. A copy the door re-enqueues
+    # (`retry_job`) is handed to the kit instead of the job's adapter. No adapter or
+    # Sidekiq test mode is changed.
+    class ActiveJobSubject
+      # Stands in for the queue adapter of one delivered job: records the re-enqueue.
+      class Capture
+        # @param job [ActiveJob::Base]
+        # @return [void]
+        def enqueue(job)
+          Recorder.current&.deferred!(JSON.parse(JSON.generate(job.serialize)))
+        end
+
+        # @param job [ActiveJob::Base]
+        # @param _timestamp [Float]
+        # @return [void]
+        def enqueue_at(job, _timestamp)
+          enqueue(job)
+        end
+      end
+
+      # @return [Boolean] for an ActiveJob class
+      def self.handles?(job)
+        IdempotentJob::ActiveJob.job_class?(job)
+      end
+
+      # @param job_class [Class] an ActiveJob class
+      # @param lease [Float] seconds
+      def initialize(job_class, lease:)
+        @job_class = job_class
+        @lease = lease
+      end
+
+      # @return [String]
+      def name
+        @job_class.to_s
+      end
+
+      # @return [JobOptions, nil] nil when the class does not include IdempotentJob::ActiveJob
+      def options
+        return nil unless @job_class.respond_to?(:idempotency_options)
+
+        @job_class.idempotency_options(lease: @lease)
+      end
+
+      # @param args [Array, Hash] positional, or by perform's parameter names
+      # @return [Array]
+      def positional(args)
+        Arguments.positional(@job_class, args)
+      end
+
+      # @param args [Array]
+      # @return [String, nil]
+      def operation_key(args)
+        key = options&.key
+        key && IdempotentJob::ActiveJob::Arguments.operation_key(key, args)
+      end
+
+      # @param args [Array]
+      # @return [Hash] the serialized job, as a queue would carry it (not enqueued)
+      def enqueue(args)
+        job = @job_class.new(*args)
+        job.idempotency_lease = @lease if job.respond_to?(:idempotency_lease=)
+        JSON.parse(JSON.generate(job.serialize))
+      end
+
+      # @return [String] the job_id
+      def id(payload)
+        payload["job_id"]
+      end
+
+      # Delivers one payload on the current thread, as an adapter's worker would.
+      # @return [Object] perform_now's value
+      def deliver(payload)
+        capture = Capture.new
+        run = lambda do
+          IdempotentJob::ActiveJob.execute(payload) do |job|
+            job.define_singleton_method(:queue_adapter) { capture }
+            job.define_singleton_method(:perform) { |*args| Probe.around { super(*args) } }
+          end
+        end
+        Testing.disabled? ? IdempotentJob::ActiveJob.unprotected(&run) : run.call
+      end
+
+      # @return [Array(Object, Array)] the block's value; jobs the body enqueued are
+      #   left to the job's adapter
+      def around_scenario
+        [yield, []]
+      end
+    end
+
+    Subjects.register(ActiveJobSubject)
+  end
+end

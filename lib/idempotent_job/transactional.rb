@@ -1,0 +1,31 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  # How the {Protocol} talks to the database for one delivery: a strategy opens a
+  # session ({.for}), the session claims, applies fenced changes and runs the body.
+  # {Direct} uses the gem's pool statement by statement (heartbeat, release on error,
+  # completion retried); {Native} and {ActiveRecord} put the claim, the body's writes
+  # and the completion in one transaction (`transaction: true` / `:active_record`).
+  #
+  # A session answers:
+  # * `claim(request, lock_timeout)` → the decision Hash of `Native::Store#claim`;
+  # * `fenced(change, claim, text = nil)` → true, or raises LostClaimError;
+  # * `run(claim, options, narrator) { body }` → the body's value.
+  module Transactional
+    # @param flavour [Symbol, nil] {JobOptions#transaction}: nil, :native or :active_record
+    # @return [Class] the strategy, answering `within { |session| … }`
+    def self.for(flavour)
+      case flavour
+      when nil then Direct
+      when :native then Native
+      when :active_record then ActiveRecord
+      else raise ArgumentError, "unknown transaction flavour #{flavour.inspect}"
+      end
+    end
+  end
+end
+
+require_relative "transactional/direct"
+require_relative "transactional/session"
+require_relative "transactional/native"
+require_relative "transactional/active_record"

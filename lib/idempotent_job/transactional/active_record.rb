@@ -1,0 +1,137 @@
+# frozen_string_literal: true
+
+require "securerandom"
+
+module IdempotentJob
+  module Transactional
+    # The ActiveRecord flavour (`transaction: :active_record`): the claim statement and
+    # its decision come from the native core (IdempotentJob.claim_sql, Native.decide);
+    # only the driver is ActiveRecord's connection, so the job's models write in the
+    # same transaction. Errors of the gem's own statements are raised as the native
+    # path raises them: the same classes, `sqlstate`, and LostClaimError's `job_type`
+    # and `operation_key`.
+    class ActiveRecord < Session
+      # Parameters of the fenced changes that store a text ($4).
+      TEXT_CHANGES = %i[release expire].freeze
+      # SQLSTATE prefixes PostgreSQL uses for a connection that is gone or going.
+      CONNECTION_STATES = /\A(08|57P0[1-3])/
+
+      # @return [nil] the body uses its models
+      def handle = nil
+
+      # Runs the block in `ActiveRecord::Base.transaction`.
+      # @yieldparam session [ActiveRecord]
+      # @return [Object] the block's value
+      # @raise [ConfigurationError] when ActiveRecord is not loaded
+      # @raise [Error] when the block's transaction was rolled back by ActiveRecord::Rollback
+      def self.within
+        unless defined?(::ActiveRecord::Base)
+          raise ConfigurationError, "idempotency_transaction: :active_record needs ActiveRecord loaded"
+        end
+
+        finished = false
+        result = ::ActiveRecord::Base.transaction do
+          value = yield new(::ActiveRecord::Base.connection)
+          finished = true
+          value
+        end
+        unless finished
+          raise Error, "the idempotent transaction was rolled back (ActiveRecord::Rollback): nothing was " \
+                       "recorded, the delivery fails so it is retried"
+        end
+        result
+      end
+
+      # @param connection [ActiveRecord::ConnectionAdapters::PostgreSQLAdapter]
+      def initialize(connection)
+        super()
+        @connection = connection
+      end
+
+      # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its transaction.
+      # @param request [Hash] see `Native::Store#claim`
+      # @param lock_timeout [Numeric] seconds
+      # @return [Hash] the decision, from Native.decide
+      # @raise [LockTimeoutError] when another delivery held the operation past lock_timeout
+      # @raise [ConnectionError, TimeoutError, DatabaseError] as the native path
+      def claim(request, lock_timeout)
+        @connection.materialize_transactions if @connection.respond_to?(:materialize_transactions)
+        token = SecureRandom.uuid
+        raw = @connection.raw_connection
+        row = translated(request) do
+          raw.exec_params("SELECT set_config('lock_timeout', $1, true)", ["#{(lock_timeout * 1000).ceil}ms"])
+          raw.exec_params(IdempotentJob.claim_sql, claim_params(request, token)).first.tap do
+            raw.exec("SET LOCAL lock_timeout TO DEFAULT")
+          end
+        end
+        IdempotentJob::Native.decide(typed(row), token, request)
+      rescue LockTimeoutError => e
+        subject = "#{request[:job_type]} operation #{request[:operation_key].inspect}: "
+        raise error(LockTimeoutError, "#{subject}another delivery kept it locked for more than #{lock_timeout} s " \
+                                      "(its transaction is still open): #{e.message.delete_prefix(subject)}",
+                    sqlstate: "55P03")
+      end
+
+      # Applies a fenced change (the completion) on ActiveRecord's connection.
+      # @param change [Symbol]
+      # @param claim [Claim]
+      # @param text [String, nil]
+      # @return [true]
+      # @raise [LostClaimError] when the claim is no longer held (with job_type, operation_key)
+      def fenced(change, claim, text = nil)
+        params = [claim.job_type, claim.operation_key, claim.token]
+        params << text if TEXT_CHANGES.include?(change)
+        result = translated(claim.to_h) do
+          @connection.raw_connection.exec_params(IdempotentJob::Native.fenced_sql(change), params)
+        end
+        return true if result.cmd_tuples == 1
+
+        raise error(LostClaimError, "cannot #{change.to_s.tr("_", " ")} #{claim.job_type} operation " \
+                                    "#{claim.operation_key.inspect}: claim #{claim.token} is no longer held (its " \
+                                    "lease ran out and another delivery took the operation over)",
+                    job_type: claim.job_type, operation_key: claim.operation_key)
+      end
+
+      private
+
+      # PostgreSQL's errors on the gem's statements → the gem's error classes.
+      def translated(subject)
+        yield
+      rescue PG::Error => e
+        sqlstate = e.respond_to?(:result) && e.result ? e.result.error_field(PG::PG_DIAG_SQLSTATE) : nil
+        text = "#{subject[:job_type]} operation #{subject[:operation_key].inspect}: #{e.message.strip}"
+        raise error(error_class(e, sqlstate), text, sqlstate:)
+      end
+
+      def error_class(exception, sqlstate)
+        return ConnectionError if exception.is_a?(PG::ConnectionBad) || sqlstate&.match?(CONNECTION_STATES)
+
+        { "55P03" => LockTimeoutError, "57014" => TimeoutError }.fetch(sqlstate, DatabaseError)
+      end
+
+      def error(klass, message, **attributes)
+        klass.new(message).tap do |e|
+          attributes.each { |name, value| e.instance_variable_set(:"@#{name}", value) }
+        end
+      end
+
+      def claim_params(request, token)
+        [request[:job_type], request[:operation_key], token, request[:jid], request[:lease].to_s,
+         request[:args_digest], request[:job_class], request[:queue], request[:args_json],
+         request[:refuse_mismatch] ? "true" : "false"]
+      end
+
+      # The claim row's values (text, or typed when the connection has a result type
+      # map) → the types Native.decide reads.
+      def typed(row)
+        { won: boolean(row["won"]), status: row["status"], last_claim: row["last_claim"],
+          attempts: Integer(row["attempts"]), jid: row["jid"], duplicates: Integer(row["duplicates"]),
+          mismatch: boolean(row["mismatch"]), lease_remaining: Float(row["lease_remaining"]) }
+      end
+
+      def boolean(value)
+        [true, "t", "true"].include?(value)
+      end
+    end
+  end
+end

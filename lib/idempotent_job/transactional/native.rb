@@ -1,0 +1,59 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  module Transactional
+    # The native flavour (`transaction: true`): a transaction on a pooled connection
+    # of the gem; the body writes through {IdempotentJob::Transaction}.
+    class Native < Session
+      # @return [IdempotentJob::Transaction] the handle the job body writes through
+      attr_reader :handle
+
+      # Opens a transaction, yields the session, commits when the block returns and
+      # rolls back when it raises.
+      # @yieldparam session [Native]
+      # @return [Object] the block's value
+      # @raise [ConnectionError, TimeoutError, DatabaseError]
+      def self.within
+        native = IdempotentJob.store.transaction
+        result = yield new(native)
+        native.commit
+        result
+      ensure
+        # Not committed (an exception, Thread#kill, throw): roll back now rather than
+        # leave the transaction open, holding the operation's row, until GC.
+        if native&.open?
+          begin
+            native.rollback
+          rescue IdempotentJob::Error
+            nil # the connection is closed instead; PostgreSQL rolls back
+          end
+        end
+      end
+
+      # @param native [IdempotentJob::Native::Transaction]
+      def initialize(native)
+        super()
+        @native = native
+        @handle = IdempotentJob::Transaction.new(native)
+      end
+
+      # @param request [Hash] see `Native::Store#claim`
+      # @param lock_timeout [Numeric] seconds to wait for another delivery's transaction
+      # @return [Hash] the decision
+      # @raise [LockTimeoutError, ConnectionError, DatabaseError]
+      def claim(request, lock_timeout)
+        @native.claim(request, lock_timeout.to_f)
+      end
+
+      # Applies a fenced change inside the transaction.
+      # @param change [Symbol]
+      # @param claim [Claim]
+      # @param text [String, nil]
+      # @return [true]
+      # @raise [LostClaimError]
+      def fenced(change, claim, text = nil)
+        @native.fenced(change, claim.job_type, claim.operation_key, claim.token, text)
+      end
+    end
+  end
+end

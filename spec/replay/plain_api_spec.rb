@@ -1,0 +1,127 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "idempotent_job/testing"
+
+# The plain Ruby door: IdempotentJob.perform_once, the protocol without a queue.
+RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
+  def charge(order_id = 42, cents = 1500, **options, &body)
+    IdempotentJob.perform_once("PlainCharge", order_id, lease: 30, payload: [order_id, cents], **options,
+                               &(body || proc { Effects.record("plain", order_id) }))
+  end
+
+  it "runs the block once and returns its value; later calls are :completed and do not run it" do
+    first = charge { |claim| Effects.record("plain", 42) && "charged #{claim.operation_key}" }
+    expect(first).to have_attributes(ran?: true, decision: :ran, value: "charged 42", retry_after: nil)
+    expect(first.claim).to have_attributes(job_type: "PlainCharge", operation_key: "42", attempt: 1, kind: :first)
+    again = charge
+    expect(again).to have_attributes(ran?: false, decision: :completed, value: nil, duplicates: 1)
+    expect(Effects.count(42)).to eq(1)
+    expect(IdempotentJob.record("PlainCharge", 42)).to have_attributes(status: :completed, args: [42, 1500],
+                                                                       job_class: "PlainCharge")
+  end
+
+  it "releases the claim when the block raises and re-raises; the next call claims it again as a retry" do
+    expect { charge { raise ArgumentError, "gateway down" } }.to raise_error(ArgumentError, "gateway down")
+    expect(IdempotentJob.record("PlainCharge", 42)).to have_attributes(status: :released)
+    retried = charge(&:attempt)
+    expect(retried).to have_attributes(decision: :ran, value: 2)
+    expect(retried.claim.kind).to eq(:retry)
+  end
+
+  it "answers :in_progress while another call holds a live claim, with a short retry_after bounded by the lease" do
+    holding = Queue.new
+    finish = Queue.new
+    holder = Thread.new do
+      charge do
+        holding << true
+        finish.pop
+        Effects.record("plain", 42)
+      end
+    end
+    holding.pop
+    first = charge
+    later = charge(deferrals: 3)
+    late = charge(deferrals: 12)
+    finish << true
+    holder.join
+    expect(first).to have_attributes(decision: :in_progress, ran?: false)
+    expect(first.lease_remaining).to be_within(2).of(30)
+    expect(first.retry_after).to eq(1.0) # first back-off step, not the 30 s lease
+    expect(later.retry_after).to eq(8.0)
+    expect(late.retry_after).to be_within(2).of(31) # never past the lease end + defer_margin
+    expect(first.holder).to be_a(String)
+    expect(charge.decision).to eq(:completed)
+    expect(Effects.count(42)).to eq(1)
+  end
+
+  it "passes the delivery's facts to the claim request as facts_json, keeping the request's keys" do
+    requests = []
+    store = IdempotentJob.store
+    allow(IdempotentJob).to receive(:store).and_return(store)
+    allow(store).to(receive(:claim).and_wrap_original { |claim, request| (requests << request) && claim.call(request) })
+    charge(facts: { receive_count: 2 }, id: "message-1")
+    expect(requests.first).to include(job_type: "PlainCharge", operation_key: "42", jid: "message-1",
+                                      args_json: "[42,1500]", facts_json: '{"receive_count":2}')
+  end
+
+  it "a held plain operation resolved for a rerun is released (no door enqueues it) and runs at the next call" do
+    holder = Thread.new do # outlives its unrenewed lease: the next call finds a stale claim
+      IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3, heartbeat: false, on_stale: :hold) { sleep 1 }
+    rescue IdempotentJob::LostClaimError => e
+      e
+    end
+    sleep 0.6
+    expect(IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3, on_stale: :hold) { :no }.decision).to eq(:held)
+    expect(holder.value).to be_a(IdempotentJob::LostClaimError)
+    IdempotentJob.resolve("PlainHeld", 5, as: :rerun)
+    expect(IdempotentJob.record("PlainHeld", 5)).to have_attributes(status: :released, resolution: "rerun")
+    expect(IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3) { :ran }).to have_attributes(value: :ran)
+  end
+
+  describe "bad input" do
+    it "refuses a key over 2000 bytes with the job type, a NUL, nil and empty values, with OperationKeyError" do
+      expect { charge("k" * 1990) }.to raise_error(IdempotentJob::OperationKeyError, /PlainCharge: .*2001 bytes/)
+      expect { charge("a\0b") }.to raise_error(IdempotentJob::OperationKeyError, /NUL/)
+      expect { charge(nil) }.to raise_error(IdempotentJob::OperationKeyError, /the value is nil/)
+      ["", [], {}].each do |empty|
+        expect { charge(empty) }.to raise_error(IdempotentJob::OperationKeyError, /empty/)
+      end
+      expect(Effects.count).to eq(0)
+    end
+
+    it "refuses bad options with ConfigurationError naming the job" do
+      expect { charge(heartbeat: "no") }.to raise_error(IdempotentJob::ConfigurationError,
+                                                        /PlainCharge: heartbeat must be true or false, got "no"/)
+      expect { charge(lease: 0.1) }.to raise_error(IdempotentJob::ConfigurationError, /at least 0.25 s/)
+      expect { charge(lookup: :charged?) }.to raise_error(IdempotentJob::ConfigurationError, /must be callable/)
+      expect { charge(scope: "x") }.to raise_error(IdempotentJob::ConfigurationError, /does not take :scope/)
+      expect { IdempotentJob.perform_once("PlainCharge", 42) }.to raise_error(ArgumentError, /needs a block/)
+    end
+  end
+
+  describe "the replay scenarios through the plain door (the testing kit's PlainJob)" do
+    let(:job) do
+      IdempotentJob::Testing::PlainJob.new("PlainKitCharge") do |order_id, _cents|
+        Effects.record("plain-kit", order_id)
+      end
+    end
+
+    it "keeps the effect to once in every scenario" do
+      matcher = be_idempotent_for(42, 1500).with_effect { Effects.count }.and_distinct_from(43, 1500)
+      expect(job).to matcher
+      expect(matcher.results.map(&:scenario)).to eq(%i[repeated concurrent_threads concurrent_processes
+                                                       killed_after_claim killed_after_effect distinct])
+    end
+
+    it "fails every repeat scenario with the gem disabled" do
+      IdempotentJob::Testing.without_gem do
+        matcher = be_idempotent_for(42, 1500).with_effect { Effects.count }.and_distinct_from(43, 1500)
+        expect(job).not_to matcher
+        failed = matcher.results.reject(&:passed?).map(&:scenario)
+        expect(failed).to eq(%i[repeated concurrent_threads concurrent_processes killed_after_claim
+                                killed_after_effect])
+      end
+    end
+  end
+end
