@@ -22,7 +22,10 @@ module IdempotentJob
           return if job.instance_variable_get(:@idempotency_performed) || IdempotentJob::ActiveJob.unprotected?
 
           options = job.class.idempotency_options
-          Arguments.operation_key(options.key, job.arguments) if options
+          return unless options
+
+          Arguments.operation_key(options.key, job.arguments)
+          job.idempotency_producer ||= Producer.current
         end
 
         # Runs the block (a `retry_job`) with the job marked as being deferred on this
@@ -84,8 +87,10 @@ module IdempotentJob
       def delivery(options, key, payload, deferrals)
         Delivery.new(job_type: options.scope, operation_key: key, payload:, job_class: @job.class.name,
                      queue: @job.queue_name, id: @job.job_id, deferrals:,
-                     facts: { "executions" => @job.executions, "enqueued_at" => @job.enqueued_at,
-                              "provider_job_id" => @job.provider_job_id, "deferrals" => deferrals }.compact)
+                     facts: { "job_id" => @job.job_id, "executions" => @job.executions,
+                              "enqueued_at" => @job.enqueued_at, "provider_job_id" => @job.provider_job_id,
+                              "deferrals" => deferrals,
+                              "producer" => @job.idempotency_producer }.compact)
       end
 
       def in_place?

@@ -3,6 +3,8 @@
 require "spec_helper"
 require "idempotent_job/producer"
 require_relative "../../support/producer_stamper"
+require_relative "../../support/active_job_jobs"
+require_relative "../../support/active_job_workers"
 
 RSpec.describe IdempotentJob::Producer do
   after { described_class.resolver = nil }
@@ -33,5 +35,26 @@ RSpec.describe IdempotentJob::Producer do
   it "keeps the producer a payload already has (a retry keeps its first enqueue's)" do
     expect(described_class.stamp({ "idempotency_producer" => "first" })).to eq("idempotency_producer" => "first")
     expect(described_class.with("second") { described_class.stamp({})["idempotency_producer"] }).to eq("second")
+  end
+
+  it "is stamped by the Sidekiq door's client middleware on a keyed job, and kept by a re-push" do
+    line = __LINE__ + 1
+    ChargeOrderJob.perform_async(7, 100)
+    job = ChargeOrderJob.jobs.last
+    expect(job["idempotency_producer"]).to eq("spec/unit/idempotent_job/producer_spec.rb:#{line}")
+    UnkeyedJob.perform_async(1)
+    expect(UnkeyedJob.jobs.last).not_to have_key("idempotency_producer")
+    Sidekiq::Client.push(job.merge("class" => "ChargeOrderJob")) # a poller's push, by name
+    expect(ChargeOrderJob.jobs.last["idempotency_producer"]).to eq(job["idempotency_producer"])
+  end
+
+  it "is stamped by the ActiveJob door at enqueue and carried in the serialized job" do
+    with_adapter(:test) do
+      line = __LINE__ + 1
+      AjChargeOrderJob.perform_later(8, 100)
+      data = ActiveJob::Base.queue_adapter.enqueued_jobs.last
+      expect(data["idempotency_producer"]).to eq("spec/unit/idempotent_job/producer_spec.rb:#{line}")
+      expect(ActiveJob::Base.deserialize(data).idempotency_producer).to eq(data["idempotency_producer"])
+    end
   end
 end
