@@ -14,7 +14,8 @@ Gem::Specification.new do |spec|
   spec.required_ruby_version = ">= 3.1"
 
   spec.files = Dir[
-    "lib/**/*.rb", "ext/idempotent_job/{Cargo.toml,build.rs,extconf.rb}", "ext/idempotent_job/src/**/*.rs",
+    "lib/**/*.rb", "lib/idempotent_job/web/views/*.erb",
+    "ext/idempotent_job/{Cargo.toml,build.rs,extconf.rb}", "ext/idempotent_job/src/**/*.rs",
     "migrations/*.sql", "Cargo.toml", "Cargo.lock", "README.md", "LICENSE"
   ]
   spec.require_paths = ["lib"]

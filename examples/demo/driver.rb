@@ -4,7 +4,7 @@
 #
 #   ruby examples/demo/driver.rb setup     # demo tables, a new run
 #   ruby examples/demo/driver.rb crash     # enqueue (d) (g) (i); return once a worker is inside each
-#   ruby examples/demo/driver.rb enqueue   # enqueue (d) (g) (i) again, and (a) (b) (c) (e) (f) (h)
+#   ruby examples/demo/driver.rb enqueue   # enqueue (d) (g) (i) again, and (a) (b) (c) (e) (f) (h) (j)
 #   ruby examples/demo/driver.rb email-key # print the operation key of (g)
 #   ruby examples/demo/driver.rb held      # wait until (g) is held; exit 1 if it is not
 #   ruby examples/demo/driver.rb check-email [KILLED_PID]  # a person's check of (g); exit 1 if unexpected
@@ -22,6 +22,8 @@ require_relative "state"
 require_relative "producer"
 require_relative "operator"
 require_relative "report"
+require_relative "app/orders_controller"
+require_relative "app/stripe_webhook"
 
 IdempotentJob.configure { |c| c.database_url = ENV.fetch("DATABASE_URL") }
 

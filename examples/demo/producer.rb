@@ -39,6 +39,7 @@ module Demo
       same_jid
       distinct
       composite
+      two_producers
       ActiveJobScenario.enqueue(@state)
       @state.save
     end
@@ -99,12 +100,13 @@ module Demo
            "worker, whose lease #{lease_text(record)}; whether the receipt went out, the record cannot tell"
     end
 
-    # (a): the producer enqueues the same operation 3 times (new jids).
+    # (a): the producer enqueues the same operation 3 times (new jids), 2 s apart: after
+    # the first has completed, as a resubmitted form or a rerun schedule would.
     def repeats
       order = @state.order_id(101)
-      3.times { ChargeOrderJob.perform_async(order, 1500) }
+      3.times { |i| ChargeOrderJob.perform_in(2 * i, order, 1500) }
       @state.delivered(ChargeOrderJob, order, 3)
-      puts "(a) ChargeOrderJob #{order}: enqueued 3 times"
+      puts "(a) ChargeOrderJob #{order}: enqueued 3 times, 2 s apart"
     end
 
     # (c): the identical payload (same jid) delivered twice, as a retry or a queue's redelivery would.
@@ -133,6 +135,17 @@ module Demo
       ShipParcelJob.perform_async({ "parcels" => 2, "order_id" => order }, "ups")
       @state.delivered(ShipParcelJob, @state.shipment.key, 2)
       puts "(f) ShipParcelJob #{order} via ups: enqueued twice, the Hash argument's keys in another order"
+    end
+
+    # (j): the same charge enqueued by two producers: the orders controller, then the payment
+    # provider's webhook a few seconds later.
+    def two_producers
+      order = @state.order_id(111)
+      OrdersController.new.create(order)
+      StripeWebhook.new.handle(order)
+      @state.delivered(ChargeOrderJob, order, 2)
+      puts "(j) ChargeOrderJob #{order}: enqueued by OrdersController#create, and by StripeWebhook#handle " \
+           "#{StripeWebhook::NOTICE_DELAY} s later"
     end
 
     # (g): waits until the receipt went out while its worker still holds the claim.

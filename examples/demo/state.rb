@@ -61,10 +61,10 @@ module Demo
     def operations
       charges = ->(op) { Effects.charges(op.job_class.name, op.key) }
       [
-        [ChargeOrderJob, 101, "(a) enqueued 3 times"], [ChargeOrderJob, 102, "(b) 5 copies at once"],
+        [ChargeOrderJob, 101, "(a) enqueued 3 times, 2 s apart"], [ChargeOrderJob, 102, "(b) 5 copies at once"],
         [ChargeOrderJob, 103, "(c) same jid twice"], [CaptureOrderJob, 104, "(d) worker SIGKILLed"],
         [ChargeOrderJob, 105, "(e) distinct"], [ChargeOrderJob, 106, "(e) distinct"],
-        [ChargeOrderJob, 107, "(e) distinct"]
+        [ChargeOrderJob, 107, "(e) distinct"], [ChargeOrderJob, 111, "(j) two producers"]
       ].map do |job_class, number, scenario|
         Operation.new(scenario:, job_class:, key: order_id(number), effects: charges)
       end << shipment << email << ledger_copies << ledger_crash << ActiveJobScenario.operation(self)

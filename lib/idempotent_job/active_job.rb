@@ -2,6 +2,7 @@
 
 require "active_job"
 require "idempotent_job"
+require "idempotent_job/producer"
 require_relative "active_job/arguments"
 require_relative "active_job/door"
 require_relative "active_job/performer"
@@ -155,11 +156,16 @@ module IdempotentJob
     #   overriding the declared one (set by the testing kit)
     attr_accessor :idempotency_lease
 
+    # @return [String, nil] who enqueued this job ({IdempotentJob::Producer}), stamped at
+    #   its first enqueue and carried in its serialized form
+    attr_accessor :idempotency_producer
+
     # Adds the deferral count (the back-off grows with it) and a carried lease to
     # ActiveJob's serialized job.
     # @return [Hash]
     def serialize
-      extra = { "idempotency_deferrals" => @idempotency_deferrals, "idempotency_lease" => @idempotency_lease }
+      extra = { "idempotency_deferrals" => @idempotency_deferrals, "idempotency_lease" => @idempotency_lease,
+                Producer::KEY => @idempotency_producer }
       super.merge(extra.compact)
     end
 
@@ -169,6 +175,7 @@ module IdempotentJob
       super
       @idempotency_deferrals = job_data["idempotency_deferrals"]
       @idempotency_lease = job_data["idempotency_lease"]
+      @idempotency_producer = job_data[Producer::KEY]
     end
   end
 end

@@ -23,7 +23,10 @@ module IdempotentJob
           return if job.instance_variable_get(:@idempotency_performed) || IdempotentJob::ActiveJob.unprotected?
 
           options = job.class.idempotency_options
-          key_of(options, job) if options
+          return unless options
+
+          key_of(options, job)
+          job.idempotency_producer ||= Producer.current
         end
 
         # The checked operation key of a job: its declaration applied to the
@@ -94,8 +97,10 @@ module IdempotentJob
       def delivery(options, key, payload, deferrals)
         Delivery.new(job_type: options.scope, operation_key: key, payload:, job_class: @job.class.name,
                      queue: @job.queue_name, id: @job.job_id, deferrals:,
-                     facts: { "executions" => @job.executions, "enqueued_at" => @job.enqueued_at,
-                              "provider_job_id" => @job.provider_job_id, "deferrals" => deferrals }.compact)
+                     facts: { "job_id" => @job.job_id, "executions" => @job.executions,
+                              "enqueued_at" => @job.enqueued_at, "provider_job_id" => @job.provider_job_id,
+                              "deferrals" => deferrals,
+                              "producer" => @job.idempotency_producer }.compact)
       end
 
       def in_place?

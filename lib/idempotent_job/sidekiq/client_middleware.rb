@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../producer"
+
 module IdempotentJob
   module Sidekiq
     # Client middleware: checks at enqueue time that a job's arguments yield a valid
@@ -28,6 +30,7 @@ module IdempotentJob
         if options
           Key.check!(options.scope, options.key.operation_key(job["args"]), job_name: options.name,
                                                                             declaration: options.key.declaration)
+          Producer.stamp(job)
         end
         yield
       end

@@ -64,7 +64,7 @@ module IdempotentJob
         { "jid" => job_hash["jid"], "retry_count" => job_hash["retry_count"],
           "enqueued_at" => Compat.seconds(job_hash["enqueued_at"]),
           "created_at" => Compat.seconds(job_hash["created_at"]),
-          "deferrals" => job_hash[Door::DEFERRALS] }.compact
+          "deferrals" => job_hash[Door::DEFERRALS], "producer" => job_hash[Producer::KEY] }.compact
       end
     end
   end

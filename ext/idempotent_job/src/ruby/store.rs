@@ -18,6 +18,7 @@ use crate::core::config::Config;
 use crate::core::error::{Error, Result};
 use crate::core::heartbeat::Heartbeat;
 use crate::core::migrate;
+use crate::core::report;
 use crate::core::retry::with_fresh_conn;
 use crate::core::session::Session;
 use crate::core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
@@ -207,6 +208,66 @@ impl NativeStore {
         Ok(out)
     }
 
+    /// `given_up(job_type_or_nil, limit)` → Array of `[job_type, operation_key]`,
+    /// newest first.
+    fn given_up(
+        ruby: &Ruby,
+        rb_self: &Self,
+        job_type: Option<String>,
+        limit: i64,
+    ) -> RbResult<report::Keys> {
+        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            report::given_up(c, job_type.as_deref(), limit).await
+        })
+    }
+
+    /// `search(job_type, key_prefix_or_nil, status_or_nil, limit)` → Array of
+    /// `[job_type, operation_key]`, most recently changed first.
+    fn search(
+        ruby: &Ruby,
+        rb_self: &Self,
+        job_type: String,
+        key_prefix: Option<String>,
+        status: Option<String>,
+        limit: i64,
+    ) -> RbResult<report::Keys> {
+        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            report::search(
+                c,
+                &job_type,
+                key_prefix.as_deref(),
+                status.as_deref(),
+                limit,
+            )
+            .await
+        })
+    }
+
+    /// `takeovers(since_epoch_seconds, limit)` → Array of `[job_type, operation_key]`
+    /// whose latest claim was a takeover, newest first.
+    fn takeovers(ruby: &Ruby, rb_self: &Self, since: f64, limit: i64) -> RbResult<report::Keys> {
+        let since = DateTime::<Utc>::from_timestamp_micros((since * 1e6) as i64)
+            .ok_or_else(|| to_ruby(ruby, Error::Config("since is out of range".into())))?;
+        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            report::takeovers(c, since, limit).await
+        })
+    }
+
+    /// `stale_claims(limit)` → Array of `[job_type, operation_key]` of expired leases
+    /// not yet taken over, longest expired first.
+    fn stale_claims(ruby: &Ruby, rb_self: &Self, limit: i64) -> RbResult<report::Keys> {
+        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            report::stale_claims(c, limit).await
+        })
+    }
+
+    /// `job_types(limit)` → Array of the job types present, in order.
+    fn job_types(ruby: &Ruby, rb_self: &Self, limit: i64) -> RbResult<Vec<String>> {
+        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            report::job_types(c, limit).await
+        })
+    }
+
     /// `purge_batch(older_than_seconds, batch)` → Integer, records deleted.
     fn purge_batch(ruby: &Ruby, rb_self: &Self, older_than: f64, batch: i64) -> RbResult<u64> {
         rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
@@ -264,5 +325,10 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
     class.define_method("purge_batch", method!(NativeStore::purge_batch, 2))?;
     class.define_method("repeats", method!(NativeStore::repeats, 2))?;
+    class.define_method("given_up", method!(NativeStore::given_up, 2))?;
+    class.define_method("search", method!(NativeStore::search, 4))?;
+    class.define_method("takeovers", method!(NativeStore::takeovers, 2))?;
+    class.define_method("stale_claims", method!(NativeStore::stale_claims, 1))?;
+    class.define_method("job_types", method!(NativeStore::job_types, 1))?;
     Ok(())
 }

@@ -1,0 +1,193 @@
+# frozen_string_literal: true
+
+require "csv"
+require "json"
+require "time"
+require_relative "classifier"
+
+module IdempotentJob
+  module Repeats
+    # The repeats report built on delivery facts: each repeated operation with its
+    # repeats classified ({Classifier}), a summary per job type, the pairs of producers
+    # that enqueue the same operations, as text lines and as CSV. Pure: it is given the
+    # rows (what the report's SQL read) and computes; it reads and writes nothing.
+    class Report
+      # One repeated operation.
+      # Members: job_type, operation_key (String), status (Symbol), attempts, takeovers,
+      # duplicates, mismatches (Integer), first_claimed_at, completed_at (Time or nil),
+      # producers (Array of String, the first enqueue's first), job_classes (Array of
+      # String), repeats (Array of {Classifier::Repeat}, arrival order), notes (Array of
+      # String: several producers or job classes, different payloads, takeovers, held).
+      Operation = Struct.new(:job_type, :operation_key, :status, :attempts, :takeovers, :duplicates, :mismatches,
+                             :first_claimed_at, :completed_at, :producers, :job_classes, :repeats, :notes,
+                             keyword_init: true)
+
+      # CSV columns, one row per repeat.
+      CSV_HEADERS = %w[job_type operation_key status at cause delivery_id retry_count after_claim_s after_enqueue_s
+                       live_claim deferred_return producer first_producer restart_at].freeze
+
+      # Claim-statement decisions of a won claim that is not a takeover.
+      CLAIMED = %w[claimed first retry].freeze
+
+      # @return [Array<Operation>]
+      attr_reader :operations
+
+      # A row of the report's SQL (the native layer's Hash) as {#initialize} takes it:
+      # its deliveries from the first claim (`first_facts`; its delivery id is also the
+      # record's when it was claimed once) and the repeat elements of `repeat_facts`; a
+      # record kept before repeat facts existed has only its repeat times (read as
+      # repeats without facts).
+      # @param row [Hash] the native row (`first_facts_json`, `repeat_facts_json`: JSON text)
+      # @return [Hash] the row with :deliveries
+      def self.row(row)
+        elements = JSON.parse(row[:repeat_facts_json] || "[]")
+        elements = row[:repeat_times].map { |t| { "at" => t } } if elements.empty?
+        first = row[:first_facts_json] ? JSON.parse(row[:first_facts_json]) : {}
+        first["jid"] ||= row[:jid] if row[:attempts] == 1
+        row.merge(deliveries: deliveries(first_claimed_at: row[:first_claimed_at], first_facts: first,
+                                         repeat_facts: elements))
+      end
+
+      # An operation's deliveries as {Classifier} reads them, from what the record keeps:
+      # the first claim (its time, and its facts when known) and the repeats' elements
+      # (`{"at", "job_class", "decision", "facts"}`, put in time order; an element
+      # without a decision has no facts).
+      # @param first_claimed_at [Time]
+      # @param first_facts [Hash, nil] the first delivery's door facts
+      # @param repeat_facts [Array<Hash>] the record's repeat elements
+      # @return [Array<Hash{String => Object}>] fact Hashes with "at" (epoch seconds) and
+      #   "decision" ("claimed" for a first claim or a retry's, "takeover" kept)
+      def self.deliveries(first_claimed_at:, first_facts:, repeat_facts:)
+        first = (first_facts || {}).merge("at" => first_claimed_at.to_f, "decision" => "claimed")
+        [first] + repeat_facts.sort_by { |element| Classifier.seconds(element["at"]) || 0.0 }.map do |element|
+          at = { "at" => Classifier.seconds(element["at"]) }
+          next at unless element.key?("decision")
+
+          decision = element["decision"].to_s
+          decision = "claimed" if CLAIMED.include?(decision)
+          (element["facts"] || {}).merge(at, "job_class" => element["job_class"], "decision" => decision)
+        end
+      end
+
+      # @param rows [Array<Hash>] per operation: :job_type, :operation_key, :status,
+      #   :completed_at (Time or nil) and :deliveries (Array of fact Hashes in arrival
+      #   order, the first claim's first; see {Classifier})
+      # @param restarts [Array<Time>] recorded deploy/restart times
+      # @param restart_window [Numeric] seconds after a restart that a redelivery is matched
+      def initialize(rows, restarts: [], restart_window: 120)
+        @operations = rows.map do |row|
+          deliveries = row.fetch(:deliveries)
+          first_at = Classifier.seconds(deliveries.first&.fetch("at", nil))
+          operation = Operation.new(
+            **row.slice(*Operation.members), first_claimed_at: first_at && Time.at(first_at),
+                                             producers: deliveries.filter_map { |d| d["producer"] }.uniq,
+                                             job_classes: row[:job_classes] || [],
+                                             repeats: Classifier.classify(deliveries, completed_at: row[:completed_at],
+                                                                                      restarts:, restart_window:)
+          )
+          operation.notes = notes(operation)
+          operation
+        end
+      end
+
+      # @param operations [Array<Operation>]
+      # @return [Hash{String => Hash{Symbol => Integer}}] per job type: operations,
+      #   repeats (deferred returns left out), one count per cause of
+      #   {Classifier::CAUSES}, near_restart (redeliveries matched to a restart),
+      #   deferred_returns, several_producers (operations enqueued by more than one),
+      #   takeovers, held, mismatched (operations with different payloads)
+      def self.summary(operations)
+        operations.group_by(&:job_type).transform_values do |ops|
+          repeats = ops.flat_map(&:repeats)
+          counted = repeats.reject(&:deferred_return)
+          causes = counted.map(&:cause).tally
+          { operations: ops.size, repeats: counted.size, **Classifier::CAUSES.to_h { |c| [c, causes.fetch(c, 0)] },
+            near_restart: counted.count(&:restart), deferred_returns: repeats.size - counted.size,
+            **operation_counts(ops) }
+        end
+      end
+
+      # Per-operation counts of a job type's summary.
+      def self.operation_counts(ops)
+        { several_producers: ops.count { |op| op.producers.size > 1 }, takeovers: ops.sum { |op| op.takeovers.to_i },
+          held: ops.count { |op| op.status == :held }, mismatched: ops.count { |op| op.mismatches.to_i.positive? } }
+      end
+      private_class_method :operation_counts
+
+      # @return [Hash{String => Hash{Symbol => Integer}}] {Report.summary} of this report
+      def summary
+        self.class.summary(@operations)
+      end
+
+      # @return [Hash{Array(String, String, String) => Integer}] per [job_type, producer,
+      #   producer], the operations both producers enqueued, most first
+      def producer_pairs
+        Classifier.producer_pairs(@operations)
+      end
+
+      # @return [Array<String>] the report as text: one line per operation, then per job
+      #   type, then per pair of producers
+      def lines
+        @operations.map { |op| operation_line(op) } +
+          summary.map { |type, s| summary_line(type, s) } +
+          producer_pairs.map do |(type, a, b), count|
+            "#{a} and #{b} both enqueue #{type} for the same operation: #{count} operation#{"s" unless count == 1}"
+          end
+      end
+
+      # @return [String] one CSV row per repeat, with {CSV_HEADERS}
+      def to_csv
+        CSV.generate do |csv|
+          csv << CSV_HEADERS
+          @operations.each do |op|
+            op.repeats.each do |r|
+              csv << [op.job_type, op.operation_key, op.status, r.at&.utc&.iso8601(6), r.cause, r.id, r.retry_count,
+                      r.after_claim&.round(6), r.after_enqueue&.round(6), r.live_claim, r.deferred_return,
+                      r.producer, r.first_producer, r.restart&.utc&.iso8601]
+            end
+          end
+        end
+      end
+
+      private
+
+      def notes(operation)
+        notes = []
+        notes << "enqueued by #{operation.producers.size} producers: #{operation.producers.join(", ")}" if
+          operation.producers.size > 1
+        notes << "delivered by #{operation.job_classes.size} job classes: #{operation.job_classes.join(", ")}" if
+          operation.job_classes.size > 1
+        notes << "#{operation.mismatches} deliveries with different arguments (payload digest)" if
+          operation.mismatches.to_i.positive?
+        notes << "#{operation.takeovers} stale claims taken over" if operation.takeovers.to_i.positive?
+        notes << "held for a person" if operation.status == :held
+        notes
+      end
+
+      def operation_line(operation)
+        repeats = operation.repeats.map do |r|
+          text = "#{Classifier::LABELS.fetch(r.cause)} after #{r.after_claim&.round(1)} s"
+          text += " (deferred copy back)" if r.deferred_return
+          text += " near the restart at #{r.restart.utc.iso8601}" if r.restart
+          text += " by #{r.producer}" if %i[re_enqueue_other_producer].include?(r.cause)
+          text
+        end
+        "#{operation.job_type} #{operation.operation_key.inspect}: #{operation.status}, " \
+          "#{operation.repeats.count { |r| !r.deferred_return }} repeats (#{repeats.join(", ")})" \
+          "#{"; #{operation.notes.join("; ")}" unless operation.notes.to_a.empty?}"
+      end
+
+      def summary_line(job_type, counts)
+        causes = Classifier::CAUSES.filter_map do |c|
+          "#{counts[c]} #{Classifier::LABELS.fetch(c)}" if counts[c].positive?
+        end
+        extra = []
+        extra << "#{counts[:near_restart]} near a restart" if counts[:near_restart].positive?
+        extra << "#{counts[:deferred_returns]} deferred copies back" if counts[:deferred_returns].positive?
+        extra << "#{counts[:several_producers]} enqueued by several producers" if counts[:several_producers].positive?
+        "#{job_type}: #{counts[:operations]} operations repeated #{counts[:repeats]} times — #{causes.join(", ")}" \
+          "#{"; #{extra.join(", ")}" unless extra.empty?}"
+      end
+    end
+  end
+end

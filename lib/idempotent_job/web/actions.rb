@@ -1,0 +1,190 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  class Web
+    # What each route of the page does, whoever hosts it (the standalone app or the
+    # Sidekiq Web tab): reads through the public API and {Records}, renders with a
+    # {View}, and answers one of
+    # * `[:html, status, body]` — a page (200; 400 for bad input, 404, 405, 409 when
+    #   the record no longer allows the resolve asked for);
+    # * `[:redirect, location]` — after a resolve, to the record's page.
+    class Actions
+      # Rows per list.
+      LIMIT = 200
+      # Routes: [verb, path under the mount point] → method.
+      ROUTES = {
+        [:get, ""] => :index,
+        [:get, "/records"] => :records,
+        [:get, "/record"] => :record,
+        [:get, "/confirm"] => :confirm,
+        [:post, "/resolve"] => :resolve,
+        [:get, "/repeats"] => :repeats,
+        [:get, "/takeovers"] => :takeovers
+      }.freeze
+      # How a person may settle a held or given-up operation.
+      RESOLUTIONS = %w[done rerun].freeze
+      # Statuses a resolve applies to.
+      SETTLEABLE = %i[held given_up].freeze
+
+      # Bad input from the browser (a missing or malformed parameter): a 400 page.
+      class BadRequest < StandardError; end
+
+      # @param limit [Integer] rows per list
+      def initialize(limit: LIMIT)
+        @limit = limit
+      end
+
+      # @param verb [Symbol] :get or :post
+      # @param path [String] the path under the mount point, without a trailing "/"
+      # @param params [Hash{String => String}] query and form parameters
+      # @param view [View] how to render
+      # @return [Array] see the class comment
+      # @raise [ConnectionError, DatabaseError] when the database cannot be read
+      def call(verb, path, params, view)
+        @params = params
+        @view = view
+        name = ROUTES[[verb, path]]
+        return send(name) if name
+
+        verbs = ROUTES.keys.filter_map { |v, p| v.to_s.upcase if p == path }
+        return error(405, "#{path} only answers #{verbs.join(", ")}.") if verbs.any?
+
+        error(404, "No page at #{path.inspect}.")
+      rescue BadRequest, IdempotentJob::ConfigurationError => e
+        error(400, e.message)
+      end
+
+      private
+
+      attr_reader :params, :view
+
+      def index
+        job_type = param("job_type")
+        page("index", "Held and given-up operations", job_type:, job_types: Records.job_types,
+                                                      held: IdempotentJob.held(job_type:, limit: @limit),
+                                                      given_up: Records.given_up(job_type:, limit: @limit))
+      end
+
+      def records
+        job_type = param("job_type")
+        key = param("operation_key")
+        status = param("status")
+        found = job_type && Records.search(job_type:, key_prefix: key, status:, limit: @limit)
+        page("records", "Records", job_type:, key:, status:, found:, job_types: Records.job_types)
+      end
+
+      def record
+        found = find_record or return not_found
+        resolved = RESOLUTIONS.include?(params["resolved"]) ? params["resolved"] : nil
+        page("record", "Record", record: found, resolved:, problem: nil)
+      end
+
+      def confirm
+        found = find_record or return not_found
+        resolution = resolution!
+        return conflict(found, "it is #{found.status.to_s.tr("_", " ")}, not held or given up") unless
+          SETTLEABLE.include?(found.status)
+
+        page("confirm", "Confirm", record: found, resolution:)
+      end
+
+      def resolve
+        resolution = resolution!
+        found = find_record or return not_found
+        problem = stale_form(found)
+        return conflict(found, problem) if problem
+
+        IdempotentJob.resolve(found.job_type, found.operation_key, as: resolution.to_sym)
+        [:redirect, view.url("/record", job_type: found.job_type, operation_key: found.operation_key,
+                                        resolved: resolution)]
+      rescue IdempotentJob::ConfigurationError
+        raise
+      rescue IdempotentJob::Error => e
+        conflict(IdempotentJob.record(found.job_type, found.operation_key) || found, e.message)
+      end
+
+      def repeats
+        hours = number("hours", 24, 1..(24 * 90))
+        job_type = param("job_type")
+        now = Time.now
+        since = now - (hours * 3600)
+        operations = IdempotentJob.repeats(since:, job_type:)
+        series = operations.group_by(&:job_type).transform_values { |ops| ops.flat_map { |op| repeat_times(op) } }
+        page("repeats", "Repeats", hours:, job_type:, operations: operations.first(@limit), total: operations.size,
+                                   summary: Repeats.summary(operations), sql: IdempotentJob.repeats_sql,
+                                   chart: Chart.new(series:, from: since, to: now).to_svg)
+      end
+
+      def takeovers
+        hours = number("hours", 24, 1..(24 * 90))
+        page("takeovers", "Takeovers and stale claims",
+             hours:, takeovers: Records.takeovers(since: Time.now - (hours * 3600), limit: @limit),
+             stale: Records.stale_claims(limit: @limit))
+      end
+
+      def repeat_times(operation)
+        operation.repeats.map { |r| r[:at] }
+      end
+
+      # Why a resolve form no longer applies, or nil: the record is not held or given up
+      # any more, or its claim changed since the form was shown (another person settled
+      # it and a later delivery was held again).
+      def stale_form(found)
+        now = found.status.to_s.tr("_", " ")
+        return "it is #{now} now, not held or given up" unless SETTLEABLE.include?(found.status)
+
+        token = param("claim_token")
+        return if token.nil? || token == found.claim_token
+
+        "it changed since the confirmation page was shown (claim #{token} is now #{found.claim_token}); review it again"
+      end
+
+      def page(name, title, **locals)
+        [:html, 200, view.page(name, title:, **locals)]
+      end
+
+      def error(status, message)
+        [:html, status, view.page("error", title: "Error", status:, message:)]
+      end
+
+      def not_found
+        error(404, "No record of #{params["job_type"]} operation #{params["operation_key"].inspect}.")
+      end
+
+      def conflict(found, problem)
+        [:html, 409, view.page("record", title: "Record", record: found, resolved: nil,
+                                         problem: "Not resolved: #{problem}.")]
+      end
+
+      def find_record
+        IdempotentJob.record(required("job_type"), required("operation_key"))
+      end
+
+      def resolution!
+        value = params["as"].to_s
+        raise BadRequest, "as= must be one of #{RESOLUTIONS.join(", ")}, got #{value.inspect}" unless
+          RESOLUTIONS.include?(value)
+
+        value
+      end
+
+      # A parameter's value, nil when absent or blank (kept as sent otherwise: an
+      # operation key may have spaces of its own).
+      def param(name)
+        value = params[name]
+        value.is_a?(String) && !value.strip.empty? ? value : nil
+      end
+
+      def required(name)
+        param(name) || raise(BadRequest, "#{name} is required")
+      end
+
+      def number(name, default, range)
+        value = param(name) or return default
+        Integer(value, 10).tap { |n| raise ArgumentError unless range.cover?(n) }
+      rescue ArgumentError
+        raise BadRequest, "#{name} must be a whole number from #{range.min} to #{range.max}, got #{value.inspect}"
+      end
+    end
+  end
+end

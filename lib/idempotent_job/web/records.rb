@@ -1,0 +1,66 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  class Web
+    # The read-only lists the page shows beside {IdempotentJob.held}: given-up
+    # operations, a search by job type, recent takeovers, stale claims and the job types
+    # present. Each list's SQL lives in the native core (`core/report.rs`) and returns
+    # keys; each record is then read with {IdempotentJob.record} (one round trip per
+    # row; the lists are bounded by `limit`). A record that changed status between the
+    # two reads is shown as it is now.
+    module Records
+      class << self
+        # @param job_type [String, nil] only this job type
+        # @param limit [Integer] at most this many
+        # @return [Array<Record>] given up by the :skip policy, newest first
+        # @raise [ConnectionError, DatabaseError]
+        def given_up(job_type: nil, limit: 200)
+          load(IdempotentJob.store.given_up(job_type&.to_s, Integer(limit)))
+        end
+
+        # @param job_type [String] the job type (required)
+        # @param key_prefix [String, nil] only operation keys starting with this text
+        # @param status [String, Symbol, nil] only this status (claimed, completed,
+        #   released, held, given_up)
+        # @param limit [Integer]
+        # @return [Array<Record>] most recently changed first
+        # @raise [ConfigurationError] for an empty job type or an unknown status
+        # @raise [ConnectionError, DatabaseError]
+        def search(job_type:, key_prefix: nil, status: nil, limit: 200)
+          load(IdempotentJob.store.search(job_type.to_s, key_prefix&.to_s, status&.to_s, Integer(limit)))
+        end
+
+        # @param since [Time] takeovers at or after this time
+        # @param limit [Integer]
+        # @return [Array<Record>] records whose latest claim took over an expired lease
+        #   (the previous holder lost its claim), newest first; `claimed_at` is the
+        #   takeover's time
+        # @raise [ConnectionError, DatabaseError]
+        def takeovers(since:, limit: 200)
+          load(IdempotentJob.store.takeovers(since.to_f, Integer(limit)))
+        end
+
+        # @param limit [Integer]
+        # @return [Array<Record>] claims whose lease ran out and that no delivery has
+        #   taken over yet (the holder may have died), longest expired first
+        # @raise [ConnectionError, DatabaseError]
+        def stale_claims(limit: 200)
+          load(IdempotentJob.store.stale_claims(Integer(limit)))
+        end
+
+        # @param limit [Integer]
+        # @return [Array<String>] the job types that have records, in order
+        # @raise [ConnectionError, DatabaseError]
+        def job_types(limit: 500)
+          IdempotentJob.store.job_types(Integer(limit))
+        end
+
+        private
+
+        def load(keys)
+          keys.filter_map { |job_type, key| IdempotentJob.record(job_type, key) }
+        end
+      end
+    end
+  end
+end

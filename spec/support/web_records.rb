@@ -1,0 +1,39 @@
+# frozen_string_literal: true
+
+# Seeds records in the states the operators' page shows, through the native store
+# (the same statements a delivery runs).
+module WebRecords
+  def web_job_type(name = "WebSpecJob")
+    "#{name}#{rand(1 << 30)}"
+  end
+
+  # A claim of `key` with the stored job a rerun re-enqueues.
+  def web_claim(job_type, key, lease: 30, jid: "jid-#{key}")
+    IdempotentJob.store.claim({ job_type:, operation_key: key, jid:, lease: lease.to_f, job_class: "WebSpecJob",
+                                queue: "critical", args_json: JSON.generate([key]), args_digest: "d-#{key}" })
+  end
+
+  # @param as [Symbol] :hold or :give_up
+  def web_stopped(job_type, key, as: :hold)
+    decision = web_claim(job_type, key)
+    IdempotentJob.store.fenced(as, job_type, key, decision[:token], nil)
+    IdempotentJob.record(job_type, key)
+  end
+
+  # A claim whose lease ran out; `take_over: true` then lets a second delivery take it.
+  def web_stale(job_type, key, take_over: false)
+    web_claim(job_type, key, lease: 0.05, jid: "jid-dead")
+    sleep 0.12
+    web_claim(job_type, key, jid: "jid-taker") if take_over
+    IdempotentJob.record(job_type, key)
+  end
+
+  # A completed operation delivered `repeats` more times.
+  def web_repeated(job_type, key, repeats: 2)
+    decision = web_claim(job_type, key)
+    IdempotentJob.store.fenced(:complete, job_type, key, decision[:token], nil)
+    repeats.times { web_claim(job_type, key) }
+  end
+end
+
+RSpec.configure { |config| config.include WebRecords }

@@ -1,0 +1,77 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "rack/test"
+require "rack/session/cookie"
+require "sidekiq/web"
+require "idempotent_job/web"
+require_relative "../support/web_records"
+
+# The pages as a tab of the real Sidekiq Web (the installed Sidekiq, 6.4 here), with its
+# own CSRF protection and layout, through Rack::Test.
+RSpec.describe IdempotentJob::Web::SidekiqTab do
+  include Rack::Test::Methods
+
+  let(:job_type) { web_job_type }
+
+  # Another spec file may have loaded idempotent_job/web before sidekiq/web.
+  before(:all) { described_class.register }
+
+  def app
+    @app ||= Rack::Builder.new do
+      use Rack::Session::Cookie, secret: "s" * 64, key: "spec.sidekiq"
+      map("/sidekiq") { run Sidekiq::Web }
+    end
+  end
+
+  it "registers itself when loaded after Sidekiq Web, once, as an Idempotency tab" do
+    lib = File.expand_path("../../lib", __dir__)
+    out = IO.popen([RbConfig.ruby, "-I", lib, "-e", <<~RUBY], err: %i[child out], &:read)
+      require "sidekiq/web"
+      require "idempotent_job/web"
+      p [Sidekiq::Web.tabs, IdempotentJob::Web::SidekiqTab.register]
+    RUBY
+    expect(out).to eq(%([{"Idempotency"=>"idempotency"}, false]\n))
+    expect(described_class.register).to be(false)
+    expect(Sidekiq::Web.tabs).to include("Idempotency" => "idempotency")
+    get "/sidekiq/"
+    expect(last_response.body).to include(%(href="/sidekiq/idempotency"))
+  end
+
+  it "shows held operations inside Sidekiq's layout and resolves one with Sidekiq's CSRF token" do
+    web_stopped(job_type, "7")
+    get "/sidekiq/idempotency", job_type: job_type
+    expect(last_response.status).to eq(200)
+    expect(last_response.body).to include("Sidekiq", "Held <span class=\"ij-count\">(1)", ">7</a>")
+    expect(last_response.body).to include(%(href="/sidekiq/idempotency/confirm?job_type=#{job_type}))
+
+    get "/sidekiq/idempotency/confirm", job_type:, operation_key: "7", as: "done"
+    token = last_response.body[/name='authenticity_token' value='([^']+)'/, 1]
+    expect(token).not_to be_nil
+    expect(last_response.body).to include(%(action="/sidekiq/idempotency/resolve"))
+
+    post "/sidekiq/idempotency/resolve", job_type:, operation_key: "7", as: "done"
+    expect(last_response.status).to eq(403)
+    expect(IdempotentJob.record(job_type, "7").status).to eq(:held)
+
+    post "/sidekiq/idempotency/resolve", job_type:, operation_key: "7", as: "done", authenticity_token: token
+    expect(last_response.status).to eq(302)
+    expect(last_response.location)
+      .to end_with("/sidekiq/idempotency/record?job_type=#{job_type}&operation_key=7&resolved=done")
+    expect(IdempotentJob.record(job_type, "7").status).to eq(:completed)
+    follow_redirect!
+    expect(last_response.body).to include("Resolved as done")
+  end
+
+  it "serves every page of the standalone app under the tab, with its status codes" do
+    web_repeated(job_type, "1")
+    { "/records?job_type=#{job_type}" => 200, "/repeats" => 200, "/takeovers" => 200,
+      "/record?job_type=#{job_type}&operation_key=1" => 200, "/record?job_type=#{job_type}&operation_key=2" => 404,
+      "/repeats?hours=x" => 400 }.each do |sub, status|
+      url = "/sidekiq/idempotency#{sub}"
+      get url
+      expect([url, last_response.status]).to eq([url, status])
+      expect(last_response.body).to include("ij-nav")
+    end
+  end
+end

@@ -1,0 +1,254 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "rack/test"
+require "rack/session/cookie"
+require "idempotent_job/web"
+require_relative "../support/web_records"
+
+# The standalone page as a browser uses it: mounted under /idempotency behind a cookie
+# session, every route through Rack::Test against the real PostgreSQL.
+RSpec.describe IdempotentJob::Web do
+  include Rack::Test::Methods
+
+  let(:job_type) { web_job_type }
+
+  def app
+    @app ||= Rack::Builder.new do
+      use Rack::Session::Cookie, secret: "s" * 64, key: "spec.session"
+      map("/idempotency") { run IdempotentJob::Web }
+    end
+  end
+
+  # The CSRF token of the confirmation page's form (the session's token).
+  def confirm_token(key, as: "done")
+    get "/idempotency/confirm", job_type:, operation_key: key, as: as
+    expect(last_response.status).to eq(200)
+    last_response.body[/name="authenticity_token" value="([^"]+)"/, 1] or raise "no CSRF field on the page"
+  end
+
+  def resolve(key, as:, token:, **extra)
+    post "/idempotency/resolve", { job_type:, operation_key: key, as:, "authenticity_token" => token, **extra }
+  end
+
+  describe "the held and given-up page" do
+    it "lists held and given-up operations with their buttons, narrowed by job type" do
+      web_stopped(job_type, "7", as: :hold)
+      web_stopped(job_type, "8", as: :give_up)
+      web_claim(job_type, "9")
+      get "/idempotency/", job_type: job_type
+
+      expect(last_response.status).to eq(200)
+      body = last_response.body
+      held, given_up = body.split("<h2>Given up")
+      expect(held).to include("Held <span class=\"ij-count\">(1)", ">7</a>", "jid-7", "WebSpecJob on critical")
+      expect(given_up).to include("(1)", ">8</a>")
+      expect(body).not_to include(">9</a>")
+      expect(body).to include(%(href="/idempotency/confirm?job_type=#{job_type}&amp;operation_key=7&amp;as=done"))
+      expect(body).to include(">Rerun</a>", "<!DOCTYPE html>", "<style>")
+      expect(body).not_to match(/<(script|link)\b/)
+      expect(body).not_to include("Read-only")
+    end
+
+    it "says when nothing is held" do
+      get "/idempotency", job_type: "NoSuchJob"
+      expect(last_response.body).to include("No held operations.", "No given-up operations.")
+    end
+  end
+
+  describe "resolving" do
+    it "asks for confirmation, then resolves as done on a POST with the session's token" do
+      web_stopped(job_type, "7")
+      token = confirm_token("7")
+      expect(last_response.body).to include("Resolve #{job_type} operation", "Yes, resolve as done",
+                                            %(action="/idempotency/resolve"))
+      expect(IdempotentJob.record(job_type, "7").status).to eq(:held)
+
+      resolve("7", as: "done", token:)
+      expect(last_response.status).to eq(302)
+      expect(last_response.location).to eq("/idempotency/record?job_type=#{job_type}&operation_key=7&resolved=done")
+      expect(IdempotentJob.record(job_type, "7")).to have_attributes(status: :completed, resolution: "done")
+
+      follow_redirect!
+      expect(last_response.body).to include("Resolved as done", "ij-status ij-completed")
+    end
+
+    it "reruns: releases the record and enqueues the stored job" do
+      web_stopped(job_type, "8", as: :give_up)
+      resolve("8", as: "rerun", token: confirm_token("8", as: "rerun"))
+
+      expect(last_response.status).to eq(302)
+      expect(IdempotentJob.record(job_type, "8")).to have_attributes(status: :released, resolution: "rerun")
+      pushed = Sidekiq::Queues["critical"].last
+      expect(pushed).to include("class" => "WebSpecJob", "args" => ["8"])
+    end
+
+    it "refuses a POST without the token, with another token, or without a session (403), changing nothing" do
+      web_stopped(job_type, "7")
+      confirm_token("7")
+      resolve("7", as: "done", token: nil)
+      expect(last_response.status).to eq(403)
+      expect(last_response.body).to include("CSRF token is missing or does not match")
+      resolve("7", as: "done", token: "x" * 43)
+      expect(last_response.status).to eq(403)
+
+      bare = Rack::MockRequest.new(IdempotentJob::Web)
+      response = bare.post("/resolve", params: { job_type:, operation_key: "7", as: "done", authenticity_token: "x" })
+      expect(response.status).to eq(403)
+      expect(response.body).to include("no Rack session")
+      expect(bare.get("/", params: { job_type: }).body).to include("Read-only: there is no Rack session")
+      expect(IdempotentJob.record(job_type, "7").status).to eq(:held)
+    end
+
+    it "refuses (409) a resolve of a record that is no longer held, or changed since the form was shown" do
+      web_stopped(job_type, "7")
+      token = confirm_token("7")
+      shown = IdempotentJob.record(job_type, "7").claim_token
+      IdempotentJob.resolve(job_type, "7", as: :rerun) # someone else, meanwhile
+      resolve("7", as: "done", token:, claim_token: shown)
+      expect(last_response.status).to eq(409)
+      expect(last_response.body).to include("Not resolved: it is released now, not held or given up.")
+
+      decision = web_claim(job_type, "7") # the rerun's delivery claims, and is held again
+      IdempotentJob.store.fenced(:hold, job_type, "7", decision[:token], nil)
+      resolve("7", as: "done", token:, claim_token: shown)
+      expect(last_response.status).to eq(409)
+      expect(last_response.body).to include("it changed since the confirmation page was shown")
+      expect(IdempotentJob.record(job_type, "7").status).to eq(:held)
+
+      get "/idempotency/confirm", job_type:, operation_key: "404", as: "done"
+      expect(last_response.status).to eq(404)
+      web_claim(job_type, "5")
+      get "/idempotency/confirm", job_type:, operation_key: "5", as: "done"
+      expect(last_response.status).to eq(409)
+      get "/idempotency/confirm", job_type:, operation_key: "7", as: "delete"
+      expect(last_response.status).to eq(400)
+      expect(last_response.body).to include("as= must be one of done, rerun")
+    end
+
+    it "settles a held operation once while deliveries of it race the resolve (real threads)" do
+      web_stopped(job_type, "7")
+      token = confirm_token("7", as: "rerun")
+      shown = IdempotentJob.record(job_type, "7").claim_token
+      resolved = false
+      turned_away = Queue.new
+      deliveries = Array.new(6) do |i|
+        Thread.new do
+          decisions = []
+          after = 0
+          # Deliver until three deliveries have come after the resolve finished.
+          while after < 3
+            after += 1 if resolved
+            decisions << web_claim(job_type, "7", jid: "racer-#{i}")[:decision]
+            turned_away << true if decisions.last == :held
+          end
+          decisions
+        end
+      end
+      turned_away.pop # deliveries are arriving: resolve now
+      resolve("7", as: "rerun", token:, claim_token: shown)
+      resolved = true
+      decisions = deliveries.flat_map(&:value)
+
+      expect(last_response.status).to eq(302)
+      expect(decisions.count(:claimed)).to eq(1)
+      expect(decisions.uniq - %i[claimed held in_progress]).to eq([])
+      expect(decisions).to include(:held, :in_progress)
+      record = IdempotentJob.record(job_type, "7")
+      expect(record).to have_attributes(status: :claimed, last_claim: :retry, attempts: 2, resolution: "rerun")
+      expect(record.jid).to start_with("racer-")
+    end
+
+    it "lets one of two people resolving at once win and tells the other (real threads)" do
+      web_stopped(job_type, "8")
+      token = confirm_token("8")
+      cookie = rack_mock_session.cookie_jar.for(URI("http://example.org/idempotency/resolve"))
+      statuses = Array.new(2) do
+        Thread.new do
+          Rack::MockRequest.new(app).post("/idempotency/resolve", "HTTP_COOKIE" => cookie,
+                                                                  params: { job_type:, operation_key: "8", as: "done",
+                                                                            authenticity_token: token }).status
+        end
+      end.map(&:value)
+      expect(statuses.sort).to eq([302, 409])
+      expect(IdempotentJob.record(job_type, "8")).to have_attributes(status: :completed, attempts: 1)
+    end
+  end
+
+  describe "the record search and a record's page" do
+    it "finds records of a job type by key prefix and status, and shows one record whole" do
+      web_claim(job_type, "order-1")
+      web_stopped(job_type, "order-2")
+      web_claim(job_type, "refund-1")
+      get "/idempotency/records", job_type:, operation_key: "order-"
+      expect(last_response.body).to include("2 records", ">order-1</a>", ">order-2</a>")
+      expect(last_response.body).not_to include(">refund-1</a>")
+      get "/idempotency/records", job_type:, operation_key: "order-", status: "held"
+      expect(last_response.body).to include("1 record,", ">order-2</a>")
+      expect(last_response.body).to include(%(<option value="#{job_type}">))
+
+      get "/idempotency/record", job_type:, operation_key: "order-2"
+      expect(last_response.body).to include("ij-status ij-held", "jid-order-2", "[&quot;order-2&quot;]",
+                                            "Resolve as done</a>")
+      get "/idempotency/record", job_type:, operation_key: "order-1"
+      expect(last_response.body).not_to include("Resolve as done</a>")
+    end
+
+    it "answers 404 for a record never claimed and 400 for a bad search" do
+      get "/idempotency/record", job_type:, operation_key: "nope"
+      expect(last_response.status).to eq(404)
+      expect(last_response.body).to include("No record of #{job_type} operation &quot;nope&quot;")
+      get "/idempotency/records", job_type:, status: "finished"
+      expect(last_response.status).to eq(400)
+      expect(last_response.body).to include("unknown record status")
+      get "/idempotency/record", job_type: job_type
+      expect(last_response.status).to eq(400)
+      expect(last_response.body).to include("operation_key is required")
+    end
+
+    it "escapes what it shows" do
+      web_stopped(job_type, "<script>alert(1)</script>")
+      get "/idempotency/", job_type: job_type
+      expect(last_response.body).to include("&lt;script&gt;alert(1)&lt;/script&gt;")
+      expect(last_response.body).not_to include("<script>alert")
+    end
+  end
+
+  describe "the repeats report" do
+    it "charts repeats over time per job type and lists each operation with the SQL it ran" do
+      web_repeated(job_type, "1", repeats: 3)
+      web_repeated(job_type, "2", repeats: 1)
+      get "/idempotency/repeats", hours: "2", job_type: job_type
+
+      body = last_response.body
+      expect(last_response.status).to eq(200)
+      expect(body).to include("<svg class=\"ij-chart\"", "#{job_type} (4)", "4 repeats from")
+      expect(body).to include(">1</a>", ">2</a>", "retry +0 s", IdempotentJob.repeats_sql.strip.lines.first.strip)
+      expect(body.scan(%r{<td class="ij-num">(\d+)</td>}).flatten.first(2)).to eq(%w[2 4])
+      get "/idempotency/repeats", hours: "0"
+      expect(last_response.status).to eq(400)
+    end
+  end
+
+  describe "takeovers and stale claims" do
+    it "lists a recent takeover (a lost claim) and a stale claim not yet taken over" do
+      web_stale(job_type, "taken", take_over: true)
+      web_stale(job_type, "dying")
+      get "/idempotency/takeovers", hours: "1"
+
+      taken, stale = last_response.body.split("<h2>Stale claims now")
+      expect(taken).to include(">taken</a>", "jid-taker", "lost claim")
+      expect(taken).not_to include(">dying</a>")
+      expect(stale).to include(">dying</a>", "jid-dead")
+      expect(stale).not_to include(">taken</a>")
+    end
+  end
+
+  it "answers 404 for an unknown page and 405 for a GET of the resolve action" do
+    get "/idempotency/nowhere"
+    expect(last_response.status).to eq(404)
+    get "/idempotency/resolve"
+    expect(last_response.status).to eq(405)
+    expect(last_response.body).to include("/resolve only answers POST")
+  end
+end
