@@ -147,7 +147,10 @@ RSpec.describe "The connection layer", :integration do
       restarted = nil
       outcome = IdempotentJob.perform_once("RestartedCompletion", "op-1", lease: 60) do
         services("stop") # the effect is done; now the server goes away for a while
-        restarted = Thread.new { sleep 2.5; services("start") }
+        restarted = Thread.new do
+          sleep 2.5
+          services("start")
+        end
         :charged
       end
       restarted.join

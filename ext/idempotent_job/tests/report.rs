@@ -9,7 +9,7 @@ use chrono::Utc;
 use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
 use idempotent_job::core::error::{Error, Result};
 use idempotent_job::core::report;
-use idempotent_job::core::store::{with_conn, Conn, Store};
+use idempotent_job::core::store::{Conn, Store};
 use uuid::Uuid;
 
 mod common;
@@ -29,11 +29,8 @@ fn unique(name: &str) -> String {
 }
 
 /// Runs `op` on a pooled connection of `store`.
-fn run<T: Send + 'static>(
-    store: &Store,
-    op: impl AsyncFnOnce(&Conn) -> Result<T> + Send + 'static,
-) -> Result<T> {
-    store.block_on(|pool| async move { with_conn(&pool, op).await })
+fn run<T>(store: &Store, op: impl AsyncFnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+    store.with_conn(op)
 }
 
 /// Claims `req` and returns its token.
