@@ -261,6 +261,19 @@ module IdempotentJob
       Native.claim_sql
     end
 
+    # Writes this process's queued repeat bookkeeping (the duplicates count, repeat times
+    # and delivery facts that duplicates leave off their decision's path) now, instead of
+    # within the next few milliseconds. Called at exit; a process that leaves with
+    # `exit!` or is killed loses what was still queued (telemetry only, never a
+    # decision). Does nothing when this process never built its store.
+    # @return [void]
+    # @raise [ConnectionError, TimeoutError, DatabaseError] when the write fails
+    def settle_repeats
+      built = @lock.synchronize { @store }
+      built&.settle_repeats
+      nil
+    end
+
     # The native store of the current settings, created on first use. Internal.
     # @return [IdempotentJob::Native::Store]
     # @raise [ConfigurationError] when the settings are invalid
@@ -297,6 +310,13 @@ module IdempotentJob
       Native::Store.new(config.to_native_json)
     end
   end
+end
+
+# A normal exit writes what the process still has queued for the repeats report.
+at_exit do
+  IdempotentJob.settle_repeats
+rescue IdempotentJob::Error => e
+  IdempotentJob.logger&.warn("idempotent_job: repeat bookkeeping not written at exit (#{e.message})")
 end
 
 require_relative "idempotent_job/railtie" if defined?(Rails::Railtie)

@@ -7,6 +7,10 @@
 #    RubyGems puts in the gem's extension directory on the load path, or the one `rake
 #    compile` puts in lib/ of a checkout: idempotent_job/idempotent_job.<DLEXT>.
 # Raises LoadError saying what was tried and what to do when neither loads.
+# The extension maps its errors to the exception classes of errors.rb, which it looks up
+# once as it loads: they are defined first.
+require_relative "errors"
+
 begin
   require_relative "#{RUBY_VERSION[/\A\d+\.\d+/]}/idempotent_job"
 rescue LoadError => e

@@ -106,7 +106,9 @@ RSpec.describe "The packaged gems", :integration do
     lib = File.join(work, "loader", "lib")
     FileUtils.rm_rf(File.dirname(lib))
     FileUtils.mkdir_p(File.join(lib, "idempotent_job", abi))
-    FileUtils.cp(File.join(root, "lib", "idempotent_job", "native.rb"), File.join(lib, "idempotent_job"))
+    %w[native.rb errors.rb].each do |file|
+      FileUtils.cp(File.join(root, "lib", "idempotent_job", file), File.join(lib, "idempotent_job"))
+    end
     load_native = ["ruby", "-I", lib, "-e", <<~RUBY]
       begin
         require "idempotent_job/native"

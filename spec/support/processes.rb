@@ -17,6 +17,9 @@ module Processes
       writer.sync = true
       begin
         yield writer
+        # exit! skips at_exit, where the gem writes the repeat bookkeeping still queued
+        # (a normal exit): do it here, so counts checked after the child are complete.
+        IdempotentJob.settle_repeats
         exit!(0)
       rescue Exception => e # rubocop:disable Lint/RescueException -- report everything to the parent
         writer.puts("error #{e.class}: #{e.message}")
