@@ -30,7 +30,7 @@ end
 module Demo
   # The ActiveJob scenario of the demo: what the producer enqueues, and its table row.
   module ActiveJobScenario
-    NUMBER = 111
+    NUMBER = 112
 
     module_function
 
@@ -42,12 +42,12 @@ module Demo
       job = ChargeOrderActiveJob.new(order, 1800)
       2.times { ActiveJob::Base.queue_adapter.enqueue(job) }
       state.delivered(ChargeOrderActiveJob, order, 5)
-      puts "(j) ChargeOrderActiveJob #{order}: ActiveJob on Sidekiq's adapter, perform_later 3 times " \
+      puts "(k) ChargeOrderActiveJob #{order}: ActiveJob on Sidekiq's adapter, perform_later 3 times " \
            "and one job_id delivered twice"
     end
 
     def operation(state)
-      Operation.new(scenario: "(j) ActiveJob, 5 deliveries", job_class: ChargeOrderActiveJob,
+      Operation.new(scenario: "(k) ActiveJob, 5 deliveries", job_class: ChargeOrderActiveJob,
                     key: state.order_id(NUMBER), effects: ->(op) { Effects.charges(op.job_class.name, op.key) })
     end
   end
