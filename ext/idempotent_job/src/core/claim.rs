@@ -46,16 +46,18 @@ pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 /// `won` in the result tells the caller whether its token is now the record's.
 /// Parameters: $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
 /// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
-/// $9 arguments (JSON text), $10 refuse mismatched payloads (bool).
+/// $9 arguments (JSON text), $10 refuse mismatched payloads (bool), $11 the delivery's
+/// facts (JSON object text or NULL): a first claim keeps them as `first_facts` for the
+/// repeats report (a repeat's own facts are written off this path, by the bookkeeping).
 pub const CLAIM_SQL: &str = r#"
 INSERT INTO idempotent_job_records AS r
     (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-     args_digest, job_class, queue, args, job_classes)
+     args_digest, job_class, queue, args, job_classes, first_facts)
 VALUES ($1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
         $6, $7, $8,
         CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
              ELSE $9::jsonb END,
-        array_remove(ARRAY[$7], NULL))
+        array_remove(ARRAY[$7], NULL), $11::jsonb)
 ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (status, claim_token, jid, attempts, takeovers, last_claim, claimed_at,
      lease_seconds, lease_expires_at, args_digest, job_class, queue, args,
@@ -106,7 +108,8 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 ///   statement's snapshot (`ON CONFLICT DO NOTHING` waited for it): the caller asks
 ///   [`CLAIM_SQL`].
 ///
-/// Parameters: as [`CLAIM_SQL`]'s $1–$9.
+/// Parameters: as [`CLAIM_SQL`]'s $1–$9, then $10 the delivery's facts ([`CLAIM_SQL`]'s
+/// $11: kept by the first claim as `first_facts`; a duplicate does not read it).
 pub const DELIVER_SQL: &str = r#"
 WITH look AS (
     SELECT status, jid, attempts, duplicates, args_digest, lease_expires_at,
@@ -116,12 +119,12 @@ WITH look AS (
 first AS (
     INSERT INTO idempotent_job_records
         (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-         args_digest, job_class, queue, args, job_classes)
+         args_digest, job_class, queue, args, job_classes, first_facts)
     SELECT $1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
            $6, $7, $8,
            CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
                 ELSE $9::jsonb END,
-           array_remove(ARRAY[$7::text], NULL)
+           array_remove(ARRAY[$7::text], NULL), $10::jsonb
      WHERE NOT EXISTS (SELECT 1 FROM look)
     ON CONFLICT (job_type, operation_key) DO NOTHING
     RETURNING status, jid, attempts, duplicates, args_digest, lease_expires_at)
@@ -303,7 +306,8 @@ pub struct ClaimRequest {
     /// Never take a claim over with a mismatched payload (`on_mismatch: :raise`).
     pub refuse_mismatch: bool,
     /// The door's facts about this delivery (delivery id, retry count, enqueued at…):
-    /// a JSON object text, stored with the operation's repeats (`repeat_facts`).
+    /// a JSON object text, kept by a first claim (`first_facts`) and stored with the
+    /// operation's repeats (`repeat_facts`).
     pub facts_json: Option<String>,
 }
 
@@ -488,11 +492,11 @@ pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<De
     Ok(claim_at(conn, req, token).await?.0)
 }
 
-/// [`CLAIM_SQL`]'s parameters $1–$10 for `req`, with `token` as $3.
+/// [`CLAIM_SQL`]'s parameters $1–$11 for `req`, with `token` as $3.
 fn claim_params<'a>(
     req: &'a ClaimRequest,
     token: &'a Uuid,
-) -> [(&'a (dyn ToSql + Sync), Type); 10] {
+) -> [(&'a (dyn ToSql + Sync), Type); 11] {
     [
         (&req.job_type, Type::TEXT),
         (&req.operation_key, Type::TEXT),
@@ -504,6 +508,7 @@ fn claim_params<'a>(
         (&req.queue, Type::TEXT),
         (&req.args_json, Type::TEXT),
         (&req.refuse_mismatch, Type::BOOL),
+        (&req.facts_json, Type::TEXT),
     ]
 }
 
@@ -575,10 +580,11 @@ async fn look_or_claim(
     books: &Bookkeeper,
 ) -> Result<(Decision, Option<Repeat>)> {
     super::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
-    // DELIVER_SQL takes CLAIM_SQL's parameters but the last ($10).
-    let rows = conn
-        .query_own(DELIVER_SQL, &claim_params(req, &token)[..9])
-        .await?;
+    // DELIVER_SQL takes CLAIM_SQL's parameters but $10 (its $10 is CLAIM_SQL's $11).
+    let params = claim_params(req, &token);
+    let (first, facts) = params.split_at(9);
+    let params = [first, &facts[1..]].concat();
+    let rows = conn.query_own(DELIVER_SQL, &params).await?;
     let repeat = |decision: &Decision, at: DateTime<Utc>, count: bool| Repeat {
         job_type: req.job_type.clone(),
         operation_key: req.operation_key.clone(),
