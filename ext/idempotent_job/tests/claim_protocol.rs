@@ -304,6 +304,33 @@ fn the_first_claim_keeps_its_facts_and_repeats_never_change_them(store: Store) {
     bare.facts_json = None;
     claim(&store, &bare).unwrap();
     assert_eq!(first_facts(&store, &bare), None);
+
+    // The repeats report reads them beside each repeat's recorded facts.
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    let since = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+    let rows = store
+        .with_conn(async |c| claim::repeats(c, since, Some(&job_type)).await)
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].first_facts, kept);
+    assert_eq!(rows[0].jid.as_deref(), Some("jid-1"));
+    let repeats: serde_json::Value = serde_json::from_str(&rows[0].repeat_facts).unwrap();
+    let decisions: Vec<_> = repeats
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["decision"].as_str(), e["facts"]["delivery"].as_str()))
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            (Some("in_progress"), Some("again")),
+            (Some("retry"), Some("again")),
+            (Some("takeover"), Some("again"))
+        ]
+    );
 }
 
 fn a_released_claim_is_claimed_again_by_the_retry(store: Store) {

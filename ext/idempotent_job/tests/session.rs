@@ -141,3 +141,75 @@ fn a_transactional_claim_shares_the_connections_prepared_claim() {
         counted(&store, &[2])
     );
 }
+
+/// The record's `repeat_facts` elements, after this process's bookkeeping is written.
+fn repeat_facts(store: &Store, req: &ClaimRequest) -> Vec<serde_json::Value> {
+    let req = req.clone();
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    store
+        .with_conn(async |c| {
+            let row = c
+                .query_one(
+                    "SELECT repeat_facts FROM idempotent_job_records \
+                     WHERE job_type = $1 AND operation_key = $2",
+                    &[&req.job_type, &req.operation_key],
+                )
+                .await?;
+            Ok(row.try_get::<_, serde_json::Value>(0)?)
+        })
+        .unwrap()
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_repeat_met_in_a_transaction_records_its_facts_once_the_transaction_commits() {
+    let store = store();
+    let mut req = request("facts");
+    req.facts_json = Some(r#"{"jid":"first"}"#.into());
+    let first = req.clone();
+    // The first claim commits (its facts are the record's first_facts).
+    store
+        .run(|pool, i| {
+            let mut session = Session::begin(pool, i)?;
+            let Outcome::Claimed { token, .. } = session.claim(i, &first, 5.0)?.outcome else {
+                panic!("expected a first claim");
+            };
+            session.fenced(
+                i,
+                Fenced::Complete,
+                &first.job_type,
+                &first.operation_key,
+                token,
+                None,
+            )?;
+            session.commit(i)
+        })
+        .unwrap();
+    // Two duplicates in transactions: the rolled-back one leaves no trace.
+    for (jid, commit) in [("copy", true), ("rolled-back", false)] {
+        let mut copy = req.clone();
+        copy.facts_json = Some(format!(r#"{{"jid":"{jid}"}}"#));
+        store
+            .run(|pool, i| {
+                let mut session = Session::begin(pool, i)?;
+                let outcome = session.claim(i, &copy, 5.0)?.outcome;
+                assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+                if commit {
+                    session.commit(i)
+                } else {
+                    session.rollback(i)
+                }
+            })
+            .unwrap();
+    }
+    let facts = repeat_facts(&store, &req);
+    assert_eq!(facts.len(), 1, "{facts:?}");
+    assert_eq!(facts[0]["decision"], "completed");
+    assert_eq!(facts[0]["facts"]["jid"], "copy");
+    let record = find_record(&store, &req).unwrap();
+    assert_eq!(record.duplicates, 1, "counted once, by the claim statement");
+}

@@ -264,10 +264,13 @@ DELETE FROM idempotent_job_records r
  WHERE r.job_type = doomed.job_type AND r.operation_key = doomed.operation_key"#;
 
 /// Operations delivered more than once since $1 (optionally of job type $2), for the
-/// repeats report: their counts, first claim and repeat times, and delivering classes.
+/// repeats report: their counts, first claim and repeat times, delivering classes, the
+/// last claiming delivery's id, the completion time, the first claim's facts and each
+/// repeat's recorded facts (the last 20: bounded per operation).
 pub const REPEATS_SQL: &str = r#"
 SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatches,
-       first_claimed_at, repeat_times, job_classes
+       first_claimed_at, repeat_times, job_classes, jid, completed_at,
+       first_facts::text AS first_facts, repeat_facts::text AS repeat_facts
   FROM idempotent_job_records
  WHERE cardinality(repeat_times) > 0
    AND repeat_times[cardinality(repeat_times)] >= $1
@@ -585,16 +588,6 @@ async fn look_or_claim(
     let (first, facts) = params.split_at(9);
     let params = [first, &facts[1..]].concat();
     let rows = conn.query_own(DELIVER_SQL, &params).await?;
-    let repeat = |decision: &Decision, at: DateTime<Utc>, count: bool| Repeat {
-        job_type: req.job_type.clone(),
-        operation_key: req.operation_key.clone(),
-        at,
-        job_class: req.job_class.clone(),
-        decision: decision.outcome.name(),
-        facts: req.facts_json.clone(),
-        count,
-        mismatch: decision.mismatch,
-    };
     if let Some(row) = rows.first() {
         let inserted: bool = row.try_get("inserted")?;
         let status: String = row.try_get("status")?;
@@ -642,19 +635,26 @@ async fn look_or_claim(
                 req,
             )?;
             let at = row.try_get("decided_at")?;
-            let repeat = (!inserted).then(|| repeat(&decision, at, true));
+            let repeat = (!inserted).then(|| Repeat::new(req, &decision, at, true));
             return Ok((decision, repeat));
         }
     }
+    claim_noting(conn, req, token).await
+}
+
+/// [`claim_as`], and the bookkeeping of its delivery when it is a repeat (anything but a
+/// first claim): its `repeat_facts` entry, for the caller to queue
+/// ([`Bookkeeper::record`]) once the decision is durable. [`CLAIM_SQL`] already counted
+/// the repeat itself, so the entry adds no counts.
+///
+/// Errors: as [`claim`].
+pub async fn claim_noting(
+    conn: &Conn,
+    req: &ClaimRequest,
+    token: Uuid,
+) -> Result<(Decision, Option<Repeat>)> {
     let (decision, at) = claim_at(conn, req, token).await?;
-    let first = matches!(
-        decision.outcome,
-        Outcome::Claimed {
-            kind: ClaimKind::First,
-            ..
-        }
-    );
-    let repeat = (!first).then(|| repeat(&decision, at, false));
+    let repeat = Repeat::after_claim(req, &decision, at);
     Ok((decision, repeat))
 }
 
@@ -881,6 +881,13 @@ pub struct Repeated {
     pub first_claimed_at: DateTime<Utc>,
     pub repeat_times: Vec<DateTime<Utc>>,
     pub job_classes: Vec<String>,
+    /// The last claiming delivery's id.
+    pub jid: Option<String>,
+    pub completed_at: Option<DateTime<Utc>>,
+    /// The first claiming delivery's facts as JSON text, when it sent some.
+    pub first_facts: Option<String>,
+    /// The `repeat_facts` array as JSON text.
+    pub repeat_facts: String,
 }
 
 /// Operations repeated since `since` (see [`REPEATS_SQL`]).
@@ -908,6 +915,10 @@ pub async fn repeats(
                 first_claimed_at: row.try_get("first_claimed_at")?,
                 repeat_times: row.try_get("repeat_times")?,
                 job_classes: row.try_get("job_classes")?,
+                jid: row.try_get("jid")?,
+                completed_at: row.try_get("completed_at")?,
+                first_facts: row.try_get("first_facts")?,
+                repeat_facts: row.try_get("repeat_facts")?,
             })
         })
         .collect()
