@@ -7,7 +7,8 @@ module IdempotentJob
     # {View}, and answers one of
     # * `[:html, status, body]` — a page (200; 400 for bad input, 404, 405, 409 when
     #   the record no longer allows the resolve asked for);
-    # * `[:redirect, location]` — after a resolve, to the record's page.
+    # * `[:redirect, location]` — after a resolve, to the record's page;
+    # * `[:csv, filename, body]` — the repeats report as CSV.
     class Actions
       # Rows per list.
       LIMIT = 200
@@ -19,6 +20,7 @@ module IdempotentJob
         [:get, "/confirm"] => :confirm,
         [:post, "/resolve"] => :resolve,
         [:get, "/repeats"] => :repeats,
+        [:get, "/repeats.csv"] => :repeats_csv,
         [:get, "/takeovers"] => :takeovers
       }.freeze
       # How a person may settle a held or given-up operation.
@@ -107,12 +109,19 @@ module IdempotentJob
         hours = number("hours", 24, 1..(24 * 90))
         job_type = param("job_type")
         now = Time.now
-        since = now - (hours * 3600)
-        operations = IdempotentJob.repeats(since:, job_type:)
+        report = Repeats.report(since: now - (hours * 3600), job_type:)
+        operations = report.operations
         series = operations.group_by(&:job_type).transform_values { |ops| ops.flat_map { |op| repeat_times(op) } }
         page("repeats", "Repeats", hours:, job_type:, operations: operations.first(@limit), total: operations.size,
-                                   summary: Repeats.summary(operations), sql: IdempotentJob.repeats_sql,
-                                   chart: Chart.new(series:, from: since, to: now).to_svg)
+                                   summary: report.summary, pairs: report.producer_pairs,
+                                   sql: IdempotentJob.repeats_sql,
+                                   chart: Chart.new(series:, from: now - (hours * 3600), to: now).to_svg)
+      end
+
+      def repeats_csv
+        hours = number("hours", 24, 1..(24 * 90))
+        report = Repeats.report(since: Time.now - (hours * 3600), job_type: param("job_type"))
+        [:csv, "idempotent_job-repeats-#{Time.now.utc.strftime("%Y%m%dT%H%M%SZ")}.csv", report.to_csv]
       end
 
       def takeovers
@@ -122,8 +131,9 @@ module IdempotentJob
              stale: Records.stale_claims(limit: @limit))
       end
 
+      # The times of an operation's repeats (deferred copies coming back left out).
       def repeat_times(operation)
-        operation.repeats.map { |r| r[:at] }
+        operation.repeats.reject(&:deferred_return).filter_map(&:at)
       end
 
       # Why a resolve form no longer applies, or nil: the record is not held or given up
