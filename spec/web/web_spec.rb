@@ -216,14 +216,16 @@ RSpec.describe IdempotentJob::Web do
   end
 
   describe "the repeats report" do
-    it "charts repeats over time per job type, classifies each, names producer pairs, shows its SQL" do
+    it "charts repeats over time per cause, classifies each, names producer pairs, shows its SQL" do
       web_repeated(job_type, "1", repeats: 3)
       web_repeated(job_type, "2", repeats: 1, again_by: "app/webhooks/stripe_webhook.rb:17")
       get "/idempotency/repeats", hours: "2", job_type: job_type
 
       body = last_response.body
       expect(last_response.status).to eq(200)
-      expect(body).to include("<svg class=\"ij-chart\"", "#{job_type} (4)", "4 repeats from")
+      # The chart: repeats over time, one series per cause.
+      expect(body).to include("<svg class=\"ij-chart\"", "re-enqueue, same producer (3)", "re-enqueue, other producer (1)",
+                              "4 repeats from")
       expect(body).to include(">1</a>", ">2</a>", "re-enqueue, same producer +0 s", "re-enqueue, other producer +0 s",
                               %(by <span class="ij-key">app/webhooks/stripe_webhook.rb:17</span>),
                               IdempotentJob.repeats_sql.strip.lines.first.strip)

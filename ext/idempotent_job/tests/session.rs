@@ -213,3 +213,32 @@ fn a_repeat_met_in_a_transaction_records_its_facts_once_the_transaction_commits(
     let record = find_record(&store, &req).unwrap();
     assert_eq!(record.duplicates, 1, "counted once, by the claim statement");
 }
+
+#[test]
+fn a_transactional_completion_is_timed_when_it_runs_not_when_the_transaction_began() {
+    let store = store();
+    let req = request("completed-at");
+    let sent = req.clone();
+    store
+        .run(|pool, i| {
+            let mut session = Session::begin(pool, i)?;
+            let Outcome::Claimed { token, .. } = session.claim(i, &sent, 5.0)?.outcome else {
+                panic!("expected a first claim");
+            };
+            // The job's own work takes a while.
+            session.execute(i, "SELECT pg_sleep(0.2)", &[])?;
+            session.fenced(
+                i,
+                Fenced::Complete,
+                &sent.job_type,
+                &sent.operation_key,
+                token,
+                None,
+            )?;
+            session.commit(i)
+        })
+        .unwrap();
+    let record = find_record(&store, &req).unwrap();
+    let took = record.completed_at.unwrap() - record.first_claimed_at;
+    assert!(took.num_milliseconds() >= 200, "{took:?}");
+}

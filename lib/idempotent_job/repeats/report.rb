@@ -166,7 +166,8 @@ module IdempotentJob
 
       def operation_line(operation)
         repeats = operation.repeats.map do |r|
-          text = "#{Classifier::LABELS.fetch(r.cause)} after #{r.after_claim&.round(1)} s"
+          # (+ 0.0: a copy whose transaction began a moment before the claim's reads 0.0, not -0.0)
+          text = "#{Classifier::LABELS.fetch(r.cause)} after #{r.after_claim&.round(1)&.+(0.0)} s"
           text += " (deferred copy back)" if r.deferred_return
           text += " near the restart at #{r.restart.utc.iso8601}" if r.restart
           text += " by #{r.producer}" if %i[re_enqueue_other_producer].include?(r.cause)

@@ -111,7 +111,7 @@ module IdempotentJob
         now = Time.now
         report = Repeats.report(since: now - (hours * 3600), job_type:)
         operations = report.operations
-        series = operations.group_by(&:job_type).transform_values { |ops| ops.flat_map { |op| repeat_times(op) } }
+        series = by_cause(operations)
         page("repeats", "Repeats", hours:, job_type:, operations: operations.first(@limit), total: operations.size,
                                    summary: report.summary, pairs: report.producer_pairs,
                                    sql: IdempotentJob.repeats_sql,
@@ -131,9 +131,11 @@ module IdempotentJob
              stale: Records.stale_claims(limit: @limit))
       end
 
-      # The times of an operation's repeats (deferred copies coming back left out).
-      def repeat_times(operation)
-        operation.repeats.reject(&:deferred_return).filter_map(&:at)
+      # The times of the operations' repeats per cause (its label), deferred copies coming
+      # back left out: the chart's series.
+      def by_cause(operations)
+        repeats = operations.flat_map(&:repeats).reject(&:deferred_return).select(&:at)
+        repeats.group_by { |r| Repeats::Classifier::LABELS.fetch(r.cause) }.transform_values { |rs| rs.map(&:at) }
       end
 
       # Why a resolve form no longer applies, or nil: the record is not held or given up

@@ -143,7 +143,10 @@ SELECT false, mine, last_claim, status, jid, attempts, duplicates, args_digest,
 /// Parameters: $1 job_type, $2 operation_key, $3 claim_token, then the change's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fenced {
-    /// Mark the claim completed: the effect is done.
+    /// Mark the claim completed: the effect is done. `completed_at` is the time the
+    /// statement runs (`clock_timestamp()`), not its transaction's start: inside a
+    /// transactional claim it follows the job's own statements, so a copy that arrived
+    /// meanwhile (and waited on the row lock) is seen to have arrived before it.
     Complete,
     /// [`Fenced::Complete`], committed with `synchronous_commit = off` (the
     /// `asynchronous_completion` setting; never inside a transaction).
@@ -172,13 +175,13 @@ impl Fenced {
             // repeat is harmless too: every fenced change is safe to send again.
             Fenced::Complete => {
                 "UPDATE idempotent_job_records SET status = 'completed', \
-                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
+                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE clock_timestamp() END, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
                  AND claim_token = $3 AND status IN ('claimed', 'completed')"
             }
             Fenced::CompleteAsynchronously => {
                 "UPDATE idempotent_job_records SET status = 'completed', \
-                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
+                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE clock_timestamp() END, \
                  updated_at = now() \
                  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
                  WHERE job_type = $1 AND operation_key = $2 \
