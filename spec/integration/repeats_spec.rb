@@ -104,6 +104,39 @@ RSpec.describe "The repeats report", :integration do
       .to include("cause" => "re_enqueue_other_producer", "producer" => stripe, "first_producer" => orders)
   end
 
+  { "native handle" => RecordPaymentJob, "ActiveRecord" => RecordPaymentArJob }.each do |flavour, job_class|
+    it "classifies the repeats met inside a transactional claim (#{flavour}): a copy that waited, a re-enqueue" do
+      payment = "rep-#{job_class.name}"
+      job = job_hash([payment, 500], klass: job_class)
+      copy = job.merge("jid" => SecureRandom.hex(12)) # pushed at the same time by the same producer
+      SpecHooks.on(:after_effect) { sleep 0.3 } # the first transaction stays open a while
+      gate = Queue.new
+      threads = [job, copy].map do |delivery|
+        Thread.new do
+          gate.pop
+          deliver(delivery)
+        ensure
+          ActiveRecord::Base.clear_active_connections!
+        end
+      end
+      2.times { gate << true }
+      threads.each(&:join)
+      deliver(job_hash([payment, 500], klass: job_class)) # enqueued again later
+      expect(SpecPayment.rows(payment)).to eq(1)
+
+      op = IdempotentJob.repeats(job_type: job_class.name).find { |o| o.operation_key == payment }
+      expect(op.repeats.map(&:cause)).to eq(%i[concurrent_copy re_enqueue_same_producer])
+      expect(op.repeats.map(&:decision)).to eq(%w[completed completed])
+      expect(op.producers).to eq(["spec/support/replay_helpers.rb:9"])
+    end
+  end
+
+  it "keeps what it reads in the record, so retention purges it with the record" do
+    expect(IdempotentJob.repeats(since: now - 86_400, job_type: "History").size).to eq(5)
+    IdempotentJob.purge(older_than: 0)
+    expect(IdempotentJob.repeats(since: now - 86_400, job_type: "History")).to be_empty
+  end
+
   it "sees the ActiveJob door's deliveries and producers alike" do
     with_adapter(:inline) do
       first = __LINE__ + 1
