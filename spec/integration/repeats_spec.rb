@@ -110,17 +110,7 @@ RSpec.describe "The repeats report", :integration do
       job = job_hash([payment, 500], klass: job_class)
       copy = job.merge("jid" => SecureRandom.hex(12)) # pushed at the same time by the same producer
       SpecHooks.on(:after_effect) { sleep 0.3 } # the first transaction stays open a while
-      gate = Queue.new
-      threads = [job, copy].map do |delivery|
-        Thread.new do
-          gate.pop
-          deliver(delivery)
-        ensure
-          ActiveRecord::Base.clear_active_connections!
-        end
-      end
-      2.times { gate << true }
-      threads.each(&:join)
+      deliver_at_once(job, copy)
       deliver(job_hash([payment, 500], klass: job_class)) # enqueued again later
       expect(SpecPayment.rows(payment)).to eq(1)
 

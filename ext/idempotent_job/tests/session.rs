@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
 use idempotent_job::core::error::Error;
 use idempotent_job::core::session::Session;
-use idempotent_job::core::store::{with_conn, Store};
+use idempotent_job::core::store::{with_conn, Interrupt, Store};
 use idempotent_job::core::values::{Cell, Param};
 
 mod common;
@@ -52,14 +52,7 @@ fn commit_together_or_not_at_all(store: Store) {
                 assert_eq!(rows[0][0], ("n".to_string(), Cell::Int(42)));
                 assert_eq!(rows[0][2].1, Cell::Json(r#"{"a": 1}"#.into()));
                 assert_eq!(rows[0][3].1, Cell::Date(2026, 11, 29));
-                session.fenced(
-                    i,
-                    Fenced::Complete,
-                    &req.job_type,
-                    &req.operation_key,
-                    token,
-                    None,
-                )?;
+                complete_in(&mut session, i, req, token)?;
                 if commit {
                     session.commit(i)?;
                 } else {
@@ -142,6 +135,42 @@ fn a_transactional_claim_shares_the_connections_prepared_claim() {
     );
 }
 
+/// Completes `req`'s claim `token` inside `session`.
+fn complete_in(
+    session: &mut Session,
+    i: &Interrupt<'_>,
+    req: &ClaimRequest,
+    token: uuid::Uuid,
+) -> Result<(), Error> {
+    session.fenced(
+        i,
+        Fenced::Complete,
+        &req.job_type,
+        &req.operation_key,
+        token,
+        None,
+    )
+}
+
+/// A transactional first claim of `req` that runs `work` (one statement), completes and
+/// commits.
+fn run_first_claim(store: &Store, req: &ClaimRequest, work: Option<&str>) {
+    let req = req.clone();
+    store
+        .run(|pool, i| {
+            let mut session = Session::begin(pool, i)?;
+            let Outcome::Claimed { token, .. } = session.claim(i, &req, 5.0)?.outcome else {
+                panic!("expected a first claim");
+            };
+            if let Some(sql) = work {
+                session.execute(i, sql, &[])?;
+            }
+            complete_in(&mut session, i, &req, token)?;
+            session.commit(i)
+        })
+        .unwrap();
+}
+
 /// The record's `repeat_facts` elements, after this process's bookkeeping is written.
 fn repeat_facts(store: &Store, req: &ClaimRequest) -> Vec<serde_json::Value> {
     let req = req.clone();
@@ -170,25 +199,8 @@ fn a_repeat_met_in_a_transaction_records_its_facts_once_the_transaction_commits(
     let store = store();
     let mut req = request("facts");
     req.facts_json = Some(r#"{"jid":"first"}"#.into());
-    let first = req.clone();
     // The first claim commits (its facts are the record's first_facts).
-    store
-        .run(|pool, i| {
-            let mut session = Session::begin(pool, i)?;
-            let Outcome::Claimed { token, .. } = session.claim(i, &first, 5.0)?.outcome else {
-                panic!("expected a first claim");
-            };
-            session.fenced(
-                i,
-                Fenced::Complete,
-                &first.job_type,
-                &first.operation_key,
-                token,
-                None,
-            )?;
-            session.commit(i)
-        })
-        .unwrap();
+    run_first_claim(&store, &req, None);
     // Two duplicates in transactions: the rolled-back one leaves no trace.
     for (jid, commit) in [("copy", true), ("rolled-back", false)] {
         let mut copy = req.clone();
@@ -218,26 +230,8 @@ fn a_repeat_met_in_a_transaction_records_its_facts_once_the_transaction_commits(
 fn a_transactional_completion_is_timed_when_it_runs_not_when_the_transaction_began() {
     let store = store();
     let req = request("completed-at");
-    let sent = req.clone();
-    store
-        .run(|pool, i| {
-            let mut session = Session::begin(pool, i)?;
-            let Outcome::Claimed { token, .. } = session.claim(i, &sent, 5.0)?.outcome else {
-                panic!("expected a first claim");
-            };
-            // The job's own work takes a while.
-            session.execute(i, "SELECT pg_sleep(0.2)", &[])?;
-            session.fenced(
-                i,
-                Fenced::Complete,
-                &sent.job_type,
-                &sent.operation_key,
-                token,
-                None,
-            )?;
-            session.commit(i)
-        })
-        .unwrap();
+    // The job's own work takes a while.
+    run_first_claim(&store, &req, Some("SELECT pg_sleep(0.2)"));
     let record = find_record(&store, &req).unwrap();
     let took = record.completed_at.unwrap() - record.first_claimed_at;
     assert!(took.num_milliseconds() >= 200, "{took:?}");
