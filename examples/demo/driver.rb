@@ -9,6 +9,7 @@
 #   ruby examples/demo/driver.rb held      # wait until (g) is held; exit 1 if it is not
 #   ruby examples/demo/driver.rb check-email [KILLED_PID]  # a person's check of (g); exit 1 if unexpected
 #   ruby examples/demo/driver.rb report [SIDEKIQ_LOG...]  # wait, print the table; exit 1 on a failure
+#   ruby examples/demo/driver.rb repeats [RESTART_ISO8601...]  # each scenario's repeats, as classified
 #
 # Needs DATABASE_URL and REDIS_URL. The steps share DEMO_STATE (default tmp/demo/state.json).
 $LOAD_PATH.unshift File.expand_path("../../lib", __dir__)
@@ -22,6 +23,7 @@ require_relative "state"
 require_relative "producer"
 require_relative "operator"
 require_relative "report"
+require_relative "repeats_table"
 require_relative "app/orders_controller"
 require_relative "app/stripe_webhook"
 
@@ -64,9 +66,12 @@ begin
   when "held" then exit(Demo::Operator.new(Demo::State.load).wait_held ? 0 : 1)
   when "check-email" then exit(Demo::Operator.new(Demo::State.load).check_email(ARGV[1]&.to_i) ? 0 : 1)
   when "report" then exit(Demo::Report.new(Demo::State.load, ARGV.drop(1)).call ? 0 : 1)
+  when "repeats"
+    restarts = ARGV.drop(1).map { |t| Time.iso8601(t) }
+    puts Demo::RepeatsTable.new(Demo::State.load, restarts:).lines
   else
     warn "usage: #{$PROGRAM_NAME} setup | crash | enqueue | email-key | held | check-email [KILLED_PID] | " \
-         "report [SIDEKIQ_LOG...]"
+         "report [SIDEKIQ_LOG...] | repeats [RESTART_ISO8601...]"
     exit 2
   end
 rescue Interrupt

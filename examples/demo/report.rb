@@ -100,11 +100,7 @@ module Demo
     end
 
     def table(rows)
-      columns = rows.first.keys.grep(String)
-      widths = columns.to_h { |c| [c, [c.size, *rows.map { |r| r[c].to_s.size }].max] }
-      line = ->(values) { columns.map { |c| values[c].to_s.ljust(widths[c]) }.join("  ").rstrip }
-      [line.call(columns.to_h { |c| [c, c] }), line.call(columns.to_h { |c| [c, "-" * widths[c]] }),
-       *rows.map { |r| line.call(r) }].join("\n")
+      Table.lines(rows).join("\n")
     end
 
     def notes(rows)
