@@ -108,31 +108,28 @@ impl Session {
         }
         let millis = format!("{}ms", (lock_timeout_seconds * 1000.0).ceil() as u64);
         let until = self.until() + Duration::from_secs_f64(lock_timeout_seconds);
-        self.conn
-            .run_until(interrupt, Some(until), async |c| {
-                c.execute_typed(
-                    "SELECT set_config('lock_timeout', $1, true)",
-                    &[(&millis, Type::TEXT)],
-                )
-                .await?;
-                let noted = claim::claim_noting(c, req, uuid::Uuid::new_v4()).await;
-                let (decision, repeat) = noted.map_err(|e| match e {
-                    Error::LockTimeout { message } => Error::LockTimeout {
-                        message: format!(
+        let (decision, repeat) = self.conn.run_until(interrupt, Some(until), async |c| {
+            c.execute_typed(
+                "SELECT set_config('lock_timeout', $1, true)",
+                &[(&millis, Type::TEXT)],
+            )
+            .await?;
+            let noted = claim::claim_noting(c, req, uuid::Uuid::new_v4()).await;
+            let (decision, repeat) = noted.map_err(|e| match e {
+                Error::LockTimeout { message } => Error::LockTimeout {
+                    message: format!(
                         "{} operation {:?}: another delivery kept it locked for more than {} s \
                          (its transaction is still open): {message}",
                         req.job_type, req.operation_key, lock_timeout_seconds
                     ),
-                    },
-                    other => other,
-                })?;
-                c.batch_execute("SET LOCAL lock_timeout TO DEFAULT").await?;
-                Ok((decision, repeat))
-            })
-            .map(|(decision, repeat)| {
-                self.repeat = repeat;
-                decision
-            })
+                },
+                other => other,
+            })?;
+            c.batch_execute("SET LOCAL lock_timeout TO DEFAULT").await?;
+            Ok((decision, repeat))
+        })?;
+        self.repeat = repeat;
+        Ok(decision)
     }
 
     /// Applies a fenced change (the completion) inside the transaction.
