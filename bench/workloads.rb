@@ -97,6 +97,12 @@ module IdempotentJobBench
        false]
     end
 
+    # DELIVER_SQL's $1–$10: CLAIM_SQL's $1–$9, then the delivery's facts (none: the gem
+    # variant's request sends none either).
+    def deliver_params(delivery, token)
+      claim_params(delivery, token)[0, 9] << nil
+    end
+
     def expect!(condition, what)
       raise "#{label}: #{what}" unless condition
     end
@@ -135,7 +141,7 @@ module IdempotentJobBench
     # @raise [RuntimeError, PG::Error]
     def first(delivery)
       token = SecureRandom.uuid
-      inserted = run(:claim, claim_params(delivery, token)[0, 9]).getvalue(0, 0)
+      inserted = run(:claim, deliver_params(delivery, token)).getvalue(0, 0)
       expect!(inserted == "t", "the claim of a new operation was not won")
       done = run(:complete, [JOB_TYPE, delivery.key, token]).cmd_tuples
       expect!(done == 1, "the completion changed #{done} rows")
@@ -146,7 +152,7 @@ module IdempotentJobBench
     # @return [void]
     # @raise [RuntimeError, PG::Error]
     def duplicate(delivery)
-      row = run(:claim, claim_params(delivery, SecureRandom.uuid)[0, 9]).first
+      row = run(:claim, deliver_params(delivery, SecureRandom.uuid)).first
       expect!(row["inserted"] == "f" && row["status"] == "completed", "a duplicate was not turned away: #{row}")
     end
 
