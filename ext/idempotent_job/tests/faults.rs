@@ -145,6 +145,35 @@ fn a_server_that_never_answers_is_given_up_at_the_deadline() {
 }
 
 #[test]
+fn a_server_that_keeps_refusing_is_reported_as_the_connection_error_even_when_the_deadline_ends_a_connect(
+) {
+    // A server going down (or a loaded host) that takes its time to turn each
+    // connection away: the handshake is accepted, then the socket closed after 350 ms.
+    // One of the retried connects is still under way when the deadline comes.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(350));
+                drop(socket);
+            });
+        }
+    });
+    let mut config = Config::new(format!("postgres://u@127.0.0.1:{port}/db?sslmode=disable"));
+    config.deadline = 1.0;
+    config.connect_timeout = 30.0;
+    let store = Store::new(config).unwrap();
+    let started = Instant::now();
+    let err = claim_fresh(&store, &request("Refusing", "1")).unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    assert!(err.retryable());
+    assert!(err.to_string().contains("deadline"), "{err}");
+    assert!(took < Duration::from_millis(1900), "took {took:?}");
+}
+
+#[test]
 fn a_completion_gets_a_connection_while_claims_waiting_on_a_row_lock_hold_the_pool() {
     drop(store_with(true, 1)); // migrated
     let mut config = Config::new(database_url());
