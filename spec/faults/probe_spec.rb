@@ -26,15 +26,21 @@ RSpec.describe "Fault probe findings", :faults do
   describe "a table that drifted from the migrations" do
     let(:schema) { "drift_#{rand(1 << 20)}" }
 
-    around do |example|
-      conn = PG.connect(SpecServices.database_url)
-      conn.exec("CREATE SCHEMA #{schema}")
+    # After the suite's own `before` (which configures the gem for the public schema),
+    # so every example runs against the schema it drifts.
+    before do
+      PG.connect(SpecServices.database_url).tap { |c| c.exec("CREATE SCHEMA #{schema}") }.close
       SpecServices.configure_gem!(schema:)
       IdempotentJob.migrate!
-      example.run
-    ensure
-      conn.exec("DROP SCHEMA #{schema} CASCADE")
-      conn.close
+    end
+
+    # Nothing stays configured at the schema dropped here.
+    after do
+      SpecServices.configure_gem!
+      PG.connect(SpecServices.database_url).tap do |c|
+        c.exec("SET client_min_messages = warning")
+        c.exec("DROP SCHEMA #{schema} CASCADE")
+      end.close
     end
 
     def drop(*columns)
@@ -69,6 +75,12 @@ RSpec.describe "Fault probe findings", :faults do
       end.close
       deliver(job_hash([43, 1500]))
       expect(Effects.count(43)).to eq(1)
+      in_schema = PG.connect(SpecServices.database_url).then do |c|
+        c.exec("SELECT count(*) FROM #{schema}.idempotent_job_records WHERE status = 'completed'").getvalue(0, 0)
+      ensure
+        c&.close
+      end
+      expect(in_schema).to eq("2") # both went to the drifted table
     end
   end
 

@@ -17,7 +17,7 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
   let(:operations) { Integer(ENV.fetch("FAULT_OPERATIONS", "400")) }
 
   before(:all) do
-    @db = FaultDatabase.new.start
+    @db = FaultDatabase.start
     @proxy = FaultProxy.new(@db.port)
     SpecServices.configure_gem!(database_url: @db.url)
     IdempotentJob.migrate!

@@ -1,8 +1,6 @@
 # frozen_string_literal: true
 
 require "spec_helper"
-require_relative "../support/active_job_jobs"
-require_relative "../support/active_job_workers"
 require_relative "../support/active_job_scenarios"
 
 # ActiveJob jobs on Sidekiq's ActiveJob adapter, worked by a real `sidekiq` process:
@@ -13,35 +11,19 @@ RSpec.describe "ActiveJob on a real Sidekiq process", :integration do
   it_behaves_like "ActiveJob replays through real workers", concurrent_workers: :threads
 
   describe "a hard shutdown (Sidekiq raises Sidekiq::Shutdown inside perform)" do
-    around { |example| with_adapter(:sidekiq) { driver.around { example.run } } }
-
     # A job still in its body (after its effect) when Sidekiq stops with a 1 s timeout:
     # Sidekiq requeues it and raises Sidekiq::Shutdown in it; a new process gets the copy.
     # One thread: an idle one would still be fetching when the job is pushed back, take
     # it, and be killed with it (Sidekiq's basic fetch loses that copy).
-    def shut_down_mid_job(klass)
-      pid = driver.start(shutdown_timeout: 1, concurrency: 1)
+    def start_stopping_worker
+      driver.start(shutdown_timeout: 1, concurrency: 1)
+    end
+
+    def enqueue_lingering(klass)
       driver.deliver(klass.new(49, 100, 4)) # still in its body when the 1 s timeout ends
-      Timeout.timeout(20) { sleep 0.05 until Effects.count(49) == 1 }
-      driver.stop(pid)
-      yield if block_given?
-      successor = driver.start
-      expect(driver.wait_until_drained).to be(true), "see #{driver.log}"
-      driver.stop(successor)
     end
 
-    it "is a crash: the claim is kept for its lease, and the requeued copy does not repeat the effect" do
-      shut_down_mid_job(AjRefundOrderJob) do
-        expect(IdempotentJob.record("AjRefundOrderJob", 49)).to have_attributes(status: :claimed, last_error: nil)
-      end
-      expect(Effects.count(49)).to eq(1)
-      expect(IdempotentJob.record("AjRefundOrderJob", 49)).to have_attributes(status: :held, takeovers: 1)
-    end
-
-    it "control: without the gem the requeued copy repeats the effect" do
-      shut_down_mid_job(AjChargeOrderUnprotectedJob)
-      expect(Effects.count(49)).to eq(2)
-    end
+    it_behaves_like "a worker stopped inside the body", adapter: :sidekiq, copy: "requeued copy"
   end
 
   it "claims each delivery once, under the job's class, with nothing under the wrapper" do

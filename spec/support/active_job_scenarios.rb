@@ -1,5 +1,8 @@
 # frozen_string_literal: true
 
+require_relative "active_job_jobs"
+require_relative "active_job_workers"
+
 # The five replay scenarios through ActiveJob on an adapter: 3 deliveries in a row, 2
 # at once, death (SIGKILL) after the claim, death after the effect, 2 distinct
 # operations; each with its control (the same job without the gem), which must show
@@ -124,5 +127,39 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
   it "control, death after the effect without the gem: the effect repeats" do
     killed_at(:after_effect, AjChargeOrderUnprotectedJob)
     expect(Effects.count(47)).to be >= 2
+  end
+end
+
+# A worker process stopped while a job is still in its body, after its effect, so that
+# the backend raises inside perform and hands the job on (Delayed Job reschedules it,
+# Sidekiq requeues it): for the gem a crash. The including group runs on real worker
+# processes (`driver`) and defines `start_stopping_worker` (→ the pid of a worker that
+# will raise inside perform when stopped) and `enqueue_lingering(klass)` (operation 49,
+# lingering in its body after the effect until the stop).
+RSpec.shared_examples "a worker stopped inside the body" do |adapter:, copy:|
+  around { |example| with_adapter(adapter) { driver.around { example.run } } }
+
+  def stopped_mid_job(klass)
+    pid = start_stopping_worker
+    enqueue_lingering(klass)
+    Timeout.timeout(20) { sleep 0.05 until Effects.count(49) == 1 }
+    driver.stop(pid)
+    yield if block_given?
+    successor = driver.start
+    expect(driver.wait_until_drained).to be(true), "see #{driver.log}"
+    driver.stop(successor)
+  end
+
+  it "is a crash: the claim is kept for its lease, and the #{copy} does not repeat the effect" do
+    stopped_mid_job(AjRefundOrderJob) do
+      expect(IdempotentJob.record("AjRefundOrderJob", 49)).to have_attributes(status: :claimed, last_error: nil)
+    end
+    expect(Effects.count(49)).to eq(1)
+    expect(IdempotentJob.record("AjRefundOrderJob", 49)).to have_attributes(status: :held, takeovers: 1)
+  end
+
+  it "control: without the gem the #{copy} repeats the effect" do
+    stopped_mid_job(AjChargeOrderUnprotectedJob)
+    expect(Effects.count(49)).to eq(2)
   end
 end

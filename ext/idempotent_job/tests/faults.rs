@@ -120,6 +120,15 @@ fn claims_right_after_the_backends_were_killed_all_succeed_on_fresh_connections(
     );
 }
 
+/// A store for a server of the test's own on `port`: a 1 s deadline, a connect
+/// timeout far beyond it.
+fn store_with_deadline_of_1s(port: u16) -> Store {
+    let mut config = Config::new(format!("postgres://u@127.0.0.1:{port}/db?sslmode=disable"));
+    config.deadline = 1.0;
+    config.connect_timeout = 30.0;
+    Store::new(config).unwrap()
+}
+
 #[test]
 fn a_server_that_never_answers_is_given_up_at_the_deadline() {
     // Accepts connections and never says a word: a partition after the TCP handshake.
@@ -130,10 +139,7 @@ fn a_server_that_never_answers_is_given_up_at_the_deadline() {
         std::thread::sleep(Duration::from_secs(5));
         drop(sockets);
     });
-    let mut config = Config::new(format!("postgres://u@127.0.0.1:{port}/db?sslmode=disable"));
-    config.deadline = 1.0;
-    config.connect_timeout = 30.0;
-    let store = Store::new(config).unwrap();
+    let store = store_with_deadline_of_1s(port);
     let started = Instant::now();
     let err = claim_fresh(&store, &request("Silent", "1")).unwrap_err();
     let took = started.elapsed();
@@ -142,6 +148,32 @@ fn a_server_that_never_answers_is_given_up_at_the_deadline() {
     assert!(err.to_string().contains("deadline"), "{err}");
     assert!(took < Duration::from_millis(1900), "took {took:?}");
     drop(held);
+}
+
+#[test]
+fn a_server_that_keeps_refusing_is_reported_as_the_connection_error_even_when_the_deadline_ends_a_connect(
+) {
+    // A server going down (or a loaded host) that takes its time to turn each
+    // connection away: the handshake is accepted, then the socket closed after 350 ms.
+    // One of the retried connects is still under way when the deadline comes.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(350));
+                drop(socket);
+            });
+        }
+    });
+    let store = store_with_deadline_of_1s(port);
+    let started = Instant::now();
+    let err = claim_fresh(&store, &request("Refusing", "1")).unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    assert!(err.retryable());
+    assert!(err.to_string().contains("deadline"), "{err}");
+    assert!(took < Duration::from_millis(1900), "took {took:?}");
 }
 
 #[test]

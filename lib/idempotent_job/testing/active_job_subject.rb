@@ -12,7 +12,7 @@ module IdempotentJob
     # the job's callbacks and the ActiveJob door. A copy the door re-enqueues
     # (`retry_job`) is handed to the kit instead of the job's adapter. No adapter or
     # Sidekiq test mode is changed.
-    class ActiveJobSubject
+    class ActiveJobSubject < ClassSubject
       # Stands in for the queue adapter of one delivered job: records the re-enqueue.
       class Capture
         # @param job [ActiveJob::Base]
@@ -34,29 +34,11 @@ module IdempotentJob
         IdempotentJob::ActiveJob.job_class?(job)
       end
 
-      # @param job_class [Class] an ActiveJob class
-      # @param lease [Float] seconds
-      def initialize(job_class, lease:)
-        @job_class = job_class
-        @lease = lease
-      end
-
-      # @return [String]
-      def name
-        @job_class.to_s
-      end
-
       # @return [JobOptions, nil] nil when the class does not include IdempotentJob::ActiveJob
       def options
         return nil unless @job_class.respond_to?(:idempotency_options)
 
         @job_class.idempotency_options(lease: @lease)
-      end
-
-      # @param args [Array, Hash] positional, or by perform's parameter names
-      # @return [Array]
-      def positional(args)
-        Arguments.positional(@job_class, args)
       end
 
       # @param args [Array]

@@ -61,10 +61,7 @@ module IdempotentJob
         @dir = Dir.mktmpdir("idempotent_job-pg-")
         FileUtils.chown("postgres", "postgres", @dir) if root?
         run!("initdb", "-D #{data.shellescape} -U postgres -A trust --no-sync")
-        options = "-p #{@port} -k #{@dir.shellescape} -c listen_addresses=127.0.0.1 -c fsync=off " \
-                  "-c max_connections=200"
-        run!("pg_ctl", "-D #{data.shellescape} -l #{File.join(@dir, "server.log").shellescape} -w " \
-                       "-t #{START_TIMEOUT} -o #{options.shellescape} start")
+        start_server
         run!("createdb", "-h 127.0.0.1 -p #{@port} -U postgres #{DATABASE}")
       end
 
@@ -74,7 +71,7 @@ module IdempotentJob
       def stop
         return if @dir.nil? || Process.pid != @owner_pid
 
-        run("pg_ctl", "-D #{data.shellescape} -m immediate -w stop")
+        stop_server("immediate", check: false)
         FileUtils.rm_rf(@dir)
         @dir = nil
       end
@@ -96,6 +93,21 @@ module IdempotentJob
       end
 
       private
+
+      # Starts the (initialised) cluster's server and waits until it accepts connections.
+      def start_server
+        options = "-p #{@port} -k #{@dir.shellescape} -c listen_addresses=127.0.0.1 -c fsync=off " \
+                  "-c max_connections=200"
+        run!("pg_ctl", "-D #{data.shellescape} -l #{File.join(@dir, "server.log").shellescape} -w " \
+                       "-t #{START_TIMEOUT} -o #{options.shellescape} start")
+      end
+
+      # Stops the server with pg_ctl's shutdown `mode` ("fast", "immediate") and waits
+      # until it is down; `check: false` ignores a failure (already stopped).
+      def stop_server(mode, check: true)
+        arguments = "-D #{data.shellescape} -m #{mode} -w stop"
+        check ? run!("pg_ctl", arguments) : run("pg_ctl", arguments)
+      end
 
       def data
         File.join(@dir, "data")

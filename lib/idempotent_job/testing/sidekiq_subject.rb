@@ -9,22 +9,10 @@ module IdempotentJob
     # `Sidekiq::Testing.server_middleware` with the gem's middleware (its kit subclass).
     # No Sidekiq test mode is set or nested: the user's fake, inline or disabled mode
     # stays as it is, and only decides where jobs the body enqueues go.
-    class SidekiqSubject
+    class SidekiqSubject < ClassSubject
       # @return [Boolean] for a class that includes Sidekiq::Job (Sidekiq::Worker)
       def self.handles?(job)
         job.is_a?(Class) && job.include?(IdempotentJob::Sidekiq::Compat.job_module)
-      end
-
-      # @param job_class [Class]
-      # @param lease [Float] seconds
-      def initialize(job_class, lease:)
-        @job_class = job_class
-        @lease = lease
-      end
-
-      # @return [String]
-      def name
-        @job_class.to_s
       end
 
       # @return [JobOptions, nil]
@@ -32,12 +20,6 @@ module IdempotentJob
         return @options if defined?(@options)
 
         @options = IdempotentJob::Sidekiq::Options.resolve(@job_class, @job_class.get_sidekiq_options)
-      end
-
-      # @param args [Array, Hash]
-      # @return [Array]
-      def positional(args)
-        Arguments.positional(@job_class, args)
       end
 
       # @param args [Array]

@@ -40,5 +40,29 @@ module IdempotentJob
         end
       end
     end
+
+    # What the kinds for a job class (a Sidekiq job, an ActiveJob) share: the class and
+    # the kit's lease, the name in messages, and the arguments by position. A kind
+    # subclasses it and adds the rest of {Subjects}' list.
+    class ClassSubject
+      # @param job_class [Class] the job class
+      # @param lease [Float] the deliveries' lease in seconds
+      def initialize(job_class, lease:)
+        @job_class = job_class
+        @lease = lease
+      end
+
+      # @return [String] the class name
+      def name
+        @job_class.to_s
+      end
+
+      # @param args [Array, Hash] positional, or by perform's parameter names
+      # @return [Array] the arguments as delivered
+      # @raise [ArgumentError] for names perform does not take
+      def positional(args)
+        Arguments.positional(@job_class, args)
+      end
+    end
   end
 end

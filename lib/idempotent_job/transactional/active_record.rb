@@ -14,8 +14,6 @@ module IdempotentJob
     class ActiveRecord < Session
       # Parameters of the fenced changes that store a text ($4).
       TEXT_CHANGES = %i[release expire].freeze
-      # SQLSTATE prefixes PostgreSQL uses for a connection that is gone or going.
-      CONNECTION_STATES = /\A(08|57P0[1-3])/
 
       # @return [nil] the body uses its models
       def handle = nil
@@ -115,19 +113,22 @@ module IdempotentJob
 
       private
 
-      # PostgreSQL's errors on the gem's statements → the gem's error classes.
+      # PostgreSQL's errors on the gem's statements → the exceptions the native path
+      # raises for them (Native.server_error: the same class, `sqlstate` and
+      # `retryable?`); an error without SQLSTATE (the connection is gone) is a
+      # ConnectionError.
       def translated(subject)
         yield
       rescue PG::Error => e
-        sqlstate = e.respond_to?(:result) && e.result ? e.result.error_field(PG::PG_DIAG_SQLSTATE) : nil
-        text = "#{subject[:job_type]} operation #{subject[:operation_key].inspect}: #{e.message.strip}"
-        raise error(error_class(e, sqlstate), text, sqlstate:)
-      end
-
-      def error_class(exception, sqlstate)
-        return ConnectionError if exception.is_a?(PG::ConnectionBad) || sqlstate&.match?(CONNECTION_STATES)
-
-        { "55P03" => LockTimeoutError, "57014" => TimeoutError }.fetch(sqlstate, DatabaseError)
+        result = e.respond_to?(:result) ? e.result : nil
+        sqlstate = result&.error_field(PG::PG_DIAG_SQLSTATE)
+        text = result&.error_field(PG::PG_DIAG_MESSAGE_PRIMARY) || e.message.strip
+        { "DETAIL" => PG::PG_DIAG_MESSAGE_DETAIL, "HINT" => PG::PG_DIAG_MESSAGE_HINT }.each do |label, field|
+          value = result&.error_field(field)
+          text += " #{label}: #{value}" if value
+        end
+        text = "#{subject[:job_type]} operation #{subject[:operation_key].inspect}: #{text}"
+        raise IdempotentJob::Native.server_error(sqlstate, text)
       end
 
       def error(klass, message, **attributes)

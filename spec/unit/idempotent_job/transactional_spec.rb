@@ -31,11 +31,32 @@ RSpec.describe IdempotentJob::Transactional do
                   args_json: "[]", refuse_mismatch: false }
       expect { session.claim(request, 1) }.to raise_error(IdempotentJob::DatabaseError) { |e|
         expect(e.sqlstate).to eq("22P02")
+        expect(e.retryable?).to be(false)
         expect(e.message).to start_with('RefundJob operation "9": ')
       }
       raise ActiveRecord::Rollback
     end
   rescue IdempotentJob::Error => e
     raise unless e.message.include?("rolled back")
+  end
+
+  it "raises a read-only server's answer (a failover in progress) as the native path does: retryable, 25006" do
+    request = { job_type: "RefundJob", operation_key: "9", jid: "j", lease: 30.0, args_digest: "d", args_json: "[]",
+                refuse_mismatch: false }
+    claim = ->(strategy) { strategy.within { |session| session.claim(request, 1) } }
+    SpecServices.configure_gem!(database_url: "#{SpecServices.database_url}" \
+                                              "?options=-c%20default_transaction_read_only%3Don")
+    ActiveRecord::Base.connection.execute("SET default_transaction_read_only = on")
+    raised = [described_class::Native, described_class::ActiveRecord].map do |strategy|
+      claim.call(strategy)
+    rescue IdempotentJob::Error => e
+      e
+    end
+    expect(raised.map(&:class)).to eq([IdempotentJob::DatabaseError] * 2)
+    expect(raised.map(&:sqlstate)).to eq(%w[25006] * 2)
+    expect(raised.map(&:retryable?)).to eq([true, true])
+    expect(raised.last.message).to start_with('RefundJob operation "9": ').and include("read-only")
+  ensure
+    ActiveRecord::Base.connection.execute("RESET default_transaction_read_only")
   end
 end

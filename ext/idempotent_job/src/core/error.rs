@@ -76,6 +76,46 @@ impl Error {
         }
     }
 
+    /// The error for a PostgreSQL error answer with SQLSTATE `code` and text `message`
+    /// (its primary message, detail and hint), whichever driver received it: 55P03 is
+    /// a [`Error::LockTimeout`], 57014 a [`Error::Timeout`] (statement_timeout), a
+    /// connection state ([`is_connection_state`]) a [`Error::Connection`], anything
+    /// else a [`Error::Database`] (retryable for [`is_transient_state`]). 42P01 and
+    /// 25006 get a hint saying what to do.
+    pub fn from_server(code: &str, mut message: String) -> Self {
+        if code == "42P01" {
+            message.push_str(
+                " (the idempotency record table is missing: run `rake idempotent_job:migrate` \
+                 or IdempotentJob.migrate!)",
+            );
+        }
+        if code == "25006" {
+            message.push_str(
+                " (the server is read-only: a failover in progress, or the URL reaches a \
+                 standby; retryable)",
+            );
+        }
+        let code = code.to_string();
+        if code == "55P03" {
+            Error::LockTimeout { message }
+        } else if code == "57014" {
+            Error::Timeout {
+                message: format!("{message} (statement_timeout)"),
+                sqlstate: Some(code),
+            }
+        } else if is_connection_state(&code) {
+            Error::Connection {
+                message,
+                sqlstate: Some(code),
+            }
+        } else {
+            Error::Database {
+                message,
+                sqlstate: code,
+            }
+        }
+    }
+
     pub(crate) fn connection(message: impl Into<String>) -> Self {
         Error::Connection {
             message: message.into(),
@@ -136,7 +176,6 @@ fn chain(err: &dyn std::error::Error) -> String {
 impl From<tokio_postgres::Error> for Error {
     fn from(err: tokio_postgres::Error) -> Self {
         if let Some(db) = err.as_db_error() {
-            let code = db.code().code().to_string();
             let mut message = db.message().to_string();
             if let Some(detail) = db.detail() {
                 message.push_str(&format!(" DETAIL: {detail}"));
@@ -144,36 +183,7 @@ impl From<tokio_postgres::Error> for Error {
             if let Some(hint) = db.hint() {
                 message.push_str(&format!(" HINT: {hint}"));
             }
-            if code == "42P01" {
-                message.push_str(
-                    " (the idempotency record table is missing: run `rake idempotent_job:migrate` \
-                     or IdempotentJob.migrate!)",
-                );
-            }
-            if code == "25006" {
-                message.push_str(
-                    " (the server is read-only: a failover in progress, or the URL reaches a \
-                     standby; retryable)",
-                );
-            }
-            if code == "55P03" {
-                Error::LockTimeout { message }
-            } else if code == "57014" {
-                Error::Timeout {
-                    message: format!("{message} (statement_timeout)"),
-                    sqlstate: Some(code),
-                }
-            } else if is_connection_state(&code) {
-                Error::Connection {
-                    message,
-                    sqlstate: Some(code),
-                }
-            } else {
-                Error::Database {
-                    message,
-                    sqlstate: code,
-                }
-            }
+            Error::from_server(db.code().code(), message)
         } else if timed_out(&err) {
             Error::Timeout {
                 message: format!("{} (connect_timeout)", chain(&err)),

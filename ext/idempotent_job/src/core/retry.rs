@@ -46,8 +46,11 @@ fn pause(pool: &Pool, interrupt: &Interrupt<'_>, until: Instant, failures: u32) 
 /// discarded (nothing was sent on it); a failure to connect is retried with
 /// [`backoff`] while the deadline leaves room.
 ///
-/// Errors: the last connection error when no room is left; [`deadline_error`] past
-/// `until`; [`Error::Timeout`] (checkout timeout); [`Error::Interrupted`].
+/// Errors: the last connection error when no room is left, also when the deadline
+/// ends a connect that was retried after one (the server refusing or closing
+/// connections is what the caller needs to know, not that the last attempt was cut
+/// short); [`deadline_error`] past `until` otherwise; [`Error::Timeout`] (checkout
+/// timeout); [`Error::Interrupted`].
 pub fn checkout_live(
     pool: &Pool,
     interrupt: &Interrupt<'_>,
@@ -55,6 +58,11 @@ pub fn checkout_live(
     until: Instant,
 ) -> Result<Pooled> {
     let mut failures = 0;
+    let mut refused: Option<Error> = None;
+    let given_up = |refused: Option<Error>| match refused {
+        Some(e) => retried_until_deadline(e, pool.deadline()),
+        None => deadline_error(pool.deadline()),
+    };
     loop {
         match pool.checkout_in(interrupt, lane, until) {
             Ok(mut pooled) => {
@@ -63,17 +71,38 @@ pub fn checkout_live(
                 }
                 pooled.discard();
             }
-            Err(e) if !is_lost(&e) => return Err(e),
+            Err(e) if !is_lost(&e) => {
+                return Err(if Instant::now() >= until && refused.is_some() {
+                    given_up(refused)
+                } else {
+                    e
+                });
+            }
             Err(e) => {
                 failures += 1;
                 if !pause(pool, interrupt, until, failures)? {
-                    return Err(e);
+                    return Err(retried_until_deadline(e, pool.deadline()));
                 }
+                refused = Some(e);
             }
         }
         if Instant::now() >= until {
-            return Err(deadline_error(pool.deadline()));
+            return Err(given_up(refused));
         }
+    }
+}
+
+/// A connection error met at every attempt until the deadline, saying so.
+fn retried_until_deadline(err: Error, deadline: Duration) -> Error {
+    match err {
+        Error::Connection { message, sqlstate } => Error::Connection {
+            message: format!(
+                "{message} (connecting was retried until the deadline of {} s)",
+                deadline.as_secs_f64()
+            ),
+            sqlstate,
+        },
+        other => other,
     }
 }
 

@@ -56,7 +56,7 @@ fn set<T: IntoValue>(exception: Exception, name: &str, value: T) -> Result<(), m
     Ok(())
 }
 
-fn build(ruby: &Ruby, err: &Error) -> Result<magnus::Error, magnus::Error> {
+fn build(ruby: &Ruby, err: &Error) -> Result<Exception, magnus::Error> {
     let exception: Exception = ruby
         .get_inner(class(err))
         .new_instance((err.to_string(),))?;
@@ -71,10 +71,27 @@ fn build(ruby: &Ruby, err: &Error) -> Result<magnus::Error, magnus::Error> {
         set(exception, "@job_type", job_type.as_str())?;
         set(exception, "@operation_key", operation_key.as_str())?;
     }
-    Ok(exception.into())
+    Ok(exception)
 }
 
 /// The Ruby exception for a core error (or the error met while building it).
 pub fn to_ruby(ruby: &Ruby, err: Error) -> magnus::Error {
-    build(ruby, &err).unwrap_or_else(|e| e)
+    build(ruby, &err).map_or_else(|e| e, magnus::Error::from)
+}
+
+/// `Native.server_error(sqlstate, message)` → the exception (not raised) the native
+/// path raises for a PostgreSQL error answer with that SQLSTATE
+/// ([`Error::from_server`]: its class, `sqlstate` and `retryable?`), or for a lost
+/// connection when `sqlstate` is nil. For the gem's statements sent through another
+/// driver (the ActiveRecord transactional path), so they fail as the native ones do.
+pub fn server_error(
+    ruby: &Ruby,
+    sqlstate: Option<String>,
+    message: String,
+) -> Result<Exception, magnus::Error> {
+    let err = match sqlstate {
+        Some(code) => Error::from_server(&code, message),
+        None => Error::connection(message),
+    };
+    build(ruby, &err)
 }
