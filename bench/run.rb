@@ -26,9 +26,9 @@ module IdempotentJobBench
     PLANS = {
       full: { rounds: 60, batch: 8, threads: [1, 2, 5, 10, 25], seconds: 1.5, repeats: 5,
               sizes: [1_000, 100_000, 1_000_000, 10_000_000], growth_rounds: 30,
-              jobs: 20_000, sidekiq_repeats: 2, memory_runs: 3 },
+              operations: 10_000, sidekiq_repeats: 2, memory_runs: 3 },
       quick: { rounds: 4, batch: 5, threads: [1, 2, 5, 10, 25], seconds: 0.3, repeats: 1,
-               sizes: [1_000, 100_000], growth_rounds: 4, jobs: 2_000, sidekiq_repeats: 1,
+               sizes: [1_000, 100_000], growth_rounds: 4, operations: 1_000, sidekiq_repeats: 1,
                memory_runs: 1 }
     }.freeze
 
@@ -94,7 +94,8 @@ module IdempotentJobBench
       when "throughput"
         Throughput.new(db, @results, threads: p[:threads], seconds: p[:seconds], repeats: p[:repeats]).run
       when "growth" then TableGrowth.new(db, @results, sizes: p[:sizes], rounds: p[:growth_rounds]).run
-      when "sidekiq" then SidekiqRun.new(db, @results, jobs: p[:jobs], repeats: p[:sidekiq_repeats], dir: @out).run
+      when "sidekiq"
+        SidekiqRun.new(db, @results, operations: p[:operations], repeats: p[:sidekiq_repeats], dir: @out).run
       when "memory" then Memory.new(db, @results, runs: p[:memory_runs]).run
       end
     end
