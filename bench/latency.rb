@@ -53,8 +53,8 @@ module IdempotentJobBench
       variants = build(@db.url, kind)
       seeds = seed(variants, kind)
       server = ServerTimes.new(@db)
-      timed = server.reset
-      figures = timed_pass(variants, kind, seeds)
+      timed = false
+      figures = timed_pass(variants, kind, seeds) { timed = server.reset }
       variants.each(&:close)
       figures.each { |name, f| f.merge!(counts.fetch(name, {})) }
       report(kind, variants, figures)
@@ -72,8 +72,11 @@ module IdempotentJobBench
     end
 
     # The same with `prepared_statements: false` (PgBouncer in transaction mode): the
-    # statements are parsed and planned at every call.
+    # statements are parsed and planned at every call. Both run as the role
+    # {ServerTimes::UNNAMED_ROLE}, so pg_stat_statements counts their plans apart from
+    # the named statements' (the same statement text, hence the same query id).
     def unnamed(url)
+      url = ServerTimes.new(@db).unnamed_url(url)
       store = Gem.store(url, pool_size: 1, prepared_statements: false)
       label = "gem, prepared_statements: false (× unnamed floor)"
       [Floor.new(@db.connect(url), name: :floor_unnamed, named: false, label: "floor, unnamed statements"),
@@ -135,9 +138,11 @@ module IdempotentJobBench
       before.to_h { |key, value| [key, value && ((after[key] - value).to_f / COUNTED)] }
     end
 
+    # Warms every variant, yields (the server's statistics start there), then times.
     def timed_pass(variants, kind, seeds)
       samples = variants.to_h { |v| [v.name, []] }
       warm(variants, kind, seeds)
+      yield
       rng = Random.new(SHUFFLE_SEED)
       @rounds.times do |round|
         variants.shuffle(random: rng).each do |v|
