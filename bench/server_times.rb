@@ -59,15 +59,7 @@ module IdempotentJobBench
     # @param title [String]
     # @return [void]
     def report(results, section, title)
-      rows = totals.map do |label, t|
-        plan = t[:plans].positive? ? t[:plan_ms] * 1000 / t[:plans] : nil
-        execution = t[:exec_ms] * 1000 / t[:calls]
-        per_call = t[:plans].to_f / t[:calls]
-        results.add(section, label, "server_planning_per_plan", plan, "us", "#{t[:plans]} plans")
-        results.add(section, label, "server_execution_per_call", execution, "us", "#{t[:calls]} calls")
-        results.add(section, label, "plans_per_call", per_call, "count", "#{t[:plans]} plans, #{t[:calls]} calls")
-        [label, t[:calls].to_s, t[:plans].to_s, Format.num(per_call, 3), Format.num(plan), Format.num(execution)]
-      end
+      rows = totals.map { |label, t| row(results, section, label, t) }
       results.table(section, title, ["statement", "calls", "plans", "plans / call", "planning µs / plan",
                                      "execution µs / call"], rows, notes: [NOTE])
     end
@@ -81,6 +73,16 @@ module IdempotentJobBench
 
     private
 
+    def row(results, section, label, sums)
+      plan = sums[:plans].positive? ? sums[:plan_ms] * 1000 / sums[:plans] : nil
+      execution = sums[:exec_ms] * 1000 / sums[:calls]
+      per_call = sums[:plans].to_f / sums[:calls]
+      results.add(section, label, "server_planning_per_plan", plan, "us", "#{sums[:plans]} plans")
+      results.add(section, label, "server_execution_per_call", execution, "us", "#{sums[:calls]} calls")
+      results.add(section, label, "plans_per_call", per_call, "count", "#{sums[:plans]} plans, #{sums[:calls]} calls")
+      [label, sums[:calls].to_s, sums[:plans].to_s, Format.num(per_call, 3), Format.num(plan), Format.num(execution)]
+    end
+
     def totals
       labels = STATEMENTS.flat_map { |_, label| [label, "#{label}, unnamed"] }
       sums = labels.to_h { |label| [label, { calls: 0, plans: 0, plan_ms: 0.0, exec_ms: 0.0 }] }
@@ -91,13 +93,16 @@ module IdempotentJobBench
         label = STATEMENTS.find { |pattern, _| row["query"].match?(pattern) }&.last
         next unless label
 
-        sum = sums[row["unnamed"] == "t" ? "#{label}, unnamed" : label]
-        sum[:calls] += row["calls"].to_i
-        sum[:plans] += row["plans"].to_i
-        sum[:plan_ms] += row["total_plan_time"].to_f
-        sum[:exec_ms] += row["total_exec_time"].to_f
+        add(sums[row["unnamed"] == "t" ? "#{label}, unnamed" : label], row)
       end
       sums.select { |_, t| t[:calls].positive? }
+    end
+
+    def add(sum, row)
+      sum[:calls] += row["calls"].to_i
+      sum[:plans] += row["plans"].to_i
+      sum[:plan_ms] += row["total_plan_time"].to_f
+      sum[:exec_ms] += row["total_exec_time"].to_f
     end
 
     # Creates {UNNAMED_ROLE} (once) with what the variants need of the record table.
