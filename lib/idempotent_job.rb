@@ -187,20 +187,22 @@ module IdempotentJob
       total
     end
 
-    # Operations delivered more than once since `since`, each repeat classified: within
-    # `retry_window` seconds of the first claim → :retry (the queue's retries, concurrent
-    # copies); later → :re_enqueue (a producer enqueued it again); within
-    # `restart_window` seconds of a recorded deploy/restart → :restart.
+    # Operations delivered more than once since `since`, each repeat classified from the
+    # facts recorded with it: :concurrent_copy (it met a live claim), :queue_retry (the
+    # same delivery retried by the queue), :redelivery (the same delivery again without a
+    # retry, or a takeover of a dead worker's claim; matched to a recorded deploy/restart
+    # within `restart_window` seconds), :re_enqueue_same_producer,
+    # :re_enqueue_other_producer, :re_enqueue (no producer recorded), :unknown (no facts).
+    # See {Repeats::Classifier}; {Repeats.report} adds the summary per job type, the
+    # producer pairs, text lines and CSV.
     # @param since [Time] default 24 hours ago
     # @param job_type [String, Class, nil] only this job type
     # @param restarts [Array<Time>] deploy/restart times
     # @param restart_window [Numeric] seconds (default 120)
-    # @param retry_window [Numeric] seconds (default 900)
     # @return [Array<Repeats::Operation>]; see also {Repeats.summary}
     # @raise [ConnectionError, DatabaseError]
-    def repeats(since: Time.now - 86_400, job_type: nil, restarts: [], restart_window: 120, retry_window: 900)
-      Repeats.operations(since:, job_type:, restarts:, restart_window:,
-                         retry_window:)
+    def repeats(since: Time.now - 86_400, job_type: nil, restarts: [], restart_window: 120)
+      Repeats.operations(since:, job_type:, restarts:, restart_window:)
     end
 
     # @return [String] the SQL behind {repeats} ($1 since, $2 job type or NULL)

@@ -42,27 +42,24 @@ namespace :idempotent_job do
     puts "idempotent_job: purged #{total} records finished more than #{older_than} s ago"
   end
 
-  desc "Report operations delivered more than once in the last HOURS hours (default 24): per operation " \
-       "and per job type, each repeat classified as retry, re-enqueue or restart (RESTARTS=iso8601,…, " \
-       "RESTART_WINDOW=seconds, default 120)"
+  desc "Report operations delivered more than once in the last HOURS hours (default 24): each repeat classified " \
+       "(concurrent copy, queue retry, redelivery/restart, re-enqueue by the same or another producer), per job " \
+       "type and per pair of producers, then the SQL it ran (RESTARTS=iso8601,…, RESTART_WINDOW=seconds, default " \
+       "120; CSV=path also writes one row per repeat)"
   task :repeats, [:hours] => prerequisites do |_task, args|
     require "idempotent_job"
     require "time"
     hours = Float(args[:hours] || ENV.fetch("HOURS", "24"))
     restarts = ENV.fetch("RESTARTS", "").split(",").map { |t| Time.iso8601(t.strip) }
     window = Float(ENV.fetch("RESTART_WINDOW", "120"))
-    operations = IdempotentJob.repeats(since: Time.now - (hours * 3600), restarts:, restart_window: window)
-    operations.each do |op|
-      causes = op.repeats.map { |r| "#{r[:cause]} after #{r[:after].round(1)} s" }.join(", ")
-      puts "#{op.job_type} #{op.operation_key.inspect}: #{op.status}, #{op.repeats.size} repeats (#{causes})" \
-           "#{op.notes.empty? ? "" : "; #{op.notes.join("; ")}"}"
+    report = IdempotentJob::Repeats.report(since: Time.now - (hours * 3600), restarts:, restart_window: window)
+    puts report.lines
+    puts "idempotent_job: no repeated operations in the last #{hours} hours" if report.operations.empty?
+    if (path = ENV.fetch("CSV", nil))
+      File.write(path, report.to_csv)
+      puts "idempotent_job: #{report.operations.sum { |op| op.repeats.size }} repeats written to #{path}"
     end
-    IdempotentJob::Repeats.summary(operations).each do |job_type, s|
-      puts "#{job_type}: #{s[:operations]} operations repeated #{s[:repeats]} times — #{s[:retry]} retry, " \
-           "#{s[:re_enqueue]} re-enqueue, #{s[:restart]} restart; #{s[:takeovers]} takeovers, #{s[:held]} held, " \
-           "#{s[:mismatched]} with different payloads, #{s[:several_producers]} from several job classes"
-    end
-    puts "idempotent_job: no repeated operations in the last #{hours} hours" if operations.empty?
+    puts "-- the SQL behind this report ($1 since, $2 job type or NULL):", IdempotentJob.repeats_sql.strip
   end
 
   desc "List operations held for a person (stale claims under idempotency_on_stale: :hold)"

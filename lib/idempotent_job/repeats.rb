@@ -1,69 +1,40 @@
 # frozen_string_literal: true
 
+require_relative "repeats/classifier"
+require_relative "repeats/report"
+
 module IdempotentJob
-  # The repeats report: operations delivered more than once, each repeat classified the
-  # way an operator reasons about it. Reads `idempotent_job_records` (see
+  # The repeats report: operations delivered more than once, each repeat classified from
+  # the facts recorded with it ({Repeats::Classifier}: concurrent copy, queue retry,
+  # redelivery/restart, re-enqueue by the same or another producer), grouped by job type
+  # and by pair of producers ({Repeats::Report}). Reads `idempotent_job_records` (see
   # {IdempotentJob.repeats_sql}); writes nothing.
   module Repeats
-    # One repeated operation.
-    #
-    # Members: job_type, operation_key (String), status (Symbol), attempts, takeovers,
-    # duplicates, mismatches (Integer), first_claimed_at (Time), repeats (Array of
-    # Hashes `{at: Time, after: seconds since the first claim, cause: :retry |
-    # :re_enqueue | :restart}`, the last 20), job_classes (Array of String), notes
-    # (Array of String: several producers, different payloads, held…).
-    Operation = Struct.new(:job_type, :operation_key, :status, :attempts, :takeovers, :duplicates, :mismatches,
-                           :first_claimed_at, :repeats, :job_classes, :notes, keyword_init: true)
+    # One repeated operation (see {Report::Operation}).
+    Operation = Report::Operation
 
     class << self
-      # @param since [Time] repeats at or after this time
+      # @param since [Time] operations repeated at or after this time
       # @param job_type [String, nil] only this job type
       # @param restarts [Array<Time>] recorded deploy/restart times
-      # @param restart_window [Numeric] seconds around a restart that make a repeat a :restart
-      # @param retry_window [Numeric] seconds after the first claim within which a repeat is a
-      #   :retry; later ones are :re_enqueue
-      # @return [Array<Operation>]
-      def operations(since:, job_type:, restarts:, restart_window:, retry_window:)
-        IdempotentJob.store.repeats(since.to_f, job_type&.to_s).map do |row|
-          repeats = row[:repeat_times].map do |at|
-            after = at - row[:first_claimed_at]
-            { at:, after:, cause: cause(at, after, restarts, restart_window, retry_window) }
-          end
-          Operation.new(**row.except(:repeat_times), repeats:, notes: notes(row))
-        end
+      # @param restart_window [Numeric] seconds after a restart within which a redelivery
+      #   is matched to it
+      # @return [Report]
+      # @raise [ConnectionError, DatabaseError]
+      def report(since:, job_type: nil, restarts: [], restart_window: 120)
+        rows = IdempotentJob.store.repeats(since.to_f, job_type&.to_s).map { |row| Report.row(row) }
+        Report.new(rows, restarts:, restart_window:)
+      end
+
+      # @return [Array<Operation>] {report}'s operations (same arguments)
+      def operations(**options)
+        report(**options).operations
       end
 
       # @param operations [Array<Operation>]
-      # @return [Hash{String => Hash}] per job type: operations, repeats, retry,
-      #   re_enqueue, restart, takeovers, held, mismatched, several_producers
+      # @return [Hash{String => Hash}] per job type (see {Report.summary})
       def summary(operations)
-        operations.group_by(&:job_type).transform_values do |ops|
-          causes = ops.flat_map { |op| op.repeats.map { |r| r[:cause] } }.tally
-          { operations: ops.size, repeats: ops.sum { |op| op.repeats.size },
-            retry: causes.fetch(:retry, 0), re_enqueue: causes.fetch(:re_enqueue, 0),
-            restart: causes.fetch(:restart, 0), takeovers: ops.sum(&:takeovers),
-            held: ops.count { |op| op.status == :held }, mismatched: ops.count { |op| op.mismatches.positive? },
-            several_producers: ops.count { |op| op.job_classes.size > 1 } }
-        end
-      end
-
-      private
-
-      def cause(at, after, restarts, restart_window, retry_window)
-        return :restart if restarts.any? { |r| (at - r).abs <= restart_window }
-
-        after <= retry_window ? :retry : :re_enqueue
-      end
-
-      def notes(row)
-        notes = []
-        notes << "delivered by #{row[:job_classes].size} job classes: #{row[:job_classes].join(", ")}" if
-          row[:job_classes].size > 1
-        notes << "#{row[:mismatches]} deliveries with different arguments (payload digest)" if
-          row[:mismatches].positive?
-        notes << "#{row[:takeovers]} stale claims taken over" if row[:takeovers].positive?
-        notes << "held for a person" if row[:status] == :held
-        notes
+        Report.summary(operations)
       end
     end
   end

@@ -23,17 +23,7 @@ RSpec.describe "Transactional jobs (effects in the same database)" do
 
       def race_threads(job)
         SpecHooks.on(:after_effect) { sleep 0.4 } # the first transaction stays open a while
-        gate = Queue.new
-        threads = 2.times.map do
-          Thread.new do
-            gate.pop
-            deliver(job)
-          ensure
-            ActiveRecord::Base.clear_active_connections!
-          end
-        end
-        2.times { gate << true }
-        threads.each(&:join)
+        deliver_at_once(job, job)
       end
 
       it "three deliveries in a row: one row" do

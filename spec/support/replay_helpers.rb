@@ -14,6 +14,22 @@ module ReplayHelpers
     klass.process_job(job)
   end
 
+  # Delivers the jobs at the same time, each on its own thread (released together), and
+  # waits for them all.
+  def deliver_at_once(*jobs)
+    gate = Queue.new
+    threads = jobs.map do |job|
+      Thread.new do
+        gate.pop
+        deliver(job)
+      ensure
+        ActiveRecord::Base.clear_active_connections! if defined?(ActiveRecord::Base)
+      end
+    end
+    jobs.size.times { gate << true }
+    threads.each(&:join)
+  end
+
   def record(key = "42", job_type: "ChargeOrderJob")
     IdempotentJob.record(job_type, key)
   end

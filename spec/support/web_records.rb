@@ -8,9 +8,10 @@ module WebRecords
   end
 
   # A claim of `key` with the stored job a rerun re-enqueues.
-  def web_claim(job_type, key, lease: 30, jid: "jid-#{key}")
+  def web_claim(job_type, key, lease: 30, jid: "jid-#{key}", facts: nil)
     IdempotentJob.store.claim({ job_type:, operation_key: key, jid:, lease: lease.to_f, job_class: "WebSpecJob",
-                                queue: "critical", args_json: JSON.generate([key]), args_digest: "d-#{key}" })
+                                queue: "critical", args_json: JSON.generate([key]), args_digest: "d-#{key}",
+                                facts_json: facts && JSON.generate(facts) })
   end
 
   # @param as [Symbol] :hold or :give_up
@@ -28,11 +29,12 @@ module WebRecords
     IdempotentJob.record(job_type, key)
   end
 
-  # A completed operation delivered `repeats` more times.
-  def web_repeated(job_type, key, repeats: 2)
-    decision = web_claim(job_type, key)
+  # A completed operation enqueued by `producer`, then delivered `repeats` more times,
+  # each a new enqueue by `again_by`.
+  def web_repeated(job_type, key, repeats: 2, producer: "app/controllers/orders_controller.rb:42", again_by: producer)
+    decision = web_claim(job_type, key, facts: { "jid" => "first-#{key}", "producer" => producer })
     IdempotentJob.store.fenced(:complete, job_type, key, decision[:token], nil)
-    repeats.times { web_claim(job_type, key) }
+    repeats.times { |i| web_claim(job_type, key, facts: { "jid" => "again-#{key}-#{i}", "producer" => again_by }) }
   end
 end
 

@@ -67,11 +67,11 @@ RSpec.describe IdempotentJob::Web::SidekiqTab do
     web_repeated(job_type, "1")
     { "/records?job_type=#{job_type}" => 200, "/repeats" => 200, "/takeovers" => 200,
       "/record?job_type=#{job_type}&operation_key=1" => 200, "/record?job_type=#{job_type}&operation_key=2" => 404,
-      "/repeats?hours=x" => 400 }.each do |sub, status|
+      "/repeats?hours=x" => 400, "/repeats.csv" => 200 }.each do |sub, status|
       url = "/sidekiq/idempotency#{sub}"
       get url
       expect([url, last_response.status]).to eq([url, status])
-      expect(last_response.body).to include("ij-nav")
+      expect(last_response.body).to include(sub.include?(".csv") ? "job_type,operation_key" : "ij-nav")
     end
   end
 end

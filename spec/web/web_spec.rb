@@ -3,6 +3,7 @@
 require "spec_helper"
 require "rack/test"
 require "rack/session/cookie"
+require "csv"
 require "idempotent_job/web"
 require_relative "../support/web_records"
 
@@ -215,18 +216,37 @@ RSpec.describe IdempotentJob::Web do
   end
 
   describe "the repeats report" do
-    it "charts repeats over time per job type and lists each operation with the SQL it ran" do
+    it "charts repeats over time per cause, classifies each, names producer pairs, shows its SQL" do
       web_repeated(job_type, "1", repeats: 3)
-      web_repeated(job_type, "2", repeats: 1)
+      web_repeated(job_type, "2", repeats: 1, again_by: "app/webhooks/stripe_webhook.rb:17")
       get "/idempotency/repeats", hours: "2", job_type: job_type
 
       body = last_response.body
       expect(last_response.status).to eq(200)
-      expect(body).to include("<svg class=\"ij-chart\"", "#{job_type} (4)", "4 repeats from")
-      expect(body).to include(">1</a>", ">2</a>", "retry +0 s", IdempotentJob.repeats_sql.strip.lines.first.strip)
+      # The chart: repeats over time, one series per cause.
+      expect(body).to include("<svg class=\"ij-chart\"", "re-enqueue, same producer (3)",
+                              "re-enqueue, other producer (1)", "4 repeats from")
+      expect(body).to include(">1</a>", ">2</a>", "re-enqueue, same producer +0 s", "re-enqueue, other producer +0 s",
+                              %(by <span class="ij-key">app/webhooks/stripe_webhook.rb:17</span>),
+                              IdempotentJob.repeats_sql.strip.lines.first.strip)
+      pairs = body[%r{Producers enqueuing the same operations.*?</table>}m]
+      expect(pairs).to include("app/controllers/orders_controller.rb:42", "app/webhooks/stripe_webhook.rb:17",
+                               %(<td class="ij-num">1</td>))
       expect(body.scan(%r{<td class="ij-num">(\d+)</td>}).flatten.first(2)).to eq(%w[2 4])
       get "/idempotency/repeats", hours: "0"
       expect(last_response.status).to eq(400)
+    end
+
+    it "exports the report as CSV, one row per repeat" do
+      web_repeated(job_type, "1", repeats: 2)
+      get "/idempotency/repeats.csv", hours: "1", job_type: job_type
+      expect(last_response.status).to eq(200)
+      expect(last_response.headers["content-type"]).to start_with("text/csv")
+      expect(last_response.headers["content-disposition"])
+        .to match(/attachment; filename="idempotent_job-repeats-.*\.csv"/)
+      rows = CSV.parse(last_response.body, headers: true)
+      expect(rows.map { |r| [r["operation_key"], r["cause"], r["delivery_id"]] })
+        .to eq([["1", "re_enqueue_same_producer", "again-1-0"], ["1", "re_enqueue_same_producer", "again-1-1"]])
     end
   end
 

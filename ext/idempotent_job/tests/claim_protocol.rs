@@ -46,6 +46,7 @@ in_both_modes!(
     a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told,
     a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim,
     completion_and_release_repeat_safely_for_their_own_token,
+    the_first_claim_keeps_its_facts_and_repeats_never_change_them,
 );
 
 fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
@@ -247,6 +248,89 @@ fn an_expired_lease_is_taken_over_once_and_fences_the_old_holder(store: Store) {
         claim(&store, &req).unwrap(),
         Outcome::Completed { .. }
     ));
+}
+
+/// The record's `first_facts` as JSON text (NULL: none sent).
+fn first_facts(store: &Store, req: &ClaimRequest) -> Option<String> {
+    let req = req.clone();
+    store
+        .with_conn(async |c| {
+            let row = c
+                .query_one(
+                    "SELECT first_facts::text FROM idempotent_job_records \
+                     WHERE job_type = $1 AND operation_key = $2",
+                    &[&req.job_type, &req.operation_key],
+                )
+                .await?;
+            Ok(row.try_get(0)?)
+        })
+        .unwrap()
+}
+
+fn the_first_claim_keeps_its_facts_and_repeats_never_change_them(store: Store) {
+    let job_type = unique("first-facts");
+    // A first claim through the look (DELIVER_SQL) keeps its delivery's facts.
+    let req = request(&job_type, "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    let kept = Some(r#"{"delivery": "d-1"}"#.to_string());
+    assert_eq!(first_facts(&store, &req), kept);
+    // A duplicate (read-only look), a retry and a takeover (CLAIM_SQL) keep them.
+    let mut again = req.clone();
+    again.facts_json = Some(r#"{"delivery":"again"}"#.into());
+    assert!(matches!(
+        claim(&store, &again).unwrap(),
+        Outcome::InProgress { .. }
+    ));
+    release(&store, &req, token).unwrap();
+    let (token, kind, _) = token_of(claim(&store, &again).unwrap());
+    assert_eq!(kind, ClaimKind::Retry);
+    fenced(&store, &req, Fenced::Expire, token).unwrap();
+    let (_, kind, _) = token_of(claim(&store, &again).unwrap());
+    assert_eq!(kind, ClaimKind::Takeover);
+    assert_eq!(first_facts(&store, &req), kept);
+
+    // A first claim through CLAIM_SQL (as a transactional session makes it) keeps them too.
+    let direct = request(&job_type, "2", 30.0);
+    let sent = direct.clone();
+    store
+        .with_conn(async |c| claim::claim(c, &sent).await)
+        .unwrap();
+    assert_eq!(
+        first_facts(&store, &direct),
+        Some(r#"{"delivery": "d-2"}"#.to_string())
+    );
+    // A delivery that sent no facts keeps none.
+    let mut bare = request(&job_type, "3", 30.0);
+    bare.facts_json = None;
+    claim(&store, &bare).unwrap();
+    assert_eq!(first_facts(&store, &bare), None);
+
+    // The repeats report reads them beside each repeat's recorded facts.
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    let since = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+    let rows = store
+        .with_conn(async |c| claim::repeats(c, since, Some(&job_type)).await)
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].first_facts, kept);
+    assert_eq!(rows[0].jid.as_deref(), Some("jid-1"));
+    let repeats: serde_json::Value = serde_json::from_str(&rows[0].repeat_facts).unwrap();
+    let decisions: Vec<_> = repeats
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["decision"].as_str(), e["facts"]["delivery"].as_str()))
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            (Some("in_progress"), Some("again")),
+            (Some("retry"), Some("again")),
+            (Some("takeover"), Some("again"))
+        ]
+    );
 }
 
 fn a_released_claim_is_claimed_again_by_the_retry(store: Store) {

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
 use idempotent_job::core::error::Error;
 use idempotent_job::core::session::Session;
-use idempotent_job::core::store::{with_conn, Store};
+use idempotent_job::core::store::{with_conn, Interrupt, Store};
 use idempotent_job::core::values::{Cell, Param};
 
 mod common;
@@ -52,14 +52,7 @@ fn commit_together_or_not_at_all(store: Store) {
                 assert_eq!(rows[0][0], ("n".to_string(), Cell::Int(42)));
                 assert_eq!(rows[0][2].1, Cell::Json(r#"{"a": 1}"#.into()));
                 assert_eq!(rows[0][3].1, Cell::Date(2026, 11, 29));
-                session.fenced(
-                    i,
-                    Fenced::Complete,
-                    &req.job_type,
-                    &req.operation_key,
-                    token,
-                    None,
-                )?;
+                complete_in(&mut session, i, req, token)?;
                 if commit {
                     session.commit(i)?;
                 } else {
@@ -140,4 +133,106 @@ fn a_transactional_claim_shares_the_connections_prepared_claim() {
         runs_of(&prepared_on_connection(&store), claim::CLAIM_SQL),
         counted(&store, &[2])
     );
+}
+
+/// Completes `req`'s claim `token` inside `session`.
+fn complete_in(
+    session: &mut Session,
+    i: &Interrupt<'_>,
+    req: &ClaimRequest,
+    token: uuid::Uuid,
+) -> Result<(), Error> {
+    session.fenced(
+        i,
+        Fenced::Complete,
+        &req.job_type,
+        &req.operation_key,
+        token,
+        None,
+    )
+}
+
+/// A transactional first claim of `req` that runs `work` (one statement), completes and
+/// commits.
+fn run_first_claim(store: &Store, req: &ClaimRequest, work: Option<&str>) {
+    let req = req.clone();
+    store
+        .run(|pool, i| {
+            let mut session = Session::begin(pool, i)?;
+            let Outcome::Claimed { token, .. } = session.claim(i, &req, 5.0)?.outcome else {
+                panic!("expected a first claim");
+            };
+            if let Some(sql) = work {
+                session.execute(i, sql, &[])?;
+            }
+            complete_in(&mut session, i, &req, token)?;
+            session.commit(i)
+        })
+        .unwrap();
+}
+
+/// The record's `repeat_facts` elements, after this process's bookkeeping is written.
+fn repeat_facts(store: &Store, req: &ClaimRequest) -> Vec<serde_json::Value> {
+    let req = req.clone();
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    store
+        .with_conn(async |c| {
+            let row = c
+                .query_one(
+                    "SELECT repeat_facts FROM idempotent_job_records \
+                     WHERE job_type = $1 AND operation_key = $2",
+                    &[&req.job_type, &req.operation_key],
+                )
+                .await?;
+            Ok(row.try_get::<_, serde_json::Value>(0)?)
+        })
+        .unwrap()
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_repeat_met_in_a_transaction_records_its_facts_once_the_transaction_commits() {
+    let store = store();
+    let mut req = request("facts");
+    req.facts_json = Some(r#"{"jid":"first"}"#.into());
+    // The first claim commits (its facts are the record's first_facts).
+    run_first_claim(&store, &req, None);
+    // Two duplicates in transactions: the rolled-back one leaves no trace.
+    for (jid, commit) in [("copy", true), ("rolled-back", false)] {
+        let mut copy = req.clone();
+        copy.facts_json = Some(format!(r#"{{"jid":"{jid}"}}"#));
+        store
+            .run(|pool, i| {
+                let mut session = Session::begin(pool, i)?;
+                let outcome = session.claim(i, &copy, 5.0)?.outcome;
+                assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+                if commit {
+                    session.commit(i)
+                } else {
+                    session.rollback(i)
+                }
+            })
+            .unwrap();
+    }
+    let facts = repeat_facts(&store, &req);
+    assert_eq!(facts.len(), 1, "{facts:?}");
+    assert_eq!(facts[0]["decision"], "completed");
+    assert_eq!(facts[0]["facts"]["jid"], "copy");
+    let record = find_record(&store, &req).unwrap();
+    assert_eq!(record.duplicates, 1, "counted once, by the claim statement");
+}
+
+#[test]
+fn a_transactional_completion_is_timed_when_it_runs_not_when_the_transaction_began() {
+    let store = store();
+    let req = request("completed-at");
+    // The job's own work takes a while.
+    run_first_claim(&store, &req, Some("SELECT pg_sleep(0.2)"));
+    let record = find_record(&store, &req).unwrap();
+    let took = record.completed_at.unwrap() - record.first_claimed_at;
+    assert!(took.num_milliseconds() >= 200, "{took:?}");
 }

@@ -29,7 +29,8 @@ module IdempotentJob
     #   executions): the queue's retry after the job raised;
     # * :redelivery — the same delivery again without a new retry, or any delivery that
     #   took over an expired lease: work redone after a worker died (a crash, a restart,
-    #   a deploy; `restart:` names the recorded deploy/restart it falls near);
+    #   a deploy; `restart` names the recorded deploy/restart it follows within the window,
+    #   when that restart came after the claim it redoes);
     # * :concurrent_copy — another delivery that met a live claim;
     # * :re_enqueue_same_producer / :re_enqueue_other_producer — another delivery after
     #   the claim ended, enqueued by a producer seen before for this operation, or not;
@@ -48,6 +49,8 @@ module IdempotentJob
                  re_enqueue_same_producer: "re-enqueue, same producer",
                  re_enqueue_other_producer: "re-enqueue, other producer", re_enqueue: "re-enqueue",
                  unknown: "no facts recorded" }.freeze
+      # Decisions of a delivery that won the claim.
+      WON = %w[claimed takeover].freeze
       # Epoch values at or above this are milliseconds (year 5138 in seconds).
       MILLISECONDS_FROM = 100_000_000_000
 
@@ -75,11 +78,15 @@ module IdempotentJob
           context = { claimed_at: seconds(first["at"]), completed_at: completed_at&.to_f,
                       producers: [first["producer"]].compact, seen: {} } # seen: id => [latest facts, first cause]
           context[:seen][id_of(first)] = [first, nil] if id_of(first)
+          claims = [] # per repeat: when the claim before it was won
+          won = seconds(first["at"])
           repeats = deliveries.drop(1).map do |facts|
+            claims << won
+            won = seconds(facts["at"]) || won if WON.include?(facts["decision"])
             classify_one(facts, context).tap { |repeat| remember(context, facts, repeat, first) }
           end
           took_over(repeats)
-          match_restarts(repeats, restarts, restart_window)
+          match_restarts(repeats, claims, restarts, restart_window)
         end
 
         # @param operations [Array<#job_type, #producers>] operations with the producers
@@ -163,11 +170,16 @@ module IdempotentJob
           end
         end
 
-        # Each redelivery (deferred returns aside) is matched to the restart it follows.
-        def match_restarts(repeats, restarts, window)
-          repeats.each do |r|
-            r.restart = restart_near(r.at&.to_f, restarts, window) if r.cause == :redelivery && !r.deferred_return
+        # Each redelivery (deferred returns aside) is matched to the restart it follows,
+        # among those after the claim it redoes (`claims`: per repeat, when the claim before
+        # it was won): a restart before that claim did not cause this delivery.
+        def match_restarts(repeats, claims, restarts, window)
+          repeats.zip(claims).each do |r, claimed|
+            next unless r.cause == :redelivery && !r.deferred_return
+
+            r.restart = restart_near(r.at&.to_f, claimed, restarts, window)
           end
+          repeats
         end
 
         # The delivery id, whichever door recorded it.
@@ -187,10 +199,10 @@ module IdempotentJob
           at && start && (at - start)
         end
 
-        def restart_near(at, restarts, window)
+        def restart_near(at, claimed, restarts, window)
           return nil unless at
 
-          restarts.select { |r| at >= r.to_f && at - r.to_f <= window }.max
+          restarts.select { |r| at >= r.to_f && at - r.to_f <= window && (claimed.nil? || r.to_f > claimed) }.max
         end
       end
     end

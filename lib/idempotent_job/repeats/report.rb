@@ -164,14 +164,18 @@ module IdempotentJob
         notes
       end
 
+      # One repeat as text: its cause, when it came, and what else is known of it.
+      def repeat_text(repeat)
+        # (+ 0.0: a copy whose transaction began a moment before the claim's reads 0.0, not -0.0)
+        text = "#{Classifier::LABELS.fetch(repeat.cause)} after #{repeat.after_claim&.round(1)&.+(0.0)} s"
+        text += " (deferred copy back)" if repeat.deferred_return
+        text += " near the restart at #{repeat.restart.utc.iso8601}" if repeat.restart
+        text += " by #{repeat.producer}" if repeat.cause == :re_enqueue_other_producer
+        text
+      end
+
       def operation_line(operation)
-        repeats = operation.repeats.map do |r|
-          text = "#{Classifier::LABELS.fetch(r.cause)} after #{r.after_claim&.round(1)} s"
-          text += " (deferred copy back)" if r.deferred_return
-          text += " near the restart at #{r.restart.utc.iso8601}" if r.restart
-          text += " by #{r.producer}" if %i[re_enqueue_other_producer].include?(r.cause)
-          text
-        end
+        repeats = operation.repeats.map { |r| repeat_text(r) }
         "#{operation.job_type} #{operation.operation_key.inspect}: #{operation.status}, " \
           "#{operation.repeats.count { |r| !r.deferred_return }} repeats (#{repeats.join(", ")})" \
           "#{"; #{operation.notes.join("; ")}" unless operation.notes.to_a.empty?}"

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "securerandom"
+require "time"
 
 module IdempotentJob
   module Transactional
@@ -19,7 +20,9 @@ module IdempotentJob
       # @return [nil] the body uses its models
       def handle = nil
 
-      # Runs the block in `ActiveRecord::Base.transaction`.
+      # Runs the block in `ActiveRecord::Base.transaction`. Once that transaction has
+      # committed (not merely joined an outer one), a repeat the claim met is handed to
+      # the asynchronous repeat bookkeeping ({#record_repeat}).
       # @yieldparam session [ActiveRecord]
       # @return [Object] the block's value
       # @raise [ConfigurationError] when ActiveRecord is not loaded
@@ -30,8 +33,10 @@ module IdempotentJob
         end
 
         finished = false
+        session = nil
         result = ::ActiveRecord::Base.transaction do
-          value = yield new(::ActiveRecord::Base.connection)
+          session = new(::ActiveRecord::Base.connection)
+          value = yield session
           finished = true
           value
         end
@@ -39,6 +44,7 @@ module IdempotentJob
           raise Error, "the idempotent transaction was rolled back (ActiveRecord::Rollback): nothing was " \
                        "recorded, the delivery fails so it is retried"
         end
+        session.record_repeat
         result
       end
 
@@ -64,6 +70,7 @@ module IdempotentJob
             raw.exec("SET LOCAL lock_timeout TO DEFAULT")
           end
         end
+        @claimed = [typed(row), token, request, row["decided_at"]]
         IdempotentJob::Native.decide(typed(row), token, request)
       rescue LockTimeoutError => e
         subject = "#{request[:job_type]} operation #{request[:operation_key].inspect}: "
@@ -92,6 +99,20 @@ module IdempotentJob
                     job_type: claim.job_type, operation_key: claim.operation_key)
       end
 
+      # Queues the claim's repeat facts (a duplicate, a retry or a takeover; nothing for a
+      # first claim) for the asynchronous bookkeeping, as the native session does at
+      # commit; skipped while the connection is still inside an outer transaction (the
+      # bookkeeping must not wait on its row lock, and a rollback would undo the claim).
+      # @return [Boolean] whether a repeat was queued
+      def record_repeat
+        return false unless @claimed && !@connection.transaction_open?
+
+        row, token, request, decided_at = @claimed
+        @claimed = nil
+        at = decided_at.is_a?(Time) ? decided_at : Time.parse(decided_at.to_s)
+        IdempotentJob.store.record_repeat(row, token, request, at.to_f)
+      end
+
       private
 
       # PostgreSQL's errors on the gem's statements → the gem's error classes.
@@ -118,7 +139,7 @@ module IdempotentJob
       def claim_params(request, token)
         [request[:job_type], request[:operation_key], token, request[:jid], request[:lease].to_s,
          request[:args_digest], request[:job_class], request[:queue], request[:args_json],
-         request[:refuse_mismatch] ? "true" : "false"]
+         request[:refuse_mismatch] ? "true" : "false", request[:facts_json]]
       end
 
       # The claim row's values (text, or typed when the connection has a result type

@@ -7,7 +7,8 @@ module IdempotentJob
     # {View}, and answers one of
     # * `[:html, status, body]` — a page (200; 400 for bad input, 404, 405, 409 when
     #   the record no longer allows the resolve asked for);
-    # * `[:redirect, location]` — after a resolve, to the record's page.
+    # * `[:redirect, location]` — after a resolve, to the record's page;
+    # * `[:csv, filename, body]` — the repeats report as CSV.
     class Actions
       # Rows per list.
       LIMIT = 200
@@ -19,6 +20,7 @@ module IdempotentJob
         [:get, "/confirm"] => :confirm,
         [:post, "/resolve"] => :resolve,
         [:get, "/repeats"] => :repeats,
+        [:get, "/repeats.csv"] => :repeats_csv,
         [:get, "/takeovers"] => :takeovers
       }.freeze
       # How a person may settle a held or given-up operation.
@@ -107,12 +109,19 @@ module IdempotentJob
         hours = number("hours", 24, 1..(24 * 90))
         job_type = param("job_type")
         now = Time.now
-        since = now - (hours * 3600)
-        operations = IdempotentJob.repeats(since:, job_type:)
-        series = operations.group_by(&:job_type).transform_values { |ops| ops.flat_map { |op| repeat_times(op) } }
+        report = Repeats.report(since: now - (hours * 3600), job_type:)
+        operations = report.operations
+        series = by_cause(operations)
         page("repeats", "Repeats", hours:, job_type:, operations: operations.first(@limit), total: operations.size,
-                                   summary: Repeats.summary(operations), sql: IdempotentJob.repeats_sql,
-                                   chart: Chart.new(series:, from: since, to: now).to_svg)
+                                   summary: report.summary, pairs: report.producer_pairs,
+                                   sql: IdempotentJob.repeats_sql,
+                                   chart: Chart.new(series:, from: now - (hours * 3600), to: now).to_svg)
+      end
+
+      def repeats_csv
+        hours = number("hours", 24, 1..(24 * 90))
+        report = Repeats.report(since: Time.now - (hours * 3600), job_type: param("job_type"))
+        [:csv, "idempotent_job-repeats-#{Time.now.utc.strftime("%Y%m%dT%H%M%SZ")}.csv", report.to_csv]
       end
 
       def takeovers
@@ -122,8 +131,11 @@ module IdempotentJob
              stale: Records.stale_claims(limit: @limit))
       end
 
-      def repeat_times(operation)
-        operation.repeats.map { |r| r[:at] }
+      # The times of the operations' repeats per cause (its label), deferred copies coming
+      # back left out: the chart's series.
+      def by_cause(operations)
+        repeats = operations.flat_map(&:repeats).reject(&:deferred_return).select(&:at)
+        repeats.group_by { |r| Repeats::Classifier::LABELS.fetch(r.cause) }.transform_values { |rs| rs.map(&:at) }
       end
 
       # Why a resolve form no longer applies, or nil: the record is not held or given up

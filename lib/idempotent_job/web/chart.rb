@@ -4,7 +4,7 @@ require "erb"
 
 module IdempotentJob
   class Web
-    # A stacked bar chart of event times per series (repeats per job type), drawn on the
+    # A stacked bar chart of event times per series (repeats per cause), drawn on the
     # server as inline SVG: no script, no external asset. Each bar segment carries a
     # `<title>` (the browser shows it on hover) with its series, interval and count.
     class Chart

@@ -45,8 +45,11 @@ module IdempotentJob
           Actions::ROUTES.each_key do |verb, path|
             app.public_send(verb, "/#{INDEX}#{path}") do
               result = IdempotentJob::Web::SidekiqTab.respond(self, verb, path)
-              if result.first == :redirect
-                redirect(result.last)
+              case result.first
+              when :redirect then redirect(result.last)
+              when :csv
+                [200, { "content-type" => "text/csv; charset=utf-8",
+                        "content-disposition" => %(attachment; filename="#{result[1]}") }, [result.last]]
               else
                 @idempotent_job_page = result.last
                 html = erb("<%= @idempotent_job_page %>")

@@ -134,6 +134,19 @@ module IdempotentJob
         %(<span class="ij-status ij-#{h(status)}">#{h(status.to_s.tr("_", " "))}</span>)
       end
 
+      # @param repeat [Repeats::Classifier::Repeat]
+      # @return [String] its cause, timing and producer (HTML)
+      def repeat_text(repeat)
+        text = "#{Repeats::Classifier::LABELS.fetch(repeat.cause)} +#{duration(repeat.after_claim.to_f)}"
+        text += " (deferred copy back)" if repeat.deferred_return
+        fresh = !repeat.deferred_return
+        text += ", #{duration(repeat.after_enqueue)} after its enqueue" if repeat.after_enqueue && fresh
+        text += ", near the restart at #{time(repeat.restart)}" if repeat.restart
+        html = h(text)
+        html += %( by <span class="ij-key">#{h(repeat.producer)}</span>) if repeat.producer && fresh
+        fresh ? html : %(<span class="ij-hint">#{html}</span>)
+      end
+
       # @param record [Record]
       # @return [String] a link to the record's page (HTML)
       def record_link(record, text = record.operation_key)

@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_postgres::types::Type;
 
+use super::claim::{ClaimKind, ClaimRequest, Decision, Outcome};
 use super::error::Result;
 use super::store::{with_conn, Conn, Interrupt, Pool};
 
@@ -82,6 +83,36 @@ pub struct Repeat {
     pub count: bool,
     /// This delivery's arguments differed from the claim's.
     pub mismatch: bool,
+}
+
+impl Repeat {
+    /// The repeat of `req`'s delivery, answered `decision` at the database time `at`;
+    /// `count`: see [`Repeat::count`].
+    pub fn new(req: &ClaimRequest, decision: &Decision, at: DateTime<Utc>, count: bool) -> Self {
+        Repeat {
+            job_type: req.job_type.clone(),
+            operation_key: req.operation_key.clone(),
+            at,
+            job_class: req.job_class.clone(),
+            decision: decision.outcome.name(),
+            facts: req.facts_json.clone(),
+            count,
+            mismatch: decision.mismatch,
+        }
+    }
+
+    /// The repeat of a delivery the claim statement ([`super::claim::CLAIM_SQL`])
+    /// decided (it counted itself): none for a first claim.
+    pub fn after_claim(req: &ClaimRequest, decision: &Decision, at: DateTime<Utc>) -> Option<Self> {
+        let first = matches!(
+            decision.outcome,
+            Outcome::Claimed {
+                kind: ClaimKind::First,
+                ..
+            }
+        );
+        (!first).then(|| Repeat::new(req, decision, at, false))
+    }
 }
 
 type Key = (String, String);

@@ -46,16 +46,18 @@ pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 /// `won` in the result tells the caller whether its token is now the record's.
 /// Parameters: $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
 /// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
-/// $9 arguments (JSON text), $10 refuse mismatched payloads (bool).
+/// $9 arguments (JSON text), $10 refuse mismatched payloads (bool), $11 the delivery's
+/// facts (JSON object text or NULL): a first claim keeps them as `first_facts` for the
+/// repeats report (a repeat's own facts are written off this path, by the bookkeeping).
 pub const CLAIM_SQL: &str = r#"
 INSERT INTO idempotent_job_records AS r
     (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-     args_digest, job_class, queue, args, job_classes)
+     args_digest, job_class, queue, args, job_classes, first_facts)
 VALUES ($1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
         $6, $7, $8,
         CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
              ELSE $9::jsonb END,
-        array_remove(ARRAY[$7], NULL))
+        array_remove(ARRAY[$7], NULL), $11::jsonb)
 ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (status, claim_token, jid, attempts, takeovers, last_claim, claimed_at,
      lease_seconds, lease_expires_at, args_digest, job_class, queue, args,
@@ -106,7 +108,8 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 ///   statement's snapshot (`ON CONFLICT DO NOTHING` waited for it): the caller asks
 ///   [`CLAIM_SQL`].
 ///
-/// Parameters: as [`CLAIM_SQL`]'s $1–$9.
+/// Parameters: as [`CLAIM_SQL`]'s $1–$9, then $10 the delivery's facts ([`CLAIM_SQL`]'s
+/// $11: kept by the first claim as `first_facts`; a duplicate does not read it).
 pub const DELIVER_SQL: &str = r#"
 WITH look AS (
     SELECT status, jid, attempts, duplicates, args_digest, lease_expires_at,
@@ -116,12 +119,12 @@ WITH look AS (
 first AS (
     INSERT INTO idempotent_job_records
         (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-         args_digest, job_class, queue, args, job_classes)
+         args_digest, job_class, queue, args, job_classes, first_facts)
     SELECT $1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
            $6, $7, $8,
            CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
                 ELSE $9::jsonb END,
-           array_remove(ARRAY[$7::text], NULL)
+           array_remove(ARRAY[$7::text], NULL), $10::jsonb
      WHERE NOT EXISTS (SELECT 1 FROM look)
     ON CONFLICT (job_type, operation_key) DO NOTHING
     RETURNING status, jid, attempts, duplicates, args_digest, lease_expires_at)
@@ -140,7 +143,10 @@ SELECT false, mine, last_claim, status, jid, attempts, duplicates, args_digest,
 /// Parameters: $1 job_type, $2 operation_key, $3 claim_token, then the change's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fenced {
-    /// Mark the claim completed: the effect is done.
+    /// Mark the claim completed: the effect is done. `completed_at` is the time the
+    /// statement runs (`clock_timestamp()`), not its transaction's start: inside a
+    /// transactional claim it follows the job's own statements, so a copy that arrived
+    /// meanwhile (and waited on the row lock) is seen to have arrived before it.
     Complete,
     /// [`Fenced::Complete`], committed with `synchronous_commit = off` (the
     /// `asynchronous_completion` setting; never inside a transaction).
@@ -169,13 +175,13 @@ impl Fenced {
             // repeat is harmless too: every fenced change is safe to send again.
             Fenced::Complete => {
                 "UPDATE idempotent_job_records SET status = 'completed', \
-                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
+                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE clock_timestamp() END, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
                  AND claim_token = $3 AND status IN ('claimed', 'completed')"
             }
             Fenced::CompleteAsynchronously => {
                 "UPDATE idempotent_job_records SET status = 'completed', \
-                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE now() END, \
+                 completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE clock_timestamp() END, \
                  updated_at = now() \
                  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
                  WHERE job_type = $1 AND operation_key = $2 \
@@ -261,10 +267,13 @@ DELETE FROM idempotent_job_records r
  WHERE r.job_type = doomed.job_type AND r.operation_key = doomed.operation_key"#;
 
 /// Operations delivered more than once since $1 (optionally of job type $2), for the
-/// repeats report: their counts, first claim and repeat times, and delivering classes.
+/// repeats report: their counts, first claim and repeat times, delivering classes, the
+/// last claiming delivery's id, the completion time, the first claim's facts and each
+/// repeat's recorded facts (the last 20: bounded per operation).
 pub const REPEATS_SQL: &str = r#"
 SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatches,
-       first_claimed_at, repeat_times, job_classes
+       first_claimed_at, repeat_times, job_classes, jid, completed_at,
+       first_facts::text AS first_facts, repeat_facts::text AS repeat_facts
   FROM idempotent_job_records
  WHERE cardinality(repeat_times) > 0
    AND repeat_times[cardinality(repeat_times)] >= $1
@@ -303,7 +312,8 @@ pub struct ClaimRequest {
     /// Never take a claim over with a mismatched payload (`on_mismatch: :raise`).
     pub refuse_mismatch: bool,
     /// The door's facts about this delivery (delivery id, retry count, enqueued at…):
-    /// a JSON object text, stored with the operation's repeats (`repeat_facts`).
+    /// a JSON object text, kept by a first claim (`first_facts`) and stored with the
+    /// operation's repeats (`repeat_facts`).
     pub facts_json: Option<String>,
 }
 
@@ -488,11 +498,11 @@ pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<De
     Ok(claim_at(conn, req, token).await?.0)
 }
 
-/// [`CLAIM_SQL`]'s parameters $1–$10 for `req`, with `token` as $3.
+/// [`CLAIM_SQL`]'s parameters $1–$11 for `req`, with `token` as $3.
 fn claim_params<'a>(
     req: &'a ClaimRequest,
     token: &'a Uuid,
-) -> [(&'a (dyn ToSql + Sync), Type); 10] {
+) -> [(&'a (dyn ToSql + Sync), Type); 11] {
     [
         (&req.job_type, Type::TEXT),
         (&req.operation_key, Type::TEXT),
@@ -504,6 +514,7 @@ fn claim_params<'a>(
         (&req.queue, Type::TEXT),
         (&req.args_json, Type::TEXT),
         (&req.refuse_mismatch, Type::BOOL),
+        (&req.facts_json, Type::TEXT),
     ]
 }
 
@@ -575,20 +586,11 @@ async fn look_or_claim(
     books: &Bookkeeper,
 ) -> Result<(Decision, Option<Repeat>)> {
     super::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
-    // DELIVER_SQL takes CLAIM_SQL's parameters but the last ($10).
-    let rows = conn
-        .query_own(DELIVER_SQL, &claim_params(req, &token)[..9])
-        .await?;
-    let repeat = |decision: &Decision, at: DateTime<Utc>, count: bool| Repeat {
-        job_type: req.job_type.clone(),
-        operation_key: req.operation_key.clone(),
-        at,
-        job_class: req.job_class.clone(),
-        decision: decision.outcome.name(),
-        facts: req.facts_json.clone(),
-        count,
-        mismatch: decision.mismatch,
-    };
+    // DELIVER_SQL takes CLAIM_SQL's parameters but $10 (its $10 is CLAIM_SQL's $11).
+    let params = claim_params(req, &token);
+    let (first, facts) = params.split_at(9);
+    let params = [first, &facts[1..]].concat();
+    let rows = conn.query_own(DELIVER_SQL, &params).await?;
     if let Some(row) = rows.first() {
         let inserted: bool = row.try_get("inserted")?;
         let status: String = row.try_get("status")?;
@@ -636,19 +638,26 @@ async fn look_or_claim(
                 req,
             )?;
             let at = row.try_get("decided_at")?;
-            let repeat = (!inserted).then(|| repeat(&decision, at, true));
+            let repeat = (!inserted).then(|| Repeat::new(req, &decision, at, true));
             return Ok((decision, repeat));
         }
     }
+    claim_noting(conn, req, token).await
+}
+
+/// [`claim_as`], and the bookkeeping of its delivery when it is a repeat (anything but a
+/// first claim): its `repeat_facts` entry, for the caller to queue
+/// ([`Bookkeeper::record`]) once the decision is durable. [`CLAIM_SQL`] already counted
+/// the repeat itself, so the entry adds no counts.
+///
+/// Errors: as [`claim`].
+pub async fn claim_noting(
+    conn: &Conn,
+    req: &ClaimRequest,
+    token: Uuid,
+) -> Result<(Decision, Option<Repeat>)> {
     let (decision, at) = claim_at(conn, req, token).await?;
-    let first = matches!(
-        decision.outcome,
-        Outcome::Claimed {
-            kind: ClaimKind::First,
-            ..
-        }
-    );
-    let repeat = (!first).then(|| repeat(&decision, at, false));
+    let repeat = Repeat::after_claim(req, &decision, at);
     Ok((decision, repeat))
 }
 
@@ -875,6 +884,13 @@ pub struct Repeated {
     pub first_claimed_at: DateTime<Utc>,
     pub repeat_times: Vec<DateTime<Utc>>,
     pub job_classes: Vec<String>,
+    /// The last claiming delivery's id.
+    pub jid: Option<String>,
+    pub completed_at: Option<DateTime<Utc>>,
+    /// The first claiming delivery's facts as JSON text, when it sent some.
+    pub first_facts: Option<String>,
+    /// The `repeat_facts` array as JSON text.
+    pub repeat_facts: String,
 }
 
 /// Operations repeated since `since` (see [`REPEATS_SQL`]).
@@ -902,6 +918,10 @@ pub async fn repeats(
                 first_claimed_at: row.try_get("first_claimed_at")?,
                 repeat_times: row.try_get("repeat_times")?,
                 job_classes: row.try_get("job_classes")?,
+                jid: row.try_get("jid")?,
+                completed_at: row.try_get("completed_at")?,
+                first_facts: row.try_get("first_facts")?,
+                repeat_facts: row.try_get("repeat_facts")?,
             })
         })
         .collect()

@@ -12,6 +12,13 @@
 //! 3. the job's statements ([`Session::query`], [`Session::execute`]);
 //! 4. the completion ([`Fenced::Complete`]), then `COMMIT`.
 //!
+//! A repeat met by the claim (a duplicate that waited for another delivery's commit, a
+//! retry, a takeover) is counted by the claim statement inside the transaction; its
+//! delivery facts (`repeat_facts`) are queued for the asynchronous bookkeeping
+//! ([`super::bookkeeping`]) once the transaction commits, so the background writer
+//! never waits on this transaction's row lock, and a rolled-back transaction leaves no
+//! trace of its claim, as the record itself does not.
+//!
 //! A connection whose session did not end with commit or rollback (an interrupt, a
 //! crash of the caller) is never returned to the pool: it is closed, and PostgreSQL
 //! rolls the transaction back.
@@ -20,17 +27,22 @@
 
 use tokio_postgres::types::{ToSql, Type};
 
+use super::bookkeeping::{Bookkeeper, Repeat};
 use super::claim::{self, ClaimRequest, Decision, Fenced};
 use super::config::MAX_PG_TIMEOUT_SECONDS;
 use super::error::{Error, Result};
 use super::retry::checkout_live;
 use super::store::{Interrupt, Lane, Pool, Pooled};
 use super::values::{self, Param, Rows};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One open transaction on a pooled connection.
 pub struct Session {
     conn: Pooled,
+    books: Arc<Bookkeeper>,
+    /// The claim's repeat bookkeeping, queued at commit.
+    repeat: Option<Repeat>,
 }
 
 fn params(values: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
@@ -69,7 +81,11 @@ impl Session {
             };
             Ok(c.batch_execute(begin).await?)
         })?;
-        Ok(Session { conn })
+        Ok(Session {
+            conn,
+            books: pool.bookkeeper().clone(),
+            repeat: None,
+        })
     }
 
     /// Claims inside the transaction, waiting at most `lock_timeout_seconds` for
@@ -92,25 +108,31 @@ impl Session {
         }
         let millis = format!("{}ms", (lock_timeout_seconds * 1000.0).ceil() as u64);
         let until = self.until() + Duration::from_secs_f64(lock_timeout_seconds);
-        self.conn.run_until(interrupt, Some(until), async |c| {
-            c.execute_typed(
-                "SELECT set_config('lock_timeout', $1, true)",
-                &[(&millis, Type::TEXT)],
-            )
-            .await?;
-            let decision = claim::claim(c, req).await.map_err(|e| match e {
-                Error::LockTimeout { message } => Error::LockTimeout {
-                    message: format!(
+        self.conn
+            .run_until(interrupt, Some(until), async |c| {
+                c.execute_typed(
+                    "SELECT set_config('lock_timeout', $1, true)",
+                    &[(&millis, Type::TEXT)],
+                )
+                .await?;
+                let noted = claim::claim_noting(c, req, uuid::Uuid::new_v4()).await;
+                let (decision, repeat) = noted.map_err(|e| match e {
+                    Error::LockTimeout { message } => Error::LockTimeout {
+                        message: format!(
                         "{} operation {:?}: another delivery kept it locked for more than {} s \
                          (its transaction is still open): {message}",
                         req.job_type, req.operation_key, lock_timeout_seconds
                     ),
-                },
-                other => other,
-            })?;
-            c.batch_execute("SET LOCAL lock_timeout TO DEFAULT").await?;
-            Ok(decision)
-        })
+                    },
+                    other => other,
+                })?;
+                c.batch_execute("SET LOCAL lock_timeout TO DEFAULT").await?;
+                Ok((decision, repeat))
+            })
+            .map(|(decision, repeat)| {
+                self.repeat = repeat;
+                decision
+            })
     }
 
     /// Applies a fenced change (the completion) inside the transaction.
@@ -167,9 +189,15 @@ impl Session {
         Instant::now() + self.conn.deadline()
     }
 
-    /// Commits, and returns the connection to the pool.
-    pub fn commit(self, interrupt: &Interrupt<'_>) -> Result<()> {
-        self.end(interrupt, "COMMIT")
+    /// Commits, and returns the connection to the pool; then queues the claim's repeat
+    /// bookkeeping, if any.
+    pub fn commit(mut self, interrupt: &Interrupt<'_>) -> Result<()> {
+        let (books, repeat) = (self.books.clone(), self.repeat.take());
+        self.end(interrupt, "COMMIT")?;
+        if let Some(repeat) = repeat {
+            books.record(repeat);
+        }
+        Ok(())
     }
 
     /// Rolls back, and returns the connection to the pool.

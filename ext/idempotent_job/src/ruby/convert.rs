@@ -185,6 +185,18 @@ pub fn parse_fenced(ruby: &Ruby, change: Symbol) -> RbResult<Fenced> {
 /// `won`, `status`, `last_claim`, `attempts`, `jid`, `duplicates`, `mismatch`,
 /// `lease_remaining` with typed values; `token` is the uuid sent as $3.
 pub fn decide(ruby: &Ruby, row: RHash, token: String, request: RHash) -> RbResult<RHash> {
+    let (decision, _) = decided(ruby, row, &token, request)?;
+    decision_hash(ruby, decision)
+}
+
+/// The [`Decision`] for a claim statement's row run by another driver (see [`decide`]),
+/// and its request.
+pub fn decided(
+    ruby: &Ruby,
+    row: RHash,
+    token: &str,
+    request: RHash,
+) -> RbResult<(Decision, ClaimRequest)> {
     let sym = |key: &str| ruby.to_symbol(key);
     let claim_row = ClaimRow {
         won: row.fetch(sym("won"))?,
@@ -196,12 +208,12 @@ pub fn decide(ruby: &Ruby, row: RHash, token: String, request: RHash) -> RbResul
         mismatch: row.fetch(sym("mismatch"))?,
         lease_remaining: row.fetch(sym("lease_remaining"))?,
     };
-    let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
+    let token = parse_token(token).map_err(|e| to_ruby(ruby, e))?;
     let request = claim_request(ruby, request)?;
     let decision = claim::check_request(&request)
         .and_then(|()| claim::decide(claim_row, token, &request))
         .map_err(|e| to_ruby(ruby, e))?;
-    decision_hash(ruby, decision)
+    Ok((decision, request))
 }
 
 /// `Native.fenced_sql(change)`: the statement of a fenced change, for other drivers.

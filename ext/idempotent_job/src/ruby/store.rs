@@ -7,12 +7,13 @@ use chrono::{DateTime, Utc};
 use magnus::{function, method, prelude::*, RArray, RHash, RModule, Ruby, Symbol};
 
 use super::convert::{
-    claim_request, decision_hash, parse_fenced, parse_token, record_hash, Out, RbResult,
+    claim_request, decided, decision_hash, parse_fenced, parse_token, record_hash, Out, RbResult,
 };
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::NativeHeartbeat;
 use super::transaction::NativeTransaction;
+use crate::core::bookkeeping::Repeat;
 use crate::core::claim::{self, Fenced, Resolution};
 use crate::core::config::Config;
 use crate::core::error::{Error, Result};
@@ -173,7 +174,9 @@ impl NativeStore {
 
     /// `repeats(since_epoch_seconds, job_type_or_nil)` → Array of Hashes: job_type,
     /// operation_key, status, attempts, takeovers, duplicates, mismatches,
-    /// first_claimed_at (Time), repeat_times (Array of Time), job_classes.
+    /// first_claimed_at (Time), repeat_times (Array of Time), job_classes, jid (the last
+    /// claiming delivery's), completed_at (Time or nil), first_facts_json (JSON object
+    /// text or nil), repeat_facts_json (JSON array text).
     fn repeats(
         ruby: &Ruby,
         rb_self: &Self,
@@ -202,7 +205,11 @@ impl NativeStore {
                 .set("mismatches", r.mismatches)?
                 .time("first_claimed_at", Some(r.first_claimed_at))?
                 .set("repeat_times", times)?
-                .set("job_classes", r.job_classes)?;
+                .set("job_classes", r.job_classes)?
+                .set("jid", r.jid)?
+                .time("completed_at", r.completed_at)?
+                .set("first_facts_json", r.first_facts)?
+                .set("repeat_facts_json", r.repeat_facts)?;
             out.push(hash.hash)?;
         }
         Ok(out)
@@ -305,6 +312,32 @@ impl NativeStore {
         Ok(true)
     }
 
+    /// `record_repeat(row, token, request, decided_at)` → true when queued: the repeat
+    /// bookkeeping (`repeat_facts`) of a claim another driver decided (ActiveRecord's
+    /// connection; called once its transaction committed, so the background writer never
+    /// waits on its row lock). `row`, `token`, `request`: as `Native.decide` takes them;
+    /// `decided_at`: the claim statement's `decided_at` in Float epoch seconds. False for
+    /// a first claim (nothing to record). Writes nothing itself: the bookkeeping does,
+    /// asynchronously.
+    fn record_repeat(
+        ruby: &Ruby,
+        rb_self: &Self,
+        row: RHash,
+        token: String,
+        request: RHash,
+        decided_at: f64,
+    ) -> RbResult<bool> {
+        let (decision, request) = decided(ruby, row, &token, request)?;
+        let at = DateTime::<Utc>::from_timestamp_micros((decided_at * 1e6) as i64)
+            .ok_or_else(|| to_ruby(ruby, Error::Config("decided_at is out of range".into())))?;
+        let Some(repeat) = Repeat::after_claim(&request, &decision, at) else {
+            return Ok(false);
+        };
+        let pool = rb_self.0.pool().map_err(|e| to_ruby(ruby, e))?;
+        pool.bookkeeper().record(repeat);
+        Ok(true)
+    }
+
     /// `migrate` → Array of the migration names applied now.
     fn migrate(ruby: &Ruby, rb_self: &Self) -> RbResult<Vec<String>> {
         rb_self.run(ruby, migrate::migrate)
@@ -322,6 +355,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("heartbeat", method!(NativeStore::heartbeat, 5))?;
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
     class.define_method("settle_repeats", method!(NativeStore::settle_repeats, 0))?;
+    class.define_method("record_repeat", method!(NativeStore::record_repeat, 4))?;
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
     class.define_method("purge_batch", method!(NativeStore::purge_batch, 2))?;
     class.define_method("repeats", method!(NativeStore::repeats, 2))?;

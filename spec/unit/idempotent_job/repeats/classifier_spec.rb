@@ -48,6 +48,10 @@ RSpec.describe IdempotentJob::Repeats::Classifier do
     repeats = described_class.classify(deliveries, restarts: [Time.at(t0 - 5000), deploy], restart_window: 120)
     expect(repeats.map(&:cause)).to eq(%i[redelivery redelivery])
     expect(repeats.map(&:restart)).to eq([deploy, nil])
+    # Both arrivals after the restart (one payload pushed twice): not caused by it.
+    twice = [delivery(360, "a", decision: "claimed"), delivery(360.01, "a")]
+    expect(described_class.classify(twice, restarts: [deploy], restart_window: 120).map { |r| [r.cause, r.restart] })
+      .to eq([[:redelivery, nil]])
   end
 
   it "tells a re-enqueue by a producer seen before from one by another, and says when it cannot" do
