@@ -791,3 +791,31 @@ fn an_idle_connection_the_server_terminated_is_replaced_at_checkout() {
         Outcome::InProgress { .. }
     ));
 }
+
+#[test]
+fn the_record_is_defined_once_its_select_list_names_every_field_of_the_struct() {
+    let store = store_with(true, 1);
+    let req = request(&unique("columns"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    complete(&store, &req, token).unwrap();
+    let record = find(&store, &req);
+    // FIND_SQL's select list names each expression after its field, in the struct's
+    // order, and every table column it reads is one the schema check knows.
+    let names: Vec<&str> = record.fields().map(|(name, _)| name).collect();
+    assert_eq!(names, claim::Record::COLUMNS);
+    let mut at = 0;
+    for name in claim::Record::COLUMNS {
+        let found = claim::FIND_SQL[at..]
+            .find(&format!(" AS {name}"))
+            .unwrap_or_else(|| panic!("{name} after byte {at} of {}", claim::FIND_SQL));
+        at += found + 1;
+        let column = name.strip_suffix("_json").unwrap_or(name);
+        let computed = ["lease_expired"].contains(name);
+        assert!(
+            computed || idempotent_job::core::schema::COLUMNS.contains(&column),
+            "{name}"
+        );
+    }
+    assert_eq!(record.status, "completed");
+    assert_eq!(record.args_json.as_deref(), Some(r#"["1"]"#));
+}

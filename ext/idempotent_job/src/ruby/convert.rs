@@ -7,7 +7,7 @@ use magnus::{prelude::*, IntoValue, RHash, Ruby, Symbol, Value};
 use uuid::Uuid;
 
 use super::errors::to_ruby;
-use crate::core::claim::{self, ClaimRequest, ClaimRow, Decision, Fenced, Outcome, Record};
+use crate::core::claim::{self, ClaimRequest, ClaimRow, Decision, Fenced, Field, Outcome, Record};
 use crate::core::error::{Error, Result};
 
 /// Results of the binding's functions: a Ruby exception as the error.
@@ -221,37 +221,27 @@ pub fn fenced_sql(ruby: &Ruby, change: Symbol) -> RbResult<&'static str> {
     Ok(parse_fenced(ruby, change)?.sql())
 }
 
+/// A record as a Hash with Symbol keys, one per [`Record::COLUMNS`]: status and
+/// last_claim as Symbols, the claim token as a String, times as Time, NULL as nil.
 pub fn record_hash(ruby: &Ruby, r: Record) -> RbResult<RHash> {
     let out = Out::new(ruby);
-    out.set("job_type", r.job_type)?
-        .set("operation_key", r.operation_key)?
-        .sym("status", &r.status)?
-        .set("claim_token", r.claim_token.to_string())?
-        .set("attempts", r.attempts)?
-        .set("takeovers", r.takeovers)?
-        .sym("last_claim", &r.last_claim)?
-        .set("jid", r.jid)?
-        .set("duplicates", r.duplicates)?
-        .set("lease_seconds", r.lease_seconds)?
-        .set("lease_expired", r.lease_expired)?
-        .set("last_error", r.last_error)?
-        .set("args_digest", r.args_digest)?
-        .set("job_class", r.job_class)?
-        .set("queue", r.queue)?
-        .set("args_json", r.args)?
-        .set("mismatches", r.mismatches)?
-        .set("last_mismatch", r.last_mismatch)?
-        .set("resolution", r.resolution)?
-        .time("first_claimed_at", Some(r.first_claimed_at))?
-        .time("claimed_at", Some(r.claimed_at))?
-        .time("lease_expires_at", Some(r.lease_expires_at))?
-        .time("completed_at", r.completed_at)?
-        .time("released_at", r.released_at)?
-        .time("last_duplicate_at", r.last_duplicate_at)?
-        .time("heartbeat_at", r.heartbeat_at)?
-        .time("held_at", r.held_at)?
-        .time("given_up_at", r.given_up_at)?
-        .time("resolved_at", r.resolved_at)?
-        .time("updated_at", Some(r.updated_at))?;
+    for (name, field) in r.fields() {
+        match field {
+            Field::Name(v) => out.sym(name, v)?,
+            Field::Text(v) => out.set(name, v.as_str())?,
+            Field::OptText(v) => out.set(name, v.as_deref())?,
+            Field::Int(v) => out.set(name, *v)?,
+            Field::Float(v) => out.set(name, *v)?,
+            Field::Bool(v) => out.set(name, *v)?,
+            Field::Token(v) => out.set(name, v.to_string())?,
+            Field::Time(v) => out.time(name, Some(*v))?,
+            Field::OptTime(v) => out.time(name, *v)?,
+        };
+    }
     Ok(out.hash)
+}
+
+/// `Native.record_columns`: the record's column names, as [`record_hash`]'s keys.
+pub fn record_columns() -> Vec<&'static str> {
+    Record::COLUMNS.to_vec()
 }
