@@ -14,6 +14,7 @@ require_relative "throughput"
 require_relative "table_growth"
 require_relative "sidekiq_run"
 require_relative "memory"
+require_relative "targets"
 
 module IdempotentJobBench
   # Parses the options, runs the sections in order, prints the tables and writes
@@ -53,6 +54,7 @@ module IdempotentJobBench
       @results = Results.new
       load_before = load_average
       @only.each { |name| section(name, db) }
+      Targets.new(@results).report
       puts "\n#{@results.report}\n\n"
       files = @results.write(@out, header(db, load_before, Clock.now - started))
       puts "written: #{files.join(", ")} (#{(Clock.now - started).round} s in all)"

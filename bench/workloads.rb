@@ -135,7 +135,7 @@ module IdempotentJobBench
     # @raise [RuntimeError, PG::Error]
     def first(delivery)
       token = SecureRandom.uuid
-      inserted = run(:claim, claim_params(delivery, token)[0, 9]).getvalue(0, 0)
+      inserted = run(:claim, claim_params(delivery, token)[0, 9] + [nil]).getvalue(0, 0)
       expect!(inserted == "t", "the claim of a new operation was not won")
       done = run(:complete, [JOB_TYPE, delivery.key, token]).cmd_tuples
       expect!(done == 1, "the completion changed #{done} rows")
@@ -146,7 +146,7 @@ module IdempotentJobBench
     # @return [void]
     # @raise [RuntimeError, PG::Error]
     def duplicate(delivery)
-      row = run(:claim, claim_params(delivery, SecureRandom.uuid)[0, 9]).first
+      row = run(:claim, claim_params(delivery, SecureRandom.uuid)[0, 9] + [nil]).first
       expect!(row["inserted"] == "f" && row["status"] == "completed", "a duplicate was not turned away: #{row}")
     end
 
