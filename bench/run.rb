@@ -14,6 +14,7 @@ require_relative "throughput"
 require_relative "table_growth"
 require_relative "sidekiq_run"
 require_relative "memory"
+require_relative "targets"
 
 module IdempotentJobBench
   # Parses the options, runs the sections in order, prints the tables and writes
@@ -26,9 +27,9 @@ module IdempotentJobBench
     PLANS = {
       full: { rounds: 60, batch: 8, threads: [1, 2, 5, 10, 25], seconds: 1.5, repeats: 5,
               sizes: [1_000, 100_000, 1_000_000, 10_000_000], growth_rounds: 30,
-              jobs: 20_000, sidekiq_repeats: 2, memory_runs: 3 },
+              operations: 10_000, sidekiq_repeats: 2, memory_runs: 3 },
       quick: { rounds: 4, batch: 5, threads: [1, 2, 5, 10, 25], seconds: 0.3, repeats: 1,
-               sizes: [1_000, 100_000], growth_rounds: 4, jobs: 2_000, sidekiq_repeats: 1,
+               sizes: [1_000, 100_000], growth_rounds: 4, operations: 1_000, sidekiq_repeats: 1,
                memory_runs: 1 }
     }.freeze
 
@@ -53,6 +54,7 @@ module IdempotentJobBench
       @results = Results.new
       load_before = load_average
       @only.each { |name| section(name, db) }
+      Targets.new(@results).report
       puts "\n#{@results.report}\n\n"
       files = @results.write(@out, header(db, load_before, Clock.now - started))
       puts "written: #{files.join(", ")} (#{(Clock.now - started).round} s in all)"
@@ -94,7 +96,8 @@ module IdempotentJobBench
       when "throughput"
         Throughput.new(db, @results, threads: p[:threads], seconds: p[:seconds], repeats: p[:repeats]).run
       when "growth" then TableGrowth.new(db, @results, sizes: p[:sizes], rounds: p[:growth_rounds]).run
-      when "sidekiq" then SidekiqRun.new(db, @results, jobs: p[:jobs], repeats: p[:sidekiq_repeats], dir: @out).run
+      when "sidekiq"
+        SidekiqRun.new(db, @results, operations: p[:operations], repeats: p[:sidekiq_repeats], dir: @out).run
       when "memory" then Memory.new(db, @results, runs: p[:memory_runs]).run
       end
     end

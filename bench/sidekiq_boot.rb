@@ -3,36 +3,68 @@
 # Booted by the benchmark's worker: `sidekiq -r bench/sidekiq_boot.rb -c 10 -q bench`.
 # BENCH_MIDDLEWARE=1 loads the gem's middleware (`require "idempotent_job/sidekiq"`);
 # otherwise the same job runs without it. An outermost middleware times the run from
-# the first job's start to the BENCH_JOBS-th job's end (process boot excluded) and
-# writes the figures to BENCH_RESULT as JSON.
+# the first job's start to the end of the BENCH_JOBS-th job (plus one for each delivery
+# the gem deferred: its copy comes back) and writes the figures to BENCH_RESULT as
+# JSON, with the effects the job bodies counted (process boot excluded).
 $LOAD_PATH.unshift File.expand_path("../lib", __dir__)
 require "json"
 require "sidekiq"
 Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
 
+module IdempotentJobBench
+  # The effect of each job body: a count per operation key, in this process.
+  module Effects
+    @lock = Mutex.new
+    @counts = Hash.new(0)
+
+    class << self
+      # Counts one run of the effect of `key`.
+      # @param key [String]
+      # @return [void]
+      def run(key)
+        @lock.synchronize { @counts[key] += 1 }
+      end
+
+      # @return [Hash{String => Integer}] effects in all, operations whose effect ran,
+      #   how many ran once, the most for one operation
+      def figures
+        @lock.synchronize do
+          { effects: @counts.values.sum, operations: @counts.size, once: @counts.count { |_, n| n == 1 },
+            most: @counts.values.max || 0 }
+        end
+      end
+    end
+  end
+end
+
 if ENV["BENCH_MIDDLEWARE"] == "1"
   require "idempotent_job/sidekiq"
   IdempotentJob.configure { |c| c.database_url = ENV.fetch("DATABASE_URL") }
+  IdempotentJob.subscribe(:deferred) { IdempotentJobBench::Stopwatch.deferred }
 end
 
-# A job that does nothing. Its operation key is its only argument (unique per job).
+# A job whose body only records its effect. Its operation key is its only argument.
 class BenchNoopJob
   include Sidekiq::Job
   sidekiq_options idempotency_key: 0, retry: false
 
-  # @param _key [String]
-  # @return [nil]
-  def perform(_key); end
+  # @param key [String]
+  # @return [void]
+  def perform(key)
+    IdempotentJobBench::Effects.run(key)
+  end
 end
 
 module IdempotentJobBench
   # Outermost server middleware: counts jobs ended (and failed) and writes
-  # `{jobs:, failed:, seconds:}` once BENCH_JOBS jobs have ended; seconds run from
-  # the first job's start to the last one's end, on the monotonic clock.
+  # `{jobs:, failed:, deferred:, seconds:, effects:, operations:, once:, most:}` once
+  # BENCH_JOBS jobs (plus the deferred copies) have ended; seconds run from the first
+  # job's start to the last one's end, on the monotonic clock.
   class Stopwatch
     @lock = Mutex.new
     @ended = 0
     @failed = 0
+    @deferred = 0
     @started = nil
 
     class << self
@@ -42,6 +74,12 @@ module IdempotentJobBench
         @lock.synchronize { @started ||= Process.clock_gettime(Process::CLOCK_MONOTONIC) }
       end
 
+      # Notes a delivery the gem deferred (its copy is one more job to wait for).
+      # @return [void]
+      def deferred
+        @lock.synchronize { @deferred += 1 }
+      end
+
       # Notes a job's end; writes the result after the last.
       # @param failed [Boolean]
       # @return [void]
@@ -49,7 +87,7 @@ module IdempotentJobBench
         @lock.synchronize do
           @ended += 1
           @failed += 1 if failed
-          write if @ended == Integer(ENV.fetch("BENCH_JOBS"))
+          write if @ended == Integer(ENV.fetch("BENCH_JOBS")) + @deferred
         end
       end
 
@@ -58,7 +96,8 @@ module IdempotentJobBench
       def write
         seconds = Process.clock_gettime(Process::CLOCK_MONOTONIC) - @started
         path = ENV.fetch("BENCH_RESULT")
-        File.write("#{path}.tmp", JSON.generate(jobs: @ended, failed: @failed, seconds:))
+        figures = { jobs: @ended - @deferred, failed: @failed, deferred: @deferred, seconds: }
+        File.write("#{path}.tmp", JSON.generate(figures.merge(Effects.figures)))
         File.rename("#{path}.tmp", path)
       end
     end
@@ -80,4 +119,7 @@ end
 
 Sidekiq.configure_server do |config|
   config.server_middleware { |chain| chain.prepend(IdempotentJobBench::Stopwatch) }
+  # A deferred copy waits in the scheduled set: poll it every second (bench/sidekiq_run.rb).
+  options = config.respond_to?(:[]=) ? config : Sidekiq.options # Sidekiq 7+ : 6.x
+  options[:average_scheduled_poll_interval] = 1
 end

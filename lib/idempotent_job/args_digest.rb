@@ -12,5 +12,17 @@ module IdempotentJob
     def self.of(args)
       ::Digest::SHA256.hexdigest(CanonicalJson.generate(args))
     end
+
+    # The arguments' JSON as stored with a claim (`JSON.generate`) and their digest
+    # ({.of}), computed from one JSON text when it is already canonical: arguments
+    # that are Strings, Integers, true, false or nil (most jobs' arguments).
+    # @param args [Array] the job's arguments
+    # @return [Array(String, String)] the JSON text and the hex SHA-256 digest
+    # @raise [JSON::GeneratorError] for a value JSON cannot write (NaN)
+    def self.json_and_digest(args)
+      json = JSON.generate(args)
+      digest = args.all?(CanonicalJson::SCALAR) ? ::Digest::SHA256.hexdigest(json) : of(args)
+      [json, digest]
+    end
   end
 end

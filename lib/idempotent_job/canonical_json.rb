@@ -8,6 +8,9 @@ module IdempotentJob
   # integral finite Float as its Integer (`1.0` is `1`: JSON producers in other
   # languages do not tell them apart); everything else as JSON writes it.
   module CanonicalJson
+    # Values whose JSON is already canonical (`SCALAR === value`).
+    SCALAR = ->(value) { value.is_a?(String) || value.is_a?(Integer) || value == true || value == false || value.nil? }
+
     # @param value [Object] JSON-like data
     # @yieldparam unsupported [Object] a value JSON cannot carry faithfully (a non-finite
     #   Float, any other object); the block's value replaces it (it may raise). Without

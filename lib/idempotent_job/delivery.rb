@@ -45,13 +45,23 @@ module IdempotentJob
       @queue = queue&.to_s
       @id = id&.to_s
       @deferrals = Integer(deferrals || 0)
-      @facts = facts.to_h.transform_keys(&:to_s).freeze
+      @facts = frozen_with_string_keys?(facts) ? facts : facts.to_h.transform_keys(&:to_s).freeze
       freeze
     end
 
     # @return [String] the facts as a JSON object text (the claim request's `facts_json`)
     def facts_json
       JSON.generate(@facts)
+    end
+
+    private
+
+    # A frozen Hash with String keys is kept as given (a door's own, built per delivery).
+    def frozen_with_string_keys?(facts)
+      return false unless facts.is_a?(Hash) && facts.frozen?
+
+      facts.each_key { |key| return false unless key.is_a?(String) }
+      true
     end
   end
 end

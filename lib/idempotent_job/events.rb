@@ -15,6 +15,8 @@ module IdempotentJob
     # Event names, in the order a delivery may meet them.
     NAMES = %i[claimed taken_over lookup completed skipped deferred held given_up released lost_claim
                heartbeat_failed mismatch purge_batch].freeze
+    # ActiveSupport::Notifications names, by event name.
+    NOTIFICATION_NAMES = NAMES.to_h { |name| [name, "#{name}.idempotent_job"] }.freeze
 
     @subscribers = []
     @lock = Mutex.new
@@ -43,6 +45,19 @@ module IdempotentJob
         @lock.synchronize { @subscribers -= [handle] }
       end
 
+      # Whether an event would reach anyone: a subscriber of {subscribe} (to it or to
+      # all), or an ActiveSupport::Notifications subscriber to `<name>.idempotent_job`.
+      # The protocol builds an event's payload only then.
+      # @param name [Symbol] one of {NAMES}
+      # @return [Boolean]
+      def listened?(name)
+        subscribers = @subscribers
+        return true if subscribers.any? { |names, _| names.empty? || names.include?(name) }
+        return false unless defined?(::ActiveSupport::Notifications)
+
+        ::ActiveSupport::Notifications.notifier.listening?(NOTIFICATION_NAMES.fetch(name) { "#{name}.idempotent_job" })
+      end
+
       # Publishes one event. A subscriber that raises is logged and skipped: events
       # never change what a delivery does.
       # @param name [Symbol] one of {NAMES}
@@ -50,7 +65,8 @@ module IdempotentJob
       # @return [void]
       def publish(name, payload)
         if defined?(::ActiveSupport::Notifications)
-          ::ActiveSupport::Notifications.instrument("#{name}.idempotent_job", payload)
+          ::ActiveSupport::Notifications.instrument(NOTIFICATION_NAMES.fetch(name) { "#{name}.idempotent_job" },
+                                                    payload)
         end
         @subscribers.each do |names, block|
           next unless names.empty? || names.include?(name)

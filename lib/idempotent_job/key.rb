@@ -100,9 +100,9 @@ module IdempotentJob
     # @raise [OperationKeyError] when an argument is missing, nil, empty or of an unsupported type
     def operation_key(args)
       fail_value(nil, "the job's arguments are #{args.class}, not an Array") unless args.is_a?(Array)
-      values = @paths.map { |path| fetch(args, path) }
-      return scalar_or_json(values.first, @paths.first) unless @composite
+      return scalar_or_json(fetch(args, @paths.first), @paths.first) unless @composite
 
+      values = @paths.map { |path| fetch(args, path) }
       JSON.generate(values.each_with_index.map { |value, i| composite_part(value, @paths[i]) })
     end
 

@@ -76,17 +76,20 @@ module IdempotentJob
 
     # The claim request the native store reads (see Native::Store#claim).
     def request(delivery)
-      payload = delivery.payload
+      args_json, digest = ArgsDigest.json_and_digest(delivery.payload)
       { job_type: delivery.job_type, operation_key: delivery.operation_key, jid: delivery.id,
-        lease: @options.lease.to_f, args_digest: ArgsDigest.of(payload), job_class: delivery.job_class,
-        queue: delivery.queue, args_json: JSON.generate(payload), refuse_mismatch: @options.on_mismatch == :raise,
+        lease: @options.lease.to_f, args_digest: digest, job_class: delivery.job_class,
+        queue: delivery.queue, args_json:, refuse_mismatch: @options.on_mismatch == :raise,
         facts_json: delivery.facts_json }
     end
 
-    # Runs the block (a claim) and adds its duration in seconds to the decision.
+    # Runs the block (a claim) and adds its duration in seconds to the decision (a
+    # Hash of the claim's own, so it is changed in place).
     def timed
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      yield.merge(duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+      decision = yield
+      decision[:duration] = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      decision
     end
 
     def claimed(session, decision, narrator, host, &body)
@@ -99,7 +102,7 @@ module IdempotentJob
         verdict = claim.kind == :takeover ? Takeover.new(@options, session, narrator).decide(claim, host) : :ran
         next Outcome.new(verdict, claim:) unless verdict == :ran
 
-        narrator.info("claimed #{narrator.describe_claim(claim)} again after a failure") if claim.kind == :retry
+        narrator.info { "claimed #{narrator.describe_claim(claim)} again after a failure" } if claim.kind == :retry
         Outcome.new(:ran, value: session.run(claim, @options, narrator) { body.call(claim) }, claim:)
       end
     end
@@ -109,17 +112,23 @@ module IdempotentJob
       delay = Deferral.delay(remaining, delivery.deferrals)
       outcome = Outcome.new(:in_progress, retry_after: delay, lease_remaining: remaining, holder: decision[:holder_jid])
       @door.defer(delivery, outcome)
-      narrator.info("#{narrator.describe} is in progress under #{@door.id_label} #{decision[:holder_jid]}; " \
-                    "#{@door.defer_text} #{delay.round(1)} s (deferral #{delivery.deferrals + 1}; its lease ends " \
-                    "in #{remaining.round(1)} s)")
+      narrator.info do
+        "#{narrator.describe} is in progress under #{@door.id_label} #{decision[:holder_jid]}; " \
+          "#{@door.defer_text} #{delay.round(1)} s (deferral #{delivery.deferrals + 1}; its lease ends " \
+          "in #{remaining.round(1)} s)"
+      end
       narrator.emit_delivery(:deferred, delay:, holder_jid: decision[:holder_jid])
       outcome
     end
 
+    # How the log line names the state a duplicate met.
+    DUPLICATE_STATES = { completed: "already completed", held: "held for a person", given_up: "given up",
+                         refused: "not claimable by this payload" }.freeze
+    private_constant :DUPLICATE_STATES
+
     def duplicate(decision, narrator)
-      state = { completed: "already completed", held: "held for a person", given_up: "given up",
-                refused: "not claimable by this payload" }.fetch(decision[:decision])
-      narrator.info("#{narrator.describe} is #{state}; duplicate delivery skipped (#{decision[:duplicates]} so far)")
+      state = DUPLICATE_STATES.fetch(decision[:decision])
+      narrator.info { "#{narrator.describe} is #{state}; duplicate delivery skipped (#{decision[:duplicates]} so far)" }
       narrator.emit_delivery(:skipped, decision: decision[:decision], duplicates: decision[:duplicates])
       Outcome.new(decision[:decision], duplicates: decision[:duplicates])
     end

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "json"
+require_relative "native"
 
 module IdempotentJob
   # One idempotency record as stored in `idempotent_job_records` (read-only snapshot).
@@ -17,12 +18,12 @@ module IdempotentJob
   # arguments differed), last_mismatch (Boolean), resolution ("done"/"rerun"),
   # first_claimed_at, claimed_at, lease_expires_at, completed_at, released_at,
   # last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at.
+  #
+  # The members are the native layer's record columns (`Native.record_columns`, from the
+  # one definition of the record in the Rust core: its SQL, its struct and its
+  # conversion), with `args_json` read as `args`.
   Record = Struct.new(
-    :job_type, :operation_key, :status, :claim_token, :attempts, :takeovers, :last_claim, :jid,
-    :duplicates, :lease_seconds, :lease_expired, :last_error, :first_claimed_at, :claimed_at,
-    :lease_expires_at, :completed_at, :released_at, :last_duplicate_at, :updated_at,
-    :args_digest, :job_class, :queue, :args, :mismatches, :last_mismatch, :resolution,
-    :heartbeat_at, :held_at, :given_up_at, :resolved_at,
+    *Native.record_columns.map { |column| column == "args_json" ? :args : column.to_sym },
     keyword_init: true
   ) do
     # @param row [Hash] the native layer's row (arguments as JSON text in :args_json)

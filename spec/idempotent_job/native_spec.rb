@@ -183,4 +183,14 @@ RSpec.describe "IdempotentJob's native layer" do
       expect(IdempotentJob.schema_sql).to include("CREATE TABLE idempotent_job_records")
     end
   end
+
+  it "gives the record one definition: IdempotentJob::Record's members are the native record's columns" do
+    columns = IdempotentJob::Native.record_columns
+    expect(IdempotentJob::Record.members).to eq(columns.map { |c| c == "args_json" ? :args : c.to_sym })
+    IdempotentJob.perform_once("NativeColumnsSpec", "k-1", payload: [1, "a"]) { :done }
+    record = IdempotentJob.record("NativeColumnsSpec", "k-1")
+    expect(record.to_h.keys).to eq(IdempotentJob::Record.members)
+    expect(record).to have_attributes(status: :completed, last_claim: :first, args: [1, "a"], lease_expired: false)
+    expect(record.completed_at).to be_a(Time)
+  end
 end

@@ -296,7 +296,8 @@ fn arguments_with_a_nul_are_stored_and_read_back_unchanged() {
         "{claimed:?}"
     );
     let record = find_record(&store, &req).unwrap();
-    let stored: serde_json::Value = serde_json::from_str(record.args.as_deref().unwrap()).unwrap();
+    let stored: serde_json::Value =
+        serde_json::from_str(record.args_json.as_deref().unwrap()).unwrap();
     assert_eq!(
         stored,
         serde_json::from_str::<serde_json::Value>(args).unwrap()
@@ -305,7 +306,7 @@ fn arguments_with_a_nul_are_stored_and_read_back_unchanged() {
     req.operation_key = "2".into();
     claim_fresh(&store, &req).unwrap();
     assert_eq!(
-        find_record(&store, &req).unwrap().args.as_deref(),
+        find_record(&store, &req).unwrap().args_json.as_deref(),
         Some("[1]")
     );
 }

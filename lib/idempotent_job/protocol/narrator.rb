@@ -34,28 +34,53 @@ module IdempotentJob
           "attempt #{claim.attempt})"
       end
 
-      # Publishes an event about a claim.
+      # Publishes an event about a claim (nothing is built when nobody listens: see
+      # {Events.listened?}).
       # @param name [Symbol] an {Events} name
       # @param claim [Claim]
       # @return [void]
       def emit(name, claim, **details)
+        return unless Events.listened?(name)
+
         Events.publish(name, { job_type: claim.job_type, operation_key: claim.operation_key, jid: claim.jid,
                                attempt: claim.attempt, **details })
       end
 
-      # Publishes an event about the delivery (no claim).
+      # Publishes an event about the delivery (no claim); nothing is built when nobody listens.
       # @param name [Symbol] an {Events} name
       # @return [void]
       def emit_delivery(name, **details)
+        return unless Events.listened?(name)
+
         Events.publish(name, { job_type: @delivery.job_type, operation_key: @delivery.operation_key,
                                jid: @delivery.id, **details })
       end
 
-      %i[info warn error].each do |level|
-        # Logs `text` with the gem's prefix.
-        # @param text [String]
-        # @return [void]
-        define_method(level) { |text| logger.public_send(level, "idempotent_job: #{text}") }
+      # Logs a line at info level with the gem's prefix.
+      # @param text [String, nil] the line; nil: the block's value, built only when a
+      #   `::Logger` (Ruby's, Sidekiq's, Rails') writes it at this level
+      # @yieldreturn [String] the line
+      # @return [void]
+      def info(text = nil, &) = log(:info, text, &)
+
+      # Logs a line at warn level (see {#info}).
+      # @param text [String, nil]
+      # @return [void]
+      def warn(text = nil, &) = log(:warn, text, &)
+
+      # Logs a line at error level (see {#info}).
+      # @param text [String, nil]
+      # @return [void]
+      def error(text = nil, &) = log(:error, text, &)
+
+      private
+
+      def log(level, text)
+        out = logger
+        # A ::Logger takes the line as a block and calls it only when it writes it.
+        return out.public_send(level) { "idempotent_job: #{text || yield}" } if out.is_a?(::Logger)
+
+        out.public_send(level, "idempotent_job: #{text || yield}")
       end
     end
   end

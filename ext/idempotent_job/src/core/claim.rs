@@ -13,7 +13,7 @@ use super::bookkeeping::{Bookkeeper, Repeat};
 use super::error::{Error, Result};
 use super::retry::with_fresh_conn;
 use super::store::{Conn, Interrupt, Lane, Pool};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
 /// Longest `job_type` + `operation_key`, in bytes, that the unique index accepts
 /// with room to spare (a btree entry must fit in a third of a page).
@@ -231,18 +231,125 @@ impl Fenced {
     }
 }
 
-/// Read one record; `args` is the claiming delivery's JSON text (unwrapped when
-/// [`CLAIM_SQL`] had to wrap it). Parameters: $1 job_type, $2 operation_key.
-pub const FIND_SQL: &str = r#"
-SELECT job_type, operation_key, status, claim_token, attempts, takeovers, last_claim, jid,
-       duplicates, lease_seconds, last_error, args_digest, job_class, queue,
-       coalesce(args ->> 'idempotent_job:json', args::text) AS args,
-       mismatches, last_mismatch, resolution,
-       first_claimed_at, claimed_at, lease_expires_at, completed_at, released_at,
-       last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at,
-       lease_expires_at <= now() AS lease_expired
-  FROM idempotent_job_records
- WHERE job_type = $1 AND operation_key = $2"#;
+/// Defines the record once: each column of [`Record`] with its Rust type, the kind of
+/// value it is for other layers ([`Field`]) and its expression in [`FIND_SQL`]'s select
+/// list (named after the field). From that one list come the struct, [`FIND_SQL`], the
+/// row's conversion ([`Record::from_row`]), the column names ([`Record::COLUMNS`]) and
+/// the named values the Ruby layer converts ([`Record::fields`]).
+macro_rules! record {
+    (
+        $(#[$meta:meta])*
+        pub struct Record {
+            $(#[$first_doc:meta])* $first:ident: $first_ty:ty => $first_kind:ident = $first_sql:literal,
+            $($(#[$doc:meta])* $field:ident: $ty:ty => $kind:ident = $sql:literal,)*
+        }
+        $(#[$find_doc:meta])*
+        pub const FIND_SQL = SELECT ... $from:literal;
+    ) => {
+        $(#[$meta])*
+        pub struct Record {
+            $(#[$first_doc])* pub $first: $first_ty,
+            $($(#[$doc])* pub $field: $ty,)*
+        }
+
+        $(#[$find_doc])*
+        pub const FIND_SQL: &str = concat!(
+            "SELECT ", $first_sql, " AS ", stringify!($first),
+            $(",\n       ", $sql, " AS ", stringify!($field),)*
+            $from
+        );
+
+        impl Record {
+            /// The record's column names, in [`FIND_SQL`]'s order (its select list's names).
+            pub const COLUMNS: &'static [&'static str] = &[stringify!($first), $(stringify!($field)),*];
+
+            /// A row of [`FIND_SQL`] as a record.
+            ///
+            /// Errors: a column missing or of another type ([`Error::Database`]).
+            pub fn from_row(row: &Row) -> Result<Record> {
+                Ok(Record {
+                    $first: row.try_get(stringify!($first))?,
+                    $($field: row.try_get(stringify!($field))?,)*
+                })
+            }
+
+            /// Every column's name and value, in [`Record::COLUMNS`]' order.
+            pub fn fields(&self) -> impl Iterator<Item = (&'static str, Field<'_>)> {
+                [
+                    (stringify!($first), Field::$first_kind(&self.$first)),
+                    $((stringify!($field), Field::$kind(&self.$field)),)*
+                ]
+                .into_iter()
+            }
+        }
+    };
+}
+
+/// One column's value of a [`Record`], by kind, for a layer that converts it (the Ruby
+/// binding makes a String, a Symbol, an Integer, a Float, true/false, a Time or nil).
+#[derive(Debug, Clone, Copy)]
+pub enum Field<'a> {
+    /// Text.
+    Text(&'a String),
+    /// Text or NULL.
+    OptText(&'a Option<String>),
+    /// One of a few names (status, last_claim): a Symbol in Ruby.
+    Name(&'a String),
+    /// An integer.
+    Int(&'a i32),
+    /// A number of seconds.
+    Float(&'a f64),
+    /// A boolean.
+    Bool(&'a bool),
+    /// A claim token.
+    Token(&'a Uuid),
+    /// A time (UTC).
+    Time(&'a DateTime<Utc>),
+    /// A time (UTC) or NULL.
+    OptTime(&'a Option<DateTime<Utc>>),
+}
+
+record! {
+    /// A whole idempotency record, as stored. Times are UTC.
+    #[derive(Debug, Clone)]
+    pub struct Record {
+        job_type: String => Text = "job_type",
+        operation_key: String => Text = "operation_key",
+        status: String => Name = "status",
+        claim_token: Uuid => Token = "claim_token",
+        attempts: i32 => Int = "attempts",
+        takeovers: i32 => Int = "takeovers",
+        last_claim: String => Name = "last_claim",
+        jid: Option<String> => OptText = "jid",
+        duplicates: i32 => Int = "duplicates",
+        lease_seconds: f64 => Float = "lease_seconds",
+        /// Whether `lease_expires_at` has passed, by the database clock.
+        lease_expired: bool => Bool = "lease_expires_at <= now()",
+        last_error: Option<String> => OptText = "last_error",
+        args_digest: Option<String> => OptText = "args_digest",
+        job_class: Option<String> => OptText = "job_class",
+        queue: Option<String> => OptText = "queue",
+        /// The claiming delivery's arguments as JSON text (unwrapped when [`CLAIM_SQL`]
+        /// had to wrap them).
+        args_json: Option<String> => OptText = "coalesce(args ->> 'idempotent_job:json', args::text)",
+        mismatches: i32 => Int = "mismatches",
+        last_mismatch: bool => Bool = "last_mismatch",
+        resolution: Option<String> => OptText = "resolution",
+        first_claimed_at: DateTime<Utc> => Time = "first_claimed_at",
+        claimed_at: DateTime<Utc> => Time = "claimed_at",
+        lease_expires_at: DateTime<Utc> => Time = "lease_expires_at",
+        completed_at: Option<DateTime<Utc>> => OptTime = "completed_at",
+        released_at: Option<DateTime<Utc>> => OptTime = "released_at",
+        last_duplicate_at: Option<DateTime<Utc>> => OptTime = "last_duplicate_at",
+        heartbeat_at: Option<DateTime<Utc>> => OptTime = "heartbeat_at",
+        held_at: Option<DateTime<Utc>> => OptTime = "held_at",
+        given_up_at: Option<DateTime<Utc>> => OptTime = "given_up_at",
+        resolved_at: Option<DateTime<Utc>> => OptTime = "resolved_at",
+        updated_at: DateTime<Utc> => Time = "updated_at",
+    }
+    /// Read one record: [`Record`]'s columns. Parameters: $1 job_type, $2 operation_key.
+    pub const FIND_SQL = SELECT ... "\n  FROM idempotent_job_records\n WHERE job_type = $1 AND operation_key = $2";
+}
 
 /// Held operations, oldest first. Parameters: $1 job_type or NULL for all, $2 limit.
 pub const HELD_SQL: &str = r#"
@@ -394,43 +501,6 @@ pub enum Outcome {
 pub struct Decision {
     pub outcome: Outcome,
     pub mismatch: bool,
-}
-
-/// A whole idempotency record, as stored. Times are UTC.
-#[derive(Debug, Clone)]
-pub struct Record {
-    pub job_type: String,
-    pub operation_key: String,
-    pub status: String,
-    pub claim_token: Uuid,
-    pub attempts: i32,
-    pub takeovers: i32,
-    pub last_claim: String,
-    pub jid: Option<String>,
-    pub duplicates: i32,
-    pub lease_seconds: f64,
-    pub last_error: Option<String>,
-    pub args_digest: Option<String>,
-    pub job_class: Option<String>,
-    pub queue: Option<String>,
-    /// The claiming delivery's arguments as JSON text.
-    pub args: Option<String>,
-    pub mismatches: i32,
-    pub last_mismatch: bool,
-    pub resolution: Option<String>,
-    pub first_claimed_at: DateTime<Utc>,
-    pub claimed_at: DateTime<Utc>,
-    pub lease_expires_at: DateTime<Utc>,
-    pub completed_at: Option<DateTime<Utc>>,
-    pub released_at: Option<DateTime<Utc>>,
-    pub last_duplicate_at: Option<DateTime<Utc>>,
-    pub heartbeat_at: Option<DateTime<Utc>>,
-    pub held_at: Option<DateTime<Utc>>,
-    pub given_up_at: Option<DateTime<Utc>>,
-    pub resolved_at: Option<DateTime<Utc>>,
-    pub updated_at: DateTime<Utc>,
-    /// Whether `lease_expires_at` has passed, by the database clock.
-    pub lease_expired: bool,
 }
 
 /// Checks a request before any statement: non-empty key and job type within
@@ -806,38 +876,7 @@ pub async fn find(conn: &Conn, job_type: &str, operation_key: &str) -> Result<Op
     let Some(row) = result?.into_iter().next() else {
         return Ok(None);
     };
-    Ok(Some(Record {
-        job_type: row.try_get("job_type")?,
-        operation_key: row.try_get("operation_key")?,
-        status: row.try_get("status")?,
-        claim_token: row.try_get("claim_token")?,
-        attempts: row.try_get("attempts")?,
-        takeovers: row.try_get("takeovers")?,
-        last_claim: row.try_get("last_claim")?,
-        jid: row.try_get("jid")?,
-        duplicates: row.try_get("duplicates")?,
-        lease_seconds: row.try_get("lease_seconds")?,
-        last_error: row.try_get("last_error")?,
-        args_digest: row.try_get("args_digest")?,
-        job_class: row.try_get("job_class")?,
-        queue: row.try_get("queue")?,
-        args: row.try_get("args")?,
-        mismatches: row.try_get("mismatches")?,
-        last_mismatch: row.try_get("last_mismatch")?,
-        resolution: row.try_get("resolution")?,
-        first_claimed_at: row.try_get("first_claimed_at")?,
-        claimed_at: row.try_get("claimed_at")?,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-        completed_at: row.try_get("completed_at")?,
-        released_at: row.try_get("released_at")?,
-        last_duplicate_at: row.try_get("last_duplicate_at")?,
-        heartbeat_at: row.try_get("heartbeat_at")?,
-        held_at: row.try_get("held_at")?,
-        given_up_at: row.try_get("given_up_at")?,
-        resolved_at: row.try_get("resolved_at")?,
-        updated_at: row.try_get("updated_at")?,
-        lease_expired: row.try_get("lease_expired")?,
-    }))
+    Record::from_row(&row).map(Some)
 }
 
 /// Keys of held operations, oldest first: `(job_type, operation_key)` pairs.

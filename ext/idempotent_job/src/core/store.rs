@@ -25,7 +25,6 @@
 //! lock may have been held by one of them at fork time).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Deref;
 use std::pin::Pin;
@@ -262,7 +261,7 @@ impl PgConn {
             driver: Some(driver),
             conn: Conn {
                 client,
-                statements: RefCell::new(HashMap::new()),
+                statements: RefCell::new(Vec::new()),
                 prepared_statements,
                 schema_checked,
             },
@@ -654,7 +653,11 @@ pub fn with_conn<T>(
 /// prepared statements. Derefs to `tokio_postgres::Client`.
 pub struct Conn {
     client: Client,
-    statements: RefCell<HashMap<&'static str, Statement>>,
+    /// The gem's prepared statements on this connection, by the address of their
+    /// constant SQL text (a handful: a linear look at addresses is quicker than
+    /// hashing 1 KB of SQL); a text met at another address (a constant inlined
+    /// elsewhere) is found by its content once and added under that address too.
+    statements: RefCell<Vec<(usize, &'static str, Statement)>>,
     /// See [`Conn::query_own`].
     prepared_statements: bool,
     /// See [`Conn::schema_checked`].
@@ -719,15 +722,32 @@ impl Conn {
     }
 
     async fn prepare_own(&self, sql: &'static str, types: &[Type]) -> Result<Statement> {
-        if let Some(statement) = self.statements.borrow().get(sql) {
-            return Ok(statement.clone());
+        let key = sql.as_ptr() as usize;
+        let known = {
+            let statements = self.statements.borrow();
+            let by_address = statements.iter().find(|(k, ..)| *k == key);
+            match by_address {
+                Some((.., statement)) => return Ok(statement.clone()),
+                None => statements
+                    .iter()
+                    .find(|(_, text, _)| *text == sql)
+                    .map(|(.., statement)| statement.clone()),
+            }
+        };
+        if let Some(statement) = known {
+            self.statements
+                .borrow_mut()
+                .push((key, sql, statement.clone()));
+            return Ok(statement);
         }
         let statement = self
             .client
             .prepare_typed(sql, types)
             .await
             .map_err(|e| self.own_error(sql, e))?;
-        self.statements.borrow_mut().insert(sql, statement.clone());
+        self.statements
+            .borrow_mut()
+            .push((key, sql, statement.clone()));
         Ok(statement)
     }
 

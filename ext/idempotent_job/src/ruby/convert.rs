@@ -2,11 +2,12 @@
 //! `IdempotentJob::Native` (`store.rs`, `transaction.rs`) and its module functions.
 
 use chrono::{DateTime, Utc};
+use magnus::value::LazyId;
 use magnus::{prelude::*, IntoValue, RHash, Ruby, Symbol, Value};
 use uuid::Uuid;
 
 use super::errors::to_ruby;
-use crate::core::claim::{self, ClaimRequest, ClaimRow, Decision, Fenced, Outcome, Record};
+use crate::core::claim::{self, ClaimRequest, ClaimRow, Decision, Fenced, Field, Outcome, Record};
 use crate::core::error::{Error, Result};
 
 /// Results of the binding's functions: a Ruby exception as the error.
@@ -14,6 +15,40 @@ pub type RbResult<T> = std::result::Result<T, magnus::Error>;
 
 pub fn parse_token(token: &str) -> Result<Uuid> {
     Uuid::parse_str(token).map_err(|_| Error::Config(format!("{token:?} is not a claim token")))
+}
+
+/// The Symbols of the claim request's and the decision's keys, interned once (not
+/// looked up by name at every claim).
+mod keys {
+    use magnus::value::LazyId;
+
+    macro_rules! ids {
+        ($($id:ident),* $(,)?) => {
+            $(#[allow(non_upper_case_globals)]
+            pub static $id: LazyId = LazyId::new(stringify!($id));)*
+        };
+    }
+
+    ids!(
+        job_type,
+        operation_key,
+        jid,
+        lease,
+        args_digest,
+        job_class,
+        queue,
+        args_json,
+        refuse_mismatch,
+        facts_json,
+        mismatch,
+        decision,
+        token,
+        attempt,
+        kind,
+        holder_jid,
+        lease_remaining,
+        duplicates,
+    );
 }
 
 /// A Hash with Symbol keys, filled by `set`.
@@ -36,6 +71,12 @@ impl<'r> Out<'r> {
     pub fn sym(&self, key: &str, value: &str) -> RbResult<&Self> {
         self.set(key, self.ruby.to_symbol(value))
     }
+    /// `set` with a key interned once.
+    fn put<T: IntoValue>(&self, key: &LazyId, value: T) -> RbResult<&Self> {
+        self.hash
+            .aset(LazyId::get_inner_with(key, self.ruby), value)?;
+        Ok(self)
+    }
     pub fn time(&self, key: &str, t: Option<DateTime<Utc>>) -> RbResult<&Self> {
         let value: Value = match t {
             None => self.ruby.qnil().as_value(),
@@ -52,22 +93,23 @@ impl<'r> Out<'r> {
 /// `lease` (seconds), `args_digest`, `job_class`, `queue`, `args_json`,
 /// `refuse_mismatch`, `facts_json` (the door's delivery facts: a JSON object text).
 pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
-    let get = |key: &str| request.lookup::<_, Option<String>>(ruby.to_symbol(key));
+    let id = |key: &LazyId| LazyId::get_inner_with(key, ruby);
+    let get = |key: &LazyId| request.lookup::<_, Option<String>>(id(key));
     Ok(ClaimRequest {
-        job_type: get("job_type")?.unwrap_or_default(),
-        operation_key: get("operation_key")?.unwrap_or_default(),
-        jid: get("jid")?,
+        job_type: get(&keys::job_type)?.unwrap_or_default(),
+        operation_key: get(&keys::operation_key)?.unwrap_or_default(),
+        jid: get(&keys::jid)?,
         lease_seconds: request
-            .lookup::<_, Option<f64>>(ruby.to_symbol("lease"))?
+            .lookup::<_, Option<f64>>(id(&keys::lease))?
             .unwrap_or(0.0),
-        args_digest: get("args_digest")?,
-        job_class: get("job_class")?,
-        queue: get("queue")?,
-        args_json: get("args_json")?,
+        args_digest: get(&keys::args_digest)?,
+        job_class: get(&keys::job_class)?,
+        queue: get(&keys::queue)?,
+        args_json: get(&keys::args_json)?,
         refuse_mismatch: request
-            .lookup::<_, Option<bool>>(ruby.to_symbol("refuse_mismatch"))?
+            .lookup::<_, Option<bool>>(id(&keys::refuse_mismatch))?
             .unwrap_or(false),
-        facts_json: get("facts_json")?,
+        facts_json: get(&keys::facts_json)?,
     })
 }
 
@@ -75,17 +117,18 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
 /// `:held`, `:given_up`, `:refused`), `:mismatch`, and the decision's details.
 pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
     let out = Out::new(ruby);
-    out.set("mismatch", decision.mismatch)?;
+    out.put(&keys::mismatch, decision.mismatch)?;
+    let named = |name: &str| ruby.to_symbol(name);
     match decision.outcome {
         Outcome::Claimed {
             token,
             attempt,
             kind,
         } => {
-            out.sym("decision", "claimed")?
-                .set("token", token.to_string())?
-                .set("attempt", attempt)?
-                .sym("kind", kind.as_str())?;
+            out.put(&keys::decision, named("claimed"))?
+                .put(&keys::token, token.to_string())?
+                .put(&keys::attempt, attempt)?
+                .put(&keys::kind, named(kind.as_str()))?;
         }
         Outcome::InProgress {
             holder_jid,
@@ -93,26 +136,27 @@ pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
             lease_remaining,
             duplicates,
         } => {
-            out.sym("decision", "in_progress")?
-                .set("holder_jid", holder_jid)?
-                .set("attempt", attempt)?
-                .set("lease_remaining", lease_remaining)?
-                .set("duplicates", duplicates)?;
+            out.put(&keys::decision, named("in_progress"))?
+                .put(&keys::holder_jid, holder_jid)?
+                .put(&keys::attempt, attempt)?
+                .put(&keys::lease_remaining, lease_remaining)?
+                .put(&keys::duplicates, duplicates)?;
         }
         Outcome::Completed { duplicates } => {
-            out.sym("decision", "completed")?
-                .set("duplicates", duplicates)?;
+            out.put(&keys::decision, named("completed"))?
+                .put(&keys::duplicates, duplicates)?;
         }
         Outcome::Held { duplicates } => {
-            out.sym("decision", "held")?.set("duplicates", duplicates)?;
+            out.put(&keys::decision, named("held"))?
+                .put(&keys::duplicates, duplicates)?;
         }
         Outcome::GivenUp { duplicates } => {
-            out.sym("decision", "given_up")?
-                .set("duplicates", duplicates)?;
+            out.put(&keys::decision, named("given_up"))?
+                .put(&keys::duplicates, duplicates)?;
         }
         Outcome::Refused { duplicates } => {
-            out.sym("decision", "refused")?
-                .set("duplicates", duplicates)?;
+            out.put(&keys::decision, named("refused"))?
+                .put(&keys::duplicates, duplicates)?;
         }
     }
     Ok(out.hash)
@@ -177,37 +221,27 @@ pub fn fenced_sql(ruby: &Ruby, change: Symbol) -> RbResult<&'static str> {
     Ok(parse_fenced(ruby, change)?.sql())
 }
 
+/// A record as a Hash with Symbol keys, one per [`Record::COLUMNS`]: status and
+/// last_claim as Symbols, the claim token as a String, times as Time, NULL as nil.
 pub fn record_hash(ruby: &Ruby, r: Record) -> RbResult<RHash> {
     let out = Out::new(ruby);
-    out.set("job_type", r.job_type)?
-        .set("operation_key", r.operation_key)?
-        .sym("status", &r.status)?
-        .set("claim_token", r.claim_token.to_string())?
-        .set("attempts", r.attempts)?
-        .set("takeovers", r.takeovers)?
-        .sym("last_claim", &r.last_claim)?
-        .set("jid", r.jid)?
-        .set("duplicates", r.duplicates)?
-        .set("lease_seconds", r.lease_seconds)?
-        .set("lease_expired", r.lease_expired)?
-        .set("last_error", r.last_error)?
-        .set("args_digest", r.args_digest)?
-        .set("job_class", r.job_class)?
-        .set("queue", r.queue)?
-        .set("args_json", r.args)?
-        .set("mismatches", r.mismatches)?
-        .set("last_mismatch", r.last_mismatch)?
-        .set("resolution", r.resolution)?
-        .time("first_claimed_at", Some(r.first_claimed_at))?
-        .time("claimed_at", Some(r.claimed_at))?
-        .time("lease_expires_at", Some(r.lease_expires_at))?
-        .time("completed_at", r.completed_at)?
-        .time("released_at", r.released_at)?
-        .time("last_duplicate_at", r.last_duplicate_at)?
-        .time("heartbeat_at", r.heartbeat_at)?
-        .time("held_at", r.held_at)?
-        .time("given_up_at", r.given_up_at)?
-        .time("resolved_at", r.resolved_at)?
-        .time("updated_at", Some(r.updated_at))?;
+    for (name, field) in r.fields() {
+        match field {
+            Field::Name(v) => out.sym(name, v)?,
+            Field::Text(v) => out.set(name, v.as_str())?,
+            Field::OptText(v) => out.set(name, v.as_deref())?,
+            Field::Int(v) => out.set(name, *v)?,
+            Field::Float(v) => out.set(name, *v)?,
+            Field::Bool(v) => out.set(name, *v)?,
+            Field::Token(v) => out.set(name, v.to_string())?,
+            Field::Time(v) => out.time(name, Some(*v))?,
+            Field::OptTime(v) => out.time(name, *v)?,
+        };
+    }
     Ok(out.hash)
+}
+
+/// `Native.record_columns`: the record's column names, as [`record_hash`]'s keys.
+pub fn record_columns() -> Vec<&'static str> {
+    Record::COLUMNS.to_vec()
 }

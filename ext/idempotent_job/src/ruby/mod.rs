@@ -22,6 +22,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("decide", function!(convert::decide, 3))?;
     native.define_module_function("fenced_sql", function!(convert::fenced_sql, 1))?;
     native.define_module_function("server_error", function!(errors::server_error, 2))?;
+    native.define_module_function("record_columns", function!(convert::record_columns, 0))?;
     errors::init(ruby)?;
     store::init(ruby, native)?;
     heartbeat::init(ruby, native)?;
