@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idempotent_job::core::bookkeeping::Repeat;
 use idempotent_job::core::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
 use idempotent_job::core::config::Config;
 use idempotent_job::core::error::Error;
@@ -396,35 +397,7 @@ fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
     claim(&store, &req).unwrap();
 
     // Another session holds the record's row lock, so the next claim blocks.
-    let (job_type, key) = (req.job_type.clone(), req.operation_key.clone());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (locker, connection) = runtime
-        .block_on(tokio_postgres::connect(
-            &database_url(),
-            tokio_postgres::NoTls,
-        ))
-        .unwrap();
-    let locking = std::thread::spawn(move || {
-        runtime.block_on(async move {
-            let driver = tokio::spawn(connection);
-            locker.batch_execute("BEGIN").await.unwrap();
-            locker
-                .execute(
-                    "SELECT 1 FROM idempotent_job_records WHERE job_type = $1 \
-                     AND operation_key = $2 FOR UPDATE",
-                    &[&job_type, &key],
-                )
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            locker.batch_execute("ROLLBACK").await.unwrap();
-            drop(locker);
-            let _ = driver.await;
-        })
-    });
+    let locking = hold_row_lock(&req, Duration::from_secs(3));
     std::thread::sleep(Duration::from_millis(300));
 
     // The caller's thread is interrupted after 300 ms and gives the call up (what
@@ -818,4 +791,86 @@ fn the_record_is_defined_once_its_select_list_names_every_field_of_the_struct() 
     }
     assert_eq!(record.status, "completed");
     assert_eq!(record.args_json.as_deref(), Some(r#"["1"]"#));
+}
+
+/// Holds the row lock of `req`'s record in another session for `hold`, from a thread of
+/// its own (joined by the caller); returns once the lock is taken.
+fn hold_row_lock(req: &ClaimRequest, hold: Duration) -> std::thread::JoinHandle<()> {
+    let (job_type, key) = (req.job_type.clone(), req.operation_key.clone());
+    let (taken, locked) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let (locker, connection) =
+                tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+            let driver = tokio::spawn(connection);
+            locker.batch_execute("BEGIN").await.unwrap();
+            locker
+                .execute(
+                    "SELECT 1 FROM idempotent_job_records WHERE job_type = $1 \
+                     AND operation_key = $2 FOR UPDATE",
+                    &[&job_type, &key],
+                )
+                .await
+                .unwrap();
+            taken.send(()).unwrap();
+            tokio::time::sleep(hold).await;
+            locker.batch_execute("ROLLBACK").await.unwrap();
+            drop(locker);
+            let _ = driver.await;
+        })
+    });
+    locked.recv().unwrap();
+    handle
+}
+
+/// A repeat whose counters the claim statement already wrote (only its facts are
+/// queued) is still waited for by `settle` once the background writer has taken it
+/// from the queue: a report read after `settle` sees its facts.
+#[test]
+fn settle_waits_for_a_batch_the_writer_already_took() {
+    let store = store();
+    let req = request(&unique("settle"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    complete(&store, &req, token).unwrap();
+    // A duplicate decided by the claim statement, as a transactional session makes it:
+    // it counted itself; its facts are left to the bookkeeping.
+    let sent = req.clone();
+    let (_, repeat) = store
+        .with_conn(async |c| claim::claim_noting(c, &sent, uuid::Uuid::new_v4()).await)
+        .unwrap();
+    // The writer's batch waits on this row lock with the repeat already out of the queue.
+    let locking = hold_row_lock(&req, Duration::from_millis(600));
+    store
+        .run(|pool, _| {
+            pool.bookkeeper().record(repeat.expect("a repeat"));
+            Ok(())
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    let facts = store
+        .with_conn(async |c| {
+            let row = c
+                .query_one(
+                    "SELECT jsonb_array_length(repeat_facts) FROM idempotent_job_records \
+                     WHERE job_type = $1 AND operation_key = $2",
+                    &[&req.job_type, &req.operation_key],
+                )
+                .await?;
+            Ok(row.get::<_, i32>(0))
+        })
+        .unwrap();
+    locking.join().unwrap();
+    assert_eq!(
+        facts, 1,
+        "settle returned before the taken batch was written"
+    );
 }

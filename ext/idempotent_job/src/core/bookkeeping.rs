@@ -23,6 +23,7 @@
 //! deliveries of one operation count exactly.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use chrono::{DateTime, Utc};
@@ -124,8 +125,12 @@ pub const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 #[derive(Default)]
 pub struct Bookkeeper {
     queue: Mutex<Vec<Repeat>>,
-    /// Queued or in-flight repeats per operation.
+    /// Queued or in-flight repeats per operation, of those still to count ([`Repeat::count`]).
     unsettled: Mutex<HashMap<Key, usize>>,
+    /// Every repeat queued or in a batch being written, counted or not: [`Bookkeeper::settle`]
+    /// returns at once only when it is 0 (a facts-only repeat the writer has taken from the
+    /// queue is in neither `queue` nor `unsettled` until its batch is written).
+    outstanding: AtomicUsize,
     /// Held while a batch is being written.
     writing: tokio::sync::Mutex<()>,
     wake: Notify,
@@ -138,6 +143,7 @@ impl Bookkeeper {
         if repeat.count {
             *lock(&self.unsettled).entry(key).or_default() += 1;
         }
+        self.outstanding.fetch_add(1, Ordering::SeqCst);
         lock(&self.queue).push(repeat);
         self.wake.notify_one();
     }
@@ -159,7 +165,7 @@ impl Bookkeeper {
     ///
     /// Errors: connection/database errors (the batch is then lost: telemetry only).
     pub fn settle(&self, pool: &Pool, interrupt: &Interrupt<'_>) -> Result<()> {
-        if lock(&self.unsettled).is_empty() && lock(&self.queue).is_empty() {
+        if self.outstanding.load(Ordering::SeqCst) == 0 {
             return Ok(());
         }
         let _writing = pool.block_on_background(interrupt, self.writing.lock())?;
@@ -184,6 +190,7 @@ impl Bookkeeper {
             )
             .await
         });
+        self.outstanding.fetch_sub(batch.len(), Ordering::SeqCst);
         let mut unsettled = lock(&self.unsettled);
         for r in batch.iter().filter(|r| r.count) {
             let key = (r.job_type.clone(), r.operation_key.clone());
