@@ -37,7 +37,9 @@ module IdempotentJob
       @lock.synchronize { @configuration ||= Configuration.new }
     end
 
-    # Changes the settings; the connection pool is rebuilt on next use.
+    # Changes the settings; the connection pool is rebuilt on next use. The replaced
+    # pool's queued repeat bookkeeping is written first ({settle_repeats}; a failure to
+    # write it is logged, never raised: it is telemetry).
     # @param settings [Hash{Symbol => Object}] settings to set first (see
     #   Configuration::SETTINGS), e.g. `configure(pool_size: 20)`
     # @yieldparam config [Configuration] optional block form
@@ -51,20 +53,23 @@ module IdempotentJob
       yield candidate if block_given?
       candidate.validate!
       build_store(candidate) if candidate.database_url || candidate.host
-      @lock.synchronize do
+      replaced = @lock.synchronize do
         @configuration = candidate
-        @store = nil
+        @store.tap { @store = nil }
       end
+      retire(replaced)
       candidate
     end
 
-    # Forgets all settings and the connection pool (tests).
+    # Forgets all settings and the connection pool (tests), after writing the pool's
+    # queued repeat bookkeeping as {configure} does.
     # @return [void]
     def reset!
-      @lock.synchronize do
+      replaced = @lock.synchronize do
         @configuration = nil
-        @store = nil
+        @store.tap { @store = nil }
       end
+      retire(replaced)
     end
 
     # Creates or updates the schema: applies each SQL file of `migrations/` not yet
@@ -310,6 +315,14 @@ module IdempotentJob
 
     def build_store(config)
       Native::Store.new(config.to_native_json)
+    end
+
+    # Writes what a store being replaced still has queued for the repeats report, so
+    # neither the repeats nor its background writer are cut off when it is freed.
+    def retire(store)
+      store&.settle_repeats
+    rescue Error => e
+      configuration.logger&.warn("idempotent_job: repeat bookkeeping of the replaced pool not written (#{e.message})")
     end
   end
 end

@@ -121,6 +121,20 @@ RSpec.describe "Duplicate deliveries" do
         .to raise_error(IdempotentJob::ConfigurationError, /delivery facts of Dup must be a JSON object/)
     end
 
+    it "writes a replaced pool's queued bookkeeping when the gem is reconfigured or reset" do
+      [-> { SpecServices.configure_gem!(pool_size: 3) }, -> { IdempotentJob.reset! }].each do |replace|
+        SpecServices.configure_gem!
+        key = unique_key
+        complete("Dup", key, deliver(key, "j0")[:token])
+        30.times { |i| deliver(key, "r#{i}") }
+        replace.call
+        counted = Effects.connection.exec_params(
+          "SELECT duplicates FROM idempotent_job_records WHERE job_type = 'Dup' AND operation_key = $1", [key]
+        ).getvalue(0, 0).to_i
+        expect(counted).to eq(30)
+      end
+    end
+
     it "loses at most a killed process's unwritten bookkeeping, never a decision" do
       key = unique_key
       first = deliver(key, "j1")

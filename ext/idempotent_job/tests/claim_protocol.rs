@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idempotent_job::core::bookkeeping::Repeat;
 use idempotent_job::core::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
 use idempotent_job::core::config::Config;
 use idempotent_job::core::error::Error;

@@ -856,6 +856,17 @@ impl Store {
         Ok(pool)
     }
 
+    /// The pool of the current process if it was built already ([`Store::pool`] builds
+    /// it), never building one: for work that only concerns a pool in use, such as
+    /// writing its queued repeat bookkeeping.
+    pub fn built_pool(&self) -> Option<Pool> {
+        let owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        owned
+            .as_ref()
+            .filter(|o| o.pid == std::process::id())
+            .map(|o| o.pool.clone())
+    }
+
     fn build(&self) -> Result<Owned> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

@@ -306,9 +306,13 @@ impl NativeStore {
     }
 
     /// `settle_repeats` → true once this process's queued repeat bookkeeping is
-    /// written (see `core::bookkeeping`).
+    /// written (see `core::bookkeeping`); false, at once, when this process never used
+    /// the store (nothing can be queued; no pool is built for it).
     fn settle_repeats(ruby: &Ruby, rb_self: &Self) -> RbResult<bool> {
-        rb_self.run(ruby, |pool, i| pool.bookkeeper().settle(pool, i))?;
+        let Some(pool) = rb_self.0.built_pool() else {
+            return Ok(false);
+        };
+        without_gvl(ruby, |i| pool.bookkeeper().settle(&pool, i))?.map_err(|e| to_ruby(ruby, e))?;
         Ok(true)
     }
 
