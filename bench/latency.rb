@@ -68,6 +68,8 @@ module IdempotentJobBench
     def build(url, kind)
       list = [Floor.new(@db.connect(url)), GemStore.new, GemMiddleware.new, HandWritten.new(@db.connect(url))]
       list << RoundTrip.new(@db.connect(url)) if kind == :duplicate
+      list << GemMiddleware.new(BenchJobNoHeartbeat, name: :middleware_no_heartbeat,
+                                                     label: "diagnostic: gem middleware, heartbeat off")
       list + unnamed(url) + proposals(url, kind) + diagnostics(url)
     end
 

@@ -60,6 +60,12 @@ module IdempotentJobBench
     def perform(_key); end
   end
 
+  # {BenchJob} without the lease-renewing heartbeat (a diagnostic variant: what the
+  # heartbeat's start and stop cost a delivery).
+  class BenchJobNoHeartbeat < BenchJob
+    sidekiq_options idempotency_heartbeat: false
+  end
+
   # A way of recording deliveries that the benchmark times. Each variant answers
   # {#first} (a first delivery: claim, then completion) and {#duplicate} (a delivery
   # of an operation already completed: turned away); both raise when the database
@@ -245,10 +251,12 @@ module IdempotentJobBench
   # processor: options, operation key, argument digest, claim, heartbeat start and
   # stop, events, completion.
   class GemMiddleware < Variant
-    def initialize
-      super(:middleware, "gem: Sidekiq server middleware")
+    # @param job_class [Class] the job class delivered ({BenchJob} or {BenchJobNoHeartbeat})
+    # @param name [Symbol], label [String] (see Variant#initialize)
+    def initialize(job_class = BenchJob, name: :middleware, label: "gem: Sidekiq server middleware")
+      super(name, label)
       @middleware = IdempotentJob::Sidekiq::ServerMiddleware.new
-      @job = BenchJob.new
+      @job = job_class.new
     end
 
     # (see Floor#first)
@@ -268,7 +276,7 @@ module IdempotentJobBench
     private
 
     def job_hash(delivery)
-      { "class" => BenchJob.name, "args" => [delivery.key], "jid" => delivery.jid, "queue" => "default" }
+      { "class" => @job.class.name, "args" => [delivery.key], "jid" => delivery.jid, "queue" => "default" }
     end
   end
 
