@@ -234,7 +234,8 @@ module IdempotentJobBench
                 "is off for it (proposal A, diagnostics); Ruby objects = objects allocated in this Ruby process " \
                 "(GC.stat total_allocated_objects, the bench's own Op and the variant's call included); all per " \
                 "delivery, #{COUNTED} deliveries.",
-                "proposals are changes to the gem prototyped here with raw SQL; they do not exist in the gem.",
+                "proposals are changes prototyped here with raw SQL on the floor (proposal A for completions " \
+                "is the gem's `asynchronous_completion: true`).",
                 "diagnostics: both connections with synchronous_commit off (no wait for the disk), so the gem's own " \
                 "overhead shows; the diagnostic gem's × is to the diagnostic floor."]
       if kind == :first

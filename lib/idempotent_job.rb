@@ -20,6 +20,7 @@ require_relative "idempotent_job/protocol"
 require_relative "idempotent_job/plain"
 require_relative "idempotent_job/events"
 require_relative "idempotent_job/repeats"
+require_relative "idempotent_job/producer"
 require_relative "idempotent_job/native"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.

@@ -75,6 +75,9 @@ module IdempotentJob
     #   operation in progress is pushed back, so it arrives after the lease ends. Default 1.
     attr_reader :defer_margin
 
+    # Shortest lease accepted, in seconds: below it a heartbeat cannot renew in time
+    # (one statement round trip and a thread wake-up) and every delivery looks stale.
+    MIN_LEASE = 0.25
     # Longest duration accepted, in seconds (ten years).
     MAX_SECONDS = 315_360_000
     # PostgreSQL's limit for statement_timeout and lock_timeout (INT_MAX ms), in seconds.
@@ -140,10 +143,15 @@ module IdempotentJob
       @database_url || ENV["IDEMPOTENT_JOB_DATABASE_URL"] || ENV.fetch("DATABASE_URL", nil)
     end
 
-    # @param seconds [Numeric] default lease, > 0
-    # @raise [ConfigurationError] when not a positive number
+    # @param seconds [Numeric] default lease, at least {MIN_LEASE}
+    # @raise [ConfigurationError] when not a number of seconds of at least {MIN_LEASE}
     def lease=(seconds)
-      @lease = self.class.positive_seconds!("lease", seconds)
+      seconds = self.class.positive_seconds!("lease", seconds)
+      if seconds < MIN_LEASE
+        raise ConfigurationError, "lease must be at least #{MIN_LEASE} s (a shorter lease cannot be renewed in " \
+                                  "time), got #{seconds.inspect}"
+      end
+      @lease = seconds
     end
 
     # @param policy [Symbol, String] one of {STALE_POLICIES}

@@ -16,11 +16,11 @@ module IdempotentJob
   end
 
   # Invalid configuration or option: a bad database_url, an unknown key, a
-  # non-positive lease. Fix the code or settings; retrying does not help.
+  # lease shorter than 0.25 s. Fix the code or settings; retrying does not help.
   class ConfigurationError < Error; end
 
-  # PostgreSQL could not be reached, the connection was lost, or no pooled
-  # connection became free within checkout_timeout. The job body did not run
+  # PostgreSQL could not be reached or the connection was lost (no pooled connection
+  # free within checkout_timeout is a {TimeoutError}). The job body did not run
   # (fail closed); the queue's retry will try again.
   class ConnectionError < Error
     # @return [Boolean] always true

@@ -13,9 +13,8 @@ module IdempotentJob
     LOOKUP_ANSWERS = %i[done not_done unknown].freeze
     # Option names, without a prefix.
     NAMES = %i[key scope lease on_stale on_mismatch lookup heartbeat max_run transaction lock_timeout].freeze
-    # Shortest lease accepted, in seconds: below it a heartbeat cannot renew in time
-    # (one statement round trip and a thread wake-up) and every delivery looks stale.
-    MIN_LEASE = 0.25
+    # Shortest lease accepted, in seconds ({Configuration::MIN_LEASE}).
+    MIN_LEASE = Configuration::MIN_LEASE
     # Most option sets cached per configuration (per-push overrides add entries).
     CACHE_LIMIT = 1000
 

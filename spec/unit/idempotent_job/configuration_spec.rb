@@ -22,9 +22,13 @@ RSpec.describe IdempotentJob::Configuration do
     expect(config.database_url).to eq("postgres://c/db")
   end
 
-  it "defaults the lease to 300 seconds and rejects a non-positive lease" do
+  it "defaults the lease to 300 seconds and rejects a non-positive lease or one shorter than 0.25 s" do
     expect(config.lease).to eq(300)
     expect { config.lease = 0 }.to raise_error(IdempotentJob::ConfigurationError, /lease must be a positive/)
+    expect { IdempotentJob.configure(lease: 0.1) }
+      .to raise_error(IdempotentJob::ConfigurationError, /lease must be at least 0.25 s.*got 0.1/)
+    config.lease = 0.25
+    expect(config.lease).to eq(0.25)
     expect { config.lease = "5" }.to raise_error(IdempotentJob::ConfigurationError)
   end
 
