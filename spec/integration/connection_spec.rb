@@ -99,7 +99,7 @@ RSpec.describe "The connection layer", :integration do
 
   describe "an outage" do
     let(:dir) { File.join(root, "tmp", "outage-services") }
-    let(:env) { { "PG_PORT" => "54346", "REDIS_PORT" => "63816" } }
+    let(:env) { { "PG_PORT" => "25346", "REDIS_PORT" => "63816" } }
 
     def services(command)
       out = IO.popen(env, [File.join(root, "bin/services"), command, dir], &:read)

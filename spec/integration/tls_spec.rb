@@ -10,7 +10,7 @@ RSpec.describe "TLS", :integration do
   let(:root) { File.expand_path("../..", __dir__) }
   let(:dir) { File.join(root, "tmp", "tls-services") }
   let(:certs) { File.join(root, "tmp", "tls-certs") }
-  let(:port) { 54_347 }
+  let(:port) { 25_347 }
 
   def openssl(*args)
     system("openssl", *args, out: File::NULL, err: File::NULL, exception: true)

@@ -24,6 +24,11 @@ module IdempotentJob
       # Seconds to wait for the server to accept connections.
       START_TIMEOUT = 60
 
+      # Ports picked from: below Linux's ephemeral range (32768-60999), where the local
+      # end of an outgoing connection made between this pick and the server's bind
+      # could take the port.
+      FREE_PORTS = (20_000..32_000)
+
       # @return [String] a libpq URL for the database
       attr_reader :url
       # @return [Integer] the TCP port on 127.0.0.1
@@ -117,11 +122,15 @@ module IdempotentJob
         Process.uid.zero?
       end
 
+      # A port of {FREE_PORTS} nothing listens on at the moment of the pick.
       def free_port
-        server = TCPServer.new("127.0.0.1", 0)
-        server.addr[1]
-      ensure
-        server&.close
+        100.times do
+          port = rand(FREE_PORTS)
+          return TCPServer.new("127.0.0.1", port).then { |server| server.close || port }
+        rescue Errno::EADDRINUSE
+          next
+        end
+        raise ConfigurationError, "no free TCP port on 127.0.0.1 in #{FREE_PORTS} after 100 tries"
       end
 
       def command(program, arguments)
