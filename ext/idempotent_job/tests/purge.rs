@@ -1,0 +1,173 @@
+//! Retention: `claim::purge_batch` against a real PostgreSQL. Each test has a schema of
+//! its own (`Config::schema`), so its table, rows and statistics are its alone.
+
+mod common;
+
+use idempotent_job::core::claim;
+use idempotent_job::core::config::Config;
+use idempotent_job::core::migrate;
+use idempotent_job::core::store::Store;
+
+/// A migrated store whose record table lives in a fresh schema `schema`.
+fn store_in(schema: &str) -> Store {
+    let admin = common::store();
+    let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
+    admin
+        .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
+        .unwrap();
+    let mut config = Config::new(common::database_url());
+    config.schema = Some(schema.to_string());
+    config.pool_size = 2;
+    let store = Store::new(config).unwrap();
+    store.run(migrate::migrate).unwrap();
+    store
+}
+
+fn exec(store: &Store, sql: &str) {
+    store
+        .with_conn(async |c| Ok(c.batch_execute(sql).await?))
+        .unwrap();
+}
+
+/// `n` records of job type `job_type`: status `status`, finished `ago` ago
+/// (a PostgreSQL interval) when completed or given up.
+fn records(store: &Store, job_type: &str, n: i32, status: &str, ago: &str) {
+    exec(
+        store,
+        &format!(
+            "INSERT INTO idempotent_job_records
+               (job_type, operation_key, status, claim_token, lease_seconds, lease_expires_at,
+                claimed_at, completed_at, given_up_at, held_at)
+             SELECT '{job_type}', '{status}-{ago}-' || i, '{status}', gen_random_uuid(), 30,
+                    now(), now() - interval '{ago}',
+                    CASE WHEN '{status}' = 'completed' THEN now() - interval '{ago}' END,
+                    CASE WHEN '{status}' = 'given_up' THEN now() - interval '{ago}' END,
+                    CASE WHEN '{status}' = 'held' THEN now() - interval '{ago}' END
+               FROM generate_series(1, {n}) AS i"
+        ),
+    );
+}
+
+fn count(store: &Store, condition: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM idempotent_job_records WHERE {condition}");
+    store
+        .with_conn(async |c| Ok(c.query_one(sql.as_str(), &[]).await?.get(0)))
+        .unwrap()
+}
+
+#[test]
+fn purge_deletes_only_old_finished_records_in_batches_and_skips_locked_ones() {
+    let store = store_in("ij_purge_rows");
+    records(&store, "P", 30, "completed", "2 days");
+    records(&store, "P", 20, "given_up", "2 days");
+    records(&store, "P", 10, "completed", "1 minute");
+    records(&store, "P", 10, "held", "2 days");
+    records(&store, "P", 10, "claimed", "2 days");
+    records(&store, "P", 10, "released", "2 days");
+
+    // One old completed record is locked by a claim in progress elsewhere.
+    let locker = common::store();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        locker
+            .with_conn(async |c| {
+                c.batch_execute(
+                    "BEGIN; SELECT 1 FROM ij_purge_rows.idempotent_job_records \
+                     WHERE operation_key = 'completed-2 days-1' FOR UPDATE",
+                )
+                .await?;
+                locked_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+                c.batch_execute("ROLLBACK").await?;
+                Ok(())
+            })
+            .unwrap();
+    });
+    locked_rx.recv().unwrap();
+
+    let batch = |n: i64| {
+        store
+            .with_conn(async |c| claim::purge_batch(c, 3600.0, n).await)
+            .unwrap()
+    };
+    let started = std::time::Instant::now();
+    assert_eq!(batch(20), 20, "a full batch");
+    assert_eq!(batch(20), 20, "a full batch");
+    assert_eq!(batch(20), 9, "the rest, but the locked record");
+    assert_eq!(batch(20), 0, "nothing left but the locked record");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "a locked record is skipped, never waited for"
+    );
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert_eq!(batch(20), 1, "the record once its lock is gone");
+
+    assert_eq!(
+        count(&store, "status = 'completed'"),
+        10,
+        "recent ones stay"
+    );
+    assert_eq!(count(&store, "status = 'given_up'"), 0);
+    assert_eq!(
+        count(&store, "status IN ('held', 'claimed', 'released')"),
+        30,
+        "held records and live or stale claims are never purged"
+    );
+}
+
+#[test]
+fn purge_batch_has_one_plan_whatever_the_statistics() {
+    let store = store_in("ij_purge_plan");
+    // Statistics taken when the table held a few recent completions, then a bulk
+    // load they know nothing about (what a test suite, a restore or a backfill does).
+    records(&store, "Q", 400, "completed", "1 second");
+    exec(
+        &store,
+        "ANALYZE idempotent_job_records; TRUNCATE idempotent_job_records",
+    );
+    records(&store, "Q", 40_000, "completed", "2 days");
+    records(&store, "Q", 40_000, "completed", "1 minute");
+    records(&store, "Q", 20_000, "claimed", "2 days");
+
+    // The plan the purge gets: generic, as on the gem's connections
+    // (plan_cache_mode = force_generic_plan).
+    let plan: Vec<String> = store
+        .with_conn(async |c| {
+            c.batch_execute(&format!(
+                "SET plan_cache_mode = force_generic_plan; \
+                 PREPARE purge_plan(float8, int8) AS {}",
+                claim::PURGE_SQL
+            ))
+            .await?;
+            let rows = c
+                .query("EXPLAIN EXECUTE purge_plan(3600, 5000)", &[])
+                .await?;
+            c.batch_execute("DEALLOCATE purge_plan").await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("Tid Scan"), "deleted by address:\n{plan}");
+    assert!(
+        plan.contains("idempotent_job_records_finished_idx"),
+        "picked by the retention index:\n{plan}"
+    );
+    assert!(
+        !plan.contains("Seq Scan"),
+        "no batch scans the whole table:\n{plan}"
+    );
+
+    let mut total = 0;
+    loop {
+        let deleted = store
+            .with_conn(async |c| claim::purge_batch(c, 3600.0, 5000).await)
+            .unwrap();
+        total += deleted;
+        if deleted < 5000 {
+            break;
+        }
+    }
+    assert_eq!(total, 40_000);
+}
