@@ -38,9 +38,10 @@ module IdempotentJob
       @lock.synchronize { @configuration ||= Configuration.new }
     end
 
-    # Changes the settings; the connection pool is rebuilt on next use. The replaced
-    # pool's queued repeat bookkeeping is written first ({settle_repeats}; a failure to
-    # write it is logged, never raised: it is telemetry).
+    # Changes the settings; the connection pool is rebuilt on next use. Once the new
+    # settings are in place, and before this returns, the replaced pool's queued repeat
+    # bookkeeping is written ({settle_repeats}; a failure to write it is logged, never
+    # raised: it is telemetry).
     # @param settings [Hash{Symbol => Object}] settings to set first (see
     #   Configuration::SETTINGS), e.g. `configure(pool_size: 20)`
     # @yieldparam config [Configuration] optional block form

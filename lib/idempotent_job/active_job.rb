@@ -103,10 +103,15 @@ module IdempotentJob
       #   :active_record), `lock_timeout:` (seconds); unset ones take
       #   {IdempotentJob.configuration}'s defaults at first use
       # @return [Hash] the declaration
-      # @raise [ConfigurationError] for an unknown option or a bad value, naming the job
+      # @raise [ConfigurationError] for a missing key, an unknown option or a bad value,
+      #   naming the job
       # @raise [OperationKeyError] for a malformed key declaration; a parameter name is
       #   checked once `perform` is defined (here when it already is)
-      def idempotency(key:, **options)
+      def idempotency(key: nil, **options)
+        if key.nil?
+          raise ConfigurationError, "#{name}: idempotency needs key: the operation key, a perform parameter " \
+                                    "name (key: :order_id), an argument index, a dotted path or an Array of those"
+        end
         unknown = options.keys - OPTIONS
         if unknown.any?
           raise ConfigurationError, "#{name}: idempotency got unknown option(s) #{unknown.join(", ")} " \

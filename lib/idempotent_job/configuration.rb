@@ -318,7 +318,7 @@ module IdempotentJob
     end
 
     def default_logger
-      @default_logger ||= Logger.new($stderr, progname: "idempotent_job")
+      @default_logger ||= Logger.new($stderr) # each line says "idempotent_job: …" itself
     end
   end
 end

@@ -35,9 +35,8 @@ namespace :idempotent_job do
     older_than = args[:older_than] || ENV.fetch("OLDER_THAN", nil)
     older_than = older_than ? Float(older_than) : IdempotentJob.configuration.retention
     tty = $stdout.tty?
-    total = IdempotentJob.purge(older_than:) do |so_far|
-      tty ? print("\ridempotent_job: purged #{so_far}…") : puts("idempotent_job: purged #{so_far}")
-    end
+    # Progress on a terminal only: a log (cron, CI) gets the final count alone.
+    total = IdempotentJob.purge(older_than:) { |so_far| print("\ridempotent_job: purged #{so_far}…") if tty }
     puts if tty && total.positive?
     puts "idempotent_job: purged #{total} records finished more than #{older_than} s ago"
   end

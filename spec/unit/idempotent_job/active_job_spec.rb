@@ -42,6 +42,8 @@ RSpec.describe IdempotentJob::ActiveJob do
       expect { declare(key: :order_id, idempotency_lease: 5) }
         .to raise_error(IdempotentJob::ConfigurationError,
                         /DeclaredJob: idempotency got unknown option\(s\) idempotency_lease/)
+      expect { declare(lease: 60) }
+        .to raise_error(IdempotentJob::ConfigurationError, /DeclaredJob: idempotency needs key: the operation key/)
     end
 
     it "checks a key's parameter name as soon as perform is defined" do
