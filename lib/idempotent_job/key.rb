@@ -114,14 +114,14 @@ module IdempotentJob
 
     def fail_declaration(problem)
       raise OperationKeyError.new(
-        "#{job_name}: idempotency_key #{@declaration.inspect} #{problem}",
+        "#{job_name}: idempotency key #{@declaration.inspect} #{problem}",
         job_class: job_name, declaration: @declaration
       )
     end
 
     def fail_value(path, problem)
       where = path ? " (#{path[:label]})" : ""
-      subject = @direct ? "operation key" : "idempotency_key #{@declaration.inspect}#{where}"
+      subject = @direct ? "operation key" : "idempotency key #{@declaration.inspect}#{where}"
       raise OperationKeyError.new(
         "#{job_name}: #{subject}: #{problem}; " \
         "the job was not run and nothing was recorded",

@@ -17,7 +17,7 @@ RSpec.describe IdempotentJob::Key do
 
   def key_error(declaration, args = [1, {}])
     expect { key(declaration, args) }.to raise_error(IdempotentJob::OperationKeyError) do |e|
-      expect(e.message).to start_with("ExampleJob: idempotency_key #{declaration.inspect}")
+      expect(e.message).to start_with("ExampleJob: idempotency key #{declaration.inspect}")
       expect(e.job_class).to eq("ExampleJob")
       yield e.message if block_given?
     end
@@ -128,7 +128,7 @@ RSpec.describe IdempotentJob::Key do
   describe "in the Sidekiq chains" do
     it "refuses at enqueue time a job whose arguments yield no key" do
       expect { ChargeOrderJob.perform_async(nil, 100) }
-        .to raise_error(IdempotentJob::OperationKeyError, /ChargeOrderJob: idempotency_key "order_id"|:order_id/)
+        .to raise_error(IdempotentJob::OperationKeyError, /ChargeOrderJob: idempotency key ("order_id"|:order_id)/)
       expect(ChargeOrderJob.jobs).to be_empty
     end
 
