@@ -82,6 +82,23 @@ fn a_bad_bind_names_the_type_and_suggests_a_cast() {
 }
 
 #[test]
+fn a_column_of_a_type_not_converted_is_the_statements_error_not_the_connections() {
+    let store = store();
+    let err = store
+        .run(|pool, i| {
+            let mut session = Session::begin(pool, i)?;
+            session.query(i, "SELECT pg_sleep(0)", &[])
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ref m) if m.contains("columns of type void are not converted")
+            && m.contains("SELECT pg_sleep(0)")),
+        "{err:?}"
+    );
+    assert!(!err.retryable());
+}
+
+#[test]
 fn a_concurrent_claim_waits_for_the_open_transaction_and_is_bounded() {
     waits_for_the_open_transaction(store_with(true, 10));
     waits_for_the_open_transaction(store_with(false, 10));

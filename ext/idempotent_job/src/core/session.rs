@@ -49,6 +49,9 @@ fn params(values: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
     values.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
 }
 
+/// The error of a job statement's parameters or result columns: a conversion failure
+/// (which placeholder or column, which cast) is an [`Error::Config`] naming the
+/// statement; anything else converts as usual.
 fn bind_error(sql: &str, err: tokio_postgres::Error) -> Error {
     // Conversion failures carry our own message (which placeholder, which cast).
     if err.as_db_error().is_none() && !err.is_closed() {
@@ -162,7 +165,9 @@ impl Session {
                 .query(&statement, &params(values))
                 .await
                 .map_err(|e| bind_error(sql, e))?;
-            Ok(values::rows(result)?)
+            // A column of a type the gem does not convert is the statement's problem,
+            // not the connection's (which stays usable): said as such, never retried.
+            values::rows(result).map_err(|e| bind_error(sql, e))
         })
     }
 
