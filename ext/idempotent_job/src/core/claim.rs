@@ -363,21 +363,21 @@ SELECT job_type, operation_key
 /// than $1 seconds ago, at most $2 of them. Rows locked by a claim in progress are
 /// skipped, never waited for; held and live or stale claims are never touched.
 ///
-/// The batch is picked by the retention index and deleted by its rows' addresses
-/// (`ctid`: locked by the same statement, so they cannot move): one plan whatever
-/// the table's statistics say. Joined back on the primary key instead, stale
-/// statistics (right after a bulk load) could make the planner scan the whole table
-/// once per batch.
+/// The batch is joined back on the primary key, not deleted by row address (`ctid`):
+/// a row another transaction updated after this statement's snapshot (a duplicate's
+/// count, say) is locked in its new version, whose address the statement's snapshot
+/// cannot see, so it would be skipped and the batch come back short. The join follows
+/// the update and deletes it.
 pub const PURGE_SQL: &str = r#"
-DELETE FROM idempotent_job_records
- WHERE ctid = ANY (ARRAY(
-         SELECT ctid
-           FROM idempotent_job_records
-          WHERE status IN ('completed', 'given_up')
-            AND coalesce(completed_at, given_up_at) < now() - make_interval(secs => $1)
-          ORDER BY coalesce(completed_at, given_up_at)
-          LIMIT $2
-            FOR UPDATE SKIP LOCKED))"#;
+DELETE FROM idempotent_job_records r
+ USING (SELECT job_type, operation_key
+          FROM idempotent_job_records
+         WHERE status IN ('completed', 'given_up')
+           AND coalesce(completed_at, given_up_at) < now() - make_interval(secs => $1)
+         ORDER BY coalesce(completed_at, given_up_at)
+         LIMIT $2
+           FOR UPDATE SKIP LOCKED) AS doomed
+ WHERE r.job_type = doomed.job_type AND r.operation_key = doomed.operation_key"#;
 
 /// Operations delivered more than once since $1 (optionally of job type $2), for the
 /// repeats report: their counts, first claim and repeat times, delivering classes, the
