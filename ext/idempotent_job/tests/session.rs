@@ -66,15 +66,19 @@ fn commit_together_or_not_at_all(store: Store) {
     assert!(find_record(&store, &rolled_back).is_none());
 }
 
-#[test]
-fn a_bad_bind_names_the_type_and_suggests_a_cast() {
-    let store = store();
-    let err = store
+/// The error of running one job statement, `sql` with `values`, in a fresh session.
+fn statement_error(sql: &str, values: &[Param]) -> Error {
+    store()
         .run(|pool, i| {
             let mut session = Session::begin(pool, i)?;
-            session.query(i, "SELECT $1::int4", &[Param::Text("nope".into())])
+            session.query(i, sql, values)
         })
-        .unwrap_err();
+        .unwrap_err()
+}
+
+#[test]
+fn a_bad_bind_names_the_type_and_suggests_a_cast() {
+    let err = statement_error("SELECT $1::int4", &[Param::Text("nope".into())]);
     assert!(
         matches!(err, Error::Config(ref m) if m.contains("cannot bind a String to a parameter of type int4")),
         "{err:?}"
@@ -83,13 +87,7 @@ fn a_bad_bind_names_the_type_and_suggests_a_cast() {
 
 #[test]
 fn a_column_of_a_type_not_converted_is_the_statements_error_not_the_connections() {
-    let store = store();
-    let err = store
-        .run(|pool, i| {
-            let mut session = Session::begin(pool, i)?;
-            session.query(i, "SELECT pg_sleep(0)", &[])
-        })
-        .unwrap_err();
+    let err = statement_error("SELECT pg_sleep(0)", &[]);
     assert!(
         matches!(err, Error::Config(ref m) if m.contains("columns of type void are not converted")
             && m.contains("SELECT pg_sleep(0)")),

@@ -815,6 +815,14 @@ pub struct Store {
     owned: Mutex<Option<Owned>>,
 }
 
+/// The pool in `owned` if this process built it (not one inherited through fork).
+fn of_this_process(owned: &Option<Owned>) -> Option<Pool> {
+    owned
+        .as_ref()
+        .filter(|o| o.pid == std::process::id())
+        .map(|o| o.pool.clone())
+}
+
 impl Store {
     /// Validates `config` (without connecting) and returns an idle store.
     ///
@@ -838,12 +846,9 @@ impl Store {
     /// Errors: [`Error::Config`] if the configuration cannot build a pool,
     /// [`Error::Connection`] if the background runtime cannot start.
     pub fn pool(&self) -> Result<Pool> {
-        let pid = std::process::id();
         let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(o) = owned.as_ref() {
-            if o.pid == pid {
-                return Ok(o.pool.clone());
-            }
+        if let Some(pool) = of_this_process(&owned) {
+            return Ok(pool);
         }
         if let Some(stale) = owned.take() {
             // Inherited from the parent process: never drop it here.
@@ -860,11 +865,7 @@ impl Store {
     /// it), never building one: for work that only concerns a pool in use, such as
     /// writing its queued repeat bookkeeping.
     pub fn built_pool(&self) -> Option<Pool> {
-        let owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
-        owned
-            .as_ref()
-            .filter(|o| o.pid == std::process::id())
-            .map(|o| o.pool.clone())
+        of_this_process(&self.owned.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn build(&self) -> Result<Owned> {
