@@ -215,18 +215,24 @@ RSpec.describe "Recording a completion" do
     expect(Effects.count(42)).to eq(1)
   end
 
-  it "is retried for about 15 s, then given up with an error log, the record left claimed, the body not rerun" do
+  # Each attempt is bounded by the deadline (1 s here, 10 s by default), and the attempts
+  # are 15.3 s of pauses apart: the whole is about 7 deadlines plus 15 s.
+  it "is retried 7 times over about 15 s of pauses, then given up with an error log, the record left claimed, " \
+     "the body not rerun" do
     log = StringIO.new
     SpecHooks.on(:after_effect) do
       SpecServices.configure_gem!(database_url: "postgres://postgres@127.0.0.1:1/gone", connect_timeout: 1,
-                                  logger: Logger.new(log))
+                                  deadline: 1, logger: Logger.new(log))
     end
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     ChargeOrderJob.perform_async(42, 1500)
     expect { ChargeOrderJob.drain }.not_to raise_error
     SpecServices.configure_gem!
     expect(IdempotentJob.record("ChargeOrderJob", "42")).to have_attributes(status: :claimed)
     attempts = IdempotentJob::Protocol::Completion::RETRY_DELAYS.size + 1
     expect(log.string).to include("ran, but its completion could not be recorded after #{attempts} attempts")
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+      .to be >= IdempotentJob::Protocol::Completion::RETRY_DELAYS.sum
     expect(Effects.count(42)).to eq(1)
   end
 end
@@ -237,7 +243,7 @@ RSpec.describe "Completion after the body ran" do
     SpecHooks.on(:after_effect) do
       SpecServices.configure_gem!(
         database_url: "#{SpecServices.database_url}?options=-cdefault_transaction_read_only%3Don",
-        logger: Logger.new(log)
+        deadline: 1, logger: Logger.new(log) # each attempt retries the read-only server for a deadline
       )
     end
     ChargeOrderJob.perform_async(42, 1500)
