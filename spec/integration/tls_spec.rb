@@ -90,7 +90,8 @@ RSpec.describe "TLS", :integration do
     plain = URI.parse(SpecServices.database_url)
     ["#{SpecServices.database_url}?sslmode=require",
      "host=#{plain.host} port=#{plain.port} user=postgres dbname=idempotent_job sslmode=require"].each do |url|
-      SpecServices.configure_gem!(database_url: url, connect_timeout: 2)
+      # Refused connections are retried until the deadline: 2 s, not the default 10.
+      SpecServices.configure_gem!(database_url: url, connect_timeout: 2, deadline: 2)
       expect { claim("Tls", "plain", "j", 30) }.to raise_error(IdempotentJob::ConnectionError, /TLS/)
     end
   end
