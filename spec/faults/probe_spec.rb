@@ -87,7 +87,7 @@ RSpec.describe "Fault probe findings", :faults do
   describe "a read-only server (a failover in progress)" do
     it "raises a retryable DatabaseError with SQLSTATE 25006 and runs nothing" do
       url = "#{SpecServices.database_url}?options=-c%20default_transaction_read_only%3Don"
-      SpecServices.configure_gem!(database_url: url)
+      SpecServices.configure_gem!(database_url: url, deadline: 2) # retried on fresh connections until then
       expect { deliver(job_hash([42, 1500])) }.to raise_error(IdempotentJob::DatabaseError) { |e|
         expect(e.sqlstate).to eq("25006")
         expect(e.retryable?).to be(true)
