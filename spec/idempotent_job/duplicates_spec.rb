@@ -65,6 +65,9 @@ RSpec.describe "Duplicate deliveries" do
           tx.rollback
           expect(racer.value).to include(decision: :claimed, kind: :first, attempt: 1)
         end
+      ensure
+        # A failed expectation must not leave the row and table locked for later examples.
+        tx.rollback if tx&.open?
       end
     end
 

@@ -27,10 +27,26 @@ module Effects
       SQL
     end
 
+    # Empties the spec tables. A session left holding a lock on one of them (an earlier
+    # example's open transaction) fails this within 20 s, naming that session, instead
+    # of stalling the next example.
     def reset!
-      connection.exec("TRUNCATE spec_effects")
-      connection.exec("TRUNCATE idempotent_job_records")
-      connection.exec("TRUNCATE spec_payments") if connection.exec("SELECT to_regclass('spec_payments')").getvalue(0, 0)
+      tables = %w[spec_effects idempotent_job_records]
+      tables << "spec_payments" if connection.exec("SELECT to_regclass('spec_payments')").getvalue(0, 0)
+      connection.transaction do |c|
+        c.exec("SET LOCAL lock_timeout = '20s'")
+        c.exec("TRUNCATE #{tables.join(", ")}")
+      end
+    rescue PG::LockNotAvailable
+      raise "the spec tables are locked by another session: #{lock_holders(tables).inspect}"
+    end
+
+    def lock_holders(tables)
+      connection.exec_params(<<~SQL, ["{#{tables.join(",")}}"]).to_a
+        SELECT a.pid, a.application_name, a.state, left(a.query, 200) AS query, l.mode, l.relation::regclass::text
+          FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+         WHERE l.granted AND a.pid <> pg_backend_pid() AND l.relation::regclass::text = ANY ($1::text[])
+      SQL
     end
 
     def record(job, operation)

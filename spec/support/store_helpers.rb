@@ -20,6 +20,22 @@ module StoreHelpers
     "k-#{rand(1 << 40)}"
   end
 
+  # The gem's statements still running on the server `connection` (a PG::Connection)
+  # talks to, once an interrupted call's cancel request (sent from the background, on
+  # a connection of its own) has had up to `within` seconds to arrive.
+  # @return [Integer] 0 when every statement ended
+  def gem_statements_running(connection, within: 5)
+    count = lambda do
+      # Inside a transaction the server would answer from the snapshot of its first read.
+      connection.exec("SELECT pg_stat_clear_snapshot()")
+      connection.exec("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' " \
+                      "AND state = 'active'").getvalue(0, 0).to_i
+    end
+    give_up = Process.clock_gettime(Process::CLOCK_MONOTONIC) + within
+    sleep 0.05 until count.call.zero? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > give_up
+    count.call
+  end
+
   # Holds the row lock of a record in another session, so a claim of it blocks.
   def with_row_locked(job_type, key)
     conn = PG.connect(SpecServices.database_url)

@@ -10,6 +10,7 @@ use idempotent_job::core::error::Error;
 use idempotent_job::core::migrate;
 use idempotent_job::core::retry::with_fresh_conn;
 use idempotent_job::core::schema;
+use idempotent_job::core::session::Session;
 use idempotent_job::core::store::{Lane, Store};
 
 mod common;
@@ -174,6 +175,35 @@ fn a_server_that_keeps_refusing_is_reported_as_the_connection_error_even_when_th
     assert!(err.retryable());
     assert!(err.to_string().contains("deadline"), "{err}");
     assert!(took < Duration::from_millis(1900), "took {took:?}");
+}
+
+#[test]
+fn a_call_that_gets_no_connection_by_the_deadline_says_so_not_that_the_server_did_not_answer() {
+    drop(store_with(true, 1)); // migrated
+    let mut config = Config::new(database_url());
+    config.pool_size = 1;
+    config.deadline = 1.0;
+    config.checkout_timeout = 30.0; // the deadline comes first
+    let store = Store::new(config).unwrap();
+    // The pool's one connection, held by an open transaction.
+    let session = store.run(Session::begin).unwrap();
+    let started = Instant::now();
+    let err = claim_fresh(&store, &request(&unique("NoConnection"), "1")).unwrap_err();
+    let took = started.elapsed();
+    store
+        .run(|_, interrupt| session.rollback(interrupt))
+        .unwrap();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    assert!(err.retryable());
+    let message = err.to_string();
+    assert!(
+        message.contains("no connection to PostgreSQL within the deadline of 1 s"),
+        "{message}"
+    );
+    assert!(message.contains("nothing was sent"), "{message}");
+    assert!(took < Duration::from_millis(1900), "took {took:?}");
+    // A statement that was sent and not answered in time says that instead.
+    assert!(!message.contains("no answer"), "{message}");
 }
 
 #[test]

@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use super::error::{Error, Result};
-use super::store::{deadline_error, Conn, Interrupt, Lane, Pool, Pooled};
+use super::store::{checkout_deadline_error, Conn, Interrupt, Lane, Pool, Pooled};
 
 /// Errors after which a fresh connection may succeed where this one failed: the
 /// connection closed or broke, the server was shutting down or refused connections
@@ -49,7 +49,7 @@ fn pause(pool: &Pool, interrupt: &Interrupt<'_>, until: Instant, failures: u32) 
 /// Errors: the last connection error when no room is left, also when the deadline
 /// ends a connect that was retried after one (the server refusing or closing
 /// connections is what the caller needs to know, not that the last attempt was cut
-/// short); [`deadline_error`] past `until` otherwise; [`Error::Timeout`] (checkout
+/// short); [`checkout_deadline_error`] past `until` otherwise; [`Error::Timeout`] (checkout
 /// timeout); [`Error::Interrupted`].
 pub fn checkout_live(
     pool: &Pool,
@@ -61,7 +61,7 @@ pub fn checkout_live(
     let mut refused: Option<Error> = None;
     let given_up = |refused: Option<Error>| match refused {
         Some(e) => retried_until_deadline(e, pool.deadline()),
-        None => deadline_error(pool.deadline()),
+        None => checkout_deadline_error(pool.deadline()),
     };
     loop {
         match pool.checkout_in(interrupt, lane, until) {
@@ -126,7 +126,8 @@ pub fn finish_unless_lost<T>(mut pooled: Pooled, result: &Result<T>) -> bool {
 /// until the deadline. Only for statements that are safe to send twice (see the
 /// module doc).
 ///
-/// Errors: the last error once no room is left; [`deadline_error`]; `op`'s own.
+/// Errors: the last error once no room is left; [`checkout_deadline_error`] (no
+/// connection in time) or [`super::store::deadline_error`] (no answer in time); `op`'s own.
 pub fn with_fresh_conn<T>(
     pool: &Pool,
     interrupt: &Interrupt<'_>,

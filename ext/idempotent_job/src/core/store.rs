@@ -116,6 +116,20 @@ enum Step<T> {
     Expired,
 }
 
+/// The error of a call that had no connection yet at its deadline
+/// ([`Config::deadline`]): every pooled connection stayed in use, or a new one was not
+/// established in time. Nothing was sent.
+pub fn checkout_deadline_error(deadline: Duration) -> Error {
+    Error::Timeout {
+        message: format!(
+            "no connection to PostgreSQL within the deadline of {} s (deadline): every pooled \
+             connection stayed in use or a new one was not established in time; nothing was sent",
+            deadline.as_secs_f64()
+        ),
+        sqlstate: None,
+    }
+}
+
 /// The error of a call still unanswered at its deadline ([`Config::deadline`]).
 pub fn deadline_error(deadline: Duration) -> Error {
     Error::Timeout {
@@ -375,7 +389,7 @@ impl Pool {
     /// Checks a connection out of `lane` like [`Pool::checkout`], giving up at `until`
     /// (the call's deadline) as well.
     ///
-    /// Errors: as [`Pool::checkout`]; [`deadline_error`] past `until`.
+    /// Errors: as [`Pool::checkout`]; [`checkout_deadline_error`] past `until`.
     pub fn checkout_in(
         &self,
         interrupt: &Interrupt<'_>,
@@ -398,7 +412,14 @@ impl Pool {
                 }
             }),
         };
-        let object = got.map_err(|e| self.expired(e))?.map_err(pool_error)?;
+        let object = got
+            .map_err(|e| match e {
+                Error::Timeout { message, .. } if message.is_empty() => {
+                    checkout_deadline_error(self.deadline)
+                }
+                other => other,
+            })?
+            .map_err(pool_error)?;
         Ok(Pooled {
             object: Some(object),
             pool: self.clone(),
