@@ -413,12 +413,7 @@ impl Pool {
             }),
         };
         let object = got
-            .map_err(|e| match e {
-                Error::Timeout { message, .. } if message.is_empty() => {
-                    checkout_deadline_error(self.deadline)
-                }
-                other => other,
-            })?
+            .map_err(|e| self.expired(e, checkout_deadline_error))?
             .map_err(pool_error)?;
         Ok(Pooled {
             object: Some(object),
@@ -442,10 +437,11 @@ impl Pool {
         )
     }
 
-    /// Names the deadline in a [`drive`] time-out.
-    fn expired(&self, err: Error) -> Error {
+    /// Turns a [`drive`] time-out into the error `named` makes for this pool's deadline
+    /// ([`checkout_deadline_error`] or [`deadline_error`]); other errors pass unchanged.
+    fn expired(&self, err: Error, named: fn(Duration) -> Error) -> Error {
         match err {
-            Error::Timeout { message, .. } if message.is_empty() => deadline_error(self.deadline),
+            Error::Timeout { message, .. } if message.is_empty() => named(self.deadline),
             other => other,
         }
     }
@@ -568,7 +564,7 @@ impl Pooled {
         if driver.is_none() || expired || matches!(result, Err(Error::Interrupted)) {
             self.spoiled = true;
         }
-        result.map_err(|e| self.pool.expired(e))?
+        result.map_err(|e| self.pool.expired(e, deadline_error))?
     }
 
     /// Whether the connection is still open, looked at without sending anything: one
