@@ -177,15 +177,21 @@ fn a_server_that_keeps_refusing_is_reported_as_the_connection_error_even_when_th
     assert!(took < Duration::from_millis(1900), "took {took:?}");
 }
 
-#[test]
-fn a_call_that_gets_no_connection_by_the_deadline_says_so_not_that_the_server_did_not_answer() {
+/// A store on the migrated test database with `pool_size` connections, a `deadline`
+/// and a `checkout_timeout` (seconds).
+fn store_limited(pool_size: usize, deadline: f64, checkout_timeout: f64) -> Store {
     drop(store_with(true, 1)); // migrated
     let mut config = Config::new(database_url());
-    config.pool_size = 1;
-    config.deadline = 1.0;
-    config.checkout_timeout = 30.0; // the deadline comes first
-    let store = Store::new(config).unwrap();
-    // The pool's one connection, held by an open transaction.
+    config.pool_size = pool_size;
+    config.deadline = deadline;
+    config.checkout_timeout = checkout_timeout;
+    Store::new(config).unwrap()
+}
+
+#[test]
+fn a_call_that_gets_no_connection_by_the_deadline_says_so_not_that_the_server_did_not_answer() {
+    let store = store_limited(1, 1.0, 30.0); // the deadline comes before checkout_timeout
+                                             // The pool's one connection, held by an open transaction.
     let session = store.run(Session::begin).unwrap();
     let started = Instant::now();
     let err = claim_fresh(&store, &request(&unique("NoConnection"), "1")).unwrap_err();
@@ -208,12 +214,7 @@ fn a_call_that_gets_no_connection_by_the_deadline_says_so_not_that_the_server_di
 
 #[test]
 fn a_completion_gets_a_connection_while_claims_waiting_on_a_row_lock_hold_the_pool() {
-    drop(store_with(true, 1)); // migrated
-    let mut config = Config::new(database_url());
-    config.pool_size = 2;
-    config.deadline = 3.0;
-    config.checkout_timeout = 2.0;
-    let store = Store::new(config).unwrap();
+    let store = store_limited(2, 3.0, 2.0);
     let job_type = unique("Starved");
     let ran = request(&job_type, "ran");
     let Outcome::Claimed { token, .. } = claim_fresh(&store, &ran).unwrap() else {
