@@ -15,7 +15,8 @@ Gem::Specification.new do |spec|
 
   spec.files = Dir[
     "lib/**/*.rb", "lib/idempotent_job/web/views/*.erb",
-    "ext/idempotent_job/{Cargo.toml,build.rs,extconf.rb}", "ext/idempotent_job/src/**/*.rs",
+    "ext/idempotent_job/{Cargo.toml,extconf.rb}", "ext/idempotent_job/src/**/*.rs",
+    "crates/core/{Cargo.toml,build.rs}", "crates/core/src/**/*.rs",
     "migrations/*.sql", "Cargo.toml", "Cargo.lock", "README.md", "LICENSE"
   ]
   spec.require_paths = ["lib"]

@@ -1,11 +1,10 @@
 //! Native extension of the `idempotent_job` gem.
 //!
-//! [`core`] holds everything that talks to PostgreSQL (configuration, pool, claim
-//! protocol, migrations, errors) and has no Ruby in it, so `cargo test` exercises it
-//! against a real database. [`ruby`] is the thin magnus layer that exposes it as
-//! `IdempotentJob::Native`.
+//! Everything that talks to PostgreSQL (configuration, pool, claim protocol, migrations,
+//! errors) lives in the core crate, `idempotent_job_core` (crates/core), which knows no
+//! host language and is tested by `cargo test` against a real database. [`ruby`] is the
+//! thin magnus layer that exposes it as `IdempotentJob::Native`.
 
-pub mod core;
 mod ruby;
 
 #[magnus::init]

@@ -7,8 +7,10 @@ use magnus::{prelude::*, IntoValue, RHash, Ruby, Symbol, Value};
 use uuid::Uuid;
 
 use super::errors::to_ruby;
-use crate::core::claim::{self, ClaimRequest, ClaimRow, Decision, Fenced, Field, Outcome, Record};
-use crate::core::error::{Error, Result};
+use idempotent_job_core::claim::{
+    self, ClaimRequest, ClaimRow, Decision, Fenced, Field, Outcome, Record,
+};
+use idempotent_job_core::error::{Error, Result};
 
 /// Results of the binding's functions: a Ruby exception as the error.
 pub type RbResult<T> = std::result::Result<T, magnus::Error>;

@@ -5,7 +5,7 @@
 use magnus::value::Lazy;
 use magnus::{prelude::*, Exception, ExceptionClass, IntoValue, RModule, Ruby, Value};
 
-use crate::core::error::Error;
+use idempotent_job_core::error::Error;
 
 /// The class `IdempotentJob::<name>`; [`init`] has checked that it exists.
 fn lookup(ruby: &Ruby, name: &str) -> Result<ExceptionClass, magnus::Error> {

@@ -4,7 +4,7 @@
 use magnus::{method, prelude::*, RHash, RModule, Ruby};
 
 use super::convert::{Out, RbResult};
-use crate::core::heartbeat::{Heartbeat, HeartbeatReport};
+use idempotent_job_core::heartbeat::{Heartbeat, HeartbeatReport};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Heartbeat", free_immediately, size)]
 pub struct NativeHeartbeat(pub Heartbeat);

@@ -14,7 +14,10 @@ use magnus::{function, Module, Ruby};
 pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     let root = ruby.define_module("IdempotentJob")?;
     let native = root.define_module("Native")?;
-    native.define_module_function("schema_sql", function!(crate::core::migrate::schema_sql, 0))?;
+    native.define_module_function(
+        "schema_sql",
+        function!(idempotent_job_core::migrate::schema_sql, 0),
+    )?;
     native.define_module_function("claim_sql", function!(claim_sql, 0))?;
     native.define_module_function("deliver_sql", function!(deliver_sql, 0))?;
     native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
@@ -30,17 +33,17 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
 }
 
 fn describe_url(url: String) -> String {
-    crate::core::config::describe_url(&url)
+    idempotent_job_core::config::describe_url(&url)
 }
 
 fn repeats_sql() -> &'static str {
-    crate::core::claim::REPEATS_SQL.trim()
+    idempotent_job_core::claim::REPEATS_SQL.trim()
 }
 
 fn deliver_sql() -> &'static str {
-    crate::core::claim::DELIVER_SQL.trim()
+    idempotent_job_core::claim::DELIVER_SQL.trim()
 }
 
 fn claim_sql() -> &'static str {
-    crate::core::claim::CLAIM_SQL.trim()
+    idempotent_job_core::claim::CLAIM_SQL.trim()
 }

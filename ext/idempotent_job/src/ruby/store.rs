@@ -13,16 +13,16 @@ use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::NativeHeartbeat;
 use super::transaction::NativeTransaction;
-use crate::core::bookkeeping::Repeat;
-use crate::core::claim::{self, Fenced, Resolution};
-use crate::core::config::Config;
-use crate::core::error::{Error, Result};
-use crate::core::heartbeat::Heartbeat;
-use crate::core::migrate;
-use crate::core::report;
-use crate::core::retry::with_fresh_conn;
-use crate::core::session::Session;
-use crate::core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
+use idempotent_job_core::bookkeeping::Repeat;
+use idempotent_job_core::claim::{self, Fenced, Resolution};
+use idempotent_job_core::config::Config;
+use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::heartbeat::Heartbeat;
+use idempotent_job_core::migrate;
+use idempotent_job_core::report;
+use idempotent_job_core::retry::with_fresh_conn;
+use idempotent_job_core::session::Session;
+use idempotent_job_core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Store", free_immediately, size)]
 struct NativeStore(Store);

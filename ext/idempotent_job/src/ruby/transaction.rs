@@ -12,10 +12,10 @@ use magnus::{
 use super::convert::{claim_request, decision_hash, parse_fenced, parse_token, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
-use crate::core::error::{Error, Result};
-use crate::core::session::Session;
-use crate::core::store::Interrupt;
-use crate::core::values::{Cell, Param};
+use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::session::Session;
+use idempotent_job_core::store::Interrupt;
+use idempotent_job_core::values::{Cell, Param};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Transaction", free_immediately, size)]
 pub struct NativeTransaction {

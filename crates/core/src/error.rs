@@ -116,7 +116,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn connection(message: impl Into<String>) -> Self {
+    pub fn connection(message: impl Into<String>) -> Self {
         Error::Connection {
             message: message.into(),
             sqlstate: None,

@@ -2,11 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
-use idempotent_job::core::error::Error;
-use idempotent_job::core::session::Session;
-use idempotent_job::core::store::{with_conn, Interrupt, Store};
-use idempotent_job::core::values::{Cell, Param};
+use idempotent_job_core::claim::{self, ClaimRequest, Fenced, Outcome};
+use idempotent_job_core::error::Error;
+use idempotent_job_core::session::Session;
+use idempotent_job_core::store::{with_conn, Interrupt, Store};
+use idempotent_job_core::values::{Cell, Param};
 
 mod common;
 use common::{counted, find_record, prepared_on_connection, runs_of, store, store_with};

@@ -16,7 +16,7 @@ use super::tls::{SslMode, TlsSettings};
 
 use super::error::{Error, Result};
 
-/// Validated settings for one [`crate::core::store::Store`].
+/// Validated settings for one [`crate::store::Store`].
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -74,7 +74,7 @@ pub struct Config {
     pub prepared_statements: bool,
     /// Client-side bound, in seconds, on one call of the gem: checking out (and
     /// connecting) plus its statement, retries on fresh connections included. Past it
-    /// the connection is discarded and a retryable [`crate::core::error::Error::Timeout`]
+    /// the connection is discarded and a retryable [`crate::error::Error::Timeout`]
     /// raised, even when the network drops packets silently (PostgreSQL's
     /// `statement_timeout` cannot help then). Also the connections' `TCP_USER_TIMEOUT`.
     /// Default 10.

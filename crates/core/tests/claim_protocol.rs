@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idempotent_job::core::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
-use idempotent_job::core::config::Config;
-use idempotent_job::core::error::Error;
-use idempotent_job::core::heartbeat::Heartbeat;
-use idempotent_job::core::migrate;
-use idempotent_job::core::store::{with_conn, Interrupt, Store};
+use idempotent_job_core::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
+use idempotent_job_core::config::Config;
+use idempotent_job_core::error::Error;
+use idempotent_job_core::heartbeat::Heartbeat;
+use idempotent_job_core::migrate;
+use idempotent_job_core::store::{with_conn, Interrupt, Store};
 
 mod common;
 use common::{
@@ -784,7 +784,7 @@ fn the_record_is_defined_once_its_select_list_names_every_field_of_the_struct() 
         let column = name.strip_suffix("_json").unwrap_or(name);
         let computed = ["lease_expired"].contains(name);
         assert!(
-            computed || idempotent_job::core::schema::COLUMNS.contains(&column),
+            computed || idempotent_job_core::schema::COLUMNS.contains(&column),
             "{name}"
         );
     }

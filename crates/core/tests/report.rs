@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
-use idempotent_job::core::error::{Error, Result};
-use idempotent_job::core::report;
-use idempotent_job::core::store::{Conn, Store};
+use idempotent_job_core::claim::{self, ClaimRequest, Fenced, Outcome};
+use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::report;
+use idempotent_job_core::store::{Conn, Store};
 use uuid::Uuid;
 
 mod common;

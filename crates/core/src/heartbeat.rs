@@ -71,7 +71,7 @@ pub fn interval_for(lease_seconds: f64) -> Duration {
 }
 
 /// Longest wait for one renewal: the renewal interval, at most the deadline
-/// ([`crate::core::config::Config::deadline`]). A renewal still unanswered then is
+/// ([`crate::config::Config::deadline`]). A renewal still unanswered then is
 /// abandoned (its connection discarded) and counted as failed.
 pub fn renewal_timeout(interval: Duration, deadline: Duration) -> Duration {
     interval.min(deadline)

@@ -19,7 +19,7 @@ const LOCK_KEY: i64 = 0x0069_6465_6d6a_6f62;
 /// Applies every migration not yet recorded and returns the names of those applied
 /// now, e.g. `["V1__create_idempotent_job_records"]` (empty when up to date).
 ///
-/// Errors: [`crate::core::error::Error::Migration`] when a migration fails (its
+/// Errors: [`crate::error::Error::Migration`] when a migration fails (its
 /// transaction is rolled back) or when every migration is recorded but the table lacks
 /// columns (it drifted: see [`super::schema::check_after_migrate`]), connection errors.
 pub fn migrate(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Vec<String>> {

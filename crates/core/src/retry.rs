@@ -12,7 +12,7 @@
 //!   claim that had won wins again), every fenced change (each succeeds again for its
 //!   own token), reads, purge batches. `resolve`, migrations and transactions never
 //!   repeat a statement that may have reached the server.
-//! * Everything ends within the deadline ([`crate::core::config::Config::deadline`]).
+//! * Everything ends within the deadline ([`crate::config::Config::deadline`]).
 
 use std::time::{Duration, Instant};
 

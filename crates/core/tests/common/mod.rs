@@ -2,10 +2,10 @@
 //! only some of them).
 #![allow(dead_code)]
 
-use idempotent_job::core::claim::{self, ClaimRequest};
-use idempotent_job::core::config::Config;
-use idempotent_job::core::migrate;
-use idempotent_job::core::store::Store;
+use idempotent_job_core::claim::{self, ClaimRequest};
+use idempotent_job_core::config::Config;
+use idempotent_job_core::migrate;
+use idempotent_job_core::store::Store;
 
 /// The PostgreSQL the tests run against.
 pub fn database_url() -> String {

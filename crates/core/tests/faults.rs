@@ -4,14 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use idempotent_job::core::claim::{self, ClaimRequest, Fenced, Outcome};
-use idempotent_job::core::config::Config;
-use idempotent_job::core::error::Error;
-use idempotent_job::core::migrate;
-use idempotent_job::core::retry::with_fresh_conn;
-use idempotent_job::core::schema;
-use idempotent_job::core::session::Session;
-use idempotent_job::core::store::{Lane, Store};
+use idempotent_job_core::claim::{self, ClaimRequest, Fenced, Outcome};
+use idempotent_job_core::config::Config;
+use idempotent_job_core::error::Error;
+use idempotent_job_core::migrate;
+use idempotent_job_core::retry::with_fresh_conn;
+use idempotent_job_core::schema;
+use idempotent_job_core::session::Session;
+use idempotent_job_core::store::{Lane, Store};
 
 mod common;
 use common::{database_url, find_record, store_with};

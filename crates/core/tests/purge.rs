@@ -3,10 +3,10 @@
 
 mod common;
 
-use idempotent_job::core::claim;
-use idempotent_job::core::config::Config;
-use idempotent_job::core::migrate;
-use idempotent_job::core::store::Store;
+use idempotent_job_core::claim;
+use idempotent_job_core::config::Config;
+use idempotent_job_core::migrate;
+use idempotent_job_core::store::Store;
 
 /// A migrated store whose record table lives in a fresh schema `schema`.
 fn store_in(schema: &str) -> Store {
