@@ -6,10 +6,14 @@ Gem::Specification.new do |spec|
   spec.name = "idempotent_job"
   spec.version = IdempotentJob::VERSION
   spec.authors = ["idempotent_job developers"]
-  spec.summary = "Durable idempotency records in PostgreSQL for Sidekiq jobs delivered at least once"
+  spec.summary = "Durable idempotency records in PostgreSQL for background jobs delivered at least once: " \
+                 "Sidekiq, ActiveJob (any adapter), plain Ruby, and Celery/Python"
   spec.description = "Claims each business operation (order number, payment id) atomically in " \
-                     "PostgreSQL before a Sidekiq job runs, so retries, re-enqueues and restarts " \
-                     "do not repeat its effect. Rust core (tokio-postgres, deadpool), Ruby facade."
+                     "PostgreSQL before a job runs, so retries, re-enqueues and restarts do not " \
+                     "repeat its effect; a stale claim's fate is a policy you choose. Doors for " \
+                     "Sidekiq, ActiveJob on any adapter (Sidekiq, Solid Queue, GoodJob, Delayed Job, " \
+                     "…), plain Ruby around any consumer (SQS, webhooks), and a Python package " \
+                     "with a Celery door over the same table. Rust core (tokio-postgres, deadpool)."
   spec.license = "MIT"
   spec.required_ruby_version = ">= 3.1"
 
