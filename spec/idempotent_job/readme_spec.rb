@@ -405,6 +405,31 @@ RSpec.describe "README.md and docs/*.md" do
     expect(JSON.parse(out.lines.last)).to eq([])
   end
 
+  # The README's reference tables name exactly what the gem has: a setting, option or
+  # event added or renamed in the code must be added or renamed there too.
+  def readme_section(heading)
+    DocPages.text("README.md")[/^#+ #{Regexp.escape(heading)}\n(.*?)(?=^#+ )/m, 1] or raise "no section #{heading}"
+  end
+
+  def first_column_names(section)
+    section.scan(/^\| (.+?) \|/).flat_map { |(cell)| cell.scan(/`([a-z_]+):?`/).flatten }
+  end
+
+  it "lists every setting of IdempotentJob.configure, and no other" do
+    expect(first_column_names(readme_section("Configuration")).sort)
+      .to eq(IdempotentJob::Configuration::SETTINGS.map(&:to_s).sort)
+  end
+
+  it "lists every per-job option, and no other" do
+    names = first_column_names(readme_section("Per-job options")).map { |name| name.delete_prefix("idempotency_") }
+    expect(names.sort).to eq(IdempotentJob::JobOptions::NAMES.map(&:to_s).sort)
+  end
+
+  it "names every event, and no other" do
+    names = readme_section("Events")[/^Names: (.*?`)\./m, 1].to_s.scan(/`(\w+)`/).flatten
+    expect(names).to eq(IdempotentJob::Events::NAMES.map(&:to_s))
+  end
+
   it "has Python samples that parse" do
     DocPages.all_samples.select { |s| s.lang == "python" }.each do |sample|
       out, status = Open3.capture2e("python3", "-c", "import ast, sys; ast.parse(sys.stdin.read())",
