@@ -412,7 +412,7 @@ RSpec.describe "README.md and docs/*.md" do
   end
 
   def first_column_names(section)
-    section.scan(/^\| (.+?) \|/).flat_map { |(cell)| cell.scan(/`([a-z_]+):?`/).flatten }
+    section.scan(/^\| (.+?) \|/).flat_map { |(cell)| cell.scan(/`([A-Za-z_]+):?`/).flatten }
   end
 
   it "lists every setting of IdempotentJob.configure, and no other" do
@@ -423,6 +423,12 @@ RSpec.describe "README.md and docs/*.md" do
   it "lists every per-job option, and no other" do
     names = first_column_names(readme_section("Per-job options")).map { |name| name.delete_prefix("idempotency_") }
     expect(names.sort).to eq(IdempotentJob::JobOptions::NAMES.map(&:to_s).sort)
+  end
+
+  it "lists every error class of the gem, and no other" do
+    errors = IdempotentJob.constants.map { |name| IdempotentJob.const_get(name) }
+                          .select { |c| c.is_a?(Class) && c < IdempotentJob::Error }
+    expect(first_column_names(readme_section("Errors")).sort).to eq(errors.map { |c| c.name.split("::").last }.sort)
   end
 
   it "names every event, and no other" do
