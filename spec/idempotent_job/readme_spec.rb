@@ -360,6 +360,10 @@ RSpec.describe "README.md and docs/*.md" do
       puts Rake::Task.tasks.map(&:name)
     RUBY
     expect(status).to be_success, tasks
+    gem_tasks = tasks.lines.map(&:strip).grep(/\Aidempotent_job:/)
+    expect(gem_tasks.reject do |task|
+             DocPages.text("README.md").include?(task)
+           end).to eq([]), "rake tasks the README omits"
     sources = Dir.glob("{bin/*,soak/**/*.rb,bench/**/*.rb}", base: DocPages::ROOT)
                  .to_h { |f| [f, File.read(File.join(DocPages::ROOT, f))] }
     DocPages.all_samples.select { |s| s.lang == "sh" }.each do |sample|
