@@ -336,7 +336,7 @@ RSpec.describe "README.md and docs/*.md" do
       file.write(script)
       file.flush
       # Outside the checkout, so RSpec in a sample does not read the suite's .rspec.
-      Open3.capture2e({ "DOC_ROOT" => DocPages::ROOT }, RbConfig.ruby, file.path, chdir: Dir.tmpdir)
+      Open3.capture2e({ "DOC_ROOT" => DocPages::ROOT, "SPEC_OPTS" => nil }, RbConfig.ruby, file.path, chdir: Dir.tmpdir)
     end
   end
 
