@@ -5,6 +5,7 @@ require "open3"
 require "rbconfig"
 require "tempfile"
 require "tmpdir"
+require "yaml"
 
 # The pages a user reads — README.md and docs/*.md — checked as written:
 # * every ```ruby sample runs, as written, in a fresh Ruby process against the suite's
@@ -112,6 +113,21 @@ module DocSampleWorld
       def self.increment(name, tags: []) = ReadmeEffects.record("statsd", "#{name} #{tags.join(",")}")
     end
 
+    # OpenTelemetry's API, as far as a tracer goes (the opentelemetry-sdk gem is not
+    # installed here): each finished span is an effect.
+    module OpenTelemetry
+      Span = Struct.new(:name, :attributes) do
+        def finish(end_timestamp: nil) = ReadmeEffects.record("span", name)
+      end
+
+      Tracer = Struct.new(:name) do
+        def start_span(name, attributes: {}, start_timestamp: nil, kind: :internal) = Span.new(name, attributes)
+      end
+
+      def self.tracer_provider = self
+      def self.tracer(name) = Tracer.new(name)
+    end
+
     def check(what)
       raise "the sample did not do what the page says: #{what}" unless yield
     end
@@ -183,7 +199,7 @@ module DocSampleContexts
         check("the charge for order 42 ran once") { Charge.count == 1 }
       RUBY
     }],
-    [/\Aoutcome = IdempotentJob\.perform_once/, {
+    [/\Aoutcome = IdempotentJob\.perform_once\("ChargeOrder", order_id, lease: 60, payload:/, {
       after: <<~'RUBY'
         check("the block ran") { outcome.ran? && outcome.decision == :ran && Charge.count == 1 }
         again = IdempotentJob.perform_once("ChargeOrder", order_id, lease: 60, payload: [order_id, cents]) { raise }
@@ -303,23 +319,24 @@ module DocSampleContexts
   # checkout named idempotent_job (what a `path:` sample assumes).
   def self.gemfile_script(sample)
     <<~RUBY
-      require "bundler"
-      require "tmpdir"
-      Dir.mktmpdir do |dir|
-        File.symlink(ENV.fetch("DOC_ROOT"), File.join(dir, "idempotent_job"))
-        Dir.mkdir(app = File.join(dir, "app"))
-        ENV["BUNDLE_GEMFILE"] = File.join(app, "Gemfile")
-        File.write(ENV["BUNDLE_GEMFILE"], "")
-        Dir.chdir(app) do
-          dsl = Bundler::Dsl.new
-          dsl.instance_eval(#{sample.code.dump}, #{sample.page.dump}, #{sample.line + 1})
-          names = dsl.dependencies.map(&:name)
-          raise "the Gemfile names \#{names.inspect}" unless names == ["idempotent_job"]
-          path = dsl.dependencies.first.source&.path
-          raise "no idempotent_job.gemspec at \#{path}" if path && !File.exist?(File.join(app, path.to_s, "idempotent_job.gemspec"))
-        end
-      end
-      puts "SAMPLE RAN"
+            require "bundler"
+            require "tmpdir"
+      require "yaml"
+            Dir.mktmpdir do |dir|
+              File.symlink(ENV.fetch("DOC_ROOT"), File.join(dir, "idempotent_job"))
+              Dir.mkdir(app = File.join(dir, "app"))
+              ENV["BUNDLE_GEMFILE"] = File.join(app, "Gemfile")
+              File.write(ENV["BUNDLE_GEMFILE"], "")
+              Dir.chdir(app) do
+                dsl = Bundler::Dsl.new
+                dsl.instance_eval(#{sample.code.dump}, #{sample.page.dump}, #{sample.line + 1})
+                names = dsl.dependencies.map(&:name)
+                raise "the Gemfile names \#{names.inspect}" unless names == ["idempotent_job"]
+                path = dsl.dependencies.first.source&.path
+                raise "no idempotent_job.gemspec at \#{path}" if path && !File.exist?(File.join(app, path.to_s, "idempotent_job.gemspec"))
+              end
+            end
+            puts "SAMPLE RAN"
     RUBY
   end
 end
@@ -449,6 +466,12 @@ RSpec.describe "README.md and docs/*.md" do
   it "names every event, and no other" do
     names = readme_section("Events")[/^Names: (.*?`)\./m, 1].to_s.scan(/`(\w+)`/).flatten
     expect(names.sort).to eq(IdempotentJob::Events::NAMES.map(&:to_s).sort)
+  end
+
+  it "has YAML samples that parse" do
+    DocPages.all_samples.select { |s| %w[yaml yml].include?(s.lang) }.each do |sample|
+      expect { YAML.safe_load(sample.code) }.not_to raise_error, sample.to_s
+    end
   end
 
   it "has Python samples that parse" do
