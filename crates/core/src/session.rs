@@ -135,7 +135,9 @@ impl Session {
         Ok(decision)
     }
 
-    /// Applies a fenced change (the completion) inside the transaction.
+    /// Applies a fenced change (the completion) inside the transaction; `result`: the
+    /// completion's stored result (see [`claim::fenced_with_result`]), None for none.
+    #[allow(clippy::too_many_arguments)]
     pub fn fenced(
         &mut self,
         interrupt: &Interrupt<'_>,
@@ -144,10 +146,11 @@ impl Session {
         operation_key: &str,
         token: uuid::Uuid,
         text: Option<&str>,
+        result: Option<&crate::results::PreparedResult>,
     ) -> Result<()> {
         let until = self.until();
         self.conn.run_until(interrupt, Some(until), async |c| {
-            claim::fenced(c, change, job_type, operation_key, token, text).await
+            claim::fenced_with_result(c, change, job_type, operation_key, token, text, result).await
         })
     }
 

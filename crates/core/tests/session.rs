@@ -164,6 +164,7 @@ fn complete_in(
         &req.operation_key,
         token,
         None,
+        None,
     )
 }
 
