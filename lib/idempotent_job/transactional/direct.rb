@@ -31,7 +31,7 @@ module IdempotentJob
       # @return [true]
       # @raise [LostClaimError] when the claim is no longer held
       def fenced(change, claim, text = nil, result = nil)
-        IdempotentJob.store.fenced(change, claim.job_type, claim.operation_key, claim.token, text, result)
+        IdempotentJob.store.fenced_with_result(change, claim.job_type, claim.operation_key, claim.token, text, result)
       end
 
       # Runs the body with a heartbeat; releases the claim when it raises (and

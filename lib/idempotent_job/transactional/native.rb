@@ -53,7 +53,7 @@ module IdempotentJob
       # @return [true]
       # @raise [LostClaimError]
       def fenced(change, claim, text = nil, result = nil)
-        @native.fenced(change, claim.job_type, claim.operation_key, claim.token, text, result)
+        @native.fenced_with_result(change, claim.job_type, claim.operation_key, claim.token, text, result)
       end
     end
   end

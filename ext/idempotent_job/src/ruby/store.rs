@@ -98,13 +98,37 @@ impl NativeStore {
         Ok(NativeTransaction::new(session))
     }
 
-    /// `fenced(change, job_type, operation_key, token, text, result)`: change is one of
+    /// `fenced(change, job_type, operation_key, token, text)`: change is one of
     /// `:complete`, `:release`, `:hold`, `:give_up`, `:expire`, `:renew`; `text` the
-    /// error text stored by `:release` / `:expire` (else nil); `result` the
-    /// completion's result to store, as `prepare_result` returned it (nil: no store
-    /// requested; written by the completion statement itself). Returns true.
-    #[allow(clippy::too_many_arguments)]
+    /// error text stored by `:release` / `:expire` (else nil). A completion made so
+    /// stores no result. Returns true.
     fn fenced(
+        ruby: &Ruby,
+        rb_self: &Self,
+        change: Symbol,
+        job_type: String,
+        operation_key: String,
+        token: String,
+        text: Option<String>,
+    ) -> RbResult<bool> {
+        Self::fenced_with_result(
+            ruby,
+            rb_self,
+            change,
+            job_type,
+            operation_key,
+            token,
+            text,
+            None,
+        )
+    }
+
+    /// `fenced_with_result(change, job_type, operation_key, token, text, result)`:
+    /// `fenced`, with `result` the completion's result to store, as `prepare_result`
+    /// returned it (nil: no store requested; written by the completion statement
+    /// itself). Returns true.
+    #[allow(clippy::too_many_arguments)]
+    fn fenced_with_result(
         ruby: &Ruby,
         rb_self: &Self,
         change: Symbol,
@@ -409,7 +433,11 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     let class = native.define_class("Store", ruby.class_object())?;
     class.define_singleton_method("new", function!(NativeStore::new, 1))?;
     class.define_method("claim", method!(NativeStore::claim, 1))?;
-    class.define_method("fenced", method!(NativeStore::fenced, 6))?;
+    class.define_method("fenced", method!(NativeStore::fenced, 5))?;
+    class.define_method(
+        "fenced_with_result",
+        method!(NativeStore::fenced_with_result, 6),
+    )?;
     class.define_method("prepare_result", method!(NativeStore::prepare_result, 4))?;
     class.define_method("wait", method!(NativeStore::wait, 2))?;
     class.define_method("find", method!(NativeStore::find, 2))?;

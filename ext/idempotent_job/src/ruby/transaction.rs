@@ -113,10 +113,33 @@ impl NativeTransaction {
         decision_hash(ruby, decision)
     }
 
-    /// `fenced(change, job_type, operation_key, token, text, result)` → true; `result`
-    /// as `Store#fenced` takes it (the completion's stored result, or nil).
-    #[allow(clippy::too_many_arguments)]
+    /// `fenced(change, job_type, operation_key, token, text)` → true.
     fn fenced(
+        ruby: &Ruby,
+        rb_self: &Self,
+        change: Symbol,
+        job_type: String,
+        operation_key: String,
+        token: String,
+        text: Option<String>,
+    ) -> RbResult<bool> {
+        Self::fenced_with_result(
+            ruby,
+            rb_self,
+            change,
+            job_type,
+            operation_key,
+            token,
+            text,
+            None,
+        )
+    }
+
+    /// `fenced_with_result(change, job_type, operation_key, token, text, result)` →
+    /// true; `result` as `Store#fenced_with_result` takes it (the completion's stored
+    /// result, or nil).
+    #[allow(clippy::too_many_arguments)]
+    fn fenced_with_result(
         ruby: &Ruby,
         rb_self: &Self,
         change: Symbol,
@@ -275,7 +298,11 @@ fn from_cell(ruby: &Ruby, cell: Cell) -> RbResult<Value> {
 pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     let class = native.define_class("Transaction", ruby.class_object())?;
     class.define_method("claim", method!(NativeTransaction::claim, 2))?;
-    class.define_method("fenced", method!(NativeTransaction::fenced, 6))?;
+    class.define_method("fenced", method!(NativeTransaction::fenced, 5))?;
+    class.define_method(
+        "fenced_with_result",
+        method!(NativeTransaction::fenced_with_result, 6),
+    )?;
     class.define_method("query", method!(NativeTransaction::query, 2))?;
     class.define_method("exec", method!(NativeTransaction::exec, 2))?;
     class.define_method("commit", method!(NativeTransaction::commit, 0))?;
