@@ -68,7 +68,10 @@ module IdempotentJob
       @strategy.within do |session|
         decision = timed { session.claim(request(delivery), @options.lock_timeout) }
         Mismatch.check!(@options, narrator, decision) if decision[:mismatch]
-        decision = waited(delivery, decision, narrator, wait) if wait && decision[:decision] == :in_progress
+        if wait && decision[:decision] == :in_progress
+          decision = waited(delivery, decision, narrator, wait)
+          Mismatch.check!(@options, narrator, decision) if decision[:mismatch]
+        end
         case decision[:decision]
         when :claimed then claimed(session, decision, narrator, host, &body)
         when :in_progress then in_progress(delivery, decision, narrator)
