@@ -189,9 +189,14 @@ RSpec.describe "Stored results and replays" do
       end
     end
 
-    it "stores the result inside a transactional claim, with its commit" do
+    it "stores the result inside a transactional claim, with its commit (native and ActiveRecord)" do
       charge(store_result: true, transaction: true) { [1, "two"] }
       expect(charge { raise "not run" }).to have_attributes(replayed?: true, value: [1, "two"])
+      charge(43, store_result: true, transaction: :active_record) { { "via" => "active_record" } }
+      expect(charge(43, transaction: :active_record) { raise "not run" })
+        .to have_attributes(decision: :completed, replayed?: true, value: { "via" => "active_record" })
+      charge(44, store_result: true, transaction: :active_record) { Time.now }
+      expect(charge(44) { raise "not run" }).to have_attributes(replayed?: true, result_state: :unencodable)
     end
   end
 
