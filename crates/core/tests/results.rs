@@ -357,3 +357,34 @@ fn a_completion_with_a_result_notifies_its_records_channel_and_a_plain_one_does_
     });
     assert_eq!(heard.as_deref(), Some(channels[1].as_str()));
 }
+
+#[test]
+fn a_waiter_holds_no_pooled_connection_while_it_waits() {
+    for path in [WaitPath::Listen, WaitPath::Poll] {
+        // One pooled connection, shared by the waiter and another caller.
+        let store = store_with(path == WaitPath::Listen, 1);
+        let req = request("ResultsPoolFree", 60.0);
+        let (claimed, go, handle) = holder(
+            Store::new(store.config().clone()).unwrap(),
+            req.clone(),
+            Some("true"),
+        );
+        claimed.recv().unwrap();
+        let shared = std::sync::Arc::new(store);
+        let waiter = {
+            let (store, req) = (shared.clone(), req.clone());
+            thread::spawn(move || wait(&store, &req, 30.0, path))
+        };
+        // While it waits, the pool's one connection serves other operations.
+        for _ in 0..20 {
+            let other = request("ResultsPoolFree", 30.0);
+            assert!(matches!(deliver(&shared, &other), Outcome::Claimed { .. }));
+        }
+        assert!(!waiter.is_finished());
+        go.send(()).unwrap();
+        handle.join().unwrap();
+        let waited = waiter.join().unwrap();
+        assert_eq!(waited.path, path);
+        assert!(replay_of(waited.decision.outcome).unwrap().stored());
+    }
+}
