@@ -135,10 +135,31 @@ impl Session {
         Ok(decision)
     }
 
-    /// Applies a fenced change (the completion) inside the transaction; `result`: the
-    /// completion's stored result (see [`claim::fenced_with_result`]), None for none.
-    #[allow(clippy::too_many_arguments)]
+    /// Applies a fenced change (the completion) inside the transaction.
     pub fn fenced(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        change: Fenced,
+        job_type: &str,
+        operation_key: &str,
+        token: uuid::Uuid,
+        text: Option<&str>,
+    ) -> Result<()> {
+        self.fenced_with_result(
+            interrupt,
+            change,
+            job_type,
+            operation_key,
+            token,
+            text,
+            None,
+        )
+    }
+
+    /// [`Session::fenced`], with the completion's stored result (see
+    /// [`claim::fenced_with_result`]; None: no store requested).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fenced_with_result(
         &mut self,
         interrupt: &Interrupt<'_>,
         change: Fenced,

@@ -156,7 +156,7 @@ fn a_transactional_completion_stores_the_result_with_its_commit() {
         .run(|pool, i| {
             let mut session = Session::begin(pool, i)?;
             let token = token_of(session.claim(i, &req, 5.0)?.outcome);
-            session.fenced(
+            session.fenced_with_result(
                 i,
                 claim::Fenced::Complete,
                 &req.job_type,

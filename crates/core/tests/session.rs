@@ -164,7 +164,6 @@ fn complete_in(
         &req.operation_key,
         token,
         None,
-        None,
     )
 }
 

@@ -155,7 +155,7 @@ impl NativeTransaction {
         let change = parse_fenced(ruby, change)?;
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
         rb_self.with_session(ruby, |s, i| {
-            s.fenced(
+            s.fenced_with_result(
                 i,
                 change,
                 &job_type,
