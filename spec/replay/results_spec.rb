@@ -182,6 +182,21 @@ RSpec.describe "Stored results and replays" do
         expect(charge { raise "not run" }).to have_attributes(replayed?: true, value: "ran as retry")
       end
 
+      it "gives up a wait on Timeout (Thread#raise) at once, and the pool serves the next call" do
+        started = Queue.new
+        finish = Queue.new
+        running = holder(started, finish) { "held" }
+        started.pop
+        began = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        expect { Timeout.timeout(0.3) { charge(wait: 60) { raise "the waiter must not run" } } }
+          .to raise_error(Timeout::Error)
+        interrupted_after = Process.clock_gettime(Process::CLOCK_MONOTONIC) - began
+        finish << true
+        expect(running.value).to have_attributes(decision: :ran)
+        expect(charge { raise "not run" }).to have_attributes(replayed?: true, value: "held")
+        puts "\n    a wait: interrupted by Timeout after #{interrupted_after.round(2)} s (timeout 0.3 s)"
+      end
+
       it "refuses a bad wait: and wait: with transaction:" do
         expect { charge(wait: -1) { 1 } }.to raise_error(IdempotentJob::ConfigurationError, /wait: must be/)
         expect { charge(wait: 1, transaction: true) { 1 } }
