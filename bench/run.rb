@@ -14,6 +14,7 @@ require_relative "throughput"
 require_relative "table_growth"
 require_relative "sidekiq_run"
 require_relative "memory"
+require_relative "replay"
 require_relative "targets"
 
 module IdempotentJobBench
@@ -21,7 +22,7 @@ module IdempotentJobBench
   # tmp/bench/results.csv and results.md.
   class CLI
     # Sections in the order they run.
-    SECTIONS = %w[first duplicate throughput growth sidekiq memory].freeze
+    SECTIONS = %w[first duplicate throughput growth sidekiq memory replay].freeze
 
     # Sizes of each section: full run, and --quick (a smoke run of a minute or so).
     PLANS = {
@@ -99,6 +100,7 @@ module IdempotentJobBench
       when "sidekiq"
         SidekiqRun.new(db, @results, operations: p[:operations], repeats: p[:sidekiq_repeats], dir: @out).run
       when "memory" then Memory.new(db, @results, runs: p[:memory_runs]).run
+      when "replay" then Replay.new(db, @results, rounds: p[:rounds], batch: p[:batch]).run
       end
     end
 

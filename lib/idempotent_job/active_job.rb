@@ -50,6 +50,7 @@ module IdempotentJob
         base.extend(ClassMethods)
         base.class_attribute(:idempotency_values, instance_accessor: false, default: nil)
         base.around_perform { |job, block| Performer.new(job).call(&block) }
+        base.prepend(Replaying)
         base.before_enqueue { |job| Performer.check_enqueue(job) }
         super
       end
@@ -87,6 +88,20 @@ module IdempotentJob
         job = ::ActiveJob::Base.deserialize(job_data)
         yield job if block_given?
         ::ActiveJob::Callbacks.run_callbacks(:execute) { job.perform_now }
+      end
+    end
+
+    # `perform_now` of a repeat returns the first run's stored value (`store_result:`): an
+    # around_perform callback cannot change what `perform_now` returns, so the door
+    # leaves the replay on the job ({Performer}) and this takes it from there.
+    module Replaying
+      # @return [Object] perform's value when it ran; for a replay, the stored value
+      def perform_now
+        @idempotency_replay = nil
+        value = super
+        replay = @idempotency_replay
+        @idempotency_replay = nil
+        replay ? replay.first : value
       end
     end
 

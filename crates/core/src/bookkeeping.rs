@@ -84,6 +84,8 @@ pub struct Repeat {
     pub count: bool,
     /// This delivery's arguments differed from the claim's.
     pub mismatch: bool,
+    /// Answered from a completion made with `store_result` (a replay: V7).
+    pub replayed: bool,
 }
 
 impl Repeat {
@@ -99,6 +101,13 @@ impl Repeat {
             facts: req.facts_json.clone(),
             count,
             mismatch: decision.mismatch,
+            replayed: matches!(
+                decision.outcome,
+                Outcome::Completed {
+                    replay: Some(_),
+                    ..
+                }
+            ),
         }
     }
 
@@ -261,6 +270,12 @@ fn batch_params(batch: &[Repeat]) -> (Vec<String>, Vec<String>, Vec<Value>) {
             &mut entry["facts"],
             json!({"at": at, "job_class": r.job_class, "decision": r.decision, "facts": facts}),
         );
+        if r.replayed {
+            // A replay (V7): counted by the repeats report.
+            if let Some(last) = entry["facts"].as_array_mut().and_then(|a| a.last_mut()) {
+                last["replayed"] = json!(true);
+            }
+        }
     }
     let mut out = (Vec::new(), Vec::new(), Vec::new());
     for key in order {

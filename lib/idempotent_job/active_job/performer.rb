@@ -86,6 +86,8 @@ module IdempotentJob
         deferrals = @job.idempotency_deferrals
         loop do
           outcome = protocol.run(delivery(options, key, payload, deferrals), host: @job) { body.call }
+          # A replay's value, for perform_now to return ({IdempotentJob::ActiveJob::Replaying}).
+          @job.instance_variable_set(:@idempotency_replay, [outcome.value]) if outcome.replayed?
           return outcome.value unless in_place && outcome.in_progress?
 
           # Inline: nowhere to re-enqueue to; wait here (the caller is waiting anyway).
