@@ -296,4 +296,18 @@ fn metrics_count_each_status_claim_state_repeat_and_the_purge_backlog() {
         run(&store, async |c| report::metrics(c, -1.0).await),
         Err(Error::Config(_))
     ));
+
+    // The backlog is what a purge at the same retention deletes (every job type's).
+    let backlog: i64 = run(&store, async |c| report::metrics(c, 3600.0).await)
+        .unwrap()
+        .iter()
+        .map(|r| r.purge_backlog)
+        .sum();
+    let deleted = run(&store, async |c| {
+        claim::purge_batch(c, 3600.0, 1_000_000).await
+    })
+    .unwrap();
+    assert_eq!(deleted as i64, backlog);
+    let after = run(&store, async |c| report::metrics(c, 3600.0).await).unwrap();
+    assert_eq!(after.iter().map(|r| r.purge_backlog).sum::<i64>(), 0);
 }
