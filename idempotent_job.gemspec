@@ -28,6 +28,8 @@ Gem::Specification.new do |spec|
   # This source gem builds the extension when installed (the platform gems need neither).
   spec.requirements = ["Rust 1.92 or later (cargo, rustc) and libclang, to build the native extension"]
 
-  spec.add_dependency "sidekiq", ">= 6.4", "< 9"
+  # No runtime dependency: each queue door checks its own library when it is required
+  # (IdempotentJob::Dependency: Sidekiq 6.4 to 8.x, ActiveJob 6.1 to 8.x) and says which
+  # Gemfile line to add, so the ActiveJob door and the plain API pull in no Sidekiq or Redis.
   spec.metadata["rubygems_mfa_required"] = "true"
 end

@@ -2,6 +2,7 @@
 
 require_relative "idempotent_job/version"
 require_relative "idempotent_job/errors"
+require_relative "idempotent_job/dependency"
 require_relative "idempotent_job/configuration"
 require_relative "idempotent_job/canonical_json"
 require_relative "idempotent_job/result_json"
@@ -22,6 +23,7 @@ require_relative "idempotent_job/plain"
 require_relative "idempotent_job/events"
 require_relative "idempotent_job/repeats"
 require_relative "idempotent_job/producer"
+require_relative "idempotent_job/enqueue_check"
 require_relative "idempotent_job/native"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.

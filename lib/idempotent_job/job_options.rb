@@ -13,7 +13,7 @@ module IdempotentJob
     LOOKUP_ANSWERS = %i[done not_done unknown].freeze
     # Option names, without a prefix.
     NAMES = %i[key scope lease on_stale on_mismatch lookup heartbeat max_run transaction lock_timeout
-               store_result].freeze
+               store_result on_enqueue].freeze
     # Shortest lease accepted, in seconds ({Configuration::MIN_LEASE}).
     MIN_LEASE = Configuration::MIN_LEASE
     # Most option sets cached per configuration (per-push overrides add entries).
@@ -76,6 +76,9 @@ module IdempotentJob
     # @return [Boolean] store the body's return value as JSON with the completion, so a
     #   repeat replays it (default false)
     attr_reader :store_result
+    # @return [Symbol] :push (default) or :skip_completed: drop a producer's push of a
+    #   completed operation ({EnqueueCheck})
+    attr_reader :on_enqueue
 
     # Use {.cached} in a door; `new` validates every time.
     # @param job_class [Class, String]
@@ -137,6 +140,8 @@ module IdempotentJob
       @store_result = boolean(:store_result, fetch(:store_result, false))
       @transaction = transaction_flavour(fetch(:transaction, false))
       @lookup = resolve_lookup(@values[:lookup])
+      @on_enqueue = Configuration.choice!(label(:on_enqueue), fetch(:on_enqueue, :push), EnqueueCheck::POLICIES,
+                                          job: @name)
     end
 
     # true/false (or "true"/"false", as a per-push override may arrive in JSON).

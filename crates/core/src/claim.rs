@@ -385,6 +385,16 @@ record! {
     pub const FIND_SQL = SELECT ... "\n  FROM idempotent_job_records\n WHERE job_type = $1 AND operation_key = $2";
 }
 
+/// Whether an operation is completed: the producer's check of `on_enqueue:
+/// skip_completed`, made once per push. A read-only primary-key lookup; no record, a
+/// claim (live or stale), a released, held or given-up operation all answer false, so
+/// only a completed operation's push is dropped.
+/// Parameters: $1 job_type, $2 operation_key.
+pub const COMPLETED_SQL: &str = r#"
+SELECT EXISTS (SELECT 1
+                 FROM idempotent_job_records
+                WHERE job_type = $1 AND operation_key = $2 AND status = 'completed')"#;
+
 /// Held operations, oldest first. Parameters: $1 job_type or NULL for all, $2 limit.
 pub const HELD_SQL: &str = r#"
 SELECT job_type, operation_key
@@ -989,6 +999,23 @@ pub async fn find(conn: &Conn, job_type: &str, operation_key: &str) -> Result<Op
         return Ok(None);
     };
     Record::from_row(&row).map(Some)
+}
+
+/// Whether the operation's record is completed (see [`COMPLETED_SQL`]): one round
+/// trip, nothing written.
+///
+/// Errors: connection/database errors.
+pub async fn completed(conn: &Conn, job_type: &str, operation_key: &str) -> Result<bool> {
+    let rows = conn
+        .query_own(
+            COMPLETED_SQL,
+            &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+        )
+        .await?;
+    match rows.first() {
+        Some(row) => Ok(row.try_get(0)?),
+        None => Ok(false),
+    }
 }
 
 /// Keys of held operations, oldest first: `(job_type, operation_key)` pairs.

@@ -349,6 +349,29 @@ impl NativeStore {
         })
     }
 
+    /// `completed(job_type, operation_key)` → true when the operation's record is
+    /// completed (the enqueue check of `on_enqueue: :skip_completed`; one read-only
+    /// statement, sent again on a fresh connection if the first one dies).
+    fn completed(
+        ruby: &Ruby,
+        rb_self: &Self,
+        job_type: String,
+        operation_key: String,
+    ) -> RbResult<bool> {
+        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            claim::completed(c, &job_type, &operation_key).await
+        })
+    }
+
+    /// `metrics(retention_seconds)` → String: the table's metrics in Prometheus' text
+    /// exposition format (see `report::exposition`).
+    fn metrics(ruby: &Ruby, rb_self: &Self, retention: f64) -> RbResult<String> {
+        let rows = rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            report::metrics(c, retention).await
+        })?;
+        Ok(report::exposition(&rows, retention))
+    }
+
     /// `job_types(limit)` → Array of the job types present, in order.
     fn job_types(ruby: &Ruby, rb_self: &Self, limit: i64) -> RbResult<Vec<String>> {
         rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
@@ -455,6 +478,8 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("takeovers", method!(NativeStore::takeovers, 2))?;
     class.define_method("stale_claims", method!(NativeStore::stale_claims, 1))?;
     class.define_method("job_types", method!(NativeStore::job_types, 1))?;
+    class.define_method("completed", method!(NativeStore::completed, 2))?;
+    class.define_method("metrics", method!(NativeStore::metrics, 1))?;
     Ok(())
 }
 
