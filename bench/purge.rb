@@ -3,7 +3,7 @@
 require_relative "workloads"
 
 module IdempotentJobBench
-  # Section 6: retention (issue 25). The purge alone on tables of due records of each
+  # Section 7: retention (issue 25). The purge alone on tables of due records of each
   # size (its time should grow with the records, not with their square), then the
   # purge of one table while 10 threads claim new operations in it, against the same
   # claimers without a purge: the claims' p99 with and without it. Each table is the
@@ -181,7 +181,7 @@ module IdempotentJobBench
          linear ? Format.verdict(per_record <= TARGET_LINEAR, "≈ linear (≤ #{TARGET_LINEAR}× per record)") : ""]
       end
       rows << loaded_row(loaded, p99)
-      @results.table("purge", "6. Purge: seconds by records due, alone and under claims",
+      @results.table("purge", "7. Purge: seconds by records due, alone and under claims",
                      ["records", "seconds", "× smallest", "size ×", "target"], rows, notes:)
     end
 
@@ -193,7 +193,8 @@ module IdempotentJobBench
 
     def record(alone, loaded, per_record, p99)
       alone.each { |n, s| @results.add("purge", "alone", "seconds_#{n}_records", s, "s") }
-      @results.add("purge", "alone", "time_per_record_ratio_#{alone.keys.max}_to_#{alone.keys.min}", per_record, "x")
+      @results.add("purge", "alone", "time_per_record_ratio_largest_to_smallest", per_record, "x",
+                   "#{alone.keys.max} to #{alone.keys.min} records")
       %i[during without].each do |run|
         %i[p50 p99].each { |m| @results.add("purge", "claims_#{run}_purge", m.to_s, loaded[run][m], "us") }
       end

@@ -36,7 +36,11 @@ module IdempotentJobBench
       ["a real Sidekiq process, 10,000 operations + 30 % duplicates: worker side ≥ 1.2× " \
        "sidekiq-unique-jobs' 2,375 jobs/s", [:ratio, "sidekiq", "with_middleware", "ratio_to_peer", :>=, 1.2]],
       ["memory ≤ 10 MB for the native runtime and pool",
-       [:value, "memory", "gem", "added_by_gem_runtime_pool", :<=, 10, "MB"]]
+       [:value, "memory", "gem", "added_by_gem_runtime_pool", :<=, 10, "MB"]],
+      ["(issue 25) purge time per record, largest table ≤ 1.25× smallest (800k in about 8× the time of 100k)",
+       [:ratio, "purge", "alone", "time_per_record_ratio_largest_to_smallest", :<=, 1.25]],
+      ["(issue 25) claim p99 while a purge runs (10 claimers) ≤ 1.2× without",
+       [:ratio, "purge", "loaded", "claim_p99_ratio", :<=, 1.2]]
     ].freeze
 
     private
