@@ -233,6 +233,8 @@ RSpec.describe IdempotentJob::Web do
         get link
         expect(last_response.status).to eq(200), "#{link}: #{last_response.status}"
       end
+      get "/idempotency/records", job_type: job_type, operation_key: " " # a prefix of one space
+      expect(last_response.body.scan(%r{href="/idempotency/record\?}).size).to eq(3)
 
       odd_keys.each do |key|
         get "/idempotency/record", job_type:, operation_key: key

@@ -70,7 +70,7 @@ module IdempotentJob
 
       def records
         job_type = param("job_type")
-        key = param("operation_key")
+        key = present("operation_key", optional: true)
         status = param("status")
         found = job_type && Records.search(job_type:, key_prefix: key, status:, limit: @limit)
         page("records", "Records", job_type:, key:, status:, found:, job_types: Records.job_types)
@@ -172,7 +172,7 @@ module IdempotentJob
       # The record the request names. Its key is taken exactly as sent, blank or only
       # spaces included (a record can have such a key), so every record can be opened.
       def find_record
-        IdempotentJob.record(required("job_type"), present("operation_key"))
+        IdempotentJob.record(present("job_type"), present("operation_key", empty: true))
       end
 
       # Refuses (400) a parameter name or value that is not valid UTF-8 or holds a NUL
@@ -218,10 +218,14 @@ module IdempotentJob
         param(name) || raise(BadRequest, "#{name} is required")
       end
 
-      # A parameter's value exactly as sent, blank included; 400 when absent.
-      def present(name)
+      # A parameter's value exactly as sent, spaces included (a job type or key may be
+      # only spaces). Absent, or empty unless `empty`: nil when `optional`, else a 400.
+      def present(name, empty: false, optional: false)
         value = params[name]
-        value.is_a?(String) ? value : raise(BadRequest, "#{name} is required")
+        return value if value.is_a?(String) && (empty || !value.empty?)
+        return nil if optional
+
+        raise BadRequest, "#{name} is required"
       end
 
       def number(name, default, range)
