@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module IdempotentJobBench
-  # The last table: issue 14's targets, each with the figure this run measured (from
+  # The last table: issues 14 and 25's targets, each with the figure this run measured (from
   # the sections' records) and whether it is met. A target whose section did not run
   # is left out.
   class Targets
@@ -16,7 +16,7 @@ module IdempotentJobBench
       rows = ROWS.filter_map { |text, rule| row(text, rule) }
       return if rows.empty?
 
-      @results.table("targets", "Targets (issue 14): this run's figures",
+      @results.table("targets", "Targets (issues 14 and 25): this run's figures",
                      ["target", "this run", "verdict"], rows,
                      notes: ["ratios within this run (variants interleaved); a loaded machine moves them."])
     end
@@ -36,7 +36,11 @@ module IdempotentJobBench
       ["a real Sidekiq process, 10,000 operations + 30 % duplicates: worker side ≥ 1.2× " \
        "sidekiq-unique-jobs' 2,375 jobs/s", [:ratio, "sidekiq", "with_middleware", "ratio_to_peer", :>=, 1.2]],
       ["memory ≤ 10 MB for the native runtime and pool",
-       [:value, "memory", "gem", "added_by_gem_runtime_pool", :<=, 10, "MB"]]
+       [:value, "memory", "gem", "added_by_gem_runtime_pool", :<=, 10, "MB"]],
+      ["(issue 25) purge time per record, largest table ≤ 1.25× smallest (800k in about 8× the time of 100k)",
+       [:ratio, "purge", "alone", "time_per_record_ratio_largest_to_smallest", :<=, 1.25]],
+      ["(issue 25) claim p99 while a purge runs (10 claimers) ≤ 1.2× without",
+       [:ratio, "purge", "loaded", "claim_p99_ratio", :<=, 1.2]]
     ].freeze
 
     private

@@ -188,7 +188,10 @@ module IdempotentJob
     # Deletes finished records — completed, or given up — that finished more than
     # `older_than` seconds ago, in batches of `batch_size`, each its own short
     # transaction that skips rows a claim has locked, so claims are never blocked for
-    # long. Held records and claims (live or stale) are never purged.
+    # long. Held records and claims (live or stale) are never purged. The batches walk
+    # the retention index once, each starting after the last record the previous one
+    # took (keyset pagination), so the time grows with the records deleted; a record
+    # skipped because a claim had it locked is left for the next purge.
     # @param older_than [Numeric] seconds; default {Configuration#retention}
     # @param batch_size [Integer] records per batch (default 1000)
     # @yieldparam total [Integer] records deleted so far, after each batch
@@ -197,12 +200,13 @@ module IdempotentJob
     # @raise [ConnectionError, TimeoutError, DatabaseError]
     def purge(older_than: configuration.retention, batch_size: 1000)
       total = 0
+      cursor = nil
       loop do
-        deleted = store.purge_batch(Float(older_than), Integer(batch_size))
+        deleted, picked, cursor = store.purge_batch(Float(older_than), Integer(batch_size), cursor)
         total += deleted
         Events.publish(:purge_batch, deleted:, total:, older_than:) if deleted.positive?
         yield total if block_given? && deleted.positive?
-        break if deleted < batch_size
+        break if picked < batch_size
       end
       total
     end

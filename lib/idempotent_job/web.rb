@@ -35,6 +35,10 @@ module IdempotentJob
   class Web
     # Why a POST with a session was refused.
     BAD_TOKEN = "the form's CSRF token is missing or does not match this session"
+    # What Rack raises for a query or form it cannot parse (ParamsTooDeepError: Rack 3).
+    PARSE_ERRORS = [::Rack::Utils::InvalidParameterError, ::Rack::Utils::ParameterTypeError,
+                    (::Rack::QueryParser::ParamsTooDeepError if defined?(::Rack::QueryParser::ParamsTooDeepError)),
+                    EncodingError].compact.freeze
 
     # @return [Web] the app `mount IdempotentJob::Web` runs
     def self.app
@@ -59,6 +63,7 @@ module IdempotentJob
     #   record no longer allows
     def call(env)
       request = ::Rack::Request.new(env)
+      bad = unparsable(request) and return bad
       verb = request.request_method.downcase.to_sym
       verb = :get if verb == :head
       return forbidden(env) if verb == :post && !CsrfToken.valid?(env, request.params[CsrfToken::FIELD])
@@ -87,6 +92,16 @@ module IdempotentJob
     def html(status, body)
       [status, { "content-type" => "text/html; charset=utf-8", "cache-control" => "no-store",
                  "x-frame-options" => "SAMEORIGIN" }, [body]]
+    end
+
+    # A 400 when the query or form cannot be parsed (a malformed %-escape, a nesting
+    # conflict, too many parameters), else nil.
+    def unparsable(request)
+      request.params
+      nil
+    rescue *PARSE_ERRORS => e
+      [400, { "content-type" => "text/plain; charset=utf-8" },
+       ["Bad request: the query or form cannot be read: #{e.message.scrub.delete("\0")}.\n"]]
     end
 
     def forbidden(env)

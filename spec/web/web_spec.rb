@@ -4,6 +4,7 @@ require "spec_helper"
 require "rack/test"
 require "rack/session/cookie"
 require "csv"
+require "cgi"
 require "idempotent_job/web"
 require_relative "../support/web_records"
 
@@ -230,6 +231,73 @@ RSpec.describe IdempotentJob::Web do
     end
   end
 
+  describe "keys and parameters a careless or hostile request sends" do
+    # Every key a record can have: only spaces, surrounding spaces, Unicode (NFD, full
+    # width, CJK, emoji), and the longest allowed (2,000 bytes with the job type).
+    def odd_keys
+      [" ", "   ", " A1 ", "e\u0301 ＡＢ１ 漢字 😀", "ключ-#{"я" * ((2000 - job_type.bytesize - 9) / 2)}"]
+    end
+
+    it "opens and resolves a record whatever its key, from the links the page itself shows" do
+      expect(odd_keys.map { |k| (job_type + k).bytesize }.max).to be > 1990
+      odd_keys.each { |key| web_stopped(job_type, key) }
+      get "/idempotency/records", job_type: job_type
+      links = last_response.body.scan(%r{href="(/idempotency/record\?[^"]+)"}).flatten.map { |l| CGI.unescapeHTML(l) }
+      expect(links.size).to eq(odd_keys.size)
+      links.each do |link|
+        get link
+        expect(last_response.status).to eq(200), "#{link}: #{last_response.status}"
+      end
+      get "/idempotency/records", job_type: job_type, operation_key: " " # a prefix of one space
+      expect(last_response.body.scan(%r{href="/idempotency/record\?}).size).to eq(3)
+
+      odd_keys.each do |key|
+        get "/idempotency/record", job_type:, operation_key: key
+        expect(last_response.status).to eq(200)
+        expect(last_response.body).to include("ij-status ij-held")
+        resolve(key, as: "done", token: confirm_token(key))
+        expect(last_response.status).to eq(302)
+        follow_redirect!
+        expect(last_response.body).to include("Resolved as done")
+        expect(IdempotentJob.record(job_type, key)).to have_attributes(status: :completed, resolution: "done")
+      end
+      expect(IdempotentJob.record(job_type, "A1")).to be_nil
+    end
+
+    it "answers 400 with a message for a NUL byte or invalid UTF-8 in any parameter, never a 500" do
+      key = "job_type=#{job_type}&operation_key=7"
+      of = "job_type=#{job_type}&operation_key"
+      {
+        "/idempotency/record?#{of}=a%00b" => "parameter \"operation_key\" contains a NUL",
+        "/idempotency/record?#{of}=%FF%FE" => "parameter \"operation_key\" is not valid UTF-8",
+        "/idempotency/record?job_type=%C3%28&operation_key=7" => "parameter \"job_type\" is not valid UTF-8",
+        "/idempotency/confirm?#{key}&as=done%00" => "parameter \"as\" contains a NUL",
+        "/idempotency/records?job_type=#{job_type}&status=%E9" => "parameter \"status\" is not valid UTF-8",
+        "/idempotency/?job_type=%00" => "parameter \"job_type\" contains a NUL",
+        "/idempotency/repeats?hours=1%00" => "parameter \"hours\" contains a NUL",
+        "/idempotency/repeats.csv?job_type=%FF" => "parameter \"job_type\" is not valid UTF-8",
+        "/idempotency/takeovers?hours=%C0%80" => "parameter \"hours\" is not valid UTF-8",
+        "/idempotency/record?#{key}&%FF=1" => "cannot be read: invalid byte sequence in UTF-8"
+      }.each do |url, message|
+        get url
+        expect(last_response.status).to eq(400), "#{url}: #{last_response.status}"
+        expect(CGI.unescapeHTML(last_response.body)).to include(message)
+      end
+
+      web_stopped(job_type, "7")
+      token = confirm_token("7")
+      post "/idempotency/resolve", "#{key}&as=done&authenticity_token=#{CGI.escape(token)}&claim_token=%00"
+      expect(last_response.status).to eq(400)
+      expect(CGI.unescapeHTML(last_response.body)).to include("parameter \"claim_token\" contains a NUL")
+      expect(IdempotentJob.record(job_type, "7").status).to eq(:held)
+
+      # A malformed %-escape, which Rack::Test refuses to send: the environment by hand.
+      env = Rack::MockRequest.env_for("/idempotency/record").merge("QUERY_STRING" => "#{key}&x=%E")
+      status, _headers, body = app.call(env)
+      expect([status, body.join]).to match([400, /cannot be read: invalid %-encoding/])
+    end
+  end
+
   describe "the repeats report" do
     it "charts repeats over time per cause, classifies each, names producer pairs, shows its SQL" do
       web_repeated(job_type, "1", repeats: 3)
@@ -262,6 +330,15 @@ RSpec.describe IdempotentJob::Web do
       rows = CSV.parse(last_response.body, headers: true)
       expect(rows.map { |r| [r["operation_key"], r["cause"], r["delivery_id"]] })
         .to eq([["1", "re_enqueue_same_producer", "again-1-0"], ["1", "re_enqueue_same_producer", "again-1-1"]])
+    end
+
+    it "neutralises keys and producers a spreadsheet would run as formulas" do
+      web_repeated(job_type, '=HYPERLINK("http://evil.example","x")', repeats: 1, again_by: "@SUM(1+1)")
+      get "/idempotency/repeats.csv", hours: "1", job_type: job_type
+      row = CSV.parse(last_response.body, headers: true).first
+      expect(row.to_h).to include("operation_key" => %('=HYPERLINK("http://evil.example","x")),
+                                  "producer" => "'@SUM(1+1)",
+                                  "first_producer" => "app/controllers/orders_controller.rb:42")
     end
   end
 

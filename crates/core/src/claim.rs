@@ -404,24 +404,48 @@ SELECT job_type, operation_key
  LIMIT $2"#;
 
 /// Delete one batch of finished records (completed or given up) that finished more
-/// than $1 seconds ago, at most $2 of them. Rows locked by a claim in progress are
-/// skipped, never waited for; held and live or stale claims are never touched.
+/// than $1 seconds ago, at most $2 of them, taken in the retention index's order
+/// (finish time, job type, operation key) after the key ($3 finish time, $4 job type,
+/// $5 operation key; all NULL for the first batch): keyset pagination, so a batch
+/// starts where the previous one ended and never reads the index entries of the
+/// records earlier batches deleted (dead until VACUUM). Rows locked by a claim in
+/// progress are skipped, never waited for; held and live or stale claims are never
+/// touched. Returns one row: deleted, picked (rows the batch locked), and the last
+/// picked key (NULLs when it picked none), the next batch's $3..$5.
 ///
-/// The batch is joined back on the primary key, not deleted by row address (`ctid`):
-/// a row another transaction updated after this statement's snapshot (a duplicate's
-/// count, say) is locked in its new version, whose address the statement's snapshot
-/// cannot see, so it would be skipped and the batch come back short. The join follows
-/// the update and deletes it.
+/// The batch is deleted by primary key, not by row address (`ctid`): a row another
+/// transaction updated after this statement's snapshot (a duplicate's count, say) is
+/// locked in its new version, whose address the statement's snapshot cannot see, so it
+/// would be skipped and the batch come back short; the key follows the update and
+/// deletes it. The keys come as two arrays (`unnest`), which the planner always joins
+/// by probing the primary key: a subquery joined instead could be hashed against a scan
+/// of the whole table once per batch (what made purge time grow with the square of the
+/// table when statistics said the batch was large).
 pub const PURGE_SQL: &str = r#"
-DELETE FROM idempotent_job_records r
- USING (SELECT job_type, operation_key
-          FROM idempotent_job_records
-         WHERE status IN ('completed', 'given_up')
-           AND coalesce(completed_at, given_up_at) < now() - make_interval(secs => $1)
-         ORDER BY coalesce(completed_at, given_up_at)
-         LIMIT $2
-           FOR UPDATE SKIP LOCKED) AS doomed
- WHERE r.job_type = doomed.job_type AND r.operation_key = doomed.operation_key"#;
+WITH doomed AS MATERIALIZED (
+  SELECT job_type, operation_key, coalesce(completed_at, given_up_at) AS finished_at
+    FROM idempotent_job_records
+   WHERE status IN ('completed', 'given_up')
+     AND coalesce(completed_at, given_up_at) < now() - make_interval(secs => $1)
+     AND (coalesce(completed_at, given_up_at), job_type, operation_key)
+         > (coalesce($3, '-infinity'), coalesce($4, ''), coalesce($5, ''))
+   ORDER BY coalesce(completed_at, given_up_at), job_type, operation_key
+   LIMIT $2
+     FOR UPDATE SKIP LOCKED),
+gone AS (
+  DELETE FROM idempotent_job_records r
+   USING unnest(ARRAY(SELECT job_type FROM doomed ORDER BY finished_at, job_type, operation_key),
+                ARRAY(SELECT operation_key FROM doomed ORDER BY finished_at, job_type, operation_key))
+         AS d (job_type, operation_key)
+   WHERE r.job_type = d.job_type AND r.operation_key = d.operation_key
+  RETURNING 1)
+SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM doomed) AS picked,
+       last.finished_at, last.job_type, last.operation_key
+  FROM (SELECT) AS one
+  LEFT JOIN (SELECT finished_at, job_type, operation_key
+               FROM doomed
+              ORDER BY finished_at DESC, job_type DESC, operation_key DESC
+              LIMIT 1) AS last ON true"#;
 
 /// Operations delivered more than once since $1 (optionally of job type $2), for the
 /// repeats report: their counts, first claim and repeat times, delivering classes, the
@@ -1033,20 +1057,84 @@ pub async fn held(
         .collect()
 }
 
-/// Deletes one batch of finished records older than `older_than_seconds` (see
-/// [`PURGE_SQL`]) and returns how many went; 0 means nothing is left to purge.
-pub async fn purge_batch(client: &Client, older_than_seconds: f64, batch: i64) -> Result<u64> {
+/// Where a purge stands: the retention-index key of the last record a batch took
+/// (finish time, job type, operation key). [`PurgeCursor::default`] is the start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PurgeCursor {
+    /// The last record's finish time (`completed_at` or `given_up_at`); None at the start.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The last record's job type ("" at the start).
+    pub job_type: String,
+    /// The last record's operation key ("" at the start).
+    pub operation_key: String,
+}
+
+/// What one purge batch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeBatch {
+    /// Records deleted.
+    pub deleted: u64,
+    /// Records the batch locked (all due records after the cursor, up to the batch size,
+    /// but those a claim had locked). Fewer than the batch size: the purge is done.
+    /// `deleted` is below it only when a picked record stopped being due meanwhile.
+    pub picked: u64,
+    /// Where the next batch starts (the cursor given, when nothing was picked).
+    pub next: PurgeCursor,
+}
+
+/// Deletes one batch of at most `batch` finished records older than
+/// `older_than_seconds`, after `after` in the retention index's order (see
+/// [`PURGE_SQL`]). A purge passes each batch's [`PurgeBatch::next`] to the next batch
+/// and stops when a batch picks fewer than `batch`: its time then grows with the number
+/// of records deleted, not with its square. Records skipped because a claim had them
+/// locked are behind the cursor: the next purge (from the start) takes them.
+/// Errors: [`Error::Config`] for a negative or non-finite age or a batch below 1;
+/// connection and statement errors as [`Error`].
+pub async fn purge_batch(
+    client: &Client,
+    older_than_seconds: f64,
+    batch: i64,
+    after: &PurgeCursor,
+) -> Result<PurgeBatch> {
     if !(older_than_seconds >= 0.0 && older_than_seconds.is_finite()) || batch < 1 {
         return Err(Error::Config(format!(
             "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than_seconds} and {batch}"
         )));
     }
-    Ok(client
-        .execute_typed(
+    let start = after.finished_at.is_some();
+    let job_type = start.then_some(after.job_type.as_str());
+    let operation_key = start.then_some(after.operation_key.as_str());
+    let row = client
+        .query_typed(
             PURGE_SQL,
-            &[(&older_than_seconds, Type::FLOAT8), (&batch, Type::INT8)],
+            &[
+                (&older_than_seconds, Type::FLOAT8),
+                (&batch, Type::INT8),
+                (&after.finished_at, Type::TIMESTAMPTZ),
+                (&job_type, Type::TEXT),
+                (&operation_key, Type::TEXT),
+            ],
         )
-        .await?)
+        .await?;
+    let row = row
+        .first()
+        .ok_or_else(|| Error::connection("the purge statement returned no row"))?;
+    let deleted: i64 = row.try_get(0)?;
+    let picked: i64 = row.try_get(1)?;
+    let finished_at: Option<DateTime<Utc>> = row.try_get(2)?;
+    let next = match finished_at {
+        Some(at) => PurgeCursor {
+            finished_at: Some(at),
+            job_type: row.try_get(3)?,
+            operation_key: row.try_get(4)?,
+        },
+        None => after.clone(),
+    };
+    Ok(PurgeBatch {
+        deleted: deleted as u64,
+        picked: picked as u64,
+        next,
+    })
 }
 
 /// One row of [`REPEATS_SQL`].

@@ -92,23 +92,39 @@ fn purge_deletes_only_old_finished_records_in_batches_and_skips_locked_ones() {
     });
     locked_rx.recv().unwrap();
 
-    let batch = |n: i64| {
-        store
-            .with_conn(async |c| claim::purge_batch(c, 3600.0, n).await)
-            .unwrap()
+    // One purge: each batch starts after the last record the previous one took.
+    let mut cursor = claim::PurgeCursor::default();
+    let mut batch = |n: i64| {
+        let done = store
+            .with_conn(async |c| claim::purge_batch(c, 3600.0, n, &cursor).await)
+            .unwrap();
+        cursor = done.next.clone();
+        (done.deleted, done.picked)
     };
     let started = std::time::Instant::now();
-    assert_eq!(batch(20), 20, "a full batch");
-    assert_eq!(batch(20), 20, "a full batch");
-    assert_eq!(batch(20), 9, "the rest, but the locked record");
-    assert_eq!(batch(20), 0, "nothing left but the locked record");
+    assert_eq!(batch(20), (20, 20), "a full batch");
+    assert_eq!(batch(20), (20, 20), "a full batch");
+    assert_eq!(
+        batch(20),
+        (9, 9),
+        "the rest, but the locked record: the purge is done"
+    );
+    assert_eq!(batch(20), (0, 0), "nothing left after the cursor");
     assert!(
         started.elapsed() < std::time::Duration::from_secs(5),
         "a locked record is skipped, never waited for"
     );
     release_tx.send(()).unwrap();
     holder.join().unwrap();
-    assert_eq!(batch(20), 1, "the record once its lock is gone");
+    let next_purge = store
+        .with_conn(async |c| {
+            claim::purge_batch(c, 3600.0, 20, &claim::PurgeCursor::default()).await
+        })
+        .unwrap();
+    assert_eq!(
+        next_purge.deleted, 1,
+        "the next purge takes the record once its lock is gone"
+    );
 
     assert_eq!(
         count(&store, "status = 'completed'"),
@@ -141,7 +157,7 @@ fn a_record_updated_after_the_batch_began_is_still_deleted() {
             .with_conn(async |c| {
                 c.batch_execute("SET search_path = ij_purge_race, pg_catalog")
                     .await?;
-                claim::purge_batch(c, 3600.0, 10).await
+                claim::purge_batch(c, 3600.0, 10, &claim::PurgeCursor::default()).await
             })
             .unwrap()
     });
@@ -158,6 +174,141 @@ fn a_record_updated_after_the_batch_began_is_still_deleted() {
             .await?)
         })
         .unwrap();
-    assert_eq!(purger.join().unwrap(), 3, "the updated record went too");
+    let done = purger.join().unwrap();
+    assert_eq!(
+        (done.deleted, done.picked),
+        (3, 3),
+        "the updated record went too"
+    );
     drop_schema("ij_purge_race");
+}
+
+/// Index entries the retention index has returned to this connection's scans and not
+/// yet reported (the pending part of `pg_stat_user_indexes.idx_tup_read`; none is
+/// reported inside a transaction, so two reads in one give what happened between).
+async fn index_entries_read(c: &tokio_postgres::Client) -> i64 {
+    c.query_one(
+        "SELECT pg_stat_get_xact_tuples_returned('idempotent_job_records_retention_idx'::regclass)",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[test]
+fn each_batch_starts_where_the_last_one_ended_and_reads_no_dead_index_entries() {
+    let store = store_in("ij_purge_keyset");
+    // Many records finished in the same instant (a bulk load, one transaction's
+    // completions): the key, not the time alone, orders them.
+    records(&store, "K", 6_000, "completed", "2 days");
+    records(&store, "K", 100, "held", "2 days");
+    records(&store, "K", 100, "claimed", "2 days");
+    records(&store, "K", 100, "completed", "1 minute");
+
+    // A long read elsewhere (a report, a backup) keeps an old snapshot: the records
+    // each batch deletes stay in the index as dead entries until it ends.
+    let reader = common::store();
+    let (reading_tx, reading_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        reader
+            .with_conn(async |c| {
+                c.batch_execute(
+                    "BEGIN ISOLATION LEVEL REPEATABLE READ; \
+                     SELECT count(*) FROM ij_purge_keyset.idempotent_job_records",
+                )
+                .await?;
+                reading_tx.send(()).unwrap();
+                done_rx.recv().unwrap();
+                c.batch_execute("COMMIT").await?;
+                Ok(())
+            })
+            .unwrap();
+    });
+    reading_rx.recv().unwrap();
+
+    let mut cursor = claim::PurgeCursor::default();
+    let mut read_per_batch = Vec::new();
+    let mut total = 0;
+    loop {
+        let (done, read) = store
+            .with_conn(async |c| {
+                c.batch_execute("BEGIN").await?;
+                let before = index_entries_read(c).await;
+                let done = claim::purge_batch(c, 3600.0, 500, &cursor).await?;
+                let read = index_entries_read(c).await - before;
+                c.batch_execute("COMMIT").await?;
+                Ok((done, read))
+            })
+            .unwrap();
+        total += done.deleted;
+        read_per_batch.push(read);
+        cursor = done.next;
+        if done.picked < 500 {
+            break;
+        }
+    }
+    done_tx.send(()).unwrap();
+    holder.join().unwrap();
+
+    assert_eq!(total, 6_000, "every due record went");
+    assert_eq!(read_per_batch.len(), 13, "12 full batches and an empty one");
+    // A batch that started from the beginning would read the dead entries of every
+    // record deleted before it: 500, 1000, 1500 … 6000.
+    assert!(
+        read_per_batch.iter().all(|&read| read <= 501),
+        "each batch reads its own records' entries (and one past them), never earlier \
+         batches' dead ones: {read_per_batch:?}"
+    );
+    assert_eq!(count(&store, "status IN ('held', 'claimed')"), 200);
+    assert_eq!(
+        count(&store, "status = 'completed'"),
+        100,
+        "recent ones stay"
+    );
+    drop_schema("ij_purge_keyset");
+}
+
+#[test]
+fn purge_probes_the_primary_key_whatever_the_statistics_say() {
+    let store = store_in("ij_purge_plan");
+    // Statistics that expect a large batch: many due records, analyzed. A batch
+    // joined on a subquery was then hashed against a scan of the whole table, once
+    // per batch (the purge's time grew with the square of the table).
+    records(&store, "Q", 30_000, "completed", "2 days");
+    records(&store, "Q", 10_000, "claimed", "2 days");
+    exec(&store, "ANALYZE idempotent_job_records");
+    let plan: Vec<String> = store
+        .with_conn(async |c| {
+            c.batch_execute(&format!(
+                "SET search_path = ij_purge_plan; SET plan_cache_mode = force_generic_plan; \
+                 PREPARE purge_plan(float8, int8, timestamptz, text, text) AS {}",
+                claim::PURGE_SQL
+            ))
+            .await?;
+            let rows = c
+                .query(
+                    "EXPLAIN EXECUTE purge_plan(3600, 5000, NULL, NULL, NULL)",
+                    &[],
+                )
+                .await?;
+            c.batch_execute("DEALLOCATE purge_plan").await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        !plan.contains("Seq Scan"),
+        "no batch scans the whole table:\n{plan}"
+    );
+    assert!(
+        plan.contains("Index Scan using idempotent_job_records_pkey"),
+        "the batch's records are found by primary key:\n{plan}"
+    );
+    assert!(
+        plan.contains("idempotent_job_records_retention_idx"),
+        "picked by the retention index:\n{plan}"
+    );
+    drop_schema("ij_purge_plan");
 }

@@ -140,9 +140,19 @@ module IdempotentJob
           end
       end
 
-      # @return [String] one CSV row per repeat, with {CSV_HEADERS}
+      # A text cell a spreadsheet would read as a formula: it starts with `=`, `+`, `-`,
+      # `@`, a tab or a carriage return (OWASP's CSV injection list).
+      FORMULA_START = /\A[=+\-@\t\r]/
+      # CSV writer option: each text cell that {FORMULA_START} matches gets a leading
+      # single quote (OWASP's advice), so an operation key or producer such as
+      # `=HYPERLINK(…)` opens as text, never as a formula. Numbers and times are
+      # written as they are.
+      CSV_NEUTRALISE = ->(cell) { cell.is_a?(String) && cell.match?(FORMULA_START) ? "'#{cell}" : cell }
+
+      # @return [String] one CSV row per repeat, with {CSV_HEADERS}; text cells that
+      #   start like a formula are neutralised ({CSV_NEUTRALISE})
       def to_csv
-        CSV.generate do |csv|
+        CSV.generate(write_converters: [CSV_NEUTRALISE]) do |csv|
           csv << CSV_HEADERS
           @operations.each do |op|
             op.repeats.each do |r|

@@ -48,6 +48,7 @@ module IdempotentJob
       def call(verb, path, params, view)
         @params = params
         @view = view
+        check_params!(params)
         name = ROUTES[[verb, path]]
         return send(name) if name
 
@@ -72,7 +73,7 @@ module IdempotentJob
 
       def records
         job_type = param("job_type")
-        key = param("operation_key")
+        key = present("operation_key", optional: true)
         status = param("status")
         found = job_type && Records.search(job_type:, key_prefix: key, status:, limit: @limit)
         page("records", "Records", job_type:, key:, status:, found:, job_types: Records.job_types)
@@ -177,8 +178,34 @@ module IdempotentJob
                                          problem: "Not resolved: #{problem}.")]
       end
 
+      # The record the request names. Its key is taken exactly as sent, blank or only
+      # spaces included (a record can have such a key), so every record can be opened.
       def find_record
-        IdempotentJob.record(required("job_type"), required("operation_key"))
+        IdempotentJob.record(present("job_type"), present("operation_key", empty: true))
+      end
+
+      # Refuses (400) a parameter name or value that is not valid UTF-8 or holds a NUL
+      # byte: neither can name anything the page stores (PostgreSQL text holds
+      # neither), and either would fail later, deeper, as a 500.
+      def check_params!(value, name = nil)
+        case value
+        when Hash
+          value.each do |k, v|
+            check_params!(k)
+            check_params!(v, k)
+          end
+        when Array then value.each { |v| check_params!(v, name) }
+        when String
+          what = name ? "parameter #{printable(name)}" : "a parameter name"
+          raise BadRequest, "#{what} is not valid UTF-8" unless
+            value.dup.force_encoding(Encoding::UTF_8).valid_encoding?
+          raise BadRequest, "#{what} contains a NUL byte" if value.include?("\0")
+        end
+        nil
+      end
+
+      def printable(name)
+        name.to_s.dup.force_encoding(Encoding::UTF_8).scrub.delete("\0").inspect
       end
 
       def resolution!
@@ -198,6 +225,16 @@ module IdempotentJob
 
       def required(name)
         param(name) || raise(BadRequest, "#{name} is required")
+      end
+
+      # A parameter's value exactly as sent, spaces included (a job type or key may be
+      # only spaces). Absent, or empty unless `empty`: nil when `optional`, else a 400.
+      def present(name, empty: false, optional: false)
+        value = params[name]
+        return value if value.is_a?(String) && (empty || !value.empty?)
+        return nil if optional
+
+        raise BadRequest, "#{name} is required"
       end
 
       def number(name, default, range)

@@ -25,6 +25,10 @@ use idempotent_job_core::retry::with_fresh_conn;
 use idempotent_job_core::session::Session;
 use idempotent_job_core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
 
+/// A purge cursor as Ruby holds it: `[finished_at microseconds since the epoch,
+/// job_type, operation_key]`.
+type RbPurgeCursor = (i64, String, String);
+
 #[magnus::wrap(class = "IdempotentJob::Native::Store", free_immediately, size)]
 struct NativeStore(Store);
 
@@ -379,11 +383,43 @@ impl NativeStore {
         })
     }
 
-    /// `purge_batch(older_than_seconds, batch)` → Integer, records deleted.
-    fn purge_batch(ruby: &Ruby, rb_self: &Self, older_than: f64, batch: i64) -> RbResult<u64> {
-        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
-            claim::purge_batch(c, older_than, batch).await
-        })
+    /// `purge_batch(older_than_seconds, batch, cursor)` → `[deleted, picked, cursor]`:
+    /// one batch after `cursor` (nil at the start; else the cursor the previous batch
+    /// returned, `[finished_at microseconds since the epoch, job_type, operation_key]`).
+    /// See the core's `claim::purge_batch`: a purge is done when `picked < batch`.
+    fn purge_batch(
+        ruby: &Ruby,
+        rb_self: &Self,
+        older_than: f64,
+        batch: i64,
+        cursor: Option<RbPurgeCursor>,
+    ) -> RbResult<(u64, u64, Option<RbPurgeCursor>)> {
+        let after = match cursor {
+            None => claim::PurgeCursor::default(),
+            Some((micros, job_type, operation_key)) => claim::PurgeCursor {
+                finished_at: Some(DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(
+                    || {
+                        to_ruby(
+                            ruby,
+                            Error::Config(format!("purge cursor time out of range: {micros}")),
+                        )
+                    },
+                )?),
+                job_type,
+                operation_key,
+            },
+        };
+        let done = rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            claim::purge_batch(c, older_than, batch, &after).await
+        })?;
+        let next = done.next.finished_at.map(|at| {
+            (
+                at.timestamp_micros(),
+                done.next.job_type,
+                done.next.operation_key,
+            )
+        });
+        Ok((done.deleted, done.picked, next))
     }
 
     /// `heartbeat(job_type, operation_key, token, lease_seconds, max_run_seconds)` →
@@ -471,7 +507,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("settle_repeats", method!(NativeStore::settle_repeats, 0))?;
     class.define_method("record_repeat", method!(NativeStore::record_repeat, 4))?;
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
-    class.define_method("purge_batch", method!(NativeStore::purge_batch, 2))?;
+    class.define_method("purge_batch", method!(NativeStore::purge_batch, 3))?;
     class.define_method("repeats", method!(NativeStore::repeats, 2))?;
     class.define_method("given_up", method!(NativeStore::given_up, 2))?;
     class.define_method("search", method!(NativeStore::search, 4))?;

@@ -70,6 +70,21 @@ RSpec.describe IdempotentJob::Repeats::Report do
     expect(rows.find { |r| r["cause"] == "redelivery" }["restart_at"]).to eq("2025-12-01T00:07:30Z")
   end
 
+  it "neutralises CSV cells a spreadsheet would run as a formula (=, +, -, @, tab, CR) with a leading quote" do
+    hostile = ["=HYPERLINK(\"http://x\",\"y\")", "+1+1", "-2+3", "@SUM(A1)", "\tcmd", "\rcmd"]
+    hostile_rows = hostile.each_with_index.map do |text, i|
+      { job_type: "J#{i}", operation_key: text, status: :completed,
+        deliveries: [facts(0, "a#{i}", "claimed"), facts(60, "b#{i}", producer: text)] }
+    end
+    rows = CSV.parse(described_class.new(hostile_rows).to_csv, headers: true)
+    expect(rows.map { |r| r["operation_key"] }).to eq(hostile.map { |t| "'#{t}" })
+    expect(rows.map { |r| r["producer"] }).to eq(hostile.map { |t| "'#{t}" })
+    expect(rows.map { |r| r["first_producer"] }).to all(eq(orders))
+    expect(rows.map { |r| r["after_claim_s"] }).to all(eq("60.0"))
+    safe = CSV.parse(report.to_csv, headers: true)
+    expect(safe.map { |r| r["operation_key"] }.uniq).to eq(%w[1 2 3])
+  end
+
   it "reads a record's first claim and repeat elements as deliveries" do
     deliveries = described_class.deliveries(
       first_claimed_at: Time.at(t0), first_facts: { "jid" => "a", "producer" => orders },
