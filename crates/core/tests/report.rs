@@ -304,10 +304,10 @@ fn metrics_count_each_status_claim_state_repeat_and_the_purge_backlog() {
         .map(|r| r.purge_backlog)
         .sum();
     let deleted = run(&store, async |c| {
-        claim::purge_batch(c, 3600.0, 1_000_000).await
+        claim::purge_batch(c, 3600.0, 1_000_000, &claim::PurgeCursor::default()).await
     })
     .unwrap();
-    assert_eq!(deleted as i64, backlog);
+    assert_eq!(deleted.deleted as i64, backlog);
     let after = run(&store, async |c| report::metrics(c, 3600.0).await).unwrap();
     assert_eq!(after.iter().map(|r| r.purge_backlog).sum::<i64>(), 0);
 }
