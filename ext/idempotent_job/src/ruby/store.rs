@@ -71,14 +71,18 @@ impl NativeStore {
 
     /// Like [`NativeStore::with_fresh_conn`] on the pool's main lane, after writing
     /// this process's queued repeat bookkeeping, so a read sees the process's own
-    /// repeats.
+    /// repeats. When that write fails with a retryable error (a read-only server in a
+    /// failover), the read goes on without them (they stay queued).
     fn with_settled_conn<T>(
         &self,
         ruby: &Ruby,
         op: impl AsyncFn(&mut Conn) -> Result<T>,
     ) -> RbResult<T> {
         self.run(ruby, |pool, interrupt| {
-            pool.bookkeeper().settle(pool, interrupt)?;
+            match pool.bookkeeper().settle(pool, interrupt) {
+                Err(e) if !e.retryable() => return Err(e),
+                _ => {}
+            }
             with_fresh_conn(pool, interrupt, Lane::Main, op)
         })
     }
