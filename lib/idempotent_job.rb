@@ -41,7 +41,9 @@ module IdempotentJob
     # Changes the settings; the connection pool is rebuilt on next use. Once the new
     # settings are in place, and before this returns, the replaced pool's queued repeat
     # bookkeeping is written ({settle_repeats}; a failure to write it is logged, never
-    # raised: it is telemetry).
+    # raised: it is telemetry); the replaced pool is closed (its connections and
+    # threads) as soon as the calls, transactions and heartbeats in flight on it are
+    # done.
     # @param settings [Hash{Symbol => Object}] settings to set first (see
     #   Configuration::SETTINGS), e.g. `configure(pool_size: 20)`
     # @yieldparam config [Configuration] optional block form
@@ -64,7 +66,7 @@ module IdempotentJob
     end
 
     # Forgets all settings and the connection pool (tests), after writing the pool's
-    # queued repeat bookkeeping as {configure} does.
+    # queued repeat bookkeeping and closing it as {configure} does.
     # @return [void]
     def reset!
       replaced = @lock.synchronize do
@@ -319,12 +321,18 @@ module IdempotentJob
       Native::Store.new(config.to_native_json)
     end
 
-    # Writes what a store being replaced still has queued for the repeats report, so
-    # neither the repeats nor its background writer are cut off when it is freed.
+    # Writes what a store being replaced still has queued for the repeats report, then
+    # closes its pool (its connections and threads) once the calls, transactions and
+    # heartbeats in flight on it are done, instead of at the next garbage collection.
     def retire(store)
-      store&.settle_repeats
-    rescue Error => e
-      configuration.logger&.warn("idempotent_job: repeat bookkeeping of the replaced pool not written (#{e.message})")
+      return unless store
+
+      begin
+        store.settle_repeats
+      rescue Error => e
+        configuration.logger&.warn("idempotent_job: repeat bookkeeping of the replaced pool not written (#{e.message})")
+      end
+      store.close
     end
   end
 end

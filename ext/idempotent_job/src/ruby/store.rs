@@ -320,6 +320,14 @@ impl NativeStore {
         Ok(true)
     }
 
+    /// `close` → nil: closes this process's pool once the calls, transactions and
+    /// heartbeats in flight on it are done, after writing its queued repeat
+    /// bookkeeping (see `Store::close`); returns at once. For a store replaced by
+    /// `IdempotentJob.configure` or `reset!`.
+    fn close(&self) {
+        self.0.close();
+    }
+
     /// `record_repeat(row, token, request, decided_at)` → true when queued: the repeat
     /// bookkeeping (`repeat_facts`) of a claim another driver decided (ActiveRecord's
     /// connection; called once its transaction committed, so the background writer never
@@ -364,6 +372,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
     class.define_method("settle_repeats", method!(NativeStore::settle_repeats, 0))?;
     class.define_method("record_repeat", method!(NativeStore::record_repeat, 4))?;
+    class.define_method("close", method!(NativeStore::close, 0))?;
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
     class.define_method("purge_batch", method!(NativeStore::purge_batch, 2))?;
     class.define_method("repeats", method!(NativeStore::repeats, 2))?;
