@@ -228,6 +228,7 @@ module IdempotentJobBench
       ms = rows.map(&:last)
       puts "== SIGKILL during a duplicate storm: 1 process × #{@threads} threads, #{@kills} kills"
       puts "counts lost per kill        #{lost.sort.join(" ")}"
+      puts "ms of duplicates per kill   #{ms.sort.map(&:round).join(" ")}"
       puts format("lost, ms of duplicates     median %<median>.0f  max %<max>.0f  (min %<min>.0f)",
                   median: Stats.median(ms), max: ms.max, min: ms.min)
     end

@@ -638,6 +638,8 @@ async fn claim_at(
 /// yields a wrong answer. `duplicates` in a look's answer counts this delivery, those
 /// written, and this process's still queued (informative: a batch being written at
 /// that moment may be missed or counted twice; the record's own count is exact).
+/// On a read-only server (SQLSTATE 25006) a duplicate of a completed, held or given-up
+/// operation is still answered, from a read (see [`SETTLED_LOOK_SQL`]).
 ///
 /// Errors: as [`claim`].
 pub fn deliver(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Result<Decision> {
