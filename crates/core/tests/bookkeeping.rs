@@ -1,13 +1,14 @@
 //! The repeat bookkeeping's batches against a real PostgreSQL (DATABASE_URL): one
-//! lock order for every batch, and a batch PostgreSQL rolls back (a deadlock) written
-//! again instead of dropped (issue 25).
+//! lock order for every batch, a batch PostgreSQL rolls back (a deadlock, a read-only
+//! server) kept and written again instead of dropped, a duplicate answered by a
+//! read-only server, and a closed store letting its connections go (issue 25).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use idempotent_job_core::bookkeeping::Repeat;
-use idempotent_job_core::claim::{self, ClaimRequest};
+use idempotent_job_core::claim::{self, ClaimRequest, Decision, Outcome};
 use idempotent_job_core::config::Config;
 use idempotent_job_core::migrate;
 use idempotent_job_core::store::Store;
@@ -194,4 +195,82 @@ fn a_batch_rolled_back_by_a_deadlock_is_written_again_not_dropped() {
     assert_eq!(duplicates(&other, &job_type, "a"), 1);
     assert_eq!(duplicates(&other, &job_type, "b"), 1);
     assert_eq!(store.pool().unwrap().bookkeeper().dropped(), 0);
+}
+
+#[test]
+fn a_duplicate_of_a_completed_operation_is_answered_by_a_read_only_server_and_its_count_kept() {
+    let writable = store_named(&unique("writable"));
+    let job_type = unique("ReadOnly");
+    let req = |key: &str| ClaimRequest {
+        job_type: job_type.clone(),
+        operation_key: key.into(),
+        lease_seconds: 30.0,
+        ..ClaimRequest::default()
+    };
+    let done = req("done");
+    let Outcome::Claimed { token, .. } = writable
+        .run(|pool, i| claim::deliver(pool, i, &done))
+        .unwrap()
+        .outcome
+    else {
+        panic!("not claimed")
+    };
+    writable
+        .with_conn(async |c| claim::complete(c, &job_type, "done", token).await)
+        .unwrap();
+
+    let mut config = Config::new(format!(
+        "{}?options=-c%20default_transaction_read_only%3Don",
+        database_url()
+    ));
+    config.deadline = 1.0;
+    let read_only = Store::new(config).unwrap();
+    let answer = read_only.run(|pool, i| claim::deliver(pool, i, &done));
+    assert!(
+        matches!(
+            answer,
+            Ok(Decision {
+                outcome: Outcome::Completed { duplicates: 1 },
+                ..
+            })
+        ),
+        "{answer:?}"
+    );
+    // A first claim needs a write: refused, as before.
+    let first = read_only.run(|pool, i| claim::deliver(pool, i, &req("new")));
+    assert_eq!(first.unwrap_err().sqlstate(), Some("25006"));
+    // The count cannot be written here; it stays queued, never dropped.
+    let settled = read_only.run(|pool, i| pool.bookkeeper().settle(pool, i));
+    assert_eq!(settled.unwrap_err().sqlstate(), Some("25006"));
+    let books = read_only.pool().unwrap().bookkeeper().clone();
+    assert_eq!(books.pending(&job_type, "done"), 1);
+    assert_eq!(books.dropped(), 0);
+}
+
+#[test]
+fn a_closed_store_lets_its_connections_go_once_its_calls_are_done() {
+    let name = unique("closed");
+    let store = store_named(&name);
+    let job_type = unique("Closed");
+    claim_all(&store, &job_type, &["a", "b"]);
+    let admin = Admin::new();
+    let backends = || {
+        admin.int(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'"
+        ))
+    };
+    assert!(backends() > 0);
+    let pool = store.pool().unwrap(); // a call still in flight holds its pool
+    store.close();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(backends() > 0, "closed while a call still held the pool");
+    drop(pool);
+    let until = Instant::now() + Duration::from_secs(20);
+    while backends() > 0 {
+        assert!(
+            Instant::now() < until,
+            "the closed store's connections stayed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
