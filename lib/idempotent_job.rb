@@ -274,15 +274,20 @@ module IdempotentJob
 
     # Writes this process's queued repeat bookkeeping (the duplicates count, repeat times
     # and delivery facts that duplicates leave off their decision's path) now, instead of
-    # within the next few milliseconds. Called at exit; a process that leaves with
+    # within the next few milliseconds; logs a warning when repeats were dropped since
+    # the last call. Called at exit; a process that leaves with
     # `exit!` or is killed loses what was still queued (telemetry only, never a
     # decision). Does nothing when this process never built its store.
     # @return [void]
     # @raise [ConnectionError, TimeoutError, DatabaseError] when the write fails
     def settle_repeats
       built = @lock.synchronize { @store }
-      built&.settle_repeats
+      return unless built
+
+      built.settle_repeats
       nil
+    ensure
+      report_dropped_repeats(built) if built
     end
 
     # The native store of the current settings, created on first use. Internal.
@@ -321,6 +326,20 @@ module IdempotentJob
       Native::Store.new(config.to_native_json)
     end
 
+    # Logs the repeats `store` dropped since the last report (a batch lost with its
+    # connection after it was sent, refused for good, or past the queue's bound; see
+    # README "Repeat bookkeeping: what a crash can lose").
+    def report_dropped_repeats(store)
+      dropped = store.repeats_dropped
+      @dropped_reported ||= ObjectSpace::WeakMap.new
+      reported = @dropped_reported[store] || 0
+      return if dropped <= reported
+
+      @dropped_reported[store] = dropped
+      configuration.logger&.warn("idempotent_job: #{dropped - reported} repeat counts dropped instead of written " \
+                                 "(the repeats report undercounts them; #{dropped} since this pool was built)")
+    end
+
     # Writes what a store being replaced still has queued for the repeats report, then
     # closes its pool (its connections and threads) once the calls, transactions and
     # heartbeats in flight on it are done, instead of at the next garbage collection.
@@ -332,6 +351,7 @@ module IdempotentJob
       rescue Error => e
         configuration.logger&.warn("idempotent_job: repeat bookkeeping of the replaced pool not written (#{e.message})")
       end
+      report_dropped_repeats(store)
       store.close
     end
   end

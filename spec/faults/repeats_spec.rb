@@ -109,6 +109,37 @@ RSpec.describe "Repeat bookkeeping and replaced pools", :faults do
     end
   end
 
+  describe "a batch PostgreSQL refuses for good" do
+    let(:schema) { "dropped_#{SecureRandom.hex(4)}" }
+
+    after do
+      SpecServices.configure_gem!
+      sql("DROP SCHEMA IF EXISTS #{schema} CASCADE")
+    end
+
+    it "is dropped, counted and logged once, not written again" do
+      sql("CREATE SCHEMA #{schema}")
+      log = StringIO.new
+      SpecServices.configure_gem!(schema:, logger: Logger.new(log))
+      IdempotentJob.migrate!
+      IdempotentJob.perform_once("Refused", "1") { nil }
+      # Every update of the record fails (P0001, not transient); a duplicate's look reads.
+      sql("CREATE FUNCTION #{schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE 'refused'; END $$")
+      sql("CREATE TRIGGER refuse BEFORE UPDATE ON #{schema}.idempotent_job_records " \
+          "FOR EACH ROW EXECUTE FUNCTION #{schema}.refuse()")
+      3.times { expect(IdempotentJob.perform_once("Refused", "1") { raise "ran" }.decision).to eq(:completed) }
+      begin
+        IdempotentJob.settle_repeats # raises P0001 when the last batch was still queued
+      rescue IdempotentJob::DatabaseError => e
+        expect(e.sqlstate).to eq("P0001")
+      end
+      expect(log.string).to include("idempotent_job: 3 repeat counts dropped instead of written")
+      IdempotentJob.settle_repeats # nothing queued, nothing more dropped: logged once
+      expect(log.string.scan("repeat counts dropped").size).to eq(1)
+      expect(IdempotentJob.record("Refused", "1").duplicates).to eq(0)
+    end
+  end
+
   describe "a burst of configure calls" do
     def backends(prefix)
       sql("SELECT application_name FROM pg_stat_activity WHERE application_name LIKE $1", "#{prefix}%")

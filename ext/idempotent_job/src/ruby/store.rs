@@ -320,6 +320,14 @@ impl NativeStore {
         Ok(true)
     }
 
+    /// `repeats_dropped` → Integer: repeats this process's pool dropped instead of
+    /// writing them (see `Bookkeeper::dropped`); 0 when no pool was built.
+    fn repeats_dropped(&self) -> u64 {
+        self.0
+            .built_pool()
+            .map_or(0, |pool| pool.bookkeeper().dropped())
+    }
+
     /// `close` → nil: closes this process's pool once the calls, transactions and
     /// heartbeats in flight on it are done, after writing its queued repeat
     /// bookkeeping (see `Store::close`); returns at once. For a store replaced by
@@ -373,6 +381,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("settle_repeats", method!(NativeStore::settle_repeats, 0))?;
     class.define_method("record_repeat", method!(NativeStore::record_repeat, 4))?;
     class.define_method("close", method!(NativeStore::close, 0))?;
+    class.define_method("repeats_dropped", method!(NativeStore::repeats_dropped, 0))?;
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
     class.define_method("purge_batch", method!(NativeStore::purge_batch, 2))?;
     class.define_method("repeats", method!(NativeStore::repeats, 2))?;
