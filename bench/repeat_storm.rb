@@ -19,8 +19,8 @@
 #
 # Needs DATABASE_URL (any database: each run uses job types of its own) and the built
 # extension (rake compile). IDEMPOTENT_JOB_LIB=DIR loads the gem from DIR instead of
-# lib/ (another build, to compare). Asserts nothing: it prints figures (README.md, "Repeat
-# bookkeeping: what a crash can lose").
+# lib/ (another build, to compare). Asserts nothing: it prints figures (docs/design.md,
+# "Repeat bookkeeping: what a crash can lose").
 $LOAD_PATH.unshift(ENV.fetch("IDEMPOTENT_JOB_LIB") { File.expand_path("../lib", __dir__) })
 require "json"
 require "logger"

@@ -14,6 +14,8 @@ require_relative "throughput"
 require_relative "table_growth"
 require_relative "sidekiq_run"
 require_relative "memory"
+require_relative "replay"
+require_relative "enqueue"
 require_relative "targets"
 
 module IdempotentJobBench
@@ -21,16 +23,16 @@ module IdempotentJobBench
   # tmp/bench/results.csv and results.md.
   class CLI
     # Sections in the order they run.
-    SECTIONS = %w[first duplicate throughput growth sidekiq memory].freeze
+    SECTIONS = %w[first duplicate throughput growth sidekiq memory replay enqueue].freeze
 
     # Sizes of each section: full run, and --quick (a smoke run of a minute or so).
     PLANS = {
       full: { rounds: 60, batch: 8, threads: [1, 2, 5, 10, 25], seconds: 1.5, repeats: 5,
               sizes: [1_000, 100_000, 1_000_000, 10_000_000], growth_rounds: 30,
-              operations: 10_000, sidekiq_repeats: 2, memory_runs: 3 },
+              operations: 10_000, sidekiq_repeats: 2, memory_runs: 3, enqueue_batch: 50 },
       quick: { rounds: 4, batch: 5, threads: [1, 2, 5, 10, 25], seconds: 0.3, repeats: 1,
                sizes: [1_000, 100_000], growth_rounds: 4, operations: 1_000, sidekiq_repeats: 1,
-               memory_runs: 1 }
+               memory_runs: 1, enqueue_batch: 5 }
     }.freeze
 
     # @param argv [Array<String>] command-line arguments
@@ -99,6 +101,8 @@ module IdempotentJobBench
       when "sidekiq"
         SidekiqRun.new(db, @results, operations: p[:operations], repeats: p[:sidekiq_repeats], dir: @out).run
       when "memory" then Memory.new(db, @results, runs: p[:memory_runs]).run
+      when "replay" then Replay.new(db, @results, rounds: p[:rounds], batch: p[:batch]).run
+      when "enqueue" then EnqueueCost.new(db, @results, rounds: p[:rounds], batch: p[:enqueue_batch]).run
       end
     end
 

@@ -9,7 +9,7 @@ require "pg"
 # The benchmark harness of idempotent_job (`bin/bench`). Every figure is a ratio
 # measured in the same run: variants are interleaved in small batches in a random
 # order, so drift on a shared machine (other processes, disk flush times) affects
-# them alike. See README.md, "Benchmarks".
+# them alike. See docs/benchmarks.md.
 module IdempotentJobBench
   # Monotonic clock helpers.
   module Clock

@@ -2,8 +2,10 @@
 
 require_relative "idempotent_job/version"
 require_relative "idempotent_job/errors"
+require_relative "idempotent_job/dependency"
 require_relative "idempotent_job/configuration"
 require_relative "idempotent_job/canonical_json"
+require_relative "idempotent_job/result_json"
 require_relative "idempotent_job/key"
 require_relative "idempotent_job/args_digest"
 require_relative "idempotent_job/record"
@@ -21,6 +23,7 @@ require_relative "idempotent_job/plain"
 require_relative "idempotent_job/events"
 require_relative "idempotent_job/repeats"
 require_relative "idempotent_job/producer"
+require_relative "idempotent_job/enqueue_check"
 require_relative "idempotent_job/native"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
@@ -94,6 +97,12 @@ module IdempotentJob
     #   outcome.ran?          # the block ran (and its completion was recorded)
     #   outcome.retry_after   # for :in_progress: seconds after which to try again
     #
+    # With `store_result: true` the block's value is stored as JSON with the completion
+    # (up to {Configuration#max_result_bytes}); a repeat gets it back: `outcome.value`,
+    # `outcome.replayed?` true. With `wait: seconds` a call that meets a live claim waits
+    # for that claim's completion (then replays), or its release (then may run), for at
+    # most that long; then `:in_progress`.
+    #
     # A raising block releases the claim (the next call claims it as a retry) and the
     # exception is re-raised; an interrupt (Interrupt, SignalException) keeps it for
     # its lease and the stale policy, as a worker's shutdown does.
@@ -111,10 +120,14 @@ module IdempotentJob
     # @param job_class [String, nil] stored with the claim (default the job type)
     # @param queue [String, nil] stored with the claim
     # @param options [Hash] `on_stale:`, `on_mismatch:`, `lookup:` (callable: key → :done,
-    #   :not_done, :unknown), `heartbeat:`, `max_run:`, `transaction:`, `lock_timeout:`
+    #   :not_done, :unknown), `heartbeat:`, `max_run:`, `transaction:`, `lock_timeout:`,
+    #   `store_result:` (true/false, default false: store the block's value for replays),
+    #   `wait:` (seconds, default none: how long to wait for a live claim; not with
+    #   `transaction:`)
     # @yieldparam claim [Claim] the claim held
-    # @return [Outcome] decision :ran (with the block's value), :completed, :held,
-    #   :given_up or :in_progress (with retry_after and lease_remaining)
+    # @return [Outcome] decision :ran (with the block's value), :completed (with the
+    #   stored value when `replayed?`), :held, :given_up or :in_progress (with
+    #   retry_after and lease_remaining)
     # @raise [OperationKeyError] for a bad operation key (nothing recorded)
     # @raise [ConfigurationError] for a bad option
     # @raise [ConnectionError, TimeoutError, DatabaseError] when the claim cannot be decided
@@ -328,7 +341,7 @@ module IdempotentJob
 
     # Logs the repeats `store` dropped since the last report (a batch lost with its
     # connection after it was sent, refused for good, or past the queue's bound; see
-    # README "Repeat bookkeeping: what a crash can lose").
+    # docs/design.md "Repeat bookkeeping: what a crash can lose").
     def report_dropped_repeats(store)
       dropped = store.repeats_dropped
       @dropped_reported ||= ObjectSpace::WeakMap.new

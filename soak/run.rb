@@ -71,7 +71,7 @@ module Soak
     def self.parse(argv)
       options = Options.new(**DEFAULTS, seed: Random.new_seed % 1_000_000)
       OptionParser.new do |parser|
-        parser.banner = "usage: bin/soak [options]   (README.md: Soak and chaos run)"
+        parser.banner = "usage: bin/soak [options]   (docs/soak.md)"
         FLAGS.each do |name, argument, type, description|
           default = DEFAULTS.fetch(name, "random, printed")
           parser.on("--#{name.to_s.tr("_", "-")} #{argument}".strip, type, "#{description} (#{default})") do |value|

@@ -5,10 +5,12 @@ $LOAD_PATH.unshift File.expand_path("../lib", __dir__)
 require_relative "support/services"
 require "sidekiq"
 require "timeout"
-require "sidekiq/testing"
 Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
 require "idempotent_job"
 require "idempotent_job/sidekiq"
+# Sidekiq's testing API: `require "sidekiq/testing"` before 8.1, `Sidekiq.testing!(:fake)`
+# from 8.1 (which deprecates the require).
+IdempotentJob::Sidekiq::Compat.load_testing!
 require_relative "support/effects"
 require_relative "support/jobs"
 require_relative "support/processes"

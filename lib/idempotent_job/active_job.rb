@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
-require "active_job"
+require_relative "dependency"
+IdempotentJob::Dependency.require!(IdempotentJob::Dependency::ACTIVE_JOB)
 require "idempotent_job"
 require "idempotent_job/producer"
 require_relative "active_job/arguments"
@@ -27,15 +28,9 @@ module IdempotentJob
   module ActiveJob
     # Options `idempotency` accepts besides `key:` (as the Sidekiq door's, unprefixed).
     OPTIONS = (JobOptions::NAMES - [:key]).freeze
-    # Oldest ActiveJob supported. From 6.0 `retry_on` counts its attempts per exception
-    # in `exception_executions` (through 8.1, read from source), which a deferral leaves
-    # alone; 5.2 counted `executions`, which every delivery raises.
-    MINIMUM_VERSION = Gem::Version.new("6.1")
-
-    if ::ActiveJob.gem_version < MINIMUM_VERSION
-      raise LoadError, "idempotent_job/active_job needs ActiveJob #{MINIMUM_VERSION} or later " \
-                       "(this is #{::ActiveJob.gem_version})"
-    end
+    # ActiveJob versions supported (checked when this file is required; see
+    # {Dependency::ACTIVE_JOB}).
+    SUPPORTED = Dependency::ACTIVE_JOB.requirement
 
     class << self
       # @param base [Class] an ActiveJob::Base subclass (ApplicationJob or a job)
@@ -50,6 +45,7 @@ module IdempotentJob
         base.extend(ClassMethods)
         base.class_attribute(:idempotency_values, instance_accessor: false, default: nil)
         base.around_perform { |job, block| Performer.new(job).call(&block) }
+        base.prepend(Replaying)
         base.before_enqueue { |job| Performer.check_enqueue(job) }
         super
       end
@@ -90,6 +86,20 @@ module IdempotentJob
       end
     end
 
+    # `perform_now` of a repeat returns the first run's stored value (`store_result:`): an
+    # around_perform callback cannot change what `perform_now` returns, so the door
+    # leaves the replay on the job ({Performer}) and this takes it from there.
+    module Replaying
+      # @return [Object] perform's value when it ran; for a replay, the stored value
+      def perform_now
+        @idempotency_replay = nil
+        value = super
+        replay = @idempotency_replay
+        @idempotency_replay = nil
+        replay ? replay.first : value
+      end
+    end
+
     # Declaration methods of a job class that includes {IdempotentJob::ActiveJob}.
     module ClassMethods
       # Declares the job idempotent: each operation runs once however often it is delivered.
@@ -100,7 +110,9 @@ module IdempotentJob
       #   the class name), `lease:` (seconds), `on_stale:` (:reclaim, :hold, :skip),
       #   `on_mismatch:` (:log, :raise), `lookup:` (a method name), `heartbeat:`
       #   (Boolean), `max_run:` (seconds), `transaction:` (true/:native,
-      #   :active_record), `lock_timeout:` (seconds); unset ones take
+      #   :active_record), `lock_timeout:` (seconds), `on_enqueue:` (:push, or
+      #   :skip_completed: perform_later of a completed operation enqueues nothing and
+      #   returns false); unset ones take
       #   {IdempotentJob.configuration}'s defaults at first use
       # @return [Hash] the declaration
       # @raise [ConfigurationError] for a missing key, an unknown option or a bad value,

@@ -45,7 +45,11 @@ module IdempotentJob
       # wal_writer_delay (200 ms by default) of a completion can lose it; the record then
       # stays claimed and, once its lease ends, the stale policy decides (:reclaim runs
       # the job again). Claims stay durable. Off by default.
-      asynchronous_completion: false
+      asynchronous_completion: false,
+      # Largest result (bytes of JSON) a completion stores for replays (store_result);
+      # a larger one is not stored, and the completion stands. nil: the core's default
+      # (65_536).
+      max_result_bytes: nil
     }.freeze
 
     # Type checks of {#validate!}: setting => [what it must be, test].
@@ -56,6 +60,7 @@ module IdempotentJob
       heartbeat: ["true or false", ->(v) { [true, false].include?(v) }],
       prepared_statements: ["true or false", ->(v) { [true, false].include?(v) }],
       asynchronous_completion: ["true or false", ->(v) { [true, false].include?(v) }],
+      max_result_bytes: ["a positive Integer", ->(v) { v.nil? || (v.is_a?(Integer) && v.positive?) }],
       logger: ["a Logger", ->(v) { v.nil? || %i[info warn error].all? { |m| v.respond_to?(m) } }],
       **%i[database_url schema host dbname user password sslmode sslrootcert sslcert sslkey].to_h do |name|
         [name, ["a String", ->(v) { v.nil? || v.is_a?(String) }]]

@@ -5,16 +5,19 @@ module IdempotentJob
   # ActiveSupport::Notifications as `<name>.idempotent_job` when ActiveSupport is loaded,
   # and always to the subscribers of {IdempotentJob.subscribe}.
   #
-  # Names: claimed, completed, skipped, deferred, taken_over, lookup, held, given_up,
-  # released, lost_claim, heartbeat_failed, mismatch, purge_batch. Payload (a Hash with Symbol keys):
+  # Names: enqueue_skipped (a producer's push of a completed operation dropped, see
+  # {EnqueueCheck}), claimed, completed, skipped, deferred, taken_over, lookup, held, given_up,
+  # released, lost_claim, heartbeat_failed, mismatch, purge_batch, result_not_stored. Payload (a
+  # Hash with Symbol keys):
   # job_type, operation_key, jid, attempt where they apply, duration (seconds) for
   # claimed (the claim's round trip) and completed (the body's run), and the event's
   # own details (kind, decision, answer, deleted, total…; heartbeat_failed: failures,
-  # error, in_doubt).
+  # error, in_doubt; completed: result_state with store_result; skipped: replayed: true and
+  # result_state for a replay; result_not_stored: result_state, reason).
   module Events
     # Event names, in the order a delivery may meet them.
-    NAMES = %i[claimed taken_over lookup completed skipped deferred held given_up released lost_claim
-               heartbeat_failed mismatch purge_batch].freeze
+    NAMES = %i[enqueue_skipped claimed taken_over lookup completed skipped deferred held given_up released
+               lost_claim heartbeat_failed mismatch purge_batch result_not_stored].freeze
     # ActiveSupport::Notifications names, by event name.
     NOTIFICATION_NAMES = NAMES.to_h { |name| [name, "#{name}.idempotent_job"] }.freeze
 

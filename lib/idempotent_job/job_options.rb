@@ -12,7 +12,8 @@ module IdempotentJob
     # Answers a lookup may give.
     LOOKUP_ANSWERS = %i[done not_done unknown].freeze
     # Option names, without a prefix.
-    NAMES = %i[key scope lease on_stale on_mismatch lookup heartbeat max_run transaction lock_timeout].freeze
+    NAMES = %i[key scope lease on_stale on_mismatch lookup heartbeat max_run transaction lock_timeout
+               store_result on_enqueue].freeze
     # Shortest lease accepted, in seconds ({Configuration::MIN_LEASE}).
     MIN_LEASE = Configuration::MIN_LEASE
     # Most option sets cached per configuration (per-push overrides add entries).
@@ -72,6 +73,12 @@ module IdempotentJob
     attr_reader :transaction
     # @return [Numeric] seconds a transactional claim waits for another delivery
     attr_reader :lock_timeout
+    # @return [Boolean] store the body's return value as JSON with the completion, so a
+    #   repeat replays it (default false)
+    attr_reader :store_result
+    # @return [Symbol] :push (default) or :skip_completed: drop a producer's push of a
+    #   completed operation ({EnqueueCheck})
+    attr_reader :on_enqueue
 
     # Use {.cached} in a door; `new` validates every time.
     # @param job_class [Class, String]
@@ -130,8 +137,11 @@ module IdempotentJob
       @on_mismatch = Configuration.choice!(label(:on_mismatch), fetch(:on_mismatch, config.on_mismatch),
                                            Configuration::MISMATCH_POLICIES, job: @name)
       @heartbeat = boolean(:heartbeat, fetch(:heartbeat, config.heartbeat))
+      @store_result = boolean(:store_result, fetch(:store_result, false))
       @transaction = transaction_flavour(fetch(:transaction, false))
       @lookup = resolve_lookup(@values[:lookup])
+      @on_enqueue = Configuration.choice!(label(:on_enqueue), fetch(:on_enqueue, :push), EnqueueCheck::POLICIES,
+                                          job: @name)
     end
 
     # true/false (or "true"/"false", as a per-push override may arrive in JSON).

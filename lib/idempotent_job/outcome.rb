@@ -14,7 +14,8 @@ module IdempotentJob
 
     # @return [Symbol] one of {DECISIONS}
     attr_reader :decision
-    # @return [Object, nil] the block's value when it ran, else nil
+    # @return [Object, nil] the block's value when it ran; for a replay ({#replayed?}) the
+    #   first run's stored value as JSON reads it (String keys); else nil
     attr_reader :value
     # @return [Float, nil] for :in_progress, seconds after which to deliver again: short
     #   at first, doubling with each deferral, never later than the holder's lease end
@@ -28,12 +29,16 @@ module IdempotentJob
     attr_reader :holder
     # @return [Integer, nil] for a duplicate, the record's duplicate count so far
     attr_reader :duplicates
+    # @return [Symbol, nil] what became of the result `store_result` asked to keep: :stored,
+    #   :too_large or :unencodable (then not stored); nil when no store was requested.
+    #   For :ran, this run's; for a replay, the first run's.
+    attr_reader :result_state
 
     # @param decision [Symbol] one of {DECISIONS}
     # @raise [ArgumentError] for another decision
     def initialize(decision, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only
                    value: nil, retry_after: nil, lease_remaining: nil, claim: nil, holder: nil,
-                   duplicates: nil)
+                   duplicates: nil, result_state: nil, replayed: false)
       raise ArgumentError, "unknown decision #{decision.inspect}" unless DECISIONS.include?(decision)
 
       @decision = decision
@@ -43,6 +48,8 @@ module IdempotentJob
       @claim = claim
       @holder = holder
       @duplicates = duplicates
+      @result_state = result_state
+      @replayed = replayed ? true : false
       freeze
     end
 
@@ -54,6 +61,20 @@ module IdempotentJob
     # @return [Boolean] whether another delivery holds the operation now
     def in_progress?
       @decision == :in_progress
+    end
+
+    # @return [Boolean] whether this is a repeat of a completed operation answered from
+    #   its first run's completion, which was made with `store_result` ({#value} is the
+    #   stored value when {#result_stored?})
+    def replayed?
+      @replayed
+    end
+
+    # @return [Boolean] whether the result was stored: for :ran, this run's value; for a
+    #   replay, the first run's (false when it was too large or not JSON, or no store
+    #   was requested)
+    def result_stored?
+      @result_state == :stored
     end
   end
 end

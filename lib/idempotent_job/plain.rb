@@ -9,13 +9,13 @@ module IdempotentJob
   # deferred for the caller — an :in_progress outcome says when to come back.
   module Plain
     # Options the plain API takes besides `lease:` (the same as a job's, unprefixed).
-    OPTIONS = %i[on_stale on_mismatch lookup heartbeat max_run transaction lock_timeout].freeze
+    OPTIONS = %i[on_stale on_mismatch lookup heartbeat max_run transaction lock_timeout store_result].freeze
 
     # See {IdempotentJob.perform_once}.
     # @return [Outcome]
     def self.perform_once(job_type, # rubocop:disable Metrics/ParameterLists -- the public API, keywords
                           operation_key, lease: nil, payload: [], id: nil, deferrals: 0, facts: {},
-                          job_class: nil, queue: nil, **options, &block)
+                          job_class: nil, queue: nil, wait: nil, **options, &block)
       raise ArgumentError, "IdempotentJob.perform_once needs a block" unless block
 
       type = job_type.to_s
@@ -25,14 +25,32 @@ module IdempotentJob
       key = Key.check!(type, Key.value_key(operation_key, type), job_name: type)
       delivery = Delivery.new(job_type: type, operation_key: key, payload:, job_class: job_class || type, queue:,
                               id: id || SecureRandom.uuid, deferrals:, facts:)
-      Protocol.new(options, door: Door::PLAIN).run(delivery, &block)
+      Protocol.new(options, door: Door::PLAIN).run(delivery, wait: checked_wait(type, wait, options), &block)
     end
+
+    # `wait:` in seconds (nil: no wait), checked: a finite number >= 0, never with a
+    # transaction (a transactional claim waits on the row lock instead).
+    def self.checked_wait(type, wait, options)
+      return nil if wait.nil?
+
+      unless wait.is_a?(Numeric) && wait.to_f.finite? && wait >= 0
+        raise ConfigurationError, "#{type}: perform_once's wait: must be a number of seconds >= 0, got #{wait.inspect}"
+      end
+
+      if options.transaction
+        raise ConfigurationError, "#{type}: perform_once's wait: cannot be combined with transaction: (a " \
+                                  "transactional claim already waits for the other delivery's transaction, " \
+                                  "up to lock_timeout)"
+      end
+      wait.to_f
+    end
+    private_class_method :checked_wait
 
     def self.checked(type, options)
       unknown = options.keys - OPTIONS
       if unknown.any?
         raise ConfigurationError, "#{type}: perform_once does not take #{unknown.map(&:inspect).join(", ")} " \
-                                  "(it takes lease:, payload:, id:, deferrals:, facts:, job_class:, queue:, " \
+                                  "(it takes lease:, payload:, id:, deferrals:, facts:, job_class:, queue:, wait:, " \
                                   "#{OPTIONS.map { |o| "#{o}:" }.join(", ")})"
       end
       lookup = options[:lookup]

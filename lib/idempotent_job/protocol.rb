@@ -49,21 +49,29 @@ module IdempotentJob
     # Runs the protocol for one delivery around the block.
     # @param delivery [Delivery] what is claimed
     # @param host [Object, nil] the object a lookup method is called on (the job instance)
+    # @param wait [Float, nil] seconds to wait when the claim is live (see
+    #   `Native::Store#wait`: LISTEN/NOTIFY or polling, never a pooled connection held),
+    #   then decide again: a completion replays, a release may run; nil: no wait
     # @yieldparam claim [Claim] the claim held (also {IdempotentJob.current_claim})
-    # @return [Outcome] :ran with the block's value, or why the block did not run
+    # @return [Outcome] :ran with the block's value, or why the block did not run (a
+    #   repeat of a completed operation whose completion stored a result replays it)
     # @raise [ConnectionError, TimeoutError, DatabaseError, LockTimeoutError] when the claim
     #   cannot be decided (block not run)
     # @raise [PayloadMismatchError] for a mismatched payload under `on_mismatch: :raise`
     # @raise [LookupError] when the stale-claim lookup fails (block not run)
     # @raise [LostClaimError] when the block ran but its claim had been taken over
     # @raise [Exception] what the block raised (after the release), or the door's deferral
-    def run(delivery, host: nil, &body)
+    def run(delivery, host: nil, wait: nil, &body)
       raise ArgumentError, "Protocol#run needs a block" unless body
 
       narrator = Narrator.new(@door, delivery)
       @strategy.within do |session|
         decision = timed { session.claim(request(delivery), @options.lock_timeout) }
         Mismatch.check!(@options, narrator, decision) if decision[:mismatch]
+        if wait && decision[:decision] == :in_progress
+          decision = waited(delivery, decision, narrator, wait)
+          Mismatch.check!(@options, narrator, decision) if decision[:mismatch]
+        end
         case decision[:decision]
         when :claimed then claimed(session, decision, narrator, host, &body)
         when :in_progress then in_progress(delivery, decision, narrator)
@@ -73,6 +81,15 @@ module IdempotentJob
     end
 
     private
+
+    # Waits for the live claim to end (the core's `wait`), then the new decision.
+    def waited(delivery, decision, narrator, seconds)
+      narrator.info do
+        "#{narrator.describe} is in progress under #{@door.id_label} #{decision[:holder_jid]}; waiting up to " \
+          "#{seconds} s for it"
+      end
+      timed { IdempotentJob.store.wait(request(delivery), seconds) }
+    end
 
     # The claim request the native store reads (see Native::Store#claim).
     def request(delivery)
@@ -103,7 +120,8 @@ module IdempotentJob
         next Outcome.new(verdict, claim:) unless verdict == :ran
 
         narrator.info { "claimed #{narrator.describe_claim(claim)} again after a failure" } if claim.kind == :retry
-        Outcome.new(:ran, value: session.run(claim, @options, narrator) { body.call(claim) }, claim:)
+        value, result_state = session.run(claim, @options, narrator) { body.call(claim) }
+        Outcome.new(:ran, value:, claim:, result_state:)
       end
     end
 
@@ -125,12 +143,25 @@ module IdempotentJob
     DUPLICATE_STATES = { completed: "already completed", held: "held for a person", given_up: "given up",
                          refused: "not claimable by this payload" }.freeze
     private_constant :DUPLICATE_STATES
+    # How the log line names a replay, by the stored result's state (nil: no replay).
+    REPLAY_TEXTS = { nil => "", stored: "; replayed: true (its stored result)" }.freeze
+    private_constant :REPLAY_TEXTS
 
+    # A duplicate; a completed operation whose completion stored a result is replayed:
+    # its value (parsed from the stored JSON) and `replayed: true` on the outcome, the
+    # log line and the event.
     def duplicate(decision, narrator)
       state = DUPLICATE_STATES.fetch(decision[:decision])
-      narrator.info { "#{narrator.describe} is #{state}; duplicate delivery skipped (#{decision[:duplicates]} so far)" }
-      narrator.emit_delivery(:skipped, decision: decision[:decision], duplicates: decision[:duplicates])
-      Outcome.new(decision[:decision], duplicates: decision[:duplicates])
+      result_state = decision[:result_state]
+      replay = REPLAY_TEXTS.fetch(result_state) { "; replayed: true (result #{result_state}, not stored)" }
+      narrator.info do
+        "#{narrator.describe} is #{state}; duplicate delivery skipped (#{decision[:duplicates]} so far)#{replay}"
+      end
+      replayed = result_state ? { replayed: true, result_state: } : {}
+      narrator.emit_delivery(:skipped, decision: decision[:decision], duplicates: decision[:duplicates], **replayed)
+      value = decision[:result_json] && JSON.parse(decision[:result_json])
+      Outcome.new(decision[:decision], duplicates: decision[:duplicates], value:, result_state:,
+                                       replayed: !result_state.nil?)
     end
   end
 end

@@ -17,20 +17,28 @@ module IdempotentJob
   # (Array) of the last claiming delivery, mismatches (Integer, deliveries whose
   # arguments differed), last_mismatch (Boolean), resolution ("done"/"rerun"),
   # first_claimed_at, claimed_at, lease_expires_at, completed_at, released_at,
-  # last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at.
+  # last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at,
+  # result (the stored result, parsed from its JSON; nil when none is stored) and
+  # result_state (:stored, :too_large, :unencodable; nil when no store was requested).
   #
   # The members are the native layer's record columns (`Native.record_columns`, from the
   # one definition of the record in the Rust core: its SQL, its struct and its
-  # conversion), with `args_json` read as `args`.
+  # conversion), with `args_json` read as `args` and `result_json` as `result`.
+  # Columns read under another member name (their JSON text parsed).
+  RECORD_RENAMES = { "args_json" => :args, "result_json" => :result }.freeze
+  private_constant :RECORD_RENAMES
   Record = Struct.new(
-    *Native.record_columns.map { |column| column == "args_json" ? :args : column.to_sym },
+    *Native.record_columns.map { |column| RECORD_RENAMES.fetch(column, column.to_sym) },
     keyword_init: true
   ) do
-    # @param row [Hash] the native layer's row (arguments as JSON text in :args_json)
+    # @param row [Hash] the native layer's row (arguments and result as JSON text in
+    #   :args_json and :result_json)
     # @return [Record]
     def self.from_row(row)
       args_json = row.delete(:args_json)
-      new(**row, args: args_json && JSON.parse(args_json))
+      result_json = row.delete(:result_json)
+      new(**row, args: args_json && JSON.parse(args_json), result: result_json && JSON.parse(result_json),
+                 result_state: row[:result_state]&.to_sym)
     end
 
     # @return [Boolean] whether the operation's effect is recorded as done

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
-require "sidekiq"
+require_relative "dependency"
+IdempotentJob::Dependency.require!(IdempotentJob::Dependency::SIDEKIQ)
 require "idempotent_job"
 require_relative "sidekiq/compat"
 require_relative "sidekiq/options"
@@ -14,13 +15,13 @@ module IdempotentJob
   # server chain and {ClientMiddleware} to the client chains, and registers the door
   # (Sidekiq's logger and concurrency as defaults, reruns of resolved operations).
   # Written against the middleware API shared by Sidekiq 6.4 to 8.x (plain classes
-  # with `call`); version differences live in {Compat}.
+  # with `call`); version differences live in {Compat}. Requiring it without a
+  # supported Sidekiq raises {DependencyError} naming the Gemfile line to add.
   module Sidekiq
     # Adds the middleware to Sidekiq's chains and registers the door (called when
     # this file is required).
     # @return [void]
     def self.install!
-      Compat.check_version!
       ::Sidekiq.configure_server do |config|
         config.server_middleware { |chain| chain.add(ServerMiddleware) }
         config.client_middleware { |chain| chain.add(ClientMiddleware) }

@@ -13,7 +13,8 @@ module IdempotentJob
   # The operators' web page, a Rack app: held and given-up operations with "resolve as
   # done" / "rerun" (POST, CSRF-protected, after a confirmation page), a record search
   # by job type and operation key, the repeats report with a chart of repeats over time,
-  # and recent takeovers and stale claims. Everything it shows is read from
+  # recent takeovers and stale claims, and `/metrics` in Prometheus' text format
+  # ({Records.metrics}). Everything it shows is read from
   # `idempotent_job_records` through the public API ({IdempotentJob.held},
   # {IdempotentJob.record}, {IdempotentJob.repeats}) and the read-only lists of
   # {Web::Records}; the only write is {IdempotentJob.resolve}. No asset is fetched:
@@ -75,6 +76,8 @@ module IdempotentJob
         html(status, view.layout(body))
       in [:redirect, location]
         [302, { "location" => location, "content-type" => "text/html" }, []]
+      in [:text, type, body]
+        [200, { "content-type" => type, "cache-control" => "no-store" }, [body]]
       in [:csv, filename, body]
         [200, { "content-type" => "text/csv; charset=utf-8",
                 "content-disposition" => "attachment; filename=\"#{filename}\"" }, [body]]

@@ -183,7 +183,8 @@ RSpec.describe "IdempotentJob's native layer" do
 
   it "gives the record one definition: IdempotentJob::Record's members are the native record's columns" do
     columns = IdempotentJob::Native.record_columns
-    expect(IdempotentJob::Record.members).to eq(columns.map { |c| c == "args_json" ? :args : c.to_sym })
+    renamed = { "args_json" => :args, "result_json" => :result }
+    expect(IdempotentJob::Record.members).to eq(columns.map { |c| renamed.fetch(c, c.to_sym) })
     IdempotentJob.perform_once("NativeColumnsSpec", "k-1", payload: [1, "a"]) { :done }
     record = IdempotentJob.record("NativeColumnsSpec", "k-1")
     expect(record.to_h.keys).to eq(IdempotentJob::Record.members)

@@ -9,7 +9,7 @@ require "fileutils"
 RSpec.describe "Behind PgBouncer in transaction mode", :integration do
   let(:root) { File.expand_path("../..", __dir__) }
   let(:dir) { File.join(root, "tmp", "pgbouncer") }
-  let(:port) { 64_329 }
+  let(:port) { Integer(ENV.fetch("PGBOUNCER_SPEC_PORT", "64329")) }
   let(:seconds) { Float(ENV.fetch("PGBOUNCER_SOAK_SECONDS", "30")) }
 
   def as_postgres(command)
@@ -88,5 +88,38 @@ RSpec.describe "Behind PgBouncer in transaction mode", :integration do
     puts "\n    PgBouncer soak: #{total} operations (claim, complete, duplicate, read) in #{seconds} s"
     expect(results.flat_map { |r| r["errors"] }).to eq([])
     expect(total).to be > 100
+  end
+
+  it "lets a wait: caller poll (no LISTEN through transaction pooling) and replay the running call's stored value" do
+    url = "postgres://postgres@127.0.0.1:#{port}/idempotent_job"
+    logged = StringIO.new
+    SpecServices.configure_gem!(database_url: url, pool_size: 4, prepared_statements: false,
+                                logger: Logger.new(logged))
+    started = Queue.new
+    finish = Queue.new
+    runs = Queue.new
+    charge = lambda do |**options, &body|
+      IdempotentJob.perform_once("BouncerWait", 1, lease: 30, store_result: true, **options, &body)
+    end
+    holder = Thread.new do
+      charge.call do
+        started << true
+        finish.pop
+        runs << :holder
+        { "charge_id" => "ch_b" }
+      end
+    end
+    started.pop
+    short = charge.call(wait: 0.2) { runs << :short }
+    waiter = Thread.new { charge.call(wait: 30) { runs << :waiter } }
+    sleep(0.01) until logged.string.include?("waiting up to 30.0 s") || !waiter.alive?
+    finish << true
+    holder.join
+    expect(short).to have_attributes(decision: :in_progress)
+    expect(waiter.value).to have_attributes(decision: :completed, replayed?: true, value: { "charge_id" => "ch_b" })
+    expect(runs.size).to eq(1)
+    # The waiter's path: polling, as the store's statement mode says (no LISTEN here).
+    request = { job_type: "BouncerWait", operation_key: "1", lease: 30.0 }
+    expect(IdempotentJob.store.wait(request, 0)[:wait_path]).to eq(:poll)
   end
 end

@@ -121,6 +121,18 @@ RSpec.describe "The repeats report", :integration do
     end
   end
 
+  it "counts replays: repeats answered from a completion that stored a result" do
+    since = Time.now - 60
+    IdempotentJob.perform_once("ReplayCount", 1, store_result: true) { { "charge_id" => "ch_1" } }
+    2.times { IdempotentJob.perform_once("ReplayCount", 1) { raise "not run" } }
+    IdempotentJob.perform_once("ReplayCount", 2) { "not stored" }
+    IdempotentJob.perform_once("ReplayCount", 2) { raise "not run" }
+    report = IdempotentJob::Repeats.report(since:, job_type: "ReplayCount")
+    expect(report.operations.to_h { |op| [op.operation_key, op.replays] }).to eq("1" => 2, "2" => 0)
+    expect(report.summary.fetch("ReplayCount")).to include(replays: 2, repeats: 3)
+    expect(report.lines.join("\n")).to include("2 replayed a stored result")
+  end
+
   it "keeps what it reads in the record, so retention purges it with the record" do
     expect(IdempotentJob.repeats(since: now - 86_400, job_type: "History").size).to eq(5)
     IdempotentJob.purge(older_than: 0)

@@ -13,6 +13,17 @@ class KitChargeJob
   end
 end
 
+# The same with reject at enqueue: the kit replays deliveries, so its own pushes of a
+# completed operation must reach the worker.
+class KitSkipAtEnqueueJob
+  include Sidekiq::Job
+  sidekiq_options idempotency_key: :order_id, idempotency_on_enqueue: :skip_completed
+
+  def perform(order_id, amount_cents)
+    Effects.record("kit-skip-at-enqueue", "#{order_id}/#{amount_cents}")
+  end
+end
+
 # The same body with no operation key declared: not protected.
 class KitUnprotectedJob
   include Sidekiq::Job
@@ -197,6 +208,10 @@ RSpec.describe "The replay testing kit" do
       expect(effect_rows("kit-receipt")).to eq(1) # only the rerun wrote one: the killed worker died before it
       expect(result.effects).to eq(2) # :reclaim's one allowed repeat
       expect(result).to be_passed
+    end
+
+    it "replays a job with on_enqueue: :skip_completed (its own pushes are deliveries, never dropped)" do
+      expect(KitSkipAtEnqueueJob).to be_idempotent_for(12, 100).in_scenarios(:repeated, :killed_after_effect)
     end
 
     it "counts body runs when no effect block is given" do

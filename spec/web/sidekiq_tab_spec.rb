@@ -38,6 +38,15 @@ RSpec.describe IdempotentJob::Web::SidekiqTab do
     expect(last_response.body).to include(%(href="/sidekiq/idempotency"))
   end
 
+  it "answers /metrics in Prometheus' text format, not inside Sidekiq's layout" do
+    web_stopped(job_type, "7")
+    get "/sidekiq/idempotency/metrics"
+    expect(last_response.status).to eq(200)
+    expect(last_response.content_type).to eq("text/plain; version=0.0.4; charset=utf-8")
+    expect(last_response.body).to include(%(idempotent_job_records{job_type="#{job_type}",status="held"} 1\n))
+    expect(last_response.body).not_to include("<html")
+  end
+
   it "shows held operations inside Sidekiq's layout and resolves one with Sidekiq's CSRF token" do
     web_stopped(job_type, "7")
     get "/sidekiq/idempotency", job_type: job_type

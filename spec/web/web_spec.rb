@@ -57,6 +57,21 @@ RSpec.describe IdempotentJob::Web do
     end
   end
 
+  describe "a record's stored result" do
+    it "shows the stored result, why one was not stored, or that none was asked for" do
+      IdempotentJob.perform_once(job_type, "r1", store_result: true) { { "charge_id" => "ch_<1>" } }
+      IdempotentJob.perform_once(job_type, "r2", store_result: true) { Time.now }
+      IdempotentJob.perform_once(job_type, "r3") { "not stored" }
+      shown = %w[r1 r2 r3].map do |key|
+        get "/idempotency/record", job_type:, operation_key: key
+        expect(last_response.status).to eq(200)
+        last_response.body[%r{<dt>Stored result</dt><dd[^>]*>([^<]*)</dd>}, 1]
+      end
+      expect(shown).to eq(["{&quot;charge_id&quot;:&quot;ch_&lt;1&gt;&quot;}", "not stored: not a JSON value",
+                           "— (none: no store_result)"])
+    end
+  end
+
   describe "resolving" do
     it "asks for confirmation, then resolves as done on a POST with the session's token" do
       web_stopped(job_type, "7")

@@ -21,7 +21,7 @@
 //! change):
 //! * a process killed (SIGKILL, OOM) loses the repeats queued and not yet written:
 //!   those of the batch being gathered ([`LINGER`]) and of the batch being written
-//!   (measured: README, "Repeat bookkeeping: what a crash can lose");
+//!   (measured: docs/design.md, "Repeat bookkeeping: what a crash can lose");
 //! * a PostgreSQL crash loses the batches committed within `wal_writer_delay`
 //!   (200 ms by default) before it;
 //! * a batch whose connection is lost (or whose deadline passes) after it was sent
@@ -115,6 +115,8 @@ pub struct Repeat {
     pub count: bool,
     /// This delivery's arguments differed from the claim's.
     pub mismatch: bool,
+    /// Answered from a completion made with `store_result` (a replay: V7).
+    pub replayed: bool,
 }
 
 impl Repeat {
@@ -130,6 +132,13 @@ impl Repeat {
             facts: req.facts_json.clone(),
             count,
             mismatch: decision.mismatch,
+            replayed: matches!(
+                decision.outcome,
+                Outcome::Completed {
+                    replay: Some(_),
+                    ..
+                }
+            ),
         }
     }
 
@@ -197,9 +206,13 @@ impl Pending {
             .as_deref()
             .and_then(|f| serde_json::from_str::<Value>(f).ok())
             .unwrap_or(Value::Null);
-        self.facts.push_back(
-            json!({"at": at, "job_class": r.job_class, "decision": r.decision, "facts": facts}),
-        );
+        let mut entry =
+            json!({"at": at, "job_class": r.job_class, "decision": r.decision, "facts": facts});
+        if r.replayed {
+            // A replay (V7): counted by the repeats report.
+            entry["replayed"] = json!(true);
+        }
+        self.facts.push_back(entry);
         if self.facts.len() > KEPT {
             self.facts.pop_front();
         }

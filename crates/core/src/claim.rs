@@ -43,7 +43,9 @@ pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 /// string holds the escape itself), and [`FIND_SQL`] gives the original text back, so
 /// such a job still runs and a rerun gets its arguments unchanged.
 ///
-/// `won` in the result tells the caller whether its token is now the record's.
+/// `won` in the result tells the caller whether its token is now the record's;
+/// `result` and `result_state` are the stored result of a completed record (a replay:
+/// see [`super::results`]), NULL when its completion stored none.
 /// Parameters: $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
 /// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
 /// $9 arguments (JSON text), $10 refuse mismatched payloads (bool), $11 the delivery's
@@ -95,7 +97,9 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
 RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
           r.duplicates, r.last_mismatch AS mismatch,
           EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_remaining,
-          now() AS decided_at"#;
+          now() AS decided_at,
+          -- Stored results (V7): what a repeat of a completed operation replays.
+          r.result::text AS result, r.result_state"#;
 
 /// A delivery's first statement outside a transaction ([`deliver`]): a look at the
 /// record and, only when there is none, the first claim's insert, in one round trip.
@@ -110,10 +114,15 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 ///
 /// Parameters: as [`CLAIM_SQL`]'s $1–$9, then $10 the delivery's facts ([`CLAIM_SQL`]'s
 /// $11: kept by the first claim as `first_facts`; a duplicate does not read it).
+///
+/// A look at a completed record also returns its stored result (`result`,
+/// `result_state`: see [`super::results`]), so a replay costs no extra round trip.
 pub const DELIVER_SQL: &str = r#"
 WITH look AS (
     SELECT status, jid, attempts, duplicates, args_digest, lease_expires_at,
-           claim_token = $3 AS mine, last_claim
+           claim_token = $3 AS mine, last_claim,
+           -- Stored results (V7): a completed record's replay, read in the same look.
+           result::text AS result, result_state
       FROM idempotent_job_records
      WHERE job_type = $1 AND operation_key = $2),
 first AS (
@@ -131,11 +140,11 @@ first AS (
 SELECT true AS inserted, true AS mine, 'first' AS last_claim, status, jid, attempts,
        duplicates, args_digest,
        EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_remaining,
-       now() AS decided_at
+       now() AS decided_at, NULL::text AS result, NULL::text AS result_state
   FROM first
 UNION ALL
 SELECT false, mine, last_claim, status, jid, attempts, duplicates, args_digest,
-       EXTRACT(EPOCH FROM lease_expires_at - now())::float8, now()
+       EXTRACT(EPOCH FROM lease_expires_at - now())::float8, now(), result, result_state
   FROM look"#;
 
 /// A change that only the current claim holder may make. Every fenced statement
@@ -147,6 +156,12 @@ pub enum Fenced {
     /// statement runs (`clock_timestamp()`), not its transaction's start: inside a
     /// transactional claim it follows the job's own statements, so a copy that arrived
     /// meanwhile (and waited on the row lock) is seen to have arrived before it.
+    ///
+    /// Stored results (V7): $4 the body's result as JSON text (or NULL) and $5 its
+    /// `result_state` (NULL when no store was requested; see [`super::results`]) are
+    /// written by the same statement. A completion with a store request also wakes the
+    /// callers waiting for it (`pg_notify` on the record's channel, sent at commit:
+    /// [`super::results::channel`]); a plain completion notifies nobody (no extra cost).
     Complete,
     /// [`Fenced::Complete`], committed with `synchronous_commit = off` (the
     /// `asynchronous_completion` setting; never inside a transaction).
@@ -173,26 +188,41 @@ impl Fenced {
             // a repeat (the first answer was lost to an interrupt or a dead connection)
             // succeeds and changes nothing. Expire and renew only move the lease, so a
             // repeat is harmless too: every fenced change is safe to send again.
-            Fenced::Complete => {
+            // Results (V7): `result = $4, result_state = $5` and the RETURNING's
+            // pg_notify (only when $5 is set) are the only additions to the completion.
+            Fenced::Complete => concat!(
                 "UPDATE idempotent_job_records SET status = 'completed', \
                  completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE clock_timestamp() END, \
+                 result = $4::text::jsonb, result_state = $5::text, \
                  updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
-                 AND claim_token = $3 AND status IN ('claimed', 'completed')"
-            }
-            Fenced::CompleteAsynchronously => {
+                 AND claim_token = $3 AND status IN ('claimed', 'completed') \
+                 RETURNING (SELECT pg_notify(",
+                notify_channel!(),
+                ", '') WHERE $5::text IS NOT NULL) IS NULL AS notified"
+            ),
+            Fenced::CompleteAsynchronously => concat!(
                 "UPDATE idempotent_job_records SET status = 'completed', \
                  completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE clock_timestamp() END, \
+                 result = $4::text::jsonb, result_state = $5::text, \
                  updated_at = now() \
                  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
                  WHERE job_type = $1 AND operation_key = $2 \
-                 AND claim_token = $3 AND status IN ('claimed', 'completed')"
-            }
-            Fenced::Release => {
+                 AND claim_token = $3 AND status IN ('claimed', 'completed') \
+                 RETURNING (SELECT pg_notify(",
+                notify_channel!(),
+                ", '') WHERE $5::text IS NOT NULL) IS NULL AS notified"
+            ),
+            // A release wakes waiting callers too (they may claim and run now): a
+            // failure path, so the notification's cost does not matter.
+            Fenced::Release => concat!(
                 "UPDATE idempotent_job_records SET status = 'released', \
                  released_at = CASE WHEN status = 'released' THEN released_at ELSE now() END, \
                  last_error = $4, updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
-                 AND claim_token = $3 AND status IN ('claimed', 'released')"
-            }
+                 AND claim_token = $3 AND status IN ('claimed', 'released') \
+                 RETURNING (SELECT pg_notify(",
+                notify_channel!(),
+                ", '')) IS NULL AS notified"
+            ),
             Fenced::Hold => {
                 "UPDATE idempotent_job_records SET status = 'held', \
                  held_at = CASE WHEN status = 'held' THEN held_at ELSE now() END, \
@@ -345,11 +375,25 @@ record! {
         held_at: Option<DateTime<Utc>> => OptTime = "held_at",
         given_up_at: Option<DateTime<Utc>> => OptTime = "given_up_at",
         resolved_at: Option<DateTime<Utc>> => OptTime = "resolved_at",
+        /// The stored result as JSON text (V7; NULL when none is stored).
+        result_json: Option<String> => OptText = "result::text",
+        /// `stored`, `too_large` or `unencodable` (V7; NULL: no store was requested).
+        result_state: Option<String> => OptText = "result_state",
         updated_at: DateTime<Utc> => Time = "updated_at",
     }
     /// Read one record: [`Record`]'s columns. Parameters: $1 job_type, $2 operation_key.
     pub const FIND_SQL = SELECT ... "\n  FROM idempotent_job_records\n WHERE job_type = $1 AND operation_key = $2";
 }
+
+/// Whether an operation is completed: the producer's check of `on_enqueue:
+/// skip_completed`, made once per push. A read-only primary-key lookup; no record, a
+/// claim (live or stale), a released, held or given-up operation all answer false, so
+/// only a completed operation's push is dropped.
+/// Parameters: $1 job_type, $2 operation_key.
+pub const COMPLETED_SQL: &str = r#"
+SELECT EXISTS (SELECT 1
+                 FROM idempotent_job_records
+                WHERE job_type = $1 AND operation_key = $2 AND status = 'completed')"#;
 
 /// Held operations, oldest first. Parameters: $1 job_type or NULL for all, $2 limit.
 pub const HELD_SQL: &str = r#"
@@ -483,7 +527,11 @@ pub enum Outcome {
         kind: ClaimKind,
     },
     /// The operation already completed: do not run. `duplicates` counts this one.
-    Completed { duplicates: i32 },
+    /// `replay`: what its completion stored (None when no store was requested).
+    Completed {
+        duplicates: i32,
+        replay: Option<super::results::Replay>,
+    },
     /// Another delivery holds a live claim: do not run now; try again once
     /// `lease_remaining` seconds have passed (by the database clock).
     InProgress {
@@ -618,6 +666,8 @@ async fn claim_at(
             duplicates: row.try_get("duplicates")?,
             mismatch: row.try_get("mismatch")?,
             lease_remaining: row.try_get("lease_remaining")?,
+            result: row.try_get("result")?,
+            result_state: row.try_get("result_state")?,
         },
         token,
         req,
@@ -690,6 +740,8 @@ async fn look_or_claim(
                     duplicates: row.try_get("duplicates")?,
                     mismatch: false,
                     lease_remaining,
+                    result: None,
+                    result_state: None,
                 },
                 token,
                 req,
@@ -716,6 +768,8 @@ async fn look_or_claim(
                     duplicates: duplicates + i32::from(!inserted),
                     mismatch,
                     lease_remaining,
+                    result: row.try_get("result")?,
+                    result_state: row.try_get("result_state")?,
                 },
                 token,
                 req,
@@ -728,10 +782,12 @@ async fn look_or_claim(
     claim_noting(conn, req, token).await
 }
 
-/// The settled state of one operation, read without writing (a read-only server).
-/// Parameters: $1 job_type, $2 operation_key.
+/// The settled state of one operation, read without writing (a read-only server),
+/// with a completed record's stored result (a replay, V7). Parameters: $1 job_type,
+/// $2 operation_key.
 pub const SETTLED_LOOK_SQL: &str = r#"
-SELECT status, jid, attempts, duplicates, args_digest, now() AS decided_at
+SELECT status, jid, attempts, duplicates, args_digest, now() AS decided_at,
+       result::text AS result, result_state
   FROM idempotent_job_records
  WHERE job_type = $1 AND operation_key = $2
    AND status IN ('completed', 'held', 'given_up')"#;
@@ -775,6 +831,8 @@ async fn read_only_answer(
             duplicates: duplicates + 1,
             mismatch,
             lease_remaining: 0.0,
+            result: row.try_get("result")?,
+            result_state: row.try_get("result_state")?,
         },
         Uuid::nil(),
         req,
@@ -812,6 +870,9 @@ pub struct ClaimRow {
     pub duplicates: i32,
     pub mismatch: bool,
     pub lease_remaining: f64,
+    /// A completed record's stored result (JSON text) and `result_state` (V7).
+    pub result: Option<String>,
+    pub result_state: Option<String>,
 }
 
 /// Turns the row of [`CLAIM_SQL`] into the delivery's [`Decision`]: the one place
@@ -826,6 +887,8 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision
         duplicates,
         mismatch,
         lease_remaining,
+        result,
+        result_state,
     } = row;
     let lease_remaining = lease_remaining.max(0.0);
     let outcome = if won {
@@ -841,7 +904,10 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision
         }
     } else {
         match status.as_str() {
-            "completed" => Outcome::Completed { duplicates },
+            "completed" => Outcome::Completed {
+                duplicates,
+                replay: super::results::Replay::from_columns(result, result_state.as_deref())?,
+            },
             "held" => Outcome::Held { duplicates },
             "given_up" => Outcome::GivenUp { duplicates },
             "claimed" if lease_remaining > 0.0 => Outcome::InProgress {
@@ -867,7 +933,8 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision
 }
 
 /// Applies a [`Fenced`] change to the claim `token`. `text` is the change's own
-/// parameter ($4: the error text of [`Fenced::Release`] and [`Fenced::Expire`]).
+/// parameter ($4: the error text of [`Fenced::Release`] and [`Fenced::Expire`]). A
+/// completion made here stores no result (see [`fenced_with_result`]).
 ///
 /// Sent like the claim (see [`Conn::query_own`]).
 ///
@@ -882,6 +949,24 @@ pub async fn fenced(
     token: Uuid,
     text: Option<&str>,
 ) -> Result<()> {
+    fenced_with_result(conn, change, job_type, operation_key, token, text, None).await
+}
+
+/// [`fenced`], with the body's result for a completion ([`Fenced::Complete`] /
+/// [`Fenced::CompleteAsynchronously`]): `result` (from [`super::results::prepare`]) is
+/// written by the completion statement itself ($4, $5), so storing it costs no extra
+/// round trip; `None` stores nothing (no store requested). Ignored by other changes.
+///
+/// Errors: as [`fenced`].
+pub async fn fenced_with_result(
+    conn: &Conn,
+    change: Fenced,
+    job_type: &str,
+    operation_key: &str,
+    token: Uuid,
+    text: Option<&str>,
+    result: Option<&super::results::PreparedResult>,
+) -> Result<()> {
     let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
         (&job_type, Type::TEXT),
         (&operation_key, Type::TEXT),
@@ -890,6 +975,11 @@ pub async fn fenced(
     let text = text.unwrap_or_default();
     if matches!(change, Fenced::Release | Fenced::Expire) {
         params.push((&text, Type::TEXT));
+    }
+    let (json, state) = super::results::params(result);
+    if matches!(change, Fenced::Complete | Fenced::CompleteAsynchronously) {
+        params.push((&json, Type::TEXT));
+        params.push((&state, Type::TEXT));
     }
     let result = conn.execute_own(change.sql(), &params).await;
     match result? {
@@ -909,6 +999,36 @@ pub async fn fenced(
 /// Marks the claim `token` completed ([`fenced`] with [`Fenced::Complete`]).
 pub async fn complete(conn: &Conn, job_type: &str, operation_key: &str, token: Uuid) -> Result<()> {
     fenced(conn, Fenced::Complete, job_type, operation_key, token, None).await
+}
+
+/// Marks the claim `token` completed with the body's result, in one statement
+/// ([`fenced_with_result`] with [`Fenced::Complete`]; `asynchronous` for
+/// [`Fenced::CompleteAsynchronously`]). `result`: [`super::results::prepare`]'s answer.
+///
+/// Errors: as [`fenced`].
+pub async fn complete_with_result(
+    conn: &Conn,
+    asynchronous: bool,
+    job_type: &str,
+    operation_key: &str,
+    token: Uuid,
+    result: &super::results::PreparedResult,
+) -> Result<()> {
+    let change = if asynchronous {
+        Fenced::CompleteAsynchronously
+    } else {
+        Fenced::Complete
+    };
+    fenced_with_result(
+        conn,
+        change,
+        job_type,
+        operation_key,
+        token,
+        None,
+        Some(result),
+    )
+    .await
 }
 
 /// Releases the claim `token` after the job raised; `error` (class and message) is
@@ -946,6 +1066,23 @@ pub async fn find(conn: &Conn, job_type: &str, operation_key: &str) -> Result<Op
         return Ok(None);
     };
     Record::from_row(&row).map(Some)
+}
+
+/// Whether the operation's record is completed (see [`COMPLETED_SQL`]): one round
+/// trip, nothing written.
+///
+/// Errors: connection/database errors.
+pub async fn completed(conn: &Conn, job_type: &str, operation_key: &str) -> Result<bool> {
+    let rows = conn
+        .query_own(
+            COMPLETED_SQL,
+            &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+        )
+        .await?;
+    match rows.first() {
+        Some(row) => Ok(row.try_get(0)?),
+        None => Ok(false),
+    }
 }
 
 /// Keys of held operations, oldest first: `(job_type, operation_key)` pairs.

@@ -87,6 +87,11 @@ pub struct Config {
     /// Default false.
     #[serde(default)]
     pub asynchronous_completion: bool,
+    /// Largest result, in bytes of JSON text, a completion stores for a replay
+    /// (`store_result`); a larger one is not stored and the completion stands (see
+    /// [`crate::results`]). Default [`crate::results::DEFAULT_MAX_RESULT_BYTES`] (64 KiB).
+    #[serde(default = "default_max_result_bytes")]
+    pub max_result_bytes: usize,
 }
 
 /// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
@@ -136,6 +141,9 @@ fn default_application_name() -> String {
 fn default_prepared_statements() -> bool {
     true
 }
+fn default_max_result_bytes() -> usize {
+    crate::results::DEFAULT_MAX_RESULT_BYTES
+}
 fn default_deadline() -> f64 {
     10.0
 }
@@ -158,6 +166,7 @@ impl std::fmt::Debug for Config {
             .field("prepared_statements", &self.prepared_statements)
             .field("deadline", &self.deadline)
             .field("asynchronous_completion", &self.asynchronous_completion)
+            .field("max_result_bytes", &self.max_result_bytes)
             .finish()
     }
 }
@@ -224,6 +233,7 @@ impl Config {
             prepared_statements: default_prepared_statements(),
             deadline: default_deadline(),
             asynchronous_completion: false,
+            max_result_bytes: default_max_result_bytes(),
         }
     }
 
@@ -284,6 +294,13 @@ impl Config {
         positive_seconds("connect_timeout", self.connect_timeout)?;
         positive_seconds("checkout_timeout", self.checkout_timeout)?;
         positive_seconds("deadline", self.deadline)?;
+        if !(1..=crate::results::MAX_RESULT_BYTES_LIMIT).contains(&self.max_result_bytes) {
+            return Err(Error::Config(format!(
+                "max_result_bytes must be from 1 to {} bytes (jsonb's limit), got {}",
+                crate::results::MAX_RESULT_BYTES_LIMIT,
+                self.max_result_bytes
+            )));
+        }
         if self.deadline > MAX_PG_TIMEOUT_SECONDS {
             return Err(Error::Config(format!(
                 "deadline must be at most {MAX_PG_TIMEOUT_SECONDS} seconds, got {}",

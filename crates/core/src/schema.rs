@@ -17,7 +17,7 @@ use super::store::Conn;
 /// Every column the gem's statements read or write, as the migrations create them.
 /// A new migration that adds a column the statements use adds it here too (a cargo
 /// test compares this list with the migrated table).
-pub const COLUMNS: [&str; 33] = [
+pub const COLUMNS: [&str; 35] = [
     "job_type",
     "operation_key",
     "status",
@@ -51,6 +51,8 @@ pub const COLUMNS: [&str; 33] = [
     "job_classes",
     "repeat_facts",
     "first_facts",
+    "result",
+    "result_state",
 ];
 
 /// The table's live columns (the table found through the connection's `search_path`),

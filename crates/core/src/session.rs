@@ -145,9 +145,33 @@ impl Session {
         token: uuid::Uuid,
         text: Option<&str>,
     ) -> Result<()> {
+        self.fenced_with_result(
+            interrupt,
+            change,
+            job_type,
+            operation_key,
+            token,
+            text,
+            None,
+        )
+    }
+
+    /// [`Session::fenced`], with the completion's stored result (see
+    /// [`claim::fenced_with_result`]; None: no store requested).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fenced_with_result(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        change: Fenced,
+        job_type: &str,
+        operation_key: &str,
+        token: uuid::Uuid,
+        text: Option<&str>,
+        result: Option<&crate::results::PreparedResult>,
+    ) -> Result<()> {
         let until = self.until();
         self.conn.run_until(interrupt, Some(until), async |c| {
-            claim::fenced(c, change, job_type, operation_key, token, text).await
+            claim::fenced_with_result(c, change, job_type, operation_key, token, text, result).await
         })
     }
 

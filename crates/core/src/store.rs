@@ -93,7 +93,7 @@ type Driver = Pin<Box<dyn Future<Output = std::result::Result<(), tokio_postgres
 /// What [`drive`] blocks on: a connection's own current-thread runtime (only
 /// `Runtime::block_on` drives its reactor, on the calling thread), or the background
 /// runtime's handle (its worker drives timers; used for checkouts).
-trait BlockOn {
+pub(crate) trait BlockOn {
     fn block_on<F: Future>(&self, future: F) -> F::Output;
 }
 
@@ -150,7 +150,7 @@ pub fn deadline_error(deadline: Duration) -> Error {
 /// Errors: [`Error::Interrupted`] when the interrupt's owner gave up; a connection
 /// error when the driver ended (the connection closed) before `future` did;
 /// `Error::Timeout` past `until` (the caller names its deadline).
-fn drive<F: Future>(
+pub(crate) fn drive<F: Future>(
     runtime: &impl BlockOn,
     interrupt: &Interrupt<'_>,
     mut driver: Option<&mut Option<Driver>>,
@@ -447,6 +447,25 @@ impl Pool {
             Error::Timeout { message, .. } if message.is_empty() => named(self.deadline),
             other => other,
         }
+    }
+
+    /// What a connection of its own (outside the pool: a LISTEN connection, see
+    /// [`crate::results::wait`]) is opened with: the pool's connection settings, TLS
+    /// connector and connect timeout.
+    pub fn dedicated(&self) -> (tokio_postgres::Config, MakeRustlsConnect, Duration) {
+        let manager = self.inner.manager();
+        (
+            manager.pg_config.clone(),
+            self.tls.clone(),
+            manager.connect_timeout,
+        )
+    }
+
+    /// Whether the pool's connections keep session state (named prepared statements:
+    /// [`Config::prepared_statements`]). False behind PgBouncer in transaction mode,
+    /// where a session's LISTEN would not stay with its connection either.
+    pub fn session_state(&self) -> bool {
+        self.inner.manager().prepared_statements
     }
 
     /// The process this pool (and anything checked out of it) belongs to.

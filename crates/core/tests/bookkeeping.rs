@@ -90,6 +90,7 @@ fn duplicate(job_type: &str, key: &str) -> Repeat {
         facts: None,
         count: true,
         mismatch: false,
+        replayed: false,
     }
 }
 
@@ -230,7 +231,7 @@ fn a_duplicate_of_a_completed_operation_is_answered_by_a_read_only_server_and_it
         matches!(
             answer,
             Ok(Decision {
-                outcome: Outcome::Completed { duplicates: 1 },
+                outcome: Outcome::Completed { duplicates: 1, .. },
                 ..
             })
         ),

@@ -168,7 +168,10 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
         .unwrap();
     assert_eq!(
         claim(&store, &req).unwrap(),
-        Outcome::Completed { duplicates: 2 }
+        Outcome::Completed {
+            duplicates: 2,
+            replay: None
+        }
     );
 
     let record = find_record(&store, &req).expect("record exists");

@@ -194,3 +194,120 @@ fn job_types_are_listed_once_each_in_order() {
         Err(Error::Config(_))
     ));
 }
+
+#[test]
+fn only_a_completed_operation_answers_completed() {
+    let store = store();
+    let job_type = unique("completed");
+    let completed = |key: &str| {
+        let (jt, key) = (job_type.clone(), key.to_string());
+        run(&store, async move |c| claim::completed(c, &jt, &key).await).unwrap()
+    };
+    assert!(!completed("none"), "no record");
+    for (key, fenced) in [
+        ("claimed", None),
+        ("completed", Some(Fenced::Complete)),
+        ("released", Some(Fenced::Release)),
+        ("held", Some(Fenced::Hold)),
+        ("given_up", Some(Fenced::GiveUp)),
+    ] {
+        let req = request(&job_type, key, 30.0);
+        let token = claim(&store, &req);
+        if let Some(fenced) = fenced {
+            change(&store, &req, fenced, token);
+        }
+    }
+    assert!(completed("completed"));
+    for key in ["claimed", "released", "held", "given_up"] {
+        assert!(!completed(key), "{key} is not completed");
+    }
+    let stale = request(&job_type, "stale", 0.05);
+    claim(&store, &stale);
+    std::thread::sleep(Duration::from_millis(80));
+    assert!(!completed("stale"), "a stale claim is not completed");
+}
+
+#[test]
+fn metrics_count_each_status_claim_state_repeat_and_the_purge_backlog() {
+    let store = store();
+    let job_type = unique("metrics \"quoted\"\\");
+    for key in ["done-1", "done-old", "held", "given-up", "released", "live"] {
+        let req = request(&job_type, key, 30.0);
+        let token = claim(&store, &req);
+        match key {
+            "done-1" | "done-old" => change(&store, &req, Fenced::Complete, token),
+            "held" => change(&store, &req, Fenced::Hold, token),
+            "given-up" => change(&store, &req, Fenced::GiveUp, token),
+            "released" => change(&store, &req, Fenced::Release, token),
+            _ => {}
+        }
+    }
+    claim(&store, &request(&job_type, "stale", 0.05));
+    std::thread::sleep(Duration::from_millis(80));
+    let jt = job_type.clone();
+    run(&store, async move |c| {
+        // Backdated by hand: a record finished two hours ago, held for 90 s, and
+        // repeats at three times (two of them within the hour) on two records.
+        let sql = "UPDATE idempotent_job_records SET
+             completed_at = CASE operation_key WHEN 'done-old' THEN now() - interval '2 hours' ELSE completed_at END,
+             held_at = CASE operation_key WHEN 'held' THEN now() - interval '90 seconds' ELSE held_at END,
+             repeat_times = CASE operation_key
+                 WHEN 'done-1' THEN ARRAY[now() - interval '3 hours', now() - interval '10 minutes']::timestamptz[]
+                 WHEN 'live' THEN ARRAY[now() - interval '1 minute']::timestamptz[]
+                 ELSE repeat_times END
+           WHERE job_type = $1";
+        c.execute(sql, &[&jt]).await?;
+        Ok(())
+    })
+    .unwrap();
+
+    let rows = run(&store, async |c| report::metrics(c, 3600.0).await).unwrap();
+    let ours = rows.iter().find(|r| r.job_type == job_type).unwrap();
+    // claimed (live + stale), completed, released, held, given_up
+    assert_eq!(ours.records, [2, 2, 1, 1, 1]);
+    assert_eq!((ours.live_claims, ours.stale_claims), (1, 1));
+    assert!(
+        (90.0..120.0).contains(&ours.oldest_held_seconds),
+        "held 90 s ago: {}",
+        ours.oldest_held_seconds
+    );
+    assert_eq!(ours.repeats_last_hour, 2);
+    assert_eq!(ours.repeated_operations_last_hour, 2);
+    assert_eq!(
+        ours.purge_backlog, 1,
+        "only done-old is past a retention of 1 h"
+    );
+    let all = run(&store, async |c| report::metrics(c, 10_000.0).await).unwrap();
+    let longer = all.iter().find(|r| r.job_type == job_type).unwrap();
+    assert_eq!(longer.purge_backlog, 0, "nothing past a longer retention");
+
+    let text = report::exposition(std::slice::from_ref(ours), 3600.0);
+    let label = job_type.replace('\\', r"\\").replace('"', r#"\""#);
+    for line in [
+        format!("idempotent_job_records{{job_type=\"{label}\",status=\"held\"}} 1"),
+        format!("idempotent_job_claims{{job_type=\"{label}\",state=\"stale\"}} 1"),
+        format!("idempotent_job_purge_backlog{{job_type=\"{label}\"}} 1"),
+        "idempotent_job_retention_seconds 3600".to_string(),
+        "# TYPE idempotent_job_repeats_last_hour gauge".to_string(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
+    assert!(matches!(
+        run(&store, async |c| report::metrics(c, -1.0).await),
+        Err(Error::Config(_))
+    ));
+
+    // The backlog is what a purge at the same retention deletes (every job type's).
+    let backlog: i64 = run(&store, async |c| report::metrics(c, 3600.0).await)
+        .unwrap()
+        .iter()
+        .map(|r| r.purge_backlog)
+        .sum();
+    let deleted = run(&store, async |c| {
+        claim::purge_batch(c, 3600.0, 1_000_000).await
+    })
+    .unwrap();
+    assert_eq!(deleted as i64, backlog);
+    let after = run(&store, async |c| report::metrics(c, 3600.0).await).unwrap();
+    assert_eq!(after.iter().map(|r| r.purge_backlog).sum::<i64>(), 0);
+}

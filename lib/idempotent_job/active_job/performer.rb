@@ -14,18 +14,24 @@ module IdempotentJob
       class << self
         # The `before_enqueue` check: a fresh job whose arguments yield no operation
         # key (or one over the record's limits) fails in the caller of `perform_later`,
-        # not in the worker. Re-enqueues
-        # of a job that was performed (retry_on, the door's deferrals) are not checked.
+        # not in the worker; with `on_enqueue: :skip_completed`, a fresh job of an
+        # operation already completed is not enqueued (`throw :abort`: perform_later
+        # returns false; see {EnqueueCheck}). Re-enqueues of a job that was performed
+        # (retry_on, the door's deferrals: `executions` above 0) are not checked.
         # @param job [ActiveJob::Base]
         # @return [void]
         # @raise [OperationKeyError, ConfigurationError] as the worker would
+        # @throw :abort when the push is dropped
         def check_enqueue(job)
-          return if job.instance_variable_get(:@idempotency_performed) || IdempotentJob::ActiveJob.unprotected?
+          return if job.instance_variable_get(:@idempotency_performed) || job.executions.to_i.positive? ||
+                    IdempotentJob::ActiveJob.unprotected?
 
           options = job.class.idempotency_options
           return unless options
 
-          key_of(options, job)
+          key = key_of(options, job)
+          throw :abort if EnqueueCheck.drop?(options, key, door: :active_job, job_class: job.class.name,
+                                                           queue: job.queue_name)
           job.idempotency_producer ||= Producer.current
         end
 
@@ -86,6 +92,8 @@ module IdempotentJob
         deferrals = @job.idempotency_deferrals
         loop do
           outcome = protocol.run(delivery(options, key, payload, deferrals), host: @job) { body.call }
+          # A replay's value, for perform_now to return ({IdempotentJob::ActiveJob::Replaying}).
+          @job.instance_variable_set(:@idempotency_replay, [outcome.value]) if outcome.replayed?
           return outcome.value unless in_place && outcome.in_progress?
 
           # Inline: nowhere to re-enqueue to; wait here (the caller is waiting anyway).

@@ -17,10 +17,11 @@ module IdempotentJob
       # duplicates, mismatches (Integer), first_claimed_at, completed_at (Time or nil),
       # producers (Array of String, the first enqueue's first), job_classes (Array of
       # String), repeats (Array of {Classifier::Repeat}, arrival order), notes (Array of
-      # String: several producers or job classes, different payloads, takeovers, held).
+      # String: several producers or job classes, different payloads, takeovers, held),
+      # replays (Integer: repeats answered from a completion made with store_result).
       Operation = Struct.new(:job_type, :operation_key, :status, :attempts, :takeovers, :duplicates, :mismatches,
                              :first_claimed_at, :completed_at, :producers, :job_classes, :repeats, :notes,
-                             keyword_init: true)
+                             :replays, keyword_init: true)
 
       # CSV columns, one row per repeat.
       CSV_HEADERS = %w[job_type operation_key status at cause delivery_id retry_count after_claim_s after_enqueue_s
@@ -65,7 +66,8 @@ module IdempotentJob
 
           decision = element["decision"].to_s
           decision = "claimed" if CLAIMED.include?(decision)
-          (element["facts"] || {}).merge(at, "job_class" => element["job_class"], "decision" => decision)
+          replayed = element["replayed"] ? { "replayed" => true } : {}
+          (element["facts"] || {}).merge(at, "job_class" => element["job_class"], "decision" => decision, **replayed)
         end
       end
 
@@ -82,6 +84,7 @@ module IdempotentJob
             **row.slice(*Operation.members), first_claimed_at: first_at && Time.at(first_at),
                                              producers: deliveries.filter_map { |d| d["producer"] }.uniq,
                                              job_classes: row[:job_classes] || [],
+                                             replays: deliveries.count { |d| d["replayed"] },
                                              repeats: Classifier.classify(deliveries, completed_at: row[:completed_at],
                                                                                       restarts:, restart_window:)
           )
@@ -95,7 +98,8 @@ module IdempotentJob
       #   repeats (deferred returns left out), one count per cause of
       #   {Classifier::CAUSES}, near_restart (redeliveries matched to a restart),
       #   deferred_returns, several_producers (operations enqueued by more than one),
-      #   takeovers, held, mismatched (operations with different payloads)
+      #   takeovers, held, mismatched (operations with different payloads), replays
+      #   (repeats answered with a stored result: see `store_result`)
       def self.summary(operations)
         operations.group_by(&:job_type).transform_values do |ops|
           repeats = ops.flat_map(&:repeats)
@@ -110,7 +114,8 @@ module IdempotentJob
       # Per-operation counts of a job type's summary.
       def self.operation_counts(ops)
         { several_producers: ops.count { |op| op.producers.size > 1 }, takeovers: ops.sum { |op| op.takeovers.to_i },
-          held: ops.count { |op| op.status == :held }, mismatched: ops.count { |op| op.mismatches.to_i.positive? } }
+          held: ops.count { |op| op.status == :held }, mismatched: ops.count { |op| op.mismatches.to_i.positive? },
+          replays: ops.sum { |op| op.replays.to_i } }
       end
       private_class_method :operation_counts
 
@@ -189,6 +194,7 @@ module IdempotentJob
         extra << "#{counts[:near_restart]} near a restart" if counts[:near_restart].positive?
         extra << "#{counts[:deferred_returns]} deferred copies back" if counts[:deferred_returns].positive?
         extra << "#{counts[:several_producers]} enqueued by several producers" if counts[:several_producers].positive?
+        extra << "#{counts[:replays]} replayed a stored result" if counts[:replays].positive?
         "#{job_type}: #{counts[:operations]} operations repeated #{counts[:repeats]} times — #{causes.join(", ")}" \
           "#{"; #{extra.join(", ")}" unless extra.empty?}"
       end

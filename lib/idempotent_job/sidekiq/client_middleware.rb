@@ -14,22 +14,29 @@ module IdempotentJob
     # Sidekiq's retry and scheduled pollers push (perform_in's jobs when due), and the
     # gem's own deferrals — and any payload already enqueued once (`enqueued_at`) is
     # never checked again: raising there would drop the job from Redis for good.
+    #
+    # With `idempotency_on_enqueue: :skip_completed`, a producer's push of an operation
+    # already completed is dropped here ({EnqueueCheck}: one read-only statement), so
+    # `perform_async` returns nil, as for any push a client middleware stops. The
+    # pushes above that are never checked are never dropped either.
     class ClientMiddleware
       # @param job_class [Class, String] the job class, or its name
       # @param job [Hash] the job payload
-      # @param _queue [String]
+      # @param queue [String]
       # @param _redis_pool [ConnectionPool, nil]
       # @yield pushes the job
-      # @return [Object] the push's value
+      # @return [Object, nil] the push's value; nil when the push was dropped
       # @raise [OperationKeyError, ConfigurationError] when the job would fail its claim
-      def call(job_class, job, _queue, _redis_pool = nil, &)
+      def call(job_class, job, queue, _redis_pool = nil, &)
         return yield if !job_class.is_a?(Class) || job.key?("enqueued_at")
         return Wrapped.check!(job, &) if Compat.active_job?(job)
 
         options = Options.resolve(job_class, job)
         if options
-          Key.check!(options.scope, options.key.operation_key(job["args"]), job_name: options.name,
-                                                                            declaration: options.key.declaration)
+          key = Key.check!(options.scope, options.key.operation_key(job["args"]), job_name: options.name,
+                                                                                  declaration: options.key.declaration)
+          return nil if EnqueueCheck.drop?(options, key, door: :sidekiq, job_class: job_class.name, queue:)
+
           Producer.stamp(job)
         end
         yield

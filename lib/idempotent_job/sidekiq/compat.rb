@@ -9,27 +9,15 @@ module IdempotentJob
     module Compat
       # The running Sidekiq's version.
       VERSION = Gem::Version.new(::Sidekiq::VERSION)
-      # Versions the door is written for: 6.4 (run in CI) to 8.x (read from source).
-      SUPPORTED = Gem::Requirement.new(">= 6.4", "< 9")
+      # Versions the door is written for: 6.4 (run in CI) to 8.x (read from source),
+      # checked when the door is required ({Dependency.require!}).
+      SUPPORTED = Dependency::SIDEKIQ.requirement
       # Class names of Sidekiq's ActiveJob wrapper: the adapter's before 8.0, Sidekiq's own from 8.0.
       ACTIVE_JOB_WRAPPERS = %w[ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper Sidekiq::ActiveJob::Wrapper].freeze
       # Timestamps above this are milliseconds since the epoch (Sidekiq 8), below it seconds.
       MILLISECONDS_FROM = 100_000_000_000
 
       module_function
-
-      # @return [void]
-      # @raise [ConfigurationError] for a Sidekiq before 6.4 (no Sidekiq::Job, other middleware API)
-      def check_version!
-        return if SUPPORTED.satisfied_by?(VERSION)
-
-        if VERSION < Gem::Version.new("6.4")
-          raise ConfigurationError,
-                "idempotent_job needs Sidekiq 6.4 or later, found #{VERSION}"
-        end
-
-        logger.warn("idempotent_job: written for Sidekiq 6.4 to 8.x; running on #{VERSION}")
-      end
 
       # @return [Module] Sidekiq::Job (6.3 and later) or Sidekiq::Worker
       def job_module

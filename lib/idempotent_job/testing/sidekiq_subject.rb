@@ -35,7 +35,10 @@ module IdempotentJob
         holder = []
         client = IdempotentJob::Sidekiq::Compat.client_with(SidekiqCapture, holder)
         # As a producer's arguments reach a worker: through JSON (symbol keys become strings).
-        client.push("class" => @job_class, "args" => JSON.parse(JSON.generate(args)), "idempotency_lease" => @lease)
+        # The kit replays deliveries: `on_enqueue: push` keeps a job's reject-at-enqueue
+        # option from dropping a copy of an operation it already completed.
+        client.push("class" => @job_class, "args" => JSON.parse(JSON.generate(args)), "idempotency_lease" => @lease,
+                    IdempotentJob::Sidekiq::Options::KEYS[:on_enqueue] => "push")
         holder.first || raise(Error, "#{@job_class}: a client middleware stopped the push")
       end
 

@@ -81,15 +81,18 @@ module IdempotentJob
       # @param change [Symbol]
       # @param claim [Claim]
       # @param text [String, nil]
+      # @param result [Array, nil] :complete's stored result (`Native::Store#prepare_result`:
+      #   its JSON text and state are the completion's $4 and $5)
       # @return [true]
       # @raise [LostClaimError] when the claim is no longer held (with job_type, operation_key)
-      def fenced(change, claim, text = nil)
+      def fenced(change, claim, text = nil, result = nil)
         params = [claim.job_type, claim.operation_key, claim.token]
         params << text if TEXT_CHANGES.include?(change)
-        result = translated(claim.to_h) do
+        params.push(result&.[](0), result&.[](1)&.to_s) if change == :complete
+        answer = translated(claim.to_h) do
           @connection.raw_connection.exec_params(IdempotentJob::Native.fenced_sql(change), params)
         end
-        return true if result.cmd_tuples == 1
+        return true if answer.cmd_tuples == 1
 
         raise error(LostClaimError, "cannot #{change.to_s.tr("_", " ")} #{claim.job_type} operation " \
                                     "#{claim.operation_key.inspect}: claim #{claim.token} is no longer held (its " \
@@ -148,7 +151,8 @@ module IdempotentJob
       def typed(row)
         { won: boolean(row["won"]), status: row["status"], last_claim: row["last_claim"],
           attempts: Integer(row["attempts"]), jid: row["jid"], duplicates: Integer(row["duplicates"]),
-          mismatch: boolean(row["mismatch"]), lease_remaining: Float(row["lease_remaining"]) }
+          mismatch: boolean(row["mismatch"]), lease_remaining: Float(row["lease_remaining"]),
+          result: row["result"], result_state: row["result_state"] }
       end
 
       def boolean(value)

@@ -27,10 +27,11 @@ module IdempotentJob
       # @param change [Symbol] :complete, :release, :hold, :give_up or :expire
       # @param claim [Claim]
       # @param text [String, nil] the error text of :release / :expire
+      # @param result [Array, nil] :complete's stored result (`Native::Store#prepare_result`)
       # @return [true]
       # @raise [LostClaimError] when the claim is no longer held
-      def fenced(change, claim, text = nil)
-        IdempotentJob.store.fenced(change, claim.job_type, claim.operation_key, claim.token, text)
+      def fenced(change, claim, text = nil, result = nil)
+        IdempotentJob.store.fenced_with_result(change, claim.job_type, claim.operation_key, claim.token, text, result)
       end
 
       # Runs the body with a heartbeat; releases the claim when it raises (and
@@ -38,7 +39,8 @@ module IdempotentJob
       # @param claim [Claim]
       # @param options [JobOptions]
       # @param narrator [Protocol::Narrator]
-      # @return [Object] the body's value
+      # @return [Array(Object, Symbol)] the body's value, and its stored result's state
+      #   (nil without `store_result`)
       # @raise [Exception] what the body raised; [LostClaimError] from the completion
       def run(claim, options, narrator)
         heartbeat = Protocol::Heartbeat.start(options, claim, narrator)
@@ -55,9 +57,9 @@ module IdempotentJob
           Protocol::Release.new(self, narrator).call(claim, e)
           raise
         end
-        Protocol::Completion.new(self, narrator).record(claim,
-                                                        Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
-        result
+        state = Protocol::Completion.new(self, narrator, options)
+                                    .record(claim, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, result)
+        [result, state]
       end
 
       SESSION = new.freeze

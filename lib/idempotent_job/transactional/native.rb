@@ -49,10 +49,11 @@ module IdempotentJob
       # @param change [Symbol]
       # @param claim [Claim]
       # @param text [String, nil]
+      # @param result [Array, nil] :complete's stored result (`Native::Store#prepare_result`)
       # @return [true]
       # @raise [LostClaimError]
-      def fenced(change, claim, text = nil)
-        @native.fenced(change, claim.job_type, claim.operation_key, claim.token, text)
+      def fenced(change, claim, text = nil, result = nil)
+        @native.fenced_with_result(change, claim.job_type, claim.operation_key, claim.token, text, result)
       end
     end
   end

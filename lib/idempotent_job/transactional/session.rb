@@ -9,15 +9,16 @@ module IdempotentJob
       # @param claim [Claim]
       # @param _options [JobOptions]
       # @param narrator [Protocol::Narrator]
-      # @return [Object] the body's value
+      # @return [Array(Object, Symbol)] the body's value, and its stored result's state
+      #   (nil without `store_result`)
       # @raise [Exception] what the body raised; [LostClaimError, Error] from the completion
-      def run(claim, _options, narrator)
+      def run(claim, options, narrator)
         IdempotentJob.with_transaction(handle) do
           started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
           result = yield
-          Protocol::Completion.new(self, narrator).record!(claim, Process.clock_gettime(Process::CLOCK_MONOTONIC) -
-                                                                  started)
-          result
+          state = Protocol::Completion.new(self, narrator, options)
+                                      .record!(claim, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, result)
+          [result, state]
         end
       end
     end

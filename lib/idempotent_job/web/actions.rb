@@ -21,8 +21,11 @@ module IdempotentJob
         [:post, "/resolve"] => :resolve,
         [:get, "/repeats"] => :repeats,
         [:get, "/repeats.csv"] => :repeats_csv,
-        [:get, "/takeovers"] => :takeovers
+        [:get, "/takeovers"] => :takeovers,
+        [:get, "/metrics"] => :metrics
       }.freeze
+      # The content type of Prometheus' text exposition format.
+      METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
       # How a person may settle a held or given-up operation.
       RESOLUTIONS = %w[done rerun].freeze
       # Statuses a resolve applies to.
@@ -129,6 +132,12 @@ module IdempotentJob
         page("takeovers", "Takeovers and stale claims",
              hours:, takeovers: Records.takeovers(since: Time.now - (hours * 3600), limit: @limit),
              stale: Records.stale_claims(limit: @limit))
+      end
+
+      # Prometheus' text exposition format, read from the table (every process answers
+      # the same): see {Records.metrics}.
+      def metrics
+        [:text, METRICS_TYPE, Records.metrics]
       end
 
       # The times of the operations' repeats per cause (its label), deferred copies coming

@@ -55,6 +55,22 @@ module IdempotentJob
           IdempotentJob.store.job_types(Integer(limit))
         end
 
+        # The table's metrics in Prometheus' text exposition format (the `/metrics`
+        # route), one read-only statement (`report.rs`: METRICS_SQL), per job type:
+        # `idempotent_job_records{job_type,status}`,
+        # `idempotent_job_claims{job_type,state="live"|"stale"}`,
+        # `idempotent_job_oldest_held_age_seconds`, `idempotent_job_repeats_last_hour`
+        # (at most 20 per operation), `idempotent_job_repeated_operations_last_hour`,
+        # `idempotent_job_purge_backlog` (records a purge at `retention` would delete),
+        # and `idempotent_job_retention_seconds`. Every family is a gauge.
+        # @param retention [Numeric] seconds (default {Configuration#retention})
+        # @return [String]
+        # @raise [ConfigurationError] for a negative retention
+        # @raise [ConnectionError, DatabaseError]
+        def metrics(retention: IdempotentJob.configuration.retention)
+          IdempotentJob.store.metrics(Float(retention))
+        end
+
         private
 
         def load(keys)

@@ -6,10 +6,15 @@
 # under FAULT_DIR, so the spec can count them after the process is gone.
 $LOAD_PATH.unshift File.expand_path("../../../lib", __dir__)
 require "sidekiq"
-Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
+# redis-rb is Sidekiq 6's client only (7+ use redis-client and load no Redis constant).
+Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
 require "idempotent_job/sidekiq"
 
-Sidekiq.configure_server { |config| config.options[:poll_interval_average] = 1 }
+# Poll the scheduled and retry sets every second or so: `config[...]` from Sidekiq 6.5
+# (7+ have no `config.options`), `Sidekiq.options` on 6.4, whose config has no `[]=`.
+Sidekiq.configure_server do |config|
+  config.respond_to?(:[]=) ? config[:poll_interval_average] = 1 : Sidekiq.options[:poll_interval_average] = 1
+end
 
 # Appends one line to a file of FAULT_DIR (O_APPEND: whole lines from many threads).
 module FaultLog

@@ -50,6 +50,8 @@ mod keys {
         holder_jid,
         lease_remaining,
         duplicates,
+        result_json,
+        result_state,
     );
 }
 
@@ -116,7 +118,10 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
 }
 
 /// A decision as a Hash: `:decision` (`:claimed`, `:completed`, `:in_progress`,
-/// `:held`, `:given_up`, `:refused`), `:mismatch`, and the decision's details.
+/// `:held`, `:given_up`, `:refused`), `:mismatch`, and the decision's details; a
+/// completed operation's `:result_json` (the stored result's JSON text, or nil) and
+/// `:result_state` (`:stored`, `:too_large`, `:unencodable`, or nil when its completion
+/// stored nothing).
 pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.put(&keys::mismatch, decision.mismatch)?;
@@ -144,9 +149,13 @@ pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
                 .put(&keys::lease_remaining, lease_remaining)?
                 .put(&keys::duplicates, duplicates)?;
         }
-        Outcome::Completed { duplicates } => {
+        Outcome::Completed { duplicates, replay } => {
             out.put(&keys::decision, named("completed"))?
                 .put(&keys::duplicates, duplicates)?;
+            if let Some(replay) = replay {
+                out.put(&keys::result_json, replay.json)?
+                    .put(&keys::result_state, named(replay.state.as_str()))?;
+            }
         }
         Outcome::Held { duplicates } => {
             out.put(&keys::decision, named("held"))?
@@ -185,7 +194,7 @@ pub fn parse_fenced(ruby: &Ruby, change: Symbol) -> RbResult<Fenced> {
 /// `Native.decide(row, token, request)`: the decision for a row of the claim
 /// statement run by another driver (ActiveRecord's connection). `row` has Symbol keys
 /// `won`, `status`, `last_claim`, `attempts`, `jid`, `duplicates`, `mismatch`,
-/// `lease_remaining` with typed values; `token` is the uuid sent as $3.
+/// `lease_remaining` with typed values, and `result` / `result_state` (text or nil); `token` is the uuid sent as $3.
 pub fn decide(ruby: &Ruby, row: RHash, token: String, request: RHash) -> RbResult<RHash> {
     let (decision, _) = decided(ruby, row, &token, request)?;
     decision_hash(ruby, decision)
@@ -209,6 +218,8 @@ pub fn decided(
         duplicates: row.fetch(sym("duplicates"))?,
         mismatch: row.fetch(sym("mismatch"))?,
         lease_remaining: row.fetch(sym("lease_remaining"))?,
+        result: row.lookup(sym("result"))?,
+        result_state: row.lookup(sym("result_state"))?,
     };
     let token = parse_token(token).map_err(|e| to_ruby(ruby, e))?;
     let request = claim_request(ruby, request)?;

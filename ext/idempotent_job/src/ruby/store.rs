@@ -20,6 +20,7 @@ use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::heartbeat::Heartbeat;
 use idempotent_job_core::migrate;
 use idempotent_job_core::report;
+use idempotent_job_core::results::{self, PreparedResult, ResultInput, ResultState};
 use idempotent_job_core::retry::with_fresh_conn;
 use idempotent_job_core::session::Session;
 use idempotent_job_core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
@@ -103,7 +104,8 @@ impl NativeStore {
 
     /// `fenced(change, job_type, operation_key, token, text)`: change is one of
     /// `:complete`, `:release`, `:hold`, `:give_up`, `:expire`, `:renew`; `text` the
-    /// error text stored by `:release` / `:expire` (else nil). Returns true.
+    /// error text stored by `:release` / `:expire` (else nil). A completion made so
+    /// stores no result. Returns true.
     fn fenced(
         ruby: &Ruby,
         rb_self: &Self,
@@ -113,6 +115,34 @@ impl NativeStore {
         token: String,
         text: Option<String>,
     ) -> RbResult<bool> {
+        Self::fenced_with_result(
+            ruby,
+            rb_self,
+            change,
+            job_type,
+            operation_key,
+            token,
+            text,
+            None,
+        )
+    }
+
+    /// `fenced_with_result(change, job_type, operation_key, token, text, result)`:
+    /// `fenced`, with `result` the completion's result to store, as `prepare_result`
+    /// returned it (nil: no store requested; written by the completion statement
+    /// itself). Returns true.
+    #[allow(clippy::too_many_arguments)]
+    fn fenced_with_result(
+        ruby: &Ruby,
+        rb_self: &Self,
+        change: Symbol,
+        job_type: String,
+        operation_key: String,
+        token: String,
+        text: Option<String>,
+        result: Option<RArray>,
+    ) -> RbResult<bool> {
+        let result = result.map(|r| prepared(ruby, r)).transpose()?;
         let change = match parse_fenced(ruby, change)? {
             Fenced::Complete if rb_self.0.config().asynchronous_completion => {
                 Fenced::CompleteAsynchronously
@@ -121,9 +151,60 @@ impl NativeStore {
         };
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
         rb_self.with_fresh_conn(ruby, Lane::Reserve, async |c| {
-            claim::fenced(c, change, &job_type, &operation_key, token, text.as_deref()).await
+            claim::fenced_with_result(
+                c,
+                change,
+                &job_type,
+                &operation_key,
+                token,
+                text.as_deref(),
+                result.as_ref(),
+            )
+            .await
         })?;
         Ok(true)
+    }
+
+    /// `prepare_result(job_type, operation_key, json, unencodable)` → `[json_or_nil,
+    /// state, warning_or_nil]`: the body's result checked for the completion (see
+    /// `core::results::prepare`: at most `max_result_bytes`, JSON jsonb holds). `json`
+    /// is the value's JSON text, or nil with `unencodable` saying why it has none.
+    /// `state` is `:stored`, `:too_large` or `:unencodable`. Sends nothing.
+    fn prepare_result(
+        ruby: &Ruby,
+        rb_self: &Self,
+        job_type: String,
+        operation_key: String,
+        json: Option<String>,
+        unencodable: Option<String>,
+    ) -> RbResult<RArray> {
+        let input = match (&json, &unencodable) {
+            (Some(json), _) => ResultInput::Json(json),
+            (None, Some(why)) => ResultInput::Unencodable(why),
+            (None, None) => ResultInput::Unencodable("no JSON text was given"),
+        };
+        let max = rb_self.0.config().max_result_bytes;
+        let prepared = results::prepare(max, &job_type, &operation_key, input);
+        let out = ruby.ary_new_capa(3);
+        out.push(prepared.json)?;
+        out.push(ruby.to_symbol(prepared.state.as_str()))?;
+        out.push(prepared.warning)?;
+        Ok(out)
+    }
+
+    /// `wait(request, seconds)` → the decision Hash (as `claim` returns it) once the
+    /// live claim on the request's operation ended or `seconds` passed (then
+    /// `:in_progress`), plus `:wait_path` (`:listen` or `:poll`). Holds no pooled
+    /// connection while it waits (see `core::results::wait`).
+    fn wait(ruby: &Ruby, rb_self: &Self, request: RHash, seconds: f64) -> RbResult<RHash> {
+        let request = claim_request(ruby, request)?;
+        let waited = rb_self.run(ruby, |pool, i| results::wait(pool, i, &request, seconds))?;
+        let hash = decision_hash(ruby, waited.decision)?;
+        hash.aset(
+            ruby.to_symbol("wait_path"),
+            ruby.to_symbol(waited.path.as_str()),
+        )?;
+        Ok(hash)
     }
 
     /// `find(job_type, operation_key)` → Hash of the record's columns, or nil.
@@ -272,6 +353,29 @@ impl NativeStore {
         })
     }
 
+    /// `completed(job_type, operation_key)` → true when the operation's record is
+    /// completed (the enqueue check of `on_enqueue: :skip_completed`; one read-only
+    /// statement, sent again on a fresh connection if the first one dies).
+    fn completed(
+        ruby: &Ruby,
+        rb_self: &Self,
+        job_type: String,
+        operation_key: String,
+    ) -> RbResult<bool> {
+        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            claim::completed(c, &job_type, &operation_key).await
+        })
+    }
+
+    /// `metrics(retention_seconds)` → String: the table's metrics in Prometheus' text
+    /// exposition format (see `report::exposition`).
+    fn metrics(ruby: &Ruby, rb_self: &Self, retention: f64) -> RbResult<String> {
+        let rows = rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
+            report::metrics(c, retention).await
+        })?;
+        Ok(report::exposition(&rows, retention))
+    }
+
     /// `job_types(limit)` → Array of the job types present, in order.
     fn job_types(ruby: &Ruby, rb_self: &Self, limit: i64) -> RbResult<Vec<String>> {
         rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
@@ -373,6 +477,12 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_singleton_method("new", function!(NativeStore::new, 1))?;
     class.define_method("claim", method!(NativeStore::claim, 1))?;
     class.define_method("fenced", method!(NativeStore::fenced, 5))?;
+    class.define_method(
+        "fenced_with_result",
+        method!(NativeStore::fenced_with_result, 6),
+    )?;
+    class.define_method("prepare_result", method!(NativeStore::prepare_result, 4))?;
+    class.define_method("wait", method!(NativeStore::wait, 2))?;
     class.define_method("find", method!(NativeStore::find, 2))?;
     class.define_method("held", method!(NativeStore::held, 2))?;
     class.define_method("resolve", method!(NativeStore::resolve, 3))?;
@@ -390,5 +500,21 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("takeovers", method!(NativeStore::takeovers, 2))?;
     class.define_method("stale_claims", method!(NativeStore::stale_claims, 1))?;
     class.define_method("job_types", method!(NativeStore::job_types, 1))?;
+    class.define_method("completed", method!(NativeStore::completed, 2))?;
+    class.define_method("metrics", method!(NativeStore::metrics, 1))?;
     Ok(())
+}
+
+/// `[json_or_nil, state, warning_or_nil]` (what `prepare_result` returned) back into a
+/// [`PreparedResult`].
+pub fn prepared(ruby: &Ruby, result: RArray) -> RbResult<PreparedResult> {
+    let json: Option<String> = result.entry(0)?;
+    let state: Symbol = result.entry(1)?;
+    let warning: Option<String> = result.entry(2)?;
+    let state = ResultState::parse(&state.name()?).map_err(|e| to_ruby(ruby, e))?;
+    Ok(PreparedResult {
+        json,
+        state,
+        warning,
+    })
 }

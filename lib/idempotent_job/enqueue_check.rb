@@ -1,0 +1,52 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  # Reject at enqueue, opt-in (`idempotency_on_enqueue: :skip_completed` for Sidekiq,
+  # `on_enqueue: :skip_completed` for ActiveJob): a producer's push of an operation
+  # already completed is dropped before it reaches the queue. One read-only statement
+  # per push (`COMPLETED_SQL` in the core); an operation that is not completed (no
+  # record, claimed, released, held, given up) is always pushed. The doors call it
+  # only for a producer's first push, never for a queue's re-push (a retry, a
+  # scheduled job coming due) or the gem's own deferral.
+  module EnqueueCheck
+    # What `on_enqueue` accepts: :push (the default: every push is queued; a completed
+    # operation's delivery is turned away by its claim) or :skip_completed.
+    POLICIES = %i[push skip_completed].freeze
+
+    module_function
+
+    # Whether to drop this push. When it does, it logs one line (info) and publishes
+    # the `enqueue_skipped` event (job_type, operation_key, job_class, queue, door,
+    # duration: the lookup's round trip in seconds).
+    #
+    # When the database cannot answer, the push goes ahead and a warning is logged:
+    # the delivery is still decided by its claim, so nothing runs twice.
+    # @param options [JobOptions] the job's resolved options
+    # @param operation_key [String] the checked operation key
+    # @param door [Symbol] :sidekiq or :active_job
+    # @param job_class [String] the job class name
+    # @param queue [String, nil] the queue it was pushed to
+    # @return [Boolean] true: the operation is completed and the push must be dropped
+    # Reads idempotent_job_records (one primary-key lookup); writes nothing.
+    def drop?(options, operation_key, door:, job_class:, queue:)
+      return false unless options.on_enqueue == :skip_completed
+
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      return false unless IdempotentJob.store.completed(options.scope, operation_key)
+
+      duration = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      IdempotentJob.logger&.info("idempotent_job: #{options.name} operation #{operation_key.inspect} is already " \
+                                 "completed: push to #{queue.inspect} dropped (on_enqueue: :skip_completed)")
+      if Events.listened?(:enqueue_skipped)
+        Events.publish(:enqueue_skipped, job_type: options.scope, operation_key:, job_class:, queue:, door:,
+                                         duration:)
+      end
+      true
+    rescue ConnectionError, TimeoutError, DatabaseError => e
+      IdempotentJob.logger&.warn("idempotent_job: #{options.name} operation #{operation_key.inspect}: the " \
+                                 "on_enqueue check failed (#{e.class}: #{e.message}); pushed anyway, its " \
+                                 "delivery is decided by its claim")
+      false
+    end
+  end
+end
