@@ -19,7 +19,8 @@ module IdempotentJobBench
     STATEMENTS = [
       [/\AWITH look AS/, "delivery: look, or first claim (the gem's statement)"],
       [/\AINSERT INTO idempotent_job_records AS r/, "claim (the gem's takeover/retry statement)"],
-      [/\AUPDATE idempotent_job_records AS r\s+SET duplicates/, "repeat bookkeeping (batched, async commit)"],
+      [/\AWITH b AS .*UPDATE idempotent_job_records AS r\s+SET duplicates/m,
+       "repeat bookkeeping (batched, async commit)"],
       [/\AUPDATE idempotent_job_records SET status = \S+, completed_at.*set_config/m, "completion, async commit (A)"],
       [/\AUPDATE idempotent_job_records SET status = \S+, completed_at/, "completion (the gem's statement)"],
       [/\AINSERT INTO bench_handwritten_jobs/, "hand-written insert"],

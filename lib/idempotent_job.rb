@@ -44,7 +44,9 @@ module IdempotentJob
     # Changes the settings; the connection pool is rebuilt on next use. Once the new
     # settings are in place, and before this returns, the replaced pool's queued repeat
     # bookkeeping is written ({settle_repeats}; a failure to write it is logged, never
-    # raised: it is telemetry).
+    # raised: it is telemetry); the replaced pool is closed (its connections and
+    # threads) as soon as the calls, transactions and heartbeats in flight on it are
+    # done.
     # @param settings [Hash{Symbol => Object}] settings to set first (see
     #   Configuration::SETTINGS), e.g. `configure(pool_size: 20)`
     # @yieldparam config [Configuration] optional block form
@@ -67,7 +69,7 @@ module IdempotentJob
     end
 
     # Forgets all settings and the connection pool (tests), after writing the pool's
-    # queued repeat bookkeeping as {configure} does.
+    # queued repeat bookkeeping and closing it as {configure} does.
     # @return [void]
     def reset!
       replaced = @lock.synchronize do
@@ -289,15 +291,20 @@ module IdempotentJob
 
     # Writes this process's queued repeat bookkeeping (the duplicates count, repeat times
     # and delivery facts that duplicates leave off their decision's path) now, instead of
-    # within the next few milliseconds. Called at exit; a process that leaves with
+    # within the next few milliseconds; logs a warning when repeats were dropped since
+    # the last call. Called at exit; a process that leaves with
     # `exit!` or is killed loses what was still queued (telemetry only, never a
     # decision). Does nothing when this process never built its store.
     # @return [void]
     # @raise [ConnectionError, TimeoutError, DatabaseError] when the write fails
     def settle_repeats
       built = @lock.synchronize { @store }
-      built&.settle_repeats
+      return unless built
+
+      built.settle_repeats
       nil
+    ensure
+      report_dropped_repeats(built) if built
     end
 
     # The native store of the current settings, created on first use. Internal.
@@ -336,12 +343,33 @@ module IdempotentJob
       Native::Store.new(config.to_native_json)
     end
 
-    # Writes what a store being replaced still has queued for the repeats report, so
-    # neither the repeats nor its background writer are cut off when it is freed.
+    # Logs the repeats `store` dropped since the last report (a batch lost with its
+    # connection after it was sent, refused for good, or past the queue's bound; see
+    # docs/design.md "Repeat bookkeeping: what a crash can lose").
+    def report_dropped_repeats(store)
+      dropped = store.repeats_dropped
+      @dropped_reported ||= ObjectSpace::WeakMap.new
+      reported = @dropped_reported[store] || 0
+      return if dropped <= reported
+
+      @dropped_reported[store] = dropped
+      configuration.logger&.warn("idempotent_job: #{dropped - reported} repeat counts dropped instead of written " \
+                                 "(the repeats report undercounts them; #{dropped} since this pool was built)")
+    end
+
+    # Writes what a store being replaced still has queued for the repeats report, then
+    # closes its pool (its connections and threads) once the calls, transactions and
+    # heartbeats in flight on it are done, instead of at the next garbage collection.
     def retire(store)
-      store&.settle_repeats
-    rescue Error => e
-      configuration.logger&.warn("idempotent_job: repeat bookkeeping of the replaced pool not written (#{e.message})")
+      return unless store
+
+      begin
+        store.settle_repeats
+      rescue Error => e
+        configuration.logger&.warn("idempotent_job: repeat bookkeeping of the replaced pool not written (#{e.message})")
+      end
+      report_dropped_repeats(store)
+      store.close
     end
   end
 end

@@ -9,22 +9,37 @@
 //! (retries, takeovers, a duplicate that raced the first claim) already counted
 //! themselves durably; only their `repeat_facts` entry is queued.
 //!
-//! What a crash can lose (telemetry only, never a decision: the decision is the
-//! record's status and claim token, which only the durable claim and fenced
-//! statements change):
+//! Concurrency: batches of many processes meet the same rows. Each batch locks its
+//! rows in one order, `(job_type, operation_key)` ([`FLUSH_SQL`]), so batches never
+//! deadlock one another; a batch PostgreSQL still refuses with a transient error (a
+//! deadlock with a job's own transaction, a serialization failure, a read-only
+//! server in a failover, a lock or statement timeout) was rolled back and is kept
+//! and written again, merged with what was queued since, never dropped.
+//!
+//! What can be lost (telemetry only, never a decision: the decision is the record's
+//! status and claim token, which only the durable claim and fenced statements
+//! change):
 //! * a process killed (SIGKILL, OOM) loses the repeats queued and not yet written:
-//!   those decided in about the last [`LINGER`] (5 ms) plus one batch's write;
+//!   those of the batch being gathered ([`LINGER`]) and of the batch being written
+//!   (measured: docs/design.md, "Repeat bookkeeping: what a crash can lose");
 //! * a PostgreSQL crash loses the batches committed within `wal_writer_delay`
-//!   (200 ms by default) before it.
+//!   (200 ms by default) before it;
+//! * a batch whose connection is lost (or whose deadline passes) after it was sent
+//!   is dropped: it may have been written, and sending it again could count it
+//!   twice; so is a batch refused for good (no record table), and a repeat of a new
+//!   operation while [`MAX_QUEUED_OPERATIONS`] are queued. [`Bookkeeper::dropped`]
+//!   counts them.
 //!
 //! Within one process, reads see their own repeats: [`Bookkeeper::settle`] writes
 //! what is queued (and waits for a batch in flight) before `find`/`repeats` read, and
 //! a delivery whose operation still has a repeat queued settles first, so sequential
 //! deliveries of one operation count exactly.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -32,8 +47,9 @@ use tokio::sync::Notify;
 use tokio_postgres::types::Type;
 
 use super::claim::{ClaimKind, ClaimRequest, Decision, Outcome};
-use super::error::Result;
-use super::store::{with_conn, Conn, Interrupt, Pool};
+use super::error::{is_transient_state, Error, Result};
+use super::retry::{backoff, checkout_live, finish_unless_lost};
+use super::store::{Conn, Interrupt, Lane, Pool};
 
 /// Applies one batch of repeats: $1 job types, $2 operation keys, $3 one JSON
 /// object per operation (same order): `dups` (duplicates to add), `mismatches`,
@@ -43,7 +59,26 @@ use super::store::{with_conn, Conn, Interrupt, Pool};
 /// row is found through the primary key (arrays, so the planner expects a few rows,
 /// never a scan of the table). Committed asynchronously (`synchronous_commit = off`
 /// for this statement's transaction).
+///
+/// **One lock order.** `locked` takes the batch's row locks first, in the order of
+/// `(job_type, operation_key)` (`ORDER BY … FOR NO KEY UPDATE`: PostgreSQL sorts,
+/// then locks each row as it passes), and the update touches only rows it returned.
+/// Every batch of every process locks in that one order, so two batches never wait
+/// on each other in a cycle (the deadlocks, SQLSTATE 40P01, of batches that met the
+/// same rows in different orders).
 pub const FLUSH_SQL: &str = r#"
+WITH b AS (
+    SELECT k.job_type, k.operation_key, d.*
+      FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS k(job_type, operation_key, doc),
+           jsonb_to_record(k.doc) AS d(dups int, mismatches int, last_mismatch bool,
+                                       last_at timestamptz, times timestamptz[],
+                                       classes text[], facts jsonb)),
+locked AS MATERIALIZED (
+    SELECT r.job_type, r.operation_key
+      FROM idempotent_job_records AS r
+     WHERE (r.job_type, r.operation_key) IN (SELECT job_type, operation_key FROM b)
+     ORDER BY r.job_type, r.operation_key
+       FOR NO KEY UPDATE)
 UPDATE idempotent_job_records AS r
    SET duplicates = r.duplicates + b.dups,
        last_duplicate_at = CASE WHEN b.dups > 0 THEN greatest(r.last_duplicate_at, b.last_at)
@@ -59,13 +94,9 @@ UPDATE idempotent_job_records AS r
                                         WITH ORDINALITY AS x(e, n)
                                ORDER BY n DESC LIMIT 20) AS kept),
        updated_at = greatest(r.updated_at, b.last_at)
-  FROM (SELECT k.job_type, k.operation_key, d.*
-          FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS k(job_type, operation_key, doc),
-               jsonb_to_record(k.doc) AS d(dups int, mismatches int, last_mismatch bool,
-                                           last_at timestamptz, times timestamptz[],
-                                           classes text[], facts jsonb)) AS b,
+  FROM locked AS l JOIN b USING (job_type, operation_key),
        (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
- WHERE r.job_type = b.job_type AND r.operation_key = b.operation_key"#;
+ WHERE r.job_type = l.job_type AND r.operation_key = l.operation_key"#;
 
 /// One repeated delivery to record.
 #[derive(Debug, Clone)]
@@ -130,30 +161,159 @@ type Key = (String, String);
 /// How long the background writer gathers repeats before writing them as one batch.
 pub const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// Most operations with repeats queued at once. Past it (a database refusing every
+/// batch for long, e.g. read-only through a long failover, while duplicates of more
+/// operations arrive) a repeat of an operation not yet queued is dropped and counted
+/// ([`Bookkeeper::dropped`]); repeats of queued operations are merged into theirs.
+pub const MAX_QUEUED_OPERATIONS: usize = 10_000;
+
+/// Times and facts kept per operation (as [`FLUSH_SQL`] keeps in the record).
+const KEPT: usize = 20;
+
+/// The repeats of one operation still to write, merged.
+#[derive(Default)]
+struct Pending {
+    /// Repeats merged in (counted or not).
+    repeats: usize,
+    dups: i64,
+    mismatches: i64,
+    last_mismatch: bool,
+    last_at: Option<String>,
+    times: Vec<String>,
+    classes: Vec<String>,
+    facts: VecDeque<Value>,
+}
+
+impl Pending {
+    fn add(&mut self, r: Repeat) {
+        let at = r.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        self.repeats += 1;
+        if r.count {
+            self.dups += 1;
+            self.mismatches += i64::from(r.mismatch);
+            self.last_mismatch = r.mismatch;
+            self.times.push(at.clone());
+            keep_latest(&mut self.times);
+            self.last_at = self.times.last().cloned();
+            if let Some(class) = &r.job_class {
+                if !self.classes.contains(class) {
+                    self.classes.push(class.clone());
+                }
+            }
+        }
+        let facts = r
+            .facts
+            .as_deref()
+            .and_then(|f| serde_json::from_str::<Value>(f).ok())
+            .unwrap_or(Value::Null);
+        let mut entry =
+            json!({"at": at, "job_class": r.job_class, "decision": r.decision, "facts": facts});
+        if r.replayed {
+            // A replay (V7): counted by the repeats report.
+            entry["replayed"] = json!(true);
+        }
+        self.facts.push_back(entry);
+        if self.facts.len() > KEPT {
+            self.facts.pop_front();
+        }
+    }
+
+    /// Adds `newer` (queued after `self`) to `self`.
+    fn absorb(&mut self, newer: Pending) {
+        self.repeats += newer.repeats;
+        self.dups += newer.dups;
+        self.mismatches += newer.mismatches;
+        if newer.dups > 0 {
+            self.last_mismatch = newer.last_mismatch;
+        }
+        self.times.extend(newer.times);
+        keep_latest(&mut self.times);
+        self.last_at = self.times.last().cloned();
+        for class in newer.classes {
+            if !self.classes.contains(&class) {
+                self.classes.push(class);
+            }
+        }
+        self.facts.extend(newer.facts);
+        while self.facts.len() > KEPT {
+            self.facts.pop_front();
+        }
+    }
+
+    /// The operation's JSON object of [`FLUSH_SQL`]'s $3.
+    fn doc(&self) -> Value {
+        json!({
+            "dups": self.dups, "mismatches": self.mismatches,
+            "last_mismatch": self.last_mismatch, "last_at": self.last_at,
+            "times": self.times, "classes": self.classes, "facts": self.facts,
+        })
+    }
+}
+
+/// Keeps the [`KEPT`] latest of `times` (RFC 3339 texts in UTC with microseconds, so
+/// they sort as text), in order.
+fn keep_latest(times: &mut Vec<String>) {
+    times.sort();
+    let excess = times.len().saturating_sub(KEPT);
+    times.drain(..excess);
+}
+
+/// Queued repeats per operation, in the one lock order of [`FLUSH_SQL`].
+type Queue = BTreeMap<Key, Pending>;
+
+/// What became of one batch ([`Bookkeeper::write`]).
+enum Written {
+    /// Written (or nothing was queued).
+    Done,
+    /// Not written, and known not to be: no connection was had, or PostgreSQL
+    /// refused it with a transient error (a deadlock, a serialization failure, a
+    /// read-only server, a lock or statement timeout, out of resources) and rolled it
+    /// back. Back in the queue, ahead of what was queued meanwhile.
+    Requeued(Error),
+    /// Dropped and counted ([`Bookkeeper::dropped`]): refused for good (e.g. no
+    /// record table), or its outcome is unknown (the connection was lost, or the
+    /// deadline passed, after it was sent: it may have been written, and sending it
+    /// again could count it twice).
+    Dropped(Error),
+}
+
 /// The queue of one process's repeats, and its background writer.
 #[derive(Default)]
 pub struct Bookkeeper {
-    queue: Mutex<Vec<Repeat>>,
+    queue: Mutex<Queue>,
     /// Queued or in-flight repeats per operation, of those still to count ([`Repeat::count`]).
     unsettled: Mutex<HashMap<Key, usize>>,
     /// Every repeat queued or in a batch being written, counted or not: [`Bookkeeper::settle`]
     /// returns at once only when it is 0 (a facts-only repeat the writer has taken from the
     /// queue is in neither `queue` nor `unsettled` until its batch is written).
     outstanding: AtomicUsize,
+    /// Repeats dropped: see [`Bookkeeper::dropped`].
+    dropped: AtomicU64,
     /// Held while a batch is being written.
     writing: tokio::sync::Mutex<()>,
     wake: Notify,
 }
 
 impl Bookkeeper {
-    /// Queues `repeat` for the background writer.
+    /// Queues `repeat` for the background writer (merged with the queued repeats of
+    /// its operation). Dropped and counted ([`Bookkeeper::dropped`]) when
+    /// [`MAX_QUEUED_OPERATIONS`] other operations are queued already.
     pub fn record(&self, repeat: Repeat) {
         let key = (repeat.job_type.clone(), repeat.operation_key.clone());
-        if repeat.count {
-            *lock(&self.unsettled).entry(key).or_default() += 1;
+        let count = repeat.count;
+        {
+            let mut queue = lock(&self.queue);
+            if queue.len() >= MAX_QUEUED_OPERATIONS && !queue.contains_key(&key) {
+                self.dropped.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            queue.entry(key.clone()).or_default().add(repeat);
+            // Counted before the queue is let go: the writer may take it at once.
+            self.outstanding.fetch_add(1, Ordering::SeqCst);
+            if count {
+                *lock(&self.unsettled).entry(key).or_default() += 1;
+            }
         }
-        self.outstanding.fetch_add(1, Ordering::SeqCst);
-        lock(&self.queue).push(repeat);
         self.wake.notify_one();
     }
 
@@ -170,126 +330,165 @@ impl Bookkeeper {
             .unwrap_or(0)
     }
 
-    /// Writes everything queued now, on the calling thread, after any batch in flight.
+    /// Repeats this process dropped instead of writing them, since its pool was
+    /// built: a batch PostgreSQL refused for good or whose outcome was unknown (see
+    /// [`Bookkeeper::settle`]), and repeats past [`MAX_QUEUED_OPERATIONS`].
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::SeqCst)
+    }
+
+    /// Writes everything queued now, on the calling thread, after any batch in
+    /// flight. A batch PostgreSQL refused with a transient error (a deadlock, a
+    /// serialization failure, a read-only server…), or that found no connection, is
+    /// kept and written again after [`super::retry::backoff`], within the pool's
+    /// deadline.
     ///
-    /// Errors: connection/database errors (the batch is then lost: telemetry only).
+    /// Errors: the last transient error when the deadline leaves no room (the
+    /// repeats stay queued: the background writer goes on trying); a batch refused
+    /// for good (e.g. SQLSTATE 42P01), or lost with its connection after it was sent,
+    /// is dropped, counted ([`Bookkeeper::dropped`]) and its error returned;
+    /// [`Error::Interrupted`] (the batch stays queued when it was not sent).
     pub fn settle(&self, pool: &Pool, interrupt: &Interrupt<'_>) -> Result<()> {
         if self.outstanding.load(Ordering::SeqCst) == 0 {
             return Ok(());
         }
+        let until = Instant::now() + pool.deadline();
         let _writing = pool.block_on_background(interrupt, self.writing.lock())?;
-        self.write(pool, interrupt)
-    }
-
-    /// Takes the queue and writes it as one batch. Called with `writing` held.
-    fn write(&self, pool: &Pool, interrupt: &Interrupt<'_>) -> Result<()> {
-        let batch = std::mem::take(&mut *lock(&self.queue));
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let (job_types, keys, docs) = batch_params(&batch);
-        let written = with_conn(pool, interrupt, async |c: &mut Conn| {
-            c.execute_own(
-                FLUSH_SQL,
-                &[
-                    (&job_types, Type::TEXT_ARRAY),
-                    (&keys, Type::TEXT_ARRAY),
-                    (&docs, Type::JSONB_ARRAY),
-                ],
-            )
-            .await
-        });
-        self.outstanding.fetch_sub(batch.len(), Ordering::SeqCst);
-        let mut unsettled = lock(&self.unsettled);
-        for r in batch.iter().filter(|r| r.count) {
-            let key = (r.job_type.clone(), r.operation_key.clone());
-            if let Some(n) = unsettled.get_mut(&key) {
-                *n -= 1;
-                if *n == 0 {
-                    unsettled.remove(&key);
+        let mut failures = 0;
+        loop {
+            match self.write(pool, interrupt, until) {
+                Written::Done => return Ok(()),
+                Written::Dropped(e) => return Err(e),
+                Written::Requeued(e) => {
+                    failures += 1;
+                    let wait = backoff(failures);
+                    if Instant::now() + wait >= until {
+                        return Err(e);
+                    }
+                    pool.pause(interrupt, wait)?;
                 }
             }
         }
-        written.map(|_| ())
+    }
+
+    /// Takes the queue and writes it as one batch, before `until`. Called with
+    /// `writing` held.
+    fn write(&self, pool: &Pool, interrupt: &Interrupt<'_>, until: Instant) -> Written {
+        let batch = std::mem::take(&mut *lock(&self.queue));
+        if batch.is_empty() {
+            return Written::Done;
+        }
+        let (job_types, keys, docs) = batch_params(&batch);
+        let sent = checkout_live(pool, interrupt, Lane::Main, until).map(|mut pooled| {
+            let result = pooled.run_until(interrupt, Some(until), async |c: &mut Conn| {
+                c.execute_own(
+                    FLUSH_SQL,
+                    &[
+                        (&job_types, Type::TEXT_ARRAY),
+                        (&keys, Type::TEXT_ARRAY),
+                        (&docs, Type::JSONB_ARRAY),
+                    ],
+                )
+                .await
+            });
+            finish_unless_lost(pooled, &result);
+            result
+        });
+        let failed = match sent {
+            Ok(Ok(_)) => None,
+            // Nothing was sent, or PostgreSQL rolled the batch back: keep it.
+            Err(e) => return self.requeue(batch, e),
+            Ok(Err(e)) if rolled_back(&e) => return self.requeue(batch, e),
+            Ok(Err(e)) => Some(e),
+        };
+        let repeats: usize = batch.values().map(|p| p.repeats).sum();
+        if failed.is_some() {
+            self.dropped.fetch_add(repeats as u64, Ordering::SeqCst);
+        }
+        let mut unsettled = lock(&self.unsettled);
+        for (key, p) in &batch {
+            if let Some(n) = unsettled.get_mut(key) {
+                *n = n.saturating_sub(p.dups as usize);
+                if *n == 0 {
+                    unsettled.remove(key);
+                }
+            }
+        }
+        self.outstanding.fetch_sub(repeats, Ordering::SeqCst);
+        match failed {
+            None => Written::Done,
+            Some(e) => Written::Dropped(e),
+        }
+    }
+
+    /// Puts an unwritten batch back, ahead of the repeats queued since.
+    fn requeue(&self, mut batch: Queue, err: Error) -> Written {
+        let mut queue = lock(&self.queue);
+        for (key, newer) in std::mem::take(&mut *queue) {
+            match batch.entry(key) {
+                Entry::Occupied(mut older) => older.get_mut().absorb(newer),
+                Entry::Vacant(slot) => {
+                    slot.insert(newer);
+                }
+            }
+        }
+        *queue = batch;
+        Written::Requeued(err)
     }
 
     /// The background writer: wakes on [`Bookkeeper::record`], writes what is queued
-    /// (repeats queued while a batch is written go in the next one), forever. Runs on
-    /// the pool's background runtime; each batch on one of its blocking threads.
+    /// (repeats queued while a batch is written go in the next one), forever. A batch
+    /// kept after a transient error is written again after [`super::retry::backoff`]
+    /// (20 ms, doubling, at most 1 s). Runs on the pool's background runtime; each
+    /// batch on one of its blocking threads.
     pub async fn run(pool: Pool) {
         let this = pool.bookkeeper().clone();
+        let mut failures = 0;
         loop {
-            this.wake.notified().await;
-            // Gather a batch: one write for all the repeats of the next few
-            // milliseconds, so the bookkeeping takes a pooled connection rarely.
-            tokio::time::sleep(LINGER).await;
+            if failures == 0 {
+                this.wake.notified().await;
+                // Gather a batch: one write for all the repeats of the next few
+                // milliseconds, so the bookkeeping takes a pooled connection rarely.
+                tokio::time::sleep(LINGER).await;
+            } else {
+                tokio::time::sleep(backoff(failures)).await;
+            }
             let writing = this.writing.lock().await;
             let (p, b) = (pool.clone(), this.clone());
-            // A failed batch is lost (telemetry only); the next one goes on.
-            let _ = tokio::task::spawn_blocking(move || b.write(&p, &Interrupt::none())).await;
+            let written = tokio::task::spawn_blocking(move || {
+                b.write(&p, &Interrupt::none(), Instant::now() + p.deadline())
+            })
+            .await;
             drop(writing);
+            failures = match written {
+                Ok(Written::Requeued(_)) => failures + 1,
+                _ => 0,
+            };
         }
     }
+}
+
+/// Whether PostgreSQL answered `err` and rolled the statement back with it, for a
+/// reason that passes: a transient state ([`is_transient_state`]: deadlock,
+/// serialization failure, read-only, out of resources), a lock timeout or a
+/// statement timeout.
+fn rolled_back(err: &Error) -> bool {
+    err.sqlstate()
+        .is_some_and(|code| is_transient_state(code) || matches!(code, "55P03" | "57014"))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The batch as [`FLUSH_SQL`]'s $1, $2, $3: one entry per operation, in queue order.
-fn batch_params(batch: &[Repeat]) -> (Vec<String>, Vec<String>, Vec<Value>) {
-    let mut order: Vec<Key> = Vec::new();
-    let mut per: HashMap<Key, Value> = HashMap::new();
-    for r in batch {
-        let key = (r.job_type.clone(), r.operation_key.clone());
-        let entry = per.entry(key.clone()).or_insert_with(|| {
-            order.push(key);
-            json!({
-                "dups": 0, "mismatches": 0, "last_mismatch": false, "last_at": null,
-                "times": [], "classes": [], "facts": [],
-            })
-        });
-        let at = r.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        if r.count {
-            entry["dups"] = json!(entry["dups"].as_i64().unwrap_or(0) + 1);
-            entry["mismatches"] =
-                json!(entry["mismatches"].as_i64().unwrap_or(0) + i64::from(r.mismatch));
-            entry["last_mismatch"] = json!(r.mismatch);
-            entry["last_at"] = json!(at);
-            push(&mut entry["times"], json!(at));
-            if let Some(class) = &r.job_class {
-                push(&mut entry["classes"], json!(class));
-            }
-        }
-        let facts = r
-            .facts
-            .as_deref()
-            .and_then(|f| serde_json::from_str::<Value>(f).ok())
-            .unwrap_or(Value::Null);
-        push(
-            &mut entry["facts"],
-            json!({"at": at, "job_class": r.job_class, "decision": r.decision, "facts": facts}),
-        );
-        if r.replayed {
-            // A replay (V7): counted by the repeats report.
-            if let Some(last) = entry["facts"].as_array_mut().and_then(|a| a.last_mut()) {
-                last["replayed"] = json!(true);
-            }
-        }
-    }
+/// The batch as [`FLUSH_SQL`]'s $1, $2, $3: one entry per operation, in the order of
+/// `(job_type, operation_key)`.
+fn batch_params(batch: &Queue) -> (Vec<String>, Vec<String>, Vec<Value>) {
     let mut out = (Vec::new(), Vec::new(), Vec::new());
-    for key in order {
-        if let Some(doc) = per.remove(&key) {
-            out.0.push(key.0);
-            out.1.push(key.1);
-            out.2.push(doc);
-        }
+    for ((job_type, operation_key), pending) in batch {
+        out.0.push(job_type.clone());
+        out.1.push(operation_key.clone());
+        out.2.push(pending.doc());
     }
     out
-}
-
-fn push(array: &mut Value, value: Value) {
-    if let Value::Array(a) = array {
-        a.push(value);
-    }
 }

@@ -712,6 +712,8 @@ async fn claim_at(
 /// yields a wrong answer. `duplicates` in a look's answer counts this delivery, those
 /// written, and this process's still queued (informative: a batch being written at
 /// that moment may be missed or counted twice; the record's own count is exact).
+/// On a read-only server (SQLSTATE 25006) a duplicate of a completed, held or given-up
+/// operation is still answered, from a read (see [`SETTLED_LOOK_SQL`]).
 ///
 /// Errors: as [`claim`].
 pub fn deliver(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Result<Decision> {
@@ -740,7 +742,12 @@ async fn look_or_claim(
     let params = claim_params(req, &token);
     let (first, facts) = params.split_at(9);
     let params = [first, &facts[1..]].concat();
-    let rows = conn.query_own(DELIVER_SQL, &params).await?;
+    let rows = match conn.query_own(DELIVER_SQL, &params).await {
+        Err(e) if e.sqlstate() == Some("25006") => {
+            return read_only_answer(conn, req, books, e).await
+        }
+        rows => rows?,
+    };
     if let Some(row) = rows.first() {
         let inserted: bool = row.try_get("inserted")?;
         let status: String = row.try_get("status")?;
@@ -797,6 +804,66 @@ async fn look_or_claim(
         }
     }
     claim_noting(conn, req, token).await
+}
+
+/// The settled state of one operation, read without writing (a read-only server),
+/// with a completed record's stored result (a replay, V7). Parameters: $1 job_type,
+/// $2 operation_key.
+pub const SETTLED_LOOK_SQL: &str = r#"
+SELECT status, jid, attempts, duplicates, args_digest, now() AS decided_at,
+       result::text AS result, result_state
+  FROM idempotent_job_records
+ WHERE job_type = $1 AND operation_key = $2
+   AND status IN ('completed', 'held', 'given_up')"#;
+
+/// The answer to a delivery the server refused to decide because it is read-only
+/// (`read_only`: SQLSTATE 25006, a failover in progress, a standby reached): a
+/// duplicate of a completed, held or given-up operation needs only a read
+/// ([`SETTLED_LOOK_SQL`]), so it is answered as the look would; its count is queued
+/// for the bookkeeping, which keeps it until the server takes writes again
+/// ([`super::bookkeeping`]). Anything else (no record, a claim, a release) needs a
+/// write: `read_only` is returned (retried on fresh connections until the deadline).
+async fn read_only_answer(
+    conn: &Conn,
+    req: &ClaimRequest,
+    books: &Bookkeeper,
+    read_only: Error,
+) -> Result<(Decision, Option<Repeat>)> {
+    let rows = conn
+        .query_own(
+            SETTLED_LOOK_SQL,
+            &[
+                (&req.job_type, Type::TEXT),
+                (&req.operation_key, Type::TEXT),
+            ],
+        )
+        .await?;
+    let Some(row) = rows.first() else {
+        return Err(read_only);
+    };
+    let digest: Option<String> = row.try_get("args_digest")?;
+    let mismatch = matches!((&digest, &req.args_digest), (Some(a), Some(b)) if a != b);
+    let duplicates: i32 = row.try_get::<_, i32>("duplicates")?
+        + i32::try_from(books.pending(&req.job_type, &req.operation_key)).unwrap_or(0);
+    let decision = decide(
+        ClaimRow {
+            won: false,
+            status: row.try_get("status")?,
+            last_claim: "first".into(),
+            attempts: row.try_get("attempts")?,
+            jid: row.try_get("jid")?,
+            duplicates: duplicates + 1,
+            mismatch,
+            lease_remaining: 0.0,
+            result: row.try_get("result")?,
+            result_state: row.try_get("result_state")?,
+        },
+        Uuid::nil(),
+        req,
+    )?;
+    let at = row.try_get("decided_at")?;
+    let repeat = Repeat::new(req, &decision, at, true);
+    Ok((decision, Some(repeat)))
 }
 
 /// [`claim_as`], and the bookkeeping of its delivery when it is a repeat (anything but a

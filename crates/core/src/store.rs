@@ -363,6 +363,9 @@ pub struct Pool {
     reserve: managed::Pool<Manager>,
     /// [`Config::deadline`]: the bound on one call of the gem.
     deadline: Duration,
+    /// One per clone of this pool: what [`Store::close`] waits on (in-flight calls,
+    /// checked-out connections, transactions and heartbeats each hold a clone).
+    users: Arc<()>,
 }
 
 /// Connections kept aside, per process, for [`Lane::Reserve`].
@@ -840,8 +843,41 @@ impl Deref for Conn {
 
 struct Owned {
     pid: u32,
-    runtime: Runtime,
+    /// Taken when dropped.
+    runtime: Option<Runtime>,
     pool: Pool,
+}
+
+/// Clones of a pool that are no user of it: its owner's, and the repeat bookkeeping's
+/// background writer's ([`Bookkeeper::run`]).
+const OWN_CLONES: usize = 2;
+
+impl Owned {
+    /// Waits (polling every 20 ms) until no call, connection, transaction or heartbeat
+    /// uses the pool any more, writes its queued repeat bookkeeping (a failure is
+    /// dropped with the pool: telemetry only), then closes it (on drop).
+    fn close_when_idle(self) {
+        while Arc::strong_count(&self.pool.users) > OWN_CLONES {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self
+            .pool
+            .bookkeeper()
+            .settle(&self.pool, &Interrupt::none());
+    }
+}
+
+impl Drop for Owned {
+    /// Closes the pool's connections (each idle one now, each in use as it comes back)
+    /// and stops its runtime, without ever blocking the dropping thread (a Ruby GC) on
+    /// the runtime's threads. Never reached in a forked child: see [`Store::pool`].
+    fn drop(&mut self) {
+        self.pool.inner.close();
+        self.pool.reserve.close();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// A configured connection to one database. Cheap to create: nothing connects until
@@ -892,7 +928,7 @@ impl Store {
         }
         let built = self.build()?;
         let pool = built.pool.clone();
-        built.runtime.spawn(Bookkeeper::run(pool.clone()));
+        pool.background().spawn(Bookkeeper::run(pool.clone()));
         *owned = Some(built);
         Ok(pool)
     }
@@ -942,9 +978,33 @@ impl Store {
                 pid,
                 reserve,
                 deadline: self.config.deadline(),
+                users: Arc::new(()),
             },
-            runtime,
+            runtime: Some(runtime),
         })
+    }
+
+    /// Closes this process's pool once nothing uses it any more, without waiting: a
+    /// thread of its own waits until every call in flight, checked-out connection,
+    /// open transaction and running heartbeat of the pool is done, writes its queued
+    /// repeat bookkeeping, then closes its connections and stops its runtime (for a
+    /// store replaced by a new configuration, so its connections and threads do not
+    /// wait for a garbage collection). A call made on the store afterwards builds a
+    /// new pool. Does nothing when no pool was built in this process.
+    ///
+    /// Errors: none; when no thread can be started, the pool is closed at once
+    /// (calls in flight then fail with a connection error).
+    pub fn close(&self) {
+        let owned = self.owned.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(owned) = owned else { return };
+        if owned.pid != std::process::id() {
+            std::mem::forget(owned); // inherited through fork: never dropped here
+            return;
+        }
+        // On failure the closure, and the pool with it, is dropped: closed at once.
+        let _ = std::thread::Builder::new()
+            .name("idempotent_job-close".into())
+            .spawn(move || owned.close_when_idle());
     }
 
     /// Runs `f` with this process's pool on the calling thread, uninterruptibly. For
@@ -975,9 +1035,6 @@ impl Drop for Store {
             std::mem::forget(owned);
             return;
         }
-        owned.pool.inner.close();
-        owned.pool.reserve.close();
-        // Never block the dropping thread (a Ruby GC) on the runtime's threads.
-        owned.runtime.shutdown_background();
+        drop(owned); // closes the pool (see `Owned`'s Drop)
     }
 }

@@ -76,14 +76,18 @@ impl NativeStore {
 
     /// Like [`NativeStore::with_fresh_conn`] on the pool's main lane, after writing
     /// this process's queued repeat bookkeeping, so a read sees the process's own
-    /// repeats.
+    /// repeats. When that write fails with a retryable error (a read-only server in a
+    /// failover), the read goes on without them (they stay queued).
     fn with_settled_conn<T>(
         &self,
         ruby: &Ruby,
         op: impl AsyncFn(&mut Conn) -> Result<T>,
     ) -> RbResult<T> {
         self.run(ruby, |pool, interrupt| {
-            pool.bookkeeper().settle(pool, interrupt)?;
+            match pool.bookkeeper().settle(pool, interrupt) {
+                Err(e) if !e.retryable() => return Err(e),
+                _ => {}
+            }
             with_fresh_conn(pool, interrupt, Lane::Main, op)
         })
     }
@@ -456,6 +460,22 @@ impl NativeStore {
         Ok(true)
     }
 
+    /// `repeats_dropped` → Integer: repeats this process's pool dropped instead of
+    /// writing them (see `Bookkeeper::dropped`); 0 when no pool was built.
+    fn repeats_dropped(&self) -> u64 {
+        self.0
+            .built_pool()
+            .map_or(0, |pool| pool.bookkeeper().dropped())
+    }
+
+    /// `close` → nil: closes this process's pool once the calls, transactions and
+    /// heartbeats in flight on it are done, after writing its queued repeat
+    /// bookkeeping (see `Store::close`); returns at once. For a store replaced by
+    /// `IdempotentJob.configure` or `reset!`.
+    fn close(&self) {
+        self.0.close();
+    }
+
     /// `record_repeat(row, token, request, decided_at)` → true when queued: the repeat
     /// bookkeeping (`repeat_facts`) of a claim another driver decided (ActiveRecord's
     /// connection; called once its transaction committed, so the background writer never
@@ -506,6 +526,8 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
     class.define_method("settle_repeats", method!(NativeStore::settle_repeats, 0))?;
     class.define_method("record_repeat", method!(NativeStore::record_repeat, 4))?;
+    class.define_method("close", method!(NativeStore::close, 0))?;
+    class.define_method("repeats_dropped", method!(NativeStore::repeats_dropped, 0))?;
     class.define_method("transaction", method!(NativeStore::transaction, 0))?;
     class.define_method("purge_batch", method!(NativeStore::purge_batch, 3))?;
     class.define_method("repeats", method!(NativeStore::repeats, 2))?;

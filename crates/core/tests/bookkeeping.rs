@@ -1,0 +1,277 @@
+//! The repeat bookkeeping's batches against a real PostgreSQL (DATABASE_URL): one
+//! lock order for every batch, a batch PostgreSQL rolls back (a deadlock, a read-only
+//! server) kept and written again instead of dropped, a duplicate answered by a
+//! read-only server, and a closed store letting its connections go (issue 25).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use idempotent_job_core::bookkeeping::Repeat;
+use idempotent_job_core::claim::{self, ClaimRequest, Decision, Outcome};
+use idempotent_job_core::config::Config;
+use idempotent_job_core::migrate;
+use idempotent_job_core::store::Store;
+
+mod common;
+use common::database_url;
+
+/// The tests wait for "a batch waiting on a row lock": one at a time, so none sees
+/// another's batch.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A plain tokio-postgres session on the test database, outside the gem's pool.
+struct Admin {
+    runtime: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Admin {
+    fn new() -> Admin {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let client = runtime.block_on(async {
+            let (client, connection) =
+                tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            client
+        });
+        Admin { runtime, client }
+    }
+
+    fn exec(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        self.runtime.block_on(self.client.batch_execute(sql))
+    }
+
+    fn int(&self, sql: &str) -> i64 {
+        self.runtime
+            .block_on(self.client.query_one(sql, &[]))
+            .unwrap()
+            .get(0)
+    }
+}
+
+/// A migrated store whose connections are named `application_name`.
+fn store_named(application_name: &str) -> Store {
+    let mut config = Config::new(database_url());
+    config.application_name = application_name.into();
+    let store = Store::new(config).unwrap();
+    store.run(migrate::migrate).unwrap();
+    store
+}
+
+/// A job type (or application name) of this test alone.
+fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid::Uuid::new_v4())
+}
+
+/// First claims of `keys` (records to count repeats in).
+fn claim_all(store: &Store, job_type: &str, keys: &[&str]) {
+    for key in keys {
+        let req = ClaimRequest {
+            job_type: job_type.into(),
+            operation_key: (*key).into(),
+            lease_seconds: 30.0,
+            ..ClaimRequest::default()
+        };
+        store.run(|pool, i| claim::deliver(pool, i, &req)).unwrap();
+    }
+}
+
+/// A duplicate answered by the read-only look, still to count.
+fn duplicate(job_type: &str, key: &str) -> Repeat {
+    Repeat {
+        job_type: job_type.into(),
+        operation_key: key.into(),
+        at: Utc::now(),
+        job_class: Some("BookkeepingJob".into()),
+        decision: "completed",
+        facts: None,
+        count: true,
+        mismatch: false,
+        replayed: false,
+    }
+}
+
+fn duplicates(admin: &Admin, job_type: &str, key: &str) -> i64 {
+    admin.int(&format!(
+        "SELECT duplicates::int8 FROM idempotent_job_records \
+          WHERE job_type = '{job_type}' AND operation_key = '{key}'"
+    ))
+}
+
+/// Waits until a bookkeeping batch of the store named `application_name` waits on a
+/// row lock (looked at from a session of its own: inside a transaction,
+/// `pg_stat_activity` would answer the same snapshot every time).
+fn until_a_batch_waits(application_name: &str) {
+    let admin = Admin::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while admin.int(&format!(
+        "SELECT count(*) FROM pg_stat_activity \
+          WHERE wait_event_type = 'Lock' AND query LIKE '%SET duplicates = r.duplicates + b.dups%' \
+            AND application_name = '{application_name}'"
+    )) == 0
+    {
+        assert!(
+            Instant::now() < until,
+            "no batch ever waited on the row lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_batch_locks_its_rows_in_key_order_whatever_order_they_were_queued_in() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let name = unique("lock-order");
+    let store = store_named(&name);
+    let job_type = unique("LockOrder");
+    claim_all(&store, &job_type, &["a", "b"]);
+    let other = Admin::new();
+    other
+        .exec(&format!(
+            "BEGIN; SELECT 1 FROM idempotent_job_records \
+              WHERE job_type = '{job_type}' AND operation_key = 'a' FOR UPDATE"
+        ))
+        .unwrap();
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            store.run(|pool, i| {
+                // Queued "b" first: a batch written in queue order would lock "b", then
+                // wait for "a" while holding "b".
+                pool.bookkeeper().record(duplicate(&job_type, "b"));
+                pool.bookkeeper().record(duplicate(&job_type, "a"));
+                pool.bookkeeper().settle(pool, i)
+            })
+        });
+        until_a_batch_waits(&name);
+        // The batch waits for "a" and holds nothing: "b" is free to take.
+        let b = other.exec(&format!(
+            "SELECT 1 FROM idempotent_job_records \
+              WHERE job_type = '{job_type}' AND operation_key = 'b' FOR UPDATE NOWAIT"
+        ));
+        other.exec("ROLLBACK").unwrap();
+        assert!(b.is_ok(), "the waiting batch held \"b\": {b:?}");
+        writer.join().unwrap().unwrap();
+    });
+    assert_eq!(duplicates(&other, &job_type, "a"), 1);
+    assert_eq!(duplicates(&other, &job_type, "b"), 1);
+}
+
+#[test]
+fn a_batch_rolled_back_by_a_deadlock_is_written_again_not_dropped() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let name = unique("deadlock");
+    let store = store_named(&name);
+    let job_type = unique("Deadlock");
+    claim_all(&store, &job_type, &["a", "b"]);
+    let other = Admin::new();
+    // `other` holds "b" and checks for deadlocks after the batch does: the batch is
+    // the transaction PostgreSQL aborts (40P01).
+    other
+        .exec(&format!(
+            "BEGIN; SET LOCAL deadlock_timeout = '60s'; SELECT 1 FROM idempotent_job_records \
+              WHERE job_type = '{job_type}' AND operation_key = 'b' FOR UPDATE"
+        ))
+        .unwrap();
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            store.run(|pool, i| {
+                pool.bookkeeper().record(duplicate(&job_type, "a"));
+                pool.bookkeeper().record(duplicate(&job_type, "b"));
+                pool.bookkeeper().settle(pool, i)
+            })
+        });
+        until_a_batch_waits(&name);
+        // The batch holds "a" and waits for "b": taking "a" closes the cycle.
+        other
+            .exec(&format!(
+                "UPDATE idempotent_job_records SET updated_at = updated_at \
+                  WHERE job_type = '{job_type}' AND operation_key = 'a'; COMMIT"
+            ))
+            .unwrap();
+        writer.join().unwrap().unwrap();
+    });
+    assert_eq!(duplicates(&other, &job_type, "a"), 1);
+    assert_eq!(duplicates(&other, &job_type, "b"), 1);
+    assert_eq!(store.pool().unwrap().bookkeeper().dropped(), 0);
+}
+
+#[test]
+fn a_duplicate_of_a_completed_operation_is_answered_by_a_read_only_server_and_its_count_kept() {
+    let writable = store_named(&unique("writable"));
+    let job_type = unique("ReadOnly");
+    let req = |key: &str| ClaimRequest {
+        job_type: job_type.clone(),
+        operation_key: key.into(),
+        lease_seconds: 30.0,
+        ..ClaimRequest::default()
+    };
+    let done = req("done");
+    let Outcome::Claimed { token, .. } = writable
+        .run(|pool, i| claim::deliver(pool, i, &done))
+        .unwrap()
+        .outcome
+    else {
+        panic!("not claimed")
+    };
+    writable
+        .with_conn(async |c| claim::complete(c, &job_type, "done", token).await)
+        .unwrap();
+
+    let mut config = Config::new(format!(
+        "{}?options=-c%20default_transaction_read_only%3Don",
+        database_url()
+    ));
+    config.deadline = 1.0;
+    let read_only = Store::new(config).unwrap();
+    let answer = read_only.run(|pool, i| claim::deliver(pool, i, &done));
+    assert!(
+        matches!(
+            answer,
+            Ok(Decision {
+                outcome: Outcome::Completed { duplicates: 1, .. },
+                ..
+            })
+        ),
+        "{answer:?}"
+    );
+    // A first claim needs a write: refused, as before.
+    let first = read_only.run(|pool, i| claim::deliver(pool, i, &req("new")));
+    assert_eq!(first.unwrap_err().sqlstate(), Some("25006"));
+    // The count cannot be written here; it stays queued, never dropped.
+    let settled = read_only.run(|pool, i| pool.bookkeeper().settle(pool, i));
+    assert_eq!(settled.unwrap_err().sqlstate(), Some("25006"));
+    let books = read_only.pool().unwrap().bookkeeper().clone();
+    assert_eq!(books.pending(&job_type, "done"), 1);
+    assert_eq!(books.dropped(), 0);
+}
+
+#[test]
+fn a_closed_store_lets_its_connections_go_once_its_calls_are_done() {
+    let name = unique("closed");
+    let store = store_named(&name);
+    let job_type = unique("Closed");
+    claim_all(&store, &job_type, &["a", "b"]);
+    let admin = Admin::new();
+    let backends = || {
+        admin.int(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'"
+        ))
+    };
+    assert!(backends() > 0);
+    let pool = store.pool().unwrap(); // a call still in flight holds its pool
+    store.close();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(backends() > 0, "closed while a call still held the pool");
+    drop(pool);
+    let until = Instant::now() + Duration::from_secs(20);
+    while backends() > 0 {
+        assert!(
+            Instant::now() < until,
+            "the closed store's connections stayed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
