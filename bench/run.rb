@@ -104,6 +104,13 @@ module IdempotentJobBench
       when "sidekiq"
         SidekiqRun.new(db, @results, operations: p[:operations], repeats: p[:sidekiq_repeats], dir: @out).run
       when "memory" then Memory.new(db, @results, runs: p[:memory_runs]).run
+      else run_operations_section(name, db, p)
+      end
+    end
+
+    # The sections of results, reject at enqueue and purge.
+    def run_operations_section(name, db, p)
+      case name
       when "replay" then Replay.new(db, @results, rounds: p[:rounds], batch: p[:batch]).run
       when "enqueue" then EnqueueCost.new(db, @results, rounds: p[:rounds], batch: p[:enqueue_batch]).run
       when "purge" then Purge.new(db, @results, sizes: p[:purge_sizes], loaded: p[:purge_loaded]).run
