@@ -109,11 +109,11 @@ module IdempotentJobBench
     end
 
     # The sections of results, reject at enqueue and purge.
-    def run_operations_section(name, db, p)
+    def run_operations_section(name, db, sizes)
       case name
-      when "replay" then Replay.new(db, @results, rounds: p[:rounds], batch: p[:batch]).run
-      when "enqueue" then EnqueueCost.new(db, @results, rounds: p[:rounds], batch: p[:enqueue_batch]).run
-      when "purge" then Purge.new(db, @results, sizes: p[:purge_sizes], loaded: p[:purge_loaded]).run
+      when "replay" then Replay.new(db, @results, rounds: sizes[:rounds], batch: sizes[:batch]).run
+      when "enqueue" then EnqueueCost.new(db, @results, rounds: sizes[:rounds], batch: sizes[:enqueue_batch]).run
+      when "purge" then Purge.new(db, @results, sizes: sizes[:purge_sizes], loaded: sizes[:purge_loaded]).run
       end
     end
 
