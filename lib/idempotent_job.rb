@@ -2,6 +2,7 @@
 
 require_relative "idempotent_job/version"
 require_relative "idempotent_job/errors"
+require_relative "idempotent_job/native" # the core's tables (job options) are read as the files below load
 require_relative "idempotent_job/configuration"
 require_relative "idempotent_job/canonical_json"
 require_relative "idempotent_job/key"
@@ -21,7 +22,6 @@ require_relative "idempotent_job/plain"
 require_relative "idempotent_job/events"
 require_relative "idempotent_job/repeats"
 require_relative "idempotent_job/producer"
-require_relative "idempotent_job/native"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
 #

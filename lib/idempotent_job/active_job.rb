@@ -112,11 +112,7 @@ module IdempotentJob
           raise ConfigurationError, "#{name}: idempotency needs key: the operation key, a perform parameter " \
                                     "name (key: :order_id), an argument index, a dotted path or an Array of those"
         end
-        unknown = options.keys - OPTIONS
-        if unknown.any?
-          raise ConfigurationError, "#{name}: idempotency got unknown option(s) #{unknown.join(", ")} " \
-                                    "(known: key, #{OPTIONS.join(", ")})"
-        end
+        JobOptions.check_names!(name, options.keys)
         values = { key:, **options }.freeze
         # Everything but the key (and a lookup defined further down) can be checked now.
         JobOptions.new(self, values.merge(key: nil, lookup: nil))

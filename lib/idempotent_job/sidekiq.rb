@@ -21,6 +21,7 @@ module IdempotentJob
     # @return [void]
     def self.install!
       Compat.check_version!
+      Options.install!
       ::Sidekiq.configure_server do |config|
         config.server_middleware { |chain| chain.add(ServerMiddleware) }
         config.client_middleware { |chain| chain.add(ClientMiddleware) }

@@ -6,6 +6,7 @@ mod convert;
 mod errors;
 mod gvl;
 mod heartbeat;
+mod options;
 mod store;
 mod transaction;
 
@@ -26,6 +27,8 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("fenced_sql", function!(convert::fenced_sql, 1))?;
     native.define_module_function("server_error", function!(errors::server_error, 2))?;
     native.define_module_function("record_columns", function!(convert::record_columns, 0))?;
+    native.define_module_function("job_options_json", function!(options::job_options_json, 0))?;
+    native.define_module_function("job_option", function!(options::job_option, 4))?;
     errors::init(ruby)?;
     store::init(ruby, native)?;
     heartbeat::init(ruby, native)?;

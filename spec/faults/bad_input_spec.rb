@@ -1,0 +1,124 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+
+# Bad input a careless user gives (issue 25): each case names what it proves. The
+# option names, kinds, allowed values and defaults are the core's table
+# (crates/core/src/options.rs), so every door refuses the same things the same way.
+RSpec.describe "Bad input", :faults do
+  include ReplayHelpers
+
+  # A Sidekiq job class named `name`, declared by the block (a real constant: messages
+  # name the job by its class name, as in an app).
+  def sidekiq_job(name, &)
+    klass = Class.new do
+      include Sidekiq::Job
+
+      def perform(order_id, _cents)
+        Effects.record("charge", order_id)
+      end
+    end
+    stub_const(name, klass)
+    klass.class_eval(&)
+    klass
+  end
+
+  describe "a misspelled idempotency_* option in sidekiq_options (issue 25 item 2)" do
+    it "fails where the class is declared, naming the job, the option, the nearest known one and the others" do
+      expect do
+        sidekiq_job("StailJob") { sidekiq_options idempotency_key: :order_id, idempotency_on_stail: :hold }
+      end.to raise_error(IdempotentJob::ConfigurationError) { |error|
+        expect(error.message).to start_with("StailJob: unknown option idempotency_on_stail (did you mean " \
+                                            "idempotency_on_stale?); known options: idempotency_key, idempotency_scope")
+        expect(error.message).to end_with("idempotency_transaction, idempotency_lock_timeout")
+      }
+    end
+
+    it "fails for a misspelled key too (the job would otherwise run without any claim)" do
+      expect { sidekiq_job("KeysJob") { sidekiq_options idempotency_keys: :order_id } }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\AKeysJob: unknown option idempotency_keys \(did you mean idempotency_key\?\)/)
+    end
+
+    it "leaves Sidekiq's own options and a correct declaration alone" do
+      job = sidekiq_job("FineJob") { sidekiq_options idempotency_key: :order_id, idempotency_on_stale: :hold, retry: 2 }
+      expect(job.get_sidekiq_options).to include("idempotency_on_stale" => :hold, "retry" => 2)
+    end
+
+    it "refuses a payload key the gem writes itself (idempotency_deferrals) in a declaration" do
+      expect { sidekiq_job("DeferralsJob") { sidekiq_options idempotency_key: 0, idempotency_deferrals: 3 } }
+        .to raise_error(IdempotentJob::ConfigurationError, /DeferralsJob: unknown option idempotency_deferrals/)
+    end
+  end
+
+  describe "an option value of the wrong type (issue 25 item 2)" do
+    {
+      { idempotency_heartbeat: "false" } => 'idempotency_heartbeat must be true or false, got "false"',
+      { idempotency_on_stale: :hodl } => "idempotency_on_stale must be one of reclaim, hold, skip, got :hodl",
+      { idempotency_on_mismatch: "warn" } => 'idempotency_on_mismatch must be one of log, raise, got "warn"',
+      { idempotency_lease: "60" } => "idempotency_lease must be a positive number of seconds up to 315360000 " \
+                                     '(ten years), got "60"',
+      { idempotency_lease: 0.1 } => "idempotency_lease must be at least 0.25 s",
+      { idempotency_max_run: -1 } => "idempotency_max_run must be a positive number of seconds",
+      { idempotency_lock_timeout: 3_000_000 } => "idempotency_lock_timeout must be a positive number of seconds up " \
+                                                 "to 2147483 (PostgreSQL's limit)",
+      { idempotency_transaction: "yes" } => "idempotency_transaction must be true, false or one of native, " \
+                                            'active_record, got "yes"',
+      { idempotency_scope: "" } => "idempotency_scope must not be empty"
+    }.each do |option, message|
+      it "refuses #{option.inspect} where the class is declared" do
+        expect { sidekiq_job("TypedJob") { sidekiq_options idempotency_key: :order_id, **option } }
+          .to raise_error(IdempotentJob::ConfigurationError, /\ATypedJob: #{Regexp.escape(message)}/)
+      end
+    end
+
+    it "refuses the same in ActiveJob's idempotency declaration, with the option as ActiveJob spells it" do
+      require "idempotent_job/active_job"
+      job = Class.new(ActiveJob::Base) { include IdempotentJob::ActiveJob }
+      stub_const("TypedActiveJob", job)
+      expect { job.idempotency(key: 0, heartbeat: "false") }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        'TypedActiveJob: heartbeat must be true or false, got "false"')
+      expect { job.idempotency(key: 0, on_stail: :hold) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\ATypedActiveJob: unknown option on_stail \(did you mean on_stale\?\)/)
+    end
+  end
+
+  describe "a misspelled or mistyped option in a per-push set(...) override (issue 25 item 2)" do
+    it "is refused at the push (Sidekiq's real client and its middleware), and nothing is enqueued" do
+      expect { ChargeOrderJob.set(idempotency_on_stail: :hold).perform_async(42, 1) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\AChargeOrderJob: unknown option idempotency_on_stail \(did you mean idempotency_on_stale\?\)/)
+      expect { ChargeOrderJob.set(idempotency_heartbeat: "false").perform_async(42, 1) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /ChargeOrderJob: idempotency_heartbeat must be true or false/)
+      expect(ChargeOrderJob.jobs).to be_empty
+      ChargeOrderJob.set(idempotency_on_stale: :hold).perform_async(42, 1) # the control: a correct override
+      expect(ChargeOrderJob.jobs.last).to include("idempotency_on_stale" => "hold")
+    end
+
+    it "is refused before it reaches Redis (Sidekiq's client against the suite's Redis, testing mode off)" do
+      Sidekiq::Testing.disable! do
+        Sidekiq.redis { |r| r.del("queue:bad_input") }
+        expect { ChargeOrderJob.set(queue: "bad_input", idempotency_leese: 60).perform_async(42, 1) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          /unknown option idempotency_leese \(did you mean idempotency_lease\?\)/)
+        expect(Sidekiq.redis { |r| r.llen("queue:bad_input") }).to eq(0)
+        ChargeOrderJob.set(queue: "bad_input", idempotency_lease: 60).perform_async(42, 1) # the control
+        expect(Sidekiq.redis { |r| r.llen("queue:bad_input") }).to eq(1)
+      ensure
+        Sidekiq.redis { |r| r.del("queue:bad_input") }
+      end
+    end
+
+    it "is refused at delivery when a payload carries one anyway (pushed by name elsewhere): the body does not run" do
+      job = job_hash([42, 1]).merge("idempotency_on_stail" => "hold")
+      expect { deliver(job) }
+        .to raise_error(IdempotentJob::ConfigurationError, /ChargeOrderJob: unknown option idempotency_on_stail/)
+      expect(Effects.count("42")).to eq(0)
+      deliver(job.except("idempotency_on_stail")) # the control
+      expect(Effects.count("42")).to eq(1)
+    end
+  end
+end
