@@ -316,7 +316,18 @@ module IdempotentJob
     end
 
     def build_store(config)
-      Native::Store.new(config.to_native_json)
+      Native::Store.new(config.to_native_json).tap { announce_ignored_url_params(config) }
+    end
+
+    # One log line per URL naming the parameters Rails or libpq know but the gem's own
+    # connections have no use for (`encoding`, `reconnect`, `variables[…]`…).
+    def announce_ignored_url_params(config)
+      ignored = config.url_params[:ignored]
+      return if ignored.nil? || ignored.empty? || @announced_url == config.database_url
+
+      @announced_url = config.database_url
+      config.logger.info("idempotent_job: database_url parameters ignored (Rails' or libpq's, of no use to the " \
+                         "gem's own connections): #{ignored.join(", ")}")
     end
 
     # Writes what a store being replaced still has queued for the repeats report, so

@@ -240,14 +240,31 @@ module IdempotentJob
                      .compact.to_json
     end
 
-    # @return [Integer] pool_size, or the queue's concurrency + 5 (heartbeats and
-    #   deferrals share the pool) when running inside a queue's server whose
-    #   door is loaded, else 10
+    # @return [Integer] pool_size; else the URL's own `pool` parameter (a Rails
+    #   DATABASE_URL's); else the queue's concurrency + 5 (heartbeats and deferrals
+    #   share the pool) when running inside a queue's server whose door is loaded;
+    #   else 10
     def effective_pool_size
       return pool_size if pool_size
 
+      url_pool = url_params[:pool]
+      return url_pool if url_pool
+
       concurrency = door_concurrency
       concurrency ? concurrency + 5 : 10
+    end
+
+    # What the URL's own query parameters say ({Native.database_url_params}): `pool`,
+    # `prepared_statements` and the parameters the gem ignores; empty when there is no
+    # URL or it cannot be read (the store's validation then names the problem).
+    # @return [Hash{Symbol => Object}]
+    def url_params
+      url = database_url
+      return {} if url.nil? || url.empty?
+
+      Native.database_url_params(url)
+    rescue ConfigurationError
+      {}
     end
 
     # @return [String] the settings, with the URL described by its parts (never its

@@ -121,4 +121,40 @@ RSpec.describe "Bad input", :faults do
       expect(Effects.count("42")).to eq(1)
     end
   end
+
+  describe "a Rails-style DATABASE_URL (issue 25 item 3)" do
+    let(:rails_query) do
+      "pool=25&encoding=unicode&timeout=5000&reconnect=true&prepared_statements=false&application_name=rails_app" \
+        "&connect_timeout=3&sslmode=disable&variables%5Bstatement_timeout%5D=5000&checkout_timeout=5&idle_timeout=300" \
+        "&schema_search_path=public&statement_limit=100"
+    end
+    let(:log) { StringIO.new }
+
+    after { ENV.delete("IDEMPOTENT_JOB_DATABASE_URL") }
+
+    it "works as the app has it (read from the environment): its pool sizes the gem's pool, the rest is logged once" do
+      ENV["IDEMPOTENT_JOB_DATABASE_URL"] = "#{SpecServices.database_url}?#{rails_query}"
+      IdempotentJob.reset!
+      IdempotentJob.configure { |c| c.logger = Logger.new(log) }
+      expect(IdempotentJob.configuration.effective_pool_size).to eq(25)
+      outcome = IdempotentJob.perform_once("RailsUrl", "order-1") { :ran }
+      expect(outcome.value).to eq(:ran)
+      lines = log.string.lines.grep(/database_url parameters ignored/)
+      expect(lines.size).to eq(1)
+      expect(lines.first).to include("encoding, timeout, reconnect, variables[statement_timeout], checkout_timeout, " \
+                                     "idle_timeout, schema_search_path, statement_limit")
+      expect(lines.first).not_to include("pool,")
+    end
+
+    it "refuses a parameter nobody knows, naming it (and the nearest known one)" do
+      expect { IdempotentJob.configure(database_url: "#{SpecServices.database_url}?pool=5&poool=3") }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /neither PostgreSQL \(libpq\) nor Rails knows: poool \(did you mean pool\?\)/)
+    end
+
+    it "lets an explicit pool_size win over the URL's pool" do
+      IdempotentJob.configure(database_url: "#{SpecServices.database_url}?pool=25", pool_size: 3)
+      expect(IdempotentJob.configuration.effective_pool_size).to eq(3)
+    end
+  end
 end

@@ -23,6 +23,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("deliver_sql", function!(deliver_sql, 0))?;
     native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
+    native.define_module_function("database_url_params", function!(database_url_params, 1))?;
     native.define_module_function("decide", function!(convert::decide, 3))?;
     native.define_module_function("fenced_sql", function!(convert::fenced_sql, 1))?;
     native.define_module_function("server_error", function!(errors::server_error, 2))?;
@@ -37,6 +38,25 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
 
 fn describe_url(url: String) -> String {
     idempotent_job_core::config::describe_url(&url)
+}
+
+/// `Native.database_url_params(url)` → `{pool: Integer or nil, prepared_statements:
+/// true/false/nil, ignored: [String]}`: what a URL's own query parameters say (Rails'
+/// `pool` and `prepared_statements`) and the parameters the gem ignores, for the log.
+/// Raises `ConfigurationError` naming a parameter nobody knows or a bad value.
+fn database_url_params(ruby: &Ruby, url: String) -> Result<magnus::RHash, magnus::Error> {
+    let config = idempotent_job_core::config::Config {
+        database_url: url,
+        ..idempotent_job_core::config::Config::new("")
+    };
+    let (pool, prepared) = config
+        .url_settings()
+        .map_err(|e| errors::to_ruby(ruby, e))?;
+    let out = convert::Out::new(ruby);
+    out.set("pool", pool)?
+        .set("prepared_statements", prepared)?
+        .set("ignored", config.ignored_url_params())?;
+    Ok(out.hash)
 }
 
 fn repeats_sql() -> &'static str {
