@@ -127,9 +127,14 @@ module IdempotentJob
     # @param job_type [String, Class] the job type (idempotency_scope; default the class name)
     # @param operation_key [String, Integer] the operation key as stored ("42" for 42)
     # @return [Record, nil] nil when the operation was never claimed
+    # @raise [OperationKeyError] for a key that is not valid UTF-8 (no record can have it)
     # @raise [ConnectionError, DatabaseError]
     def record(job_type, operation_key)
-      row = store.find(job_type.to_s, operation_key.to_s)
+      key = operation_key.to_s
+      problem = Native.key_text_problem(key)
+      raise OperationKeyError.new("#{job_type}: #{problem}", job_class: job_type.to_s) if problem
+
+      row = store.find(job_type.to_s, key)
       row && Record.from_row(row)
     end
 

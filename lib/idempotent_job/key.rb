@@ -24,16 +24,18 @@ module IdempotentJob
     JSON_LOOKALIKE = /\A[\[{"]/
     private_constant :PARAMETER_KINDS, :JSON_LOOKALIKE
 
-    # Longest job type plus operation key, in bytes (the record's index limit; the
-    # native core refuses longer ones too).
-    MAX_BYTES = 2000
+    # Longest job type plus operation key, in bytes (the record's index limit; the core's
+    # `keys::MAX_KEY_BYTES`).
+    MAX_BYTES = Native::MAX_KEY_BYTES
 
     @cache = {}
     @cache_lock = Mutex.new
 
     class << self
-      # Checks a finished operation key against the record's limits: job type plus key
-      # at most {MAX_BYTES} bytes, and no NUL character (PostgreSQL text cannot hold one).
+      # Checks a finished operation key by the core's rules (crates/core/src/keys.rs):
+      # valid UTF-8, job type plus key at most {MAX_BYTES} bytes, no NUL character
+      # (PostgreSQL text cannot hold one). Keys are compared byte for byte: nothing is
+      # normalised (no Unicode NFC, no stripping of spaces).
       # @param job_type [String] the job type (scope)
       # @param operation_key [String] the operation key
       # @param job_name [String] the job, for the message
@@ -41,13 +43,7 @@ module IdempotentJob
       # @return [String] the operation key
       # @raise [OperationKeyError] naming the job and the problem
       def check!(job_type, operation_key, job_name:, declaration: nil)
-        size = job_type.bytesize + operation_key.bytesize
-        problem = if size > MAX_BYTES
-                    "job type and operation key are #{size} bytes together, more than #{MAX_BYTES}: declare a " \
-                      "narrower key (or hash a long one yourself)"
-                  elsif operation_key.include?("\0")
-                    "the operation key contains a NUL character, which PostgreSQL text cannot store"
-                  end
+        problem = Native.operation_key_problem(job_type, operation_key)
         return operation_key unless problem
 
         raise OperationKeyError.new("#{job_name}: #{problem}; the job was not run and nothing was recorded",
@@ -222,7 +218,24 @@ module IdempotentJob
     def scalar_text(value, path)
       text = value.to_s
       fail_value(path, "the value is an empty String") if text.empty?
-      text
+      utf8_text(text, path)
+    end
+
+    # The String's bytes as UTF-8 (keys are byte for byte), or the core's reason why
+    # they are not UTF-8.
+    def utf8_text(text, path)
+      problem = Native.key_text_problem(text)
+      fail_value(path, problem) if problem
+      text.encoding == Encoding::UTF_8 ? text : text.dup.force_encoding(Encoding::UTF_8)
+    end
+
+    # Every String in a Hash/Array value (keys too) checked as {#utf8_text}.
+    def check_texts(value, path)
+      case value
+      when String then utf8_text(value, path)
+      when Array then value.each { |v| check_texts(v, path) }
+      when Hash then value.each { |k, v| check_texts(k.to_s, path) && check_texts(v, path) }
+      end
     end
 
     def composite_part(value, path)
@@ -236,6 +249,7 @@ module IdempotentJob
     def canonical(value, path)
       fail_value(path, "the value is an empty #{value.class}") if value.respond_to?(:empty?) && value.empty? &&
                                                                   !value.is_a?(String)
+      check_texts(value, path)
       CanonicalJson.normalize(value) { |bad| unsupported(bad, path) }
     end
 

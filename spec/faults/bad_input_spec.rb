@@ -157,4 +157,43 @@ RSpec.describe "Bad input", :faults do
       expect(IdempotentJob.configuration.effective_pool_size).to eq(3)
     end
   end
+
+  describe "keys compared byte for byte (issue 25 item 6)" do
+    let(:runs) { [] }
+
+    def once(key)
+      IdempotentJob.perform_once("ByteKey", key) { runs << key }
+    end
+
+    it "runs NFC and NFD forms, full-width and ASCII digits, and keys differing by a space as different operations" do
+      pairs = [%w[café café], %w[１２ 12], ["A1 ", "A1"], [" A1", "A1"]]
+      pairs.flatten.uniq.each { |key| 2.times { once(key) } }
+      expect(runs).to eq(pairs.flatten.uniq) # each once: a different byte string is a different operation
+      expect(IdempotentJob.record("ByteKey", "cafe\u0301").operation_key.bytes).to eq("cafe\u0301".bytes)
+    end
+
+    it "refuses a key that is not valid UTF-8 with OperationKeyError naming the job, wherever it comes from" do
+      bad = "ab\xFF".dup.force_encoding(Encoding::UTF_8)
+      message = /not valid UTF-8 \(an invalid byte at offset 2\)/
+      {
+        # What every door does with a job's arguments (Sidekiq's own client refuses
+        # arguments JSON cannot write before any middleware: its JSON::GeneratorError).
+        -> { IdempotentJob::Key.new(ChargeOrderJob, :order_id).operation_key([bad, 1]) } => "ChargeOrderJob",
+        -> { IdempotentJob::Key.new(ChargeOrderJob, 0).operation_key([{ "id" => bad }, 1]) } => "ChargeOrderJob",
+        -> { IdempotentJob::Key.new(ChargeOrderJob, [0, 1]).operation_key([1, { bad => 2 }]) } => "ChargeOrderJob",
+        -> { IdempotentJob.perform_once("Refund", bad) { runs << :ran } } => "Refund",
+        -> { IdempotentJob.perform_once("Refund", [bad, 1]) { runs << :ran } } => "Refund",
+        -> { IdempotentJob.record("Refund", bad) } => "Refund"
+      }.each do |call, job|
+        expect(&call).to raise_error(IdempotentJob::OperationKeyError, /\A#{job}: .*#{message}/)
+      end
+      expect(runs).to be_empty
+    end
+
+    it "takes a binary String whose bytes are UTF-8 as those bytes (the same operation as the UTF-8 String)" do
+      once("caf\u00e9".b)
+      once("caf\u00e9")
+      expect(runs.size).to eq(1)
+    end
+  end
 end

@@ -4,6 +4,7 @@ pub mod claim;
 pub mod config;
 pub mod error;
 pub mod heartbeat;
+pub mod keys;
 pub mod migrate;
 pub mod options;
 pub mod report;

@@ -24,12 +24,15 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
     native.define_module_function("database_url_params", function!(database_url_params, 1))?;
+    native.define_module_function("operation_key_problem", function!(operation_key_problem, 2))?;
+    native.define_module_function("key_text_problem", function!(key_text_problem, 1))?;
     native.define_module_function("decide", function!(convert::decide, 3))?;
     native.define_module_function("fenced_sql", function!(convert::fenced_sql, 1))?;
     native.define_module_function("server_error", function!(errors::server_error, 2))?;
     native.define_module_function("record_columns", function!(convert::record_columns, 0))?;
     native.define_module_function("job_options_json", function!(options::job_options_json, 0))?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
+    native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
     errors::init(ruby)?;
     store::init(ruby, native)?;
     heartbeat::init(ruby, native)?;
@@ -57,6 +60,21 @@ fn database_url_params(ruby: &Ruby, url: String) -> Result<magnus::RHash, magnus
         .set("prepared_statements", prepared)?
         .set("ignored", config.ignored_url_params())?;
     Ok(out.hash)
+}
+
+/// `Native.operation_key_problem(job_type, operation_key)` → what is wrong with a
+/// finished key ([`idempotent_job_core::keys::problem`]: invalid UTF-8, too long, a
+/// NUL), or nil. Reads the Strings' bytes as they are (keys are byte for byte).
+fn operation_key_problem(job_type: magnus::RString, key: magnus::RString) -> Option<String> {
+    // SAFETY: the slices are read before any Ruby code runs again.
+    unsafe { idempotent_job_core::keys::problem(job_type.as_slice(), key.as_slice()) }
+}
+
+/// `Native.key_text_problem(string)` → nil, or why a String inside a key value is not
+/// acceptable text ([`idempotent_job_core::keys::text_problem`]: not UTF-8).
+fn key_text_problem(text: magnus::RString) -> Option<String> {
+    // SAFETY: as above.
+    unsafe { idempotent_job_core::keys::text_problem(text.as_slice()) }
 }
 
 fn repeats_sql() -> &'static str {
