@@ -3,28 +3,12 @@
 require "active_job"
 require "idempotent_job"
 require "idempotent_job/producer"
-require_relative "active_job/arguments"
-require_relative "active_job/door"
-require_relative "active_job/performer"
 
 module IdempotentJob
-  # The ActiveJob door: works on any adapter (Sidekiq's, Delayed Job, Solid Queue,
-  # GoodJob, inline, async…) because it hooks ActiveJob's own `around_perform`, not a
-  # queue.
-  #
-  #   require "idempotent_job/active_job"
-  #   class ChargeOrderJob < ApplicationJob
-  #     include IdempotentJob::ActiveJob
-  #     idempotency key: :order_id, lease: 60, on_stale: :hold
-  #     def perform(order_id, cents) = Gateway.charge(order_id, cents)
-  #   end
-  #
-  # The operation key comes from `perform`'s deserialized arguments ({Arguments}); the
-  # job type is the class name (or `scope:`). A delivery that meets a live claim is
-  # re-enqueued with `retry_job(wait: …)` (on the inline adapter it waits in place);
-  # an interrupt of the worker (Sidekiq's hard shutdown, a signal) keeps the claim for
-  # its lease, as a crash would. See {ClassMethods#idempotency} and {Performer}.
-  module ActiveJob
+  # The internals of the ActiveJob door ({IdempotentJob::ActiveJob} is its mixin): kept
+  # in a module no job includes or extends, so a job's unqualified constants resolve as
+  # they would without the gem.
+  module ActiveJobDoor
     # Options `idempotency` accepts besides `key:` (as the Sidekiq door's, unprefixed).
     OPTIONS = (JobOptions::NAMES - [:key]).freeze
     # Oldest ActiveJob supported. From 6.0 `retry_on` counts its attempts per exception
@@ -35,59 +19,6 @@ module IdempotentJob
     if ::ActiveJob.gem_version < MINIMUM_VERSION
       raise LoadError, "idempotent_job/active_job needs ActiveJob #{MINIMUM_VERSION} or later " \
                        "(this is #{::ActiveJob.gem_version})"
-    end
-
-    class << self
-      # @param base [Class] an ActiveJob::Base subclass (ApplicationJob or a job)
-      # @raise [ConfigurationError] when `base` is not an ActiveJob class
-      def included(base)
-        unless job_class?(base)
-          raise ConfigurationError, "#{base}: IdempotentJob::ActiveJob is for ActiveJob classes " \
-                                    "(include IdempotentJob::Job in a Sidekiq job instead)"
-        end
-        # idempotency_key, idempotency_claim, idempotency_attempt, idempotent_transaction inside perform
-        base.include(IdempotentJob::Job)
-        base.extend(ClassMethods)
-        base.class_attribute(:idempotency_values, instance_accessor: false, default: nil)
-        base.around_perform { |job, block| Performer.new(job).call(&block) }
-        base.before_enqueue { |job| Performer.check_enqueue(job) }
-        super
-      end
-
-      # Runs the block with the door passing every delivery through unprotected, on
-      # this thread (and in children it forks): the testing kit's control runs.
-      # @return [Object] the block's value
-      def unprotected
-        before = Thread.current[:idempotent_job_active_job_off]
-        Thread.current[:idempotent_job_active_job_off] = true
-        yield
-      ensure
-        Thread.current[:idempotent_job_active_job_off] = before
-      end
-
-      # @return [Boolean] whether {unprotected} is in effect on this thread
-      def unprotected?
-        Thread.current[:idempotent_job_active_job_off] == true
-      end
-
-      # @param klass [Object]
-      # @return [Boolean] whether it is an ActiveJob job class
-      def job_class?(klass)
-        klass.is_a?(Class) && klass <= ::ActiveJob::Base
-      end
-
-      # Performs a serialized job (`job.serialize`, e.g. read back from JSON) on this
-      # thread as an adapter's worker does (`ActiveJob::Base.execute`): deserialized,
-      # inside ActiveJob's execute callbacks, through the job's perform callbacks.
-      # @param job_data [Hash] the serialized job
-      # @yieldparam job [ActiveJob::Base] the deserialized job, before it is performed
-      #   (the testing kit adjusts it here)
-      # @return [Object] perform_now's value
-      def execute(job_data)
-        job = ::ActiveJob::Base.deserialize(job_data)
-        yield job if block_given?
-        ::ActiveJob::Callbacks.run_callbacks(:execute) { job.perform_now }
-      end
     end
 
     # Declaration methods of a job class that includes {IdempotentJob::ActiveJob}.
@@ -147,6 +78,87 @@ module IdempotentJob
         instance_method(:perform).owner != ::ActiveJob::Execution
       end
     end
+  end
+end
+
+require_relative "active_job/arguments"
+require_relative "active_job/door"
+require_relative "active_job/performer"
+
+module IdempotentJob
+  # The ActiveJob door: works on any adapter (Sidekiq's, Delayed Job, Solid Queue,
+  # GoodJob, inline, async…) because it hooks ActiveJob's own `around_perform`, not a
+  # queue.
+  #
+  #   require "idempotent_job/active_job"
+  #   class ChargeOrderJob < ApplicationJob
+  #     include IdempotentJob::ActiveJob
+  #     idempotency key: :order_id, lease: 60, on_stale: :hold
+  #     def perform(order_id, cents) = Gateway.charge(order_id, cents)
+  #   end
+  #
+  # The operation key comes from `perform`'s deserialized arguments ({ActiveJobDoor::Arguments}); the
+  # job type is the class name (or `scope:`). A delivery that meets a live claim is
+  # re-enqueued with `retry_job(wait: …)` (on the inline adapter it waits in place);
+  # an interrupt of the worker (Sidekiq's hard shutdown, a signal) keeps the claim for
+  # its lease, as a crash would. See {ActiveJobDoor::ClassMethods#idempotency} and {ActiveJobDoor::Performer}.
+  #
+  # The mixin adds methods only: a job that includes it sees no constant of the gem (its
+  # own `Door`, `Performer` or `Arguments` inside `perform` stay its own). The door's
+  # internals live in {ActiveJobDoor}, which no job includes.
+  module ActiveJob
+    class << self
+      # @param base [Class] an ActiveJob::Base subclass (ApplicationJob or a job)
+      # @raise [ConfigurationError] when `base` is not an ActiveJob class
+      def included(base)
+        unless job_class?(base)
+          raise ConfigurationError, "#{base}: IdempotentJob::ActiveJob is for ActiveJob classes " \
+                                    "(include IdempotentJob::Job in a Sidekiq job instead)"
+        end
+        # idempotency_key, idempotency_claim, idempotency_attempt, idempotent_transaction inside perform
+        base.include(IdempotentJob::Job)
+        base.extend(ActiveJobDoor::ClassMethods)
+        base.class_attribute(:idempotency_values, instance_accessor: false, default: nil)
+        base.around_perform { |job, block| ActiveJobDoor::Performer.new(job).call(&block) }
+        base.before_enqueue { |job| ActiveJobDoor::Performer.check_enqueue(job) }
+        super
+      end
+
+      # Runs the block with the door passing every delivery through unprotected, on
+      # this thread (and in children it forks): the testing kit's control runs.
+      # @return [Object] the block's value
+      def unprotected
+        before = Thread.current[:idempotent_job_active_job_off]
+        Thread.current[:idempotent_job_active_job_off] = true
+        yield
+      ensure
+        Thread.current[:idempotent_job_active_job_off] = before
+      end
+
+      # @return [Boolean] whether {unprotected} is in effect on this thread
+      def unprotected?
+        Thread.current[:idempotent_job_active_job_off] == true
+      end
+
+      # @param klass [Object]
+      # @return [Boolean] whether it is an ActiveJob job class
+      def job_class?(klass)
+        klass.is_a?(Class) && klass <= ::ActiveJob::Base
+      end
+
+      # Performs a serialized job (`job.serialize`, e.g. read back from JSON) on this
+      # thread as an adapter's worker does (`ActiveJob::Base.execute`): deserialized,
+      # inside ActiveJob's execute callbacks, through the job's perform callbacks.
+      # @param job_data [Hash] the serialized job
+      # @yieldparam job [ActiveJob::Base] the deserialized job, before it is performed
+      #   (the testing kit adjusts it here)
+      # @return [Object] perform_now's value
+      def execute(job_data)
+        job = ::ActiveJob::Base.deserialize(job_data)
+        yield job if block_given?
+        ::ActiveJob::Callbacks.run_callbacks(:execute) { job.perform_now }
+      end
+    end
 
     # @return [Integer] how many times this job was deferred by a live claim so far
     def idempotency_deferrals
@@ -181,6 +193,6 @@ module IdempotentJob
   end
 end
 
-IdempotentJob::Door.register(IdempotentJob::ActiveJob::Door.new)
+IdempotentJob::Door.register(IdempotentJob::ActiveJobDoor::Door.new)
 # The testing kit, when it is loaded first, learns to replay ActiveJob classes.
 require "idempotent_job/testing/active_job_subject" if defined?(IdempotentJob::Testing::Subjects)

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module IdempotentJob
-  module ActiveJob
+  module ActiveJobDoor
     # Runs one delivery of an ActiveJob job through the {Protocol}, from the job's
     # `around_perform` callback: the operation key from the deserialized arguments,
     # the serialized arguments as the payload (digest, and what a rerun enqueues), the
