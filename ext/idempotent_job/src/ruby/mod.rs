@@ -32,6 +32,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("record_columns", function!(convert::record_columns, 0))?;
     native.define_module_function("job_options_json", function!(options::job_options_json, 0))?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
+    native.define_module_function("canonical_json", function!(canonical_json, 1))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
     errors::init(ruby)?;
     store::init(ruby, native)?;
@@ -75,6 +76,14 @@ fn operation_key_problem(job_type: magnus::RString, key: magnus::RString) -> Opt
 fn key_text_problem(text: magnus::RString) -> Option<String> {
     // SAFETY: as above.
     unsafe { idempotent_job_core::keys::text_problem(text.as_slice()) }
+}
+
+/// `Native.canonical_json(value)` → the core's canonical JSON of a Ruby value
+/// ([`idempotent_job_core::canonical`]), or nil when JSON cannot carry it as the core
+/// takes it ([`convert::json_of`]: a Time, a non-finite Float, a Bignum, a Hash key that
+/// is not a String or Symbol, a String that is not UTF-8).
+fn canonical_json(value: magnus::Value) -> Option<String> {
+    convert::json_of(value).map(|json| idempotent_job_core::canonical::to_string(&json))
 }
 
 fn repeats_sql() -> &'static str {
