@@ -111,15 +111,6 @@ RSpec.describe "Bad input", :faults do
         Sidekiq.redis { |r| r.del("queue:bad_input") }
       end
     end
-
-    it "is refused at delivery when a payload carries one anyway (pushed by name elsewhere): the body does not run" do
-      job = job_hash([42, 1]).merge("idempotency_on_stail" => "hold")
-      expect { deliver(job) }
-        .to raise_error(IdempotentJob::ConfigurationError, /ChargeOrderJob: unknown option idempotency_on_stail/)
-      expect(Effects.count("42")).to eq(0)
-      deliver(job.except("idempotency_on_stail")) # the control
-      expect(Effects.count("42")).to eq(1)
-    end
   end
 
   describe "a Rails-style DATABASE_URL (issue 25 item 3)" do
