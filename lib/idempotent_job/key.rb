@@ -61,6 +61,17 @@ module IdempotentJob
         new(job_name, 0, direct: true).operation_key([value])
       end
 
+      # Checks a declaration where the class declares it: its shape always (types of its
+      # parts, negative indexes, empty segments or Arrays), its parameter names once
+      # `perform` is defined.
+      # @param job_class [Class]
+      # @param declaration [Object] the key declaration as given
+      # @return [void]
+      # @raise [OperationKeyError] naming the job and the problem
+      def check_declaration!(job_class, declaration)
+        new(job_class, declaration, shape_only: !job_class.method_defined?(:perform))
+      end
+
       # A resolved declaration for a job class, cached per class and declaration.
       # @param job_class [Class] the job class (its `perform` names parameters)
       # @param declaration [Symbol, String, Integer, Array] the idempotency_key option
@@ -80,9 +91,12 @@ module IdempotentJob
     # @param declaration [Symbol, String, Integer, Array] see {Key}
     # @param direct [Boolean] the key is given as a value (the plain API), not declared
     # @raise [OperationKeyError] when the declaration is malformed or names an unknown parameter
-    def initialize(job_class, declaration, direct: false)
+    # @param shape_only [Boolean] check the declaration's shape only, not the parameter
+    #   names (the class is being declared: `perform` may not be defined yet)
+    def initialize(job_class, declaration, direct: false, shape_only: false)
       @job_class = job_class
       @direct = direct
+      @shape_only = shape_only
       @declaration = declaration
       @composite = declaration.is_a?(Array)
       parts = @composite ? declaration : [declaration]
@@ -143,7 +157,11 @@ module IdempotentJob
       segments = text.split(".", -1)
       fail_declaration("contains an empty name or path segment in #{text.inspect}") if segments.any?(&:empty?)
       head = segments.shift
-      index = head.match?(/\A\d+\z/) ? Integer(head, 10) : parameter_index(head)
+      index = if head.match?(/\A\d+\z/) then Integer(head, 10)
+              elsif @shape_only then nil
+              else
+                parameter_index(head)
+              end
       { label: text, index:, segments: }
     end
 

@@ -72,6 +72,16 @@ RSpec.describe "Bad input", :faults do
       end
     end
 
+    it "refuses a malformed key declaration where the class is declared (OperationKeyError)" do
+      expect { sidekiq_job("FloatKeyJob") { sidekiq_options idempotency_key: 1.5 } }
+        .to raise_error(IdempotentJob::OperationKeyError, /\AFloatKeyJob: idempotency key 1.5 has a part of type Float/)
+      expect { sidekiq_job("EmptyKeyJob") { sidekiq_options idempotency_key: ["order..id"] } }
+        .to raise_error(IdempotentJob::OperationKeyError, /EmptyKeyJob: .* contains an empty name or path segment/)
+      # perform is defined (sidekiq_job defines it first): parameter names are checked too
+      expect { sidekiq_job("NoParamJob") { sidekiq_options idempotency_key: :order } }
+        .to raise_error(IdempotentJob::OperationKeyError, /NoParamJob: idempotency key :order names parameter "order"/)
+    end
+
     it "refuses the same in ActiveJob's idempotency declaration, with the option as ActiveJob spells it" do
       require "idempotent_job/active_job"
       job = Class.new(ActiveJob::Base) { include IdempotentJob::ActiveJob }

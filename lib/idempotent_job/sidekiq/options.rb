@@ -49,13 +49,14 @@ module IdempotentJob
         end
 
         # Checks the `idempotency_*` options of one `sidekiq_options` call when the
-        # class declares them (see {Declaration}): every name, and every value but the
-        # key declaration and the lookup (checked at the first push, once `perform` and
-        # the lookup method are defined).
+        # class declares them (see {Declaration}): every name, every value but the
+        # lookup (checked at the first push, once the method is defined), and the key
+        # declaration's shape (its parameter names too once `perform` is defined).
         # @param job_class [Class]
         # @param opts [Hash] the options of the call
         # @return [void]
         # @raise [ConfigurationError] naming the job, the option and the known ones
+        # @raise [OperationKeyError] for a malformed key declaration
         def check_declaration!(job_class, opts)
           opts.each do |key, value|
             next unless key.to_s.start_with?(PREFIX)
@@ -63,6 +64,7 @@ module IdempotentJob
             name = key.to_s.delete_prefix(PREFIX)
             Native.job_option(job_class.name.to_s, PREFIX, name,
                               JobOptions::HOST_CHECKED.include?(name.to_sym) ? nil : value)
+            Key.check_declaration!(job_class, value) if name == "key" && !value.nil?
           end
         end
 
