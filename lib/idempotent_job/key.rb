@@ -112,8 +112,9 @@ module IdempotentJob
       fail_value(nil, "the job's arguments are #{args.class}, not an Array") unless args.is_a?(Array)
       return scalar_or_json(fetch(args, @paths.first), @paths.first) unless @composite
 
-      values = @paths.map { |path| fetch(args, path) }
-      JSON.generate(values.each_with_index.map { |value, i| composite_part(value, @paths[i]) })
+      parts = @paths.map { |path| composite_part(fetch(args, path), path) }
+      Native.canonical_json(parts) ||
+        JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) })
     end
 
     private
@@ -227,7 +228,8 @@ module IdempotentJob
         # equal the key of a Hash or Array argument ('{"id":7}' is not {"id" => 7}).
         JSON_LOOKALIKE.match?(text) ? JSON.generate(text) : text
       when Hash, Array
-        JSON.generate(canonical(value, path))
+        checked(value, path)
+        Native.canonical_json(value) || JSON.generate(normalized(value, path))
       else
         unsupported(value, path)
       end
@@ -259,15 +261,23 @@ module IdempotentJob
     def composite_part(value, path)
       case value
       when String, Symbol, Integer then scalar_text(value, path)
-      when Hash, Array then canonical(value, path)
+      when Hash, Array then checked(value, path)
       else unsupported(value, path)
       end
     end
 
-    def canonical(value, path)
-      fail_value(path, "the value is an empty #{value.class}") if value.respond_to?(:empty?) && value.empty? &&
-                                                                  !value.is_a?(String)
+    # A Hash or Array value that is not empty and whose Strings are UTF-8.
+    def checked(value, path)
+      fail_value(path, "the value is an empty #{value.class}") if value.empty?
       check_texts(value, path)
+      value
+    end
+
+    # The canonical form by the gem's Ruby normaliser, for a value the core's canonical
+    # JSON (Native.canonical_json, used first) does not take: a Bignum, a Hash key that
+    # is not a String or Symbol (written as its String), or what no key can hold (a
+    # Time, a non-finite Float: refused here).
+    def normalized(value, path)
       CanonicalJson.normalize(value) { |bad| unsupported(bad, path) }
     end
 

@@ -26,6 +26,14 @@ RSpec.describe "Canonical JSON: the core's against the gem's Ruby one" do
     end
   end
 
+  it "gives every payload digest as before (ArgsDigest: the core's text, the Ruby one's for the rest)" do
+    (values + [[2**70, { 1 => "a" }]]).each do |value|
+      args = [value, 1]
+      expect(IdempotentJob::ArgsDigest.of(args))
+        .to eq(Digest::SHA256.hexdigest(IdempotentJob::CanonicalJson.generate(args)))
+    end
+  end
+
   it "leaves what JSON cannot carry to the caller (nil): a Time, NaN, a Bignum, an Integer Hash key, invalid UTF-8" do
     [Time.now, Float::NAN, 2**70, { 1 => 2 }, "\xFF".dup.force_encoding(Encoding::UTF_8)].each do |value|
       expect(IdempotentJob::Native.canonical_json(value)).to be_nil
