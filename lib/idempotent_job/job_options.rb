@@ -146,6 +146,11 @@ module IdempotentJob
       return nil if value.nil?
       return value if value.respond_to?(:call)
 
+      unless value.is_a?(Symbol) || (value.is_a?(String) && !value.empty?)
+        raise ConfigurationError, "#{@name}: #{label(:lookup)} must be a method name (Symbol or String) or a " \
+                                  "callable, got #{value.inspect}"
+      end
+
       name = value.to_sym
       return name unless @job_class.is_a?(Class) && !@job_class.method_defined?(name)
 

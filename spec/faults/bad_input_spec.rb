@@ -72,6 +72,13 @@ RSpec.describe "Bad input", :faults do
       end
     end
 
+    it "refuses a lookup that is neither a method name nor a callable, at the first push" do
+      job = sidekiq_job("LookupJob") { sidekiq_options idempotency_key: :order_id, idempotency_lookup: 42 }
+      expect { job.perform_async(1, 1) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        "LookupJob: idempotency_lookup must be a method name (Symbol or String) or a callable, got 42")
+    end
+
     it "refuses a malformed key declaration where the class is declared (OperationKeyError)" do
       expect { sidekiq_job("FloatKeyJob") { sidekiq_options idempotency_key: 1.5 } }
         .to raise_error(IdempotentJob::OperationKeyError, /\AFloatKeyJob: idempotency key 1.5 has a part of type Float/)
