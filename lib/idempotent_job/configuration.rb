@@ -53,7 +53,6 @@ module IdempotentJob
       pool_size: ["a positive Integer", ->(v) { v.nil? || (v.is_a?(Integer) && v.positive?) }],
       application_name: ["a non-empty String", ->(v) { v.is_a?(String) && !v.empty? }],
       port: ["an Integer from 1 to 65535", ->(v) { v.nil? || (v.is_a?(Integer) && v.between?(1, 65_535)) }],
-      heartbeat: ["true or false", ->(v) { [true, false].include?(v) }],
       prepared_statements: ["true or false", ->(v) { [true, false].include?(v) }],
       asynchronous_completion: ["true or false", ->(v) { [true, false].include?(v) }],
       logger: ["a Logger", ->(v) { v.nil? || %i[info warn error].all? { |m| v.respond_to?(m) } }],
@@ -226,6 +225,7 @@ module IdempotentJob
     # @raise [ConfigurationError] naming the first bad setting
     def validate!
       %i[connect_timeout checkout_timeout].each { |name| self.class.positive_seconds!(name.to_s, public_send(name)) }
+      self.class.job_default!(:heartbeat, heartbeat)
       self.class.pg_timeout!("deadline", deadline)
       self.class.pg_timeout!("statement_timeout", statement_timeout) if statement_timeout
       VALIDATIONS.each { |name, (expected, valid)| check(name, expected, &valid) }
