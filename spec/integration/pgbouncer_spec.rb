@@ -9,7 +9,7 @@ require "fileutils"
 RSpec.describe "Behind PgBouncer in transaction mode", :integration do
   let(:root) { File.expand_path("../..", __dir__) }
   let(:dir) { File.join(root, "tmp", "pgbouncer") }
-  let(:port) { 64_329 }
+  let(:port) { Integer(ENV.fetch("PGBOUNCER_SPEC_PORT", "64329")) }
   let(:seconds) { Float(ENV.fetch("PGBOUNCER_SOAK_SECONDS", "30")) }
 
   def as_postgres(command)
@@ -88,5 +88,26 @@ RSpec.describe "Behind PgBouncer in transaction mode", :integration do
     puts "\n    PgBouncer soak: #{total} operations (claim, complete, duplicate, read) in #{seconds} s"
     expect(results.flat_map { |r| r["errors"] }).to eq([])
     expect(total).to be > 100
+  end
+
+  it "works with a Rails DATABASE_URL that says prepared_statements=false (and pool=) instead of the settings" do
+    # What a Rails app behind PgBouncer already has: the gem honours the URL's
+    # prepared_statements=false; without it the named statements fail here about half the time.
+    url = "postgres://postgres@127.0.0.1:#{port}/idempotent_job?prepared_statements=false&pool=10&encoding=unicode"
+    SpecServices.configure_gem!(database_url: url)
+    expect(IdempotentJob.configuration.effective_pool_size).to eq(10)
+    errors = Array.new(10) do |t|
+      Thread.new do
+        Array.new(50) do |i|
+          key = "rails-url-#{t}-#{i}"
+          decision = claim("BouncerUrl", key, "j", 30)
+          complete("BouncerUrl", key, decision[:token])
+          claim("BouncerUrl", key, "j2", 30)[:decision] == :completed ? nil : "duplicate not turned away"
+        rescue StandardError => e
+          "#{e.class}: #{e.message}"
+        end
+      end
+    end.flat_map(&:value).compact.uniq
+    expect(errors).to eq([])
   end
 end
