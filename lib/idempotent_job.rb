@@ -3,6 +3,7 @@
 require_relative "idempotent_job/version"
 require_relative "idempotent_job/errors"
 require_relative "idempotent_job/dependency"
+require_relative "idempotent_job/native" # the core's tables (job options) are read as the files below load
 require_relative "idempotent_job/configuration"
 require_relative "idempotent_job/canonical_json"
 require_relative "idempotent_job/result_json"
@@ -24,7 +25,7 @@ require_relative "idempotent_job/events"
 require_relative "idempotent_job/repeats"
 require_relative "idempotent_job/producer"
 require_relative "idempotent_job/enqueue_check"
-require_relative "idempotent_job/native"
+require_relative "idempotent_job/store_lifecycle"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
 #
@@ -59,12 +60,12 @@ module IdempotentJob
       candidate.update(**settings)
       yield candidate if block_given?
       candidate.validate!
-      build_store(candidate) if candidate.database_url || candidate.host
+      StoreLifecycle.build(candidate) if candidate.database_url || candidate.host
       replaced = @lock.synchronize do
         @configuration = candidate
         @store.tap { @store = nil }
       end
-      retire(replaced)
+      StoreLifecycle.retire(replaced, configuration.logger)
       candidate
     end
 
@@ -76,7 +77,7 @@ module IdempotentJob
         @configuration = nil
         @store.tap { @store = nil }
       end
-      retire(replaced)
+      StoreLifecycle.retire(replaced, configuration.logger)
     end
 
     # Creates or updates the schema: applies each SQL file of `migrations/` not yet
@@ -142,9 +143,14 @@ module IdempotentJob
     # @param job_type [String, Class] the job type (idempotency_scope; default the class name)
     # @param operation_key [String, Integer] the operation key as stored ("42" for 42)
     # @return [Record, nil] nil when the operation was never claimed
+    # @raise [OperationKeyError] for a key that is not valid UTF-8 (no record can have it)
     # @raise [ConnectionError, DatabaseError]
     def record(job_type, operation_key)
-      row = store.find(job_type.to_s, operation_key.to_s)
+      key = operation_key.to_s
+      problem = Native.key_text_problem(key)
+      raise OperationKeyError.new("#{job_type}: #{problem}", job_class: job_type.to_s) if problem
+
+      row = store.find(job_type.to_s, key)
       row && Record.from_row(row)
     end
 
@@ -304,14 +310,14 @@ module IdempotentJob
       built.settle_repeats
       nil
     ensure
-      report_dropped_repeats(built) if built
+      StoreLifecycle.report_dropped(built, configuration.logger) if built
     end
 
     # The native store of the current settings, created on first use. Internal.
     # @return [IdempotentJob::Native::Store]
     # @raise [ConfigurationError] when the settings are invalid
     def store
-      @lock.synchronize { @store ||= build_store(@configuration ||= Configuration.new) }
+      @lock.synchronize { @store ||= StoreLifecycle.build(@configuration ||= Configuration.new) }
     end
 
     # @return [Logger] where the gem logs its decisions
@@ -337,39 +343,6 @@ module IdempotentJob
         logger.warn("idempotent_job: #{name} resolved for a rerun: released; no loaded door enqueues " \
                     "#{record.job_class.inspect}, so its next delivery (or perform_once call) runs it")
       end
-    end
-
-    def build_store(config)
-      Native::Store.new(config.to_native_json)
-    end
-
-    # Logs the repeats `store` dropped since the last report (a batch lost with its
-    # connection after it was sent, refused for good, or past the queue's bound; see
-    # docs/design.md "Repeat bookkeeping: what a crash can lose").
-    def report_dropped_repeats(store)
-      dropped = store.repeats_dropped
-      @dropped_reported ||= ObjectSpace::WeakMap.new
-      reported = @dropped_reported[store] || 0
-      return if dropped <= reported
-
-      @dropped_reported[store] = dropped
-      configuration.logger&.warn("idempotent_job: #{dropped - reported} repeat counts dropped instead of written " \
-                                 "(the repeats report undercounts them; #{dropped} since this pool was built)")
-    end
-
-    # Writes what a store being replaced still has queued for the repeats report, then
-    # closes its pool (its connections and threads) once the calls, transactions and
-    # heartbeats in flight on it are done, instead of at the next garbage collection.
-    def retire(store)
-      return unless store
-
-      begin
-        store.settle_repeats
-      rescue Error => e
-        configuration.logger&.warn("idempotent_job: repeat bookkeeping of the replaced pool not written (#{e.message})")
-      end
-      report_dropped_repeats(store)
-      store.close
     end
   end
 end

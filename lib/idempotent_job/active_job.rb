@@ -4,6 +4,94 @@ require_relative "dependency"
 IdempotentJob::Dependency.require!(IdempotentJob::Dependency::ACTIVE_JOB)
 require "idempotent_job"
 require "idempotent_job/producer"
+
+module IdempotentJob
+  # The internals of the ActiveJob door ({IdempotentJob::ActiveJob} is its mixin): kept
+  # in a module no job includes or extends, so a job's unqualified constants resolve as
+  # they would without the gem.
+  module ActiveJobDoor
+    # Options `idempotency` accepts besides `key:` (as the Sidekiq door's, unprefixed).
+    OPTIONS = (JobOptions::NAMES - [:key]).freeze
+    # ActiveJob versions supported (checked when this file is required; see
+    # {Dependency::ACTIVE_JOB}).
+    SUPPORTED = Dependency::ACTIVE_JOB.requirement
+
+    # `perform_now` of a repeat returns the first run's stored value (`store_result:`): an
+    # around_perform callback cannot change what `perform_now` returns, so the door
+    # leaves the replay on the job ({Performer}) and this takes it from there.
+    module Replaying
+      # @return [Object] perform's value when it ran; for a replay, the stored value
+      def perform_now
+        @idempotency_replay = nil
+        value = super
+        replay = @idempotency_replay
+        @idempotency_replay = nil
+        replay ? replay.first : value
+      end
+    end
+
+    # Declaration methods of a job class that includes {IdempotentJob::ActiveJob}.
+    module ClassMethods
+      # Declares the job idempotent: each operation runs once however often it is delivered.
+      # @param key [Symbol, String, Integer, Array] the operation key declaration, as
+      #   the Sidekiq door's `idempotency_key`: a `perform` parameter name, an argument
+      #   index, a dotted path ("payload.order.id") or an Array of those
+      # @param options [Hash] any of {OPTIONS}: `scope:` (String, the job type; default
+      #   the class name), `lease:` (seconds), `on_stale:` (:reclaim, :hold, :skip),
+      #   `on_mismatch:` (:log, :raise), `lookup:` (a method name), `heartbeat:`
+      #   (Boolean), `max_run:` (seconds), `transaction:` (true/:native,
+      #   :active_record), `lock_timeout:` (seconds), `store_result:` (Boolean: keep the
+      #   body's value for replays), `on_enqueue:` (:push, or :skip_completed:
+      #   perform_later of a completed operation enqueues nothing and returns false); unset ones take
+      #   {IdempotentJob.configuration}'s defaults at first use
+      # @return [Hash] the declaration
+      # @raise [ConfigurationError] for a missing key, an unknown option or a bad value,
+      #   naming the job
+      # @raise [OperationKeyError] for a malformed key declaration; a parameter name is
+      #   checked once `perform` is defined (here when it already is)
+      def idempotency(key: nil, **options)
+        if key.nil?
+          raise ConfigurationError, "#{name}: idempotency needs key: the operation key, a perform parameter " \
+                                    "name (key: :order_id), an argument index, a dotted path or an Array of those"
+        end
+        JobOptions.check_names!(name, options.keys)
+        values = { key:, **options }.freeze
+        # Everything but the key (and a lookup defined further down) can be checked now.
+        JobOptions.new(self, values.merge(key: nil, lookup: nil))
+        self.idempotency_values = values
+        Key.new(self, key) if idempotency_perform_defined?
+        values
+      end
+
+      # @param lease [Numeric, nil] a per-delivery lease in seconds overriding the
+      #   declared one (the testing kit's short lease travels in the serialized job)
+      # @return [JobOptions, nil] the resolved options (nil when not declared); built
+      #   on first use and cached
+      # @raise [OperationKeyError, ConfigurationError] as {#idempotency}
+      def idempotency_options(lease: nil)
+        values = idempotency_values
+        return nil unless values
+
+        JobOptions.cached(self, lease ? values.merge(lease:) : values)
+      end
+
+      # Checks a key declaration's parameter names once `perform` is defined.
+      # @param name [Symbol] the method just defined
+      # @raise [OperationKeyError] when the declaration names a parameter perform lacks
+      def method_added(name)
+        super
+        Key.new(self, idempotency_values[:key]) if name == :perform && idempotency_values
+      end
+
+      private
+
+      def idempotency_perform_defined?
+        instance_method(:perform).owner != ::ActiveJob::Execution
+      end
+    end
+  end
+end
+
 require_relative "active_job/arguments"
 require_relative "active_job/door"
 require_relative "active_job/performer"
@@ -20,18 +108,16 @@ module IdempotentJob
   #     def perform(order_id, cents) = Gateway.charge(order_id, cents)
   #   end
   #
-  # The operation key comes from `perform`'s deserialized arguments ({Arguments}); the
+  # The operation key comes from `perform`'s deserialized arguments ({ActiveJobDoor::Arguments}); the
   # job type is the class name (or `scope:`). A delivery that meets a live claim is
   # re-enqueued with `retry_job(wait: …)` (on the inline adapter it waits in place);
   # an interrupt of the worker (Sidekiq's hard shutdown, a signal) keeps the claim for
-  # its lease, as a crash would. See {ClassMethods#idempotency} and {Performer}.
+  # its lease, as a crash would. See {ActiveJobDoor::ClassMethods#idempotency} and {ActiveJobDoor::Performer}.
+  #
+  # The mixin adds methods only: a job that includes it sees no constant of the gem (its
+  # own `Door`, `Performer` or `Arguments` inside `perform` stay its own). The door's
+  # internals live in {ActiveJobDoor}, which no job includes.
   module ActiveJob
-    # Options `idempotency` accepts besides `key:` (as the Sidekiq door's, unprefixed).
-    OPTIONS = (JobOptions::NAMES - [:key]).freeze
-    # ActiveJob versions supported (checked when this file is required; see
-    # {Dependency::ACTIVE_JOB}).
-    SUPPORTED = Dependency::ACTIVE_JOB.requirement
-
     class << self
       # @param base [Class] an ActiveJob::Base subclass (ApplicationJob or a job)
       # @raise [ConfigurationError] when `base` is not an ActiveJob class
@@ -42,11 +128,11 @@ module IdempotentJob
         end
         # idempotency_key, idempotency_claim, idempotency_attempt, idempotent_transaction inside perform
         base.include(IdempotentJob::Job)
-        base.extend(ClassMethods)
+        base.extend(ActiveJobDoor::ClassMethods)
         base.class_attribute(:idempotency_values, instance_accessor: false, default: nil)
-        base.around_perform { |job, block| Performer.new(job).call(&block) }
-        base.prepend(Replaying)
-        base.before_enqueue { |job| Performer.check_enqueue(job) }
+        base.around_perform { |job, block| ActiveJobDoor::Performer.new(job).call(&block) }
+        base.prepend(ActiveJobDoor::Replaying)
+        base.before_enqueue { |job| ActiveJobDoor::Performer.check_enqueue(job) }
         super
       end
 
@@ -86,84 +172,6 @@ module IdempotentJob
       end
     end
 
-    # `perform_now` of a repeat returns the first run's stored value (`store_result:`): an
-    # around_perform callback cannot change what `perform_now` returns, so the door
-    # leaves the replay on the job ({Performer}) and this takes it from there.
-    module Replaying
-      # @return [Object] perform's value when it ran; for a replay, the stored value
-      def perform_now
-        @idempotency_replay = nil
-        value = super
-        replay = @idempotency_replay
-        @idempotency_replay = nil
-        replay ? replay.first : value
-      end
-    end
-
-    # Declaration methods of a job class that includes {IdempotentJob::ActiveJob}.
-    module ClassMethods
-      # Declares the job idempotent: each operation runs once however often it is delivered.
-      # @param key [Symbol, String, Integer, Array] the operation key declaration, as
-      #   the Sidekiq door's `idempotency_key`: a `perform` parameter name, an argument
-      #   index, a dotted path ("payload.order.id") or an Array of those
-      # @param options [Hash] any of {OPTIONS}: `scope:` (String, the job type; default
-      #   the class name), `lease:` (seconds), `on_stale:` (:reclaim, :hold, :skip),
-      #   `on_mismatch:` (:log, :raise), `lookup:` (a method name), `heartbeat:`
-      #   (Boolean), `max_run:` (seconds), `transaction:` (true/:native,
-      #   :active_record), `lock_timeout:` (seconds), `on_enqueue:` (:push, or
-      #   :skip_completed: perform_later of a completed operation enqueues nothing and
-      #   returns false); unset ones take
-      #   {IdempotentJob.configuration}'s defaults at first use
-      # @return [Hash] the declaration
-      # @raise [ConfigurationError] for a missing key, an unknown option or a bad value,
-      #   naming the job
-      # @raise [OperationKeyError] for a malformed key declaration; a parameter name is
-      #   checked once `perform` is defined (here when it already is)
-      def idempotency(key: nil, **options)
-        if key.nil?
-          raise ConfigurationError, "#{name}: idempotency needs key: the operation key, a perform parameter " \
-                                    "name (key: :order_id), an argument index, a dotted path or an Array of those"
-        end
-        unknown = options.keys - OPTIONS
-        if unknown.any?
-          raise ConfigurationError, "#{name}: idempotency got unknown option(s) #{unknown.join(", ")} " \
-                                    "(known: key, #{OPTIONS.join(", ")})"
-        end
-        values = { key:, **options }.freeze
-        # Everything but the key (and a lookup defined further down) can be checked now.
-        JobOptions.new(self, values.merge(key: nil, lookup: nil))
-        self.idempotency_values = values
-        Key.new(self, key) if idempotency_perform_defined?
-        values
-      end
-
-      # @param lease [Numeric, nil] a per-delivery lease in seconds overriding the
-      #   declared one (the testing kit's short lease travels in the serialized job)
-      # @return [JobOptions, nil] the resolved options (nil when not declared); built
-      #   on first use and cached
-      # @raise [OperationKeyError, ConfigurationError] as {#idempotency}
-      def idempotency_options(lease: nil)
-        values = idempotency_values
-        return nil unless values
-
-        JobOptions.cached(self, lease ? values.merge(lease:) : values)
-      end
-
-      # Checks a key declaration's parameter names once `perform` is defined.
-      # @param name [Symbol] the method just defined
-      # @raise [OperationKeyError] when the declaration names a parameter perform lacks
-      def method_added(name)
-        super
-        Key.new(self, idempotency_values[:key]) if name == :perform && idempotency_values
-      end
-
-      private
-
-      def idempotency_perform_defined?
-        instance_method(:perform).owner != ::ActiveJob::Execution
-      end
-    end
-
     # @return [Integer] how many times this job was deferred by a live claim so far
     def idempotency_deferrals
       @idempotency_deferrals.to_i
@@ -197,6 +205,6 @@ module IdempotentJob
   end
 end
 
-IdempotentJob::Door.register(IdempotentJob::ActiveJob::Door.new)
+IdempotentJob::Door.register(IdempotentJob::ActiveJobDoor::Door.new)
 # The testing kit, when it is loaded first, learns to replay ActiveJob classes.
 require "idempotent_job/testing/active_job_subject" if defined?(IdempotentJob::Testing::Subjects)

@@ -8,9 +8,12 @@ module IdempotentJob
   # with the same operation key but different arguments (a payload mismatch).
   module ArgsDigest
     # @param args [Array] the job's arguments
-    # @return [String] hex SHA-256 of their {CanonicalJson} (the same rules as operation keys)
+    # @return [String] hex SHA-256 of their canonical JSON: the core's
+    #   (Native.canonical_json, crates/core/src/canonical.rs), or for arguments it does not
+    #   take (a Bignum, a Hash key that is not a String or Symbol) {CanonicalJson}'s,
+    #   which writes the same bytes for everything else
     def self.of(args)
-      ::Digest::SHA256.hexdigest(CanonicalJson.generate(args))
+      ::Digest::SHA256.hexdigest(Native.canonical_json(args) || CanonicalJson.generate(args))
     end
 
     # The arguments' JSON as stored with a claim (`JSON.generate`) and their digest

@@ -57,7 +57,6 @@ module IdempotentJob
       pool_size: ["a positive Integer", ->(v) { v.nil? || (v.is_a?(Integer) && v.positive?) }],
       application_name: ["a non-empty String", ->(v) { v.is_a?(String) && !v.empty? }],
       port: ["an Integer from 1 to 65535", ->(v) { v.nil? || (v.is_a?(Integer) && v.between?(1, 65_535)) }],
-      heartbeat: ["true or false", ->(v) { [true, false].include?(v) }],
       prepared_statements: ["true or false", ->(v) { [true, false].include?(v) }],
       asynchronous_completion: ["true or false", ->(v) { [true, false].include?(v) }],
       max_result_bytes: ["a positive Integer", ->(v) { v.nil? || (v.is_a?(Integer) && v.positive?) }],
@@ -80,19 +79,35 @@ module IdempotentJob
     #   operation in progress is pushed back, so it arrives after the lease ends. Default 1.
     attr_reader :defer_margin
 
-    # Shortest lease accepted, in seconds: below it a heartbeat cannot renew in time
-    # (one statement round trip and a thread wake-up) and every delivery looks stale.
-    MIN_LEASE = 0.25
-    # Longest duration accepted, in seconds (ten years).
-    MAX_SECONDS = 315_360_000
+    # The core's table of job options (crates/core/src/options.rs), read once at load:
+    # option name (Symbol, unprefixed) => { kind: "key" | "text" | "seconds" | "choice" |
+    # "boolean" | "flavour" | "method", default:, default_is_job_name:, setting: (the
+    # setting giving every job its default, or nil), required:, doc:, and by kind
+    # allowed: / on: / min:, min_inclusive:, max: }. Frozen. Nothing here restates it.
+    JOB_OPTIONS = JSON.parse(Native.job_options_json, symbolize_names: true)
+                      .transform_values { |spec| spec.transform_values { |v| v.is_a?(Array) ? v.freeze : v }.freeze }
+                      .freeze
+
+    # Shortest lease accepted, in seconds (the core's): below it a heartbeat cannot
+    # renew in time (one statement round trip and a thread wake-up) and every delivery
+    # looks stale.
+    MIN_LEASE = JOB_OPTIONS.fetch(:lease).fetch(:min)
+    # Longest duration accepted, in seconds (ten years; the core's).
+    MAX_SECONDS = JOB_OPTIONS.fetch(:max_run).fetch(:max)
     # PostgreSQL's limit for statement_timeout and lock_timeout (INT_MAX ms), in seconds.
-    MAX_PG_TIMEOUT = 2_147_483
+    MAX_PG_TIMEOUT = JOB_OPTIONS.fetch(:lock_timeout).fetch(:max)
 
     # Policies for a stale claim (its lease ran out: the holder may have died, before or
     # after its effect), chosen in advance. Override per job with `idempotency_on_stale:`.
-    STALE_POLICIES = %i[reclaim hold skip].freeze
+    STALE_POLICIES = JOB_OPTIONS.fetch(:on_stale).fetch(:allowed).map(&:to_sym).freeze
     # What a delivery whose arguments differ from the claim's does.
-    MISMATCH_POLICIES = %i[log raise].freeze
+    MISMATCH_POLICIES = JOB_OPTIONS.fetch(:on_mismatch).fetch(:allowed).map(&:to_sym).freeze
+    # Settings that give every job an option's default (lease, on_stale, on_mismatch,
+    # heartbeat, max_run, lock_timeout), with the core's default of each.
+    JOB_DEFAULTS = JOB_OPTIONS.values.select { |spec| spec[:setting] }.to_h do |spec|
+      default = spec[:default]
+      [spec[:setting].to_sym, spec[:kind] == "choice" ? default.to_sym : default]
+    end.freeze
 
     # @return [Symbol] default stale-claim policy: :reclaim (run again: a rare duplicate),
     #   :hold (do not run; held for a person), :skip (do not run; given up: a rare miss).
@@ -130,15 +145,10 @@ module IdempotentJob
 
     def initialize
       @database_url = nil
-      @lease = 300
       @defer_margin = 1
       @logger = nil
-      @on_stale = :reclaim
-      @on_mismatch = :log
-      @heartbeat = true
-      @max_run = 3600
-      @lock_timeout = 5
       @retention = 2_592_000
+      JOB_DEFAULTS.each { |name, value| instance_variable_set(:"@#{name}", value) }
       NATIVE_DEFAULTS.each { |name, value| public_send("#{name}=", value) }
     end
 
@@ -151,30 +161,25 @@ module IdempotentJob
     # @param seconds [Numeric] default lease, at least {MIN_LEASE}
     # @raise [ConfigurationError] when not a number of seconds of at least {MIN_LEASE}
     def lease=(seconds)
-      seconds = self.class.positive_seconds!("lease", seconds)
-      if seconds < MIN_LEASE
-        raise ConfigurationError, "lease must be at least #{MIN_LEASE} s (a shorter lease cannot be renewed in " \
-                                  "time), got #{seconds.inspect}"
-      end
-      @lease = seconds
+      @lease = self.class.job_default!(:lease, seconds)
     end
 
     # @param policy [Symbol, String] one of {STALE_POLICIES}
     # @raise [ConfigurationError] for any other value
     def on_stale=(policy)
-      @on_stale = self.class.choice!("on_stale", policy, STALE_POLICIES)
+      @on_stale = self.class.job_default!(:on_stale, policy)
     end
 
     # @param policy [Symbol, String] one of {MISMATCH_POLICIES}
     # @raise [ConfigurationError] for any other value
     def on_mismatch=(policy)
-      @on_mismatch = self.class.choice!("on_mismatch", policy, MISMATCH_POLICIES)
+      @on_mismatch = self.class.job_default!(:on_mismatch, policy)
     end
 
     # @param seconds [Numeric] > 0
     # @raise [ConfigurationError] unless a positive number
     def max_run=(seconds)
-      @max_run = self.class.positive_seconds!("max_run", seconds)
+      @max_run = self.class.job_default!(:max_run, seconds)
     end
 
     # @param seconds [Numeric] > 0
@@ -186,7 +191,7 @@ module IdempotentJob
     # @param seconds [Numeric] > 0
     # @raise [ConfigurationError] unless a positive number
     def lock_timeout=(seconds)
-      @lock_timeout = self.class.pg_timeout!("lock_timeout", seconds)
+      @lock_timeout = self.class.job_default!(:lock_timeout, seconds)
     end
 
     # @param seconds [Numeric] >= 0
@@ -225,6 +230,7 @@ module IdempotentJob
     # @raise [ConfigurationError] naming the first bad setting
     def validate!
       %i[connect_timeout checkout_timeout].each { |name| self.class.positive_seconds!(name.to_s, public_send(name)) }
+      self.class.job_default!(:heartbeat, heartbeat)
       self.class.pg_timeout!("deadline", deadline)
       self.class.pg_timeout!("statement_timeout", statement_timeout) if statement_timeout
       VALIDATIONS.each { |name, (expected, valid)| check(name, expected, &valid) }
@@ -239,14 +245,31 @@ module IdempotentJob
                      .compact.to_json
     end
 
-    # @return [Integer] pool_size, or the queue's concurrency + 5 (heartbeats and
-    #   deferrals share the pool) when running inside a queue's server whose
-    #   door is loaded, else 10
+    # @return [Integer] pool_size; else the URL's own `pool` parameter (a Rails
+    #   DATABASE_URL's); else the queue's concurrency + 5 (heartbeats and deferrals
+    #   share the pool) when running inside a queue's server whose door is loaded;
+    #   else 10
     def effective_pool_size
       return pool_size if pool_size
 
+      url_pool = url_params[:pool]
+      return url_pool if url_pool
+
       concurrency = door_concurrency
       concurrency ? concurrency + 5 : 10
+    end
+
+    # What the URL's own query parameters say ({Native.database_url_params}): `pool`,
+    # `prepared_statements` and the parameters the gem ignores; empty when there is no
+    # URL or it cannot be read (the store's validation then names the problem).
+    # @return [Hash{Symbol => Object}]
+    def url_params
+      url = database_url
+      return {} if url.nil? || url.empty?
+
+      Native.database_url_params(url)
+    rescue ConfigurationError
+      {}
     end
 
     # @return [String] the settings, with the URL described by its parts (never its
@@ -258,6 +281,19 @@ module IdempotentJob
         "lease=#{lease.inspect} on_stale=#{on_stale.inspect} #{fields.join(" ")}>"
     end
     alias to_s inspect
+
+    # Checks a setting that gives every job an option's default, by the core's table.
+    # @param name [Symbol] the setting (and option) name
+    # @param value [Object]
+    # @return [Object] the value, normalised (a policy as a Symbol)
+    # @raise [ConfigurationError] naming the setting, unless the option accepts it (nil too)
+    def self.job_default!(name, value)
+      if value.nil?
+        raise ConfigurationError, "#{name} must be set (its default is #{JOB_DEFAULTS.fetch(name).inspect}), got nil"
+      end
+
+      Native.job_option("", "", name.to_s, value)
+    end
 
     # Validates a duration.
     # @param name [String] option name for the message

@@ -10,8 +10,8 @@ module IdempotentJob
   # scheduled job coming due) or the gem's own deferral.
   module EnqueueCheck
     # What `on_enqueue` accepts: :push (the default: every push is queued; a completed
-    # operation's delivery is turned away by its claim) or :skip_completed.
-    POLICIES = %i[push skip_completed].freeze
+    # operation's delivery is turned away by its claim) or :skip_completed (the core's table).
+    POLICIES = Configuration::JOB_OPTIONS.fetch(:on_enqueue).fetch(:allowed).map(&:to_sym).freeze
 
     module_function
 

@@ -7,13 +7,22 @@ module IdempotentJob
   #
   # Option names are given without a prefix (`lease`, `on_stale`…); `prefix:` only
   # names them in error messages as the door spells them (`idempotency_lease` for the
-  # door that reads `sidekiq_options`). A nil value means "not set": the default of {IdempotentJob.configuration}.
+  # door that reads `sidekiq_options`). A nil value means "not set": the default of
+  # {IdempotentJob.configuration} (or the core's default).
+  #
+  # The options, their kinds, allowed values, limits and defaults are the core's table
+  # ({TABLE}, crates/core/src/options.rs); every value is checked by the core
+  # (`Native.job_option`), so the Ruby doors, the Python package and the core agree.
   class JobOptions
     # Answers a lookup may give.
     LOOKUP_ANSWERS = %i[done not_done unknown].freeze
-    # Option names, without a prefix.
-    NAMES = %i[key scope lease on_stale on_mismatch lookup heartbeat max_run transaction lock_timeout
-               store_result on_enqueue].freeze
+    # The core's table of job options ({Configuration::JOB_OPTIONS}).
+    TABLE = Configuration::JOB_OPTIONS
+    # Option names, without a prefix, in the table's order.
+    NAMES = TABLE.keys.freeze
+    # Options the Ruby side checks itself: the key declaration ({Key}) and the lookup
+    # (a method of the job class or a callable).
+    HOST_CHECKED = %i[key lookup].freeze
     # Shortest lease accepted, in seconds ({Configuration::MIN_LEASE}).
     MIN_LEASE = Configuration::MIN_LEASE
     # Most option sets cached per configuration (per-push overrides add entries).
@@ -47,6 +56,19 @@ module IdempotentJob
         # may have replaced them while it was built).
         @cache_lock.synchronize { @cache[cache_key] = built if @cache_config.equal?(config) }
         built
+      end
+
+      # Refuses option names the core does not know.
+      # @param job_name [String] the job, for the message
+      # @param names [Enumerable<Symbol, String>] option names without a prefix
+      # @param prefix [String] how the door spells option names, for the message
+      # @return [void]
+      # @raise [ConfigurationError] naming the job, the first unknown option as written,
+      #   the nearest known one ("did you mean") and every known one
+      def check_names!(job_name, names, prefix: "")
+        names.each do |name|
+          Native.job_option(job_name.to_s, prefix, name.to_s, nil) unless TABLE.key?(name.to_sym)
+        end
       end
     end
 
@@ -91,13 +113,13 @@ module IdempotentJob
       @values = values.transform_keys(&:to_sym)
       @prefix = prefix
       @name = job_class.is_a?(Class) ? job_class.name.to_s : job_class.to_s
-      unknown = @values.keys - NAMES
-      raise ConfigurationError, "#{@name}: unknown option(s) #{unknown.map { |n| label(n) }.join(", ")}" if
-        unknown.any?
+      self.class.check_names!(@name, @values.keys, prefix:)
 
       @key = @values[:key].nil? ? nil : Key.for(job_class, @values[:key])
-      resolve_basics(config)
-      resolve_policies(config)
+      TABLE.each do |name, spec|
+        instance_variable_set(:"@#{name}", resolve(name, spec, config)) unless HOST_CHECKED.include?(name)
+      end
+      @lookup = resolve_lookup(@values[:lookup])
       freeze
     end
 
@@ -112,61 +134,28 @@ module IdempotentJob
       "#{@prefix}#{name}"
     end
 
-    def fetch(name, default)
+    # The value given, else the setting's (or the core's) default, checked and
+    # normalised by the core.
+    def resolve(name, spec, config)
       value = @values[name]
-      value.nil? ? default : value
-    end
-
-    def resolve_basics(config)
-      @lease = Configuration.positive_seconds!(label(:lease), fetch(:lease, config.lease), job: @name)
-      if @lease < MIN_LEASE
-        raise ConfigurationError, "#{@name}: #{label(:lease)} must be at least #{MIN_LEASE} s (a shorter lease " \
-                                  "cannot be renewed in time), got #{@lease.inspect}"
+      if value.nil?
+        value = if spec[:setting] then config.public_send(spec[:setting])
+                elsif spec[:default_is_job_name] then @name
+                else
+                  spec[:default]
+                end
       end
-      @scope = fetch(:scope, @name).to_s
-      raise ConfigurationError, "#{@name}: #{label(:scope)} must not be empty" if @scope.empty?
-
-      @max_run = Configuration.positive_seconds!(label(:max_run), fetch(:max_run, config.max_run), job: @name)
-      @lock_timeout = Configuration.pg_timeout!(label(:lock_timeout), fetch(:lock_timeout, config.lock_timeout),
-                                                job: @name)
-    end
-
-    def resolve_policies(config)
-      @on_stale = Configuration.choice!(label(:on_stale), fetch(:on_stale, config.on_stale),
-                                        Configuration::STALE_POLICIES, job: @name)
-      @on_mismatch = Configuration.choice!(label(:on_mismatch), fetch(:on_mismatch, config.on_mismatch),
-                                           Configuration::MISMATCH_POLICIES, job: @name)
-      @heartbeat = boolean(:heartbeat, fetch(:heartbeat, config.heartbeat))
-      @store_result = boolean(:store_result, fetch(:store_result, false))
-      @transaction = transaction_flavour(fetch(:transaction, false))
-      @lookup = resolve_lookup(@values[:lookup])
-      @on_enqueue = Configuration.choice!(label(:on_enqueue), fetch(:on_enqueue, :push), EnqueueCheck::POLICIES,
-                                          job: @name)
-    end
-
-    # true/false (or "true"/"false", as a per-push override may arrive in JSON).
-    def boolean(name, value)
-      case value
-      when true, "true" then true
-      when false, "false" then false
-      else raise ConfigurationError, "#{@name}: #{label(name)} must be true or false, got #{value.inspect}"
-      end
-    end
-
-    def transaction_flavour(value)
-      case value
-      when true, "true", :native, "native" then :native
-      when :active_record, "active_record" then :active_record
-      when false, nil, "false" then nil
-      else
-        raise ConfigurationError, "#{@name}: #{label(:transaction)} must be true, :active_record or false, " \
-                                  "got #{value.inspect}"
-      end
+      Native.job_option(@name, @prefix, name.to_s, value)
     end
 
     def resolve_lookup(value)
       return nil if value.nil?
       return value if value.respond_to?(:call)
+
+      unless value.is_a?(Symbol) || (value.is_a?(String) && !value.empty?)
+        raise ConfigurationError, "#{@name}: #{label(:lookup)} must be a method name (Symbol or String) or a " \
+                                  "callable, got #{value.inspect}"
+      end
 
       name = value.to_sym
       return name unless @job_class.is_a?(Class) && !@job_class.method_defined?(name)

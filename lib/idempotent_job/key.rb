@@ -24,16 +24,18 @@ module IdempotentJob
     JSON_LOOKALIKE = /\A[\[{"]/
     private_constant :PARAMETER_KINDS, :JSON_LOOKALIKE
 
-    # Longest job type plus operation key, in bytes (the record's index limit; the
-    # native core refuses longer ones too).
-    MAX_BYTES = 2000
+    # Longest job type plus operation key, in bytes (the record's index limit; the core's
+    # `keys::MAX_KEY_BYTES`).
+    MAX_BYTES = Native::MAX_KEY_BYTES
 
     @cache = {}
     @cache_lock = Mutex.new
 
     class << self
-      # Checks a finished operation key against the record's limits: job type plus key
-      # at most {MAX_BYTES} bytes, and no NUL character (PostgreSQL text cannot hold one).
+      # Checks a finished operation key by the core's rules (crates/core/src/keys.rs):
+      # valid UTF-8, job type plus key at most {MAX_BYTES} bytes, no NUL character
+      # (PostgreSQL text cannot hold one). Keys are compared byte for byte: nothing is
+      # normalised (no Unicode NFC, no stripping of spaces).
       # @param job_type [String] the job type (scope)
       # @param operation_key [String] the operation key
       # @param job_name [String] the job, for the message
@@ -41,13 +43,7 @@ module IdempotentJob
       # @return [String] the operation key
       # @raise [OperationKeyError] naming the job and the problem
       def check!(job_type, operation_key, job_name:, declaration: nil)
-        size = job_type.bytesize + operation_key.bytesize
-        problem = if size > MAX_BYTES
-                    "job type and operation key are #{size} bytes together, more than #{MAX_BYTES}: declare a " \
-                      "narrower key (or hash a long one yourself)"
-                  elsif operation_key.include?("\0")
-                    "the operation key contains a NUL character, which PostgreSQL text cannot store"
-                  end
+        problem = Native.operation_key_problem(job_type, operation_key)
         return operation_key unless problem
 
         raise OperationKeyError.new("#{job_name}: #{problem}; the job was not run and nothing was recorded",
@@ -63,6 +59,17 @@ module IdempotentJob
       # @raise [OperationKeyError] for nil, an empty value or an unsupported type
       def value_key(value, job_name)
         new(job_name, 0, direct: true).operation_key([value])
+      end
+
+      # Checks a declaration where the class declares it: its shape always (types of its
+      # parts, negative indexes, empty segments or Arrays), its parameter names once
+      # `perform` is defined.
+      # @param job_class [Class]
+      # @param declaration [Object] the key declaration as given
+      # @return [void]
+      # @raise [OperationKeyError] naming the job and the problem
+      def check_declaration!(job_class, declaration)
+        new(job_class, declaration, shape_only: !job_class.method_defined?(:perform))
       end
 
       # A resolved declaration for a job class, cached per class and declaration.
@@ -84,9 +91,12 @@ module IdempotentJob
     # @param declaration [Symbol, String, Integer, Array] see {Key}
     # @param direct [Boolean] the key is given as a value (the plain API), not declared
     # @raise [OperationKeyError] when the declaration is malformed or names an unknown parameter
-    def initialize(job_class, declaration, direct: false)
+    # @param shape_only [Boolean] check the declaration's shape only, not the parameter
+    #   names (the class is being declared: `perform` may not be defined yet)
+    def initialize(job_class, declaration, direct: false, shape_only: false)
       @job_class = job_class
       @direct = direct
+      @shape_only = shape_only
       @declaration = declaration
       @composite = declaration.is_a?(Array)
       parts = @composite ? declaration : [declaration]
@@ -102,8 +112,9 @@ module IdempotentJob
       fail_value(nil, "the job's arguments are #{args.class}, not an Array") unless args.is_a?(Array)
       return scalar_or_json(fetch(args, @paths.first), @paths.first) unless @composite
 
-      values = @paths.map { |path| fetch(args, path) }
-      JSON.generate(values.each_with_index.map { |value, i| composite_part(value, @paths[i]) })
+      parts = @paths.map { |path| composite_part(fetch(args, path), path) }
+      Native.canonical_json(parts) ||
+        JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) })
     end
 
     private
@@ -147,7 +158,11 @@ module IdempotentJob
       segments = text.split(".", -1)
       fail_declaration("contains an empty name or path segment in #{text.inspect}") if segments.any?(&:empty?)
       head = segments.shift
-      index = head.match?(/\A\d+\z/) ? Integer(head, 10) : parameter_index(head)
+      index = if head.match?(/\A\d+\z/) then Integer(head, 10)
+              elsif @shape_only then nil
+              else
+                parameter_index(head)
+              end
       { label: text, index:, segments: }
     end
 
@@ -213,7 +228,8 @@ module IdempotentJob
         # equal the key of a Hash or Array argument ('{"id":7}' is not {"id" => 7}).
         JSON_LOOKALIKE.match?(text) ? JSON.generate(text) : text
       when Hash, Array
-        JSON.generate(canonical(value, path))
+        checked(value, path)
+        Native.canonical_json(value) || JSON.generate(normalized(value, path))
       else
         unsupported(value, path)
       end
@@ -222,20 +238,46 @@ module IdempotentJob
     def scalar_text(value, path)
       text = value.to_s
       fail_value(path, "the value is an empty String") if text.empty?
-      text
+      utf8_text(text, path)
+    end
+
+    # The String's bytes as UTF-8 (keys are byte for byte), or the core's reason why
+    # they are not UTF-8.
+    def utf8_text(text, path)
+      problem = Native.key_text_problem(text)
+      fail_value(path, problem) if problem
+      text.encoding == Encoding::UTF_8 ? text : text.dup.force_encoding(Encoding::UTF_8)
+    end
+
+    # Every String in a Hash/Array value (keys too) checked as {#utf8_text}.
+    def check_texts(value, path)
+      case value
+      when String then utf8_text(value, path)
+      when Array then value.each { |v| check_texts(v, path) }
+      when Hash then value.each { |k, v| check_texts(k.to_s, path) && check_texts(v, path) }
+      end
     end
 
     def composite_part(value, path)
       case value
       when String, Symbol, Integer then scalar_text(value, path)
-      when Hash, Array then canonical(value, path)
+      when Hash, Array then checked(value, path)
       else unsupported(value, path)
       end
     end
 
-    def canonical(value, path)
-      fail_value(path, "the value is an empty #{value.class}") if value.respond_to?(:empty?) && value.empty? &&
-                                                                  !value.is_a?(String)
+    # A Hash or Array value that is not empty and whose Strings are UTF-8.
+    def checked(value, path)
+      fail_value(path, "the value is an empty #{value.class}") if value.empty?
+      check_texts(value, path)
+      value
+    end
+
+    # The canonical form by the gem's Ruby normaliser, for a value the core's canonical
+    # JSON (Native.canonical_json, used first) does not take: a Bignum, a Hash key that
+    # is not a String or Symbol (written as its String), or what no key can hold (a
+    # Time, a non-finite Float: refused here).
+    def normalized(value, path)
       CanonicalJson.normalize(value) { |bad| unsupported(bad, path) }
     end
 

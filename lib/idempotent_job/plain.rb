@@ -9,7 +9,7 @@ module IdempotentJob
   # deferred for the caller — an :in_progress outcome says when to come back.
   module Plain
     # Options the plain API takes besides `lease:` (the same as a job's, unprefixed).
-    OPTIONS = %i[on_stale on_mismatch lookup heartbeat max_run transaction lock_timeout store_result].freeze
+    OPTIONS = (JobOptions::NAMES - %i[key scope lease]).freeze
 
     # See {IdempotentJob.perform_once}.
     # @return [Outcome]

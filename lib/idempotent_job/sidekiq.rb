@@ -22,6 +22,7 @@ module IdempotentJob
     # this file is required).
     # @return [void]
     def self.install!
+      Options.install!
       ::Sidekiq.configure_server do |config|
         config.server_middleware { |chain| chain.add(ServerMiddleware) }
         config.client_middleware { |chain| chain.add(ClientMiddleware) }

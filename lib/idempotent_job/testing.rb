@@ -155,6 +155,6 @@ if defined?(Sidekiq::VERSION)
 end
 # The ActiveJob kind, when the ActiveJob door was required first (it requires the
 # kind itself when the kit comes first).
-require "idempotent_job/testing/active_job_subject" if defined?(IdempotentJob::ActiveJob::Performer)
+require "idempotent_job/testing/active_job_subject" if defined?(IdempotentJob::ActiveJobDoor::Performer)
 require "idempotent_job/testing/replay"
 require "idempotent_job/testing/rspec" if defined?(RSpec.configure)

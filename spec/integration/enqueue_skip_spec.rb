@@ -134,7 +134,7 @@ RSpec.describe "Reject at enqueue (on_enqueue: :skip_completed)", :integration d
       expect(queue.size).to eq(0)
       expect { PushAlwaysJob.set(idempotency_on_enqueue: :skip).perform_async(key, 1) }
         .to raise_error(IdempotentJob::ConfigurationError,
-                        /PushAlwaysJob: idempotency_on_enqueue must be one of :push, :skip_completed, got :skip/)
+                        /PushAlwaysJob: idempotency_on_enqueue must be one of push, skip_completed, got :skip/)
     end
 
     it "pushes when the database cannot answer, with a warning (the delivery's claim still decides)" do

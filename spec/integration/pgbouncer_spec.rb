@@ -122,4 +122,25 @@ RSpec.describe "Behind PgBouncer in transaction mode", :integration do
     request = { job_type: "BouncerWait", operation_key: "1", lease: 30.0 }
     expect(IdempotentJob.store.wait(request, 0)[:wait_path]).to eq(:poll)
   end
+
+  it "works with a Rails DATABASE_URL that says prepared_statements=false (and pool=) instead of the settings" do
+    # What a Rails app behind PgBouncer already has: the gem honours the URL's
+    # prepared_statements=false; without it the named statements fail here about half the time.
+    url = "postgres://postgres@127.0.0.1:#{port}/idempotent_job?prepared_statements=false&pool=10&encoding=unicode"
+    SpecServices.configure_gem!(database_url: url)
+    expect(IdempotentJob.configuration.effective_pool_size).to eq(10)
+    errors = Array.new(10) do |t|
+      Thread.new do
+        Array.new(50) do |i|
+          key = "rails-url-#{t}-#{i}"
+          decision = claim("BouncerUrl", key, "j", 30)
+          complete("BouncerUrl", key, decision[:token])
+          claim("BouncerUrl", key, "j2", 30)[:decision] == :completed ? nil : "duplicate not turned away"
+        rescue StandardError => e
+          "#{e.class}: #{e.message}"
+        end
+      end
+    end.flat_map(&:value).compact.uniq
+    expect(errors).to eq([])
+  end
 end

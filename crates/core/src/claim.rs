@@ -15,9 +15,8 @@ use super::retry::with_fresh_conn;
 use super::store::{Conn, Interrupt, Lane, Pool};
 use tokio_postgres::{Client, Row};
 
-/// Longest `job_type` + `operation_key`, in bytes, that the unique index accepts
-/// with room to spare (a btree entry must fit in a third of a page).
-pub const MAX_KEY_BYTES: usize = 2000;
+/// Longest `job_type` + `operation_key`, in bytes ([`crate::keys`] owns it).
+pub use crate::keys::MAX_KEY_BYTES;
 
 /// Longest lease accepted, in seconds (ten years; PostgreSQL intervals overflow far
 /// beyond that).

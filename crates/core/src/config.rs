@@ -101,19 +101,146 @@ pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
 /// out of a `postgres://` URL's query and handled by [`super::tls`].
 const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 
-/// Splits the TLS parameters out of a `postgres://` URL's query, keeping every other
-/// parameter byte for byte. Key/value strings are returned as they are.
-fn split_tls_params(url: &str) -> (String, Vec<(String, String)>) {
+/// The query parameters tokio-postgres parses itself (connect_timeout,
+/// application_name, keepalives…): left in the URL it is given.
+const DRIVER_PARAMS: [&str; 18] = [
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslnegotiation",
+    "host",
+    "hostaddr",
+    "port",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
+
+/// Parameters of a Rails `database.yml` / `DATABASE_URL` (ActiveRecord's PostgreSQL
+/// adapter and its connection pool) that mean nothing to the gem's own connections:
+/// accepted and ignored, with one log line ([`Config::ignored_url_params`]).
+const RAILS_IGNORED: [&str; 21] = [
+    "adapter",
+    "encoding",
+    "timeout",
+    "reconnect",
+    "checkout_timeout",
+    "idle_timeout",
+    "reaping_frequency",
+    "statement_limit",
+    "schema_search_path",
+    "min_messages",
+    "advisory_locks",
+    "insert_returning",
+    "schema_dump",
+    "replica",
+    "database_tasks",
+    "collation",
+    "ctype",
+    "template",
+    "owner",
+    "allow_concurrency",
+    "migrations_paths",
+];
+
+/// libpq parameters the driver does not implement: accepted and ignored, with one log
+/// line (the connection works without them; TLS is set by the four [`TLS_PARAMS`]).
+const LIBPQ_IGNORED: [&str; 20] = [
+    "client_encoding",
+    "fallback_application_name",
+    "sslcompression",
+    "sslcrl",
+    "sslcrldir",
+    "sslpassword",
+    "sslsni",
+    "sslcertmode",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "requiressl",
+    "requirepeer",
+    "require_auth",
+    "gssencmode",
+    "gsslib",
+    "gssdelegation",
+    "krbsrvname",
+    "service",
+    "passfile",
+    "replication",
+];
+
+/// What the gem does with one query parameter of a `postgres://` URL.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UrlParam {
+    /// Parsed by the driver (tokio-postgres): `connect_timeout`, `application_name`…
+    Driver,
+    /// TLS ([`super::tls`]): `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
+    Tls,
+    /// Rails' `pool`: the pool size unless `pool_size` is set.
+    Pool,
+    /// Rails' `prepared_statements`: `false` selects unnamed statements (PgBouncer).
+    PreparedStatements,
+    /// Known to Rails or libpq, meaningless to the gem: ignored, logged once.
+    Ignored,
+    /// Known to nobody: an error naming it.
+    Unknown,
+}
+
+impl UrlParam {
+    /// How the gem treats the parameter `name` (Rails' `variables[…]` session
+    /// variables are ignored: the gem sets its own).
+    pub fn of(name: &str) -> UrlParam {
+        if DRIVER_PARAMS.contains(&name) {
+            UrlParam::Driver
+        } else if TLS_PARAMS.contains(&name) {
+            UrlParam::Tls
+        } else if name == "pool" {
+            UrlParam::Pool
+        } else if name == "prepared_statements" {
+            UrlParam::PreparedStatements
+        } else if RAILS_IGNORED.contains(&name)
+            || LIBPQ_IGNORED.contains(&name)
+            || (name.starts_with("variables[") && name.ends_with(']'))
+        {
+            UrlParam::Ignored
+        } else {
+            UrlParam::Unknown
+        }
+    }
+}
+
+/// Every name [`UrlParam::of`] knows, for "did you mean".
+fn known_url_params() -> impl Iterator<Item = &'static str> {
+    DRIVER_PARAMS
+        .iter()
+        .chain(TLS_PARAMS.iter())
+        .chain(["pool", "prepared_statements"].iter())
+        .chain(RAILS_IGNORED.iter())
+        .chain(LIBPQ_IGNORED.iter())
+        .copied()
+}
+
+/// Splits the parameters the driver does not parse (TLS, Rails', libpq's others,
+/// unknown ones) out of a `postgres://` URL's query, keeping every driver parameter
+/// byte for byte. Key/value strings are returned as they are.
+fn split_params(url: &str) -> (String, Vec<(String, String)>) {
     let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
     let Some((base, query)) = url.split_once('?').filter(|_| is_url) else {
         return (url.to_string(), Vec::new());
     };
     let mut kept = Vec::new();
-    let mut tls = Vec::new();
+    let mut taken = Vec::new();
     for segment in query.split('&').filter(|s| !s.is_empty()) {
         match form_urlencoded::parse(segment.as_bytes()).next() {
-            Some((key, value)) if TLS_PARAMS.contains(&key.as_ref()) => {
-                tls.push((key.into_owned(), value.into_owned()))
+            Some((key, value)) if UrlParam::of(&key) != UrlParam::Driver => {
+                taken.push((key.into_owned(), value.into_owned()))
             }
             _ => kept.push(segment),
         }
@@ -123,6 +250,16 @@ fn split_tls_params(url: &str) -> (String, Vec<(String, String)>) {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
+    (url, taken)
+}
+
+/// The TLS parameters of a `postgres://` URL's query, in order.
+fn split_tls_params(url: &str) -> (String, Vec<(String, String)>) {
+    let (url, taken) = split_params(url);
+    let tls = taken
+        .into_iter()
+        .filter(|(k, _)| UrlParam::of(k) == UrlParam::Tls)
+        .collect();
     (url, tls)
 }
 
@@ -211,9 +348,11 @@ fn positive_seconds(key: &str, value: f64) -> Result<Duration> {
 }
 
 impl Config {
-    /// Settings for `database_url` with every other field at its default.
+    /// Settings for `database_url` with every other field at its default (or the
+    /// URL's `pool` and `prepared_statements=false`; a bad one is reported by
+    /// [`Config::validate`]).
     pub fn new(database_url: impl Into<String>) -> Self {
-        Config {
+        let mut config = Config {
             database_url: database_url.into(),
             pool_size: default_pool_size(),
             connect_timeout: default_connect_timeout(),
@@ -234,7 +373,10 @@ impl Config {
             deadline: default_deadline(),
             asynchronous_completion: false,
             max_result_bytes: default_max_result_bytes(),
-        }
+        };
+        // A bad parameter is reported by validate(), which every store runs.
+        let _ = config.apply_url_params(false);
+        config
     }
 
     /// The TLS settings: the URL's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`,
@@ -277,13 +419,94 @@ impl Config {
     ///
     /// Errors: [`Error::Config`] naming the unknown key or the bad value.
     pub fn from_json(json: &str) -> Result<Self> {
-        let config: Config = serde_json::from_str(json).map_err(|e| {
+        let mut config: Config = serde_json::from_str(json).map_err(|e| {
             // serde_json's messages name the field ("unknown field `x`, expected …")
             // and never echo a string value back, so no password can leak here.
             Error::Config(format!("invalid idempotent_job configuration: {e}"))
         })?;
+        let pool_size_given = serde_json::from_str::<serde_json::Value>(json)
+            .ok()
+            .is_some_and(|v| v.get("pool_size").is_some_and(|p| !p.is_null()));
         config.validate()?;
+        config.apply_url_params(pool_size_given)?;
         Ok(config)
+    }
+
+    /// What the URL's own parameters say about the gem's settings: Rails' `pool` (the
+    /// pool size, `None` when absent) and `prepared_statements` (`None` when absent).
+    ///
+    /// Errors: [`Error::Config`] naming a parameter nobody knows (with the nearest
+    /// known name), or a `pool` / `prepared_statements` value that is not a positive
+    /// integer / a boolean.
+    pub fn url_settings(&self) -> Result<(Option<usize>, Option<bool>)> {
+        let (_, taken) = split_params(&self.database_url);
+        let mut pool = None;
+        let mut prepared = None;
+        for (name, value) in taken {
+            match UrlParam::of(&name) {
+                UrlParam::Pool => {
+                    pool = Some(value.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(
+                        || {
+                            Error::Config(format!(
+                                "database_url parameter pool must be a positive integer, got {value:?}"
+                            ))
+                        },
+                    )?)
+                }
+                UrlParam::PreparedStatements => {
+                    prepared = Some(match value.as_str() {
+                        "true" | "t" | "1" => true,
+                        "false" | "f" | "0" => false,
+                        _ => {
+                            return Err(Error::Config(format!(
+                                "database_url parameter prepared_statements must be true or false, \
+                                 got {value:?}"
+                            )))
+                        }
+                    })
+                }
+                UrlParam::Unknown => {
+                    let hint = known_url_params()
+                        .map(|k| (k, strsim::jaro_winkler(&name, k)))
+                        .filter(|(_, score)| *score >= 0.8)
+                        .max_by(|a, b| a.1.total_cmp(&b.1))
+                        .map(|(k, _)| format!(" (did you mean {k}?)"))
+                        .unwrap_or_default();
+                    return Err(Error::Config(format!(
+                        "database_url has a parameter neither PostgreSQL (libpq) nor Rails knows: \
+                         {name}{hint}; remove it"
+                    )));
+                }
+                _ => {}
+            }
+        }
+        Ok((pool, prepared))
+    }
+
+    /// The URL's parameters that Rails or libpq know but that mean nothing to the
+    /// gem's connections (`encoding`, `reconnect`, `variables[…]`…), each once, in
+    /// order: the binding logs them in one line.
+    pub fn ignored_url_params(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for (name, _) in split_params(&self.database_url).1 {
+            if UrlParam::of(&name) == UrlParam::Ignored && !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
+    }
+
+    /// Applies the URL's `pool` (unless `pool_size` was given) and
+    /// `prepared_statements=false` (named statements off, whatever the setting).
+    fn apply_url_params(&mut self, pool_size_given: bool) -> Result<()> {
+        let (pool, prepared) = self.url_settings()?;
+        if let (Some(pool), false) = (pool, pool_size_given) {
+            self.pool_size = pool;
+        }
+        if prepared == Some(false) {
+            self.prepared_statements = false;
+        }
+        Ok(())
     }
 
     /// Checks every value; see [`Config::pg_config`] for the URL.
@@ -331,6 +554,7 @@ impl Config {
                 )));
             }
         }
+        self.url_settings()?;
         self.pg_config().map(|_| ())
     }
 
@@ -368,7 +592,13 @@ impl Config {
             // tokio-postgres's parse errors name the option, never its value.
             let (url, _) = split_tls_params(&self.database_url);
             tokio_postgres::Config::from_str(&url).map_err(|e| {
-                let hint = if e.to_string().contains("ssl") {
+                // "invalid connection string" alone names nothing: add its cause
+                // ("unknown option `x`", "invalid value for option `port`").
+                let e = match std::error::Error::source(&e) {
+                    Some(cause) => format!("{e}: {cause}"),
+                    None => e.to_string(),
+                };
+                let hint = if e.contains("ssl") {
                     " (in a key/value string, set sslmode, sslrootcert, sslcert and sslkey as \
                      settings instead)"
                 } else {

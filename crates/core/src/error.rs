@@ -10,6 +10,10 @@ pub enum Error {
     /// Invalid configuration or argument (bad URL, unknown key, non-positive lease…).
     /// Raised as `IdempotentJob::ConfigurationError`. Never contains a password.
     Config(String),
+    /// An operation key (or its declaration) the record cannot hold: invalid UTF-8,
+    /// a NUL character, too long, empty. Names the job. Raised as
+    /// `IdempotentJob::OperationKeyError`; the job body is not run.
+    OperationKey(String),
     /// The database could not be reached, the connection was lost, or no pooled
     /// connection became free in time. Retryable. `IdempotentJob::ConnectionError`.
     Connection {
@@ -127,7 +131,7 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Config(m) | Error::Migration(m) => f.write_str(m),
+            Error::Config(m) | Error::OperationKey(m) | Error::Migration(m) => f.write_str(m),
             Error::Connection { message, .. } => f.write_str(message),
             Error::Database { message, sqlstate } => write!(f, "{message} (SQLSTATE {sqlstate})"),
             Error::LostClaim { message, .. }

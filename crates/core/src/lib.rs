@@ -10,11 +10,14 @@ macro_rules! notify_channel {
 }
 
 pub mod bookkeeping;
+pub mod canonical;
 pub mod claim;
 pub mod config;
 pub mod error;
 pub mod heartbeat;
+pub mod keys;
 pub mod migrate;
+pub mod options;
 pub mod report;
 pub mod results;
 pub mod retry;

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module IdempotentJob
-  module ActiveJob
+  module ActiveJobDoor
     # What an ActiveJob job's operation key is computed from: `perform`'s deserialized
     # arguments (never the job_id, enqueued_at or the serialized envelope), with every
     # GlobalID-able object — an ActiveRecord model, anything including

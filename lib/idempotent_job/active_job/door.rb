@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module IdempotentJob
-  module ActiveJob
+  module ActiveJobDoor
     # What the ActiveJob door tells the {Protocol} for one job: an interrupt of the
     # worker is a crash, and a delivery that met a live claim comes back through
     # `retry_job(wait: …)` on the job's own adapter.

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module IdempotentJob
-  module ActiveJob
+  module ActiveJobDoor
     # Runs one delivery of an ActiveJob job through the {Protocol}, from the job's
     # `around_perform` callback: the operation key from the deserialized arguments,
     # the serialized arguments as the payload (digest, and what a rerun enqueues), the
@@ -92,7 +92,7 @@ module IdempotentJob
         deferrals = @job.idempotency_deferrals
         loop do
           outcome = protocol.run(delivery(options, key, payload, deferrals), host: @job) { body.call }
-          # A replay's value, for perform_now to return ({IdempotentJob::ActiveJob::Replaying}).
+          # A replay's value, for perform_now to return ({IdempotentJob::ActiveJobDoor::Replaying}).
           @job.instance_variable_set(:@idempotency_replay, [outcome.value]) if outcome.replayed?
           return outcome.value unless in_place && outcome.in_progress?
 

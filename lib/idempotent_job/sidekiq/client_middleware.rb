@@ -26,11 +26,13 @@ module IdempotentJob
       # @param _redis_pool [ConnectionPool, nil]
       # @yield pushes the job
       # @return [Object, nil] the push's value; nil when the push was dropped
-      # @raise [OperationKeyError, ConfigurationError] when the job would fail its claim
+      # @raise [OperationKeyError, ConfigurationError] when the job would fail its claim,
+      #   or it carries an `idempotency_*` option nobody knows (a misspelled `set(...)`)
       def call(job_class, job, queue, _redis_pool = nil, &)
         return yield if !job_class.is_a?(Class) || job.key?("enqueued_at")
         return Wrapped.check!(job, &) if Compat.active_job?(job)
 
+        Options.check_push!(job_class, job)
         options = Options.resolve(job_class, job)
         if options
           key = Key.check!(options.scope, options.key.operation_key(job["args"]), job_name: options.name,

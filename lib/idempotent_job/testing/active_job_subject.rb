@@ -45,7 +45,7 @@ module IdempotentJob
       # @return [String, nil]
       def operation_key(args)
         key = options&.key
-        key && IdempotentJob::ActiveJob::Arguments.operation_key(key, args)
+        key && IdempotentJob::ActiveJobDoor::Arguments.operation_key(key, args)
       end
 
       # @param args [Array]

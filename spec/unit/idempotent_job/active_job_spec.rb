@@ -41,7 +41,7 @@ RSpec.describe IdempotentJob::ActiveJob do
         .to raise_error(IdempotentJob::ConfigurationError, /DeclaredJob: on_stale/)
       expect { declare(key: :order_id, idempotency_lease: 5) }
         .to raise_error(IdempotentJob::ConfigurationError,
-                        /DeclaredJob: idempotency got unknown option\(s\) idempotency_lease/)
+                        /DeclaredJob: unknown option idempotency_lease \(did you mean lease\?\)/)
       expect { declare(lease: 60) }
         .to raise_error(IdempotentJob::ConfigurationError, /DeclaredJob: idempotency needs key: the operation key/)
     end

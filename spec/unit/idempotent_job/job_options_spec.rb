@@ -43,12 +43,12 @@ RSpec.describe IdempotentJob::JobOptions do
   end
 
   it "refuses a heartbeat that is not true or false, naming the job and the option as the door spells it" do
-    ["no", 1, "yes"].each do |value|
+    ["no", 1, "yes", "false", "true"].each do |value|
       expect { described_class.new(ChargeOrderJob, { key: :order_id, heartbeat: value }, prefix: "idempotency_") }
         .to raise_error(IdempotentJob::ConfigurationError,
                         "ChargeOrderJob: idempotency_heartbeat must be true or false, got #{value.inspect}")
     end
-    expect(described_class.new(ChargeOrderJob, { key: :order_id, heartbeat: "false" }).heartbeat).to be(false)
+    expect(described_class.new(ChargeOrderJob, { key: :order_id, heartbeat: false }).heartbeat).to be(false)
   end
 
   it "refuses a lease below #{described_class::MIN_LEASE} s" do
@@ -59,6 +59,7 @@ RSpec.describe IdempotentJob::JobOptions do
 
   it "refuses unknown option names" do
     expect { described_class.new("Refund", { leese: 3 }) }
-      .to raise_error(IdempotentJob::ConfigurationError, /Refund: unknown option\(s\) leese/)
+      .to raise_error(IdempotentJob::ConfigurationError,
+                      /\ARefund: unknown option leese \(did you mean lease\?\); known options: key, scope, lease/)
   end
 end

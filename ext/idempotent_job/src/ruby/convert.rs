@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use magnus::value::LazyId;
-use magnus::{prelude::*, IntoValue, RHash, Ruby, Symbol, Value};
+use magnus::{prelude::*, Float, Integer, IntoValue, RArray, RHash, RString, Ruby, Symbol, Value};
 use uuid::Uuid;
 
 use super::errors::to_ruby;
@@ -257,4 +257,66 @@ pub fn record_hash(ruby: &Ruby, r: Record) -> RbResult<RHash> {
 /// `Native.record_columns`: the record's column names, as [`record_hash`]'s keys.
 pub fn record_columns() -> Vec<&'static str> {
     Record::COLUMNS.to_vec()
+}
+
+/// A Ruby value as JSON data, or None when JSON cannot carry it faithfully: nil, true,
+/// false, an Integer within 64 bits, a finite Float, a String (as UTF-8; None when it
+/// is not valid in its encoding), a Symbol (its name), an Array, a Hash with String or
+/// Symbol keys (as strings) of such values. Anything else (a Time, a Proc, a
+/// non-finite Float, a Bignum) is None.
+pub fn json_of(value: Value) -> Option<serde_json::Value> {
+    use serde_json::Value as Json;
+    let ruby = Ruby::get_with(value);
+    if value.is_nil() {
+        return Some(Json::Null);
+    }
+    if value.is_kind_of(ruby.class_true_class()) {
+        return Some(Json::Bool(true));
+    }
+    if value.is_kind_of(ruby.class_false_class()) {
+        return Some(Json::Bool(false));
+    }
+    if let Some(i) = Integer::from_value(value) {
+        return i.to_i64().ok().map(Json::from);
+    }
+    if let Some(f) = Float::from_value(value) {
+        return serde_json::Number::from_f64(f.to_f64()).map(Json::Number);
+    }
+    if let Some(s) = RString::from_value(value) {
+        return s.to_string().ok().map(Json::String);
+    }
+    if let Some(sym) = Symbol::from_value(value) {
+        return sym.name().ok().map(|n| Json::String(n.into_owned()));
+    }
+    if let Some(array) = RArray::from_value(value) {
+        return array
+            .into_iter()
+            .map(json_of)
+            .collect::<Option<Vec<_>>>()
+            .map(Json::Array);
+    }
+    if let Some(hash) = RHash::from_value(value) {
+        let mut map = serde_json::Map::new();
+        let mut ok = true;
+        hash.foreach(|k: Value, v: Value| {
+            let key = match (RString::from_value(k), Symbol::from_value(k)) {
+                (Some(s), _) => s.to_string().ok(),
+                (_, Some(sym)) => sym.name().ok().map(|n| n.into_owned()),
+                _ => None,
+            };
+            match (key, json_of(v)) {
+                (Some(key), Some(v)) => {
+                    map.insert(key, v);
+                    Ok(magnus::r_hash::ForEach::Continue)
+                }
+                _ => {
+                    ok = false;
+                    Ok(magnus::r_hash::ForEach::Stop)
+                }
+            }
+        })
+        .ok()?;
+        return ok.then_some(Json::Object(map));
+    }
+    None
 }

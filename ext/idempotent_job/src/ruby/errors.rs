@@ -34,6 +34,7 @@ classes! {
     DATABASE => "DatabaseError",
     LOST_CLAIM => "LostClaimError",
     MIGRATION => "MigrationError",
+    OPERATION_KEY => "OperationKeyError",
     LOCK_TIMEOUT => "LockTimeoutError",
     TIMEOUT => "TimeoutError",
 }
@@ -45,6 +46,7 @@ fn class(err: &Error) -> &'static Lazy<ExceptionClass> {
         Error::Database { .. } => &DATABASE,
         Error::LostClaim { .. } => &LOST_CLAIM,
         Error::Migration(_) => &MIGRATION,
+        Error::OperationKey(_) => &OPERATION_KEY,
         Error::LockTimeout { .. } => &LOCK_TIMEOUT,
         Error::Timeout { .. } => &TIMEOUT,
         Error::Interrupted | Error::Panic(_) => &BASE,

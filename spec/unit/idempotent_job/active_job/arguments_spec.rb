@@ -19,7 +19,7 @@ end
 
 # The operation key of an ActiveJob job comes from perform's deserialized arguments,
 # a GlobalID-able argument by its GlobalID.
-RSpec.describe IdempotentJob::ActiveJob::Arguments do
+RSpec.describe IdempotentJob::ActiveJobDoor::Arguments do
   def key_of(declaration, arguments, job_class: AjShipOrderJob)
     described_class.operation_key(IdempotentJob::Key.new(job_class, declaration), arguments)
   end

@@ -1,0 +1,146 @@
+//! The canonical JSON of operation keys and payload digests: one text for one value,
+//! whatever the language or JSON library that produced the value, so every binding
+//! derives the same operation key and the same digest. The form (see
+//! `docs/canonical-json.md`) is the one the Ruby gem has always written, byte for byte,
+//! so existing records keep their keys and digests:
+//!
+//! * objects: keys sorted by their UTF-8 bytes, no spaces (`{"a":1,"b":2}`);
+//! * arrays in order, no spaces;
+//! * strings: UTF-8 as is (no `\u` escapes for non-ASCII, `/` not escaped); `"` and `\`
+//!   escaped; control characters below U+0020 as `\b \f \n \r \t` or `\u00XX` (lower-case
+//!   hex);
+//! * numbers: integers as their decimal digits; a float with no fractional part as the
+//!   integer it equals (`1.0` is `1`, `1e20` is `100000000000000000000`: JSON producers in
+//!   other languages do not tell them apart); any other float as Ruby's `Float#to_s`
+//!   writes it: the shortest digits that round-trip, in fixed notation when the decimal
+//!   exponent is from -4 to 16 (`0.0001`, `123456.789`), else `d.ddde±XX` with at least
+//!   two exponent digits (`1.5e-07`, `1.0e-05`);
+//! * `true`, `false`, `null`.
+
+use serde_json::Value;
+
+/// The canonical JSON text of `value` (see the module documentation).
+pub fn to_string(value: &Value) -> String {
+    let mut out = String::new();
+    write(&mut out, value);
+    out
+}
+
+fn write(out: &mut String, value: &Value) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                out.push_str(&i.to_string());
+            } else if let Some(u) = n.as_u64() {
+                out.push_str(&u.to_string());
+            } else {
+                out.push_str(&float(n.as_f64().unwrap_or(f64::NAN)));
+            }
+        }
+        Value::String(s) => string(out, s),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write(out, item);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push('{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                string(out, key);
+                out.push(':');
+                write(out, item);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// A JSON string: serde_json's escaping is the canonical one (quote, backslash and
+/// control characters only; lower-case hex).
+fn string(out: &mut String, s: &str) {
+    out.push_str(&serde_json::to_string(s).expect("a str always serializes"));
+}
+
+/// A finite float: integral ones as their exact integer digits, others as Ruby's
+/// `Float#to_s` writes them.
+fn float(f: f64) -> String {
+    if f == 0.0 {
+        return "0".into(); // -0.0 too
+    }
+    if f.fract() == 0.0 {
+        return format!("{f:.0}");
+    }
+    // Shortest round-trip digits and the decimal exponent, from Rust's `{:e}`
+    // ("-1.5e-7" → digits "15", exponent -7).
+    let sci = format!("{:e}", f.abs());
+    let (mantissa, exponent) = sci.split_once('e').expect("{:e} has an exponent");
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let exponent: i32 = exponent.parse().expect("{:e}'s exponent is an integer");
+    let decpt = exponent + 1; // the value is 0.<digits> × 10^decpt
+    let sign = if f < 0.0 { "-" } else { "" };
+    let len = digits.len() as i32;
+    let body = if decpt > 0 && decpt <= 16 {
+        if len > decpt {
+            format!(
+                "{}.{}",
+                &digits[..decpt as usize],
+                &digits[decpt as usize..]
+            )
+        } else {
+            format!("{digits}{}.0", "0".repeat((decpt - len) as usize))
+        }
+    } else if decpt <= 0 && decpt > -4 {
+        format!("0.{}{digits}", "0".repeat((-decpt) as usize))
+    } else {
+        let rest = if len > 1 { &digits[1..] } else { "0" };
+        format!("{}.{rest}e{:+03}", &digits[..1], decpt - 1)
+    };
+    format!("{sign}{body}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_canonical_form_is_the_gems_historical_one() {
+        // Each expected text is what the Ruby gem's JSON.generate of its normalised
+        // value writes (json 2.6, Ruby 3.1).
+        let table = [
+            (json!({"b": 1, "a": [1, "x"]}), r#"{"a":[1,"x"],"b":1}"#),
+            (json!(1.0), "1"),
+            (json!(-0.0), "0"),
+            (json!(1e20), "100000000000000000000"),
+            (json!(-0.5), "-0.5"),
+            (json!(1.5e-7), "1.5e-07"),
+            (json!(0.0001), "0.0001"),
+            (json!(0.00001), "1.0e-05"),
+            (json!(123456.789), "123456.789"),
+            (json!(1e15 + 0.5), "1000000000000000.5"),
+            (json!(12345678901234.5), "12345678901234.5"),
+            (json!(u64::MAX), "18446744073709551615"),
+            (
+                json!("\u{1}\u{1f}\u{7f}/\u{2028}é\u{8}\u{c}\n\r\t\"\\"),
+                "\"\\u0001\\u001f\u{7f}/\u{2028}é\\b\\f\\n\\r\\t\\\"\\\\\"",
+            ),
+            (json!({"é": 1, "z": 2, "Z": 3}), r#"{"Z":3,"z":2,"é":1}"#),
+            (json!([null, true, false]), "[null,true,false]"),
+        ];
+        for (value, expected) in table {
+            assert_eq!(to_string(&value), expected, "{value:?}");
+        }
+    }
+}

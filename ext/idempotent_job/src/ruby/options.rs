@@ -1,0 +1,49 @@
+//! The job options table of the core ([`idempotent_job_core::options`]) for Ruby:
+//! `Native.job_options_json` (the table, which `lib/idempotent_job/job_options.rb`
+//! freezes at load) and `Native.job_option` (one value checked and normalised).
+
+use magnus::{prelude::*, Ruby, Value};
+use serde_json::Value as Json;
+
+use super::convert::{json_of, RbResult};
+use super::errors::to_ruby;
+use idempotent_job_core::options::{self, Kind};
+
+/// `Native.job_options_json` → the table as a JSON object text ([`options::table_json`]).
+pub fn job_options_json() -> String {
+    options::table_json().to_string()
+}
+
+/// `Native.job_option(job, prefix, name, value)` → the value checked by the core's
+/// table ([`options::check`]) and normalised for Ruby: a choice or a transaction
+/// flavour as a Symbol (nil when off), seconds and text as given (a Symbol of text as
+/// a String), a boolean as itself, nil as nil; a key declaration or a lookup as given
+/// (the Ruby side checks those against the job class).
+///
+/// Raises `IdempotentJob::ConfigurationError` naming `job` and `prefix` + `name` for
+/// an unknown name (with the nearest known one) or a bad value (shown by `inspect`).
+pub fn job_option(
+    ruby: &Ruby,
+    job: String,
+    prefix: String,
+    name: String,
+    value: Value,
+) -> RbResult<Value> {
+    let option = options::find(&name)
+        .ok_or_else(|| to_ruby(ruby, options::unknown(&job, &prefix, &name)))?;
+    if matches!(option.kind, Kind::Key | Kind::Method) || value.is_nil() {
+        return Ok(value);
+    }
+    // A value JSON cannot carry (a Proc, a Time) is refused by every other kind.
+    let json = json_of(value).unwrap_or_else(|| Json::Object(serde_json::Map::new()));
+    let checked = options::check(&job, &prefix, &name, &json, Some(&value.inspect()))
+        .map_err(|e| to_ruby(ruby, e))?;
+    Ok(match (option.kind, checked) {
+        (_, Json::Null) => ruby.qnil().as_value(),
+        (Kind::Choice { .. } | Kind::Flavour { .. }, Json::String(s)) => {
+            ruby.to_symbol(s).as_value()
+        }
+        (Kind::Text, Json::String(s)) => ruby.str_new(&s).as_value(),
+        _ => value,
+    })
+}

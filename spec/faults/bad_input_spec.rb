@@ -1,0 +1,207 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+
+# Bad input a careless user gives (issue 25): each case names what it proves. The
+# option names, kinds, allowed values and defaults are the core's table
+# (crates/core/src/options.rs), so every door refuses the same things the same way.
+RSpec.describe "Bad input", :faults do
+  include ReplayHelpers
+
+  # A Sidekiq job class named `name`, declared by the block (a real constant: messages
+  # name the job by its class name, as in an app).
+  def sidekiq_job(name, &)
+    klass = Class.new do
+      include Sidekiq::Job
+
+      def perform(order_id, _cents)
+        Effects.record("charge", order_id)
+      end
+    end
+    stub_const(name, klass)
+    klass.class_eval(&)
+    klass
+  end
+
+  describe "a misspelled idempotency_* option in sidekiq_options (issue 25 item 2)" do
+    it "fails where the class is declared, naming the job, the option, the nearest known one and the others" do
+      expect do
+        sidekiq_job("StailJob") { sidekiq_options idempotency_key: :order_id, idempotency_on_stail: :hold }
+      end.to raise_error(IdempotentJob::ConfigurationError) { |error|
+        expect(error.message).to start_with("StailJob: unknown option idempotency_on_stail (did you mean " \
+                                            "idempotency_on_stale?); known options: idempotency_key, idempotency_scope")
+        expect(error.message).to end_with("idempotency_lock_timeout, idempotency_store_result, idempotency_on_enqueue")
+      }
+    end
+
+    it "fails for a misspelled key too (the job would otherwise run without any claim)" do
+      expect { sidekiq_job("KeysJob") { sidekiq_options idempotency_keys: :order_id } }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\AKeysJob: unknown option idempotency_keys \(did you mean idempotency_key\?\)/)
+    end
+
+    it "leaves Sidekiq's own options and a correct declaration alone" do
+      job = sidekiq_job("FineJob") { sidekiq_options idempotency_key: :order_id, idempotency_on_stale: :hold, retry: 2 }
+      expect(job.get_sidekiq_options).to include("idempotency_on_stale" => :hold, "retry" => 2)
+    end
+
+    it "refuses a payload key the gem writes itself (idempotency_deferrals) in a declaration" do
+      expect { sidekiq_job("DeferralsJob") { sidekiq_options idempotency_key: 0, idempotency_deferrals: 3 } }
+        .to raise_error(IdempotentJob::ConfigurationError, /DeferralsJob: unknown option idempotency_deferrals/)
+    end
+  end
+
+  describe "an option value of the wrong type (issue 25 item 2)" do
+    {
+      { idempotency_heartbeat: "false" } => 'idempotency_heartbeat must be true or false, got "false"',
+      { idempotency_on_stale: :hodl } => "idempotency_on_stale must be one of reclaim, hold, skip, got :hodl",
+      { idempotency_on_mismatch: "warn" } => 'idempotency_on_mismatch must be one of log, raise, got "warn"',
+      { idempotency_lease: "60" } => "idempotency_lease must be a positive number of seconds up to 315360000 " \
+                                     '(ten years), got "60"',
+      { idempotency_lease: 0.1 } => "idempotency_lease must be at least 0.25 s",
+      { idempotency_max_run: -1 } => "idempotency_max_run must be a positive number of seconds",
+      { idempotency_lock_timeout: 3_000_000 } => "idempotency_lock_timeout must be a positive number of seconds up " \
+                                                 "to 2147483 (PostgreSQL's limit)",
+      { idempotency_transaction: "yes" } => "idempotency_transaction must be true, false or one of native, " \
+                                            'active_record, got "yes"',
+      { idempotency_scope: "" } => "idempotency_scope must not be empty"
+    }.each do |option, message|
+      it "refuses #{option.inspect} where the class is declared" do
+        expect { sidekiq_job("TypedJob") { sidekiq_options idempotency_key: :order_id, **option } }
+          .to raise_error(IdempotentJob::ConfigurationError, /\ATypedJob: #{Regexp.escape(message)}/)
+      end
+    end
+
+    it "refuses a lookup that is neither a method name nor a callable, at the first push" do
+      job = sidekiq_job("LookupJob") { sidekiq_options idempotency_key: :order_id, idempotency_lookup: 42 }
+      expect { job.perform_async(1, 1) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        "LookupJob: idempotency_lookup must be a method name (Symbol or String) or a callable, got 42")
+    end
+
+    it "refuses a malformed key declaration where the class is declared (OperationKeyError)" do
+      expect { sidekiq_job("FloatKeyJob") { sidekiq_options idempotency_key: 1.5 } }
+        .to raise_error(IdempotentJob::OperationKeyError, /\AFloatKeyJob: idempotency key 1.5 has a part of type Float/)
+      expect { sidekiq_job("EmptyKeyJob") { sidekiq_options idempotency_key: ["order..id"] } }
+        .to raise_error(IdempotentJob::OperationKeyError, /EmptyKeyJob: .* contains an empty name or path segment/)
+      # perform is defined (sidekiq_job defines it first): parameter names are checked too
+      expect { sidekiq_job("NoParamJob") { sidekiq_options idempotency_key: :order } }
+        .to raise_error(IdempotentJob::OperationKeyError, /NoParamJob: idempotency key :order names parameter "order"/)
+    end
+
+    it "refuses the same in ActiveJob's idempotency declaration, with the option as ActiveJob spells it" do
+      require "idempotent_job/active_job"
+      job = Class.new(ActiveJob::Base) { include IdempotentJob::ActiveJob }
+      stub_const("TypedActiveJob", job)
+      expect { job.idempotency(key: 0, heartbeat: "false") }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        'TypedActiveJob: heartbeat must be true or false, got "false"')
+      expect { job.idempotency(key: 0, on_stail: :hold) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\ATypedActiveJob: unknown option on_stail \(did you mean on_stale\?\)/)
+    end
+  end
+
+  describe "a misspelled or mistyped option in a per-push set(...) override (issue 25 item 2)" do
+    it "is refused at the push (Sidekiq's real client and its middleware), and nothing is enqueued" do
+      expect { ChargeOrderJob.set(idempotency_on_stail: :hold).perform_async(42, 1) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\AChargeOrderJob: unknown option idempotency_on_stail \(did you mean idempotency_on_stale\?\)/)
+      expect { ChargeOrderJob.set(idempotency_heartbeat: "false").perform_async(42, 1) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /ChargeOrderJob: idempotency_heartbeat must be true or false/)
+      expect(ChargeOrderJob.jobs).to be_empty
+      ChargeOrderJob.set(idempotency_on_stale: :hold).perform_async(42, 1) # the control: a correct override
+      expect(ChargeOrderJob.jobs.last).to include("idempotency_on_stale" => "hold")
+    end
+
+    it "is refused before it reaches Redis (Sidekiq's client against the suite's Redis, testing mode off)" do
+      Sidekiq::Testing.disable! do
+        Sidekiq.redis { |r| r.del("queue:bad_input") }
+        expect { ChargeOrderJob.set(queue: "bad_input", idempotency_leese: 60).perform_async(42, 1) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          /unknown option idempotency_leese \(did you mean idempotency_lease\?\)/)
+        expect(Sidekiq.redis { |r| r.llen("queue:bad_input") }).to eq(0)
+        ChargeOrderJob.set(queue: "bad_input", idempotency_lease: 60).perform_async(42, 1) # the control
+        expect(Sidekiq.redis { |r| r.llen("queue:bad_input") }).to eq(1)
+      ensure
+        Sidekiq.redis { |r| r.del("queue:bad_input") }
+      end
+    end
+  end
+
+  describe "a Rails-style DATABASE_URL (issue 25 item 3)" do
+    let(:rails_query) do
+      "pool=25&encoding=unicode&timeout=5000&reconnect=true&prepared_statements=false&application_name=rails_app" \
+        "&connect_timeout=3&sslmode=disable&variables%5Bstatement_timeout%5D=5000&checkout_timeout=5&idle_timeout=300" \
+        "&schema_search_path=public&statement_limit=100"
+    end
+    let(:log) { StringIO.new }
+
+    after { ENV.delete("IDEMPOTENT_JOB_DATABASE_URL") }
+
+    it "works as the app has it (read from the environment): its pool sizes the gem's pool, the rest is logged once" do
+      ENV["IDEMPOTENT_JOB_DATABASE_URL"] = "#{SpecServices.database_url}?#{rails_query}"
+      IdempotentJob.reset!
+      IdempotentJob.configure { |c| c.logger = Logger.new(log) }
+      expect(IdempotentJob.configuration.effective_pool_size).to eq(25)
+      outcome = IdempotentJob.perform_once("RailsUrl", "order-1") { :ran }
+      expect(outcome.value).to eq(:ran)
+      lines = log.string.lines.grep(/database_url parameters ignored/)
+      expect(lines.size).to eq(1)
+      expect(lines.first).to include("encoding, timeout, reconnect, variables[statement_timeout], checkout_timeout, " \
+                                     "idle_timeout, schema_search_path, statement_limit")
+      expect(lines.first).not_to include("pool,")
+    end
+
+    it "refuses a parameter nobody knows, naming it (and the nearest known one)" do
+      expect { IdempotentJob.configure(database_url: "#{SpecServices.database_url}?pool=5&poool=3") }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /neither PostgreSQL \(libpq\) nor Rails knows: poool \(did you mean pool\?\)/)
+    end
+
+    it "lets an explicit pool_size win over the URL's pool" do
+      IdempotentJob.configure(database_url: "#{SpecServices.database_url}?pool=25", pool_size: 3)
+      expect(IdempotentJob.configuration.effective_pool_size).to eq(3)
+    end
+  end
+
+  describe "keys compared byte for byte (issue 25 item 6)" do
+    let(:runs) { [] }
+
+    def once(key)
+      IdempotentJob.perform_once("ByteKey", key) { runs << key }
+    end
+
+    it "runs NFC and NFD forms, full-width and ASCII digits, and keys differing by a space as different operations" do
+      pairs = [%w[café café], %w[１２ 12], ["A1 ", "A1"], [" A1", "A1"]]
+      pairs.flatten.uniq.each { |key| 2.times { once(key) } }
+      expect(runs).to eq(pairs.flatten.uniq) # each once: a different byte string is a different operation
+      expect(IdempotentJob.record("ByteKey", "cafe\u0301").operation_key.bytes).to eq("cafe\u0301".bytes)
+    end
+
+    it "refuses a key that is not valid UTF-8 with OperationKeyError naming the job, wherever it comes from" do
+      bad = "ab\xFF".dup.force_encoding(Encoding::UTF_8)
+      message = /not valid UTF-8 \(an invalid byte at offset 2\)/
+      {
+        # What every door does with a job's arguments (Sidekiq's own client refuses
+        # arguments JSON cannot write before any middleware: its JSON::GeneratorError).
+        -> { IdempotentJob::Key.new(ChargeOrderJob, :order_id).operation_key([bad, 1]) } => "ChargeOrderJob",
+        -> { IdempotentJob::Key.new(ChargeOrderJob, 0).operation_key([{ "id" => bad }, 1]) } => "ChargeOrderJob",
+        -> { IdempotentJob::Key.new(ChargeOrderJob, [0, 1]).operation_key([1, { bad => 2 }]) } => "ChargeOrderJob",
+        -> { IdempotentJob.perform_once("Refund", bad) { runs << :ran } } => "Refund",
+        -> { IdempotentJob.perform_once("Refund", [bad, 1]) { runs << :ran } } => "Refund",
+        -> { IdempotentJob.record("Refund", bad) } => "Refund"
+      }.each do |call, job|
+        expect(&call).to raise_error(IdempotentJob::OperationKeyError, /\A#{job}: .*#{message}/)
+      end
+      expect(runs).to be_empty
+    end
+
+    it "takes a binary String whose bytes are UTF-8 as those bytes (the same operation as the UTF-8 String)" do
+      once("caf\u00e9".b)
+      once("caf\u00e9")
+      expect(runs.size).to eq(1)
+    end
+  end
+end
