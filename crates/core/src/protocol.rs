@@ -43,8 +43,8 @@
 mod channel;
 mod note;
 
-pub use channel::{Channel, Direct};
 pub use crate::claim::ClaimKind;
+pub use channel::{Channel, Direct};
 pub use note::{Detail, DoorWords, Level, Note, NoteKind, Notes};
 
 use std::time::{Duration, Instant};
