@@ -363,6 +363,8 @@ pub struct Pool {
     reserve: managed::Pool<Manager>,
     /// [`Config::deadline`]: the bound on one call of the gem.
     deadline: Duration,
+    /// The one lease-renewal timer of this pool's process ([`super::heartbeat`]).
+    heartbeats: Arc<super::heartbeat::Timer>,
 }
 
 /// Connections kept aside, per process, for [`Lane::Reserve`].
@@ -454,6 +456,11 @@ impl Pool {
     /// The background runtime: heartbeats, cancel requests, checkout timers.
     pub fn background(&self) -> &tokio::runtime::Handle {
         &self.background
+    }
+
+    /// This process's one lease-renewal timer (see [`super::heartbeat::Timer`]).
+    pub fn heartbeats(&self) -> &Arc<super::heartbeat::Timer> {
+        &self.heartbeats
     }
 
     /// This process's queue of repeated deliveries to record (see
@@ -923,6 +930,7 @@ impl Store {
                 pid,
                 reserve,
                 deadline: self.config.deadline(),
+                heartbeats: Default::default(),
             },
             runtime,
         })
