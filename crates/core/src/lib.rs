@@ -18,6 +18,7 @@ pub mod heartbeat;
 pub mod keys;
 pub mod migrate;
 pub mod options;
+pub mod protocol;
 pub mod report;
 pub mod results;
 pub mod retry;

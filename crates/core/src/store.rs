@@ -366,6 +366,8 @@ pub struct Pool {
     /// One per clone of this pool: what [`Store::close`] waits on (in-flight calls,
     /// checked-out connections, transactions and heartbeats each hold a clone).
     users: Arc<()>,
+    /// The one lease-renewal timer of this pool's process ([`super::heartbeat`]).
+    heartbeats: Arc<super::heartbeat::Timer>,
 }
 
 /// Connections kept aside, per process, for [`Lane::Reserve`].
@@ -476,6 +478,11 @@ impl Pool {
     /// The background runtime: heartbeats, cancel requests, checkout timers.
     pub fn background(&self) -> &tokio::runtime::Handle {
         &self.background
+    }
+
+    /// This process's one lease-renewal timer (see [`super::heartbeat::Timer`]).
+    pub fn heartbeats(&self) -> &Arc<super::heartbeat::Timer> {
+        &self.heartbeats
     }
 
     /// This process's queue of repeated deliveries to record (see
@@ -853,11 +860,17 @@ struct Owned {
 const OWN_CLONES: usize = 2;
 
 impl Owned {
-    /// Waits (polling every 20 ms) until no call, connection, transaction or heartbeat
-    /// uses the pool any more, writes its queued repeat bookkeeping (a failure is
+    /// Waits (polling every 20 ms) until no call, connection, transaction or live
+    /// heartbeat uses the pool any more, writes its queued repeat bookkeeping (a failure is
     /// dropped with the pool: telemetry only), then closes it (on drop).
     fn close_when_idle(self) {
-        while Arc::strong_count(&self.pool.users) > OWN_CLONES {
+        // The heartbeat timer's task, once started, keeps a clone for good: it is no
+        // user. Live heartbeats hold no clone, so they are waited for by count: closing
+        // the pool under them would stop renewing claims whose bodies still run.
+        let heartbeats = self.pool.heartbeats().clone();
+        while Arc::strong_count(&self.pool.users) > OWN_CLONES + heartbeats.tasks() as usize
+            || heartbeats.live() > 0
+        {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = self
@@ -979,6 +992,7 @@ impl Store {
                 reserve,
                 deadline: self.config.deadline(),
                 users: Arc::new(()),
+                heartbeats: Default::default(),
             },
             runtime: Some(runtime),
         })

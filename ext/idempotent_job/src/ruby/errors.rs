@@ -37,6 +37,8 @@ classes! {
     OPERATION_KEY => "OperationKeyError",
     LOCK_TIMEOUT => "LockTimeoutError",
     TIMEOUT => "TimeoutError",
+    PAYLOAD_MISMATCH => "PayloadMismatchError",
+    LOOKUP => "LookupError",
 }
 
 fn class(err: &Error) -> &'static Lazy<ExceptionClass> {
@@ -49,6 +51,8 @@ fn class(err: &Error) -> &'static Lazy<ExceptionClass> {
         Error::OperationKey(_) => &OPERATION_KEY,
         Error::LockTimeout { .. } => &LOCK_TIMEOUT,
         Error::Timeout { .. } => &TIMEOUT,
+        Error::PayloadMismatch { .. } => &PAYLOAD_MISMATCH,
+        Error::Lookup { .. } => &LOOKUP,
         Error::Interrupted | Error::Panic(_) => &BASE,
     }
 }
