@@ -35,6 +35,22 @@ pub enum Error {
         message: String,
         sqlstate: Option<String>,
     },
+    /// A delivery's payload differs from its claim's (same operation key) and the job
+    /// refuses mismatches (`on_mismatch: raise`); the body was not run.
+    /// `IdempotentJob::PayloadMismatchError`.
+    PayloadMismatch {
+        job_type: String,
+        operation_key: String,
+        message: String,
+    },
+    /// A stale claim's lookup raised or gave an answer other than done, not done or
+    /// unknown; the claim's lease was ended so the next delivery asks again, the body
+    /// was not run. `IdempotentJob::LookupError`.
+    Lookup {
+        job_type: String,
+        operation_key: String,
+        message: String,
+    },
     /// A lock wait ran past its bound (SQLSTATE 55P03): another delivery of the same
     /// operation holds its transaction open. Retryable. `IdempotentJob::LockTimeoutError`.
     LockTimeout { message: String },
@@ -131,6 +147,8 @@ impl fmt::Display for Error {
             Error::Connection { message, .. } => f.write_str(message),
             Error::Database { message, sqlstate } => write!(f, "{message} (SQLSTATE {sqlstate})"),
             Error::LostClaim { message, .. }
+            | Error::PayloadMismatch { message, .. }
+            | Error::Lookup { message, .. }
             | Error::LockTimeout { message }
             | Error::Timeout { message, .. } => f.write_str(message),
             Error::Interrupted => f.write_str("the call was interrupted"),

@@ -206,6 +206,14 @@ impl Heartbeat {
     }
 }
 
+impl std::fmt::Debug for Heartbeat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heartbeat")
+            .field("report", &self.report())
+            .finish()
+    }
+}
+
 impl Drop for Heartbeat {
     fn drop(&mut self) {
         // In a forked child the task does not exist, and the Notify's lock may have

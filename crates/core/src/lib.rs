@@ -5,6 +5,7 @@ pub mod config;
 pub mod error;
 pub mod heartbeat;
 pub mod migrate;
+pub mod protocol;
 pub mod report;
 pub mod retry;
 pub mod schema;

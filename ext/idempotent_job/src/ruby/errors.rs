@@ -36,6 +36,8 @@ classes! {
     MIGRATION => "MigrationError",
     LOCK_TIMEOUT => "LockTimeoutError",
     TIMEOUT => "TimeoutError",
+    PAYLOAD_MISMATCH => "PayloadMismatchError",
+    LOOKUP => "LookupError",
 }
 
 fn class(err: &Error) -> &'static Lazy<ExceptionClass> {
@@ -47,6 +49,8 @@ fn class(err: &Error) -> &'static Lazy<ExceptionClass> {
         Error::Migration(_) => &MIGRATION,
         Error::LockTimeout { .. } => &LOCK_TIMEOUT,
         Error::Timeout { .. } => &TIMEOUT,
+        Error::PayloadMismatch { .. } => &PAYLOAD_MISMATCH,
+        Error::Lookup { .. } => &LOOKUP,
         Error::Interrupted | Error::Panic(_) => &BASE,
     }
 }

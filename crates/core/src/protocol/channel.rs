@@ -1,0 +1,168 @@
+//! Where the protocol's statements go: [`Direct`] (the pool) or a native transaction
+//! ([`Session`]). A binding whose transactions run on its own driver (Ruby's
+//! ActiveRecord) implements [`Channel`] over that driver.
+
+use std::time::Duration;
+
+use crate::claim::{self, ClaimRequest, Fenced};
+use crate::error::Result;
+use crate::retry::with_fresh_conn;
+use crate::session::Session;
+use crate::store::{Interrupt, Lane, Pool};
+
+use super::ClaimInfo;
+
+/// The statements of one delivery's protocol.
+pub trait Channel {
+    /// Sends the claim statement for `request` and returns its decision.
+    /// `lock_timeout_seconds` bounds a transactional claim's wait for another
+    /// delivery's transaction (unused outside a transaction).
+    ///
+    /// Errors: [`crate::error::Error::Config`] for a bad request; connection, database,
+    /// timeout, lock-timeout errors; [`crate::error::Error::Interrupted`].
+    fn claim(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        request: &ClaimRequest,
+        lock_timeout_seconds: f64,
+    ) -> Result<claim::Decision>;
+
+    /// Applies a fenced change to `claim` (`text`: the error text of
+    /// [`Fenced::Release`] / [`Fenced::Expire`]).
+    ///
+    /// Errors: [`crate::error::Error::LostClaim`] when the claim is no longer held;
+    /// connection, database, timeout errors; [`crate::error::Error::Interrupted`].
+    fn fenced(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+    ) -> Result<()>;
+
+    /// Whether claim, body and completion share one transaction: then no heartbeat,
+    /// no release (the rollback undoes the claim), and the completion is written once.
+    fn transactional(&self) -> bool;
+
+    /// The pool a claim's heartbeat renews through (`None` in a transaction).
+    fn heartbeat_pool(&self) -> Option<&Pool>;
+
+    /// Waits `pause` between two attempts of the completion, watching `interrupt`.
+    ///
+    /// Errors: [`crate::error::Error::Interrupted`].
+    fn pause(&mut self, interrupt: &Interrupt<'_>, pause: Duration) -> Result<()>;
+}
+
+/// Each statement on a pooled connection of its own, sent again on a fresh
+/// connection when its connection dies under it (every statement of the protocol is
+/// safe to send twice: see [`crate::retry`]). Fenced changes may use the reserve
+/// connection ([`Lane::Reserve`]).
+#[derive(Clone)]
+pub struct Direct {
+    pool: Pool,
+    asynchronous_completion: bool,
+}
+
+impl Direct {
+    /// The channel of `pool`; `asynchronous_completion` (the setting) commits
+    /// completions with `synchronous_commit = off` ([`Fenced::CompleteAsynchronously`]).
+    pub fn new(pool: Pool, asynchronous_completion: bool) -> Direct {
+        Direct {
+            pool,
+            asynchronous_completion,
+        }
+    }
+}
+
+impl Channel for Direct {
+    fn claim(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        request: &ClaimRequest,
+        _lock_timeout_seconds: f64,
+    ) -> Result<claim::Decision> {
+        claim::deliver(&self.pool, interrupt, request)
+    }
+
+    fn fenced(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+    ) -> Result<()> {
+        let change = match change {
+            Fenced::Complete if self.asynchronous_completion => Fenced::CompleteAsynchronously,
+            other => other,
+        };
+        with_fresh_conn(&self.pool, interrupt, Lane::Reserve, async |c| {
+            claim::fenced(
+                c,
+                change,
+                &claim.job_type,
+                &claim.operation_key,
+                claim.token,
+                text,
+            )
+            .await
+        })
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    fn heartbeat_pool(&self) -> Option<&Pool> {
+        Some(&self.pool)
+    }
+
+    fn pause(&mut self, interrupt: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        self.pool.pause(interrupt, pause)
+    }
+}
+
+/// A native transaction ([`Session::begin`]): the claim waits at most the lock timeout
+/// for another delivery's transaction; the binding commits ([`Session::commit`]) after
+/// [`super::Protocol::complete`], or rolls back when the body raised.
+impl Channel for Session {
+    fn claim(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        request: &ClaimRequest,
+        lock_timeout_seconds: f64,
+    ) -> Result<claim::Decision> {
+        Session::claim(self, interrupt, request, lock_timeout_seconds)
+    }
+
+    fn fenced(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+    ) -> Result<()> {
+        Session::fenced(
+            self,
+            interrupt,
+            change,
+            &claim.job_type,
+            &claim.operation_key,
+            claim.token,
+            text,
+        )
+    }
+
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    fn heartbeat_pool(&self) -> Option<&Pool> {
+        None
+    }
+
+    fn pause(&mut self, _interrupt: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        // Never reached: a transactional completion is written once.
+        std::thread::sleep(pause);
+        Ok(())
+    }
+}

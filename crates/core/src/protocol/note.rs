@@ -1,0 +1,393 @@
+//! What the protocol tells the binding about a delivery: [`Note`]s, each an event
+//! (a name from the events table and its details) and/or a log line (a level and a
+//! text). Built as plain data; names, details and texts are made only when asked, so
+//! a delivery nobody listens to and nothing logs costs no strings.
+//!
+//! A claim's note carries its attempt: its event's subject is `job_type`,
+//! `operation_key`, `jid` (the delivery id) and `attempt`; a delivery's note (no
+//! claim: mismatch, deferred, skipped) has `job_type`, `operation_key`, `jid`. The
+//! binding takes the subject from the [`DeliveryRequest`] it sent.
+
+use crate::claim::ClaimKind;
+
+use super::{ClaimInfo, Decision, DeliveryRequest};
+
+/// A log line's level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Info,
+    Warn,
+    Error,
+}
+
+impl Level {
+    /// `"info"`, `"warn"`, `"error"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Info => "info",
+            Level::Warn => "warn",
+            Level::Error => "error",
+        }
+    }
+}
+
+/// An event detail's value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Detail {
+    /// One of a few names (a Symbol in Ruby, a str in Python): `kind`, `decision`,
+    /// `answer`, `during`.
+    Name(&'static str),
+    /// Text (an error class name, a holder's delivery id).
+    Text(String),
+    /// Seconds, or another number with a fraction.
+    Float(f64),
+    /// A count.
+    Int(i64),
+    Bool(bool),
+    /// Absent (a holder without delivery id).
+    Null,
+}
+
+/// How the binding's door and language say things in log lines and errors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DoorWords {
+    /// The word for a delivery's id: `"jid"` (Sidekiq), `"job_id"` (ActiveJob),
+    /// `"task"` (Celery), `"delivery"` (plain). Default `"delivery"`.
+    pub id_label: String,
+    /// How a deferral is said, before its delay: `"retry after"`, `"rescheduled in"`.
+    /// Default `"retry after"`.
+    pub defer_text: String,
+    /// How a crash is said: `"the worker is shutting down (interrupt or signal)"`.
+    pub crash_text: String,
+    /// How a person resolves a held operation, e.g.
+    /// `"IdempotentJob.resolve / rake idempotent_job:resolve"`.
+    pub resolve_text: String,
+    /// Put before a name in texts: `":"` in Ruby (`:done`), `""` elsewhere.
+    pub name_prefix: String,
+}
+
+impl Default for DoorWords {
+    fn default() -> Self {
+        DoorWords {
+            id_label: "delivery".into(),
+            defer_text: "retry after".into(),
+            crash_text: "the worker is shutting down (interrupt or signal)".into(),
+            resolve_text: "idempotent_job.resolve".into(),
+            name_prefix: String::new(),
+        }
+    }
+}
+
+/// What happened, with what the event and the log line need.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NoteKind {
+    /// Event `claimed` (`kind`: first, retry or takeover; `duration`: the claim's
+    /// round trip in seconds). No log line.
+    Claimed { kind: ClaimKind, duration: f64 },
+    /// Event `taken_over`: a stale claim was taken over. No log line.
+    TakenOver,
+    /// Info: claimed again after the last holder's body raised.
+    RetryClaimed,
+    /// Event `mismatch` (`refused`); a warning, or an error when refused.
+    Mismatch { refused: bool },
+    /// Event `deferred` (`delay`, `holder_jid`); info: in progress under the holder.
+    Deferred {
+        delay: f64,
+        holder: Option<String>,
+        lease_remaining: f64,
+        /// This deferral's number (1 for the first).
+        deferral: u32,
+    },
+    /// Event `skipped` (`decision`, `duplicates`); info: a duplicate skipped.
+    Skipped { decision: Decision, duplicates: i32 },
+    /// Event `lookup` (`answer`); info: what the lookup answered.
+    LookupAnswered { label: String, answer: &'static str },
+    /// Error: the lookup failed; not run, the claim stays stale.
+    LookupFailed { error: String },
+    /// Error: a failed lookup's claim could not be expired; its lease ends by itself.
+    ExpireFailed { error: String },
+    /// Warning: the lookup says done: marked completed, not run.
+    LookupDone { label: String },
+    /// Warning: the lookup says not done: running it.
+    LookupNotDone { label: String },
+    /// Event `held`; warning: stale, held for a person. `lookup`: the lookup's label
+    /// when one was asked and did not know.
+    Held { lookup: Option<String> },
+    /// Event `given_up`; warning: stale, given up.
+    GivenUp { lookup: Option<String> },
+    /// Warning: stale, running it again (a possible duplicate).
+    Reclaimed { lookup: Option<String> },
+    /// Event `completed` (`duration`: the body's run in seconds). No log line.
+    Completed { duration: f64 },
+    /// Event `lost_claim` (`during`: `"completion"` or `"heartbeat"`); error line.
+    LostClaim {
+        during: &'static str,
+        error: Option<String>,
+    },
+    /// Error: the completion could not be recorded after `attempts` attempts.
+    CompletionGivenUp { attempts: u32, error: String },
+    /// Event `released` (`error`: the body's error class).
+    Released { error_class: String },
+    /// Error: the release could not be written; the claim stays until its lease ends.
+    ReleaseFailed { error: String },
+    /// Warning: a crash; the claim is kept until its lease ends.
+    Kept,
+    /// Warning: the body ran longer than max_run; the lease was no longer renewed.
+    MaxRunReached,
+}
+
+/// One thing the protocol tells the binding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Note {
+    /// The claim's attempt for a claim's note; `None` for a delivery's.
+    pub attempt: Option<i32>,
+    pub kind: NoteKind,
+}
+
+/// The notes of one delivery, in order.
+pub type Notes = Vec<Note>;
+
+/// `ChargeOrderJob operation "42" (jid abc)`.
+pub(crate) fn describe(delivery: &DeliveryRequest, id_label: &str) -> String {
+    format!(
+        "{} operation {:?} ({id_label} {})",
+        delivery.job_type,
+        delivery.operation_key,
+        delivery.delivery_id.as_deref().unwrap_or("")
+    )
+}
+
+/// `ChargeOrderJob operation "42" (jid abc, attempt 2)`.
+pub(crate) fn describe_claim(claim: &ClaimInfo, id_label: &str) -> String {
+    format!(
+        "{} operation {:?} ({id_label} {}, attempt {})",
+        claim.job_type,
+        claim.operation_key,
+        claim.delivery_id.as_deref().unwrap_or(""),
+        claim.attempt
+    )
+}
+
+impl Note {
+    pub(crate) fn claim(claim: &ClaimInfo, kind: NoteKind) -> Note {
+        Note {
+            attempt: Some(claim.attempt),
+            kind,
+        }
+    }
+
+    pub(crate) fn delivery(kind: NoteKind) -> Note {
+        Note {
+            attempt: None,
+            kind,
+        }
+    }
+
+    /// The event's name in the events table, or `None` for a log line only.
+    pub fn event(&self) -> Option<&'static str> {
+        Some(match &self.kind {
+            NoteKind::Claimed { .. } => "claimed",
+            NoteKind::TakenOver => "taken_over",
+            NoteKind::Mismatch { .. } => "mismatch",
+            NoteKind::Deferred { .. } => "deferred",
+            NoteKind::Skipped { .. } => "skipped",
+            NoteKind::LookupAnswered { .. } => "lookup",
+            NoteKind::Held { .. } => "held",
+            NoteKind::GivenUp { .. } => "given_up",
+            NoteKind::Completed { .. } => "completed",
+            NoteKind::LostClaim { .. } => "lost_claim",
+            NoteKind::Released { .. } => "released",
+            _ => return None,
+        })
+    }
+
+    /// The event's own details (after its subject), in order.
+    pub fn details(&self) -> Vec<(&'static str, Detail)> {
+        match &self.kind {
+            NoteKind::Claimed { kind, duration } => vec![
+                ("kind", Detail::Name(kind.as_str())),
+                ("duration", Detail::Float(*duration)),
+            ],
+            NoteKind::Mismatch { refused } => vec![("refused", Detail::Bool(*refused))],
+            NoteKind::Deferred { delay, holder, .. } => vec![
+                ("delay", Detail::Float(*delay)),
+                (
+                    "holder_jid",
+                    holder.clone().map_or(Detail::Null, Detail::Text),
+                ),
+            ],
+            NoteKind::Skipped {
+                decision,
+                duplicates,
+            } => vec![
+                ("decision", Detail::Name(decision.as_str())),
+                ("duplicates", Detail::Int(i64::from(*duplicates))),
+            ],
+            NoteKind::LookupAnswered { answer, .. } => vec![("answer", Detail::Name(answer))],
+            NoteKind::Completed { duration } => vec![("duration", Detail::Float(*duration))],
+            NoteKind::LostClaim { during, .. } => vec![("during", Detail::Name(during))],
+            NoteKind::Released { error_class } => {
+                vec![("error", Detail::Text(error_class.clone()))]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The log line's level, or `None` for an event only.
+    pub fn level(&self) -> Option<Level> {
+        Some(match &self.kind {
+            NoteKind::Claimed { .. }
+            | NoteKind::TakenOver
+            | NoteKind::Completed { .. }
+            | NoteKind::Released { .. } => return None,
+            NoteKind::RetryClaimed
+            | NoteKind::Deferred { .. }
+            | NoteKind::Skipped { .. }
+            | NoteKind::LookupAnswered { .. } => Level::Info,
+            NoteKind::Mismatch { refused: true }
+            | NoteKind::LookupFailed { .. }
+            | NoteKind::ExpireFailed { .. }
+            | NoteKind::LostClaim { .. }
+            | NoteKind::CompletionGivenUp { .. }
+            | NoteKind::ReleaseFailed { .. } => Level::Error,
+            _ => Level::Warn,
+        })
+    }
+
+    /// The log line's text (without the gem's prefix), or `None` for an event only.
+    /// `delivery` is the request the notes were made for; `words` the door's.
+    pub fn text(&self, delivery: &DeliveryRequest, words: &DoorWords) -> Option<String> {
+        let label = words.id_label.as_str();
+        let claim = || {
+            format!(
+                "{} operation {:?} ({label} {}, attempt {})",
+                delivery.job_type,
+                delivery.operation_key,
+                delivery.delivery_id.as_deref().unwrap_or(""),
+                self.attempt.unwrap_or(0)
+            )
+        };
+        let why = |lookup: &Option<String>| match lookup {
+            Some(label) => format!("{label} does not know"),
+            None => "its holder's lease ran out".to_string(),
+        };
+        let p = words.name_prefix.as_str();
+        Some(match &self.kind {
+            NoteKind::Claimed { .. }
+            | NoteKind::TakenOver
+            | NoteKind::Completed { .. }
+            | NoteKind::Released { .. } => return None,
+            NoteKind::RetryClaimed => format!("claimed {} again after a failure", claim()),
+            NoteKind::Mismatch { refused } => {
+                let text = format!(
+                    "{} was delivered with arguments that differ from those of its claim \
+                     (same operation key, different payload)",
+                    describe(delivery, label)
+                );
+                if *refused {
+                    format!("{text}; delivery refused")
+                } else {
+                    text
+                }
+            }
+            NoteKind::Deferred {
+                delay,
+                holder,
+                lease_remaining,
+                deferral,
+            } => format!(
+                "{} is in progress under {label} {}; {} {delay:.1} s (deferral {deferral}; its \
+                 lease ends in {lease_remaining:.1} s)",
+                describe(delivery, label),
+                holder.as_deref().unwrap_or(""),
+                words.defer_text
+            ),
+            NoteKind::Skipped {
+                decision,
+                duplicates,
+            } => {
+                let state = match decision {
+                    Decision::Completed => "already completed",
+                    Decision::Held => "held for a person",
+                    Decision::GivenUp => "given up",
+                    _ => "not claimable by this payload",
+                };
+                format!(
+                    "{} is {state}; duplicate delivery skipped ({duplicates} so far)",
+                    describe(delivery, label)
+                )
+            }
+            NoteKind::LookupAnswered {
+                label: lookup,
+                answer,
+            } => {
+                format!("{lookup} of {} answered {p}{answer}", claim())
+            }
+            NoteKind::LookupFailed { error } => format!(
+                "lookup of {} failed ({error}); not run, the claim stays stale for the next \
+                 delivery",
+                claim()
+            ),
+            NoteKind::ExpireFailed { error } => format!(
+                "could not end the lease of {} ({error}); it ends by itself",
+                claim()
+            ),
+            NoteKind::LookupDone { label: lookup } => format!(
+                "took over the stale claim of {}; {lookup} says it is done: marked completed, \
+                 not run",
+                claim()
+            ),
+            NoteKind::LookupNotDone { label: lookup } => format!(
+                "took over the stale claim of {}; {lookup} says it is not done: running it",
+                claim()
+            ),
+            NoteKind::Held { lookup } => format!(
+                "{} is stale ({}): held for a person ({})",
+                claim(),
+                why(lookup),
+                words.resolve_text
+            ),
+            NoteKind::GivenUp { lookup } => {
+                format!("{} is stale ({}): given up, not run", claim(), why(lookup))
+            }
+            NoteKind::Reclaimed { lookup } => format!(
+                "took over the stale claim of {} ({}): running it again (if the holder had \
+                 done the effect, this is a duplicate)",
+                claim(),
+                why(lookup)
+            ),
+            NoteKind::LostClaim {
+                during: "heartbeat",
+                ..
+            } => format!(
+                "lost the claim of {} while it ran: a renewal found it taken over",
+                claim()
+            ),
+            NoteKind::LostClaim { error, .. } => format!(
+                "{} ran, but lost its claim: {}",
+                claim(),
+                error.as_deref().unwrap_or("")
+            ),
+            NoteKind::CompletionGivenUp { attempts, error } => format!(
+                "{} ran, but its completion could not be recorded after {attempts} attempts \
+                 ({error}); the record stays claimed until its lease ends, after which a \
+                 redelivery would run it again",
+                claim()
+            ),
+            NoteKind::ReleaseFailed { error } => format!(
+                "could not release the claim of {} ({error}); it stays claimed until its lease \
+                 ends",
+                claim()
+            ),
+            NoteKind::Kept => format!(
+                "{}: the claim of {} is kept until its lease ends",
+                words.crash_text,
+                claim()
+            ),
+            NoteKind::MaxRunReached => format!(
+                "{} ran longer than its max_run; its lease was no longer renewed",
+                claim()
+            ),
+        })
+    }
+}

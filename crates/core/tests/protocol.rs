@@ -1,0 +1,821 @@
+//! The core protocol (`idempotent_job_core::protocol`) against a real PostgreSQL
+//! (DATABASE_URL): a table of its transitions (the record's state × the job's options
+//! → the step a delivery takes and the record's state after), then the completion,
+//! release, crash, lookup, mismatch and transaction paths. Each case uses its own
+//! operation key, so the tests run in parallel on one database.
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use idempotent_job_core::claim::{self, ClaimRequest, Fenced};
+use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::protocol::{
+    deferral_delay, Channel, Claim, ClaimInfo, ClaimKind, Decision, DeliveryRequest, Detail,
+    Direct, DoorWords, JobOptions, Level, LookupAnswer, Note, NoteKind, Notes, OnMismatch, OnStale,
+    Outcome, Protocol, Step, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
+};
+use idempotent_job_core::session::Session;
+use idempotent_job_core::store::{Interrupt, Pool, Store};
+
+mod common;
+use common::{find_record, store_with};
+
+macro_rules! in_both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod prepared_statements_on {
+            $(#[test]
+            fn $name() {
+                super::$name(&super::store_with(true, 10))
+            })*
+        }
+        mod prepared_statements_off {
+            $(#[test]
+            fn $name() {
+                super::$name(&super::store_with(false, 10))
+            })*
+        }
+    };
+}
+
+in_both_modes!(
+    the_transition_table,
+    a_completion_is_recorded_with_the_bodys_duration,
+    a_raising_body_releases_its_claim_for_the_retry,
+    a_crash_keeps_the_claim_until_its_lease_ends,
+    lookup_answers_decide_a_takeover,
+    a_failing_lookup_ends_the_lease_and_fails_the_delivery,
+    payload_mismatches_are_noted_and_refused_under_raise,
+    a_completion_after_a_takeover_is_a_lost_claim,
+    the_heartbeat_runs_with_the_body_only_when_asked,
+    a_transactional_delivery_claims_and_completes_in_one_transaction,
+);
+
+const JOB: &str = "ProtocolTestJob";
+
+/// A delivery of a fresh operation of [`JOB`].
+fn delivery(digest: &str) -> DeliveryRequest {
+    let key = uuid::Uuid::new_v4().to_string();
+    DeliveryRequest {
+        job_type: JOB.into(),
+        operation_key: key,
+        delivery_id: Some("d-1".into()),
+        job_class: Some("ProtocolTestJob".into()),
+        queue: Some("default".into()),
+        args_json: Some("[1]".into()),
+        args_digest: Some(digest.into()),
+        facts_json: None,
+        deferrals: 0,
+    }
+}
+
+fn protocol(options: JobOptions) -> Protocol {
+    Protocol::new(JOB, options, DoorWords::default()).unwrap()
+}
+
+fn direct(store: &Store) -> Direct {
+    Direct::new(store.pool().unwrap(), false)
+}
+
+/// `protocol.begin` on the store's pool, with its notes.
+fn begin(store: &Store, protocol: &Protocol, delivery: &DeliveryRequest) -> (Result<Step>, Notes) {
+    let mut notes = Notes::new();
+    let step = protocol.begin(&mut direct(store), &Interrupt::none(), delivery, &mut notes);
+    (step, notes)
+}
+
+/// The step's name: what the binding does next.
+fn action(step: &Step) -> String {
+    match step {
+        Step::Run(claim) => format!("run:{}", claim.info().kind.as_str()),
+        Step::AskLookup(claim) => format!("ask_lookup:{}", claim.info().kind.as_str()),
+        Step::Skip(outcome) => format!("skip:{}", outcome.decision.as_str()),
+        Step::InProgress(outcome) => format!("in_progress:{}", outcome.decision.as_str()),
+    }
+}
+
+fn status(store: &Store, delivery: &DeliveryRequest) -> String {
+    find_record(store, &claim_request(delivery))
+        .map(|r| r.status)
+        .unwrap_or_else(|| "none".into())
+}
+
+fn claim_request(delivery: &DeliveryRequest) -> ClaimRequest {
+    delivery.claim_request(&JobOptions::default())
+}
+
+/// Ends the record's lease now, as if its holder had died a lease ago (a stale claim).
+fn expire_lease(store: &Store, delivery: &DeliveryRequest) {
+    let (job_type, key) = (delivery.job_type.clone(), delivery.operation_key.clone());
+    store
+        .with_conn(async |c| {
+            c.execute(
+                "UPDATE idempotent_job_records SET lease_expires_at = now() - interval '1 s' \
+                 WHERE job_type = $1 AND operation_key = $2",
+                &[&job_type, &key],
+            )
+            .await?;
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn run_claim(step: Result<Step>) -> Claim {
+    match step.unwrap() {
+        Step::Run(claim) => claim,
+        other => panic!("expected Run, got {}", action(&other)),
+    }
+}
+
+/// Brings `delivery`'s operation into `state` through the protocol itself.
+fn prepare(store: &Store, delivery: &DeliveryRequest, state: &str) {
+    if state == "none" {
+        return;
+    }
+    let plain = protocol(JobOptions {
+        heartbeat: false,
+        ..JobOptions::default()
+    });
+    let mut notes = Notes::new();
+    let claim = run_claim(begin(store, &plain, delivery).0);
+    let mut channel = direct(store);
+    let i = Interrupt::none();
+    match state {
+        "completed" => {
+            plain
+                .complete(&mut channel, &i, claim, None, &mut notes)
+                .unwrap();
+        }
+        "live" => drop(claim),
+        "released" => plain.release(&mut channel, &i, claim, "RuntimeError", "boom", &mut notes),
+        "stale" => {
+            drop(claim);
+            expire_lease(store, delivery);
+        }
+        "held" | "given_up" => {
+            let fenced = if state == "held" {
+                Fenced::Hold
+            } else {
+                Fenced::GiveUp
+            };
+            channel.fenced(&i, fenced, claim.info(), None).unwrap();
+        }
+        other => panic!("unknown state {other}"),
+    }
+    assert_eq!(status(store, delivery), expected_status(state));
+}
+
+fn expected_status(state: &str) -> &str {
+    match state {
+        "live" | "stale" => "claimed",
+        other => other,
+    }
+}
+
+/// The record's state × the job's options → the step of the next delivery, and the
+/// record's status right after it (before any body runs).
+fn the_transition_table(store: &Store) {
+    let lookup = || Some("lookup #charged?".to_string());
+    let on = |on_stale: OnStale, lookup: Option<String>| JobOptions {
+        on_stale,
+        lookup,
+        heartbeat: false,
+        ..JobOptions::default()
+    };
+    let table: Vec<(&str, JobOptions, &str, &str)> = vec![
+        ("none", on(OnStale::Reclaim, None), "run:first", "claimed"),
+        ("none", on(OnStale::Hold, lookup()), "run:first", "claimed"),
+        (
+            "completed",
+            on(OnStale::Reclaim, None),
+            "skip:completed",
+            "completed",
+        ),
+        ("held", on(OnStale::Reclaim, None), "skip:held", "held"),
+        (
+            "given_up",
+            on(OnStale::Reclaim, None),
+            "skip:given_up",
+            "given_up",
+        ),
+        (
+            "live",
+            on(OnStale::Reclaim, None),
+            "in_progress:in_progress",
+            "claimed",
+        ),
+        (
+            "live",
+            on(OnStale::Hold, lookup()),
+            "in_progress:in_progress",
+            "claimed",
+        ),
+        ("released", on(OnStale::Hold, None), "run:retry", "claimed"),
+        (
+            "released",
+            on(OnStale::Skip, lookup()),
+            "run:retry",
+            "claimed",
+        ),
+        (
+            "stale",
+            on(OnStale::Reclaim, None),
+            "run:takeover",
+            "claimed",
+        ),
+        ("stale", on(OnStale::Hold, None), "skip:held", "held"),
+        (
+            "stale",
+            on(OnStale::Skip, None),
+            "skip:given_up",
+            "given_up",
+        ),
+        (
+            "stale",
+            on(OnStale::Reclaim, lookup()),
+            "ask_lookup:takeover",
+            "claimed",
+        ),
+        (
+            "stale",
+            on(OnStale::Hold, lookup()),
+            "ask_lookup:takeover",
+            "claimed",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (state, options, want_action, want_status) in table {
+        let delivery = delivery("digest-a");
+        prepare(store, &delivery, state);
+        let (step, notes) = begin(store, &protocol(options.clone()), &delivery);
+        let step = step.unwrap();
+        let got = (action(&step), status(store, &delivery));
+        let want = (want_action.to_string(), want_status.to_string());
+        if got != want {
+            failures.push(format!(
+                "{state} × on_stale {} lookup {:?}: got {got:?}, want {want:?}",
+                options.on_stale.as_str(),
+                options.lookup
+            ));
+        }
+        check_notes(state, &step, &notes, &options);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// What each transition tells: its events and log lines.
+fn check_notes(state: &str, step: &Step, notes: &Notes, options: &JobOptions) {
+    let events: Vec<&str> = notes.iter().filter_map(Note::event).collect();
+    match step {
+        Step::Run(claim) | Step::AskLookup(claim) => {
+            assert_eq!(events[0], "claimed", "{state}");
+            assert_eq!(notes[0].attempt, Some(claim.info().attempt));
+            assert_eq!(
+                notes[0].details()[0],
+                ("kind", Detail::Name(claim.info().kind.as_str()))
+            );
+            if claim.info().kind == ClaimKind::Takeover {
+                assert_eq!(events[1], "taken_over");
+            }
+        }
+        Step::Skip(outcome) if state == "stale" => {
+            assert_eq!(events, ["claimed", "taken_over", outcome.decision.as_str()]);
+            let d = delivery("x");
+            let warn = notes.last().unwrap();
+            assert_eq!(warn.level(), Some(Level::Warn));
+            assert!(warn
+                .text(&d, &DoorWords::default())
+                .unwrap()
+                .contains("is stale (its holder's lease ran out)"));
+            assert_eq!(
+                outcome.claim.as_ref().map(|c| c.kind),
+                Some(ClaimKind::Takeover)
+            );
+        }
+        Step::Skip(outcome) => {
+            assert_eq!(events, ["skipped"], "{state}");
+            assert_eq!(outcome.duplicates, Some(1));
+            assert_eq!(
+                notes[0].details(),
+                vec![
+                    ("decision", Detail::Name(outcome.decision.as_str())),
+                    ("duplicates", Detail::Int(1))
+                ]
+            );
+        }
+        Step::InProgress(outcome) => {
+            assert_eq!(events, ["deferred"]);
+            // A first deferral comes back after 1 s (the lease has ~300 s left).
+            assert_eq!(outcome.retry_after, Some(1.0));
+            assert!(outcome.lease_remaining.unwrap() > options.lease_seconds - 60.0);
+            assert_eq!(outcome.holder.as_deref(), Some("d-1"));
+            let text = notes[0]
+                .text(&delivery("x"), &DoorWords::default())
+                .unwrap();
+            assert!(
+                text.contains("is in progress under delivery d-1; retry after 1.0 s (deferral 1;"),
+                "{text}"
+            );
+        }
+    }
+}
+
+fn a_completion_is_recorded_with_the_bodys_duration(store: &Store) {
+    let protocol = protocol(JobOptions::default());
+    let delivery = delivery("digest-a");
+    let claim = run_claim(begin(store, &protocol, &delivery).0);
+    let info = claim.info().clone();
+    let mut notes = Notes::new();
+    let value = serde_json::json!({"charge_id": "ch_1"});
+    let done = protocol
+        .complete(
+            &mut direct(store),
+            &Interrupt::none(),
+            claim,
+            Some(&value),
+            &mut notes,
+        )
+        .unwrap();
+    assert!(done.recorded);
+    assert_eq!(done.attempts, 1);
+    assert_eq!(done.outcome.decision, Decision::Ran);
+    assert!(done.outcome.ran());
+    assert_eq!(done.outcome.claim, Some(info));
+    assert_eq!(status(store, &delivery), "completed");
+    assert_eq!(notes.len(), 1);
+    assert_eq!(notes[0].event(), Some("completed"));
+    assert!(matches!(notes[0].details()[0], ("duration", Detail::Float(d)) if d >= 0.0));
+    // The next delivery of the operation is a duplicate.
+    let (again, _) = begin(store, &protocol, &delivery);
+    assert_eq!(action(&again.unwrap()), "skip:completed");
+}
+
+fn a_raising_body_releases_its_claim_for_the_retry(store: &Store) {
+    let protocol = protocol(JobOptions::default());
+    let delivery = delivery("digest-a");
+    let claim = run_claim(begin(store, &protocol, &delivery).0);
+    let mut notes = Notes::new();
+    let long = "é".repeat(ERROR_TEXT_LIMIT + 50);
+    protocol.release(
+        &mut direct(store),
+        &Interrupt::none(),
+        claim,
+        "Gateway::Timeout",
+        &long,
+        &mut notes,
+    );
+    let record = find_record(store, &claim_request(&delivery)).unwrap();
+    assert_eq!(record.status, "released");
+    let stored = record.last_error.unwrap();
+    assert!(stored.starts_with("Gateway::Timeout: éé"));
+    assert_eq!(stored.chars().count(), ERROR_TEXT_LIMIT);
+    assert_eq!(notes.len(), 1);
+    assert_eq!(notes[0].event(), Some("released"));
+    assert_eq!(
+        notes[0].details(),
+        vec![("error", Detail::Text("Gateway::Timeout".into()))]
+    );
+    let retry = run_claim(begin(store, &protocol, &delivery).0);
+    assert_eq!(retry.info().kind, ClaimKind::Retry);
+    assert_eq!(retry.info().attempt, 2);
+}
+
+fn a_crash_keeps_the_claim_until_its_lease_ends(store: &Store) {
+    let protocol = protocol(JobOptions::default());
+    let delivery = delivery("digest-a");
+    let claim = run_claim(begin(store, &protocol, &delivery).0);
+    let mut notes = Notes::new();
+    protocol.keep(claim, &mut notes);
+    assert_eq!(status(store, &delivery), "claimed");
+    assert_eq!(notes.len(), 1);
+    assert_eq!(notes[0].level(), Some(Level::Warn));
+    let text = notes[0].text(&delivery, protocol.words()).unwrap();
+    assert!(
+        text.starts_with("the worker is shutting down (interrupt or signal): the claim of"),
+        "{text}"
+    );
+    let (again, _) = begin(store, &protocol, &delivery);
+    assert_eq!(action(&again.unwrap()), "in_progress:in_progress");
+}
+
+/// A stale claim of a fresh operation, taken over by a protocol with a lookup: the
+/// claim to ask about.
+fn asked(store: &Store, protocol: &Protocol) -> (DeliveryRequest, Claim) {
+    let delivery = delivery("digest-a");
+    prepare(store, &delivery, "stale");
+    match begin(store, protocol, &delivery).0.unwrap() {
+        Step::AskLookup(claim) => (delivery, claim),
+        other => panic!("expected AskLookup, got {}", action(&other)),
+    }
+}
+
+fn lookup_answers_decide_a_takeover(store: &Store) {
+    let i = Interrupt::none();
+    let cases = [
+        (
+            LookupAnswer::Done,
+            OnStale::Reclaim,
+            "skip:completed",
+            "completed",
+        ),
+        (
+            LookupAnswer::NotDone,
+            OnStale::Hold,
+            "run:takeover",
+            "claimed",
+        ),
+        (
+            LookupAnswer::Unknown,
+            OnStale::Reclaim,
+            "run:takeover",
+            "claimed",
+        ),
+        (LookupAnswer::Unknown, OnStale::Hold, "skip:held", "held"),
+        (
+            LookupAnswer::Unknown,
+            OnStale::Skip,
+            "skip:given_up",
+            "given_up",
+        ),
+    ];
+    for (answer, on_stale, want_action, want_status) in cases {
+        let protocol = protocol(JobOptions {
+            on_stale,
+            lookup: Some("lookup #charged?".into()),
+            heartbeat: false,
+            ..JobOptions::default()
+        });
+        let (delivery, claim) = asked(store, &protocol);
+        let mut notes = Notes::new();
+        let step = protocol
+            .after_lookup(&mut direct(store), &i, claim, answer.clone(), &mut notes)
+            .unwrap();
+        assert_eq!(
+            (action(&step), status(store, &delivery)),
+            (want_action.to_string(), want_status.to_string()),
+            "{answer:?} × {on_stale:?}"
+        );
+        assert_eq!(notes[0].event(), Some("lookup"));
+        let text = notes[0].text(&delivery, protocol.words()).unwrap();
+        assert!(
+            text.starts_with("lookup #charged? of ProtocolTestJob operation"),
+            "{text}"
+        );
+        if answer == LookupAnswer::Unknown && on_stale != OnStale::Reclaim {
+            let last = notes
+                .last()
+                .unwrap()
+                .text(&delivery, protocol.words())
+                .unwrap();
+            assert!(last.contains("(lookup #charged? does not know)"), "{last}");
+        }
+    }
+}
+
+fn a_failing_lookup_ends_the_lease_and_fails_the_delivery(store: &Store) {
+    let i = Interrupt::none();
+    let protocol = protocol(JobOptions {
+        lookup: Some("lookup #charged?".into()),
+        heartbeat: false,
+        ..JobOptions::default()
+    });
+    for answer in [
+        LookupAnswer::Raised {
+            error: "RuntimeError: gateway down".into(),
+        },
+        LookupAnswer::Invalid {
+            answer: "\"maybe\"".into(),
+        },
+    ] {
+        let (delivery, claim) = asked(store, &protocol);
+        let token = claim.info().token;
+        let mut notes = Notes::new();
+        let failed =
+            protocol.after_lookup(&mut direct(store), &i, claim, answer.clone(), &mut notes);
+        let Err(Error::Lookup { message, .. }) = failed else {
+            panic!("expected a lookup error, got {failed:?}");
+        };
+        match &answer {
+            LookupAnswer::Raised { .. } => assert!(
+                message.contains("raised RuntimeError: gateway down; the job was not run"),
+                "{message}"
+            ),
+            _ => assert!(
+                message.contains("answered \"maybe\"; expected done, not_done or unknown"),
+                "{message}"
+            ),
+        }
+        let record = find_record(store, &claim_request(&delivery)).unwrap();
+        assert_eq!(
+            (
+                record.status.as_str(),
+                record.lease_expired,
+                record.claim_token
+            ),
+            ("claimed", true, token)
+        );
+        assert!(record.last_error.unwrap().starts_with("lookup failed: "));
+        assert_eq!(notes[0].level(), Some(Level::Error));
+        // The next delivery asks again.
+        let (again, _) = begin(store, &protocol, &delivery);
+        assert_eq!(action(&again.unwrap()), "ask_lookup:takeover");
+    }
+}
+
+fn payload_mismatches_are_noted_and_refused_under_raise(store: &Store) {
+    let log = protocol(JobOptions::default());
+    let raise = protocol(JobOptions {
+        on_mismatch: OnMismatch::Raise,
+        ..JobOptions::default()
+    });
+    // Completed, then a different payload: noted; under raise, refused.
+    let first = delivery("digest-a");
+    prepare(store, &first, "completed");
+    let other = DeliveryRequest {
+        args_digest: Some("digest-b".into()),
+        ..first.clone()
+    };
+    let (step, notes) = begin(store, &log, &other);
+    assert_eq!(action(&step.unwrap()), "skip:completed");
+    assert_eq!(notes[0].event(), Some("mismatch"));
+    assert_eq!(notes[0].details(), vec![("refused", Detail::Bool(false))]);
+    assert_eq!(notes[0].level(), Some(Level::Warn));
+    let (step, notes) = begin(store, &raise, &other);
+    assert!(
+        matches!(&step, Err(Error::PayloadMismatch { operation_key, .. }) if *operation_key == first.operation_key),
+        "{step:?}"
+    );
+    assert_eq!(notes[0].details(), vec![("refused", Detail::Bool(true))]);
+    assert_eq!(notes[0].level(), Some(Level::Error));
+    // Released, then a different payload under raise: never taken over.
+    let released = delivery("digest-a");
+    prepare(store, &released, "released");
+    let other = DeliveryRequest {
+        args_digest: Some("digest-b".into()),
+        ..released.clone()
+    };
+    let (step, _) = begin(store, &raise, &other);
+    assert!(
+        matches!(step, Err(Error::PayloadMismatch { .. })),
+        "{step:?}"
+    );
+    assert_eq!(status(store, &released), "released");
+    // The same payload claims it again.
+    let (step, notes) = begin(store, &raise, &released);
+    assert_eq!(action(&step.unwrap()), "run:retry");
+    assert!(notes.iter().all(|n| n.event() != Some("mismatch")));
+}
+
+fn a_completion_after_a_takeover_is_a_lost_claim(store: &Store) {
+    let protocol = protocol(JobOptions {
+        heartbeat: false,
+        ..JobOptions::default()
+    });
+    let delivery = delivery("digest-a");
+    let slow = run_claim(begin(store, &protocol, &delivery).0);
+    expire_lease(store, &delivery);
+    let taker = run_claim(begin(store, &protocol, &delivery).0);
+    assert_eq!(taker.info().kind, ClaimKind::Takeover);
+    let mut notes = Notes::new();
+    let lost = protocol.complete(
+        &mut direct(store),
+        &Interrupt::none(),
+        slow,
+        None,
+        &mut notes,
+    );
+    assert!(matches!(lost, Err(Error::LostClaim { .. })), "{lost:?}");
+    assert_eq!(notes[0].event(), Some("lost_claim"));
+    assert_eq!(
+        notes[0].details(),
+        vec![("during", Detail::Name("completion"))]
+    );
+    assert_eq!(notes[0].level(), Some(Level::Error));
+    // The taker's completion stands.
+    protocol
+        .complete(
+            &mut direct(store),
+            &Interrupt::none(),
+            taker,
+            None,
+            &mut notes,
+        )
+        .unwrap();
+    assert_eq!(status(store, &delivery), "completed");
+}
+
+fn the_heartbeat_runs_with_the_body_only_when_asked(store: &Store) {
+    let with = protocol(JobOptions::default());
+    let without = protocol(JobOptions {
+        heartbeat: false,
+        ..JobOptions::default()
+    });
+    let claim = run_claim(begin(store, &with, &delivery("digest-a")).0);
+    let report = claim
+        .heartbeat_report()
+        .expect("a heartbeat while the body runs");
+    assert!(!report.lost && !report.in_doubt);
+    with.keep(claim, &mut Notes::new());
+    let claim = run_claim(begin(store, &without, &delivery("digest-a")).0);
+    assert!(claim.heartbeat_report().is_none());
+}
+
+fn a_transactional_delivery_claims_and_completes_in_one_transaction(store: &Store) {
+    let protocol = protocol(JobOptions::default());
+    let delivery = delivery("digest-a");
+    let i = Interrupt::none();
+    let pool = store.pool().unwrap();
+    let mut session = Session::begin(&pool, &i).unwrap();
+    let mut notes = Notes::new();
+    let claim = run_claim(protocol.begin(&mut session, &i, &delivery, &mut notes));
+    assert!(
+        claim.heartbeat_report().is_none(),
+        "no heartbeat in a transaction"
+    );
+    let done = protocol
+        .complete(&mut session, &i, claim, None, &mut notes)
+        .unwrap();
+    assert!(done.recorded);
+    // Not visible before the commit.
+    assert_eq!(status(store, &delivery), "none");
+    session.commit(&i).unwrap();
+    assert_eq!(status(store, &delivery), "completed");
+    // A raising body in a transaction: release writes nothing; the rollback undoes the claim.
+    let second = self::delivery("digest-a");
+    let mut session = Session::begin(&pool, &i).unwrap();
+    let claim = run_claim(protocol.begin(&mut session, &i, &second, &mut notes));
+    let mut released = Notes::new();
+    protocol.release(
+        &mut session,
+        &i,
+        claim,
+        "RuntimeError",
+        "boom",
+        &mut released,
+    );
+    assert!(released.is_empty());
+    session.rollback(&i).unwrap();
+    assert_eq!(status(store, &second), "none");
+}
+
+/// Direct, with the first `fail` completions failing as a dead database would, and
+/// the pauses between attempts counted instead of waited.
+struct Flaky {
+    inner: Direct,
+    fail: usize,
+    pauses: RefCell<Vec<Duration>>,
+}
+
+impl Channel for Flaky {
+    fn claim(
+        &mut self,
+        i: &Interrupt<'_>,
+        request: &ClaimRequest,
+        lock: f64,
+    ) -> Result<claim::Decision> {
+        self.inner.claim(i, request, lock)
+    }
+
+    fn fenced(
+        &mut self,
+        i: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+    ) -> Result<()> {
+        if change == Fenced::Complete && self.fail > 0 {
+            self.fail -= 1;
+            return Err(Error::connection("the connection closed"));
+        }
+        self.inner.fenced(i, change, claim, text)
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    fn heartbeat_pool(&self) -> Option<&Pool> {
+        self.inner.heartbeat_pool()
+    }
+
+    fn pause(&mut self, _: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        self.pauses.borrow_mut().push(pause);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_failing_completion_is_retried_seven_times_then_given_up() {
+    let store = store_with(true, 4);
+    let protocol = protocol(JobOptions {
+        heartbeat: false,
+        ..JobOptions::default()
+    });
+    let i = Interrupt::none();
+    let delays: Vec<Duration> = COMPLETION_RETRY_DELAYS
+        .iter()
+        .map(|s| Duration::from_secs_f64(*s))
+        .collect();
+    assert_eq!(COMPLETION_RETRY_DELAYS.iter().sum::<f64>(), 15.3);
+    // Three failures, then the completion lands.
+    let delivery = delivery("digest-a");
+    let mut flaky = Flaky {
+        inner: direct(&store),
+        fail: 3,
+        pauses: RefCell::default(),
+    };
+    let claim = run_claim(begin(&store, &protocol, &delivery).0);
+    let mut notes = Notes::new();
+    let done = protocol
+        .complete(&mut flaky, &i, claim, None, &mut notes)
+        .unwrap();
+    assert_eq!((done.recorded, done.attempts), (true, 4));
+    assert_eq!(*flaky.pauses.borrow(), delays[..3]);
+    assert_eq!(status(&store, &delivery), "completed");
+    // Always failing: 7 attempts, then given up; the record stays claimed.
+    let delivery = self::delivery("digest-a");
+    let mut flaky = Flaky {
+        inner: direct(&store),
+        fail: usize::MAX,
+        pauses: RefCell::default(),
+    };
+    let claim = run_claim(begin(&store, &protocol, &delivery).0);
+    let mut notes = Notes::new();
+    let done = protocol
+        .complete(&mut flaky, &i, claim, None, &mut notes)
+        .unwrap();
+    assert_eq!((done.recorded, done.attempts), (false, 7));
+    assert_eq!(*flaky.pauses.borrow(), delays);
+    assert_eq!(status(&store, &delivery), "claimed");
+    let last = notes.last().unwrap();
+    assert_eq!(last.level(), Some(Level::Error));
+    assert!(last
+        .text(&delivery, protocol.words())
+        .unwrap()
+        .contains("ran, but its completion could not be recorded after 7 attempts"));
+}
+
+#[test]
+fn the_deferral_doubles_up_to_the_lease_end_plus_the_margin() {
+    assert_eq!(deferral_delay(300.0, 0, 1.0), 1.0);
+    assert_eq!(deferral_delay(300.0, 1, 1.0), 2.0);
+    assert_eq!(deferral_delay(300.0, 3, 1.0), 8.0);
+    assert_eq!(deferral_delay(10.0, 5, 1.0), 11.0);
+    assert_eq!(deferral_delay(-3.0, 5, 0.0), 0.0);
+    assert_eq!(deferral_delay(1e12, 1000, 1.0), 2f64.powi(30));
+}
+
+#[test]
+fn options_are_checked_naming_the_job() {
+    let bad = |options: JobOptions| match Protocol::new("ChargeJob", options, DoorWords::default())
+    {
+        Err(Error::Config(message)) => message,
+        other => panic!("expected a configuration error, got {other:?}"),
+    };
+    assert!(bad(JobOptions {
+        lease_seconds: 0.1,
+        ..JobOptions::default()
+    })
+    .starts_with("ChargeJob: lease must be at least 0.25 s"));
+    assert!(bad(JobOptions {
+        max_run_seconds: f64::NAN,
+        ..JobOptions::default()
+    })
+    .starts_with("ChargeJob: max_run"));
+    assert!(bad(JobOptions {
+        lookup: Some(String::new()),
+        ..JobOptions::default()
+    })
+    .contains("lookup"));
+    assert_eq!(OnStale::parse("ChargeJob", "hold").unwrap(), OnStale::Hold);
+    assert!(
+        matches!(OnMismatch::parse("ChargeJob", "yell"), Err(Error::Config(m)) if m.contains("ChargeJob: on_mismatch must be log or raise"))
+    );
+}
+
+#[test]
+fn decision_names_are_the_bindings_names() {
+    let names: Vec<&str> = [
+        Decision::Ran,
+        Decision::Completed,
+        Decision::Held,
+        Decision::GivenUp,
+        Decision::InProgress,
+        Decision::Refused,
+    ]
+    .iter()
+    .map(|d| d.as_str())
+    .collect();
+    assert_eq!(
+        names,
+        [
+            "ran",
+            "completed",
+            "held",
+            "given_up",
+            "in_progress",
+            "refused"
+        ]
+    );
+    let _: Option<Outcome> = None;
+    let _ = NoteKind::Kept;
+}
