@@ -155,12 +155,15 @@ def perform_once(
         payload: the operation's arguments (any JSON value); a later delivery with a
             different payload is a payload mismatch (logged, or refused under
             ``on_mismatch="raise"``).
-        store_result: keep ``fn``'s return value so a repeat gets it
-            (TODO(results): stored results are issue 23; until they land a repeat gets
-            ``value=None`` and ``replayed=False``).
+        store_result: store ``fn``'s return value (a JSON value) with the completion, so a
+            repeat gets it as ``outcome.value`` with ``outcome.replayed`` True (once the
+            record has its result column: migration V7 of the stored-results work; before
+            that a repeat gets ``value=None`` and ``replayed=False``).
         wait: seconds to wait for a running claim's completion. TODO(results): not yet
             supported; only None is accepted.
-        on_stale, on_mismatch, lookup, heartbeat, max_run: as the Ruby gem's options.
+        on_stale, on_mismatch, lookup, heartbeat, max_run: as the Ruby gem's options;
+            ``lookup(operation_key)`` is asked after a takeover of a stale claim and answers
+            "done", "not_done" or "unknown".
         id: this delivery's id (stored as the record's last claiming jid); default a
             fresh UUID.
         deferrals: how many times this delivery already met a live claim (for
@@ -169,14 +172,18 @@ def perform_once(
         facts: a dict of JSON values about this delivery, kept for the repeats report.
 
     Returns:
-        An :class:`Outcome`: ``decision`` is "ran", "completed", "held", "given_up" or
-        "in_progress" (then ``retry_after`` says in how many seconds to come back).
+        An :class:`Outcome`: ``decision`` is "ran", "completed", "held", "given_up",
+        "in_progress" (then ``retry_after`` says in how many seconds to come back) or
+        "refused" (a released or stale claim with a different payload under
+        ``on_mismatch="raise"``). Decisions are logged on the ``idempotent_job`` logger.
 
     Raises:
         OperationKeyError: for a bad key. ConfigurationError: for a bad option.
         PayloadMismatchError: under ``on_mismatch="raise"``. LookupError.
         ConnectionError, TimeoutError, DatabaseError: the body did not run.
-        Whatever ``fn`` raised: its claim was released first, so a retry runs it again.
+        Whatever ``fn`` raised: its claim was released first, so a retry runs it again
+            (SystemExit and KeyboardInterrupt keep the claim until its lease ends: the
+            process is going away and the effect may have happened).
     """
     if wait is not None:
         raise ConfigurationError(
@@ -187,6 +194,7 @@ def perform_once(
         raise ConfigurationError(f"{job_type}: perform_once needs a callable body, got {type(fn).__name__}")
     job_type = str(job_type)
     key_text = Store.operation_key(job_type, key)
+    store = _current()
     options = {
         "lease": lease,
         "on_stale": on_stale,
@@ -194,50 +202,21 @@ def perform_once(
         "lookup": lookup,
         "heartbeat": heartbeat,
         "max_run": max_run,
+        "store_result": store_result,
     }
-    outcome = _current().perform_once(
+    return store.perform_once(
+        store.protocol(job_type, options, "plain"),
         job_type,
         key_text,
         fn,
         [] if payload is None else payload,
-        options,
         id or str(uuid.uuid4()),
         deferrals,
         job_class,
         queue,
         facts,
+        lookup,
     )
-    _log(job_type, key_text, outcome)
-    return outcome
-
-
-_STATES = {
-    "completed": "already completed",
-    "held": "held for a person",
-    "given_up": "given up",
-}
-
-
-def _log(job_type: str, key: str, outcome: Outcome) -> None:
-    if outcome.decision in _STATES:
-        logger.info(
-            "%s operation %r is %s; duplicate delivery skipped (%s so far)",
-            job_type,
-            key,
-            _STATES[outcome.decision],
-            outcome.duplicates,
-        )
-    elif outcome.decision == "in_progress":
-        logger.info(
-            "%s operation %r is in progress under %s; come back in %.1f s (its lease ends in %.1f s)",
-            job_type,
-            key,
-            outcome.holder,
-            outcome.retry_after,
-            outcome.lease_remaining,
-        )
-    if outcome.mismatch:
-        logger.warning("%s operation %r: this delivery's payload differs from the claim's", job_type, key)
 
 
 def held(job_type: str | None = None, limit: int = 100) -> list[tuple[str, str]]:

@@ -20,7 +20,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore, Retry
 
-from . import _current, _log
+from . import _current
 from ._native import Store
 from .errors import ConfigurationError, OperationKeyError
 
@@ -36,8 +36,8 @@ DEFERRALS_HEADER = "idempotent_job_deferrals"
 #: ``store_result``, and the options the core takes per delivery.
 #: TODO(inputs): the delivery options' names come from the core's options module once it
 #: lands (issue 21); until then they are listed here, once.
-DOOR_OPTIONS = ("key", "scope", "store_result")
-CORE_OPTIONS = ("lease", "on_stale", "on_mismatch", "lookup", "heartbeat", "max_run")
+DOOR_OPTIONS = ("key", "scope")
+CORE_OPTIONS = ("lease", "on_stale", "on_mismatch", "lookup", "heartbeat", "max_run", "store_result")
 KNOWN = tuple(f"idempotency_{name}" for name in DOOR_OPTIONS + CORE_OPTIONS)
 
 
@@ -170,19 +170,23 @@ class IdempotentTask(Task):
         lookup = cls.__dict__.get("idempotency_lookup", cls.idempotency_lookup)
         if isinstance(lookup, staticmethod):
             lookup = lookup.__func__
-        cls._idempotency_lookup = staticmethod(lookup) if lookup is not None else None
-        _current().check_options(cls._idempotency_scope_of(name), cls._core_options())
+        cls._idempotency_lookup_fn = staticmethod(lookup) if lookup is not None else None
+        cls._idempotency_protocol = None
+        cls._idempotency_protocol_of(name)  # checks the options now, naming the task
 
     @classmethod
-    def _idempotency_scope_of(cls, name: str) -> str:
-        return cls.idempotency_scope or name
-
-    @classmethod
-    def _core_options(cls) -> dict[str, Any]:
-        options = {name: getattr(cls, f"idempotency_{name}") for name in CORE_OPTIONS if name != "lookup"}
-        lookup = getattr(cls, "_idempotency_lookup", None)
-        options["lookup"] = lookup
-        return options
+    def _idempotency_protocol_of(cls, name: str) -> Any:
+        """The task's protocol (its options over configure's defaults), built again when
+        ``configure`` was called since."""
+        store = _current()
+        cached = cls._idempotency_protocol
+        if cached is not None and cached[0] is store:
+            return cached[1]
+        options = {n: getattr(cls, f"idempotency_{n}") for n in CORE_OPTIONS if n != "lookup"}
+        options["lookup"] = cls._idempotency_lookup_fn
+        protocol = store.protocol(cls.idempotency_scope or name, options, "celery")
+        cls._idempotency_protocol = (store, protocol)
+        return protocol
 
     def _operation_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         job = self.name
@@ -234,7 +238,7 @@ class IdempotentTask(Task):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         key = self._operation_key(args, kwargs)
-        job_type = self._idempotency_scope_of(self.name)
+        job_type = self.idempotency_scope or self.name
         deferrals = int(_header(request, DEFERRALS_HEADER) or 0)
         payload = list(args) + ([kwargs] if kwargs else [])
         delivery_info = getattr(request, "delivery_info", None) or {}
@@ -246,31 +250,33 @@ class IdempotentTask(Task):
         def body(claim: Any) -> Any:
             return parent.__call__(*args, **kwargs)
 
+        protocol = self._idempotency_protocol_of(self.name)
         outcome = _current().perform_once(
+            protocol,
             job_type,
             key,
             body,
             payload,
-            self._core_options(),
-            request.id or "",
+            request.id,
             deferrals,
             self.name,
             delivery_info.get("routing_key"),
             facts,
+            self._idempotency_lookup_fn,
         )
-        _log(job_type, key, outcome)
         decision = outcome.decision
         if decision in ("ran", "completed"):
             return outcome.value
         if decision == "in_progress":
             self._send_back(outcome.retry_after, deferrals + 1)
         logger.info(
-            "%s[%s]: operation %r of %s is %s; ignored (resolve it with idempotent_job.resolve)",
+            "%s[%s]: operation %r of %s is %s; the task is ignored%s",
             self.name,
             request.id,
             key,
             job_type,
-            "held for a person" if decision == "held" else "given up",
+            _IGNORED.get(decision, decision),
+            " (settle it with idempotent_job.resolve)" if decision in ("held", "given_up") else "",
         )
         raise Ignore()
 
@@ -295,6 +301,13 @@ class IdempotentTask(Task):
         )
         signature.apply_async()
         raise Retry(f"operation in progress; back in {countdown:.1f} s", None, when=countdown)
+
+
+_IGNORED = {
+    "held": "held for a person",
+    "given_up": "given up",
+    "refused": "refused (its payload differs from the claim's under on_mismatch='raise')",
+}
 
 
 def _header(request: Any, name: str) -> Any:

@@ -17,6 +17,8 @@ fn class_name(err: &Error) -> &'static str {
         Error::Migration(_) => "MigrationError",
         Error::LockTimeout { .. } => "LockTimeoutError",
         Error::Timeout { .. } => "TimeoutError",
+        Error::PayloadMismatch { .. } => "PayloadMismatchError",
+        Error::Lookup { .. } => "LookupError",
         Error::Interrupted | Error::Panic(_) => "IdempotentJobError",
     }
 }
@@ -28,6 +30,16 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     kwargs.set_item("sqlstate", err.sqlstate())?;
     kwargs.set_item("retryable", err.retryable())?;
     if let Error::LostClaim {
+        job_type,
+        operation_key,
+        ..
+    }
+    | Error::PayloadMismatch {
+        job_type,
+        operation_key,
+        ..
+    }
+    | Error::Lookup {
         job_type,
         operation_key,
         ..

@@ -22,6 +22,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::Store>()?;
     m.add_class::<protocol::Claim>()?;
     m.add_class::<protocol::Outcome>()?;
+    m.add_class::<protocol::JobProtocol>()?;
     m.add_function(wrap_pyfunction!(store::describe_url, m)?)?;
     m.add("SCHEMA_SQL", idempotent_job_core::migrate::schema_sql())?;
     Ok(())

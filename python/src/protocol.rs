@@ -1,81 +1,52 @@
-//! One delivery of an operation: claim, then run the body (with the GIL), then
-//! complete, or release when it raised; a takeover of a stale claim asks the lookup
-//! and the stale policy; a live claim answers when to come back.
-//!
-//! TODO(core): the claim protocol is being moved into the core crate
-//! (`crates/core/src/protocol.rs`, issue 21). Until it lands this file binds the core's
-//! existing claim, fenced changes and heartbeat, in the same order as the Ruby gem's
-//! `lib/idempotent_job/protocol.rb`; once it lands this file only binds that API.
+//! One delivery through the core's claim protocol (`idempotent_job_core::protocol`):
+//! [`Protocol::begin`] with the GIL released, the body (and a declared lookup) called
+//! with the GIL held, then [`Protocol::complete`], [`Protocol::release`] or
+//! [`Protocol::keep`], again with the GIL released. Nothing of the protocol is decided
+//! here: this file only calls user code between the core's steps, turns the outcome
+//! into a Python object and logs the core's notes.
 
 use pyo3::prelude::*;
-use uuid::Uuid;
+use pyo3::types::PyDict;
 
+use crate::convert;
 use crate::gil::detached;
-use idempotent_job_core::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome as Decided};
-use idempotent_job_core::error::Error;
-use idempotent_job_core::heartbeat::Heartbeat;
-use idempotent_job_core::retry::with_fresh_conn;
-use idempotent_job_core::store::{Lane, Pool};
+use idempotent_job_core::protocol::{
+    Claim as CoreClaim, ClaimInfo, DeliveryRequest, Direct, DoorWords, Level, LookupAnswer, Notes,
+    Outcome as CoreOutcome, Protocol, Step,
+};
+use idempotent_job_core::store::Pool;
 
-/// Seconds before a delivery that met a live claim first comes back; doubled per
-/// deferral, never later than the holder's lease end plus `defer_margin`.
-/// TODO(core): the Ruby gem's `Protocol::Deferral` constants; read them from the core.
-const FIRST_DELAY: f64 = 1.0;
-const FACTOR: f64 = 2.0;
-
-/// What a delivery does with a stale claim (its lease ran out: the holder may have
-/// died before or after its effect).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stale {
-    /// Run again (a rare duplicate).
-    Reclaim,
-    /// Do not run; held for a person (`resolve`).
-    Hold,
-    /// Do not run; given up (a rare miss).
-    Skip,
+/// One job type's protocol: its options resolved and checked once (per Celery task
+/// class, per `perform_once` call), told in its door's words.
+#[pyclass(frozen, module = "idempotent_job._native")]
+pub struct JobProtocol {
+    pub protocol: Protocol,
 }
 
-impl Stale {
-    pub fn parse(job: &str, text: &str) -> Result<Stale, Error> {
-        match text {
-            "reclaim" => Ok(Stale::Reclaim),
-            "hold" => Ok(Stale::Hold),
-            "skip" => Ok(Stale::Skip),
-            other => Err(Error::Config(format!(
-                "{job}: on_stale must be one of \"reclaim\", \"hold\", \"skip\", got {other:?}"
-            ))),
-        }
+#[pymethods]
+impl JobProtocol {
+    /// Whether the body's value is stored with the completion (`store_result`).
+    #[getter]
+    fn store_result(&self) -> bool {
+        self.protocol.options().store_result
+    }
+
+    /// The lease in seconds.
+    #[getter]
+    fn lease(&self) -> f64 {
+        self.protocol.options().lease_seconds
     }
 }
 
-/// The options of one delivery, each from the call, else the task's declaration,
-/// else `configure` (see `store::Settings`).
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Seconds a claim stays live without a renewal.
-    pub lease: f64,
-    pub on_stale: Stale,
-    /// `on_mismatch="raise"`: refuse a delivery whose payload differs from the claim's.
-    pub refuse_mismatch: bool,
-    /// Renew the lease in the background while the body runs.
-    pub heartbeat: bool,
-    /// Seconds after which the heartbeat stops renewing (a hung body loses its claim).
-    pub max_run: f64,
-    /// Seconds added past the holder's lease end when coming back.
-    pub defer_margin: f64,
-}
-
-/// What one delivery asks: the record's name, the payload, who delivers it.
-pub struct Delivery {
-    pub job_type: String,
-    pub operation_key: String,
-    pub id: String,
-    pub deferrals: u32,
-    pub job_class: String,
-    pub queue: Option<String>,
-    pub args_json: String,
-    pub args_digest: String,
-    pub facts_json: Option<String>,
+/// The words of a door: "task" for Celery's, "delivery" for the plain API.
+pub fn words(door: &str) -> DoorWords {
+    let mut words = DoorWords::default();
+    if door == "celery" {
+        words.id_label = "task".into();
+        words.defer_text = "retry in".into();
+        words.crash_text = "the worker is going away (SystemExit or KeyboardInterrupt)".into();
+    }
+    words
 }
 
 /// The claim a body runs under, passed to it as its one argument.
@@ -96,6 +67,22 @@ pub struct Claim {
     /// "first", "retry" (after a failure or a rerun) or "takeover" (of a stale claim).
     #[pyo3(get)]
     pub kind: &'static str,
+    /// This delivery's id (Celery's task id; a UUID for the plain API by default).
+    #[pyo3(get)]
+    pub delivery_id: Option<String>,
+}
+
+impl Claim {
+    fn of(info: &ClaimInfo) -> Claim {
+        Claim {
+            job_type: info.job_type.clone(),
+            operation_key: info.operation_key.clone(),
+            token: info.token.to_string(),
+            attempt: info.attempt,
+            kind: info.kind.as_str(),
+            delivery_id: info.delivery_id.clone(),
+        }
+    }
 }
 
 #[pymethods]
@@ -109,12 +96,14 @@ impl Claim {
 }
 
 /// What a delivery did. `decision` is "ran", "completed", "held", "given_up" or
-/// "in_progress".
+/// "in_progress" (or "refused": the claim is released or stale but this payload
+/// differs from the claim's under `on_mismatch="raise"`).
 #[pyclass(frozen, module = "idempotent_job._native")]
 pub struct Outcome {
     #[pyo3(get)]
     pub decision: &'static str,
-    /// The body's return value when it ran; None otherwise.
+    /// The body's return value when it ran; the first run's stored result for a
+    /// completed repeat whose result was stored (`replayed`); None otherwise.
     #[pyo3(get)]
     pub value: Py<PyAny>,
     /// Seconds until worth trying again ("in_progress"), else None.
@@ -129,13 +118,9 @@ pub struct Outcome {
     /// Duplicate deliveries counted on the record (for a duplicate), else None.
     #[pyo3(get)]
     pub duplicates: Option<i32>,
-    /// True when `value` is the first run's stored result.
-    /// TODO(results): stored results (issue 23); until then always False.
+    /// True when `value` is the first run's stored result (a repeat).
     #[pyo3(get)]
     pub replayed: bool,
-    /// True when this delivery's payload differed from the claim's (logged).
-    #[pyo3(get)]
-    pub mismatch: bool,
     /// The claim the body ran under, when it ran.
     #[pyo3(get)]
     pub claim: Option<Py<Claim>>,
@@ -152,298 +137,279 @@ impl Outcome {
     fn __repr__(&self) -> String {
         format!(
             "Outcome(decision={:?}, retry_after={:?}, replayed={})",
-            self.decision, self.retry_after, self.replayed
+            self.decision,
+            self.retry_after,
+            if self.replayed { "True" } else { "False" }
         )
     }
 }
 
-fn outcome(py: Python<'_>, decision: &'static str, mismatch: bool) -> Outcome {
-    Outcome {
-        decision,
-        value: py.None(),
-        retry_after: None,
-        lease_remaining: None,
-        holder: None,
-        duplicates: None,
-        replayed: false,
-        mismatch,
-        claim: None,
+impl Outcome {
+    fn of(py: Python<'_>, o: CoreOutcome, value: Option<Py<PyAny>>) -> PyResult<Outcome> {
+        let (value, replayed) = match (value, &o.result_json) {
+            (Some(v), _) => (v, false),
+            (None, Some(json)) => (
+                py.import("json")?
+                    .call_method1("loads", (json.as_str(),))?
+                    .unbind(),
+                true,
+            ),
+            (None, None) => (py.None(), false),
+        };
+        Ok(Outcome {
+            decision: o.decision.as_str(),
+            value,
+            retry_after: o.retry_after,
+            lease_remaining: o.lease_remaining,
+            holder: o.holder,
+            duplicates: o.duplicates,
+            replayed,
+            claim: o
+                .claim
+                .as_ref()
+                .map(|c| Py::new(py, Claim::of(c)))
+                .transpose()?,
+        })
     }
 }
 
-/// Seconds until a delivery that met a live claim comes back (see [`FIRST_DELAY`]).
-fn deferral_delay(lease_remaining: f64, deferrals: u32, margin: f64) -> f64 {
-    let backoff = FIRST_DELAY * FACTOR.powi(deferrals.min(30) as i32);
-    backoff.min(lease_remaining.max(0.0) + margin)
-}
-
-/// A fenced change of the claim `token`, sent again on a fresh connection when its
-/// connection dies (every fenced change is safe to repeat).
-fn fence(
+/// Logs the core's notes on the `idempotent_job` logger, at their levels.
+fn publish(
     py: Python<'_>,
-    pool: &Pool,
-    change: Fenced,
-    d: &Delivery,
-    token: Uuid,
-    text: Option<String>,
+    protocol: &Protocol,
+    delivery: &DeliveryRequest,
+    notes: Notes,
 ) -> PyResult<()> {
-    let (job_type, key) = (d.job_type.clone(), d.operation_key.clone());
-    let pool = pool.clone();
-    detached(py, move |interrupt| {
-        with_fresh_conn(&pool, interrupt, Lane::Reserve, async |c| {
-            claim::fenced(c, change, &job_type, &key, token, text.as_deref()).await
-        })
-    })
+    if notes.is_empty() {
+        return Ok(());
+    }
+    let logger = py
+        .import("logging")?
+        .call_method1("getLogger", ("idempotent_job",))?;
+    for note in notes {
+        let Some(level) = note.level() else { continue };
+        let method = match level {
+            Level::Info => "info",
+            Level::Warn => "warning",
+            Level::Error => "error",
+        };
+        let enabled = logger
+            .call_method1("isEnabledFor", (level_number(level),))?
+            .is_truthy()?;
+        if !enabled {
+            continue;
+        }
+        if let Some(text) = note.text(delivery, protocol.words()) {
+            logger.call_method1(method, (text,))?;
+        }
+    }
+    Ok(())
 }
 
-/// Runs one delivery; see the module's documentation.
+fn level_number(level: Level) -> i32 {
+    match level {
+        Level::Info => 20,
+        Level::Warn => 30,
+        Level::Error => 40,
+    }
+}
+
+/// Whether a body's exception means the worker is going away (its effect may have
+/// happened, so the claim is kept until its lease ends): `SystemExit` or
+/// `KeyboardInterrupt`. Any other exception (Celery's `SoftTimeLimitExceeded`, `Retry`
+/// included) releases the claim.
+fn is_crash(py: Python<'_>, err: &PyErr) -> bool {
+    err.is_instance_of::<pyo3::exceptions::PySystemExit>(py)
+        || err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py)
+}
+
+fn class_and_message(py: Python<'_>, err: &PyErr) -> (String, String) {
+    let class = err
+        .get_type(py)
+        .qualname()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    (class, err.value(py).to_string())
+}
+
+/// The lookup's answer to the core's terms.
+fn ask_lookup(py: Python<'_>, lookup: Option<&Bound<'_, PyAny>>, key: &str) -> LookupAnswer {
+    let Some(lookup) = lookup else {
+        return LookupAnswer::Raised {
+            error: "ConfigurationError: no lookup callable was given".into(),
+        };
+    };
+    match lookup.call1((key,)) {
+        Ok(answer) => match answer.extract::<String>().as_deref() {
+            Ok("done") => LookupAnswer::Done,
+            Ok("not_done") => LookupAnswer::NotDone,
+            Ok("unknown") => LookupAnswer::Unknown,
+            _ => LookupAnswer::Invalid {
+                answer: answer
+                    .repr()
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|_| "?".into()),
+            },
+        },
+        Err(e) => {
+            let (class, message) = class_and_message(py, &e);
+            LookupAnswer::Raised {
+                error: format!("{class}: {message}"),
+            }
+        }
+    }
+}
+
+/// Runs one delivery through the core's protocol; see the module's documentation.
 ///
-/// Errors: the core's (`ConfigurationError` for a bad key or lease; connection and
-/// database errors: the body did not run), `PayloadMismatchError` under
-/// `on_mismatch="raise"`, `LookupError` from a failing lookup, and whatever the body
-/// raised (after the claim was released).
+/// Errors: the core's, mapped by `errors::to_py` (`ConfigurationError`,
+/// `PayloadMismatchError`, `LookupError`, `LostClaimError`, connection, database and
+/// timeout errors: the body did not run, or its completion could not be written);
+/// whatever the body raised, after the claim was released (kept for SystemExit and
+/// KeyboardInterrupt).
 pub fn perform(
     py: Python<'_>,
-    pool: &Pool,
-    options: &Options,
-    delivery: Delivery,
-    lookup: Option<Bound<'_, PyAny>>,
+    pool: Pool,
     asynchronous_completion: bool,
+    protocol: &Protocol,
+    delivery: DeliveryRequest,
+    lookup: Option<&Bound<'_, PyAny>>,
     body: &Bound<'_, PyAny>,
 ) -> PyResult<Outcome> {
-    let request = ClaimRequest {
-        job_type: delivery.job_type.clone(),
-        operation_key: delivery.operation_key.clone(),
-        jid: Some(delivery.id.clone()),
-        lease_seconds: options.lease,
-        args_digest: Some(delivery.args_digest.clone()),
-        job_class: Some(delivery.job_class.clone()),
-        queue: delivery.queue.clone(),
-        args_json: Some(delivery.args_json.clone()),
-        refuse_mismatch: options.refuse_mismatch,
-        facts_json: delivery.facts_json.clone(),
-    };
-    let decision = {
-        let pool = pool.clone();
-        detached(py, move |interrupt| {
-            claim::deliver(&pool, interrupt, &request)
-        })?
-    };
-    let mismatch = decision.mismatch;
-    if mismatch && options.refuse_mismatch {
-        return Err(mismatch_error(py, &delivery));
-    }
-    match decision.outcome {
-        Decided::Claimed {
-            token,
-            attempt,
-            kind,
-        } => {
-            if kind == ClaimKind::Takeover {
-                if let Some(verdict) = takeover(py, pool, options, &delivery, token, lookup)? {
-                    return Ok(outcome(py, verdict, mismatch));
-                }
-            }
-            let claim = Py::new(
-                py,
-                Claim {
-                    job_type: delivery.job_type.clone(),
-                    operation_key: delivery.operation_key.clone(),
-                    token: token.to_string(),
-                    attempt,
-                    kind: kind.as_str(),
-                },
-            )?;
-            let value = run(
-                py,
-                pool,
-                options,
-                &delivery,
-                token,
-                &claim,
-                asynchronous_completion,
-                body,
-            )?;
-            let mut done = outcome(py, "ran", mismatch);
-            done.value = value;
-            done.claim = Some(claim);
-            Ok(done)
-        }
-        Decided::InProgress {
-            holder_jid,
-            lease_remaining,
-            ..
-        } => {
-            let mut later = outcome(py, "in_progress", mismatch);
-            later.retry_after = Some(deferral_delay(
-                lease_remaining,
-                delivery.deferrals,
-                options.defer_margin,
-            ));
-            later.lease_remaining = Some(lease_remaining);
-            later.holder = holder_jid;
-            Ok(later)
-        }
-        Decided::Completed { duplicates } => Ok(duplicate(py, "completed", duplicates, mismatch)),
-        Decided::Held { duplicates } => Ok(duplicate(py, "held", duplicates, mismatch)),
-        Decided::GivenUp { duplicates } => Ok(duplicate(py, "given_up", duplicates, mismatch)),
-        Decided::Refused { .. } => Err(mismatch_error(py, &delivery)),
-    }
+    let mut channel = Direct::new(pool, asynchronous_completion);
+    let mut notes = Notes::new();
+    let result = drive(
+        py,
+        &mut channel,
+        protocol,
+        &delivery,
+        lookup,
+        body,
+        &mut notes,
+    );
+    publish(py, protocol, &delivery, notes)?;
+    result
 }
 
-fn duplicate(py: Python<'_>, decision: &'static str, duplicates: i32, mismatch: bool) -> Outcome {
-    let mut out = outcome(py, decision, mismatch);
-    out.duplicates = Some(duplicates);
-    out
-}
-
-fn mismatch_error(py: Python<'_>, d: &Delivery) -> PyErr {
-    let build = || -> PyResult<PyErr> {
-        let class = py
-            .import("idempotent_job.errors")?
-            .getattr("PayloadMismatchError")?;
-        let kwargs = pyo3::types::PyDict::new(py);
-        kwargs.set_item("job_type", &d.job_type)?;
-        kwargs.set_item("operation_key", &d.operation_key)?;
-        let message = format!(
-            "{} operation {:?}: this delivery's payload differs from the claim's \
-             (on_mismatch=\"raise\"); the body was not run",
-            d.job_type, d.operation_key
-        );
-        Ok(PyErr::from_value(class.call((message,), Some(&kwargs))?))
-    };
-    build().unwrap_or_else(|e| e)
-}
-
-/// A takeover of a stale claim: the lookup first ("done": completed without running;
-/// "not_done": run; "unknown" or none: the stale policy). Returns the verdict when the
-/// body must not run ("completed", "held", "given_up"), None to run it.
-fn takeover(
+fn drive(
     py: Python<'_>,
-    pool: &Pool,
-    options: &Options,
-    d: &Delivery,
-    token: Uuid,
-    lookup: Option<Bound<'_, PyAny>>,
-) -> PyResult<Option<&'static str>> {
-    if let Some(lookup) = lookup {
-        let answer = lookup
-            .call1((d.operation_key.as_str(),))
-            .and_then(|a| a.extract::<String>());
-        match answer.as_deref() {
-            Ok("done") => {
-                fence(py, pool, Fenced::Complete, d, token, None)?;
-                return Ok(Some("completed"));
+    channel: &mut Direct,
+    protocol: &Protocol,
+    delivery: &DeliveryRequest,
+    lookup: Option<&Bound<'_, PyAny>>,
+    body: &Bound<'_, PyAny>,
+    notes: &mut Notes,
+) -> PyResult<Outcome> {
+    let mut step = detached(py, |i| protocol.begin(channel, i, delivery, notes))?;
+    loop {
+        step = match step {
+            Step::AskLookup(claim) => {
+                let answer = ask_lookup(py, lookup, &claim.info().operation_key);
+                detached(py, |i| {
+                    protocol.after_lookup(channel, i, claim, answer, notes)
+                })?
             }
-            Ok("not_done") => return Ok(None),
-            Ok("unknown") => {}
-            other => {
-                // Nothing may run blindly: end the lease so the next delivery asks again.
-                fence(
-                    py,
-                    pool,
-                    Fenced::Expire,
-                    d,
-                    token,
-                    Some("lookup failed".into()),
-                )?;
-                let class = py.import("idempotent_job.errors")?.getattr("LookupError")?;
-                let problem = match other {
-                    Ok(text) => format!("answered {text:?}"),
-                    Err(e) => format!("raised {e}"),
-                };
-                let kwargs = pyo3::types::PyDict::new(py);
-                kwargs.set_item("job_type", &d.job_type)?;
-                kwargs.set_item("operation_key", &d.operation_key)?;
-                let err = PyErr::from_value(class.call(
-                    (format!(
-                        "{}: the lookup for operation {:?} {problem} (it must answer \"done\", \
-                         \"not_done\" or \"unknown\"); the body was not run",
-                        d.job_type, d.operation_key
-                    ),),
-                    Some(&kwargs),
-                )?);
-                if let Err(cause) = answer {
-                    err.set_cause(py, Some(cause));
-                }
-                return Err(err);
+            Step::Skip(outcome) | Step::InProgress(outcome) => {
+                return Outcome::of(py, outcome, None)
             }
-        }
-    }
-    match options.on_stale {
-        Stale::Reclaim => Ok(None),
-        Stale::Hold => {
-            fence(py, pool, Fenced::Hold, d, token, None)?;
-            Ok(Some("held"))
-        }
-        Stale::Skip => {
-            fence(py, pool, Fenced::GiveUp, d, token, None)?;
-            Ok(Some("given_up"))
+            Step::Run(claim) => return run(py, channel, protocol, claim, body, notes),
         }
     }
 }
 
-/// Runs the body under the claim (a heartbeat renewing its lease when configured),
-/// then completes the claim; when the body raises, releases the claim (its error text
-/// stored) and raises the body's exception.
-#[allow(clippy::too_many_arguments)]
+/// Runs the body under `claim` (its heartbeat renewing the lease), then completes the
+/// claim with the body's value (stored when `store_result`); releases it when the body
+/// raised, keeps it when the worker is going away.
 fn run(
     py: Python<'_>,
-    pool: &Pool,
-    options: &Options,
-    d: &Delivery,
-    token: Uuid,
-    claim: &Py<Claim>,
-    asynchronous_completion: bool,
+    channel: &mut Direct,
+    protocol: &Protocol,
+    claim: CoreClaim,
     body: &Bound<'_, PyAny>,
-) -> PyResult<Py<PyAny>> {
-    let heartbeat = options.heartbeat.then(|| {
-        Heartbeat::start(
-            pool,
-            d.job_type.clone(),
-            d.operation_key.clone(),
-            token,
-            options.lease,
-            options.max_run,
-        )
-    });
-    let result = body.call1((claim.clone_ref(py),));
-    if let Some(h) = heartbeat {
-        h.stop();
-    }
-    match result {
+    notes: &mut Notes,
+) -> PyResult<Outcome> {
+    let handle = Py::new(py, Claim::of(claim.info()))?;
+    match body.call1((handle.clone_ref(py),)) {
         Ok(value) => {
-            let change = if asynchronous_completion {
-                Fenced::CompleteAsynchronously
+            let stored = if protocol.options().store_result {
+                match convert::to_json(&value) {
+                    Ok(json) => Some(json),
+                    Err(what) => {
+                        py.import("logging")?
+                            .call_method1("getLogger", ("idempotent_job",))?
+                            .call_method1(
+                                "warning",
+                                (format!(
+                                    "{} operation {:?}: the result holds {what}, which JSON cannot \
+                                     carry; it is not stored (a repeat gets None)",
+                                    claim.info().job_type,
+                                    claim.info().operation_key
+                                ),),
+                            )?;
+                        None
+                    }
+                }
             } else {
-                Fenced::Complete
+                None
             };
-            fence(py, pool, change, d, token, None)?;
-            Ok(value.unbind())
+            let completion = detached(py, |i| {
+                protocol.complete(channel, i, claim, stored.as_ref(), notes)
+            })?;
+            let mut outcome = Outcome::of(py, completion.outcome, Some(value.unbind()))?;
+            outcome.claim = Some(handle);
+            Ok(outcome)
         }
         Err(err) => {
-            let text = format!(
-                "{}: {}",
-                err.get_type(py)
-                    .qualname()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default(),
-                err.value(py)
-            );
-            // The body's exception wins: a failed release (the lease ran out and another
-            // delivery took over) leaves the record to that delivery.
-            if let Err(release_error) = fence(py, pool, Fenced::Release, d, token, Some(text)) {
-                let message = format!(
-                    "{} operation {:?}: the body raised and its claim could not be released: {}",
-                    d.job_type,
-                    d.operation_key,
-                    release_error.value(py)
-                );
-                py.import("logging")?
-                    .call_method1("getLogger", ("idempotent_job",))?
-                    .call_method1("warning", (message,))?;
+            if is_crash(py, &err) {
+                protocol.keep(claim, notes);
+            } else {
+                let (class, message) = class_and_message(py, &err);
+                detached(py, |i| {
+                    protocol.release(channel, i, claim, &class, &message, notes);
+                    Ok(())
+                })?;
             }
             Err(err)
         }
     }
+}
+
+/// Builds the core's delivery request.
+#[allow(clippy::too_many_arguments)]
+pub fn request(
+    job_type: String,
+    operation_key: String,
+    id: Option<String>,
+    deferrals: u32,
+    job_class: Option<String>,
+    queue: Option<String>,
+    payload: &Bound<'_, PyAny>,
+    facts: Option<&Bound<'_, PyDict>>,
+) -> PyResult<DeliveryRequest> {
+    let owner = format!("{job_type}: ");
+    let payload = convert::to_json(payload).map_err(|what| {
+        crate::errors::config(format!(
+            "{owner}the payload holds {what}, which JSON cannot carry"
+        ))
+    })?;
+    let (args_json, args_digest) = convert::json_and_digest(&payload);
+    let facts_json = match facts {
+        Some(f) => Some(
+            convert::to_json(f.as_any())
+                .map_err(|what| crate::errors::config(format!("{owner}facts hold {what}")))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    Ok(DeliveryRequest {
+        job_class: Some(job_class.unwrap_or_else(|| job_type.clone())),
+        job_type,
+        operation_key,
+        delivery_id: id,
+        queue,
+        args_json: Some(args_json),
+        args_digest: Some(args_digest),
+        facts_json,
+        deferrals,
+    })
 }

@@ -10,19 +10,20 @@ use serde_json::{Map, Value};
 use crate::convert::{self, KeyText};
 use crate::errors::config;
 use crate::gil::detached;
-use crate::protocol::{self, Delivery, Options, Outcome, Stale};
+use crate::protocol::{self, JobProtocol, Outcome};
 use idempotent_job_core::claim::{self, Resolution};
 use idempotent_job_core::config::Config;
 use idempotent_job_core::error::Error;
 use idempotent_job_core::migrate;
+use idempotent_job_core::protocol::{JobOptions, OnMismatch, OnStale, Protocol};
 use idempotent_job_core::retry::with_fresh_conn;
 use idempotent_job_core::store::{with_conn, Lane, Store as CoreStore};
 
-/// The job defaults `configure` takes besides the connection settings, with the Ruby
-/// gem's defaults (`lib/idempotent_job/configuration.rb`): lease 300 s, on_stale
-/// "reclaim", on_mismatch "log", heartbeat on, max_run 3600 s, defer_margin 1 s,
-/// retention 30 days.
-/// TODO(inputs): read these names and defaults from the core's options module.
+/// The job defaults `configure` takes besides the connection settings (the core's
+/// [`JobOptions`], whose defaults apply: lease 300 s, on_stale "reclaim", on_mismatch
+/// "log", heartbeat on, max_run 3600 s, defer_margin 1 s), and `retention` (seconds a
+/// finished record is kept for [`Store::purge`]; default 30 days).
+/// TODO(inputs): read these names from the core's options table once it lands.
 pub const JOB_SETTINGS: [&str; 7] = [
     "lease",
     "on_stale",
@@ -33,25 +34,20 @@ pub const JOB_SETTINGS: [&str; 7] = [
     "retention",
 ];
 
-/// Options a delivery (a task or a `perform_once` call) may set.
-pub const DELIVERY_OPTIONS: [&str; 6] = [
+/// Options a delivery (a task's declaration or a `perform_once` call) may set.
+/// TODO(inputs): read these names from the core's options table once it lands.
+pub const DELIVERY_OPTIONS: [&str; 7] = [
     "lease",
     "on_stale",
     "on_mismatch",
     "heartbeat",
     "max_run",
     "lookup",
+    "store_result",
 ];
 
-/// Shortest lease accepted, in seconds (a shorter one cannot be renewed in time).
-const MIN_LEASE: f64 = 0.25;
-
-/// The settings `configure` took (see [`JOB_SETTINGS`]).
-#[derive(Clone, Debug)]
-struct Settings {
-    options: Options,
-    retention: f64,
-}
+/// Default `retention`, seconds (30 days), as the Ruby gem's.
+const DEFAULT_RETENTION: f64 = 2_592_000.0;
 
 fn seconds(owner: &str, name: &str, value: &Value, min: f64) -> Result<f64, Error> {
     match value.as_f64() {
@@ -75,31 +71,29 @@ fn text<'a>(owner: &str, name: &str, value: &'a Value) -> Result<&'a str, Error>
         .ok_or_else(|| Error::Config(format!("{owner}{name} must be a str, got {value}")))
 }
 
-/// Applies one job option (`name` from [`JOB_SETTINGS`]) to `options`; `owner` prefixes
-/// messages (e.g. "charge_order: ").
-fn apply(owner: &str, options: &mut Options, name: &str, value: &Value) -> Result<(), Error> {
+/// Applies one option to `options`; `job` names the job in messages ("" for configure).
+fn apply(job: &str, options: &mut JobOptions, name: &str, value: &Value) -> Result<(), Error> {
+    let owner = if job.is_empty() {
+        String::new()
+    } else {
+        format!("{job}: ")
+    };
+    let owner = owner.as_str();
+    let named = if job.is_empty() { "configure" } else { job };
     match name {
-        "lease" => options.lease = seconds(owner, name, value, MIN_LEASE)?,
-        "on_stale" => {
-            options.on_stale =
-                Stale::parse(owner.trim_end_matches(": "), text(owner, name, value)?)?
-        }
-        "on_mismatch" => {
-            options.refuse_mismatch = match text(owner, name, value)? {
-                "log" => false,
-                "raise" => true,
-                other => {
-                    return Err(Error::Config(format!(
-                        "{owner}on_mismatch must be \"log\" or \"raise\", got {other:?}"
-                    )))
-                }
-            }
-        }
+        // Ranges beyond the type are checked by JobOptions::validate.
+        "lease" => options.lease_seconds = seconds(owner, name, value, 0.0)?,
+        "on_stale" => options.on_stale = OnStale::parse(named, text(owner, name, value)?)?,
+        "on_mismatch" => options.on_mismatch = OnMismatch::parse(named, text(owner, name, value)?)?,
         "heartbeat" => options.heartbeat = boolean(owner, name, value)?,
-        "max_run" => options.max_run = seconds(owner, name, value, MIN_LEASE)?,
-        "defer_margin" => options.defer_margin = seconds(owner, name, value, 0.0)?,
+        "max_run" => options.max_run_seconds = seconds(owner, name, value, 0.0)?,
+        "defer_margin" => options.defer_margin_seconds = seconds(owner, name, value, 0.0)?,
+        "store_result" => options.store_result = boolean(owner, name, value)?,
         other => {
-            return Err(Error::Config(format!("{owner}unknown option {other:?}")));
+            return Err(Error::Config(format!(
+                "{owner}unknown option {other:?} (known: {})",
+                DELIVERY_OPTIONS.join(", ")
+            )))
         }
     }
     Ok(())
@@ -116,7 +110,8 @@ fn env_url() -> Option<String> {
 #[pyclass(frozen, module = "idempotent_job._native")]
 pub struct Store {
     core: CoreStore,
-    settings: Settings,
+    defaults: JobOptions,
+    retention: f64,
 }
 
 impl Store {
@@ -127,15 +122,9 @@ impl Store {
 
 impl Store {
     /// The defaults overridden by `options` (a dict of [`DELIVERY_OPTIONS`]; None values
-    /// are skipped), and the lookup callable if given.
-    fn resolve_options<'py>(
-        &self,
-        job: &str,
-        options: &Bound<'py, PyDict>,
-    ) -> PyResult<(Options, Option<Bound<'py, PyAny>>)> {
-        let owner = format!("{job}: ");
-        let mut resolved = self.settings.options.clone();
-        let mut lookup = None;
+    /// are skipped), checked.
+    fn job_options(&self, job: &str, options: &Bound<'_, PyDict>) -> PyResult<JobOptions> {
+        let mut resolved = self.defaults.clone();
         for (name, value) in options.iter() {
             let name: String = name.extract()?;
             if value.is_none() {
@@ -144,25 +133,25 @@ impl Store {
             if name == "lookup" {
                 if !value.is_callable() {
                     return Err(config(format!(
-                        "{owner}lookup must be callable (it gets the operation key and answers \
+                        "{job}: lookup must be callable (it gets the operation key and answers \
                          \"done\", \"not_done\" or \"unknown\"), got {}",
                         convert::type_name(&value)
                     )));
                 }
-                lookup = Some(value);
+                let label = value
+                    .getattr("__qualname__")
+                    .or_else(|_| value.getattr("__name__"))
+                    .map(|n| format!("lookup {n}"))
+                    .unwrap_or_else(|_| "lookup".into());
+                resolved.lookup = Some(label);
                 continue;
             }
-            if !DELIVERY_OPTIONS.contains(&name.as_str()) {
-                return Err(config(format!(
-                    "{owner}unknown option {name:?} (known: {})",
-                    DELIVERY_OPTIONS.join(", ")
-                )));
-            }
             let json = convert::to_json(&value)
-                .map_err(|what| config(format!("{owner}{name}: {what}")))?;
-            apply(&owner, &mut resolved, &name, &json).map_err(crate::errors::to_py)?;
+                .map_err(|what| config(format!("{job}: {name}: {what}")))?;
+            apply(job, &mut resolved, &name, &json).map_err(crate::errors::to_py)?;
         }
-        Ok((resolved, lookup))
+        resolved.validate(job).map_err(crate::errors::to_py)?;
+        Ok(resolved)
     }
 }
 
@@ -180,15 +169,8 @@ impl Store {
     fn new(settings_json: &str) -> PyResult<Self> {
         let parsed: Map<String, Value> =
             serde_json::from_str(settings_json).map_err(|e| config(format!("configure: {e}")))?;
-        let mut options = Options {
-            lease: 300.0,
-            on_stale: Stale::Reclaim,
-            refuse_mismatch: false,
-            heartbeat: true,
-            max_run: 3600.0,
-            defer_margin: 1.0,
-        };
-        let mut retention = 2_592_000.0;
+        let mut defaults = JobOptions::default();
+        let mut retention = DEFAULT_RETENTION;
         let mut native = Map::new();
         for (name, value) in parsed {
             if value.is_null() {
@@ -197,11 +179,14 @@ impl Store {
             if name == "retention" {
                 retention = seconds("", "retention", &value, 0.0).map_err(crate::errors::to_py)?;
             } else if JOB_SETTINGS.contains(&name.as_str()) {
-                apply("", &mut options, &name, &value).map_err(crate::errors::to_py)?;
+                apply("", &mut defaults, &name, &value).map_err(crate::errors::to_py)?;
             } else {
                 native.insert(name, value);
             }
         }
+        defaults
+            .validate("configure")
+            .map_err(crate::errors::to_py)?;
         if !native.contains_key("database_url") {
             if let Some(url) = env_url() {
                 native.insert("database_url".into(), Value::String(url));
@@ -212,32 +197,23 @@ impl Store {
             .map_err(crate::errors::to_py)?;
         Ok(Store {
             core,
-            settings: Settings { options, retention },
+            defaults,
+            retention,
         })
     }
 
     /// The job defaults as a dict (lease, on_stale, on_mismatch, heartbeat, max_run,
     /// defer_margin, retention).
     fn defaults<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let o = &self.settings.options;
+        let o = &self.defaults;
         let d = PyDict::new(py);
-        d.set_item("lease", o.lease)?;
-        d.set_item(
-            "on_stale",
-            match o.on_stale {
-                Stale::Reclaim => "reclaim",
-                Stale::Hold => "hold",
-                Stale::Skip => "skip",
-            },
-        )?;
-        d.set_item(
-            "on_mismatch",
-            if o.refuse_mismatch { "raise" } else { "log" },
-        )?;
+        d.set_item("lease", o.lease_seconds)?;
+        d.set_item("on_stale", o.on_stale.as_str())?;
+        d.set_item("on_mismatch", o.on_mismatch.as_str())?;
         d.set_item("heartbeat", o.heartbeat)?;
-        d.set_item("max_run", o.max_run)?;
-        d.set_item("defer_margin", o.defer_margin)?;
-        d.set_item("retention", self.settings.retention)?;
+        d.set_item("max_run", o.max_run_seconds)?;
+        d.set_item("defer_margin", o.defer_margin_seconds)?;
+        d.set_item("retention", self.retention)?;
         Ok(d)
     }
 
@@ -296,7 +272,7 @@ impl Store {
     /// batches of `batch`; returns how many went.
     #[pyo3(signature = (older_than, batch))]
     fn purge(&self, py: Python<'_>, older_than: Option<f64>, batch: i64) -> PyResult<u64> {
-        let older_than = older_than.unwrap_or(self.settings.retention);
+        let older_than = older_than.unwrap_or(self.retention);
         let mut total = 0;
         loop {
             let pool = self.pool()?;
@@ -391,71 +367,65 @@ impl Store {
         )?))
     }
 
-    /// `check_options(job, options)`: raises `ConfigurationError` naming `job` when
-    /// `options` (a dict of [`DELIVERY_OPTIONS`]) holds an unknown name or a bad value;
-    /// for a task's declaration, checked once when the task class is made.
-    fn check_options(&self, job: &str, options: &Bound<'_, PyDict>) -> PyResult<()> {
-        self.resolve_options(job, options).map(|_| ())
+    /// `protocol(job, options, door)` → the job's [`JobProtocol`]: `options` (a dict of
+    /// [`DELIVERY_OPTIONS`], None values skipped) over the configured defaults, checked
+    /// once; `door` is "celery" or "plain" (the words of its log lines).
+    ///
+    /// Raises `ConfigurationError` naming `job` for an unknown option or a bad value.
+    fn protocol(
+        &self,
+        job: &str,
+        options: &Bound<'_, PyDict>,
+        door: &str,
+    ) -> PyResult<JobProtocol> {
+        let resolved = self.job_options(job, options)?;
+        let protocol =
+            Protocol::new(job, resolved, protocol::words(door)).map_err(crate::errors::to_py)?;
+        Ok(JobProtocol { protocol })
     }
 
-    /// Runs one delivery (see `protocol::perform`): `options` is a dict of
-    /// [`DELIVERY_OPTIONS`] overriding the defaults (unknown names raise
-    /// `ConfigurationError` naming `job_type`); `payload` any JSON value (list, dict,
-    /// str, int, float, bool, None), digested to detect a payload mismatch.
-    #[pyo3(signature = (job_type, operation_key, body, payload, options, id, deferrals=0, job_class=None, queue=None, facts=None))]
+    /// Runs one delivery of `(job_type, operation_key)` through `protocol` (see
+    /// `protocol::perform`): `body(claim)` runs at most once per operation; `payload` is
+    /// any JSON value (digested to detect a payload mismatch); `lookup` the declared
+    /// lookup callable (asked after a takeover); `id` this delivery's id; `deferrals`
+    /// how often it met a live claim before.
+    #[pyo3(signature = (protocol, job_type, operation_key, body, payload, id=None, deferrals=0, job_class=None, queue=None, facts=None, lookup=None))]
     #[allow(clippy::too_many_arguments)]
     fn perform_once(
         &self,
         py: Python<'_>,
+        protocol: &JobProtocol,
         job_type: String,
         operation_key: String,
         body: &Bound<'_, PyAny>,
         payload: &Bound<'_, PyAny>,
-        options: &Bound<'_, PyDict>,
-        id: String,
+        id: Option<String>,
         deferrals: u32,
         job_class: Option<String>,
         queue: Option<String>,
         facts: Option<&Bound<'_, PyDict>>,
+        lookup: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Outcome> {
         if job_type.is_empty() {
             return Err(config("perform_once: the job type must not be empty"));
         }
-        let owner = format!("{job_type}: ");
-        let (resolved, lookup) = self.resolve_options(&job_type, options)?;
-        let payload = convert::to_json(payload).map_err(|what| {
-            config(format!(
-                "{owner}the payload holds {what}, which JSON cannot carry"
-            ))
-        })?;
-        let (args_json, args_digest) = convert::json_and_digest(&payload);
-        let facts_json = match facts {
-            Some(f) => Some(
-                convert::to_json(f.as_any())
-                    .map_err(|what| config(format!("{owner}facts hold {what}")))?
-                    .to_string(),
-            ),
-            None => None,
-        };
-        let delivery = Delivery {
-            job_class: job_class.unwrap_or_else(|| job_type.clone()),
+        let delivery = protocol::request(
             job_type,
             operation_key,
             id,
             deferrals,
+            job_class,
             queue,
-            args_json,
-            args_digest,
-            facts_json,
-        };
-        let pool = self.pool()?;
+            payload,
+            facts,
+        )?;
         protocol::perform(
             py,
-            &pool,
-            &resolved,
+            self.pool()?,
+            self.core.config().asynchronous_completion,
+            &protocol.protocol,
             delivery,
             lookup,
-            self.core.config().asynchronous_completion,
             body,
         )
     }
