@@ -89,3 +89,9 @@ def flaky(self, scenario, payload):
         raise RuntimeError("flaky gateway")
     record_effect(scenario, str(payload["order"]["id"]))
     return {"retries": self.request.retries}
+
+
+@app.task(base=IdempotentTask, idempotency_key=1, soft_time_limit=1)
+def limited(scenario, order_id):
+    record_effect(scenario, order_id)
+    return "ran"

@@ -13,6 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis
 from conftest import eventually
@@ -171,3 +172,29 @@ def test_a_bad_option_value_raises_at_declaration_naming_the_task(worker):
             return order_id
 
         bad_stale_task.name  # noqa: B018
+
+
+def test_the_soft_time_limit_interrupts_a_blocked_claim(worker, scenario):
+    # A released record whose row this test holds locked: the task's claim statement
+    # waits on the lock in the pool child's main thread. Celery's soft time limit (1 s)
+    # raises SoftTimeLimitExceeded from its signal handler; the blocked call gives up
+    # and raises it. Without the interrupt it would wait for the deadline (10 s) and
+    # fail with idempotent_job's TimeoutError instead.
+    def fails(claim):
+        raise RuntimeError("first attempt")
+
+    with pytest.raises(RuntimeError):
+        idempotent_job.perform_once(worker.limited.name, scenario, fails)
+    locker = psycopg.connect(os.environ["DATABASE_URL"])
+    try:
+        locker.execute(
+            "SELECT 1 FROM idempotent_job_records WHERE job_type = %s AND operation_key = %s FOR UPDATE",
+            (worker.limited.name, scenario),
+        )
+        result = worker.limited.apply_async((scenario, scenario))
+        result.get(timeout=TIMEOUT, propagate=False)
+        assert type(result.result).__name__ == "SoftTimeLimitExceeded", repr(result.result)
+    finally:
+        locker.rollback()
+        locker.close()
+    assert effects(scenario) == 0
