@@ -5,7 +5,6 @@ guard where it must show the duplicate effect; errors, payloads, operating calls
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import threading
@@ -47,32 +46,44 @@ def test_three_times_outcomes(scenario):
     assert idempotent_job.record("PlainCharge", scenario)["status"] == "completed"
 
 
-def _copy(scenario: str, guard_name: str, barrier, results) -> None:
+def _copy(scenario: str, guard_name: str, start: int, report: int) -> None:
     guard = guarded if guard_name == "guarded" else unguarded
-    barrier.wait()
+    os.read(start, 1)  # every copy waits here until all five are forked
 
     def body(claim):
         record_effect(scenario, "1")
         time.sleep(0.5)
 
     outcome = guard("PlainCopies", scenario, body, lease=30)
-    results.put(getattr(outcome, "decision", "ran"))
+    os.write(report, (getattr(outcome, "decision", "ran") + "\n").encode())
 
 
 @pytest.mark.parametrize("guard_name,expected", [("guarded", 1), ("unguarded", 5)])
 def test_five_copies_at_once_in_forked_processes(scenario, guard_name, expected):
     # Configured and used in this process (migrate), then used in five forked children:
-    # each builds its own pool.
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(5)
-    results = ctx.Queue()
-    children = [ctx.Process(target=_copy, args=(scenario, guard_name, barrier, results)) for _ in range(5)]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join(60)
-        assert child.exitcode == 0
-    decisions = sorted(results.get(timeout=5) for _ in children)
+    # each builds its own pool. (os.fork, not multiprocessing: other libraries' after-fork
+    # hooks, e.g. a Celery app's, stay out of the children.)
+    start_read, start_write = os.pipe()
+    report_read, report_write = os.pipe()
+    children = []
+    for _ in range(5):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _copy(scenario, guard_name, start_read, report_write)
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
+    os.write(start_write, b"x" * 5)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+    os.close(report_write)
+    with os.fdopen(report_read) as reports:
+        decisions = sorted(reports.read().split())
+    for fd in (start_read, start_write):
+        os.close(fd)
+    assert codes == [0] * 5
     assert effects(scenario) == expected
     if guard_name == "guarded":
         assert decisions.count("ran") == 1
@@ -329,6 +340,8 @@ def test_a_signal_interrupts_a_blocked_statement(scenario):
     try:
         with pytest.raises(Alarm):
             idempotent_job.perform_once("PlainBlocked", scenario, lambda c: record_effect(scenario, "1"))
+        # The given-up statement is cancelled: no backend waits on the lock any more.
+        eventually(lambda: not _waiting_on_lock(), "the interrupted statement to be cancelled")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
