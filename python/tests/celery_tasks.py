@@ -28,7 +28,8 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 
-idempotent_job.configure(database_url=os.environ["DATABASE_URL"], lease=LEASE)
+# A deadline beyond any wait here: only an interrupt ends a blocked statement early.
+idempotent_job.configure(database_url=os.environ["DATABASE_URL"], lease=LEASE, deadline=120)
 idempotent_job.migrate()  # the parent uses its pool before forking the pool children
 
 

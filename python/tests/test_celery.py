@@ -178,8 +178,8 @@ def test_the_soft_time_limit_interrupts_a_blocked_claim(worker, scenario):
     # A released record whose row this test holds locked: the task's claim statement
     # waits on the lock in the pool child's main thread. Celery's soft time limit (1 s)
     # raises SoftTimeLimitExceeded from its signal handler; the blocked call gives up
-    # and raises it. Without the interrupt it would wait for the deadline (10 s) and
-    # fail with idempotent_job's TimeoutError instead.
+    # and raises it. Without the interrupt the claim would wait for the lock (the
+    # worker's deadline is 120 s) and the result would not be ready in time.
     def fails(claim):
         raise RuntimeError("first attempt")
 
@@ -194,6 +194,8 @@ def test_the_soft_time_limit_interrupts_a_blocked_claim(worker, scenario):
         result = worker.limited.apply_async((scenario, scenario))
         result.get(timeout=TIMEOUT, propagate=False)
         assert type(result.result).__name__ == "SoftTimeLimitExceeded", repr(result.result)
+        # Raised by the interrupted claim, not on top of the deadline's TimeoutError.
+        assert "TimeoutError" not in (result.traceback or ""), result.traceback
     finally:
         locker.rollback()
         locker.close()

@@ -325,12 +325,24 @@ class Alarm(Exception):
 
 def test_a_signal_interrupts_a_blocked_statement(scenario):
     # A released record whose row another transaction holds locked: the claim statement
-    # waits on the lock. SIGALRM's handler raises on the main thread; the blocked call
-    # gives up (its statement is cancelled) and raises it. Without the interrupt the
-    # call would wait until the deadline (10 s) and raise TimeoutError instead.
+    # waits on the lock (the deadline is set far beyond the test). SIGALRM's handler
+    # raises on the main thread; the blocked call gives up, its statement is cancelled,
+    # and the handler's exception is raised: the record is untouched (attempts 1, the
+    # first failure's error). Without the interrupt the statement would wait until a
+    # safety thread ends the lock after 15 s, then claim and run the body (attempts 2).
     with pytest.raises(RuntimeError):
         idempotent_job.perform_once("PlainBlocked", scenario, _raise)
+    idempotent_job.configure(database_url=os.environ["DATABASE_URL"], deadline=120)
     locker = _lock_record("PlainBlocked", scenario)
+    released = threading.Event()
+
+    def safety():
+        if not released.wait(15):
+            with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (locker.info.backend_pid,))
+
+    guard = threading.Thread(target=safety)
+    guard.start()
 
     def alarm(signum, frame):
         raise Alarm()
@@ -345,8 +357,16 @@ def test_a_signal_interrupts_a_blocked_statement(scenario):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        locker.rollback()
+        released.set()
+        guard.join()
+        try:
+            locker.rollback()
+        except psycopg.Error:
+            pass
         locker.close()
+        idempotent_job.configure(database_url=os.environ["DATABASE_URL"])
+    record = idempotent_job.record("PlainBlocked", scenario)
+    assert record["attempts"] == 1 and "first attempt fails" in record["last_error"], record
     assert effects(scenario) == 0
     outcome = idempotent_job.perform_once("PlainBlocked", scenario, lambda c: record_effect(scenario, "1"))
     assert outcome.ran and effects(scenario) == 1
