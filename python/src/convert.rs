@@ -2,9 +2,12 @@
 //! operation key's text, by the same rules as the Ruby gem (`lib/idempotent_job/key.rb`,
 //! `canonical_json.rb`, `args_digest.rb`), so both languages name one record.
 //!
-//! TODO(inputs): the canonical JSON, the digest and the key's text move into the core
-//! crate (issue 21); then this file keeps only the Python → JSON conversion.
+//! The canonical JSON text itself is the core's (`idempotent_job_core::canonical`, one
+//! writer for every language); this file converts Python values to JSON values and
+//! applies the key's rules. TODO: the digest and the key's text rules move into the core
+//! too (issue 21), leaving only the Python → JSON conversion here.
 
+use idempotent_job_core::canonical;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
@@ -86,7 +89,7 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
 /// The payload's JSON text (keys sorted, integral floats as integers) and its SHA-256
 /// hex digest, as the Ruby gem computes them for the same value.
 pub fn json_and_digest(value: &Value) -> (String, String) {
-    let json = value.to_string();
+    let json = canonical::to_string(value);
     let digest = Sha256::digest(json.as_bytes());
     let hex = digest.iter().map(|b| format!("{b:02x}")).collect();
     (json, hex)
@@ -105,12 +108,12 @@ pub fn key_text(value: &Bound<'_, PyAny>) -> KeyText {
     match key_part(value) {
         Ok(Value::String(text)) => {
             if text.starts_with(['[', '{', '"']) {
-                KeyText::Text(Value::String(text).to_string())
+                KeyText::Text(canonical::to_string(&Value::String(text)))
             } else {
                 KeyText::Text(text)
             }
         }
-        Ok(other) => KeyText::Text(other.to_string()),
+        Ok(other) => KeyText::Text(canonical::to_string(&other)),
         Err(problem) => KeyText::Bad(problem),
     }
 }
@@ -126,7 +129,7 @@ pub fn composite_text(values: &[Bound<'_, PyAny>]) -> KeyText {
             Err(problem) => return KeyText::Bad(problem),
         }
     }
-    KeyText::Text(Value::Array(parts).to_string())
+    KeyText::Text(canonical::to_string(&Value::Array(parts)))
 }
 
 fn key_part(value: &Bound<'_, PyAny>) -> Result<Value, String> {

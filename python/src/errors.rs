@@ -11,6 +11,7 @@ use idempotent_job_core::error::Error;
 fn class_name(err: &Error) -> &'static str {
     match err {
         Error::Config(_) => "ConfigurationError",
+        Error::OperationKey(_) => "OperationKeyError",
         Error::Connection { .. } => "ConnectionError",
         Error::Database { .. } => "DatabaseError",
         Error::LostClaim { .. } => "LostClaimError",

@@ -274,17 +274,22 @@ impl Store {
     fn purge(&self, py: Python<'_>, older_than: Option<f64>, batch: i64) -> PyResult<u64> {
         let older_than = older_than.unwrap_or(self.retention);
         let mut total = 0;
+        // Keyset batches: each starts after the last record the previous one took, and
+        // the purge ends with the first batch that picks fewer records than its size.
+        let mut cursor = claim::PurgeCursor::default();
         loop {
             let pool = self.pool()?;
-            let deleted = detached(py, move |i| {
+            let from = cursor.clone();
+            let done = detached(py, move |i| {
                 with_fresh_conn(&pool, i, Lane::Main, async |c| {
-                    claim::purge_batch(c, older_than, batch).await
+                    claim::purge_batch(c, older_than, batch, &from).await
                 })
             })?;
-            total += deleted;
-            if deleted == 0 {
+            total += done.deleted;
+            if done.picked < batch.max(0) as u64 {
                 return Ok(total);
             }
+            cursor = done.next;
         }
     }
 
