@@ -10,6 +10,7 @@ require_relative "protocol/lookup"
 require_relative "protocol/stale_policy"
 require_relative "protocol/takeover"
 require_relative "protocol/mismatch"
+require_relative "protocol/driver"
 
 module IdempotentJob
   # The claim protocol, queue-agnostic: one statement decides whether a delivery is
@@ -62,17 +63,27 @@ module IdempotentJob
 
       narrator = Narrator.new(@door, delivery)
       @strategy.within do |session|
-        decision = timed { session.claim(request(delivery), @options.lock_timeout) }
-        Mismatch.check!(@options, narrator, decision) if decision[:mismatch]
-        case decision[:decision]
-        when :claimed then claimed(session, decision, narrator, host, &body)
-        when :in_progress then in_progress(delivery, decision, narrator)
-        else duplicate(decision, narrator)
+        if @options.transaction == :active_record
+          run_on_active_record(session, delivery, narrator, host, &body)
+        else
+          Driver.new(@options, @door, narrator, session).run(request(delivery), host, &body)
         end
       end
     end
 
     private
+
+    # The ActiveRecord flavour: its statements go through ActiveRecord's connection,
+    # so the steps after the claim run here rather than in the core ({Driver}).
+    def run_on_active_record(session, delivery, narrator, host, &)
+      decision = timed { session.claim(request(delivery), @options.lock_timeout) }
+      Mismatch.check!(@options, narrator, decision) if decision[:mismatch]
+      case decision[:decision]
+      when :claimed then claimed(session, decision, narrator, host, &)
+      when :in_progress then in_progress(delivery, decision, narrator)
+      else duplicate(decision, narrator)
+      end
+    end
 
     # The claim request the native store reads (see Native::Store#claim).
     def request(delivery)

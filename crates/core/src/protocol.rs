@@ -379,8 +379,10 @@ impl Claim {
 
     /// Stops the heartbeat and notes what it found: a claim lost while the body ran
     /// (a `lost_claim` event and an error line) or renewing stopped at max_run (a
-    /// warning).
-    fn stop_heartbeat(&mut self, notes: &mut Notes) {
+    /// warning). [`Protocol::complete`], [`Protocol::release`] and [`Protocol::keep`]
+    /// call it; a binding calls it itself when the body ended in a way that reaches
+    /// none of them (a killed thread), so a dead body's lease runs out. Idempotent.
+    pub fn stop_heartbeat(&mut self, notes: &mut Notes) {
         let Some(heartbeat) = self.heartbeat.take() else {
             return;
         };
@@ -820,6 +822,7 @@ impl Protocol {
                             NoteKind::CompletionGivenUp {
                                 attempts,
                                 error: e.to_string(),
+                                error_class: e.class_name(),
                             },
                         ));
                         return Ok(Completion {
@@ -880,6 +883,7 @@ impl Protocol {
                 &claim.info,
                 NoteKind::ReleaseFailed {
                     error: e.to_string(),
+                    error_class: e.class_name(),
                 },
             )),
         }

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../native"
+
 module IdempotentJob
   class Protocol
     # Records that a claimed body ran. Outside a transaction it retries for a while:
@@ -12,8 +14,10 @@ module IdempotentJob
     # stays claimed and its lease decides what a later delivery does. Only a lost
     # claim is raised: another delivery owns the operation now.
     class Completion
-      # Seconds to wait before each new attempt after a failed one (15.3 s in all).
-      RETRY_DELAYS = [0.05, 0.25, 1.0, 2.0, 4.0, 8.0].freeze
+      # Seconds to wait before each new attempt after a failed one (15.3 s in all): the
+      # core's (`COMPLETION_RETRY_DELAYS`), which retries the completion of every
+      # delivery but ActiveRecord-transactional ones.
+      RETRY_DELAYS = Native.completion_retry_delays.freeze
 
       # @param session [#fenced] where the fenced change goes (a strategy's session)
       # @param narrator [Narrator]

@@ -64,6 +64,10 @@ pub struct DoorWords {
     pub resolve_text: String,
     /// Put before a name in texts: `":"` in Ruby (`:done`), `""` elsewhere.
     pub name_prefix: String,
+    /// Put before an error's class name ([`crate::error::Error::class_name`]) in texts:
+    /// `"IdempotentJob::"` in Ruby, `"idempotent_job."` in Python. Default `""`.
+    /// (Fields may be added: build with `..DoorWords::default()`.)
+    pub error_namespace: String,
 }
 
 impl Default for DoorWords {
@@ -74,6 +78,7 @@ impl Default for DoorWords {
             crash_text: "the worker is shutting down (interrupt or signal)".into(),
             resolve_text: "idempotent_job.resolve".into(),
             name_prefix: String::new(),
+            error_namespace: String::new(),
         }
     }
 }
@@ -124,12 +129,21 @@ pub enum NoteKind {
         during: &'static str,
         error: Option<String>,
     },
-    /// Error: the completion could not be recorded after `attempts` attempts.
-    CompletionGivenUp { attempts: u32, error: String },
+    /// Error: the completion could not be recorded after `attempts` attempts; the last
+    /// error's class ([`crate::error::Error::class_name`]) and text.
+    CompletionGivenUp {
+        attempts: u32,
+        error: String,
+        error_class: &'static str,
+    },
     /// Event `released` (`error`: the body's error class).
     Released { error_class: String },
     /// Error: the release could not be written; the claim stays until its lease ends.
-    ReleaseFailed { error: String },
+    /// The error's class ([`crate::error::Error::class_name`]) and text.
+    ReleaseFailed {
+        error: String,
+        error_class: &'static str,
+    },
     /// Warning: a crash; the claim is kept until its lease ends.
     Kept,
     /// Warning: the body ran longer than max_run; the lease was no longer renewed.
@@ -368,16 +382,22 @@ impl Note {
                 claim(),
                 error.as_deref().unwrap_or("")
             ),
-            NoteKind::CompletionGivenUp { attempts, error } => format!(
+            NoteKind::CompletionGivenUp {
+                attempts,
+                error,
+                error_class,
+            } => format!(
                 "{} ran, but its completion could not be recorded after {attempts} attempts \
-                 ({error}); the record stays claimed until its lease ends, after which a \
-                 redelivery would run it again",
-                claim()
+                 ({}{error_class}: {error}); the record stays claimed until its lease ends, \
+                 after which a redelivery would run it again",
+                claim(),
+                words.error_namespace
             ),
-            NoteKind::ReleaseFailed { error } => format!(
-                "could not release the claim of {} ({error}); it stays claimed until its lease \
-                 ends",
-                claim()
+            NoteKind::ReleaseFailed { error, error_class } => format!(
+                "could not release the claim of {} ({}{error_class}: {error}); it stays \
+                 claimed until its lease ends",
+                claim(),
+                words.error_namespace
             ),
             NoteKind::Kept => format!(
                 "{}: the claim of {} is kept until its lease ends",

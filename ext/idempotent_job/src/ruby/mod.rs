@@ -6,6 +6,7 @@ mod convert;
 mod errors;
 mod gvl;
 mod heartbeat;
+mod protocol;
 mod store;
 mod transaction;
 
@@ -29,6 +30,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     errors::init(ruby)?;
     store::init(ruby, native)?;
     heartbeat::init(ruby, native)?;
+    protocol::init(ruby, native)?;
     transaction::init(ruby, native)
 }
 

@@ -25,7 +25,7 @@ use idempotent_job_core::session::Session;
 use idempotent_job_core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Store", free_immediately, size)]
-struct NativeStore(Store);
+pub struct NativeStore(pub Store);
 
 impl NativeStore {
     /// `Store.new(config_json)`: validates the configuration; connects lazily.

@@ -1,0 +1,253 @@
+# frozen_string_literal: true
+
+module IdempotentJob
+  class Protocol
+    # Runs one delivery through the core protocol (`Native::Protocol`): the core claims,
+    # decides, applies the stale policy, completes (with its retries) and releases; this
+    # class only runs user code between its calls (the lookup, the body) and tells what
+    # the core noted (events through {Events}, log lines through the door's logger).
+    # Used for the pool (no transaction) and the gem's own transactions
+    # (`transaction: true`). Internal.
+    class Driver
+      # Native protocols, by job options and door words (built once each).
+      @natives = {}
+      @natives_lock = Mutex.new
+      # Most native protocols kept (per-push overrides add option sets).
+      NATIVES_LIMIT = 1000
+
+      class << self
+        # The native protocol of `options` told in `door`'s words.
+        # @param options [JobOptions]
+        # @param door [Door]
+        # @return [Array(Native::Protocol, Hash)] the protocol and the words it was built with
+        # @raise [ConfigurationError] for an option the core refuses
+        def native(options, door)
+          words = { id_label: door.id_label, defer_text: door.defer_text, crash_text: door.crash_text }
+          key = [options, words]
+          found = @natives_lock.synchronize { @natives[key] }
+          return found if found
+
+          built = [Native::Protocol.new(options.name, native_options(options), words), words]
+          @natives_lock.synchronize do
+            @natives = {} if @natives.size >= NATIVES_LIMIT
+            @natives[key] = built
+          end
+        end
+
+        private
+
+        def native_options(options)
+          { lease: options.lease.to_f, on_stale: options.on_stale, on_mismatch: options.on_mismatch,
+            lookup: options.lookup ? options.lookup_label : nil, heartbeat: options.heartbeat ? true : false,
+            max_run: options.max_run.to_f, lock_timeout: options.lock_timeout.to_f,
+            defer_margin: IdempotentJob.configuration.defer_margin.to_f }
+        end
+      end
+
+      # A claim's heartbeat as {HeartbeatWatch} watches it: `report` while the body runs,
+      # `stop` when it ended (the core's notes about it kept for the driver to tell).
+      class Beat
+        # @return [Array] the core's notes from stopping
+        attr_reader :notes
+
+        # @param native_claim [Native::Claim]
+        # @param words [Hash] the door's words
+        def initialize(native_claim, words)
+          @native_claim = native_claim
+          @words = words
+          @notes = []
+          @last = native_claim.heartbeat_report
+        end
+
+        # @return [Hash] see `Native::Heartbeat#report`
+        def report
+          @last = @native_claim.heartbeat_report || @last
+        end
+
+        # Stops renewing.
+        # @return [Hash] the last report
+        def stop
+          last = report
+          @notes = @native_claim.stop_heartbeat(@words)
+          last
+        end
+      end
+
+      # @param options [JobOptions]
+      # @param door [Door]
+      # @param narrator [Narrator]
+      # @param session [Transactional::Direct, Transactional::Native] where the statements go
+      def initialize(options, door, narrator, session)
+        @options = options
+        @door = door
+        @narrator = narrator
+        @native, @words = self.class.native(options, door)
+        @transaction = session.is_a?(Transactional::Native) ? session : nil
+      end
+
+      # Runs the delivery.
+      # @param host [Object, nil] the object a lookup method is called on
+      # @yieldparam claim [Claim]
+      # @return [Outcome]
+      # @raise see {Protocol#run}
+      def run(request, host, &)
+        delivery = @narrator.delivery
+        step, value, notes = if @transaction
+                               @native.begin_in(@transaction.native, request, delivery.deferrals)
+                             else
+                               @native.begin(IdempotentJob.store, request, delivery.deferrals)
+                             end
+        return in_progress(value, notes) if step == :in_progress
+
+        tell(notes)
+        return finish(step, value, nil) unless %i[run ask_lookup].include?(step)
+
+        claim = claim_of(value)
+        IdempotentJob.with_claim(claim) do
+          step, value = ask_lookup(value, claim, host) if step == :ask_lookup
+          next finish(step, value, claim) unless step == :run
+
+          Outcome.new(:ran, value: execute(value, claim, &), claim:)
+        end
+      end
+
+      private
+
+      def claim_of(native_claim)
+        info = native_claim.info
+        Claim.new(job_type: info[:job_type], operation_key: info[:operation_key], token: info[:token],
+                  attempt: info[:attempt], kind: info[:kind], jid: info[:jid])
+      end
+
+      # A step that does not run the body: the outcome, or the error raised.
+      def finish(step, value, claim)
+        raise value if step == :error
+
+        Outcome.new(value[:decision], duplicates: value[:duplicates], claim:)
+      end
+
+      def in_progress(value, notes)
+        outcome = Outcome.new(:in_progress, retry_after: value[:retry_after],
+                                            lease_remaining: value[:lease_remaining], holder: value[:holder])
+        deferred, before = notes.partition { |note| note[0] == :deferred }
+        tell(before)
+        # Before the deferral is told: a door that cannot bring the delivery back raises.
+        @door.defer(@narrator.delivery, outcome)
+        tell(deferred)
+        outcome
+      end
+
+      def ask_lookup(native_claim, claim, host)
+        answer, failure = lookup_answer(claim, host)
+        step, value, notes = if @transaction
+                               @native.after_lookup_in(@transaction.native, native_claim, answer)
+                             else
+                               @native.after_lookup(IdempotentJob.store, native_claim, answer)
+                             end
+        tell(notes)
+        # The lookup's own error is the LookupError's cause.
+        raise value, cause: failure if step == :error && failure
+
+        [step, value]
+      end
+
+      # What the lookup answered, as the core takes it, and the error it raised (if any).
+      def lookup_answer(claim, host)
+        lookup = @options.lookup
+        answer = if lookup.respond_to?(:call)
+                   lookup.call(claim.operation_key)
+                 elsif host.nil?
+                   raise ConfigurationError, "#{@options.name}: #{@options.lookup_label} needs the job object, " \
+                                             "none was given"
+                 else
+                   host.public_send(lookup, claim.operation_key)
+                 end
+        symbol = answer.respond_to?(:to_sym) ? answer.to_sym : nil
+        [JobOptions::LOOKUP_ANSWERS.include?(symbol) ? symbol : [:invalid, answer.inspect], nil]
+      rescue StandardError => e
+        [[:raised, "#{e.class}: #{e.message}"], e]
+      end
+
+      # Runs the body under the claim, then completes (or releases when it raised).
+      def execute(native_claim, claim, &body)
+        return execute_in_transaction(native_claim, claim, &body) if @transaction
+
+        beat = native_claim.heartbeat_report && HeartbeatWatch.watch(Beat.new(native_claim, @words), claim)
+        begin
+          result = begin
+            body.call(claim)
+          ensure
+            # Before the release or completion, and also on Thread#kill and throw (which
+            # skip rescue): a dead job's lease must run out.
+            stop_heartbeat(native_claim, beat)
+          end
+        rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised; the claim must not stay held
+          give_back(native_claim, e)
+          raise
+        end
+        step, value, notes = @native.complete(IdempotentJob.store, native_claim)
+        tell(notes)
+        raise value if step == :error
+
+        result
+      end
+
+      def stop_heartbeat(native_claim, beat)
+        if beat
+          HeartbeatWatch.stop(beat)
+          tell(beat.notes)
+        else
+          tell(native_claim.stop_heartbeat(@words))
+        end
+      end
+
+      # The claim of a body that raised: kept after a crash (the door's rule, on the
+      # error or any of its causes), released otherwise.
+      def give_back(native_claim, error)
+        notes = if crash?(error)
+                  @native.keep(native_claim)
+                else
+                  @native.release(IdempotentJob.store, native_claim, error.class.name.to_s, error.message.to_s)
+                end
+        tell(notes)
+      end
+
+      def crash?(error)
+        seen = []
+        while error && !seen.include?(error)
+          return true if @door.crash?(error)
+
+          seen << error
+          error = error.cause
+        end
+        false
+      end
+
+      # In the gem's transaction: the body writes through its handle, the completion is
+      # written in the same transaction (once); a raising body rolls everything back.
+      def execute_in_transaction(native_claim, claim, &body)
+        IdempotentJob.with_transaction(@transaction.handle) do
+          result = body.call(claim)
+          step, value, notes = @native.complete_in(@transaction.native, native_claim)
+          tell(notes)
+          raise value if step == :error
+
+          result
+        end
+      end
+
+      # Tells the core's notes: events to their listeners, lines to the door's logger.
+      def tell(notes)
+        delivery = @narrator.delivery
+        notes.each do |event, details, level, text, attempt|
+          if event && Events.listened?(event)
+            payload = { job_type: delivery.job_type, operation_key: delivery.operation_key, jid: delivery.id }
+            payload[:attempt] = attempt if attempt
+            Events.publish(event, payload.merge!(details))
+          end
+          @narrator.say(level, text) if level
+        end
+      end
+    end
+  end
+end
