@@ -9,10 +9,11 @@ module IdempotentJob
     # Used for the pool (no transaction) and the gem's own transactions
     # (`transaction: true`). Internal.
     class Driver
-      # Native protocols, by job options and door words (built once each).
-      @natives = {}
+      # Native protocols, by job options (the cached, frozen JobOptions object) and then
+      # by door words (built once each).
+      @natives = {}.compare_by_identity
       @natives_lock = Mutex.new
-      # Most native protocols kept (per-push overrides add option sets).
+      # Most job options kept (per-push overrides add option sets).
       NATIVES_LIMIT = 1000
 
       class << self
@@ -22,16 +23,18 @@ module IdempotentJob
         # @return [Array(Native::Protocol, Hash)] the protocol and the words it was built with
         # @raise [ConfigurationError] for an option the core refuses
         def native(options, door)
-          words = { id_label: door.id_label, defer_text: door.defer_text, crash_text: door.crash_text }
-          key = [options, words]
-          found = @natives_lock.synchronize { @natives[key] }
+          key = [door.id_label, door.defer_text, door.crash_text]
+          found = @natives[options]&.[](key)
           return found if found
 
+          words = { id_label: key[0], defer_text: key[1], crash_text: key[2] }
           built = [Native::Protocol.new(options.name, native_options(options), words), words]
           @natives_lock.synchronize do
-            @natives = {} if @natives.size >= NATIVES_LIMIT
-            @natives[key] = built
+            natives = @natives.size >= NATIVES_LIMIT ? {}.compare_by_identity : @natives.dup
+            natives[options] = (natives[options] || {}).merge(key => built)
+            @natives = natives
           end
+          built
         end
 
         private

@@ -50,7 +50,7 @@ module IdempotentJob
       def expire(claim, error)
         @narrator.error("lookup of #{describe(claim)} failed (#{error.class}: #{error.message}); " \
                         "not run, the claim stays stale for the next delivery")
-        @session.fenced(:expire, claim, "lookup failed: #{error.class}: #{error.message}"[0, Release::ERROR_TEXT_LIMIT])
+        @session.fenced(:expire, claim, "lookup failed: #{error.class}: #{error.message}"[0, Native.error_text_limit])
       rescue Error => e
         @narrator.error("could not end the lease of #{describe(claim)} (#{e.message}); it ends by itself")
       end

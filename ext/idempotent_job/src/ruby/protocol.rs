@@ -29,7 +29,7 @@ use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::protocol::{
     deferral_delay, Claim, ClaimInfo, Completion, DeliveryRequest, Detail, Direct, DoorWords,
     JobOptions, LookupAnswer, Notes, OnMismatch, OnStale, Outcome, Protocol, Step,
-    COMPLETION_RETRY_DELAYS,
+    COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
 };
 
 #[magnus::wrap(class = "IdempotentJob::Native::Protocol", free_immediately, size)]
@@ -517,6 +517,12 @@ fn native_deferral_delay(lease_remaining: f64, deferrals: u32, margin: f64) -> f
     deferral_delay(lease_remaining, deferrals, margin)
 }
 
+/// `Native.error_text_limit` → the longest error text stored in `last_error`, in
+/// characters.
+fn error_text_limit() -> usize {
+    ERROR_TEXT_LIMIT
+}
+
 /// `Native.completion_retry_delays` → Array of Float seconds.
 fn completion_retry_delays() -> Vec<f64> {
     COMPLETION_RETRY_DELAYS.to_vec()
@@ -524,6 +530,7 @@ fn completion_retry_delays() -> Vec<f64> {
 
 pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     native.define_module_function("deferral_delay", function!(native_deferral_delay, 3))?;
+    native.define_module_function("error_text_limit", function!(error_text_limit, 0))?;
     native.define_module_function(
         "completion_retry_delays",
         function!(completion_retry_delays, 0),
