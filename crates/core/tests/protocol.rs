@@ -819,3 +819,15 @@ fn decision_names_are_the_bindings_names() {
     let _: Option<Outcome> = None;
     let _ = NoteKind::Kept;
 }
+
+/// A binding keeps protocols per job class and hands claims between threads (Python's
+/// pyclasses must be Send; a protocol is shared by every worker thread).
+#[test]
+fn protocol_values_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Protocol>();
+    send_sync::<Claim>();
+    send_sync::<Outcome>();
+    send_sync::<Direct>();
+    send_sync::<Notes>();
+}
