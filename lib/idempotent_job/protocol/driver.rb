@@ -6,8 +6,8 @@ module IdempotentJob
     # decides, applies the stale policy, completes (with its retries) and releases; this
     # class only runs user code between its calls (the lookup, the body) and tells what
     # the core noted (events through {Events}, log lines through the door's logger).
-    # Used for the pool (no transaction) and the gem's own transactions
-    # (`transaction: true`). Internal.
+    # Used for the pool (no transaction), the gem's own transactions
+    # (`transaction: true`) and ActiveRecord's (`transaction: :active_record`). Internal.
     class Driver
       # Native protocols, by job options (the cached, frozen JobOptions object) and then
       # by door words (built once each).
@@ -85,7 +85,8 @@ module IdempotentJob
         @door = door
         @narrator = narrator
         @native, @words = self.class.native(options, door)
-        @transaction = session.is_a?(Transactional::Native) ? session : nil
+        @session = session
+        @transaction = session.is_a?(Transactional::Direct) ? nil : session
       end
 
       # Runs the delivery.
@@ -95,11 +96,7 @@ module IdempotentJob
       # @raise see {Protocol#run}
       def run(request, host, &)
         delivery = @narrator.delivery
-        step, value, notes = if @transaction
-                               @native.begin_in(@transaction.native, request, delivery.deferrals)
-                             else
-                               @native.begin(IdempotentJob.store, request, delivery.deferrals)
-                             end
+        step, value, notes = call(:begin, request, delivery.deferrals)
         return in_progress(value, notes) if step == :in_progress
 
         tell(notes)
@@ -115,6 +112,17 @@ module IdempotentJob
       end
 
       private
+
+      # Calls the native protocol's `name` on this delivery's channel: the pool, the
+      # gem's transaction (`name_in`) or ActiveRecord's (`name_with`, whose statements
+      # the session sends through ActiveRecord's connection).
+      def call(name, *args)
+        case @session
+        when Transactional::Direct then @native.public_send(name, IdempotentJob.store, *args)
+        when Transactional::Native then @native.public_send(:"#{name}_in", @session.native, *args)
+        else @native.public_send(:"#{name}_with", @session, *args)
+        end
+      end
 
       def claim_of(native_claim)
         info = native_claim.info
@@ -142,11 +150,7 @@ module IdempotentJob
 
       def ask_lookup(native_claim, claim, host)
         answer, failure = lookup_answer(claim, host)
-        step, value, notes = if @transaction
-                               @native.after_lookup_in(@transaction.native, native_claim, answer)
-                             else
-                               @native.after_lookup(IdempotentJob.store, native_claim, answer)
-                             end
+        step, value, notes = call(:after_lookup, native_claim, answer)
         tell(notes)
         # The lookup's own error is the LookupError's cause.
         raise value, cause: failure if step == :error && failure
@@ -231,7 +235,7 @@ module IdempotentJob
       def execute_in_transaction(native_claim, claim, &body)
         IdempotentJob.with_transaction(@transaction.handle) do
           result = body.call(claim)
-          step, value, notes = @native.complete_in(@transaction.native, native_claim)
+          step, value, notes = call(:complete, native_claim)
           tell(notes)
           raise value if step == :error
 

@@ -19,18 +19,20 @@ use magnus::{
     Symbol, Value,
 };
 
-use super::convert::{claim_request, Out, RbResult};
+use super::convert::{claim_request, decided, Out, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::heartbeat_hash;
 use super::store::NativeStore;
 use super::transaction::NativeTransaction;
+use idempotent_job_core::claim::{self, ClaimRequest, Fenced};
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::protocol::{
-    deferral_delay, Claim, ClaimInfo, Completion, DeliveryRequest, Detail, Direct, DoorWords,
-    JobOptions, LookupAnswer, Notes, OnMismatch, OnStale, Outcome, Protocol, Step,
+    deferral_delay, Channel, Claim, ClaimInfo, Completion, DeliveryRequest, Detail, Direct,
+    DoorWords, JobOptions, LookupAnswer, Notes, OnMismatch, OnStale, Outcome, Protocol, Step,
     COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
 };
+use idempotent_job_core::store::{Interrupt, Pool};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Protocol", free_immediately, size)]
 pub struct NativeProtocol(Protocol);
@@ -165,6 +167,12 @@ fn error_value(ruby: &Ruby, err: Error) -> RbResult<Value> {
         .unwrap_or_else(|| ruby.qnil().as_value()))
 }
 
+/// The exception object of a Ruby error (nil when it is a `throw`/`exit`-like jump,
+/// which has none).
+fn raised_value(ruby: &Ruby, raised: magnus::Error) -> Value {
+    raised.value().unwrap_or_else(|| ruby.qnil().as_value())
+}
+
 fn answer(
     ruby: &Ruby,
     name: &str,
@@ -178,6 +186,118 @@ fn answer(
     out.push(value)?;
     out.push(notes_array(ruby, notes, delivery, words)?)?;
     Ok(out)
+}
+
+/// The error a [`RubyChannel`] call returns when Ruby raised: the Ruby exception
+/// itself is kept in the channel and raised instead.
+const RAISED_IN_RUBY: &str = "raised in the Ruby session";
+
+/// A [`Channel`] over a Ruby session whose statements go through another driver
+/// (`Transactional::ActiveRecord`: ActiveRecord's connection, inside its
+/// transaction). Called with the GVL held. The session answers
+/// `claim_row(request, lock_timeout)` → `[row, token]` (the claim statement's typed row
+/// and the token it sent) and `fenced_raw(change, job_type, operation_key, token,
+/// text)`; the decision is made here, by the core ([`decided`]).
+struct RubyChannel<'r> {
+    ruby: &'r Ruby,
+    session: Value,
+    raised: Option<magnus::Error>,
+}
+
+impl RubyChannel<'_> {
+    fn hold(&mut self, err: magnus::Error) -> Error {
+        self.raised = Some(err);
+        Error::Panic(RAISED_IN_RUBY.into())
+    }
+
+    /// The Ruby exception to raise for `err`, when `err` stands for one.
+    fn raised_for(&mut self, err: &Error) -> Option<magnus::Error> {
+        let held = self.raised.take();
+        match err {
+            Error::Panic(m) if m == RAISED_IN_RUBY => held,
+            _ => None,
+        }
+    }
+}
+
+/// A claim request as the Hash `Native::Store#claim` takes.
+fn request_hash(ruby: &Ruby, req: &ClaimRequest) -> RbResult<RHash> {
+    let out = Out::new(ruby);
+    out.set("job_type", req.job_type.as_str())?
+        .set("operation_key", req.operation_key.as_str())?
+        .set("jid", req.jid.clone())?
+        .set("lease", req.lease_seconds)?
+        .set("args_digest", req.args_digest.clone())?
+        .set("job_class", req.job_class.clone())?
+        .set("queue", req.queue.clone())?
+        .set("args_json", req.args_json.clone())?
+        .set("refuse_mismatch", req.refuse_mismatch)?
+        .set("facts_json", req.facts_json.clone())?;
+    Ok(out.hash)
+}
+
+fn fenced_name(change: Fenced) -> &'static str {
+    match change {
+        Fenced::Complete | Fenced::CompleteAsynchronously => "complete",
+        Fenced::Release => "release",
+        Fenced::Hold => "hold",
+        Fenced::GiveUp => "give_up",
+        Fenced::Expire => "expire",
+        Fenced::Renew => "renew",
+    }
+}
+
+impl Channel for RubyChannel<'_> {
+    fn claim(
+        &mut self,
+        _interrupt: &Interrupt<'_>,
+        request: &ClaimRequest,
+        lock_timeout_seconds: f64,
+    ) -> Result<claim::Decision> {
+        let ruby = self.ruby;
+        let asked = (|| -> RbResult<claim::Decision> {
+            let hash = request_hash(ruby, request)?;
+            let pair: RArray = self
+                .session
+                .funcall("claim_row", (hash, lock_timeout_seconds))?;
+            let (row, token): (RHash, String) = (pair.entry(0)?, pair.entry(1)?);
+            Ok(decided(ruby, row, &token, hash)?.0)
+        })();
+        asked.map_err(|e| self.hold(e))
+    }
+
+    fn fenced(
+        &mut self,
+        _interrupt: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+    ) -> Result<()> {
+        let ruby = self.ruby;
+        let args = (
+            ruby.to_symbol(fenced_name(change)),
+            claim.job_type.as_str(),
+            claim.operation_key.as_str(),
+            claim.token.to_string(),
+            text,
+        );
+        let applied: RbResult<Value> = self.session.funcall("fenced_raw", args);
+        applied.map(|_| ()).map_err(|e| self.hold(e))
+    }
+
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    fn heartbeat_pool(&self) -> Option<&Pool> {
+        None
+    }
+
+    fn pause(&mut self, _interrupt: &Interrupt<'_>, pause: std::time::Duration) -> Result<()> {
+        // Never reached: a transactional completion is written once.
+        std::thread::sleep(pause);
+        Ok(())
+    }
 }
 
 impl NativeClaim {
@@ -352,6 +472,112 @@ impl NativeProtocol {
             rb_self.0.begin(session, i, &delivery, &mut notes)
         })?;
         step_answer(ruby, step, &notes, &delivery, rb_self.0.words())
+    }
+
+    /// `begin_with(session, request, deferrals)`: [`NativeProtocol::begin`] over a Ruby
+    /// session (the ActiveRecord flavour, see [`RubyChannel`]); an exception the
+    /// session raised is answered as `[:error, it, notes]`.
+    fn begin_with(
+        ruby: &Ruby,
+        rb_self: &Self,
+        session: Value,
+        request: RHash,
+        deferrals: u32,
+    ) -> RbResult<RArray> {
+        let delivery = Self::delivery(ruby, request, deferrals)?;
+        let mut channel = RubyChannel {
+            ruby,
+            session,
+            raised: None,
+        };
+        let mut notes = Notes::new();
+        let step = rb_self
+            .0
+            .begin(&mut channel, &Interrupt::none(), &delivery, &mut notes);
+        if let Err(e) = &step {
+            if let Some(raised) = channel.raised_for(e) {
+                return answer(
+                    ruby,
+                    "error",
+                    raised_value(ruby, raised),
+                    &notes,
+                    &delivery,
+                    rb_self.0.words(),
+                );
+            }
+        }
+        step_answer(ruby, step, &notes, &delivery, rb_self.0.words())
+    }
+
+    /// `after_lookup_with(session, claim, answer)`: over a Ruby session.
+    fn after_lookup_with(
+        ruby: &Ruby,
+        rb_self: &Self,
+        session: Value,
+        claim: &NativeClaim,
+        answer_value: Value,
+    ) -> RbResult<RArray> {
+        let answer_given = Self::lookup_answer(ruby, answer_value)?;
+        let taken = claim.take(ruby)?;
+        let mut channel = RubyChannel {
+            ruby,
+            session,
+            raised: None,
+        };
+        let mut notes = Notes::new();
+        let step = rb_self.0.after_lookup(
+            &mut channel,
+            &Interrupt::none(),
+            taken,
+            answer_given,
+            &mut notes,
+        );
+        let delivery = delivery_of(&claim.info);
+        if let Err(e) = &step {
+            if let Some(raised) = channel.raised_for(e) {
+                return answer(
+                    ruby,
+                    "error",
+                    raised_value(ruby, raised),
+                    &notes,
+                    &delivery,
+                    rb_self.0.words(),
+                );
+            }
+        }
+        step_answer(ruby, step, &notes, &delivery, rb_self.0.words())
+    }
+
+    /// `complete_with(session, claim)`: the completion over a Ruby session (written once).
+    fn complete_with(
+        ruby: &Ruby,
+        rb_self: &Self,
+        session: Value,
+        claim: &NativeClaim,
+    ) -> RbResult<RArray> {
+        let taken = claim.take(ruby)?;
+        let mut channel = RubyChannel {
+            ruby,
+            session,
+            raised: None,
+        };
+        let mut notes = Notes::new();
+        let done = rb_self
+            .0
+            .complete(&mut channel, &Interrupt::none(), taken, None, &mut notes);
+        if let Err(e) = &done {
+            if let Some(raised) = channel.raised_for(e) {
+                return answer(
+                    ruby,
+                    "error",
+                    raised_value(ruby, raised),
+                    &notes,
+                    &delivery_of(&claim.info),
+                    rb_self.0.words(),
+                );
+            }
+        }
+        Self::completed(ruby, rb_self, claim, done, &notes)
     }
 
     fn lookup_answer(ruby: &Ruby, answer: Value) -> RbResult<LookupAnswer> {
@@ -544,6 +770,12 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
         "after_lookup_in",
         method!(NativeProtocol::after_lookup_in, 3),
     )?;
+    class.define_method("begin_with", method!(NativeProtocol::begin_with, 3))?;
+    class.define_method(
+        "after_lookup_with",
+        method!(NativeProtocol::after_lookup_with, 3),
+    )?;
+    class.define_method("complete_with", method!(NativeProtocol::complete_with, 2))?;
     class.define_method("complete", method!(NativeProtocol::complete, 2))?;
     class.define_method("complete_in", method!(NativeProtocol::complete_in, 2))?;
     class.define_method("release", method!(NativeProtocol::release, 4))?;
