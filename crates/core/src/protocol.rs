@@ -310,9 +310,11 @@ pub struct DeliveryRequest {
     /// Deferrals this delivery already had (each [`Step::InProgress`] the door acted
     /// on adds one): the deferral's delay doubles with each.
     pub deferrals: u32,
-    /// Seconds to wait, when the claim is live, for it to end before deciding again
-    /// (the channel's [`Channel::wait`]: a completion then replays, a release may
-    /// run); `None`: no wait (the delivery is deferred at once). Not in a transaction.
+    /// Seconds to wait, when the claim is live, for it to end before deciding again:
+    /// [`Protocol::begin`] then answers [`Step::InProgress`] with
+    /// [`Outcome::wait_seconds`] and the binding calls [`Protocol::wait`] (a completion
+    /// then replays, a release may run); `None`: no wait (the delivery is deferred at
+    /// once). Only on a channel that can wait ([`Channel::can_wait`]: not a transaction).
     pub wait_seconds: Option<f64>,
 }
 
@@ -468,6 +470,11 @@ pub struct Outcome {
     /// this run's completion's, for a replayed [`Decision::Completed`] the first run's
     /// (then [`Outcome::replayed`]); `None` when no store was requested.
     pub result_state: Option<ResultState>,
+    /// For [`Decision::InProgress`] when the delivery asked to wait
+    /// ([`DeliveryRequest::wait_seconds`]) and the channel can: the binding tells the
+    /// notes so far, then calls [`Protocol::wait`] (nothing was deferred; no
+    /// `retry_after`). `None`: defer as usual.
+    pub wait_seconds: Option<f64>,
 }
 
 impl Outcome {
@@ -481,6 +488,7 @@ impl Outcome {
             claim: None,
             result_json: None,
             result_state: None,
+            wait_seconds: None,
         }
     }
 
@@ -614,25 +622,55 @@ impl Protocol {
     ) -> Result<Step> {
         let request = delivery.claim_request(&self.options);
         let started = Instant::now();
-        let mut decided = channel.claim(interrupt, &request, self.options.lock_timeout_seconds)?;
-        let mut duration = started.elapsed().as_secs_f64();
+        let decided = channel.claim(interrupt, &request, self.options.lock_timeout_seconds)?;
+        let duration = started.elapsed().as_secs_f64();
+        self.decide(channel, interrupt, delivery, decided, duration, true, notes)
+    }
+
+    /// After [`Protocol::begin`] answered [`Step::InProgress`] with
+    /// [`Outcome::wait_seconds`] (the binding told its notes meanwhile): waits for the
+    /// live claim to end ([`Channel::wait`], at most that long, no pooled connection
+    /// held), then decides again as `begin` does: a completion replays, a release may
+    /// run, a claim still live is deferred (no second wait).
+    ///
+    /// Notes and errors: as [`Protocol::begin`].
+    pub fn wait(
+        &self,
+        channel: &mut dyn Channel,
+        interrupt: &Interrupt<'_>,
+        delivery: &DeliveryRequest,
+        notes: &mut Notes,
+    ) -> Result<Step> {
+        let seconds = delivery.wait_seconds.unwrap_or(0.0);
+        let request = delivery.claim_request(&self.options);
+        let started = Instant::now();
+        let Some(decided) = channel.wait(interrupt, &request, seconds)? else {
+            return Err(Error::Config(format!(
+                "{}: this channel cannot wait for a live claim (wait: is not for transactions)",
+                delivery.job_type
+            )));
+        };
+        let duration = started.elapsed().as_secs_f64();
+        self.decide(
+            channel, interrupt, delivery, decided, duration, false, notes,
+        )
+    }
+
+    /// What the delivery does after the claim statement's `decided` (`duration`: the
+    /// claim's seconds); `may_wait`: a live claim answers a wait when the delivery asks
+    /// for one and the channel can.
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &self,
+        channel: &mut dyn Channel,
+        interrupt: &Interrupt<'_>,
+        delivery: &DeliveryRequest,
+        decided: claim::Decision,
+        duration: f64,
+        may_wait: bool,
+        notes: &mut Notes,
+    ) -> Result<Step> {
         self.check_mismatch(&decided, delivery, notes)?;
-        if let (Some(seconds), claim::Outcome::InProgress { holder_jid, .. }, false) = (
-            delivery.wait_seconds,
-            &decided.outcome,
-            channel.transactional(),
-        ) {
-            notes.push(Note::delivery(NoteKind::Waiting {
-                holder: holder_jid.clone(),
-                seconds,
-            }));
-            let waiting = Instant::now();
-            if let Some(again) = channel.wait(interrupt, &request, seconds)? {
-                decided = again;
-                duration = waiting.elapsed().as_secs_f64();
-                self.check_mismatch(&decided, delivery, notes)?;
-            }
-        }
         let duplicate = |decision: Decision, duplicates: i32, notes: &mut Notes| {
             notes.push(Note::delivery(NoteKind::Skipped {
                 decision,
@@ -680,6 +718,24 @@ impl Protocol {
                 lease_remaining,
                 duplicates,
                 ..
+            } if may_wait && delivery.wait_seconds.is_some() && channel.can_wait() => {
+                let seconds = delivery.wait_seconds.unwrap_or(0.0);
+                notes.push(Note::delivery(NoteKind::Waiting {
+                    holder: holder_jid.clone(),
+                    seconds,
+                }));
+                let mut outcome = Outcome::of(Decision::InProgress);
+                outcome.duplicates = Some(duplicates);
+                outcome.lease_remaining = Some(lease_remaining);
+                outcome.holder = holder_jid;
+                outcome.wait_seconds = Some(seconds);
+                Step::InProgress(outcome)
+            }
+            claim::Outcome::InProgress {
+                holder_jid,
+                lease_remaining,
+                duplicates,
+                ..
             } => {
                 let delay = deferral_delay(
                     lease_remaining,
@@ -701,6 +757,7 @@ impl Protocol {
                     claim: None,
                     result_json: None,
                     result_state: None,
+                    wait_seconds: None,
                 })
             }
             claim::Outcome::Completed { duplicates, replay } => {

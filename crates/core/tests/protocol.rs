@@ -1029,6 +1029,10 @@ impl Channel for Telling {
         self.direct.fenced(interrupt, change, claim, text)
     }
 
+    fn can_wait(&self) -> bool {
+        true
+    }
+
     fn wait(
         &mut self,
         interrupt: &Interrupt<'_>,
@@ -1056,24 +1060,30 @@ fn a_waiting_delivery_decides_again_when_the_claim_ends(store: &Store) {
     let protocol = storing();
     let delivery = delivery("digest-a");
     let holder = run_claim(begin(store, &protocol, &delivery).0);
-    // A wait that runs out: still in progress, deferred as without a wait.
+    // A wait that runs out: told before waiting, then deferred as without a wait.
     let short = DeliveryRequest {
         wait_seconds: Some(0.2),
         ..repeat_of(&delivery)
     };
     let (step, notes) = begin(store, &protocol, &short);
-    assert_eq!(action(&step.unwrap()), "in_progress:in_progress");
-    let waiting = notes
-        .iter()
-        .find(|n| matches!(n.kind, NoteKind::Waiting { .. }));
-    let text = waiting
-        .unwrap()
-        .text(&short, &DoorWords::default())
-        .unwrap();
+    let Step::InProgress(first) = step.unwrap() else {
+        panic!("expected InProgress")
+    };
+    assert_eq!((first.wait_seconds, first.retry_after), (Some(0.2), None));
+    assert_eq!(notes.len(), 1, "the wait, no deferral yet: {notes:?}");
+    let text = notes[0].text(&short, &DoorWords::default()).unwrap();
     assert!(
         text.ends_with("is in progress under delivery d-1; waiting up to 0.2 s for it"),
         "{text}"
     );
+    let mut notes = Notes::new();
+    let step = protocol.wait(&mut direct(store), &Interrupt::none(), &short, &mut notes);
+    let Step::InProgress(after) = step.unwrap() else {
+        panic!("expected InProgress")
+    };
+    assert_eq!(after.wait_seconds, None, "no second wait");
+    assert!(after.retry_after.is_some());
+    assert_eq!(notes[0].event(), Some("deferred"));
     // A wait the holder's completion ends: the waiter replays its stored result.
     let (started, told) = std::sync::mpsc::channel();
     let long = DeliveryRequest {
@@ -1088,7 +1098,16 @@ fn a_waiting_delivery_decides_again_when_the_claim_ends(store: &Store) {
         };
         std::thread::spawn(move || {
             let mut notes = Notes::new();
-            let step = protocol.begin(&mut channel, &Interrupt::none(), &long, &mut notes);
+            let first = protocol.begin(&mut channel, &Interrupt::none(), &long, &mut notes);
+            let waits = matches!(
+                first,
+                Ok(Step::InProgress(Outcome {
+                    wait_seconds: Some(_),
+                    ..
+                }))
+            );
+            assert!(waits, "{first:?}");
+            let step = protocol.wait(&mut channel, &Interrupt::none(), &long, &mut notes);
             (step.map(skipped), notes)
         })
     };
@@ -1113,7 +1132,7 @@ fn a_waiting_delivery_decides_again_when_the_claim_ends(store: &Store) {
     assert!(notes
         .iter()
         .any(|n| matches!(n.kind, NoteKind::Waiting { .. })));
-    // Without a wait (a transaction's channel cannot wait) the first decision stands.
+    // A transaction's channel cannot wait: the first decision stands (deferred).
     let pool = store.pool().unwrap();
     let second = self::delivery("digest-a");
     let live = run_claim(begin(store, &protocol, &second).0);
@@ -1126,7 +1145,11 @@ fn a_waiting_delivery_decides_again_when_the_claim_ends(store: &Store) {
     let step = protocol
         .begin(&mut session, &Interrupt::none(), &waited, &mut notes)
         .unwrap();
-    assert_eq!(action(&step), "in_progress:in_progress");
+    let Step::InProgress(deferred) = step else {
+        panic!("expected InProgress")
+    };
+    assert_eq!(deferred.wait_seconds, None);
+    assert!(deferred.retry_after.is_some());
     assert!(!notes
         .iter()
         .any(|n| matches!(n.kind, NoteKind::Waiting { .. })));

@@ -43,7 +43,8 @@ module IdempotentJob
           { lease: options.lease.to_f, on_stale: options.on_stale, on_mismatch: options.on_mismatch,
             lookup: options.lookup ? options.lookup_label : nil, heartbeat: options.heartbeat ? true : false,
             max_run: options.max_run.to_f, lock_timeout: options.lock_timeout.to_f,
-            defer_margin: IdempotentJob.configuration.defer_margin.to_f, store_result: options.store_result ? true : false }
+            defer_margin: IdempotentJob.configuration.defer_margin.to_f,
+            store_result: options.store_result ? true : false }
         end
       end
 
@@ -97,12 +98,8 @@ module IdempotentJob
       # @return [Outcome]
       # @raise see {Protocol#run}
       def run(request, host, wait = nil, &)
-        delivery = @narrator.delivery
-        step, value, notes = if @transaction
-                               call(:begin, request, delivery.deferrals)
-                             else
-                               @native.begin(IdempotentJob.store, request, delivery.deferrals, wait)
-                             end
+        deferrals = @narrator.delivery.deferrals
+        step, value, notes = wait ? waited(request, deferrals, wait) : call(:begin, request, deferrals)
         return in_progress(value, notes) if step == :in_progress
 
         tell(notes)
@@ -119,6 +116,17 @@ module IdempotentJob
       end
 
       private
+
+      # Begins a delivery that waits up to `seconds` for a live claim (the pool only:
+      # `perform_once` refuses `wait:` with a transaction): the core says it will wait
+      # (told at once), then waits and decides again.
+      def waited(request, deferrals, seconds)
+        step, value, notes = @native.begin_waiting(IdempotentJob.store, request, deferrals, seconds)
+        return [step, value, notes] unless step == :wait
+
+        tell(notes)
+        @native.wait(IdempotentJob.store, request, deferrals, seconds)
+      end
 
       # Calls the native protocol's `name` on this delivery's channel: the pool, the
       # gem's transaction (`name_in`) or ActiveRecord's (`name_with`, whose statements

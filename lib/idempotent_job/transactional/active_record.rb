@@ -122,9 +122,11 @@ module IdempotentJob
       # @param result [Array, nil] :complete's stored result (`[json, state]`), nil: none
       # @return [true]
       # @raise [LostClaimError]
+      # rubocop:disable Metrics/ParameterLists -- the fenced statement's parameters, as the core's channel sends them
       def fenced_raw(change, job_type, operation_key, token, text, result = nil)
         fenced(change, IdempotentJob::Claim.new(job_type:, operation_key:, token:), text, result)
       end
+      # rubocop:enable Metrics/ParameterLists
 
       # Queues the claim's repeat facts (a duplicate, a retry or a takeover; nothing for a
       # first claim) for the asynchronous bookkeeping, as the native session does at

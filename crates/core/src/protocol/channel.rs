@@ -65,6 +65,12 @@ pub trait Channel {
         }
     }
 
+    /// Whether [`Channel::wait`] waits (false: a transaction, whose claim already
+    /// waited on the row lock).
+    fn can_wait(&self) -> bool {
+        false
+    }
+
     /// Waits at most `seconds` for the live claim on `request`'s operation to end,
     /// then sends the claim statement again and returns its decision; `None` when
     /// this channel cannot wait (a transaction: its claim already waited on the row
@@ -171,6 +177,10 @@ impl Channel for Direct {
             )
             .await
         })
+    }
+
+    fn can_wait(&self) -> bool {
+        true
     }
 
     /// Waits through [`crate::results::wait`] (LISTEN/NOTIFY, or polling behind a

@@ -5,7 +5,7 @@
 //! `[step, value, notes]`:
 //!
 //! * `step`: `:run` / `:ask_lookup` (value: a `Native::Claim`), `:skip` /
-//!   `:in_progress` (value: an outcome Hash), `:completed` (value: a completion
+//!   `:in_progress` / `:wait` (value: an outcome Hash; `:wait`: call `wait` next), `:completed` (value: a completion
 //!   Hash), `:error` (value: the exception to raise once the notes are told);
 //! * `notes`: Array of `[event, details, level, text, attempt]`: the event's name
 //!   (Symbol or nil) and its details (Hash with Symbol keys), the log line's level
@@ -160,6 +160,9 @@ fn step_answer(
             ("ask_lookup", NativeClaim::wrap(claim).into_value_with(ruby))
         }
         Ok(Step::Skip(outcome)) => ("skip", outcome_hash(ruby, &outcome)?.as_value()),
+        Ok(Step::InProgress(outcome)) if outcome.wait_seconds.is_some() => {
+            ("wait", outcome_hash(ruby, &outcome)?.as_value())
+        }
         Ok(Step::InProgress(outcome)) => ("in_progress", outcome_hash(ruby, &outcome)?.as_value()),
         Err(e) => ("error", error_value(ruby, e)?),
     };
@@ -485,11 +488,24 @@ impl NativeProtocol {
         Ok(Direct::new(pool, store.0.config().asynchronous_completion))
     }
 
-    /// `begin(store, request, deferrals, wait)`: claims on the store's pool (the
-    /// request Hash of `Native::Store#claim`; `lease` and `refuse_mismatch` come from
-    /// the options); `wait`: seconds to wait for a live claim to end before deciding
-    /// again (nil: none) → `[step, value, notes]`.
+    /// `begin(store, request, deferrals)`: claims on the store's pool (the request
+    /// Hash of `Native::Store#claim`; `lease` and `refuse_mismatch` come from the
+    /// options) → `[step, value, notes]`.
     fn begin(
+        ruby: &Ruby,
+        rb_self: &Self,
+        store: &NativeStore,
+        request: RHash,
+        deferrals: u32,
+    ) -> RbResult<RArray> {
+        Self::begin_waiting(ruby, rb_self, store, request, deferrals, None)
+    }
+
+    /// `begin_waiting(store, request, deferrals, wait)`: [`NativeProtocol::begin`] for a
+    /// delivery that waits up to `wait` seconds for a live claim to end: a live claim
+    /// answers `[:wait, outcome, notes]` (nothing deferred); tell the notes, then call
+    /// `wait` with the same arguments.
+    fn begin_waiting(
         ruby: &Ruby,
         rb_self: &Self,
         store: &NativeStore,
@@ -502,6 +518,27 @@ impl NativeProtocol {
         let mut notes = Notes::new();
         let step = without_gvl(ruby, |i| {
             rb_self.0.begin(&mut channel, i, &delivery, &mut notes)
+        })?;
+        step_answer(ruby, step, &notes, &delivery, rb_self.0.words())
+    }
+
+    /// `wait(store, request, deferrals, wait)` → `[step, value, notes]`: after
+    /// `begin_waiting` answered `:wait`, waits (GVL released, no pooled connection
+    /// held) for the live claim to end, then decides again (a claim still live is
+    /// deferred: `:in_progress`).
+    fn wait(
+        ruby: &Ruby,
+        rb_self: &Self,
+        store: &NativeStore,
+        request: RHash,
+        deferrals: u32,
+        wait: f64,
+    ) -> RbResult<RArray> {
+        let delivery = Self::delivery(ruby, request, deferrals, Some(wait))?;
+        let mut channel = Self::direct(ruby, store)?;
+        let mut notes = Notes::new();
+        let step = without_gvl(ruby, |i| {
+            rb_self.0.wait(&mut channel, i, &delivery, &mut notes)
         })?;
         step_answer(ruby, step, &notes, &delivery, rb_self.0.words())
     }
@@ -835,7 +872,9 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     )?;
     let class = native.define_class("Protocol", ruby.class_object())?;
     class.define_singleton_method("new", function!(NativeProtocol::new, 3))?;
-    class.define_method("begin", method!(NativeProtocol::begin, 4))?;
+    class.define_method("begin", method!(NativeProtocol::begin, 3))?;
+    class.define_method("begin_waiting", method!(NativeProtocol::begin_waiting, 4))?;
+    class.define_method("wait", method!(NativeProtocol::wait, 4))?;
     class.define_method("begin_in", method!(NativeProtocol::begin_in, 3))?;
     class.define_method("after_lookup", method!(NativeProtocol::after_lookup, 3))?;
     class.define_method(
