@@ -21,6 +21,9 @@ Gem::Specification.new do |spec|
     "lib/**/*.rb", "lib/idempotent_job/web/views/*.erb",
     "ext/idempotent_job/{Cargo.toml,extconf.rb}", "ext/idempotent_job/src/**/*.rs",
     "crates/core/{Cargo.toml,build.rs}", "crates/core/src/**/*.rs",
+    # The Python extension crate is a workspace member: cargo reads its manifest (and
+    # sources) to load the workspace, but the gem's build never compiles it.
+    "python/Cargo.toml", "python/src/**/*.rs",
     "migrations/*.sql", "Cargo.toml", "Cargo.lock", "README.md", "LICENSE"
   ]
   spec.require_paths = ["lib"]

@@ -1,0 +1,261 @@
+"""idempotent_job for Python: durable idempotency records in PostgreSQL, over the same
+Rust core and the same table as the Ruby gem.
+
+A background job, a Celery task or any consumer of an at-least-once queue runs its
+effect at most once per *operation key*: the first delivery takes a *claim* with a
+*lease*; a duplicate finds the operation completed, in progress or held and does not
+run. See python/README.md.
+
+    import idempotent_job
+    idempotent_job.configure(database_url="postgres://…", lease=300)
+    idempotent_job.migrate()
+    outcome = idempotent_job.perform_once("ChargeOrder", order_id, lambda claim: charge(order_id))
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import threading
+import uuid
+from typing import Any, Callable
+
+from . import errors
+from ._native import Claim, Outcome, Store
+from .errors import (
+    ConfigurationError,
+    ConnectionError,
+    DatabaseError,
+    IdempotentJobError,
+    LockTimeoutError,
+    LookupError,
+    LostClaimError,
+    MigrationError,
+    OperationKeyError,
+    PayloadMismatchError,
+    TimeoutError,
+)
+
+__all__ = [
+    "configure",
+    "migrate",
+    "perform_once",
+    "held",
+    "resolve",
+    "purge",
+    "record",
+    "operation_key",
+    "Claim",
+    "Outcome",
+    "errors",
+    "IdempotentJobError",
+    "ConfigurationError",
+    "ConnectionError",
+    "DatabaseError",
+    "LostClaimError",
+    "MigrationError",
+    "OperationKeyError",
+    "LookupError",
+    "PayloadMismatchError",
+    "LockTimeoutError",
+    "TimeoutError",
+]
+
+logger = logging.getLogger("idempotent_job")
+
+_store: Store | None = None
+_lock = threading.Lock()
+
+
+def configure(**settings: Any) -> None:
+    """Sets up the database and the job defaults for this process (and the processes it
+    forks: Celery's prefork pool children each build their own pool from these settings).
+
+    Takes the same settings as the Ruby gem's ``IdempotentJob.configure``: ``database_url``
+    (default ``IDEMPOTENT_JOB_DATABASE_URL``, then ``DATABASE_URL``), ``pool_size``,
+    ``connect_timeout``, ``checkout_timeout``, ``deadline``, ``statement_timeout`` (seconds),
+    ``application_name``, ``schema``, ``host``, ``port``, ``dbname``, ``user``, ``password``,
+    ``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey``, ``prepared_statements``,
+    ``asynchronous_completion``; and the job defaults ``lease`` (seconds, default 300),
+    ``on_stale`` ("reclaim", "hold" or "skip"), ``on_mismatch`` ("log" or "raise"),
+    ``heartbeat`` (bool), ``max_run`` (seconds), ``defer_margin`` (seconds), ``retention``
+    (seconds, for :func:`purge`). Connects lazily, on first use.
+
+    Raises:
+        ConfigurationError: naming an unknown setting or a bad value.
+    """
+    global _store
+    store = Store(json.dumps(settings))
+    with _lock:
+        _store = store
+
+
+def _current() -> Store:
+    global _store
+    with _lock:
+        if _store is None:
+            _store = Store("{}")
+        return _store
+
+
+def migrate() -> list[str]:
+    """Applies the pending migrations (the same as the Ruby gem's ``IdempotentJob.migrate!``,
+    to the same table). Returns the names of the migrations applied now.
+
+    Raises:
+        MigrationError, ConnectionError, TimeoutError.
+    """
+    return _current().migrate()
+
+
+def operation_key(value: Any, job_type: str = "operation") -> str:
+    """The operation key's text for ``value`` as the record stores it (the same text the
+    Ruby gem makes): a str as it is, an int in decimal, a non-empty dict or list as its
+    canonical JSON; a list/tuple passed as ``value`` with ``composite`` keys is not meant
+    here (see :class:`idempotent_job.celery.IdempotentTask`).
+
+    Raises:
+        OperationKeyError: for None, a bool, a float, an empty value, a NUL character, or
+            a key over 2,000 bytes together with ``job_type``.
+    """
+    return Store.operation_key(job_type, value)
+
+
+def perform_once(
+    job_type: str,
+    key: Any,
+    fn: Callable[[Claim], Any],
+    lease: float | None = None,
+    payload: Any = None,
+    store_result: bool = False,
+    wait: float | None = None,
+    *,
+    on_stale: str | None = None,
+    on_mismatch: str | None = None,
+    lookup: Callable[[str], str] | None = None,
+    heartbeat: bool | None = None,
+    max_run: float | None = None,
+    id: str | None = None,  # noqa: A002 - the Ruby gem's name
+    deferrals: int = 0,
+    job_class: str | None = None,
+    queue: str | None = None,
+    facts: dict | None = None,
+) -> Outcome:
+    """Runs ``fn(claim)`` at most once for the operation ``(job_type, key)``.
+
+    Args:
+        job_type: the record's job type (or scope); a Ruby job with the same job type and
+            key names the same record.
+        key: the operation key: a str, an int, or a non-empty dict/list of JSON values.
+        fn: the body; gets the :class:`Claim` (``claim.operation_key`` is the reference
+            to pass downstream). Runs with the claim held; its return value is
+            ``outcome.value``.
+        lease: seconds the claim stays live without a renewal (default: configure's).
+        payload: the operation's arguments (any JSON value); a later delivery with a
+            different payload is a payload mismatch (logged, or refused under
+            ``on_mismatch="raise"``).
+        store_result: store ``fn``'s return value (a JSON value) with the completion, so a
+            repeat gets it as ``outcome.value`` with ``outcome.replayed`` True (once the
+            record has its result column: migration V7 of the stored-results work; before
+            that a repeat gets ``value=None`` and ``replayed=False``).
+        wait: seconds to wait for a running claim's completion. TODO(results): not yet
+            supported; only None is accepted.
+        on_stale, on_mismatch, lookup, heartbeat, max_run: as the Ruby gem's options;
+            ``lookup(operation_key)`` is asked after a takeover of a stale claim and answers
+            "done", "not_done" or "unknown".
+        id: this delivery's id (stored as the record's last claiming jid); default a
+            fresh UUID.
+        deferrals: how many times this delivery already met a live claim (for
+            ``retry_after``'s back-off).
+        job_class, queue: stored on the record (for the web page and ``resolve`` reruns).
+        facts: a dict of JSON values about this delivery, kept for the repeats report.
+
+    Returns:
+        An :class:`Outcome`: ``decision`` is "ran", "completed", "held", "given_up",
+        "in_progress" (then ``retry_after`` says in how many seconds to come back) or
+        "refused" (a released or stale claim with a different payload under
+        ``on_mismatch="raise"``). Decisions are logged on the ``idempotent_job`` logger.
+
+    Raises:
+        OperationKeyError: for a bad key. ConfigurationError: for a bad option.
+        PayloadMismatchError: under ``on_mismatch="raise"``. LookupError.
+        ConnectionError, TimeoutError, DatabaseError: the body did not run.
+        Whatever ``fn`` raised: its claim was released first, so a retry runs it again
+            (SystemExit and KeyboardInterrupt keep the claim until its lease ends: the
+            process is going away and the effect may have happened).
+    """
+    if wait is not None:
+        raise ConfigurationError(
+            f"{job_type}: perform_once's wait= needs stored results, which this build does not have "
+            "yet; pass wait=None and come back after outcome.retry_after"
+        )
+    if not callable(fn):
+        raise ConfigurationError(f"{job_type}: perform_once needs a callable body, got {type(fn).__name__}")
+    job_type = str(job_type)
+    key_text = Store.operation_key(job_type, key)
+    store = _current()
+    options = {
+        "lease": lease,
+        "on_stale": on_stale,
+        "on_mismatch": on_mismatch,
+        "lookup": lookup,
+        "heartbeat": heartbeat,
+        "max_run": max_run,
+        "store_result": store_result,
+    }
+    return store.perform_once(
+        store.protocol(job_type, options, "plain"),
+        job_type,
+        key_text,
+        fn,
+        [] if payload is None else payload,
+        id or str(uuid.uuid4()),
+        deferrals,
+        job_class,
+        queue,
+        facts,
+        lookup,
+    )
+
+
+def held(job_type: str | None = None, limit: int = 100) -> list[tuple[str, str]]:
+    """The held operations (a stale claim under ``on_stale="hold"``), oldest first, as
+    ``(job_type, operation_key)`` pairs; only ``job_type``'s when given. Read-only."""
+    return _current().held(job_type, limit)
+
+
+def resolve(job_type: str, key: Any, as_: str = "done") -> bool:
+    """Settles a held or given-up operation: ``as_="done"`` marks it completed (the effect
+    is known to have happened), ``as_="rerun"`` releases it for the next delivery.
+    ``key`` is the operation key as given to :func:`perform_once` (or its stored text).
+    Returns False when the operation is not held or given up.
+
+    Raises:
+        ConfigurationError: for another ``as_``.
+    """
+    return _current().resolve(str(job_type), Store.operation_key(str(job_type), key), as_)
+
+
+def purge(older_than: float | None = None, batch: int = 1000) -> int:
+    """Deletes finished records (completed or given up) older than ``older_than`` seconds
+    (default: the ``retention`` setting, 30 days), in batches of ``batch``. Returns how
+    many were deleted. Held and claimed records are kept."""
+    return _current().purge(older_than, batch)
+
+
+def record(job_type: str, key: Any) -> dict | None:
+    """The idempotency record of ``(job_type, key)`` as a dict of its columns (times in
+    epoch seconds), or None when the operation was never claimed. Read-only."""
+    return _current().find(str(job_type), Store.operation_key(str(job_type), key))
+
+
+@atexit.register
+def _settle() -> None:
+    # Duplicate counts are written in the background; write what is queued at exit.
+    store = _store
+    if store is not None:
+        try:
+            store.settle()
+        except IdempotentJobError as exc:  # pragma: no cover - only logged at exit
+            logger.warning("idempotent_job: could not write the repeat bookkeeping at exit: %s", exc)

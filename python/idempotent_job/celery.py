@@ -1,0 +1,317 @@
+"""The Celery door: ``IdempotentTask``, a task base class that runs a task's body at most
+once per operation key, with the record in PostgreSQL (the same table and protocol as
+the Ruby gem's Sidekiq and ActiveJob doors).
+
+    @app.task(base=IdempotentTask, idempotency_key="order_id", idempotency_lease=60,
+              idempotency_on_stale="hold", acks_late=True)
+    def charge_order(order_id, cents): ...
+
+It only translates Celery's vocabulary: the claim protocol runs in the native core.
+Needs ``acks_late=True`` and ``task_reject_on_worker_lost=True`` and a broker visibility
+timeout longer than the lease (see python/README.md, "Using it with Celery").
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Ignore, Retry
+
+from . import _current
+from ._native import Store
+from .errors import ConfigurationError, OperationKeyError
+
+__all__ = ["IdempotentTask", "DEFERRALS_HEADER"]
+
+logger = logging.getLogger("idempotent_job.celery")
+
+#: The message header counting how often a delivery met a live claim and was sent back.
+DEFERRALS_HEADER = "idempotent_job_deferrals"
+
+#: The task options the door reads, each ``idempotency_<name>``: ``key`` (the operation
+#: key's declaration), ``scope`` (the record's job type; default the task's name),
+#: ``store_result``, and the options the core takes per delivery.
+#: TODO(inputs): the delivery options' names come from the core's options module once it
+#: lands (issue 21); until then they are listed here, once.
+DOOR_OPTIONS = ("key", "scope")
+CORE_OPTIONS = ("lease", "on_stale", "on_mismatch", "lookup", "heartbeat", "max_run", "store_result")
+KNOWN = tuple(f"idempotency_{name}" for name in DOOR_OPTIONS + CORE_OPTIONS)
+
+
+class _Path:
+    """One part of a key declaration: an argument (by index or parameter name) and the
+    dotted segments below it."""
+
+    def __init__(self, label: str, index: int | None, name: str | None, segments: list[str]):
+        self.label = label
+        self.index = index
+        self.name = name
+        self.segments = segments
+
+
+def _parameters(cls: type) -> list[inspect.Parameter] | None:
+    run = cls.__dict__.get("run")
+    if run is None:
+        return None
+    bound = not isinstance(run, staticmethod)
+    function = run.__func__ if isinstance(run, staticmethod) else run
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    return params[1:] if bound and params else params
+
+
+def _resolve(task_name: str, declaration: Any, params: list[inspect.Parameter] | None) -> list[_Path]:
+    def fail(problem: str) -> OperationKeyError:
+        return OperationKeyError(
+            f"{task_name}: idempotency_key {declaration!r} {problem}",
+            job_class=task_name,
+            job_type=task_name,
+            declaration=declaration,
+        )
+
+    parts = list(declaration) if isinstance(declaration, (list, tuple)) else [declaration]
+    if not parts:
+        raise fail("is an empty list")
+    paths = []
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, (int, str)):
+            raise fail(
+                f"has a part of type {type(part).__name__}: use a parameter name (str), an argument "
+                'index (int), a dotted path ("payload.id") or a list of those'
+            )
+        if isinstance(part, int):
+            if part < 0:
+                raise fail(f"uses a negative argument index {part}")
+            paths.append(_Path(f"argument {part}", part, None, []))
+            continue
+        segments = part.split(".")
+        if any(s == "" for s in segments):
+            raise fail(f"contains an empty name or path segment in {part!r}")
+        head = segments.pop(0)
+        if head.isdigit():
+            paths.append(_Path(part, int(head), None, segments))
+            continue
+        index = None
+        if params is not None:
+            names = [p.name for p in params]
+            if head not in names:
+                raise fail(f"names parameter {head!r}, which {task_name} does not have (it has {names})")
+            found = names.index(head)
+            positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            if all(p.kind in positional for p in params[: found + 1]):
+                index = found
+        paths.append(_Path(part, index, head, segments))
+    return paths
+
+
+class IdempotentTask(Task):
+    """A Celery task base: one record per operation key (see the module's documentation).
+
+    Task options (each optional except ``idempotency_key``):
+        idempotency_key: the operation key's declaration: a parameter name (``"order_id"``),
+            an argument index (``0``), a dotted path (``"payload.id"``, ``"0.id"``) or a list
+            of those (a composite key).
+        idempotency_scope: the record's job type (default: the task's name); a Sidekiq job
+            with the same scope and key shares the record.
+        idempotency_lease, idempotency_on_stale, idempotency_on_mismatch,
+        idempotency_lookup, idempotency_heartbeat, idempotency_max_run: as
+            ``idempotent_job.perform_once``'s options (default: ``configure``'s).
+        idempotency_store_result: keep the return value for repeats (default True).
+
+    A delivery of a completed operation returns the first run's stored result; one that
+    meets a live claim is sent back with ``countdown=retry_after`` without using up
+    ``max_retries``; a held or given-up operation raises ``celery.exceptions.Ignore``
+    with a log line; a raising body releases the claim and re-raises (so
+    ``autoretry_for`` and ``self.retry`` work as without the door); a lost worker
+    (SIGKILL) leaves the claim until its lease ends.
+
+    Raises at declaration (when Celery makes the task class), naming the task:
+    ``ConfigurationError`` for an unknown ``idempotency_*`` option or a bad value,
+    ``OperationKeyError`` for a malformed key declaration.
+    """
+
+    abstract = True
+    idempotency_key: Any = None
+    idempotency_scope: str | None = None
+    idempotency_store_result: bool = True
+    idempotency_lease: float | None = None
+    idempotency_on_stale: str | None = None
+    idempotency_on_mismatch: str | None = None
+    idempotency_lookup: Any = None
+    idempotency_heartbeat: bool | None = None
+    idempotency_max_run: float | None = None
+
+    _idempotency_paths: list[_Path] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "run" not in cls.__dict__:
+            return  # an intermediate base class, not a task
+        name = cls.__dict__.get("name") or cls.__name__
+        unknown = sorted(n for n in dir(cls) if n.startswith("idempotency_") and n not in KNOWN)
+        if unknown:
+            raise ConfigurationError(
+                f"{name}: unknown task option(s) {', '.join(unknown)} (known: {', '.join(KNOWN)})",
+                job_type=name,
+            )
+        if cls.idempotency_key is None:
+            raise OperationKeyError(
+                f"{name}: IdempotentTask needs idempotency_key= (a parameter name, an argument "
+                "index, a dotted path or a list of those)",
+                job_class=name,
+                job_type=name,
+            )
+        cls._idempotency_paths = _resolve(name, cls.idempotency_key, _parameters(cls))
+        lookup = cls.__dict__.get("idempotency_lookup", cls.idempotency_lookup)
+        if isinstance(lookup, staticmethod):
+            lookup = lookup.__func__
+        cls._idempotency_lookup_fn = staticmethod(lookup) if lookup is not None else None
+        cls._idempotency_protocol = None
+        cls._idempotency_protocol_of(name)  # checks the options now, naming the task
+
+    @classmethod
+    def _idempotency_protocol_of(cls, name: str) -> Any:
+        """The task's protocol (its options over configure's defaults), built again when
+        ``configure`` was called since."""
+        store = _current()
+        cached = cls._idempotency_protocol
+        if cached is not None and cached[0] is store:
+            return cached[1]
+        options = {n: getattr(cls, f"idempotency_{n}") for n in CORE_OPTIONS if n != "lookup"}
+        options["lookup"] = cls._idempotency_lookup_fn
+        protocol = store.protocol(cls.idempotency_scope or name, options, "celery")
+        cls._idempotency_protocol = (store, protocol)
+        return protocol
+
+    def _operation_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        job = self.name
+        paths = self._idempotency_paths or []
+        values = [self._fetch(path, args, kwargs) for path in paths]
+        composite = isinstance(self.idempotency_key, (list, tuple))
+        return Store.operation_key(job, values if composite else values[0], composite)
+
+    def _fetch(self, path: _Path, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def fail(problem: str) -> OperationKeyError:
+            return OperationKeyError(
+                f"{self.name}: idempotency key {self.idempotency_key!r} ({path.label}): {problem}; "
+                "the task was not run and nothing was recorded",
+                job_class=self.name,
+                job_type=self.name,
+                declaration=self.idempotency_key,
+            )
+
+        if path.name is not None and path.name in kwargs:
+            value = kwargs[path.name]
+        elif path.index is not None and path.index < len(args):
+            value = args[path.index]
+        else:
+            raise fail(f"the argument is missing (the task got {len(args)} positional and {sorted(kwargs)})")
+        for segment in path.segments:
+            if isinstance(value, dict):
+                if segment not in value:
+                    raise fail(f"the dict has no key {segment!r}")
+                value = value[segment]
+            elif isinstance(value, (list, tuple)):
+                if not segment.isdigit():
+                    raise fail(f"segment {segment!r} indexes a list, so it must be a number")
+                if int(segment) >= len(value):
+                    raise fail(f"the list has no element {segment}")
+                value = value[int(segment)]
+            else:
+                raise fail(f"segment {segment!r} reaches into a {type(value).__name__}, not a dict or list")
+        if value is None:
+            raise fail("the value is None")
+        return value
+
+    def apply_async(self, args=None, kwargs=None, *rest: Any, **options: Any):  # noqa: D401
+        """Celery's ``apply_async``; checks first that the arguments yield an operation key,
+        so a bad key raises ``OperationKeyError`` at ``delay()`` naming the task."""
+        if not options.get("retries"):
+            self._operation_key(tuple(args or ()), dict(kwargs or {}))
+        return super().apply_async(args, kwargs, *rest, **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        key = self._operation_key(args, kwargs)
+        job_type = self.idempotency_scope or self.name
+        deferrals = int(_header(request, DEFERRALS_HEADER) or 0)
+        payload = list(args) + ([kwargs] if kwargs else [])
+        delivery_info = getattr(request, "delivery_info", None) or {}
+        facts = {"task_id": request.id, "retries": request.retries or 0}
+        if deferrals:
+            facts["deferrals"] = deferrals
+        parent = super()
+
+        def body(claim: Any) -> Any:
+            return parent.__call__(*args, **kwargs)
+
+        protocol = self._idempotency_protocol_of(self.name)
+        outcome = _current().perform_once(
+            protocol,
+            job_type,
+            key,
+            body,
+            payload,
+            request.id,
+            deferrals,
+            self.name,
+            delivery_info.get("routing_key"),
+            facts,
+            self._idempotency_lookup_fn,
+        )
+        decision = outcome.decision
+        if decision in ("ran", "completed"):
+            return outcome.value
+        if decision == "in_progress":
+            self._send_back(outcome.retry_after, deferrals + 1)
+        logger.info(
+            "%s[%s]: operation %r of %s is %s; the task is ignored%s",
+            self.name,
+            request.id,
+            key,
+            job_type,
+            _IGNORED.get(decision, decision),
+            " (settle it with idempotent_job.resolve)" if decision in ("held", "given_up") else "",
+        )
+        raise Ignore()
+
+    def _send_back(self, countdown: float, deferrals: int) -> None:
+        """Sends this delivery again in ``countdown`` seconds with the same retry count (a
+        live claim is not a failure: ``max_retries`` is not used up), then raises Celery's
+        ``Retry`` so the worker acknowledges this message."""
+        request = self.request
+        if request.called_directly or request.is_eager:
+            # No worker to come back to: the caller sees the outcome through the log line.
+            raise Ignore()
+        headers = dict(request.headers or {})
+        headers[DEFERRALS_HEADER] = deferrals
+        signature = self.signature_from_request(
+            request,
+            None,
+            None,
+            countdown=countdown,
+            retries=request.retries or 0,
+            headers=headers,
+            **{DEFERRALS_HEADER: deferrals},
+        )
+        signature.apply_async()
+        raise Retry(f"operation in progress; back in {countdown:.1f} s", None, when=countdown)
+
+
+_IGNORED = {
+    "held": "held for a person",
+    "given_up": "given up",
+    "refused": "refused (its payload differs from the claim's under on_mismatch='raise')",
+}
+
+
+def _header(request: Any, name: str) -> Any:
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name)
+    return value

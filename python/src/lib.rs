@@ -1,0 +1,29 @@
+//! `idempotent_job._native`: the PyO3 layer of the Python package, over
+//! `idempotent_job_core`. Internal: the public API is the Python package
+//! (`python/idempotent_job/__init__.py`). Every call copies its arguments into owned
+//! Rust values, then runs the core with the GIL released ([`gil::detached`]), so other
+//! Python threads run meanwhile and Ctrl-C or Celery's soft time limit interrupt it.
+//!
+//! One file per concern: [`store`] (configuration, migrations, operating calls),
+//! [`protocol`] (a delivery: claim, run, complete or release), [`errors`] (core errors
+//! → `idempotent_job.errors`), [`gil`] (releasing the GIL, interruptibly), [`convert`]
+//! (Python values → JSON).
+
+mod convert;
+mod errors;
+mod gil;
+mod protocol;
+mod store;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<store::Store>()?;
+    m.add_class::<protocol::Claim>()?;
+    m.add_class::<protocol::Outcome>()?;
+    m.add_class::<protocol::JobProtocol>()?;
+    m.add_function(wrap_pyfunction!(store::describe_url, m)?)?;
+    m.add("SCHEMA_SQL", idempotent_job_core::migrate::schema_sql())?;
+    Ok(())
+}

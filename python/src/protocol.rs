@@ -1,0 +1,415 @@
+//! One delivery through the core's claim protocol (`idempotent_job_core::protocol`):
+//! [`Protocol::begin`] with the GIL released, the body (and a declared lookup) called
+//! with the GIL held, then [`Protocol::complete`], [`Protocol::release`] or
+//! [`Protocol::keep`], again with the GIL released. Nothing of the protocol is decided
+//! here: this file only calls user code between the core's steps, turns the outcome
+//! into a Python object and logs the core's notes.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::convert;
+use crate::gil::detached;
+use idempotent_job_core::protocol::{
+    Claim as CoreClaim, ClaimInfo, DeliveryRequest, Direct, DoorWords, Level, LookupAnswer, Notes,
+    Outcome as CoreOutcome, Protocol, Step,
+};
+use idempotent_job_core::store::Pool;
+
+/// One job type's protocol: its options resolved and checked once (per Celery task
+/// class, per `perform_once` call), told in its door's words.
+#[pyclass(frozen, module = "idempotent_job._native")]
+pub struct JobProtocol {
+    pub protocol: Protocol,
+}
+
+#[pymethods]
+impl JobProtocol {
+    /// Whether the body's value is stored with the completion (`store_result`).
+    #[getter]
+    fn store_result(&self) -> bool {
+        self.protocol.options().store_result
+    }
+
+    /// The lease in seconds.
+    #[getter]
+    fn lease(&self) -> f64 {
+        self.protocol.options().lease_seconds
+    }
+}
+
+/// The words of a door: "task" for Celery's, "delivery" for the plain API.
+pub fn words(door: &str) -> DoorWords {
+    let mut words = DoorWords::default();
+    if door == "celery" {
+        words.id_label = "task".into();
+        words.defer_text = "retry in".into();
+        words.crash_text = "the worker is going away (SystemExit or KeyboardInterrupt)".into();
+    }
+    words
+}
+
+/// The claim a body runs under, passed to it as its one argument.
+#[pyclass(frozen, module = "idempotent_job._native")]
+pub struct Claim {
+    /// The job type (or scope) of the record.
+    #[pyo3(get)]
+    pub job_type: String,
+    /// The operation key: pass it on as the idempotency key of downstream calls.
+    #[pyo3(get)]
+    pub operation_key: String,
+    /// The fencing token (a UUID str) of this claim.
+    #[pyo3(get)]
+    pub token: String,
+    /// Claims made on this record, this one included (1 for the first).
+    #[pyo3(get)]
+    pub attempt: i32,
+    /// "first", "retry" (after a failure or a rerun) or "takeover" (of a stale claim).
+    #[pyo3(get)]
+    pub kind: &'static str,
+    /// This delivery's id (Celery's task id; a UUID for the plain API by default).
+    #[pyo3(get)]
+    pub delivery_id: Option<String>,
+}
+
+impl Claim {
+    fn of(info: &ClaimInfo) -> Claim {
+        Claim {
+            job_type: info.job_type.clone(),
+            operation_key: info.operation_key.clone(),
+            token: info.token.to_string(),
+            attempt: info.attempt,
+            kind: info.kind.as_str(),
+            delivery_id: info.delivery_id.clone(),
+        }
+    }
+}
+
+#[pymethods]
+impl Claim {
+    fn __repr__(&self) -> String {
+        format!(
+            "Claim(job_type={:?}, operation_key={:?}, attempt={}, kind={:?})",
+            self.job_type, self.operation_key, self.attempt, self.kind
+        )
+    }
+}
+
+/// What a delivery did. `decision` is "ran", "completed", "held", "given_up" or
+/// "in_progress" (or "refused": the claim is released or stale but this payload
+/// differs from the claim's under `on_mismatch="raise"`).
+#[pyclass(frozen, module = "idempotent_job._native")]
+pub struct Outcome {
+    #[pyo3(get)]
+    pub decision: &'static str,
+    /// The body's return value when it ran; the first run's stored result for a
+    /// completed repeat whose result was stored (`replayed`); None otherwise.
+    #[pyo3(get)]
+    pub value: Py<PyAny>,
+    /// Seconds until worth trying again ("in_progress"), else None.
+    #[pyo3(get)]
+    pub retry_after: Option<f64>,
+    /// Seconds left on the holder's lease ("in_progress"), else None.
+    #[pyo3(get)]
+    pub lease_remaining: Option<f64>,
+    /// The delivery id of the live claim's holder ("in_progress").
+    #[pyo3(get)]
+    pub holder: Option<String>,
+    /// Duplicate deliveries counted on the record (for a duplicate), else None.
+    #[pyo3(get)]
+    pub duplicates: Option<i32>,
+    /// True when `value` is the first run's stored result (a repeat).
+    #[pyo3(get)]
+    pub replayed: bool,
+    /// The claim the body ran under, when it ran.
+    #[pyo3(get)]
+    pub claim: Option<Py<Claim>>,
+}
+
+#[pymethods]
+impl Outcome {
+    /// True when the body ran (and its claim completed).
+    #[getter]
+    fn ran(&self) -> bool {
+        self.decision == "ran"
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Outcome(decision={:?}, retry_after={:?}, replayed={})",
+            self.decision,
+            self.retry_after,
+            if self.replayed { "True" } else { "False" }
+        )
+    }
+}
+
+impl Outcome {
+    fn of(py: Python<'_>, o: CoreOutcome, value: Option<Py<PyAny>>) -> PyResult<Outcome> {
+        let (value, replayed) = match (value, &o.result_json) {
+            (Some(v), _) => (v, false),
+            (None, Some(json)) => (
+                py.import("json")?
+                    .call_method1("loads", (json.as_str(),))?
+                    .unbind(),
+                true,
+            ),
+            (None, None) => (py.None(), false),
+        };
+        Ok(Outcome {
+            decision: o.decision.as_str(),
+            value,
+            retry_after: o.retry_after,
+            lease_remaining: o.lease_remaining,
+            holder: o.holder,
+            duplicates: o.duplicates,
+            replayed,
+            claim: o
+                .claim
+                .as_ref()
+                .map(|c| Py::new(py, Claim::of(c)))
+                .transpose()?,
+        })
+    }
+}
+
+/// Logs the core's notes on the `idempotent_job` logger, at their levels.
+fn publish(
+    py: Python<'_>,
+    protocol: &Protocol,
+    delivery: &DeliveryRequest,
+    notes: Notes,
+) -> PyResult<()> {
+    if notes.is_empty() {
+        return Ok(());
+    }
+    let logger = py
+        .import("logging")?
+        .call_method1("getLogger", ("idempotent_job",))?;
+    for note in notes {
+        let Some(level) = note.level() else { continue };
+        let method = match level {
+            Level::Info => "info",
+            Level::Warn => "warning",
+            Level::Error => "error",
+        };
+        let enabled = logger
+            .call_method1("isEnabledFor", (level_number(level),))?
+            .is_truthy()?;
+        if !enabled {
+            continue;
+        }
+        if let Some(text) = note.text(delivery, protocol.words()) {
+            logger.call_method1(method, (text,))?;
+        }
+    }
+    Ok(())
+}
+
+fn level_number(level: Level) -> i32 {
+    match level {
+        Level::Info => 20,
+        Level::Warn => 30,
+        Level::Error => 40,
+    }
+}
+
+/// Whether a body's exception means the worker is going away (its effect may have
+/// happened, so the claim is kept until its lease ends): `SystemExit` or
+/// `KeyboardInterrupt`. Any other exception (Celery's `SoftTimeLimitExceeded`, `Retry`
+/// included) releases the claim.
+fn is_crash(py: Python<'_>, err: &PyErr) -> bool {
+    err.is_instance_of::<pyo3::exceptions::PySystemExit>(py)
+        || err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py)
+}
+
+fn class_and_message(py: Python<'_>, err: &PyErr) -> (String, String) {
+    let class = err
+        .get_type(py)
+        .qualname()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    (class, err.value(py).to_string())
+}
+
+/// The lookup's answer to the core's terms.
+fn ask_lookup(py: Python<'_>, lookup: Option<&Bound<'_, PyAny>>, key: &str) -> LookupAnswer {
+    let Some(lookup) = lookup else {
+        return LookupAnswer::Raised {
+            error: "ConfigurationError: no lookup callable was given".into(),
+        };
+    };
+    match lookup.call1((key,)) {
+        Ok(answer) => match answer.extract::<String>().as_deref() {
+            Ok("done") => LookupAnswer::Done,
+            Ok("not_done") => LookupAnswer::NotDone,
+            Ok("unknown") => LookupAnswer::Unknown,
+            _ => LookupAnswer::Invalid {
+                answer: answer
+                    .repr()
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|_| "?".into()),
+            },
+        },
+        Err(e) => {
+            let (class, message) = class_and_message(py, &e);
+            LookupAnswer::Raised {
+                error: format!("{class}: {message}"),
+            }
+        }
+    }
+}
+
+/// Runs one delivery through the core's protocol; see the module's documentation.
+///
+/// Errors: the core's, mapped by `errors::to_py` (`ConfigurationError`,
+/// `PayloadMismatchError`, `LookupError`, `LostClaimError`, connection, database and
+/// timeout errors: the body did not run, or its completion could not be written);
+/// whatever the body raised, after the claim was released (kept for SystemExit and
+/// KeyboardInterrupt).
+pub fn perform(
+    py: Python<'_>,
+    pool: Pool,
+    asynchronous_completion: bool,
+    protocol: &Protocol,
+    delivery: DeliveryRequest,
+    lookup: Option<&Bound<'_, PyAny>>,
+    body: &Bound<'_, PyAny>,
+) -> PyResult<Outcome> {
+    let mut channel = Direct::new(pool, asynchronous_completion);
+    let mut notes = Notes::new();
+    let result = drive(
+        py,
+        &mut channel,
+        protocol,
+        &delivery,
+        lookup,
+        body,
+        &mut notes,
+    );
+    publish(py, protocol, &delivery, notes)?;
+    result
+}
+
+fn drive(
+    py: Python<'_>,
+    channel: &mut Direct,
+    protocol: &Protocol,
+    delivery: &DeliveryRequest,
+    lookup: Option<&Bound<'_, PyAny>>,
+    body: &Bound<'_, PyAny>,
+    notes: &mut Notes,
+) -> PyResult<Outcome> {
+    let mut step = detached(py, |i| protocol.begin(channel, i, delivery, notes))?;
+    loop {
+        step = match step {
+            Step::AskLookup(claim) => {
+                let answer = ask_lookup(py, lookup, &claim.info().operation_key);
+                detached(py, |i| {
+                    protocol.after_lookup(channel, i, claim, answer, notes)
+                })?
+            }
+            Step::Skip(outcome) | Step::InProgress(outcome) => {
+                return Outcome::of(py, outcome, None)
+            }
+            Step::Run(claim) => return run(py, channel, protocol, claim, body, notes),
+        }
+    }
+}
+
+/// Runs the body under `claim` (its heartbeat renewing the lease), then completes the
+/// claim with the body's value (stored when `store_result`); releases it when the body
+/// raised, keeps it when the worker is going away.
+fn run(
+    py: Python<'_>,
+    channel: &mut Direct,
+    protocol: &Protocol,
+    claim: CoreClaim,
+    body: &Bound<'_, PyAny>,
+    notes: &mut Notes,
+) -> PyResult<Outcome> {
+    let handle = Py::new(py, Claim::of(claim.info()))?;
+    match body.call1((handle.clone_ref(py),)) {
+        Ok(value) => {
+            let stored = if protocol.options().store_result {
+                match convert::to_json(&value) {
+                    Ok(json) => Some(json),
+                    Err(what) => {
+                        py.import("logging")?
+                            .call_method1("getLogger", ("idempotent_job",))?
+                            .call_method1(
+                                "warning",
+                                (format!(
+                                    "{} operation {:?}: the result holds {what}, which JSON cannot \
+                                     carry; it is not stored (a repeat gets None)",
+                                    claim.info().job_type,
+                                    claim.info().operation_key
+                                ),),
+                            )?;
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let completion = detached(py, |i| {
+                protocol.complete(channel, i, claim, stored.as_ref(), notes)
+            })?;
+            let mut outcome = Outcome::of(py, completion.outcome, Some(value.unbind()))?;
+            outcome.claim = Some(handle);
+            Ok(outcome)
+        }
+        Err(err) => {
+            if is_crash(py, &err) {
+                protocol.keep(claim, notes);
+            } else {
+                let (class, message) = class_and_message(py, &err);
+                detached(py, |i| {
+                    protocol.release(channel, i, claim, &class, &message, notes);
+                    Ok(())
+                })?;
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Builds the core's delivery request.
+#[allow(clippy::too_many_arguments)]
+pub fn request(
+    job_type: String,
+    operation_key: String,
+    id: Option<String>,
+    deferrals: u32,
+    job_class: Option<String>,
+    queue: Option<String>,
+    payload: &Bound<'_, PyAny>,
+    facts: Option<&Bound<'_, PyDict>>,
+) -> PyResult<DeliveryRequest> {
+    let owner = format!("{job_type}: ");
+    let payload = convert::to_json(payload).map_err(|what| {
+        crate::errors::config(format!(
+            "{owner}the payload holds {what}, which JSON cannot carry"
+        ))
+    })?;
+    let (args_json, args_digest) = convert::json_and_digest(&payload);
+    let facts_json = match facts {
+        Some(f) => Some(
+            convert::to_json(f.as_any())
+                .map_err(|what| crate::errors::config(format!("{owner}facts hold {what}")))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    Ok(DeliveryRequest {
+        job_class: Some(job_class.unwrap_or_else(|| job_type.clone())),
+        job_type,
+        operation_key,
+        delivery_id: id,
+        queue,
+        args_json: Some(args_json),
+        args_digest: Some(args_digest),
+        facts_json,
+        deferrals,
+    })
+}

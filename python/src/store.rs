@@ -1,0 +1,461 @@
+//! `idempotent_job._native.Store`: one configured database (its pool built lazily and
+//! rebuilt in a forked child: configured in Celery's parent, used in each pool child)
+//! and the job defaults of `configure`. Internal: the public API is
+//! `idempotent_job/__init__.py`.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde_json::{Map, Value};
+
+use crate::convert::{self, KeyText};
+use crate::errors::config;
+use crate::gil::detached;
+use crate::protocol::{self, JobProtocol, Outcome};
+use idempotent_job_core::claim::{self, Resolution};
+use idempotent_job_core::config::Config;
+use idempotent_job_core::error::Error;
+use idempotent_job_core::migrate;
+use idempotent_job_core::protocol::{JobOptions, OnMismatch, OnStale, Protocol};
+use idempotent_job_core::retry::with_fresh_conn;
+use idempotent_job_core::store::{with_conn, Lane, Store as CoreStore};
+
+/// The job defaults `configure` takes besides the connection settings (the core's
+/// [`JobOptions`], whose defaults apply: lease 300 s, on_stale "reclaim", on_mismatch
+/// "log", heartbeat on, max_run 3600 s, defer_margin 1 s), and `retention` (seconds a
+/// finished record is kept for [`Store::purge`]; default 30 days).
+/// TODO(inputs): read these names from the core's options table once it lands.
+pub const JOB_SETTINGS: [&str; 7] = [
+    "lease",
+    "on_stale",
+    "on_mismatch",
+    "heartbeat",
+    "max_run",
+    "defer_margin",
+    "retention",
+];
+
+/// Options a delivery (a task's declaration or a `perform_once` call) may set.
+/// TODO(inputs): read these names from the core's options table once it lands.
+pub const DELIVERY_OPTIONS: [&str; 7] = [
+    "lease",
+    "on_stale",
+    "on_mismatch",
+    "heartbeat",
+    "max_run",
+    "lookup",
+    "store_result",
+];
+
+/// Default `retention`, seconds (30 days), as the Ruby gem's.
+const DEFAULT_RETENTION: f64 = 2_592_000.0;
+
+fn seconds(owner: &str, name: &str, value: &Value, min: f64) -> Result<f64, Error> {
+    match value.as_f64() {
+        Some(v) if v.is_finite() && v >= min && v <= claim::MAX_LEASE_SECONDS => Ok(v),
+        _ => Err(Error::Config(format!(
+            "{owner}{name} must be a number of seconds from {min} to {}, got {value}",
+            claim::MAX_LEASE_SECONDS
+        ))),
+    }
+}
+
+fn boolean(owner: &str, name: &str, value: &Value) -> Result<bool, Error> {
+    value
+        .as_bool()
+        .ok_or_else(|| Error::Config(format!("{owner}{name} must be True or False, got {value}")))
+}
+
+fn text<'a>(owner: &str, name: &str, value: &'a Value) -> Result<&'a str, Error> {
+    value
+        .as_str()
+        .ok_or_else(|| Error::Config(format!("{owner}{name} must be a str, got {value}")))
+}
+
+/// Applies one option to `options`; `job` names the job in messages ("" for configure).
+fn apply(job: &str, options: &mut JobOptions, name: &str, value: &Value) -> Result<(), Error> {
+    let owner = if job.is_empty() {
+        String::new()
+    } else {
+        format!("{job}: ")
+    };
+    let owner = owner.as_str();
+    let named = if job.is_empty() { "configure" } else { job };
+    match name {
+        // Ranges beyond the type are checked by JobOptions::validate.
+        "lease" => options.lease_seconds = seconds(owner, name, value, 0.0)?,
+        "on_stale" => options.on_stale = OnStale::parse(named, text(owner, name, value)?)?,
+        "on_mismatch" => options.on_mismatch = OnMismatch::parse(named, text(owner, name, value)?)?,
+        "heartbeat" => options.heartbeat = boolean(owner, name, value)?,
+        "max_run" => options.max_run_seconds = seconds(owner, name, value, 0.0)?,
+        "defer_margin" => options.defer_margin_seconds = seconds(owner, name, value, 0.0)?,
+        "store_result" => options.store_result = boolean(owner, name, value)?,
+        other => {
+            return Err(Error::Config(format!(
+                "{owner}unknown option {other:?} (known: {})",
+                DELIVERY_OPTIONS.join(", ")
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// The default URL: `IDEMPOTENT_JOB_DATABASE_URL`, then `DATABASE_URL`.
+fn env_url() -> Option<String> {
+    ["IDEMPOTENT_JOB_DATABASE_URL", "DATABASE_URL"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+}
+
+/// One configured database and the job defaults.
+#[pyclass(frozen, module = "idempotent_job._native")]
+pub struct Store {
+    core: CoreStore,
+    defaults: JobOptions,
+    retention: f64,
+}
+
+impl Store {
+    fn pool(&self) -> PyResult<idempotent_job_core::store::Pool> {
+        self.core.pool().map_err(crate::errors::to_py)
+    }
+}
+
+impl Store {
+    /// The defaults overridden by `options` (a dict of [`DELIVERY_OPTIONS`]; None values
+    /// are skipped), checked.
+    fn job_options(&self, job: &str, options: &Bound<'_, PyDict>) -> PyResult<JobOptions> {
+        let mut resolved = self.defaults.clone();
+        for (name, value) in options.iter() {
+            let name: String = name.extract()?;
+            if value.is_none() {
+                continue;
+            }
+            if name == "lookup" {
+                if !value.is_callable() {
+                    return Err(config(format!(
+                        "{job}: lookup must be callable (it gets the operation key and answers \
+                         \"done\", \"not_done\" or \"unknown\"), got {}",
+                        convert::type_name(&value)
+                    )));
+                }
+                let label = value
+                    .getattr("__qualname__")
+                    .or_else(|_| value.getattr("__name__"))
+                    .map(|n| format!("lookup {n}"))
+                    .unwrap_or_else(|_| "lookup".into());
+                resolved.lookup = Some(label);
+                continue;
+            }
+            let json = convert::to_json(&value)
+                .map_err(|what| config(format!("{job}: {name}: {what}")))?;
+            apply(job, &mut resolved, &name, &json).map_err(crate::errors::to_py)?;
+        }
+        resolved.validate(job).map_err(crate::errors::to_py)?;
+        Ok(resolved)
+    }
+}
+
+#[pymethods]
+impl Store {
+    /// `Store(settings_json)`: a JSON object of `configure`'s keyword arguments: the job
+    /// defaults ([`JOB_SETTINGS`]) and the connection settings of the core's `Config`
+    /// (database_url, pool_size, connect_timeout, checkout_timeout, deadline,
+    /// statement_timeout, application_name, schema, host, port, dbname, user, password,
+    /// sslmode, sslrootcert, sslcert, sslkey, prepared_statements,
+    /// asynchronous_completion). Validates everything; connects lazily.
+    ///
+    /// Raises `ConfigurationError` naming an unknown setting or a bad value.
+    #[new]
+    fn new(settings_json: &str) -> PyResult<Self> {
+        let parsed: Map<String, Value> =
+            serde_json::from_str(settings_json).map_err(|e| config(format!("configure: {e}")))?;
+        let mut defaults = JobOptions::default();
+        let mut retention = DEFAULT_RETENTION;
+        let mut native = Map::new();
+        for (name, value) in parsed {
+            if value.is_null() {
+                continue;
+            }
+            if name == "retention" {
+                retention = seconds("", "retention", &value, 0.0).map_err(crate::errors::to_py)?;
+            } else if JOB_SETTINGS.contains(&name.as_str()) {
+                apply("", &mut defaults, &name, &value).map_err(crate::errors::to_py)?;
+            } else {
+                native.insert(name, value);
+            }
+        }
+        defaults
+            .validate("configure")
+            .map_err(crate::errors::to_py)?;
+        if !native.contains_key("database_url") {
+            if let Some(url) = env_url() {
+                native.insert("database_url".into(), Value::String(url));
+            }
+        }
+        let core = Config::from_json(&Value::Object(native).to_string())
+            .and_then(CoreStore::new)
+            .map_err(crate::errors::to_py)?;
+        Ok(Store {
+            core,
+            defaults,
+            retention,
+        })
+    }
+
+    /// The job defaults as a dict (lease, on_stale, on_mismatch, heartbeat, max_run,
+    /// defer_margin, retention).
+    fn defaults<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let o = &self.defaults;
+        let d = PyDict::new(py);
+        d.set_item("lease", o.lease_seconds)?;
+        d.set_item("on_stale", o.on_stale.as_str())?;
+        d.set_item("on_mismatch", o.on_mismatch.as_str())?;
+        d.set_item("heartbeat", o.heartbeat)?;
+        d.set_item("max_run", o.max_run_seconds)?;
+        d.set_item("defer_margin", o.defer_margin_seconds)?;
+        d.set_item("retention", self.retention)?;
+        Ok(d)
+    }
+
+    /// Applies the pending migrations (the same as the Ruby gem's, to the same table);
+    /// returns the names of those applied now. Raises `MigrationError`.
+    fn migrate(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let pool = self.pool()?;
+        detached(py, move |i| migrate::migrate(&pool, i))
+    }
+
+    /// `held(job_type or None, limit)` → list of `(job_type, operation_key)` of held
+    /// operations, oldest first.
+    fn held(
+        &self,
+        py: Python<'_>,
+        job_type: Option<String>,
+        limit: i64,
+    ) -> PyResult<Vec<(String, String)>> {
+        let pool = self.pool()?;
+        detached(py, move |i| {
+            with_fresh_conn(&pool, i, Lane::Main, async |c| {
+                claim::held(c, job_type.as_deref(), limit).await
+            })
+        })
+    }
+
+    /// `resolve(job_type, operation_key, as_)`: `as_` is "done" (the effect happened:
+    /// completed) or "rerun" (released for the next delivery). Returns False when the
+    /// operation is not held or given up. Sent once (never repeated).
+    fn resolve(
+        &self,
+        py: Python<'_>,
+        job_type: String,
+        operation_key: String,
+        as_: &str,
+    ) -> PyResult<bool> {
+        let resolution = match as_ {
+            "done" => Resolution::Done,
+            "rerun" => Resolution::Rerun,
+            other => {
+                return Err(config(format!(
+                    "resolve as_ must be \"done\" or \"rerun\", got {other:?}"
+                )))
+            }
+        };
+        let pool = self.pool()?;
+        detached(py, move |i| {
+            with_conn(&pool, i, async |c| {
+                claim::resolve(c, &job_type, &operation_key, resolution).await
+            })
+        })
+    }
+
+    /// `purge(older_than or None, batch)`: deletes finished (completed, given up)
+    /// records older than `older_than` seconds (default: the `retention` setting) in
+    /// batches of `batch`; returns how many went.
+    #[pyo3(signature = (older_than, batch))]
+    fn purge(&self, py: Python<'_>, older_than: Option<f64>, batch: i64) -> PyResult<u64> {
+        let older_than = older_than.unwrap_or(self.retention);
+        let mut total = 0;
+        // Keyset batches: each starts after the last record the previous one took, and
+        // the purge ends with the first batch that picks fewer records than its size.
+        let mut cursor = claim::PurgeCursor::default();
+        loop {
+            let pool = self.pool()?;
+            let from = cursor.clone();
+            let done = detached(py, move |i| {
+                with_fresh_conn(&pool, i, Lane::Main, async |c| {
+                    claim::purge_batch(c, older_than, batch, &from).await
+                })
+            })?;
+            total += done.deleted;
+            if done.picked < batch.max(0) as u64 {
+                return Ok(total);
+            }
+            cursor = done.next;
+        }
+    }
+
+    /// `find(job_type, operation_key)` → dict of the record's columns (str, int, float
+    /// epoch seconds for times, None), or None when never claimed. Writes this
+    /// process's queued repeat bookkeeping first.
+    fn find<'py>(
+        &self,
+        py: Python<'py>,
+        job_type: String,
+        operation_key: String,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let pool = self.pool()?;
+        let record = detached(py, move |i| {
+            pool.bookkeeper().settle(&pool, i)?;
+            with_fresh_conn(&pool, i, Lane::Main, async |c| {
+                claim::find(c, &job_type, &operation_key).await
+            })
+        })?;
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let out = PyDict::new(py);
+        for (name, field) in record.fields() {
+            out.set_item(name, field_value(py, field)?)?;
+        }
+        Ok(Some(out))
+    }
+
+    /// Writes this process's queued repeat bookkeeping (duplicate counts); a no-op when
+    /// this process never used the store. Called at exit.
+    fn settle(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(pool) = self.core.built_pool() else {
+            return Ok(());
+        };
+        detached(py, move |i| pool.bookkeeper().settle(&pool, i))
+    }
+
+    /// `operation_key(job, value)` → the operation key's text for one value (a str, an
+    /// int, a non-empty dict or list); `operation_key(job, [values], composite=True)` for
+    /// a composite key. Raises `OperationKeyError` naming `job`.
+    #[staticmethod]
+    #[pyo3(signature = (job, value, composite = false))]
+    fn operation_key(
+        py: Python<'_>,
+        job: &str,
+        value: &Bound<'_, PyAny>,
+        composite: bool,
+    ) -> PyResult<String> {
+        let text = if composite {
+            let values: Vec<Bound<'_, PyAny>> = value.try_iter()?.collect::<PyResult<_>>()?;
+            convert::composite_text(&values)
+        } else {
+            convert::key_text(value)
+        };
+        let problem = match text {
+            KeyText::Text(t) if t.contains('\0') => {
+                "the operation key contains a NUL character, which PostgreSQL text cannot store".to_string()
+            }
+            KeyText::Text(t) if t.len() + job.len() > claim::MAX_KEY_BYTES => format!(
+                "job type and operation key are {} bytes together, more than {}: declare a narrower \
+                 key (or hash a long one yourself)",
+                t.len() + job.len(),
+                claim::MAX_KEY_BYTES
+            ),
+            KeyText::Text(t) => return Ok(t),
+            KeyText::Bad(problem) => problem,
+        };
+        let class = py
+            .import("idempotent_job.errors")?
+            .getattr("OperationKeyError")?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("job_class", job)?;
+        kwargs.set_item("job_type", job)?;
+        Err(PyErr::from_value(class.call(
+            (format!(
+                "{job}: operation key: {problem}; the job was not run and nothing was recorded"
+            ),),
+            Some(&kwargs),
+        )?))
+    }
+
+    /// `protocol(job, options, door)` → the job's [`JobProtocol`]: `options` (a dict of
+    /// [`DELIVERY_OPTIONS`], None values skipped) over the configured defaults, checked
+    /// once; `door` is "celery" or "plain" (the words of its log lines).
+    ///
+    /// Raises `ConfigurationError` naming `job` for an unknown option or a bad value.
+    fn protocol(
+        &self,
+        job: &str,
+        options: &Bound<'_, PyDict>,
+        door: &str,
+    ) -> PyResult<JobProtocol> {
+        let resolved = self.job_options(job, options)?;
+        let protocol =
+            Protocol::new(job, resolved, protocol::words(door)).map_err(crate::errors::to_py)?;
+        Ok(JobProtocol { protocol })
+    }
+
+    /// Runs one delivery of `(job_type, operation_key)` through `protocol` (see
+    /// `protocol::perform`): `body(claim)` runs at most once per operation; `payload` is
+    /// any JSON value (digested to detect a payload mismatch); `lookup` the declared
+    /// lookup callable (asked after a takeover); `id` this delivery's id; `deferrals`
+    /// how often it met a live claim before.
+    #[pyo3(signature = (protocol, job_type, operation_key, body, payload, id=None, deferrals=0, job_class=None, queue=None, facts=None, lookup=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn perform_once(
+        &self,
+        py: Python<'_>,
+        protocol: &JobProtocol,
+        job_type: String,
+        operation_key: String,
+        body: &Bound<'_, PyAny>,
+        payload: &Bound<'_, PyAny>,
+        id: Option<String>,
+        deferrals: u32,
+        job_class: Option<String>,
+        queue: Option<String>,
+        facts: Option<&Bound<'_, PyDict>>,
+        lookup: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Outcome> {
+        if job_type.is_empty() {
+            return Err(config("perform_once: the job type must not be empty"));
+        }
+        let delivery = protocol::request(
+            job_type,
+            operation_key,
+            id,
+            deferrals,
+            job_class,
+            queue,
+            payload,
+            facts,
+        )?;
+        protocol::perform(
+            py,
+            self.pool()?,
+            self.core.config().asynchronous_completion,
+            &protocol.protocol,
+            delivery,
+            lookup,
+            body,
+        )
+    }
+}
+
+fn field_value(py: Python<'_>, field: claim::Field<'_>) -> PyResult<Py<PyAny>> {
+    use claim::Field;
+    let epoch = |t: &chrono::DateTime<chrono::Utc>| t.timestamp_micros() as f64 / 1e6;
+    Ok(match field {
+        Field::Text(v) | Field::Name(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Field::OptText(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Field::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Field::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Field::Bool(v) => pyo3::types::PyBool::new(py, *v)
+            .to_owned()
+            .into_any()
+            .unbind(),
+        Field::Token(v) => v.to_string().into_pyobject(py)?.into_any().unbind(),
+        Field::Time(v) => epoch(v).into_pyobject(py)?.into_any().unbind(),
+        Field::OptTime(v) => v.as_ref().map(epoch).into_pyobject(py)?.into_any().unbind(),
+    })
+}
+
+/// `describe_url(url)` → the URL described by its parts, never its password.
+#[pyfunction]
+pub fn describe_url(url: &str) -> String {
+    idempotent_job_core::config::describe_url(url)
+}

@@ -1,0 +1,98 @@
+"""The Celery app the replay tests run in a real `celery worker` (prefork pool; Redis
+broker and result backend on the suite's Redis, database 5). idempotent_job is
+configured, and its pool used, here in the worker's parent process; each pool child
+builds its own pool after the fork."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from celery import Celery
+from effects import record_effect, record_start
+
+import idempotent_job
+from idempotent_job.celery import IdempotentTask
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/5"
+LEASE = 2
+
+app = Celery("idempotent_job_tests", broker=BROKER_URL, backend=BROKER_URL)
+app.conf.update(
+    task_acks_late=True,  # a message is acknowledged after the task, so a lost worker's is redelivered
+    task_reject_on_worker_lost=True,  # ... at once, when the pool child dies (SIGKILL)
+    worker_prefetch_multiplier=1,
+    broker_transport_options={"visibility_timeout": 3600},  # far longer than any lease here
+    result_expires=600,
+    worker_hijack_root_logger=False,
+)
+
+# A deadline beyond any wait here: only an interrupt ends a blocked statement early.
+idempotent_job.configure(database_url=os.environ["DATABASE_URL"], lease=LEASE, deadline=120)
+idempotent_job.migrate()  # the parent uses its pool before forking the pool children
+
+
+def _charge(scenario: str, order_id: str, hold: float) -> dict:
+    record_effect(scenario, order_id)
+    time.sleep(hold)
+    return {"charged": order_id, "pid": os.getpid()}
+
+
+@app.task(base=IdempotentTask, idempotency_key="order_id", idempotency_lease=LEASE)
+def charge(scenario, order_id, hold=0.0):
+    return _charge(scenario, order_id, hold)
+
+
+@app.task
+def charge_unguarded(scenario, order_id, hold=0.0):
+    return _charge(scenario, order_id, hold)
+
+
+def _killable(scenario: str, order_id: str, effect_first: bool) -> str:
+    starts = record_start(scenario, order_id)
+    if effect_first:
+        record_effect(scenario, order_id)
+    if starts == 1:
+        time.sleep(120)  # the test SIGKILLs this pool child here
+    if not effect_first:
+        record_effect(scenario, order_id)
+    return "done"
+
+
+@app.task(base=IdempotentTask, idempotency_key=1, idempotency_lease=LEASE, idempotency_on_stale="reclaim")
+def killable_reclaim(scenario, order_id, effect_first):
+    return _killable(scenario, order_id, effect_first)
+
+
+@app.task(base=IdempotentTask, idempotency_key=1, idempotency_lease=LEASE, idempotency_on_stale="hold")
+def killable_hold(scenario, order_id, effect_first):
+    return _killable(scenario, order_id, effect_first)
+
+
+@app.task
+def killable_unguarded(scenario, order_id, effect_first):
+    return _killable(scenario, order_id, effect_first)
+
+
+@app.task(
+    bind=True,
+    base=IdempotentTask,
+    idempotency_key="payload.order.id",
+    idempotency_scope="ChargeOrder",
+    autoretry_for=(RuntimeError,),
+    retry_kwargs={"countdown": 0.2},
+    max_retries=2,
+)
+def flaky(self, scenario, payload):
+    record_start(scenario, str(payload["order"]["id"]))
+    if self.request.retries < 2:
+        raise RuntimeError("flaky gateway")
+    record_effect(scenario, str(payload["order"]["id"]))
+    return {"retries": self.request.retries}
+
+
+@app.task(base=IdempotentTask, idempotency_key=1, soft_time_limit=1)
+def limited(scenario, order_id):
+    record_effect(scenario, order_id)
+    return "ran"

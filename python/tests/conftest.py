@@ -1,0 +1,50 @@
+"""Shared fixtures: the suite's PostgreSQL (DATABASE_URL) and Redis (REDIS_URL), from
+`bin/services start`; every test gets a fresh scenario name so records never collide."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import effects  # noqa: E402
+
+import idempotent_job  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get("DATABASE_URL"):
+        raise pytest.UsageError('DATABASE_URL is required: eval "$(bin/services start tmp/svc)"')
+
+
+@pytest.fixture(scope="session", autouse=True)
+def database() -> None:
+    idempotent_job.configure(database_url=os.environ["DATABASE_URL"])
+    idempotent_job.migrate()
+    effects.setup()
+
+
+@pytest.fixture
+def scenario() -> str:
+    return "s" + uuid.uuid4().hex[:12]
+
+
+def eventually(check, what: str, within: float = 60.0, every: float = 0.1):
+    """Polls `check` until it returns a truthy value (returned), failing after `within`
+    seconds with `what` (a bound on a wait, not an assertion about speed)."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(every)

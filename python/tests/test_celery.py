@@ -1,0 +1,202 @@
+"""The replay scenarios through a real `celery worker` (prefork pool, Redis broker and
+result backend): the same message three times, five copies at once, a pool child
+SIGKILLed after its claim or after its effect, two distinct operations; each also
+without the door, where it must show the duplicate effect. And the door's declaration
+errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from conftest import eventually
+from effects import effects, first_start_pid
+
+import idempotent_job
+from idempotent_job import errors
+
+TESTS = Path(__file__).parent
+TIMEOUT = 90
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    import celery_tasks
+
+    redis.Redis.from_url(celery_tasks.BROKER_URL).flushdb()
+    log = tmp_path_factory.mktemp("celery") / "worker.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "celery_tasks",
+            "worker",
+            "--pool=prefork",
+            "--concurrency=3",
+            "--loglevel=INFO",
+            f"--hostname=pytest-{uuid.uuid4().hex[:8]}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            f"--logfile={log}",
+        ],
+        cwd=TESTS,
+        env=env,
+    )
+    try:
+        eventually(lambda: celery_tasks.app.control.ping(timeout=0.5), "the Celery worker to answer", 60, 0.5)
+        yield celery_tasks
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if os.environ.get("IDEMPOTENT_JOB_SHOW_WORKER_LOG"):
+            print(log.read_text())
+
+
+@pytest.mark.parametrize("task,expected", [("charge", 1), ("charge_unguarded", 3)])
+def test_the_same_message_three_times(worker, scenario, task, expected):
+    task_id = str(uuid.uuid4())
+    values = []
+    for _ in range(3):
+        result = getattr(worker, task).apply_async((scenario, scenario), task_id=task_id)
+        values.append(result.get(timeout=TIMEOUT))
+        result.forget()  # so the next .get() waits for the next delivery's result
+    assert effects(scenario) == expected
+    assert values[0]["charged"] == scenario
+
+
+@pytest.mark.parametrize("task,expected", [("charge", 1), ("charge_unguarded", 5)])
+def test_five_copies_at_once(worker, scenario, task, expected):
+    results = [getattr(worker, task).apply_async((scenario, scenario, 1.0)) for _ in range(5)]
+    values = [r.get(timeout=TIMEOUT) for r in results]
+    assert all(r.successful() for r in results)
+    assert effects(scenario) == expected
+    assert sum(1 for v in values if v is not None) >= 1
+
+
+def _kill_the_child(scenario: str) -> None:
+    pid = eventually(lambda: first_start_pid(scenario, scenario), "the task's body to start")
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("task", ["killable_reclaim", "killable_unguarded"])
+def test_pool_child_sigkilled_after_the_claim(worker, scenario, task):
+    # Redelivered at once (acks_late, task_reject_on_worker_lost); with the door the copy
+    # meets the live claim, comes back after retry_after, takes the stale claim over once
+    # its lease ends and runs: one effect.
+    result = getattr(worker, task).apply_async((scenario, scenario, False))
+    _kill_the_child(scenario)
+    assert result.get(timeout=TIMEOUT) == "done"
+    assert effects(scenario) == 1
+
+
+@pytest.mark.parametrize("task,expected", [("killable_hold", 1), ("killable_unguarded", 2)])
+def test_pool_child_sigkilled_after_the_effect(worker, scenario, task, expected):
+    result = getattr(worker, task).apply_async((scenario, scenario, True))
+    _kill_the_child(scenario)
+    if task == "killable_hold":
+        eventually(
+            lambda: (
+                (idempotent_job.record(worker.killable_hold.name, scenario) or {}).get("status") == "held"
+            ),
+            "the stale claim to be held",
+            TIMEOUT,
+        )
+    else:
+        assert result.get(timeout=TIMEOUT) == "done"
+    assert effects(scenario) == expected
+
+
+@pytest.mark.parametrize("task", ["charge", "charge_unguarded"])
+def test_two_distinct_operations_both_run(worker, scenario, task):
+    results = [getattr(worker, task).apply_async((scenario, f"{scenario}-{n}")) for n in (1, 2)]
+    assert [r.get(timeout=TIMEOUT)["charged"] for r in results] == [f"{scenario}-1", f"{scenario}-2"]
+    assert effects(scenario, f"{scenario}-1") == 1 and effects(scenario, f"{scenario}-2") == 1
+
+
+def test_autoretry_works_as_without_the_door(worker, scenario):
+    # The body raises twice: each time the door releases the claim and Celery retries.
+    payload = {"order": {"id": scenario}}
+    result = worker.flaky.apply_async((scenario, payload))
+    assert result.get(timeout=TIMEOUT) == {"retries": 2}
+    assert effects(scenario) == 1
+    record = idempotent_job.record("ChargeOrder", scenario)
+    assert record["status"] == "completed" and record["attempts"] == 3
+
+
+def test_a_bad_key_raises_at_delay_naming_the_task(worker):
+    with pytest.raises(errors.OperationKeyError, match="charge"):
+        worker.charge.delay("x", None)
+
+
+def test_an_unknown_option_raises_at_declaration_naming_the_task(worker):
+    with pytest.raises(errors.ConfigurationError, match="typo_task.*idempotency_leas"):
+
+        @worker.app.task(base=worker.IdempotentTask, name="typo_task", idempotency_key=0, idempotency_leas=5)
+        def typo_task(order_id):
+            return order_id
+
+        typo_task.name  # noqa: B018 - evaluates a lazy task
+
+
+def test_a_key_naming_a_missing_parameter_raises_at_declaration(worker):
+    with pytest.raises(errors.OperationKeyError, match="bad_key_task.*order"):
+
+        @worker.app.task(base=worker.IdempotentTask, name="bad_key_task", idempotency_key="order")
+        def bad_key_task(order_id):
+            return order_id
+
+        bad_key_task.name  # noqa: B018
+
+
+def test_a_bad_option_value_raises_at_declaration_naming_the_task(worker):
+    with pytest.raises(errors.ConfigurationError, match="bad_stale_task.*on_stale"):
+
+        @worker.app.task(
+            base=worker.IdempotentTask, name="bad_stale_task", idempotency_key=0, idempotency_on_stale="never"
+        )
+        def bad_stale_task(order_id):
+            return order_id
+
+        bad_stale_task.name  # noqa: B018
+
+
+def test_the_soft_time_limit_interrupts_a_blocked_claim(worker, scenario):
+    # A released record whose row this test holds locked: the task's claim statement
+    # waits on the lock in the pool child's main thread. Celery's soft time limit (1 s)
+    # raises SoftTimeLimitExceeded from its signal handler; the blocked call gives up
+    # and raises it. Without the interrupt the claim would wait for the lock (the
+    # worker's deadline is 120 s) and the result would not be ready in time.
+    def fails(claim):
+        raise RuntimeError("first attempt")
+
+    with pytest.raises(RuntimeError):
+        idempotent_job.perform_once(worker.limited.name, scenario, fails)
+    locker = psycopg.connect(os.environ["DATABASE_URL"])
+    try:
+        locker.execute(
+            "SELECT 1 FROM idempotent_job_records WHERE job_type = %s AND operation_key = %s FOR UPDATE",
+            (worker.limited.name, scenario),
+        )
+        result = worker.limited.apply_async((scenario, scenario))
+        result.get(timeout=TIMEOUT, propagate=False)
+        assert type(result.result).__name__ == "SoftTimeLimitExceeded", repr(result.result)
+        # Raised by the interrupted claim, not on top of the deadline's TimeoutError.
+        assert "TimeoutError" not in (result.traceback or ""), result.traceback
+    finally:
+        locker.rollback()
+        locker.close()
+    assert effects(scenario) == 0

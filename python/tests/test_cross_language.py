@@ -1,0 +1,87 @@
+"""One record across languages: the Ruby gem's plain API (`IdempotentJob.perform_once`,
+run by `ruby -Ilib` from this checkout, with its compiled extension: `rake compile`)
+and this package's, with the same job type and key, see one record; equal payloads
+(2.0 in Python, 2.0 in Ruby; hashes in different orders) give equal digests, so
+`on_mismatch="raise"` finds no mismatch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import ROOT
+from effects import effects, record_effect
+
+import idempotent_job
+
+RUBY = """
+require "idempotent_job"
+require "json"
+IdempotentJob.configure(database_url: ENV.fetch("DATABASE_URL"))
+job_type, key, payload = ARGV[0], ARGV[1], JSON.parse(ARGV[2])
+key = Integer(key) if key.match?(/\\A\\d+\\z/)
+outcome = IdempotentJob.perform_once(job_type, key, payload: payload, on_mismatch: :raise) do |claim|
+  "ruby ran #{claim.operation_key}"
+end
+IdempotentJob.settle_repeats if IdempotentJob.respond_to?(:settle_repeats)
+puts JSON.generate(decision: outcome.decision, value: outcome.value)
+"""
+
+
+def ruby(job_type: str, key: str, payload) -> dict:
+    if not list((ROOT / "lib" / "idempotent_job").glob("*.so")):
+        pytest.fail("the Ruby extension is not built: run `rake compile` first")
+    done = subprocess.run(
+        ["ruby", "-Ilib", "-e", RUBY, job_type, key, json.dumps(payload)],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+PYTHON_PAYLOAD = [42, 2.0, {"b": 1, "a": "x"}]
+
+
+def python(scenario: str, key: str):
+    def body(claim):
+        record_effect(scenario, key)
+
+    return idempotent_job.perform_once(
+        "CrossOrder", int(key), body, payload=PYTHON_PAYLOAD, on_mismatch="raise"
+    )
+
+
+RUBY_PAYLOAD = [42, 2.0, {"a": "x", "b": 1}]
+
+
+def test_ruby_first_then_python(scenario):
+    key = str(abs(hash(scenario)) % 10**12)
+    assert ruby("CrossOrder", key, RUBY_PAYLOAD)["decision"] == "ran"
+    outcome = python(scenario, key)
+    assert outcome.decision == "completed"
+    assert effects(scenario) == 0
+    record = idempotent_job.record("CrossOrder", int(key))
+    assert record["job_class"] == "CrossOrder" and record["mismatches"] == 0
+
+
+def test_python_first_then_ruby(scenario):
+    key = str(abs(hash(scenario)) % 10**12)
+    first = python(scenario, key)
+    assert first.ran
+    assert ruby("CrossOrder", key, RUBY_PAYLOAD)["decision"] == "completed"
+    record = idempotent_job.record("CrossOrder", int(key))
+    assert record["mismatches"] == 0 and record["attempts"] == 1
+    assert effects(scenario) == 1
+
+
+def test_a_different_payload_is_a_mismatch_across_languages(scenario):
+    key = str(abs(hash(scenario)) % 10**12)
+    assert ruby("CrossOrder", key, RUBY_PAYLOAD)["decision"] == "ran"
+    idempotent_job.perform_once("CrossOrder", int(key), lambda c: None, payload=[42, 2.5, {"a": "x", "b": 1}])
+    assert idempotent_job.record("CrossOrder", int(key))["mismatches"] == 1

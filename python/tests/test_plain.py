@@ -1,0 +1,414 @@
+"""The plain Python API against the suite's PostgreSQL: the replay scenarios (the same
+operation three times, five copies at once in forked processes, a process SIGKILLed
+after its claim or after its effect, two distinct operations), each also without the
+guard where it must show the duplicate effect; errors, payloads, operating calls."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psycopg
+import pytest
+from conftest import eventually
+from effects import effects, first_start_pid, record_effect, record_start
+
+import idempotent_job
+from idempotent_job import errors
+
+
+def guarded(job_type: str, key: str, body, **options):
+    return idempotent_job.perform_once(job_type, key, body, **options)
+
+
+def unguarded(job_type: str, key: str, body, **options):
+    return body(None)
+
+
+@pytest.mark.parametrize("guard,expected", [(guarded, 1), (unguarded, 3)])
+def test_same_operation_three_times(scenario, guard, expected):
+    for _ in range(3):
+        guard("PlainCharge", scenario, lambda claim: record_effect(scenario, "1"), payload=[scenario, 500])
+    assert effects(scenario) == expected
+
+
+def test_three_times_outcomes(scenario):
+    outcomes = [
+        idempotent_job.perform_once("PlainCharge", scenario, lambda claim: {"charge": claim.operation_key})
+        for _ in range(3)
+    ]
+    assert [o.decision for o in outcomes] == ["ran", "completed", "completed"]
+    assert outcomes[0].ran and outcomes[0].value == {"charge": scenario}
+    assert outcomes[0].claim.kind == "first" and outcomes[0].claim.attempt == 1
+    assert not outcomes[1].ran and outcomes[1].duplicates >= 1
+    assert idempotent_job.record("PlainCharge", scenario)["status"] == "completed"
+
+
+def _copy(scenario: str, guard_name: str, start: int, report: int) -> None:
+    guard = guarded if guard_name == "guarded" else unguarded
+    os.read(start, 1)  # every copy waits here until all five are forked
+
+    def body(claim):
+        record_effect(scenario, "1")
+        time.sleep(0.5)
+
+    outcome = guard("PlainCopies", scenario, body, lease=30)
+    os.write(report, (getattr(outcome, "decision", "ran") + "\n").encode())
+
+
+@pytest.mark.parametrize("guard_name,expected", [("guarded", 1), ("unguarded", 5)])
+def test_five_copies_at_once_in_forked_processes(scenario, guard_name, expected):
+    # Configured and used in this process (migrate), then used in five forked children:
+    # each builds its own pool. (os.fork, not multiprocessing: other libraries' after-fork
+    # hooks, e.g. a Celery app's, stay out of the children.)
+    start_read, start_write = os.pipe()
+    report_read, report_write = os.pipe()
+    children = []
+    for _ in range(5):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _copy(scenario, guard_name, start_read, report_write)
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
+    os.write(start_write, b"x" * 5)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+    os.close(report_write)
+    with os.fdopen(report_read) as reports:
+        decisions = sorted(reports.read().split())
+    for fd in (start_read, start_write):
+        os.close(fd)
+    assert codes == [0] * 5
+    assert effects(scenario) == expected
+    if guard_name == "guarded":
+        assert decisions.count("ran") == 1
+        assert set(decisions) <= {"ran", "in_progress", "completed"}
+
+
+def _killable(scenario: str, on_stale: str, effect_first: bool, guard_name: str) -> None:
+    guard = guarded if guard_name == "guarded" else unguarded
+
+    def body(claim):
+        starts = record_start(scenario, "1")
+        if effect_first:
+            record_effect(scenario, "1")
+        if starts == 1:
+            time.sleep(120)  # the test SIGKILLs this process here
+        if not effect_first:
+            record_effect(scenario, "1")
+
+    guard("PlainKillable", scenario, body, lease=1, on_stale=on_stale)
+
+
+def _run_until_settled(scenario: str, on_stale: str, effect_first: bool, guard_name: str):
+    """Delivers again until the operation is no longer in progress (the killed claim's
+    lease of 1 s ends), as a queue's redelivery would."""
+    deferrals = 0
+    while True:
+        if guard_name == "unguarded":
+            _killable(scenario, on_stale, effect_first, guard_name)
+            return None
+        outcome = idempotent_job.perform_once(
+            "PlainKillable",
+            scenario,
+            lambda claim: _body_again(scenario, effect_first),
+            lease=1,
+            on_stale=on_stale,
+            deferrals=deferrals,
+        )
+        if outcome.decision != "in_progress":
+            return outcome
+        assert outcome.retry_after is not None and outcome.retry_after > 0
+        deferrals += 1
+        time.sleep(outcome.retry_after)
+
+
+def _body_again(scenario: str, effect_first: bool) -> None:
+    record_start(scenario, "1")
+    record_effect(scenario, "1")
+
+
+def _kill_after_start(scenario: str, on_stale: str, effect_first: bool, guard_name: str) -> None:
+    pid = os.fork()
+    if pid == 0:  # the child: claims and is killed while its body runs
+        try:
+            _killable(scenario, on_stale, effect_first, guard_name)
+        finally:
+            os._exit(0)
+    eventually(lambda: first_start_pid(scenario, "1"), "the child's body to start")
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize("guard_name,expected", [("guarded", 1), ("unguarded", 1)])
+def test_sigkill_after_the_claim_runs_once_after_the_lease(scenario, guard_name, expected):
+    _kill_after_start(scenario, "reclaim", False, guard_name)
+    outcome = _run_until_settled(scenario, "reclaim", False, guard_name)
+    assert effects(scenario) == expected
+    if outcome is not None:
+        assert outcome.decision == "ran" and outcome.claim.kind == "takeover"
+
+
+@pytest.mark.parametrize("guard_name,expected", [("guarded", 1), ("unguarded", 2)])
+def test_sigkill_after_the_effect_under_hold(scenario, guard_name, expected):
+    _kill_after_start(scenario, "hold", True, guard_name)
+    outcome = _run_until_settled(scenario, "hold", True, guard_name)
+    assert effects(scenario) == expected
+    if outcome is not None:
+        assert outcome.decision == "held"
+        assert ("PlainKillable", scenario) in idempotent_job.held("PlainKillable", 1000)
+        assert idempotent_job.resolve("PlainKillable", scenario, as_="done") is True
+        assert idempotent_job.resolve("PlainKillable", scenario, as_="done") is False
+        again = idempotent_job.perform_once("PlainKillable", scenario, lambda c: record_effect(scenario, "1"))
+        assert again.decision == "completed"
+        assert effects(scenario) == 1
+
+
+def test_sigkill_after_the_effect_under_reclaim_is_the_documented_duplicate(scenario):
+    _kill_after_start(scenario, "reclaim", True, "guarded")
+    outcome = _run_until_settled(scenario, "reclaim", True, "guarded")
+    assert outcome.decision == "ran" and outcome.claim.kind == "takeover"
+    assert effects(scenario) == 2
+
+
+def test_sigkill_after_the_effect_under_skip_gives_up(scenario):
+    _kill_after_start(scenario, "skip", True, "guarded")
+    outcome = _run_until_settled(scenario, "skip", True, "guarded")
+    assert outcome.decision == "given_up"
+    assert effects(scenario) == 1
+
+
+@pytest.mark.parametrize("guard", [guarded, unguarded])
+def test_two_distinct_operations_both_run(scenario, guard):
+    for n in ("1", "2"):
+        guard("PlainDistinct", f"{scenario}-{n}", lambda claim, n=n: record_effect(scenario, n))
+    assert effects(scenario, "1") == 1 and effects(scenario, "2") == 1
+
+
+def test_a_raising_body_releases_its_claim_and_reraises(scenario):
+    def fails(claim):
+        raise ValueError("gateway down")
+
+    with pytest.raises(ValueError, match="gateway down"):
+        idempotent_job.perform_once("PlainRaise", scenario, fails)
+    record = idempotent_job.record("PlainRaise", scenario)
+    assert record["status"] == "released" and "ValueError: gateway down" in record["last_error"]
+    again = idempotent_job.perform_once("PlainRaise", scenario, lambda claim: claim.kind)
+    assert again.decision == "ran" and again.value == "retry"
+
+
+def test_system_exit_in_the_body_keeps_the_claim(scenario):
+    def exits(claim):
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        idempotent_job.perform_once("PlainExit", scenario, exits, lease=60)
+    assert idempotent_job.record("PlainExit", scenario)["status"] == "claimed"
+    outcome = idempotent_job.perform_once("PlainExit", scenario, lambda c: 1, lease=60)
+    assert outcome.decision == "in_progress" and 0 < outcome.retry_after <= 2
+
+
+def test_equal_payloads_give_equal_digests(scenario):
+    first = idempotent_job.perform_once(
+        "PlainPayload", scenario, lambda c: 1, payload=[2.0, {"a": 1, "b": [1.0, "x"]}], on_mismatch="raise"
+    )
+    assert first.ran
+    digest = idempotent_job.record("PlainPayload", scenario)["args_digest"]
+    again = idempotent_job.perform_once(
+        "PlainPayload", scenario, lambda c: 1, payload=[2, {"b": [1, "x"], "a": 1}], on_mismatch="raise"
+    )
+    assert again.decision == "completed"
+    record = idempotent_job.record("PlainPayload", scenario)
+    assert record["args_digest"] == digest and record["mismatches"] == 0
+
+
+def test_a_different_payload_is_refused_under_raise(scenario):
+    with pytest.raises(RuntimeError):
+        idempotent_job.perform_once("PlainMismatch", scenario, _raise, payload=[1])
+    with pytest.raises(errors.PayloadMismatchError) as caught:
+        idempotent_job.perform_once("PlainMismatch", scenario, lambda c: 1, payload=[2], on_mismatch="raise")
+    assert caught.value.job_type == "PlainMismatch" and caught.value.operation_key == scenario
+    assert isinstance(caught.value, idempotent_job.IdempotentJobError)
+
+
+def _raise(claim):
+    raise RuntimeError("first attempt fails")
+
+
+def test_lookup_done_completes_a_stale_claim_without_running(scenario):
+    _kill_after_start(scenario, "hold", True, "guarded")
+    asked = []
+
+    def lookup(key):
+        asked.append(key)
+        return "done"
+
+    time.sleep(1.1)  # the killed claim's lease of 1 s
+    outcome = idempotent_job.perform_once(
+        "PlainKillable", scenario, lambda c: record_effect(scenario, "1"), lease=1, lookup=lookup
+    )
+    if outcome.decision == "in_progress":
+        time.sleep(outcome.retry_after)
+        outcome = idempotent_job.perform_once(
+            "PlainKillable", scenario, lambda c: record_effect(scenario, "1"), lease=1, lookup=lookup
+        )
+    assert outcome.decision == "completed" and asked == [scenario]
+    assert effects(scenario) == 1
+
+
+@pytest.mark.parametrize(
+    "key,problem",
+    [(None, "None"), ("", "empty"), (1.5, "float"), (True, "bool"), ([], "empty"), ("a\0b", "NUL")],
+)
+def test_bad_keys_raise_operation_key_error(key, problem):
+    with pytest.raises(errors.OperationKeyError, match=problem):
+        idempotent_job.perform_once("PlainKey", key, lambda c: 1)
+
+
+def test_key_texts_match_the_ruby_gems():
+    assert idempotent_job.operation_key(42) == "42"
+    assert idempotent_job.operation_key("ord-1") == "ord-1"
+    assert idempotent_job.operation_key('{"x"') == '"{\\"x\\""'
+    assert idempotent_job.operation_key({"b": 1, "a": 2.0}) == '{"a":2,"b":1}'
+
+
+def test_bad_options_and_settings_raise_configuration_error():
+    with pytest.raises(errors.ConfigurationError, match="PlainOpt.*on_stale"):
+        idempotent_job.perform_once("PlainOpt", "1", lambda c: 1, on_stale="sometimes")
+    with pytest.raises(errors.ConfigurationError, match="PlainOpt: lease"):
+        idempotent_job.perform_once("PlainOpt", "1", lambda c: 1, lease=0.1)
+    with pytest.raises(errors.ConfigurationError, match="bogus"):
+        idempotent_job.configure(bogus=1)
+    with pytest.raises(errors.ConfigurationError):
+        idempotent_job.resolve("PlainOpt", "1", as_="maybe")
+
+
+def test_connection_errors_are_retryable_and_nothing_runs(scenario):
+    idempotent_job.configure(database_url="postgres://nobody@127.0.0.1:1/none", connect_timeout=1, deadline=2)
+    try:
+        with pytest.raises(errors.ConnectionError) as caught:
+            idempotent_job.perform_once("PlainDown", scenario, lambda c: record_effect(scenario, "1"))
+        assert caught.value.retryable is True
+    finally:
+        idempotent_job.configure(database_url=os.environ["DATABASE_URL"])
+    assert effects(scenario) == 0
+
+
+def test_a_missing_table_names_the_migration(scenario):
+    idempotent_job.configure(database_url=os.environ["DATABASE_URL"], schema="py_no_such_schema")
+    try:
+        with pytest.raises(errors.DatabaseError) as caught:
+            idempotent_job.perform_once("PlainNoTable", scenario, lambda c: 1)
+        assert caught.value.sqlstate is not None
+    finally:
+        idempotent_job.configure(database_url=os.environ["DATABASE_URL"])
+
+
+def _lock_record(job_type: str, key: str) -> psycopg.Connection:
+    """A connection whose open transaction holds the record's row lock."""
+    locker = psycopg.connect(os.environ["DATABASE_URL"])
+    locker.execute(
+        "SELECT 1 FROM idempotent_job_records WHERE job_type = %s AND operation_key = %s FOR UPDATE",
+        (job_type, key),
+    )
+    return locker
+
+
+class Alarm(Exception):
+    pass
+
+
+def test_a_signal_interrupts_a_blocked_statement(scenario):
+    # A released record whose row another transaction holds locked: the claim statement
+    # waits on the lock (the deadline is set far beyond the test). SIGALRM's handler
+    # raises on the main thread; the blocked call gives up, its statement is cancelled,
+    # and the handler's exception is raised: the record is untouched (attempts 1, the
+    # first failure's error). Without the interrupt the statement would wait until a
+    # safety thread ends the lock after 15 s, then claim and run the body (attempts 2).
+    with pytest.raises(RuntimeError):
+        idempotent_job.perform_once("PlainBlocked", scenario, _raise)
+    idempotent_job.configure(database_url=os.environ["DATABASE_URL"], deadline=120)
+    locker = _lock_record("PlainBlocked", scenario)
+    released = threading.Event()
+
+    def safety():
+        if not released.wait(15):
+            with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (locker.info.backend_pid,))
+
+    guard = threading.Thread(target=safety)
+    guard.start()
+
+    def alarm(signum, frame):
+        raise Alarm()
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(Alarm):
+            idempotent_job.perform_once("PlainBlocked", scenario, lambda c: record_effect(scenario, "1"))
+        # The given-up statement is cancelled: no backend waits on the lock any more.
+        eventually(lambda: not _waiting_on_lock(), "the interrupted statement to be cancelled")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        released.set()
+        guard.join()
+        try:
+            locker.rollback()
+        except psycopg.Error:
+            pass
+        locker.close()
+        idempotent_job.configure(database_url=os.environ["DATABASE_URL"])
+    record = idempotent_job.record("PlainBlocked", scenario)
+    assert record["attempts"] == 1 and "first attempt fails" in record["last_error"], record
+    assert effects(scenario) == 0
+    outcome = idempotent_job.perform_once("PlainBlocked", scenario, lambda c: record_effect(scenario, "1"))
+    assert outcome.ran and effects(scenario) == 1
+
+
+def test_other_threads_run_while_a_statement_waits(scenario):
+    # The GIL is released during the blocked claim: a Python thread keeps counting.
+    with pytest.raises(RuntimeError):
+        idempotent_job.perform_once("PlainGil", scenario, _raise)
+    locker = _lock_record("PlainGil", scenario)
+    counted = []
+    done = threading.Event()
+
+    def claim():
+        idempotent_job.perform_once("PlainGil", scenario, lambda c: None)
+        done.set()
+
+    worker = threading.Thread(target=claim)
+    worker.start()
+    eventually(lambda: _waiting_on_lock(), "the claim to wait on the row lock")
+    for i in range(1000):
+        counted.append(i)
+    assert not done.is_set()
+    locker.rollback()
+    locker.close()
+    worker.join(30)
+    assert done.is_set() and len(counted) == 1000
+
+
+def _waiting_on_lock() -> bool:
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as c:
+        row = c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE '%idempotent_job_records%'"
+        ).fetchone()
+        return row[0] > 0
+
+
+def test_purge_deletes_finished_records_only(scenario):
+    idempotent_job.perform_once("PlainPurge", scenario, lambda c: 1)
+    with pytest.raises(RuntimeError):
+        idempotent_job.perform_once("PlainPurge", scenario + "-released", _raise)
+    assert idempotent_job.purge(older_than=0) >= 1
+    assert idempotent_job.record("PlainPurge", scenario) is None
+    assert idempotent_job.record("PlainPurge", scenario + "-released")["status"] == "released"
