@@ -1156,3 +1156,40 @@ fn a_waiting_delivery_decides_again_when_the_claim_ends(store: &Store) {
     session.rollback(&Interrupt::none()).unwrap();
     drop(live);
 }
+
+#[test]
+fn job_options_defaults_are_the_options_tables() {
+    use idempotent_job_core::options::{find, Default as TableDefault};
+    let defaults = JobOptions::default();
+    let table = |name: &str| find(name).unwrap().default;
+    assert_eq!(
+        table("lease"),
+        TableDefault::Seconds(defaults.lease_seconds)
+    );
+    assert_eq!(
+        table("max_run"),
+        TableDefault::Seconds(defaults.max_run_seconds)
+    );
+    assert_eq!(
+        table("lock_timeout"),
+        TableDefault::Seconds(defaults.lock_timeout_seconds)
+    );
+    assert_eq!(
+        table("heartbeat"),
+        TableDefault::Boolean(defaults.heartbeat)
+    );
+    assert_eq!(
+        table("store_result"),
+        TableDefault::Boolean(defaults.store_result)
+    );
+    assert_eq!(
+        table("on_stale"),
+        TableDefault::Choice(defaults.on_stale.as_str())
+    );
+    assert_eq!(
+        table("on_mismatch"),
+        TableDefault::Choice(defaults.on_mismatch.as_str())
+    );
+    assert_eq!(table("lookup"), TableDefault::None);
+    assert_eq!(defaults.lookup, None);
+}
