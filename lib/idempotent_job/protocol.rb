@@ -4,12 +4,7 @@ require_relative "protocol/narrator"
 require_relative "protocol/deferral"
 require_relative "protocol/heartbeat"
 require_relative "protocol/completion"
-require_relative "protocol/release"
-require_relative "protocol/step"
-require_relative "protocol/lookup"
-require_relative "protocol/stale_policy"
-require_relative "protocol/takeover"
-require_relative "protocol/mismatch"
+require_relative "protocol/driver"
 
 module IdempotentJob
   # The claim protocol, queue-agnostic: one statement decides whether a delivery is
@@ -29,6 +24,9 @@ module IdempotentJob
   # is released and the exception re-raised, unless the door calls it a crash (kept).
   # Transactional options run claim, block and completion in one transaction instead
   # ({Transactional}). Reads and writes `idempotent_job_records`.
+  #
+  # The steps are the core's (crates/core/src/protocol.rs, through {Driver}): Ruby
+  # runs only the lookup, the block, event subscribers and the logger.
   #
   #   protocol = IdempotentJob::Protocol.new(options, door: my_door)
   #   outcome = protocol.run(delivery, host: job) { |claim| job.perform }
@@ -66,30 +64,11 @@ module IdempotentJob
 
       narrator = Narrator.new(@door, delivery)
       @strategy.within do |session|
-        decision = timed { session.claim(request(delivery), @options.lock_timeout) }
-        Mismatch.check!(@options, narrator, decision) if decision[:mismatch]
-        if wait && decision[:decision] == :in_progress
-          decision = waited(delivery, decision, narrator, wait)
-          Mismatch.check!(@options, narrator, decision) if decision[:mismatch]
-        end
-        case decision[:decision]
-        when :claimed then claimed(session, decision, narrator, host, &body)
-        when :in_progress then in_progress(delivery, decision, narrator)
-        else duplicate(decision, narrator)
-        end
+        Driver.new(@options, @door, narrator, session).run(request(delivery), host, wait, &body)
       end
     end
 
     private
-
-    # Waits for the live claim to end (the core's `wait`), then the new decision.
-    def waited(delivery, decision, narrator, seconds)
-      narrator.info do
-        "#{narrator.describe} is in progress under #{@door.id_label} #{decision[:holder_jid]}; waiting up to " \
-          "#{seconds} s for it"
-      end
-      timed { IdempotentJob.store.wait(request(delivery), seconds) }
-    end
 
     # The claim request the native store reads (see Native::Store#claim).
     def request(delivery)
@@ -98,70 +77,6 @@ module IdempotentJob
         lease: @options.lease.to_f, args_digest: digest, job_class: delivery.job_class,
         queue: delivery.queue, args_json:, refuse_mismatch: @options.on_mismatch == :raise,
         facts_json: delivery.facts_json }
-    end
-
-    # Runs the block (a claim) and adds its duration in seconds to the decision (a
-    # Hash of the claim's own, so it is changed in place).
-    def timed
-      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      decision = yield
-      decision[:duration] = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-      decision
-    end
-
-    def claimed(session, decision, narrator, host, &body)
-      delivery = narrator.delivery
-      claim = Claim.new(job_type: delivery.job_type, operation_key: delivery.operation_key, token: decision[:token],
-                        attempt: decision[:attempt], kind: decision[:kind], jid: delivery.id)
-      narrator.emit(:claimed, claim, kind: claim.kind, duration: decision[:duration])
-      narrator.emit(:taken_over, claim) if claim.kind == :takeover
-      IdempotentJob.with_claim(claim) do
-        verdict = claim.kind == :takeover ? Takeover.new(@options, session, narrator).decide(claim, host) : :ran
-        next Outcome.new(verdict, claim:) unless verdict == :ran
-
-        narrator.info { "claimed #{narrator.describe_claim(claim)} again after a failure" } if claim.kind == :retry
-        value, result_state = session.run(claim, @options, narrator) { body.call(claim) }
-        Outcome.new(:ran, value:, claim:, result_state:)
-      end
-    end
-
-    def in_progress(delivery, decision, narrator)
-      remaining = decision[:lease_remaining]
-      delay = Deferral.delay(remaining, delivery.deferrals)
-      outcome = Outcome.new(:in_progress, retry_after: delay, lease_remaining: remaining, holder: decision[:holder_jid])
-      @door.defer(delivery, outcome)
-      narrator.info do
-        "#{narrator.describe} is in progress under #{@door.id_label} #{decision[:holder_jid]}; " \
-          "#{@door.defer_text} #{delay.round(1)} s (deferral #{delivery.deferrals + 1}; its lease ends " \
-          "in #{remaining.round(1)} s)"
-      end
-      narrator.emit_delivery(:deferred, delay:, holder_jid: decision[:holder_jid])
-      outcome
-    end
-
-    # How the log line names the state a duplicate met.
-    DUPLICATE_STATES = { completed: "already completed", held: "held for a person", given_up: "given up",
-                         refused: "not claimable by this payload" }.freeze
-    private_constant :DUPLICATE_STATES
-    # How the log line names a replay, by the stored result's state (nil: no replay).
-    REPLAY_TEXTS = { nil => "", stored: "; replayed: true (its stored result)" }.freeze
-    private_constant :REPLAY_TEXTS
-
-    # A duplicate; a completed operation whose completion stored a result is replayed:
-    # its value (parsed from the stored JSON) and `replayed: true` on the outcome, the
-    # log line and the event.
-    def duplicate(decision, narrator)
-      state = DUPLICATE_STATES.fetch(decision[:decision])
-      result_state = decision[:result_state]
-      replay = REPLAY_TEXTS.fetch(result_state) { "; replayed: true (result #{result_state}, not stored)" }
-      narrator.info do
-        "#{narrator.describe} is #{state}; duplicate delivery skipped (#{decision[:duplicates]} so far)#{replay}"
-      end
-      replayed = result_state ? { replayed: true, result_state: } : {}
-      narrator.emit_delivery(:skipped, decision: decision[:decision], duplicates: decision[:duplicates], **replayed)
-      value = decision[:result_json] && JSON.parse(decision[:result_json])
-      Outcome.new(decision[:decision], duplicates: decision[:duplicates], value:, result_state:,
-                                       replayed: !result_state.nil?)
     end
   end
 end

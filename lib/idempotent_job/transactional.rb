@@ -7,10 +7,11 @@ module IdempotentJob
   # completion retried); {Native} and {ActiveRecord} put the claim, the body's writes
   # and the completion in one transaction (`transaction: true` / `:active_record`).
   #
-  # A session answers:
-  # * `claim(request, lock_timeout)` → the decision Hash of `Native::Store#claim`;
-  # * `fenced(change, claim, text = nil)` → true, or raises LostClaimError;
-  # * `run(claim, options, narrator) { body }` → the body's value.
+  # The core protocol ({Protocol::Driver}) runs a delivery's steps over the session:
+  # the pool's (Direct), the gem's transaction (Native: `Native::Transaction`), or
+  # ActiveRecord's (its statements sent on ActiveRecord's connection: `claim_row`,
+  # `fenced_raw`). A session also answers `claim(request, lock_timeout)` → the decision
+  # Hash of `Native::Store#claim`, and `fenced(change, claim, text = nil)`.
   module Transactional
     # @param flavour [Symbol, nil] {JobOptions#transaction}: nil, :native or :active_record
     # @return [Class] the strategy, answering `within { |session| … }`

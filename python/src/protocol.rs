@@ -411,5 +411,6 @@ pub fn request(
         args_digest: Some(args_digest),
         facts_json,
         deferrals,
+        wait_seconds: None,
     })
 }

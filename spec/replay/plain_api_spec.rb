@@ -66,9 +66,12 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
 
   it "passes the delivery's facts to the claim request as facts_json, keeping the request's keys" do
     requests = []
-    store = IdempotentJob.store
-    allow(IdempotentJob).to receive(:store).and_return(store)
-    allow(store).to(receive(:claim).and_wrap_original { |claim, request| (requests << request) && claim.call(request) })
+    # The core protocol's first call takes the claim request (see Protocol::Driver).
+    allow_any_instance_of(IdempotentJob::Native::Protocol).to(
+      receive(:begin).and_wrap_original do |begin_, store, request, deferrals|
+        (requests << request) && begin_.call(store, request, deferrals)
+      end
+    )
     charge(facts: { receive_count: 2 }, id: "message-1")
     expect(requests.first).to include(job_type: "PlainCharge", operation_key: "42", jid: "message-1",
                                       args_json: "[42,1500]", facts_json: '{"receive_count":2}')

@@ -73,6 +73,27 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// The name of the error's class in every binding (Ruby's `IdempotentJob::<name>`,
+    /// Python's `idempotent_job.<name>`): `"ConfigurationError"`, `"ConnectionError"`,
+    /// `"OperationKeyError"`, `"DatabaseError"`, `"LostClaimError"`, `"MigrationError"`, `"LockTimeoutError"`,
+    /// `"TimeoutError"`, `"PayloadMismatchError"`, `"LookupError"`, or `"Error"` (the
+    /// base: an interrupt, a panic).
+    pub fn class_name(&self) -> &'static str {
+        match self {
+            Error::Config(_) => "ConfigurationError",
+            Error::OperationKey(_) => "OperationKeyError",
+            Error::Connection { .. } => "ConnectionError",
+            Error::Database { .. } => "DatabaseError",
+            Error::LostClaim { .. } => "LostClaimError",
+            Error::Migration(_) => "MigrationError",
+            Error::LockTimeout { .. } => "LockTimeoutError",
+            Error::Timeout { .. } => "TimeoutError",
+            Error::PayloadMismatch { .. } => "PayloadMismatchError",
+            Error::Lookup { .. } => "LookupError",
+            Error::Interrupted | Error::Panic(_) => "Error",
+        }
+    }
+
     /// The PostgreSQL SQLSTATE of the error, when the server sent one.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {

@@ -54,6 +54,7 @@ use uuid::Uuid;
 use crate::claim::{self, ClaimRequest, Fenced, MAX_LEASE_SECONDS};
 use crate::error::{Error, Result};
 use crate::heartbeat::{Heartbeat, HeartbeatReport};
+use crate::results::{self, PreparedResult, ResultInput, ResultState};
 use crate::store::Interrupt;
 
 /// Seconds before a deferred delivery's first return ([`deferral_delay`]).
@@ -68,7 +69,7 @@ pub const COMPLETION_RETRY_DELAYS: [f64; 6] = [0.05, 0.25, 1.0, 2.0, 4.0, 8.0];
 /// characters.
 pub const ERROR_TEXT_LIMIT: usize = 1000;
 /// Shortest lease accepted, in seconds: below it a heartbeat cannot renew in time.
-pub const MIN_LEASE_SECONDS: f64 = 0.25;
+pub const MIN_LEASE_SECONDS: f64 = crate::options::MIN_LEASE_SECONDS;
 
 /// What a delivery does with a stale claim (its holder's lease ran out: the holder may
 /// have died before or after its effect) when no lookup knows better.
@@ -146,8 +147,8 @@ impl OnMismatch {
 ///
 /// Names and defaults follow the Ruby options (`lease`, `on_stale`, `on_mismatch`,
 /// `lookup`, `heartbeat`, `max_run`, `lock_timeout`, the `defer_margin` setting) and
-/// `store_result` of the stored-results work. When the core's option table
-/// (`options.rs`) lands, these defaults are read from it.
+/// `store_result` of the stored-results work; the defaults are read from the core's
+/// options table ([`crate::options::JOB_OPTIONS`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobOptions {
     /// Lease in seconds ([`MIN_LEASE_SECONDS`]..=[`MAX_LEASE_SECONDS`]). Default 300.
@@ -171,23 +172,60 @@ pub struct JobOptions {
     /// Seconds added past the holder's lease end to the deferral's delay
     /// ([`deferral_delay`]). Default 1.
     pub defer_margin_seconds: f64,
-    /// Store the body's value with the completion ([`Protocol::complete`]'s `result`).
-    /// Default false. Stored once the record has its result column (migration V7).
+    /// Store the body's value with the completion ([`Protocol::complete_prepared`]):
+    /// a repeat of the completed operation replays it ([`Outcome::result_json`]).
+    /// Default false.
     pub store_result: bool,
 }
 
+/// Seconds the deferral adds past the holder's lease end when no `defer_margin`
+/// setting says otherwise.
+pub const DEFAULT_DEFER_MARGIN_SECONDS: f64 = 1.0;
+
+/// The default of the job option `name` in the core's options table
+/// ([`crate::options::JOB_OPTIONS`]), the one place defaults are stated.
+fn table_default(name: &str) -> crate::options::Default {
+    crate::options::find(name)
+        .map(|o| o.default)
+        .unwrap_or(crate::options::Default::None)
+}
+
+fn seconds_default(name: &str) -> f64 {
+    match table_default(name) {
+        crate::options::Default::Seconds(s) => s,
+        other => unreachable!("the options table's {name} default is {other:?}, not seconds"),
+    }
+}
+
+fn boolean_default(name: &str) -> bool {
+    match table_default(name) {
+        crate::options::Default::Boolean(b) => b,
+        other => unreachable!("the options table's {name} default is {other:?}, not a boolean"),
+    }
+}
+
+fn choice_default(name: &str) -> &'static str {
+    match table_default(name) {
+        crate::options::Default::Choice(c) => c,
+        other => unreachable!("the options table's {name} default is {other:?}, not a choice"),
+    }
+}
+
+/// Every default read from the core's options table ([`crate::options::JOB_OPTIONS`]);
+/// `defer_margin_seconds` is [`DEFAULT_DEFER_MARGIN_SECONDS`] (a setting, not a job
+/// option).
 impl Default for JobOptions {
     fn default() -> Self {
         JobOptions {
-            lease_seconds: 300.0,
-            on_stale: OnStale::Reclaim,
-            on_mismatch: OnMismatch::Log,
+            lease_seconds: seconds_default("lease"),
+            on_stale: OnStale::parse("", choice_default("on_stale")).unwrap_or_default(),
+            on_mismatch: OnMismatch::parse("", choice_default("on_mismatch")).unwrap_or_default(),
             lookup: None,
-            heartbeat: true,
-            max_run_seconds: 3600.0,
-            lock_timeout_seconds: 5.0,
-            defer_margin_seconds: 1.0,
-            store_result: false,
+            heartbeat: boolean_default("heartbeat"),
+            max_run_seconds: seconds_default("max_run"),
+            lock_timeout_seconds: seconds_default("lock_timeout"),
+            defer_margin_seconds: DEFAULT_DEFER_MARGIN_SECONDS,
+            store_result: boolean_default("store_result"),
         }
     }
 }
@@ -272,6 +310,12 @@ pub struct DeliveryRequest {
     /// Deferrals this delivery already had (each [`Step::InProgress`] the door acted
     /// on adds one): the deferral's delay doubles with each.
     pub deferrals: u32,
+    /// Seconds to wait, when the claim is live, for it to end before deciding again:
+    /// [`Protocol::begin`] then answers [`Step::InProgress`] with
+    /// [`Outcome::wait_seconds`] and the binding calls [`Protocol::wait`] (a completion
+    /// then replays, a release may run); `None`: no wait (the delivery is deferred at
+    /// once). Only on a channel that can wait ([`Channel::can_wait`]: not a transaction).
+    pub wait_seconds: Option<f64>,
 }
 
 impl DeliveryRequest {
@@ -379,8 +423,10 @@ impl Claim {
 
     /// Stops the heartbeat and notes what it found: a claim lost while the body ran
     /// (a `lost_claim` event and an error line) or renewing stopped at max_run (a
-    /// warning).
-    fn stop_heartbeat(&mut self, notes: &mut Notes) {
+    /// warning). [`Protocol::complete`], [`Protocol::release`] and [`Protocol::keep`]
+    /// call it; a binding calls it itself when the body ended in a way that reaches
+    /// none of them (a killed thread), so a dead body's lease runs out. Idempotent.
+    pub fn stop_heartbeat(&mut self, notes: &mut Notes) {
         let Some(heartbeat) = self.heartbeat.take() else {
             return;
         };
@@ -420,6 +466,15 @@ pub struct Outcome {
     /// result as JSON text, when it stored one (`store_result`). Always `None` until
     /// the record has its result column (migration V7, the stored-results work).
     pub result_json: Option<String>,
+    /// What became of the result `store_result` asked to keep: for [`Decision::Ran`]
+    /// this run's completion's, for a replayed [`Decision::Completed`] the first run's
+    /// (then [`Outcome::replayed`]); `None` when no store was requested.
+    pub result_state: Option<ResultState>,
+    /// For [`Decision::InProgress`] when the delivery asked to wait
+    /// ([`DeliveryRequest::wait_seconds`]) and the channel can: the binding tells the
+    /// notes so far, then calls [`Protocol::wait`] (nothing was deferred; no
+    /// `retry_after`). `None`: defer as usual.
+    pub wait_seconds: Option<f64>,
 }
 
 impl Outcome {
@@ -432,12 +487,21 @@ impl Outcome {
             holder: None,
             claim: None,
             result_json: None,
+            result_state: None,
+            wait_seconds: None,
         }
     }
 
     /// Whether the body ran (and returned).
     pub fn ran(&self) -> bool {
         self.decision == Decision::Ran
+    }
+
+    /// Whether this is a replay: a repeat of a completed operation whose completion
+    /// was asked to store its result ([`Outcome::result_state`] says whether it was
+    /// stored; [`Outcome::result_json`] holds it when it was).
+    pub fn replayed(&self) -> bool {
+        self.decision == Decision::Completed && self.result_state.is_some()
     }
 }
 
@@ -484,8 +548,8 @@ pub struct Completion {
     pub recorded: bool,
     /// Attempts made (1 when the first succeeded).
     pub attempts: u32,
-    /// The body's value was stored with the completion (`store_result`). Always false
-    /// until the record has its result column (migration V7).
+    /// The body's value was stored with the completion (`store_result`;
+    /// `outcome.result_state` says why not when it was asked and not stored).
     pub result_stored: bool,
 }
 
@@ -560,27 +624,58 @@ impl Protocol {
         let started = Instant::now();
         let decided = channel.claim(interrupt, &request, self.options.lock_timeout_seconds)?;
         let duration = started.elapsed().as_secs_f64();
-        let won = matches!(decided.outcome, claim::Outcome::Claimed { .. });
-        if decided.mismatch {
-            let refused = self.options.on_mismatch == OnMismatch::Raise && !won;
-            notes.push(Note::delivery(NoteKind::Mismatch { refused }));
-            if refused {
-                return Err(Error::PayloadMismatch {
-                    job_type: delivery.job_type.clone(),
-                    operation_key: delivery.operation_key.clone(),
-                    message: format!(
-                        "{} was delivered with arguments that differ from those of its claim \
-                         (same operation key, different payload); refused (on_mismatch: \
-                         raise), the job was not run",
-                        note::describe(delivery, &self.words.id_label)
-                    ),
-                });
-            }
-        }
+        self.decide(channel, interrupt, delivery, decided, duration, true, notes)
+    }
+
+    /// After [`Protocol::begin`] answered [`Step::InProgress`] with
+    /// [`Outcome::wait_seconds`] (the binding told its notes meanwhile): waits for the
+    /// live claim to end ([`Channel::wait`], at most that long, no pooled connection
+    /// held), then decides again as `begin` does: a completion replays, a release may
+    /// run, a claim still live is deferred (no second wait).
+    ///
+    /// Notes and errors: as [`Protocol::begin`].
+    pub fn wait(
+        &self,
+        channel: &mut dyn Channel,
+        interrupt: &Interrupt<'_>,
+        delivery: &DeliveryRequest,
+        notes: &mut Notes,
+    ) -> Result<Step> {
+        let seconds = delivery.wait_seconds.unwrap_or(0.0);
+        let request = delivery.claim_request(&self.options);
+        let started = Instant::now();
+        let Some(decided) = channel.wait(interrupt, &request, seconds)? else {
+            return Err(Error::Config(format!(
+                "{}: this channel cannot wait for a live claim (wait: is not for transactions)",
+                delivery.job_type
+            )));
+        };
+        let duration = started.elapsed().as_secs_f64();
+        self.decide(
+            channel, interrupt, delivery, decided, duration, false, notes,
+        )
+    }
+
+    /// What the delivery does after the claim statement's `decided` (`duration`: the
+    /// claim's seconds); `may_wait`: a live claim answers a wait when the delivery asks
+    /// for one and the channel can.
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &self,
+        channel: &mut dyn Channel,
+        interrupt: &Interrupt<'_>,
+        delivery: &DeliveryRequest,
+        decided: claim::Decision,
+        duration: f64,
+        may_wait: bool,
+        notes: &mut Notes,
+    ) -> Result<Step> {
+        self.check_mismatch(&decided, delivery, notes)?;
         let duplicate = |decision: Decision, duplicates: i32, notes: &mut Notes| {
             notes.push(Note::delivery(NoteKind::Skipped {
                 decision,
                 duplicates,
+                replay: None,
             }));
             let mut outcome = Outcome::of(decision);
             outcome.duplicates = Some(duplicates);
@@ -623,6 +718,24 @@ impl Protocol {
                 lease_remaining,
                 duplicates,
                 ..
+            } if may_wait && delivery.wait_seconds.is_some() && channel.can_wait() => {
+                let seconds = delivery.wait_seconds.unwrap_or(0.0);
+                notes.push(Note::delivery(NoteKind::Waiting {
+                    holder: holder_jid.clone(),
+                    seconds,
+                }));
+                let mut outcome = Outcome::of(Decision::InProgress);
+                outcome.duplicates = Some(duplicates);
+                outcome.lease_remaining = Some(lease_remaining);
+                outcome.holder = holder_jid;
+                outcome.wait_seconds = Some(seconds);
+                Step::InProgress(outcome)
+            }
+            claim::Outcome::InProgress {
+                holder_jid,
+                lease_remaining,
+                duplicates,
+                ..
             } => {
                 let delay = deferral_delay(
                     lease_remaining,
@@ -643,15 +756,24 @@ impl Protocol {
                     holder: holder_jid,
                     claim: None,
                     result_json: None,
+                    result_state: None,
+                    wait_seconds: None,
                 })
             }
             claim::Outcome::Completed { duplicates, replay } => {
-                // A replay: the first run's stored result (V7), when its completion kept one.
-                let mut step = duplicate(Decision::Completed, duplicates, notes);
-                if let Step::Skip(outcome) = &mut step {
-                    outcome.result_json = replay.and_then(|r| r.json);
-                }
-                step
+                // A replay: the first run's stored result (V7), when its completion was
+                // asked to keep one (its state says whether it could).
+                let state = replay.as_ref().map(|r| r.state);
+                notes.push(Note::delivery(NoteKind::Skipped {
+                    decision: Decision::Completed,
+                    duplicates,
+                    replay: state,
+                }));
+                let mut outcome = Outcome::of(Decision::Completed);
+                outcome.duplicates = Some(duplicates);
+                outcome.result_state = state;
+                outcome.result_json = replay.and_then(|r| r.json);
+                Step::Skip(outcome)
             }
             claim::Outcome::Held { duplicates } => duplicate(Decision::Held, duplicates, notes),
             claim::Outcome::GivenUp { duplicates } => {
@@ -661,6 +783,35 @@ impl Protocol {
                 duplicate(Decision::Refused, duplicates, notes)
             }
         })
+    }
+
+    /// Notes a payload mismatch; under [`OnMismatch::Raise`] refuses a delivery that did
+    /// not win the claim ([`Error::PayloadMismatch`]).
+    fn check_mismatch(
+        &self,
+        decided: &claim::Decision,
+        delivery: &DeliveryRequest,
+        notes: &mut Notes,
+    ) -> Result<()> {
+        if !decided.mismatch {
+            return Ok(());
+        }
+        let won = matches!(decided.outcome, claim::Outcome::Claimed { .. });
+        let refused = self.options.on_mismatch == OnMismatch::Raise && !won;
+        notes.push(Note::delivery(NoteKind::Mismatch { refused }));
+        if refused {
+            return Err(Error::PayloadMismatch {
+                job_type: delivery.job_type.clone(),
+                operation_key: delivery.operation_key.clone(),
+                message: format!(
+                    "{} was delivered with arguments that differ from those of its claim \
+                     (same operation key, different payload); refused (on_mismatch: \
+                     raise), the job was not run",
+                    note::describe(delivery, &self.words.id_label)
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Applies a stale claim's lookup answer: [`LookupAnswer::Done`] marks it
@@ -775,8 +926,11 @@ impl Protocol {
     /// claimed until its lease ends ([`Completion::recorded`] false). Inside a
     /// transaction it is written once and any failure is returned.
     ///
-    /// `result`: the body's value (JSON), stored when [`JobOptions::store_result`] is on
-    /// and the record has its result column (from migration V7; until then ignored).
+    /// `result`: the body's value (JSON), stored with the completion, in the same
+    /// statement, when [`JobOptions::store_result`] is on (checked against
+    /// [`crate::results::DEFAULT_MAX_RESULT_BYTES`]; a binding with a configured
+    /// `max_result_bytes` prepares the result itself and calls
+    /// [`Protocol::complete_prepared`]). Ignored without `store_result`.
     ///
     /// Notes: the heartbeat's (a claim lost while running, max_run reached);
     /// `completed` (with the body's duration); `lost_claim` and an error line; the
@@ -789,21 +943,69 @@ impl Protocol {
         &self,
         channel: &mut dyn Channel,
         interrupt: &Interrupt<'_>,
-        mut claim: Claim,
+        claim: Claim,
         result: Option<&serde_json::Value>,
         notes: &mut Notes,
     ) -> Result<Completion> {
-        let _ = result; // stored once the result column exists (migration V7)
+        let prepared = match result {
+            Some(value) if self.options.store_result => Some(results::prepare(
+                results::DEFAULT_MAX_RESULT_BYTES,
+                &claim.info.job_type,
+                &claim.info.operation_key,
+                ResultInput::Json(&value.to_string()),
+            )),
+            _ => None,
+        };
+        self.complete_prepared(channel, interrupt, claim, prepared, notes)
+    }
+
+    /// [`Protocol::complete`] with the result already prepared by the binding
+    /// ([`crate::results::prepare`] with its configured `max_result_bytes`; `None`:
+    /// nothing to store, as without `store_result`). The completion statement writes it
+    /// ($4, $5): no extra round trip. A result that could not be stored (too large, not
+    /// JSON) never fails the completion: a `result_not_stored` note (event and
+    /// warning) says why.
+    ///
+    /// Notes and errors: as [`Protocol::complete`], `completed` carrying the result's
+    /// state, then `result_not_stored` when it was not stored.
+    pub fn complete_prepared(
+        &self,
+        channel: &mut dyn Channel,
+        interrupt: &Interrupt<'_>,
+        mut claim: Claim,
+        result: Option<PreparedResult>,
+        notes: &mut Notes,
+    ) -> Result<Completion> {
         claim.stop_heartbeat(notes);
         let duration = claim.started.elapsed().as_secs_f64();
         let transactional = channel.transactional();
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let written = channel.fenced(interrupt, Fenced::Complete, &claim.info, None);
+            let written = channel.complete(interrupt, &claim.info, result.as_ref());
             match written {
                 Ok(()) => {
-                    notes.push(Note::claim(&claim.info, NoteKind::Completed { duration }));
+                    notes.push(Note::claim(
+                        &claim.info,
+                        NoteKind::Completed {
+                            duration,
+                            result_state: result.as_ref().map(|r| r.state),
+                        },
+                    ));
+                    if let Some(PreparedResult {
+                        state,
+                        warning: Some(reason),
+                        ..
+                    }) = &result
+                    {
+                        notes.push(Note::claim(
+                            &claim.info,
+                            NoteKind::ResultNotStored {
+                                state: *state,
+                                reason: reason.clone(),
+                            },
+                        ));
+                    }
                     break;
                 }
                 Err(e @ Error::LostClaim { .. }) => {
@@ -825,10 +1027,11 @@ impl Protocol {
                             NoteKind::CompletionGivenUp {
                                 attempts,
                                 error: e.to_string(),
+                                error_class: e.class_name(),
                             },
                         ));
                         return Ok(Completion {
-                            outcome: self.ran(&claim),
+                            outcome: self.ran(&claim, None),
                             recorded: false,
                             attempts,
                             result_stored: false,
@@ -838,11 +1041,12 @@ impl Protocol {
                 }
             }
         }
+        let state = result.as_ref().map(|r| r.state);
         Ok(Completion {
-            outcome: self.ran(&claim),
+            outcome: self.ran(&claim, state),
             recorded: true,
             attempts,
-            result_stored: false,
+            result_stored: state == Some(ResultState::Stored),
         })
     }
 
@@ -885,6 +1089,7 @@ impl Protocol {
                 &claim.info,
                 NoteKind::ReleaseFailed {
                     error: e.to_string(),
+                    error_class: e.class_name(),
                 },
             )),
         }
@@ -919,9 +1124,10 @@ impl Protocol {
         Step::Run(claim)
     }
 
-    fn ran(&self, claim: &Claim) -> Outcome {
+    fn ran(&self, claim: &Claim, result_state: Option<ResultState>) -> Outcome {
         let mut outcome = Outcome::of(Decision::Ran);
         outcome.claim = Some(claim.info.clone());
+        outcome.result_state = result_state;
         outcome
     }
 

@@ -14,6 +14,7 @@ use idempotent_job_core::protocol::{
     Direct, DoorWords, JobOptions, Level, LookupAnswer, Note, NoteKind, Notes, OnMismatch, OnStale,
     Outcome, Protocol, Step, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
 };
+use idempotent_job_core::results::{self, ResultInput, ResultState};
 use idempotent_job_core::session::Session;
 use idempotent_job_core::store::{Interrupt, Pool, Store};
 
@@ -48,6 +49,11 @@ in_both_modes!(
     a_completion_after_a_takeover_is_a_lost_claim,
     the_heartbeat_runs_with_the_body_only_when_asked,
     a_transactional_delivery_claims_and_completes_in_one_transaction,
+    a_stored_result_is_replayed_by_a_repeat,
+    a_result_that_cannot_be_stored_is_noted_and_the_completion_stands,
+    without_store_result_nothing_is_stored_or_replayed,
+    a_transactional_completion_stores_its_result_with_the_commit,
+    a_waiting_delivery_decides_again_when_the_claim_ends,
 );
 
 const JOB: &str = "ProtocolTestJob";
@@ -65,6 +71,7 @@ fn delivery(digest: &str) -> DeliveryRequest {
         args_digest: Some(digest.into()),
         facts_json: None,
         deferrals: 0,
+        wait_seconds: None,
     }
 }
 
@@ -818,4 +825,371 @@ fn decision_names_are_the_bindings_names() {
     );
     let _: Option<Outcome> = None;
     let _ = NoteKind::Kept;
+}
+
+/// A binding keeps protocols per job class and hands claims between threads (Python's
+/// pyclasses must be Send; a protocol is shared by every worker thread).
+#[test]
+fn protocol_values_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Protocol>();
+    send_sync::<Claim>();
+    send_sync::<Outcome>();
+    send_sync::<Direct>();
+    send_sync::<Notes>();
+}
+
+fn storing() -> Protocol {
+    protocol(JobOptions {
+        store_result: true,
+        heartbeat: false,
+        ..JobOptions::default()
+    })
+}
+
+/// A second delivery (another delivery id) of `delivery`'s operation.
+fn repeat_of(delivery: &DeliveryRequest) -> DeliveryRequest {
+    DeliveryRequest {
+        delivery_id: Some("d-2".into()),
+        ..delivery.clone()
+    }
+}
+
+fn skipped(step: Step) -> Outcome {
+    match step {
+        Step::Skip(outcome) => outcome,
+        other => panic!("expected Skip, got {}", action(&other)),
+    }
+}
+
+fn a_stored_result_is_replayed_by_a_repeat(store: &Store) {
+    let protocol = storing();
+    let delivery = delivery("digest-a");
+    let claim = run_claim(begin(store, &protocol, &delivery).0);
+    let mut notes = Notes::new();
+    let value = serde_json::json!({"charge_id": "ch_1", "amounts": [1500, 2.5]});
+    let done = protocol
+        .complete(
+            &mut direct(store),
+            &Interrupt::none(),
+            claim,
+            Some(&value),
+            &mut notes,
+        )
+        .unwrap();
+    assert!(done.recorded);
+    assert!(done.result_stored);
+    assert_eq!(done.outcome.result_state, Some(ResultState::Stored));
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(
+        notes[0].details()[1],
+        ("result_state", Detail::Name("stored"))
+    );
+    // The repeat replays the stored value, says so in its note, and does not run.
+    let (again, notes) = begin(store, &protocol, &repeat_of(&delivery));
+    let outcome = skipped(again.unwrap());
+    assert_eq!(outcome.decision, Decision::Completed);
+    assert!(outcome.replayed());
+    assert_eq!(outcome.result_state, Some(ResultState::Stored));
+    let replayed: serde_json::Value =
+        serde_json::from_str(outcome.result_json.as_deref().unwrap()).unwrap();
+    assert_eq!(replayed, value);
+    let note = notes.iter().find(|n| n.event() == Some("skipped")).unwrap();
+    assert!(note.details().contains(&("replayed", Detail::Bool(true))));
+    assert!(note
+        .details()
+        .contains(&("result_state", Detail::Name("stored"))));
+    let text = note.text(&delivery, &DoorWords::default()).unwrap();
+    assert!(
+        text.ends_with("so far); replayed: true (its stored result)"),
+        "{text}"
+    );
+}
+
+fn a_result_that_cannot_be_stored_is_noted_and_the_completion_stands(store: &Store) {
+    let protocol = storing();
+    let delivery = delivery("digest-a");
+    let claim = run_claim(begin(store, &protocol, &delivery).0);
+    let mut notes = Notes::new();
+    let too_large = results::prepare(
+        8,
+        &delivery.job_type,
+        &delivery.operation_key,
+        ResultInput::Json("\"a longer text\""),
+    );
+    let done = protocol
+        .complete_prepared(
+            &mut direct(store),
+            &Interrupt::none(),
+            claim,
+            Some(too_large),
+            &mut notes,
+        )
+        .unwrap();
+    assert!(done.recorded);
+    assert!(!done.result_stored);
+    assert_eq!(done.outcome.result_state, Some(ResultState::TooLarge));
+    assert_eq!(status(store, &delivery), "completed");
+    let events: Vec<_> = notes.iter().map(|n| n.event()).collect();
+    assert_eq!(events, [Some("completed"), Some("result_not_stored")]);
+    assert_eq!(notes[1].level(), Some(Level::Warn));
+    assert!(notes[1]
+        .text(&delivery, &DoorWords::default())
+        .unwrap()
+        .contains("over max_result_bytes (8)"));
+    assert_eq!(
+        notes[1].details()[0],
+        ("result_state", Detail::Name("too_large"))
+    );
+    // A repeat is a replay without a value.
+    let (again, notes) = begin(store, &protocol, &repeat_of(&delivery));
+    let outcome = skipped(again.unwrap());
+    assert!(outcome.replayed());
+    assert_eq!(outcome.result_state, Some(ResultState::TooLarge));
+    assert_eq!(outcome.result_json, None);
+    let text = notes[0].text(&delivery, &DoorWords::default()).unwrap();
+    assert!(
+        text.ends_with("; replayed: true (result too_large, not stored)"),
+        "{text}"
+    );
+}
+
+fn without_store_result_nothing_is_stored_or_replayed(store: &Store) {
+    let protocol = protocol(JobOptions {
+        heartbeat: false,
+        ..JobOptions::default()
+    });
+    let delivery = delivery("digest-a");
+    let claim = run_claim(begin(store, &protocol, &delivery).0);
+    let mut notes = Notes::new();
+    let value = serde_json::json!("ch_1");
+    let done = protocol
+        .complete(
+            &mut direct(store),
+            &Interrupt::none(),
+            claim,
+            Some(&value),
+            &mut notes,
+        )
+        .unwrap();
+    assert!(!done.result_stored);
+    assert_eq!(done.outcome.result_state, None);
+    assert_eq!(notes[0].details()[1], ("result_state", Detail::Null));
+    let (again, notes) = begin(store, &protocol, &repeat_of(&delivery));
+    let outcome = skipped(again.unwrap());
+    assert!(!outcome.replayed());
+    assert_eq!((outcome.result_json, outcome.result_state), (None, None));
+    assert_eq!(notes[0].details().len(), 2, "no replay details");
+}
+
+fn a_transactional_completion_stores_its_result_with_the_commit(store: &Store) {
+    let protocol = storing();
+    let delivery = delivery("digest-a");
+    let i = Interrupt::none();
+    let pool = store.pool().unwrap();
+    let mut session = Session::begin(&pool, &i).unwrap();
+    let mut notes = Notes::new();
+    let claim = run_claim(protocol.begin(&mut session, &i, &delivery, &mut notes));
+    let value = serde_json::json!([1, "two"]);
+    let done = protocol
+        .complete(&mut session, &i, claim, Some(&value), &mut notes)
+        .unwrap();
+    assert!(done.result_stored);
+    session.commit(&i).unwrap();
+    let (again, _) = begin(store, &protocol, &repeat_of(&delivery));
+    let outcome = skipped(again.unwrap());
+    let stored: serde_json::Value =
+        serde_json::from_str(outcome.result_json.as_deref().unwrap()).unwrap();
+    assert_eq!(stored, value);
+}
+
+/// [`Direct`], telling `started` when it begins to wait.
+struct Telling {
+    direct: Direct,
+    started: std::sync::mpsc::Sender<()>,
+}
+
+impl Channel for Telling {
+    fn claim(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        request: &ClaimRequest,
+        lock_timeout_seconds: f64,
+    ) -> Result<claim::Decision> {
+        self.direct.claim(interrupt, request, lock_timeout_seconds)
+    }
+
+    fn fenced(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+    ) -> Result<()> {
+        self.direct.fenced(interrupt, change, claim, text)
+    }
+
+    fn can_wait(&self) -> bool {
+        true
+    }
+
+    fn wait(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        request: &ClaimRequest,
+        seconds: f64,
+    ) -> Result<Option<claim::Decision>> {
+        let _ = self.started.send(());
+        self.direct.wait(interrupt, request, seconds)
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    fn heartbeat_pool(&self) -> Option<&Pool> {
+        None
+    }
+
+    fn pause(&mut self, interrupt: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        self.direct.pause(interrupt, pause)
+    }
+}
+
+fn a_waiting_delivery_decides_again_when_the_claim_ends(store: &Store) {
+    let protocol = storing();
+    let delivery = delivery("digest-a");
+    let holder = run_claim(begin(store, &protocol, &delivery).0);
+    // A wait that runs out: told before waiting, then deferred as without a wait.
+    let short = DeliveryRequest {
+        wait_seconds: Some(0.2),
+        ..repeat_of(&delivery)
+    };
+    let (step, notes) = begin(store, &protocol, &short);
+    let Step::InProgress(first) = step.unwrap() else {
+        panic!("expected InProgress")
+    };
+    assert_eq!((first.wait_seconds, first.retry_after), (Some(0.2), None));
+    assert_eq!(notes.len(), 1, "the wait, no deferral yet: {notes:?}");
+    let text = notes[0].text(&short, &DoorWords::default()).unwrap();
+    assert!(
+        text.ends_with("is in progress under delivery d-1; waiting up to 0.2 s for it"),
+        "{text}"
+    );
+    let mut notes = Notes::new();
+    let step = protocol.wait(&mut direct(store), &Interrupt::none(), &short, &mut notes);
+    let Step::InProgress(after) = step.unwrap() else {
+        panic!("expected InProgress")
+    };
+    assert_eq!(after.wait_seconds, None, "no second wait");
+    assert!(after.retry_after.is_some());
+    assert_eq!(notes[0].event(), Some("deferred"));
+    // A wait the holder's completion ends: the waiter replays its stored result.
+    let (started, told) = std::sync::mpsc::channel();
+    let long = DeliveryRequest {
+        wait_seconds: Some(30.0),
+        ..repeat_of(&delivery)
+    };
+    let waiter = {
+        let protocol = protocol.clone();
+        let mut channel = Telling {
+            direct: direct(store),
+            started,
+        };
+        std::thread::spawn(move || {
+            let mut notes = Notes::new();
+            let first = protocol.begin(&mut channel, &Interrupt::none(), &long, &mut notes);
+            let waits = matches!(
+                first,
+                Ok(Step::InProgress(Outcome {
+                    wait_seconds: Some(_),
+                    ..
+                }))
+            );
+            assert!(waits, "{first:?}");
+            let step = protocol.wait(&mut channel, &Interrupt::none(), &long, &mut notes);
+            (step.map(skipped), notes)
+        })
+    };
+    told.recv().unwrap();
+    let value = serde_json::json!({"charge_id": "ch_9"});
+    let mut notes = Notes::new();
+    protocol
+        .complete(
+            &mut direct(store),
+            &Interrupt::none(),
+            holder,
+            Some(&value),
+            &mut notes,
+        )
+        .unwrap();
+    let (outcome, notes) = waiter.join().unwrap();
+    let outcome = outcome.unwrap();
+    assert!(outcome.replayed());
+    let stored: serde_json::Value =
+        serde_json::from_str(outcome.result_json.as_deref().unwrap()).unwrap();
+    assert_eq!(stored, value);
+    assert!(notes
+        .iter()
+        .any(|n| matches!(n.kind, NoteKind::Waiting { .. })));
+    // A transaction's channel cannot wait: the first decision stands (deferred).
+    let pool = store.pool().unwrap();
+    let second = self::delivery("digest-a");
+    let live = run_claim(begin(store, &protocol, &second).0);
+    let mut session = Session::begin(&pool, &Interrupt::none()).unwrap();
+    let mut notes = Notes::new();
+    let waited = DeliveryRequest {
+        wait_seconds: Some(30.0),
+        ..repeat_of(&second)
+    };
+    let step = protocol
+        .begin(&mut session, &Interrupt::none(), &waited, &mut notes)
+        .unwrap();
+    let Step::InProgress(deferred) = step else {
+        panic!("expected InProgress")
+    };
+    assert_eq!(deferred.wait_seconds, None);
+    assert!(deferred.retry_after.is_some());
+    assert!(!notes
+        .iter()
+        .any(|n| matches!(n.kind, NoteKind::Waiting { .. })));
+    session.rollback(&Interrupt::none()).unwrap();
+    drop(live);
+}
+
+#[test]
+fn job_options_defaults_are_the_options_tables() {
+    use idempotent_job_core::options::{find, Default as TableDefault};
+    let defaults = JobOptions::default();
+    let table = |name: &str| find(name).unwrap().default;
+    assert_eq!(
+        table("lease"),
+        TableDefault::Seconds(defaults.lease_seconds)
+    );
+    assert_eq!(
+        table("max_run"),
+        TableDefault::Seconds(defaults.max_run_seconds)
+    );
+    assert_eq!(
+        table("lock_timeout"),
+        TableDefault::Seconds(defaults.lock_timeout_seconds)
+    );
+    assert_eq!(
+        table("heartbeat"),
+        TableDefault::Boolean(defaults.heartbeat)
+    );
+    assert_eq!(
+        table("store_result"),
+        TableDefault::Boolean(defaults.store_result)
+    );
+    assert_eq!(
+        table("on_stale"),
+        TableDefault::Choice(defaults.on_stale.as_str())
+    );
+    assert_eq!(
+        table("on_mismatch"),
+        TableDefault::Choice(defaults.on_mismatch.as_str())
+    );
+    assert_eq!(table("lookup"), TableDefault::None);
+    assert_eq!(defaults.lookup, None);
 }

@@ -73,6 +73,12 @@ module IdempotentJob
       # @return [void]
       def error(text = nil, &) = log(:error, text, &)
 
+      # Logs a line at `level` (see {#info}).
+      # @param level [Symbol] :info, :warn or :error
+      # @param text [String]
+      # @return [void]
+      def say(level, text) = log(level, text)
+
       private
 
       def log(level, text)

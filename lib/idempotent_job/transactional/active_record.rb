@@ -59,6 +59,19 @@ module IdempotentJob
       # @raise [LockTimeoutError] when another delivery held the operation past lock_timeout
       # @raise [ConnectionError, TimeoutError, DatabaseError] as the native path
       def claim(request, lock_timeout)
+        row, token = claim_row(request, lock_timeout)
+        IdempotentJob::Native.decide(row, token, request)
+      end
+
+      # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its
+      # transaction, and answers the statement's row for the core to decide on (the
+      # core protocol's channel: `Native::Protocol#begin_with`).
+      # @param request [Hash] see `Native::Store#claim`
+      # @param lock_timeout [Numeric] seconds
+      # @return [Array(Hash, String)] the claim row's values (typed) and the token sent
+      # @raise [LockTimeoutError] when another delivery held the operation past lock_timeout
+      # @raise [ConnectionError, TimeoutError, DatabaseError] as the native path
+      def claim_row(request, lock_timeout)
         @connection.materialize_transactions if @connection.respond_to?(:materialize_transactions)
         token = SecureRandom.uuid
         raw = @connection.raw_connection
@@ -69,7 +82,7 @@ module IdempotentJob
           end
         end
         @claimed = [typed(row), token, request, row["decided_at"]]
-        IdempotentJob::Native.decide(typed(row), token, request)
+        [typed(row), token]
       rescue LockTimeoutError => e
         subject = "#{request[:job_type]} operation #{request[:operation_key].inspect}: "
         raise error(LockTimeoutError, "#{subject}another delivery kept it locked for more than #{lock_timeout} s " \
@@ -99,6 +112,21 @@ module IdempotentJob
                                     "lease ran out and another delivery took the operation over)",
                     job_type: claim.job_type, operation_key: claim.operation_key)
       end
+
+      # {#fenced} for the core protocol's channel (`Native::Protocol#complete_with`…).
+      # @param change [Symbol]
+      # @param job_type [String]
+      # @param operation_key [String]
+      # @param token [String]
+      # @param text [String, nil]
+      # @param result [Array, nil] :complete's stored result (`[json, state]`), nil: none
+      # @return [true]
+      # @raise [LostClaimError]
+      # rubocop:disable Metrics/ParameterLists -- the fenced statement's parameters, as the core's channel sends them
+      def fenced_raw(change, job_type, operation_key, token, text, result = nil)
+        fenced(change, IdempotentJob::Claim.new(job_type:, operation_key:, token:), text, result)
+      end
+      # rubocop:enable Metrics/ParameterLists
 
       # Queues the claim's repeat facts (a duplicate, a retry or a takeover; nothing for a
       # first claim) for the asynchronous bookkeeping, as the native session does at

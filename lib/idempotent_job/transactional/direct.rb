@@ -2,9 +2,11 @@
 
 module IdempotentJob
   module Transactional
-    # The default strategy: each statement on a pooled connection of its own; the
-    # lease is renewed while the body runs, the claim released when it raises and the
-    # completion retried briefly when it cannot be written.
+    # The default strategy: each statement on a pooled connection of its own. The core
+    # protocol ({Protocol::Driver}, `Native::Protocol`) renews the lease while the body
+    # runs, releases the claim when it raises and retries the completion briefly when
+    # it cannot be written; this session only claims and applies fenced changes for
+    # callers that drive the steps themselves.
     class Direct
       # Yields the (stateless) session.
       # @yieldparam session [Direct]
@@ -32,34 +34,6 @@ module IdempotentJob
       # @raise [LostClaimError] when the claim is no longer held
       def fenced(change, claim, text = nil, result = nil)
         IdempotentJob.store.fenced_with_result(change, claim.job_type, claim.operation_key, claim.token, text, result)
-      end
-
-      # Runs the body with a heartbeat; releases the claim when it raises (and
-      # re-raises), records the completion when it returns.
-      # @param claim [Claim]
-      # @param options [JobOptions]
-      # @param narrator [Protocol::Narrator]
-      # @return [Array(Object, Symbol)] the body's value, and its stored result's state
-      #   (nil without `store_result`)
-      # @raise [Exception] what the body raised; [LostClaimError] from the completion
-      def run(claim, options, narrator)
-        heartbeat = Protocol::Heartbeat.start(options, claim, narrator)
-        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        begin
-          result = begin
-            yield
-          ensure
-            # Before the release or completion, and also on Thread#kill and throw (which
-            # skip rescue): a dead job's lease must run out.
-            heartbeat.stop
-          end
-        rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised; the claim must not stay held
-          Protocol::Release.new(self, narrator).call(claim, e)
-          raise
-        end
-        state = Protocol::Completion.new(self, narrator, options)
-                                    .record(claim, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, result)
-        [result, state]
       end
 
       SESSION = new.freeze

@@ -7,6 +7,8 @@ module IdempotentJob
     class Native < Session
       # @return [IdempotentJob::Transaction] the handle the job body writes through
       attr_reader :handle
+      # @return [IdempotentJob::Native::Transaction] the open transaction
+      attr_reader :native
 
       # Opens a transaction, yields the session, commits when the block returns and
       # rolls back when it raises.

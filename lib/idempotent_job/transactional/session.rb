@@ -2,25 +2,14 @@
 
 module IdempotentJob
   module Transactional
-    # What the transactional strategies share: the body runs with the transaction
-    # handle as {IdempotentJob.current_transaction}, then the completion is written in
-    # the same transaction. A raising body rolls everything back (nothing to release).
+    # What the transactional strategies share: the claim, the body's statements
+    # (through {#handle}, set as {IdempotentJob.current_transaction}) and the completion
+    # commit together; a raising body rolls everything back (nothing to release). The
+    # core protocol ({Protocol::Driver}) drives the steps.
     class Session
-      # @param claim [Claim]
-      # @param _options [JobOptions]
-      # @param narrator [Protocol::Narrator]
-      # @return [Array(Object, Symbol)] the body's value, and its stored result's state
-      #   (nil without `store_result`)
-      # @raise [Exception] what the body raised; [LostClaimError, Error] from the completion
-      def run(claim, options, narrator)
-        IdempotentJob.with_transaction(handle) do
-          started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-          result = yield
-          state = Protocol::Completion.new(self, narrator, options)
-                                      .record!(claim, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, result)
-          [result, state]
-        end
-      end
+      # @return [IdempotentJob::Transaction, nil] the handle the body writes through
+      #   (nil: the body uses its own driver, e.g. ActiveRecord's models)
+      def handle = nil
     end
   end
 end

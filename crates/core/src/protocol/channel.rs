@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use crate::claim::{self, ClaimRequest, Fenced};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::results::PreparedResult;
 use crate::retry::with_fresh_conn;
 use crate::session::Session;
 use crate::store::{Interrupt, Lane, Pool};
@@ -39,6 +40,51 @@ pub trait Channel {
         claim: &ClaimInfo,
         text: Option<&str>,
     ) -> Result<()>;
+
+    /// Records the completion of `claim` ([`Fenced::Complete`]) with the body's
+    /// prepared result (`None`: no store requested), in one statement.
+    ///
+    /// The default sends [`Channel::fenced`] when there is no result to store, and
+    /// refuses one ([`crate::error::Error::Config`]) rather than drop it: a channel
+    /// that can store results implements this.
+    ///
+    /// Errors: as [`Channel::fenced`].
+    fn complete(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        claim: &ClaimInfo,
+        result: Option<&PreparedResult>,
+    ) -> Result<()> {
+        match result {
+            None => self.fenced(interrupt, Fenced::Complete, claim, None),
+            Some(_) => Err(Error::Config(format!(
+                "{} operation {:?}: this channel cannot store a completion's result \
+                 (store_result)",
+                claim.job_type, claim.operation_key
+            ))),
+        }
+    }
+
+    /// Whether [`Channel::wait`] waits (false: a transaction, whose claim already
+    /// waited on the row lock).
+    fn can_wait(&self) -> bool {
+        false
+    }
+
+    /// Waits at most `seconds` for the live claim on `request`'s operation to end,
+    /// then sends the claim statement again and returns its decision; `None` when
+    /// this channel cannot wait (a transaction: its claim already waited on the row
+    /// lock), and the first decision stands.
+    ///
+    /// Errors: as [`Channel::claim`].
+    fn wait(
+        &mut self,
+        _interrupt: &Interrupt<'_>,
+        _request: &ClaimRequest,
+        _seconds: f64,
+    ) -> Result<Option<claim::Decision>> {
+        Ok(None)
+    }
 
     /// Whether claim, body and completion share one transaction: then no heartbeat,
     /// no release (the rollback undoes the claim), and the completion is written once.
@@ -108,6 +154,46 @@ impl Channel for Direct {
         })
     }
 
+    fn complete(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        claim: &ClaimInfo,
+        result: Option<&PreparedResult>,
+    ) -> Result<()> {
+        let change = if self.asynchronous_completion {
+            Fenced::CompleteAsynchronously
+        } else {
+            Fenced::Complete
+        };
+        with_fresh_conn(&self.pool, interrupt, Lane::Reserve, async |c| {
+            claim::fenced_with_result(
+                c,
+                change,
+                &claim.job_type,
+                &claim.operation_key,
+                claim.token,
+                None,
+                result,
+            )
+            .await
+        })
+    }
+
+    fn can_wait(&self) -> bool {
+        true
+    }
+
+    /// Waits through [`crate::results::wait`] (LISTEN/NOTIFY, or polling behind a
+    /// transaction-mode PgBouncer; no pooled connection held while waiting).
+    fn wait(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        request: &ClaimRequest,
+        seconds: f64,
+    ) -> Result<Option<claim::Decision>> {
+        crate::results::wait(&self.pool, interrupt, request, seconds).map(|w| Some(w.decision))
+    }
+
     fn transactional(&self) -> bool {
         false
     }
@@ -149,6 +235,24 @@ impl Channel for Session {
             &claim.operation_key,
             claim.token,
             text,
+        )
+    }
+
+    fn complete(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        claim: &ClaimInfo,
+        result: Option<&PreparedResult>,
+    ) -> Result<()> {
+        Session::fenced_with_result(
+            self,
+            interrupt,
+            Fenced::Complete,
+            &claim.job_type,
+            &claim.operation_key,
+            claim.token,
+            None,
+            result,
         )
     }
 

@@ -9,6 +9,7 @@
 //! binding takes the subject from the [`DeliveryRequest`] it sent.
 
 use crate::claim::ClaimKind;
+use crate::results::ResultState;
 
 use super::{ClaimInfo, Decision, DeliveryRequest};
 
@@ -64,6 +65,10 @@ pub struct DoorWords {
     pub resolve_text: String,
     /// Put before a name in texts: `":"` in Ruby (`:done`), `""` elsewhere.
     pub name_prefix: String,
+    /// Put before an error's class name ([`crate::error::Error::class_name`]) in texts:
+    /// `"IdempotentJob::"` in Ruby, `"idempotent_job."` in Python. Default `""`.
+    /// (Fields may be added: build with `..DoorWords::default()`.)
+    pub error_namespace: String,
 }
 
 impl Default for DoorWords {
@@ -74,6 +79,7 @@ impl Default for DoorWords {
             crash_text: "the worker is shutting down (interrupt or signal)".into(),
             resolve_text: "idempotent_job.resolve".into(),
             name_prefix: String::new(),
+            error_namespace: String::new(),
         }
     }
 }
@@ -98,8 +104,21 @@ pub enum NoteKind {
         /// This deferral's number (1 for the first).
         deferral: u32,
     },
-    /// Event `skipped` (`decision`, `duplicates`); info: a duplicate skipped.
-    Skipped { decision: Decision, duplicates: i32 },
+    /// Event `skipped` (`decision`, `duplicates`; for a replay also `replayed: true`
+    /// and `result_state`); info: a duplicate skipped. `replay`: the state of the
+    /// result the first run's completion was asked to store (V7), `None` when it was
+    /// not asked to.
+    Skipped {
+        decision: Decision,
+        duplicates: i32,
+        replay: Option<ResultState>,
+    },
+    /// Info: in progress under the holder; waiting up to `seconds` for its claim to
+    /// end (`wait:`, [`crate::protocol::DeliveryRequest::wait_seconds`]). No event.
+    Waiting {
+        holder: Option<String>,
+        seconds: f64,
+    },
     /// Event `lookup` (`answer`); info: what the lookup answered.
     LookupAnswered { label: String, answer: &'static str },
     /// Error: the lookup failed; not run, the claim stays stale.
@@ -117,19 +136,35 @@ pub enum NoteKind {
     GivenUp { lookup: Option<String> },
     /// Warning: stale, running it again (a possible duplicate).
     Reclaimed { lookup: Option<String> },
-    /// Event `completed` (`duration`: the body's run in seconds). No log line.
-    Completed { duration: f64 },
+    /// Event `completed` (`duration`: the body's run in seconds; `result_state`: what
+    /// became of the result `store_result` asked to keep, or null). No log line.
+    Completed {
+        duration: f64,
+        result_state: Option<ResultState>,
+    },
+    /// Event `result_not_stored` (`result_state`, `reason`); a warning (`reason`, the
+    /// core's text: [`crate::results::PreparedResult::warning`]). The completion stands.
+    ResultNotStored { state: ResultState, reason: String },
     /// Event `lost_claim` (`during`: `"completion"` or `"heartbeat"`); error line.
     LostClaim {
         during: &'static str,
         error: Option<String>,
     },
-    /// Error: the completion could not be recorded after `attempts` attempts.
-    CompletionGivenUp { attempts: u32, error: String },
+    /// Error: the completion could not be recorded after `attempts` attempts; the last
+    /// error's class ([`crate::error::Error::class_name`]) and text.
+    CompletionGivenUp {
+        attempts: u32,
+        error: String,
+        error_class: &'static str,
+    },
     /// Event `released` (`error`: the body's error class).
     Released { error_class: String },
     /// Error: the release could not be written; the claim stays until its lease ends.
-    ReleaseFailed { error: String },
+    /// The error's class ([`crate::error::Error::class_name`]) and text.
+    ReleaseFailed {
+        error: String,
+        error_class: &'static str,
+    },
     /// Warning: a crash; the claim is kept until its lease ends.
     Kept,
     /// Warning: the body ran longer than max_run; the lease was no longer renewed.
@@ -195,6 +230,7 @@ impl Note {
             NoteKind::Held { .. } => "held",
             NoteKind::GivenUp { .. } => "given_up",
             NoteKind::Completed { .. } => "completed",
+            NoteKind::ResultNotStored { .. } => "result_not_stored",
             NoteKind::LostClaim { .. } => "lost_claim",
             NoteKind::Released { .. } => "released",
             _ => return None,
@@ -219,12 +255,33 @@ impl Note {
             NoteKind::Skipped {
                 decision,
                 duplicates,
-            } => vec![
-                ("decision", Detail::Name(decision.as_str())),
-                ("duplicates", Detail::Int(i64::from(*duplicates))),
-            ],
+                replay,
+            } => {
+                let mut details = vec![
+                    ("decision", Detail::Name(decision.as_str())),
+                    ("duplicates", Detail::Int(i64::from(*duplicates))),
+                ];
+                if let Some(state) = replay {
+                    details.push(("replayed", Detail::Bool(true)));
+                    details.push(("result_state", Detail::Name(state.as_str())));
+                }
+                details
+            }
             NoteKind::LookupAnswered { answer, .. } => vec![("answer", Detail::Name(answer))],
-            NoteKind::Completed { duration } => vec![("duration", Detail::Float(*duration))],
+            NoteKind::Completed {
+                duration,
+                result_state,
+            } => vec![
+                ("duration", Detail::Float(*duration)),
+                (
+                    "result_state",
+                    result_state.map_or(Detail::Null, |s| Detail::Name(s.as_str())),
+                ),
+            ],
+            NoteKind::ResultNotStored { state, reason } => vec![
+                ("result_state", Detail::Name(state.as_str())),
+                ("reason", Detail::Text(reason.clone())),
+            ],
             NoteKind::LostClaim { during, .. } => vec![("during", Detail::Name(during))],
             NoteKind::Released { error_class } => {
                 vec![("error", Detail::Text(error_class.clone()))]
@@ -243,6 +300,7 @@ impl Note {
             NoteKind::RetryClaimed
             | NoteKind::Deferred { .. }
             | NoteKind::Skipped { .. }
+            | NoteKind::Waiting { .. }
             | NoteKind::LookupAnswered { .. } => Level::Info,
             NoteKind::Mismatch { refused: true }
             | NoteKind::LookupFailed { .. }
@@ -305,6 +363,7 @@ impl Note {
             NoteKind::Skipped {
                 decision,
                 duplicates,
+                replay,
             } => {
                 let state = match decision {
                     Decision::Completed => "already completed",
@@ -312,11 +371,24 @@ impl Note {
                     Decision::GivenUp => "given up",
                     _ => "not claimable by this payload",
                 };
+                let replayed = match replay {
+                    None => String::new(),
+                    Some(ResultState::Stored) => "; replayed: true (its stored result)".into(),
+                    Some(other) => {
+                        format!("; replayed: true (result {}, not stored)", other.as_str())
+                    }
+                };
                 format!(
-                    "{} is {state}; duplicate delivery skipped ({duplicates} so far)",
+                    "{} is {state}; duplicate delivery skipped ({duplicates} so far){replayed}",
                     describe(delivery, label)
                 )
             }
+            NoteKind::Waiting { holder, seconds } => format!(
+                "{} is in progress under {label} {}; waiting up to {seconds:?} s for it",
+                describe(delivery, label),
+                holder.as_deref().unwrap_or("")
+            ),
+            NoteKind::ResultNotStored { reason, .. } => reason.clone(),
             NoteKind::LookupAnswered {
                 label: lookup,
                 answer,
@@ -368,16 +440,22 @@ impl Note {
                 claim(),
                 error.as_deref().unwrap_or("")
             ),
-            NoteKind::CompletionGivenUp { attempts, error } => format!(
+            NoteKind::CompletionGivenUp {
+                attempts,
+                error,
+                error_class,
+            } => format!(
                 "{} ran, but its completion could not be recorded after {attempts} attempts \
-                 ({error}); the record stays claimed until its lease ends, after which a \
-                 redelivery would run it again",
-                claim()
+                 ({}{error_class}: {error}); the record stays claimed until its lease ends, \
+                 after which a redelivery would run it again",
+                claim(),
+                words.error_namespace
             ),
-            NoteKind::ReleaseFailed { error } => format!(
-                "could not release the claim of {} ({error}); it stays claimed until its lease \
-                 ends",
-                claim()
+            NoteKind::ReleaseFailed { error, error_class } => format!(
+                "could not release the claim of {} ({}{error_class}: {error}); it stays \
+                 claimed until its lease ends",
+                claim(),
+                words.error_namespace
             ),
             NoteKind::Kept => format!(
                 "{}: the claim of {} is kept until its lease ends",

@@ -9,7 +9,8 @@ use idempotent_job_core::heartbeat::{Heartbeat, HeartbeatReport};
 #[magnus::wrap(class = "IdempotentJob::Native::Heartbeat", free_immediately, size)]
 pub struct NativeHeartbeat(pub Heartbeat);
 
-fn heartbeat_hash(ruby: &Ruby, r: HeartbeatReport) -> RbResult<RHash> {
+/// A heartbeat report as the Hash `stop` and `report` answer.
+pub fn heartbeat_hash(ruby: &Ruby, r: HeartbeatReport) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.set("renewals", r.renewals)?
         .set("lost", r.lost)?

@@ -7,6 +7,7 @@ mod errors;
 mod gvl;
 mod heartbeat;
 mod options;
+mod protocol;
 mod store;
 mod transaction;
 
@@ -37,6 +38,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     errors::init(ruby)?;
     store::init(ruby, native)?;
     heartbeat::init(ruby, native)?;
+    protocol::init(ruby, native)?;
     transaction::init(ruby, native)
 }
 

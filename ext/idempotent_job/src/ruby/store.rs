@@ -30,7 +30,7 @@ use idempotent_job_core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
 type RbPurgeCursor = (i64, String, String);
 
 #[magnus::wrap(class = "IdempotentJob::Native::Store", free_immediately, size)]
-struct NativeStore(Store);
+pub struct NativeStore(pub Store);
 
 impl NativeStore {
     /// `Store.new(config_json)`: validates the configuration; connects lazily.

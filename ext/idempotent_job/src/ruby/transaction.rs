@@ -85,6 +85,17 @@ impl NativeTransaction {
         }
     }
 
+    /// Runs `op` on the open session with the GVL released, like `with_session`, and
+    /// hands back `op`'s own result (a core error included) for the caller to convert:
+    /// the protocol's calls tell their notes before raising.
+    pub fn with_session_raw<T>(
+        &self,
+        ruby: &Ruby,
+        op: impl FnOnce(&mut Session, &Interrupt<'_>) -> T,
+    ) -> RbResult<T> {
+        self.with_session(ruby, |session, interrupt| Ok(op(session, interrupt)))
+    }
+
     /// Ends the transaction with `commit` or rollback.
     fn finish(&self, ruby: &Ruby, commit: bool) -> RbResult<bool> {
         let session = self
