@@ -31,7 +31,8 @@ def test_a_fresh_process_reads_the_same_value(scenario):
     idempotent_job.perform_once("PyReplayFresh", scenario, lambda claim: [1, "two", None], store_result=True)
     code = (
         "import idempotent_job, json, sys\n"
-        "o = idempotent_job.perform_once('PyReplayFresh', sys.argv[1], lambda c: 'ran again', store_result=True)\n"
+        "o = idempotent_job.perform_once(\n"
+        "    'PyReplayFresh', sys.argv[1], lambda c: 'ran again', store_result=True)\n"
         "print(json.dumps([o.decision, o.replayed, o.value]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code, scenario], check=True, capture_output=True, text=True)
