@@ -7,20 +7,13 @@ use pyo3::types::PyDict;
 
 use idempotent_job_core::error::Error;
 
-/// The name of the Python class in `idempotent_job.errors` for a core error.
+/// The name of the Python class in `idempotent_job.errors` for a core error: the
+/// core's name for it ([`Error::class_name`], one name for every binding), the base
+/// being `IdempotentJobError` in Python.
 fn class_name(err: &Error) -> &'static str {
-    match err {
-        Error::Config(_) => "ConfigurationError",
-        Error::OperationKey(_) => "OperationKeyError",
-        Error::Connection { .. } => "ConnectionError",
-        Error::Database { .. } => "DatabaseError",
-        Error::LostClaim { .. } => "LostClaimError",
-        Error::Migration(_) => "MigrationError",
-        Error::LockTimeout { .. } => "LockTimeoutError",
-        Error::Timeout { .. } => "TimeoutError",
-        Error::PayloadMismatch { .. } => "PayloadMismatchError",
-        Error::Lookup { .. } => "LookupError",
-        Error::Interrupted | Error::Panic(_) => "IdempotentJobError",
+    match err.class_name() {
+        "Error" => "IdempotentJobError",
+        name => name,
     }
 }
 
