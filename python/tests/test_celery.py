@@ -78,6 +78,15 @@ def test_the_same_message_three_times(worker, scenario, task, expected):
     assert values[0]["charged"] == scenario
 
 
+def test_a_repeat_returns_the_first_runs_stored_result(worker, scenario):
+    # Three separate .delay() calls of one operation: the body runs once; each repeat's
+    # AsyncResult.get() is the first run's stored value (its pid included), replayed.
+    values = [worker.charge.delay(scenario, scenario).get(timeout=TIMEOUT) for _ in range(3)]
+    assert effects(scenario) == 1
+    assert values[1] == values[0] and values[2] == values[0]
+    assert idempotent_job.record(worker.charge.name, scenario)["result_state"] == "stored"
+
+
 @pytest.mark.parametrize("task,expected", [("charge", 1), ("charge_unguarded", 5)])
 def test_five_copies_at_once(worker, scenario, task, expected):
     results = [getattr(worker, task).apply_async((scenario, scenario, 1.0)) for _ in range(5)]
