@@ -64,6 +64,10 @@ module IdempotentJobBench
     end
 
     def forward(io)
+      # Hung up earlier in this round of select (both ends of a pair were readable, and
+      # the first one's hang-up closed the second): nothing to forward.
+      return unless @peers.key?(io)
+
       peer, side, flight = @peers.fetch(io)
       data = io.read_nonblock(65_536, exception: false)
       return if data == :wait_readable

@@ -123,7 +123,7 @@ module IdempotentJobBench
   # * named: false — unnamed statements (exec_params), as the gem sends them with
   #   `prepared_statements: false` (behind PgBouncer in transaction mode);
   # * async: :complete — the completion commits asynchronously
-  #   (`set_config('synchronous_commit', 'off', true)` evaluated in its RETURNING;
+  #   (the core's own asynchronous completion statement, `Fenced::CompleteAsynchronously`:
   #   proposal A, the gem's `asynchronous_completion`); the claim stays durable.
   class Floor < Variant
     # @param conn [PG::Connection] a connection of its own
@@ -136,8 +136,7 @@ module IdempotentJobBench
       @conn = conn
       @named = named
       @claim = IdempotentJob::Native.deliver_sql
-      @complete = IdempotentJob::Native.fenced_sql(:complete)
-      @complete += " RETURNING set_config('synchronous_commit', 'off', true)" if async == :complete
+      @complete = IdempotentJob::Native.fenced_sql(async == :complete ? :complete_asynchronously : :complete)
       prepare if named
     end
 
@@ -149,7 +148,8 @@ module IdempotentJobBench
       token = SecureRandom.uuid
       inserted = run(:claim, deliver_params(delivery, token)).getvalue(0, 0)
       expect!(inserted == "t", "the claim of a new operation was not won")
-      done = run(:complete, [JOB_TYPE, delivery.key, token]).cmd_tuples
+      # $4, $5: no result stored (the V7 columns stay NULL, nobody is notified).
+      done = run(:complete, [JOB_TYPE, delivery.key, token, nil, nil]).cmd_tuples
       expect!(done == 1, "the completion changed #{done} rows")
     end
 

@@ -173,10 +173,12 @@ pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
-/// `:complete`, `:release`, `:hold`, `:give_up`, `:expire`, `:renew` → [`Fenced`].
+/// `:complete`, `:complete_asynchronously`, `:release`, `:hold`, `:give_up`, `:expire`,
+/// `:renew` → [`Fenced`].
 pub fn parse_fenced(ruby: &Ruby, change: Symbol) -> RbResult<Fenced> {
     Ok(match change.name()?.as_ref() {
         "complete" => Fenced::Complete,
+        "complete_asynchronously" => Fenced::CompleteAsynchronously,
         "release" => Fenced::Release,
         "hold" => Fenced::Hold,
         "give_up" => Fenced::GiveUp,
