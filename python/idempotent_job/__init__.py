@@ -155,12 +155,15 @@ def perform_once(
         payload: the operation's arguments (any JSON value); a later delivery with a
             different payload is a payload mismatch (logged, or refused under
             ``on_mismatch="raise"``).
-        store_result: store ``fn``'s return value (a JSON value) with the completion, so a
-            repeat gets it as ``outcome.value`` with ``outcome.replayed`` True (once the
-            record has its result column: migration V7 of the stored-results work; before
-            that a repeat gets ``value=None`` and ``replayed=False``).
-        wait: seconds to wait for a running claim's completion. TODO(results): not yet
-            supported; only None is accepted.
+        store_result: store ``fn``'s return value (a JSON value) with the completion, in
+            the same statement, so a repeat gets it as ``outcome.value`` with
+            ``outcome.replayed`` True (a value over ``max_result_bytes`` or not JSON is not
+            stored; the completion stands).
+        wait: seconds (0 or more) to wait for a running claim's completion when this call
+            meets one: the core listens for it (polls behind PgBouncer) without holding a
+            pooled connection, then replays the stored value; if the holder released (its
+            body raised) this call may claim and run; "in_progress" when the wait ends
+            first. ``fn`` never runs while a live lease holds. None (default): no wait.
         on_stale, on_mismatch, lookup, heartbeat, max_run: as the Ruby gem's options;
             ``lookup(operation_key)`` is asked after a takeover of a stale claim and answers
             "done", "not_done" or "unknown".
@@ -185,11 +188,6 @@ def perform_once(
             (SystemExit and KeyboardInterrupt keep the claim until its lease ends: the
             process is going away and the effect may have happened).
     """
-    if wait is not None:
-        raise ConfigurationError(
-            f"{job_type}: perform_once's wait= needs stored results, which this build does not have "
-            "yet; pass wait=None and come back after outcome.retry_after"
-        )
     if not callable(fn):
         raise ConfigurationError(f"{job_type}: perform_once needs a callable body, got {type(fn).__name__}")
     job_type = str(job_type)
@@ -216,6 +214,7 @@ def perform_once(
         queue,
         facts,
         lookup,
+        wait,
     )
 
 

@@ -309,6 +309,11 @@ fn drive(
                     protocol.after_lookup(channel, i, claim, answer, notes)
                 })?
             }
+            // Asked to wait (`wait=`): the core waits for the live claim to end, then
+            // decides again (a completion replays, a release may run, still live: defer).
+            Step::InProgress(outcome) if outcome.wait_seconds.is_some() => {
+                detached(py, |i| protocol.wait(channel, i, delivery, notes))?
+            }
             Step::Skip(outcome) | Step::InProgress(outcome) => {
                 return Outcome::of(py, outcome, None)
             }

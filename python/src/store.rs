@@ -394,7 +394,7 @@ impl Store {
     /// any JSON value (digested to detect a payload mismatch); `lookup` the declared
     /// lookup callable (asked after a takeover); `id` this delivery's id; `deferrals`
     /// how often it met a live claim before.
-    #[pyo3(signature = (protocol, job_type, operation_key, body, payload, id=None, deferrals=0, job_class=None, queue=None, facts=None, lookup=None))]
+    #[pyo3(signature = (protocol, job_type, operation_key, body, payload, id=None, deferrals=0, job_class=None, queue=None, facts=None, lookup=None, wait=None))]
     #[allow(clippy::too_many_arguments)]
     fn perform_once(
         &self,
@@ -410,11 +410,19 @@ impl Store {
         queue: Option<String>,
         facts: Option<&Bound<'_, PyDict>>,
         lookup: Option<&Bound<'_, PyAny>>,
+        wait: Option<f64>,
     ) -> PyResult<Outcome> {
         if job_type.is_empty() {
             return Err(config("perform_once: the job type must not be empty"));
         }
-        let delivery = protocol::request(
+        if let Some(seconds) = wait {
+            if !seconds.is_finite() || seconds < 0.0 {
+                return Err(config(format!(
+                    "{job_type}: wait must be a number of seconds, 0 or more, got {seconds}"
+                )));
+            }
+        }
+        let mut delivery = protocol::request(
             job_type,
             operation_key,
             id,
@@ -424,6 +432,9 @@ impl Store {
             payload,
             facts,
         )?;
+        // A live claim is waited for (at most `wait` seconds, no pooled connection held):
+        // the core's Protocol::wait, after begin answers in progress.
+        delivery.wait_seconds = wait;
         protocol::perform(
             py,
             self.pool()?,

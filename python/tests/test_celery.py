@@ -96,8 +96,10 @@ def test_five_copies_at_once(worker, scenario, task, expected):
     assert sum(1 for v in values if v is not None) >= 1
 
 
-def _kill_the_child(scenario: str) -> None:
+def _kill_the_child(scenario: str, after_effect: bool = False) -> None:
     pid = eventually(lambda: first_start_pid(scenario, scenario), "the task's body to start")
+    if after_effect:  # killed after its effect, not between its start and its effect
+        eventually(lambda: effects(scenario) >= 1, "the task's effect")
     os.kill(pid, signal.SIGKILL)
 
 
@@ -115,7 +117,7 @@ def test_pool_child_sigkilled_after_the_claim(worker, scenario, task):
 @pytest.mark.parametrize("task,expected", [("killable_hold", 1), ("killable_unguarded", 2)])
 def test_pool_child_sigkilled_after_the_effect(worker, scenario, task, expected):
     result = getattr(worker, task).apply_async((scenario, scenario, True))
-    _kill_the_child(scenario)
+    _kill_the_child(scenario, after_effect=True)
     if task == "killable_hold":
         eventually(
             lambda: (

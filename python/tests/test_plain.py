@@ -141,6 +141,8 @@ def _kill_after_start(scenario: str, on_stale: str, effect_first: bool, guard_na
         finally:
             os._exit(0)
     eventually(lambda: first_start_pid(scenario, "1"), "the child's body to start")
+    if effect_first:  # killed after its effect, not between its start and its effect
+        eventually(lambda: effects(scenario) >= 1, "the child's effect")
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import idempotent_job
 
@@ -43,3 +44,45 @@ def test_without_store_result_a_repeat_has_no_value(scenario):
     idempotent_job.perform_once("PyNoStore", scenario, lambda claim: {"charge_id": "ch_1"})
     again = idempotent_job.perform_once("PyNoStore", scenario, lambda claim: "not run")
     assert again.decision == "completed" and not again.replayed and again.value is None
+
+
+def test_a_waiter_gets_the_running_calls_value(scenario):
+    import threading
+
+    started, finish, runs = threading.Event(), threading.Event(), []
+
+    def holder_body(claim):
+        started.set()
+        finish.wait(30)
+        runs.append("holder")
+        return {"charge_id": "ch_w"}
+
+    holder = threading.Thread(
+        target=idempotent_job.perform_once,
+        args=("PyWait", scenario, holder_body),
+        kwargs={"store_result": True},
+    )
+    holder.start()
+    assert started.wait(30)
+    short = idempotent_job.perform_once(
+        "PyWait", scenario, lambda claim: runs.append("short"), store_result=True, wait=0.2
+    )
+    waited = []
+    waiter = threading.Thread(
+        target=lambda: waited.append(
+            idempotent_job.perform_once(
+                "PyWait", scenario, lambda claim: runs.append("waiter"), store_result=True, wait=30
+            )
+        )
+    )
+    waiter.start()
+    # Let the waiter meet the live claim and start waiting before the holder finishes
+    # (should it come later, it finds the completion at once: the same outcome).
+    time.sleep(0.5)
+    finish.set()
+    holder.join(30)
+    waiter.join(30)
+    assert short.decision == "in_progress"
+    assert waited[0].decision == "completed" and waited[0].replayed
+    assert waited[0].value == {"charge_id": "ch_w"}
+    assert runs == ["holder"]
