@@ -513,13 +513,15 @@ impl NativeProtocol {
         deferrals: u32,
         wait: Option<f64>,
     ) -> RbResult<RArray> {
-        let delivery = Self::delivery(ruby, request, deferrals, wait)?;
-        let mut channel = Self::direct(ruby, store)?;
-        let mut notes = Notes::new();
-        let step = without_gvl(ruby, |i| {
-            rb_self.0.begin(&mut channel, i, &delivery, &mut notes)
-        })?;
-        step_answer(ruby, step, &notes, &delivery, rb_self.0.words())
+        Self::on_pool(
+            ruby,
+            rb_self,
+            store,
+            request,
+            deferrals,
+            wait,
+            Protocol::begin,
+        )
     }
 
     /// `wait(store, request, deferrals, wait)` → `[step, value, notes]`: after
@@ -534,13 +536,41 @@ impl NativeProtocol {
         deferrals: u32,
         wait: f64,
     ) -> RbResult<RArray> {
-        let delivery = Self::delivery(ruby, request, deferrals, Some(wait))?;
+        Self::on_pool(
+            ruby,
+            rb_self,
+            store,
+            request,
+            deferrals,
+            Some(wait),
+            Protocol::wait,
+        )
+    }
+
+    /// Runs one protocol step that decides a delivery (`begin` or `wait`) on the
+    /// store's pool, the GVL released, and answers `[step, value, notes]`.
+    fn on_pool(
+        ruby: &Ruby,
+        rb_self: &Self,
+        store: &NativeStore,
+        request: RHash,
+        deferrals: u32,
+        wait: Option<f64>,
+        step: fn(
+            &Protocol,
+            &mut dyn Channel,
+            &Interrupt<'_>,
+            &DeliveryRequest,
+            &mut Notes,
+        ) -> Result<Step>,
+    ) -> RbResult<RArray> {
+        let delivery = Self::delivery(ruby, request, deferrals, wait)?;
         let mut channel = Self::direct(ruby, store)?;
         let mut notes = Notes::new();
-        let step = without_gvl(ruby, |i| {
-            rb_self.0.wait(&mut channel, i, &delivery, &mut notes)
+        let decided = without_gvl(ruby, |i| {
+            step(&rb_self.0, &mut channel, i, &delivery, &mut notes)
         })?;
-        step_answer(ruby, step, &notes, &delivery, rb_self.0.words())
+        step_answer(ruby, decided, &notes, &delivery, rb_self.0.words())
     }
 
     /// `begin_in(transaction, request, deferrals)`: [`NativeProtocol::begin`] inside
