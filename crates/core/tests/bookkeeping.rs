@@ -14,43 +14,11 @@ use idempotent_job_core::migrate;
 use idempotent_job_core::store::Store;
 
 mod common;
-use common::database_url;
+use common::{database_url, Admin};
 
 /// The tests wait for "a batch waiting on a row lock": one at a time, so none sees
 /// another's batch.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// A plain tokio-postgres session on the test database, outside the gem's pool.
-struct Admin {
-    runtime: tokio::runtime::Runtime,
-    client: tokio_postgres::Client,
-}
-
-impl Admin {
-    fn new() -> Admin {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let client = runtime.block_on(async {
-            let (client, connection) =
-                tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-            tokio::spawn(connection);
-            client
-        });
-        Admin { runtime, client }
-    }
-
-    fn exec(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
-        self.runtime.block_on(self.client.batch_execute(sql))
-    }
-
-    fn int(&self, sql: &str) -> i64 {
-        self.runtime
-            .block_on(self.client.query_one(sql, &[]))
-            .unwrap()
-            .get(0)
-    }
-}
 
 /// A migrated store whose connections are named `application_name`.
 fn store_named(application_name: &str) -> Store {
@@ -130,7 +98,7 @@ fn a_batch_locks_its_rows_in_key_order_whatever_order_they_were_queued_in() {
     claim_all(&store, &job_type, &["a", "b"]);
     let other = Admin::new();
     other
-        .exec(&format!(
+        .try_exec(&format!(
             "BEGIN; SELECT 1 FROM idempotent_job_records \
               WHERE job_type = '{job_type}' AND operation_key = 'a' FOR UPDATE"
         ))
@@ -147,11 +115,11 @@ fn a_batch_locks_its_rows_in_key_order_whatever_order_they_were_queued_in() {
         });
         until_a_batch_waits(&name);
         // The batch waits for "a" and holds nothing: "b" is free to take.
-        let b = other.exec(&format!(
+        let b = other.try_exec(&format!(
             "SELECT 1 FROM idempotent_job_records \
               WHERE job_type = '{job_type}' AND operation_key = 'b' FOR UPDATE NOWAIT"
         ));
-        other.exec("ROLLBACK").unwrap();
+        other.try_exec("ROLLBACK").unwrap();
         assert!(b.is_ok(), "the waiting batch held \"b\": {b:?}");
         writer.join().unwrap().unwrap();
     });
@@ -170,7 +138,7 @@ fn a_batch_rolled_back_by_a_deadlock_is_written_again_not_dropped() {
     // `other` holds "b" and checks for deadlocks after the batch does: the batch is
     // the transaction PostgreSQL aborts (40P01).
     other
-        .exec(&format!(
+        .try_exec(&format!(
             "BEGIN; SET LOCAL deadlock_timeout = '60s'; SELECT 1 FROM idempotent_job_records \
               WHERE job_type = '{job_type}' AND operation_key = 'b' FOR UPDATE"
         ))
@@ -186,7 +154,7 @@ fn a_batch_rolled_back_by_a_deadlock_is_written_again_not_dropped() {
         until_a_batch_waits(&name);
         // The batch holds "a" and waits for "b": taking "a" closes the cycle.
         other
-            .exec(&format!(
+            .try_exec(&format!(
                 "UPDATE idempotent_job_records SET updated_at = updated_at \
                   WHERE job_type = '{job_type}' AND operation_key = 'a'; COMMIT"
             ))

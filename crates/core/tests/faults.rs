@@ -14,7 +14,7 @@ use idempotent_job_core::session::Session;
 use idempotent_job_core::store::{Lane, Store};
 
 mod common;
-use common::{database_url, find_record, store_with};
+use common::{database_url, find_record, store_with, Admin};
 
 fn request(job_type: &str, key: &str) -> ClaimRequest {
     ClaimRequest {
@@ -42,40 +42,6 @@ fn claim_fresh(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
             })
         })
         .map(|d| d.outcome)
-}
-
-/// A plain tokio-postgres session on the test database, outside the gem's pool.
-struct Admin {
-    runtime: tokio::runtime::Runtime,
-    client: tokio_postgres::Client,
-}
-
-impl Admin {
-    fn new() -> Admin {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let client = runtime.block_on(async {
-            let (client, connection) =
-                tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-            tokio::spawn(connection);
-            client
-        });
-        Admin { runtime, client }
-    }
-
-    fn exec(&self, sql: &str) {
-        self.runtime
-            .block_on(self.client.batch_execute(sql))
-            .unwrap();
-    }
-
-    fn count(&self, sql: &str, param: &str) -> i64 {
-        self.runtime
-            .block_on(self.client.query_one(sql, &[&param]))
-            .unwrap()
-            .get(0)
-    }
 }
 
 #[test]

@@ -84,3 +84,52 @@ pub fn counted(store: &Store, runs: &[i64]) -> Vec<Option<i64>> {
         .map(|&n| (version >= 140_000).then_some(n))
         .collect()
 }
+
+/// A plain tokio-postgres session on the test database, outside the gem's pool (to
+/// hold locks, read what the gem wrote, or change the server's settings).
+pub struct Admin {
+    runtime: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Admin {
+    /// Connects to [`database_url`].
+    pub fn new() -> Admin {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let client = runtime.block_on(async {
+            let (client, connection) =
+                tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            client
+        });
+        Admin { runtime, client }
+    }
+
+    /// Runs `sql` (one or more statements), returning PostgreSQL's refusal.
+    pub fn try_exec(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        self.runtime.block_on(self.client.batch_execute(sql))
+    }
+
+    /// Runs `sql`; panics when PostgreSQL refuses it.
+    pub fn exec(&self, sql: &str) {
+        self.try_exec(sql).unwrap()
+    }
+
+    /// The first column of `sql`'s one row, an int8.
+    pub fn int(&self, sql: &str) -> i64 {
+        self.runtime
+            .block_on(self.client.query_one(sql, &[]))
+            .unwrap()
+            .get(0)
+    }
+
+    /// The first column of `sql`'s one row (an int8), `$1` bound to `param`.
+    pub fn count(&self, sql: &str, param: &str) -> i64 {
+        self.runtime
+            .block_on(self.client.query_one(sql, &[&param]))
+            .unwrap()
+            .get(0)
+    }
+}
