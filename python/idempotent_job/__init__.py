@@ -77,7 +77,8 @@ def configure(**settings: Any) -> None:
     ``connect_timeout``, ``checkout_timeout``, ``deadline``, ``statement_timeout`` (seconds),
     ``application_name``, ``schema``, ``host``, ``port``, ``dbname``, ``user``, ``password``,
     ``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey``, ``prepared_statements``,
-    ``asynchronous_completion``; and the job defaults ``lease`` (seconds, default 300),
+    ``asynchronous_completion``, ``max_result_bytes`` (bytes of JSON a stored result may take,
+    default 65,536); and the job defaults ``lease`` (seconds, default 300),
     ``on_stale`` ("reclaim", "hold" or "skip"), ``on_mismatch`` ("log" or "raise"),
     ``heartbeat`` (bool), ``max_run`` (seconds), ``defer_margin`` (seconds), ``retention``
     (seconds, for :func:`purge`). Connects lazily, on first use.

@@ -14,6 +14,7 @@ use idempotent_job_core::protocol::{
     Claim as CoreClaim, ClaimInfo, DeliveryRequest, Direct, DoorWords, Level, LookupAnswer, Notes,
     Outcome as CoreOutcome, Protocol, Step,
 };
+use idempotent_job_core::results::{self, ResultInput};
 use idempotent_job_core::store::Pool;
 
 /// One job type's protocol: its options resolved and checked once (per Celery task
@@ -267,10 +268,12 @@ fn ask_lookup(py: Python<'_>, lookup: Option<&Bound<'_, PyAny>>, key: &str) -> L
 /// timeout errors: the body did not run, or its completion could not be written);
 /// whatever the body raised, after the claim was released (kept for SystemExit and
 /// KeyboardInterrupt).
+#[allow(clippy::too_many_arguments)]
 pub fn perform(
     py: Python<'_>,
     pool: Pool,
     asynchronous_completion: bool,
+    max_result_bytes: usize,
     protocol: &Protocol,
     delivery: DeliveryRequest,
     lookup: Option<&Bound<'_, PyAny>>,
@@ -282,6 +285,7 @@ pub fn perform(
         py,
         &mut channel,
         protocol,
+        max_result_bytes,
         &delivery,
         lookup,
         body,
@@ -291,10 +295,12 @@ pub fn perform(
     result
 }
 
+#[allow(clippy::too_many_arguments)]
 fn drive(
     py: Python<'_>,
     channel: &mut Direct,
     protocol: &Protocol,
+    max_result_bytes: usize,
     delivery: &DeliveryRequest,
     lookup: Option<&Bound<'_, PyAny>>,
     body: &Bound<'_, PyAny>,
@@ -317,7 +323,9 @@ fn drive(
             Step::Skip(outcome) | Step::InProgress(outcome) => {
                 return Outcome::of(py, outcome, None)
             }
-            Step::Run(claim) => return run(py, channel, protocol, claim, body, notes),
+            Step::Run(claim) => {
+                return run(py, channel, protocol, max_result_bytes, claim, body, notes)
+            }
         }
     }
 }
@@ -329,6 +337,7 @@ fn run(
     py: Python<'_>,
     channel: &mut Direct,
     protocol: &Protocol,
+    max_result_bytes: usize,
     claim: CoreClaim,
     body: &Bound<'_, PyAny>,
     notes: &mut Notes,
@@ -357,8 +366,18 @@ fn run(
             } else {
                 None
             };
+            // Prepared here with the configured max_result_bytes (the core's check and
+            // warning text), as the Ruby binding does.
+            let prepared = stored.map(|json| {
+                results::prepare(
+                    max_result_bytes,
+                    &claim.info().job_type,
+                    &claim.info().operation_key,
+                    ResultInput::Json(&json.to_string()),
+                )
+            });
             let completion = detached(py, |i| {
-                protocol.complete(channel, i, claim, stored.as_ref(), notes)
+                protocol.complete_prepared(channel, i, claim, prepared, notes)
             })?;
             let mut outcome = Outcome::of(py, completion.outcome, Some(value.unbind()))?;
             outcome.claim = Some(handle);

@@ -439,6 +439,7 @@ impl Store {
             py,
             self.pool()?,
             self.core.config().asynchronous_completion,
+            self.core.config().max_result_bytes,
             &protocol.protocol,
             delivery,
             lookup,

@@ -86,3 +86,22 @@ def test_a_waiter_gets_the_running_calls_value(scenario):
     assert waited[0].decision == "completed" and waited[0].replayed
     assert waited[0].value == {"charge_id": "ch_w"}
     assert runs == ["holder"]
+
+
+def test_a_result_over_max_result_bytes_is_not_stored_and_the_completion_stands(scenario):
+    import os
+
+    idempotent_job.configure(database_url=os.environ["DATABASE_URL"], max_result_bytes=16)
+    try:
+        first = idempotent_job.perform_once(
+            "PyTooLarge", scenario, lambda claim: "x" * 100, store_result=True
+        )
+        assert first.decision == "ran"
+        record = idempotent_job.record("PyTooLarge", scenario)
+        assert record["status"] == "completed" and record["result_state"] == "too_large"
+        again = idempotent_job.perform_once(
+            "PyTooLarge", scenario, lambda claim: "must not run", store_result=True
+        )
+        assert again.decision == "completed" and again.value is None
+    finally:
+        idempotent_job.configure(database_url=os.environ["DATABASE_URL"])
