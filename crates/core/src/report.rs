@@ -1,13 +1,13 @@
 //! Read-only lists for operators (the web page, `IdempotentJob::Web`): given-up
 //! operations, records of one job type, recent takeovers, stale claims and the job
 //! types present. Each list returns keys; the caller reads each record with
-//! [`super::claim::FIND_SQL`], so the record has one definition. Nothing here writes.
+//! [`crate::record::FIND_SQL`], so the record has one definition. Nothing here writes.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
-use super::error::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The statuses a record can have (the table's check constraint).
 pub const STATUSES: [&str; 5] = ["claimed", "completed", "released", "held", "given_up"];
@@ -170,7 +170,7 @@ pub async fn job_types(client: &Client, limit: i64) -> Result<Vec<String>> {
 /// record keeps its last 20 repeat times, so an operation counts at most 20) and the
 /// operations they belong to; and the purge backlog: finished records (completed or
 /// given up) that finished more than $1 seconds ago, the retention — what
-/// [`super::claim::PURGE_SQL`] would delete with the same age. Parameters: $1
+/// [`crate::sql::PURGE_SQL`] would delete with the same age. Parameters: $1
 /// retention in seconds.
 pub const METRICS_SQL: &str = r#"
 SELECT job_type,

@@ -4,14 +4,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idempotent_job_core::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
+use common::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
 use idempotent_job_core::config::Config;
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
-use idempotent_job_core::heartbeat::Heartbeat;
 use idempotent_job_core::migrate;
-use idempotent_job_core::store::{with_conn, Interrupt, Store};
+use idempotent_job_core::pool::with_conn;
+use idempotent_job_core::store::Store;
 
 mod common;
+use common::StoreExt;
 use common::{
     counted, database_url, find_record, prepared_on_connection, runs_of, store, store_with,
 };
@@ -134,7 +136,7 @@ fn token_of(outcome: Outcome) -> (uuid::Uuid, ClaimKind, i32) {
 #[test]
 fn migrations_are_recorded_and_safe_to_run_twice() {
     let store = store();
-    let applied = store.run(migrate::migrate).unwrap();
+    let applied = store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
     assert!(applied.is_empty(), "second run applied {applied:?}");
     assert!(migrate::schema_sql().contains("CREATE TABLE idempotent_job_records"));
 }
@@ -522,8 +524,7 @@ fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told(store: Store) {
     let req = request(&unique("heartbeat"), "1", 0.6);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     let pool = store.pool().unwrap();
-    let beat = Heartbeat::start(
-        &pool,
+    let beat = pool.heartbeat(
         req.job_type.clone(),
         req.operation_key.clone(),
         token,
@@ -551,8 +552,7 @@ fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim(store: Sto
     let pool = store.pool().unwrap();
     let req = request(&unique("max-run"), "1", 0.3);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
-    let beat = Heartbeat::start(
-        &pool,
+    let beat = pool.heartbeat(
         req.job_type.clone(),
         req.operation_key.clone(),
         token,
@@ -568,8 +568,7 @@ fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim(store: Sto
     let (token, _, _) = token_of(claim(&store, &lost).unwrap());
     fenced(&store, &lost, Fenced::Expire, token).unwrap();
     token_of(claim(&store, &lost).unwrap()); // taken over
-    let beat = Heartbeat::start(
-        &pool,
+    let beat = pool.heartbeat(
         lost.job_type.clone(),
         lost.operation_key.clone(),
         token,

@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
-use crate::claim::{self, ClaimRequest, Fenced};
+use crate::claim;
+use crate::conn::Interrupt;
 use crate::error::{Error, Result};
-use crate::results::PreparedResult;
-use crate::retry::with_fresh_conn;
+use crate::fenced::{self, Fenced};
+use crate::pool::{with_fresh_conn, Lane};
+use crate::record::{ClaimRequest, Decision, PreparedResult};
 use crate::session::Session;
-use crate::store::{Interrupt, Lane, Pool};
+use crate::store::Handles;
 
 use super::ClaimInfo;
 
@@ -26,7 +28,7 @@ pub trait Channel {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision>;
+    ) -> Result<Decision>;
 
     /// Applies a fenced change to `claim` (`text`: the error text of
     /// [`Fenced::Release`] / [`Fenced::Expire`]).
@@ -82,7 +84,7 @@ pub trait Channel {
         _interrupt: &Interrupt<'_>,
         _request: &ClaimRequest,
         _seconds: f64,
-    ) -> Result<Option<claim::Decision>> {
+    ) -> Result<Option<Decision>> {
         Ok(None)
     }
 
@@ -91,7 +93,7 @@ pub trait Channel {
     fn transactional(&self) -> bool;
 
     /// The pool a claim's heartbeat renews through (`None` in a transaction).
-    fn heartbeat_pool(&self) -> Option<&Pool>;
+    fn heartbeat_pool(&self) -> Option<&Handles>;
 
     /// Waits `pause` between two attempts of the completion, watching `interrupt`.
     ///
@@ -101,18 +103,18 @@ pub trait Channel {
 
 /// Each statement on a pooled connection of its own, sent again on a fresh
 /// connection when its connection dies under it (every statement of the protocol is
-/// safe to send twice: see [`crate::retry`]). Fenced changes may use the reserve
+/// safe to send twice: see [`crate::pool`]). Fenced changes may use the reserve
 /// connection ([`Lane::Reserve`]).
 #[derive(Clone)]
 pub struct Direct {
-    pool: Pool,
+    pool: Handles,
     asynchronous_completion: bool,
 }
 
 impl Direct {
     /// The channel of `pool`; `asynchronous_completion` (the setting) commits
     /// completions with `synchronous_commit = off` ([`Fenced::CompleteAsynchronously`]).
-    pub fn new(pool: Pool, asynchronous_completion: bool) -> Direct {
+    pub fn new(pool: Handles, asynchronous_completion: bool) -> Direct {
         Direct {
             pool,
             asynchronous_completion,
@@ -126,7 +128,7 @@ impl Channel for Direct {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         _lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<Decision> {
         claim::deliver(&self.pool, interrupt, request)
     }
 
@@ -142,7 +144,7 @@ impl Channel for Direct {
             other => other,
         };
         with_fresh_conn(&self.pool, interrupt, Lane::Reserve, async |c| {
-            claim::fenced(
+            fenced::fenced(
                 c,
                 change,
                 &claim.job_type,
@@ -166,7 +168,7 @@ impl Channel for Direct {
             Fenced::Complete
         };
         with_fresh_conn(&self.pool, interrupt, Lane::Reserve, async |c| {
-            claim::fenced_with_result(
+            fenced::fenced_with_result(
                 c,
                 change,
                 &claim.job_type,
@@ -190,7 +192,7 @@ impl Channel for Direct {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         seconds: f64,
-    ) -> Result<Option<claim::Decision>> {
+    ) -> Result<Option<Decision>> {
         crate::results::wait(&self.pool, interrupt, request, seconds).map(|w| Some(w.decision))
     }
 
@@ -198,7 +200,7 @@ impl Channel for Direct {
         false
     }
 
-    fn heartbeat_pool(&self) -> Option<&Pool> {
+    fn heartbeat_pool(&self) -> Option<&Handles> {
         Some(&self.pool)
     }
 
@@ -216,7 +218,7 @@ impl Channel for Session {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<Decision> {
         Session::claim(self, interrupt, request, lock_timeout_seconds)
     }
 
@@ -260,7 +262,7 @@ impl Channel for Session {
         true
     }
 
-    fn heartbeat_pool(&self) -> Option<&Pool> {
+    fn heartbeat_pool(&self) -> Option<&Handles> {
         None
     }
 

@@ -7,10 +7,9 @@ use magnus::{prelude::*, Float, Integer, IntoValue, RArray, RHash, RString, Ruby
 use uuid::Uuid;
 
 use super::errors::to_ruby;
-use idempotent_job_core::claim::{
-    self, ClaimRequest, ClaimRow, Decision, Fenced, Field, Outcome, Record,
-};
 use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::fenced::Fenced;
+use idempotent_job_core::record::{self, ClaimRequest, ClaimRow, Decision, Field, Outcome, Record};
 
 /// Results of the binding's functions: a Ruby exception as the error.
 pub type RbResult<T> = std::result::Result<T, magnus::Error>;
@@ -225,8 +224,8 @@ pub fn decided(
     };
     let token = parse_token(token).map_err(|e| to_ruby(ruby, e))?;
     let request = claim_request(ruby, request)?;
-    let decision = claim::check_request(&request)
-        .and_then(|()| claim::decide(claim_row, token, &request))
+    let decision = record::check_request(&request)
+        .and_then(|()| record::decide(claim_row, token, &request))
         .map_err(|e| to_ruby(ruby, e))?;
     Ok((decision, request))
 }

@@ -25,15 +25,17 @@ use super::gvl::without_gvl;
 use super::heartbeat::heartbeat_hash;
 use super::store::{prepared, NativeStore};
 use super::transaction::NativeTransaction;
-use idempotent_job_core::claim::{self, ClaimRequest, Fenced};
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{
     deferral_delay, Channel, Claim, ClaimInfo, Completion, DeliveryRequest, Detail, Direct,
     DoorWords, JobOptions, LookupAnswer, Notes, OnMismatch, OnStale, Outcome, Protocol, Step,
     COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
 };
+use idempotent_job_core::record::{self, ClaimRequest};
 use idempotent_job_core::results::PreparedResult;
-use idempotent_job_core::store::{Interrupt, Pool};
+use idempotent_job_core::store::Handles;
 
 #[magnus::wrap(class = "IdempotentJob::Native::Protocol", free_immediately, size)]
 pub struct NativeProtocol(Protocol);
@@ -265,9 +267,9 @@ impl Channel for RubyChannel<'_> {
         _interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<record::Decision> {
         let ruby = self.ruby;
-        let asked = (|| -> RbResult<claim::Decision> {
+        let asked = (|| -> RbResult<record::Decision> {
             let hash = request_hash(ruby, request)?;
             let pair: RArray = self
                 .session
@@ -332,7 +334,7 @@ impl Channel for RubyChannel<'_> {
         true
     }
 
-    fn heartbeat_pool(&self) -> Option<&Pool> {
+    fn heartbeat_pool(&self) -> Option<&Handles> {
         None
     }
 
