@@ -325,7 +325,7 @@ impl DeliveryRequest {
         ClaimRequest {
             job_type: self.job_type.clone(),
             operation_key: self.operation_key.clone(),
-            jid: self.delivery_id.clone(),
+            delivery_id: self.delivery_id.clone(),
             lease_seconds: options.lease_seconds,
             args_digest: self.args_digest.clone(),
             job_class: self.job_class.clone(),
@@ -715,25 +715,25 @@ impl Protocol {
                 }
             }
             record::Outcome::InProgress {
-                holder_jid,
+                holder_delivery_id,
                 lease_remaining,
                 duplicates,
                 ..
             } if may_wait && delivery.wait_seconds.is_some() && channel.can_wait() => {
                 let seconds = delivery.wait_seconds.unwrap_or(0.0);
                 notes.push(Note::delivery(NoteKind::Waiting {
-                    holder: holder_jid.clone(),
+                    holder: holder_delivery_id.clone(),
                     seconds,
                 }));
                 let mut outcome = Outcome::of(Decision::InProgress);
                 outcome.duplicates = Some(duplicates);
                 outcome.lease_remaining = Some(lease_remaining);
-                outcome.holder = holder_jid;
+                outcome.holder = holder_delivery_id;
                 outcome.wait_seconds = Some(seconds);
                 Step::InProgress(outcome)
             }
             record::Outcome::InProgress {
-                holder_jid,
+                holder_delivery_id,
                 lease_remaining,
                 duplicates,
                 ..
@@ -745,7 +745,7 @@ impl Protocol {
                 );
                 notes.push(Note::delivery(NoteKind::Deferred {
                     delay,
-                    holder: holder_jid.clone(),
+                    holder: holder_delivery_id.clone(),
                     lease_remaining,
                     deferral: delivery.deferrals + 1,
                 }));
@@ -754,7 +754,7 @@ impl Protocol {
                     duplicates: Some(duplicates),
                     retry_after: Some(delay),
                     lease_remaining: Some(lease_remaining),
-                    holder: holder_jid,
+                    holder: holder_delivery_id,
                     claim: None,
                     result_json: None,
                     result_state: None,

@@ -145,7 +145,7 @@ pub struct ClaimRequest {
     /// The canonical operation key, e.g. `"42"`.
     pub operation_key: String,
     /// The delivering job's id, stored as the record's last claiming jid.
-    pub jid: Option<String>,
+    pub delivery_id: Option<String>,
     /// Lease length in seconds (> 0).
     pub lease_seconds: f64,
     /// Digest of the delivery's canonical arguments (payload mismatch detection).
@@ -223,7 +223,7 @@ pub enum Outcome {
     /// Another delivery holds a live claim: do not run now; try again once
     /// `lease_remaining` seconds have passed (by the database clock).
     InProgress {
-        holder_jid: Option<String>,
+        holder_delivery_id: Option<String>,
         attempt: i32,
         lease_remaining: f64,
         duplicates: i32,
@@ -298,7 +298,7 @@ pub struct ClaimRow {
     pub status: String,
     pub last_claim: String,
     pub attempts: i32,
-    pub jid: Option<String>,
+    pub delivery_id: Option<String>,
     pub duplicates: i32,
     pub mismatch: bool,
     pub lease_remaining: f64,
@@ -315,7 +315,7 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision
         status,
         last_claim,
         attempts: attempt,
-        jid,
+        delivery_id,
         duplicates,
         mismatch,
         lease_remaining,
@@ -343,7 +343,7 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision
             "held" => Outcome::Held { duplicates },
             "given_up" => Outcome::GivenUp { duplicates },
             "claimed" if lease_remaining > 0.0 => Outcome::InProgress {
-                holder_jid: jid,
+                holder_delivery_id: delivery_id,
                 attempt,
                 lease_remaining,
                 duplicates,

@@ -154,7 +154,7 @@ pub struct Repeated {
     pub repeat_times: Vec<DateTime<Utc>>,
     pub job_classes: Vec<String>,
     /// The last claiming delivery's id.
-    pub jid: Option<String>,
+    pub delivery_id: Option<String>,
     pub completed_at: Option<DateTime<Utc>>,
     /// The first claiming delivery's facts as JSON text, when it sent some.
     pub first_facts: Option<String>,
@@ -187,7 +187,7 @@ pub async fn repeats(
                 first_claimed_at: row.try_get("first_claimed_at")?,
                 repeat_times: row.try_get("repeat_times")?,
                 job_classes: row.try_get("job_classes")?,
-                jid: row.try_get("jid")?,
+                delivery_id: row.try_get("jid")?,
                 completed_at: row.try_get("completed_at")?,
                 first_facts: row.try_get("first_facts")?,
                 repeat_facts: row.try_get("repeat_facts")?,

@@ -157,7 +157,7 @@ pub fn wait_by(
         let lease_remaining: f64 = row.try_get("lease_remaining")?;
         if now >= until {
             let outcome = Outcome::InProgress {
-                holder_jid: row.try_get("jid")?,
+                holder_delivery_id: row.try_get("jid")?,
                 attempt: row.try_get("attempts")?,
                 lease_remaining: lease_remaining.max(0.0),
                 duplicates: row.try_get("duplicates")?,

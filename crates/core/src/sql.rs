@@ -151,6 +151,24 @@ SELECT status, jid, attempts, duplicates, args_digest, now() AS decided_at,
  WHERE job_type = $1 AND operation_key = $2
    AND status IN ('completed', 'held', 'given_up')"#;
 
+/// The completion statement, with `$from` (a `FROM` clause or nothing) before its
+/// `WHERE`: [`COMPLETE_SQL`] and [`COMPLETE_ASYNCHRONOUSLY_SQL`] differ only there.
+macro_rules! completion {
+    ($from:literal) => {
+        concat!(
+            "UPDATE idempotent_job_records SET status = 'completed', \
+             completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE clock_timestamp() END, \
+             result = $4::text::jsonb, result_state = $5::text, updated_at = now() ",
+            $from,
+            "WHERE job_type = $1 AND operation_key = $2 \
+             AND claim_token = $3 AND status IN ('claimed', 'completed') \
+             RETURNING (SELECT pg_notify(",
+            notify_channel!(),
+            ", '') WHERE $5::text IS NOT NULL) IS NULL AS notified"
+        )
+    };
+}
+
 // The fenced changes: only the current claim holder may make them. Each has the same
 // guard (the record is still `claimed` under the caller's token) and parameters $1
 // job_type, $2 operation_key, $3 claim_token, then the change's own. Completion,
@@ -164,31 +182,12 @@ SELECT status, jid, attempts, duplicates, args_digest, now() AS decided_at,
 /// (`clock_timestamp()`). A completion with a store request also wakes the callers
 /// waiting for it (`pg_notify` on the record's channel, sent at commit); a plain
 /// completion notifies nobody. A repeat for the same token succeeds and changes nothing.
-pub const COMPLETE_SQL: &str = concat!(
-        "UPDATE idempotent_job_records SET status = 'completed', \
-         completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE clock_timestamp() END, \
-         result = $4::text::jsonb, result_state = $5::text, \
-         updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
-         AND claim_token = $3 AND status IN ('claimed', 'completed') \
-         RETURNING (SELECT pg_notify(",
-        notify_channel!(),
-        ", '') WHERE $5::text IS NOT NULL) IS NULL AS notified"
-);
+pub const COMPLETE_SQL: &str = completion!("");
 
 /// [`COMPLETE_SQL`], committed with `synchronous_commit = off` (the
 /// `asynchronous_completion` setting; never inside a transaction).
-pub const COMPLETE_ASYNCHRONOUSLY_SQL: &str = concat!(
-        "UPDATE idempotent_job_records SET status = 'completed', \
-         completed_at = CASE WHEN status = 'completed' THEN completed_at ELSE clock_timestamp() END, \
-         result = $4::text::jsonb, result_state = $5::text, \
-         updated_at = now() \
-         FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
-         WHERE job_type = $1 AND operation_key = $2 \
-         AND claim_token = $3 AND status IN ('claimed', 'completed') \
-         RETURNING (SELECT pg_notify(",
-        notify_channel!(),
-        ", '') WHERE $5::text IS NOT NULL) IS NULL AS notified"
-);
+pub const COMPLETE_ASYNCHRONOUSLY_SQL: &str =
+    completion!("FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit ");
 
 /// Give the claim back after the job raised ($4: error text); wakes waiting callers
 /// (they may claim and run now).

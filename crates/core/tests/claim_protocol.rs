@@ -55,7 +55,7 @@ fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
     ClaimRequest {
         job_type: job_type.into(),
         operation_key: key.into(),
-        jid: Some(format!("jid-{key}")),
+        delivery_id: Some(format!("jid-{key}")),
         lease_seconds: lease,
         args_digest: Some("digest-a".into()),
         job_class: Some("ExampleJob".into()),
@@ -149,7 +149,7 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
     match claim(&store, &req).unwrap() {
         Outcome::InProgress {
             lease_remaining,
-            holder_jid,
+            holder_delivery_id,
             duplicates,
             ..
         } => {
@@ -157,7 +157,7 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
                 lease_remaining > 25.0 && lease_remaining <= 30.0,
                 "{lease_remaining}"
             );
-            assert_eq!(holder_jid.as_deref(), Some("jid-42"));
+            assert_eq!(holder_delivery_id.as_deref(), Some("jid-42"));
             assert_eq!(duplicates, 1);
         }
         other => panic!("expected in progress, got {other:?}"),
@@ -320,7 +320,7 @@ fn the_first_claim_keeps_its_facts_and_repeats_never_change_them(store: Store) {
         .unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].first_facts, kept);
-    assert_eq!(rows[0].jid.as_deref(), Some("jid-1"));
+    assert_eq!(rows[0].delivery_id.as_deref(), Some("jid-1"));
     let repeats: serde_json::Value = serde_json::from_str(&rows[0].repeat_facts).unwrap();
     let decisions: Vec<_> = repeats
         .as_array()

@@ -21,7 +21,7 @@ fn request(job_type: &str, key: &str) -> ClaimRequest {
     ClaimRequest {
         job_type: job_type.into(),
         operation_key: key.into(),
-        jid: Some("jid".into()),
+        delivery_id: Some("jid".into()),
         lease_seconds: 30.0,
         args_json: Some("[1]".into()),
         ..ClaimRequest::default()

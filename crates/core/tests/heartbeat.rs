@@ -30,7 +30,7 @@ fn claims(store: &Store, job_type: &str, n: usize, lease: f64) -> Vec<(ClaimRequ
             let req = ClaimRequest {
                 job_type: job_type.into(),
                 operation_key: k.to_string(),
-                jid: Some(format!("jid-{k}")),
+                delivery_id: Some(format!("jid-{k}")),
                 lease_seconds: lease,
                 ..ClaimRequest::default()
             };

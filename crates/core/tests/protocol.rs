@@ -702,18 +702,20 @@ impl Channel for Flaky {
         self.inner.claim(i, request, lock)
     }
 
-    fn fenced(
+    fn fenced_with_result(
         &mut self,
         i: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
+        result: Option<&claim::PreparedResult>,
     ) -> Result<()> {
         if change == Fenced::Complete && self.fail > 0 {
             self.fail -= 1;
             return Err(Error::connection("the connection closed"));
         }
-        self.inner.fenced(i, change, claim, text)
+        self.inner
+            .fenced_with_result(i, change, claim, text, result)
     }
 
     fn transactional(&self) -> bool {
@@ -1062,14 +1064,16 @@ impl Channel for Telling {
         self.direct.claim(interrupt, request, lock_timeout_seconds)
     }
 
-    fn fenced(
+    fn fenced_with_result(
         &mut self,
         interrupt: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
+        result: Option<&claim::PreparedResult>,
     ) -> Result<()> {
-        self.direct.fenced(interrupt, change, claim, text)
+        self.direct
+            .fenced_with_result(interrupt, change, claim, text, result)
     }
 
     fn can_wait(&self) -> bool {

@@ -22,7 +22,7 @@ fn request(job_type: &str, lease: f64) -> ClaimRequest {
     ClaimRequest {
         job_type: job_type.into(),
         operation_key: uuid::Uuid::new_v4().to_string(),
-        jid: Some(uuid::Uuid::new_v4().to_string()),
+        delivery_id: Some(uuid::Uuid::new_v4().to_string()),
         lease_seconds: lease,
         ..Default::default()
     }

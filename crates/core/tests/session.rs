@@ -18,7 +18,7 @@ fn request(key: &str) -> ClaimRequest {
     ClaimRequest {
         job_type: "SessionTest".into(),
         operation_key: format!("{key}-{}", uuid::Uuid::new_v4()),
-        jid: Some("jid".into()),
+        delivery_id: Some("jid".into()),
         lease_seconds: 30.0,
         ..Default::default()
     }

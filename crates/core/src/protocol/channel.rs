@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::claim;
 use crate::conn::Interrupt;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fenced::{self, Fenced};
 use crate::pool::{with_fresh_conn, Lane};
 use crate::record::{ClaimRequest, Decision, PreparedResult};
@@ -31,40 +31,45 @@ pub trait Channel {
     ) -> Result<Decision>;
 
     /// Applies a fenced change to `claim` (`text`: the error text of
-    /// [`Fenced::Release`] / [`Fenced::Expire`]).
+    /// [`Fenced::Release`] / [`Fenced::Expire`]), with the body's prepared result when
+    /// the change is a completion (`None`: no store requested), in one statement. The
+    /// one method every channel implements for the fenced changes.
     ///
     /// Errors: [`crate::error::Error::LostClaim`] when the claim is no longer held;
     /// connection, database, timeout errors; [`crate::error::Error::Interrupted`].
+    fn fenced_with_result(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+        result: Option<&PreparedResult>,
+    ) -> Result<()>;
+
+    /// [`Channel::fenced_with_result`] storing no result.
+    ///
+    /// Errors: as [`Channel::fenced_with_result`].
     fn fenced(
         &mut self,
         interrupt: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.fenced_with_result(interrupt, change, claim, text, None)
+    }
 
     /// Records the completion of `claim` ([`Fenced::Complete`]) with the body's
     /// prepared result (`None`: no store requested), in one statement.
     ///
-    /// The default sends [`Channel::fenced`] when there is no result to store, and
-    /// refuses one ([`crate::error::Error::Config`]) rather than drop it: a channel
-    /// that can store results implements this.
-    ///
-    /// Errors: as [`Channel::fenced`].
+    /// Errors: as [`Channel::fenced_with_result`].
     fn complete(
         &mut self,
         interrupt: &Interrupt<'_>,
         claim: &ClaimInfo,
         result: Option<&PreparedResult>,
     ) -> Result<()> {
-        match result {
-            None => self.fenced(interrupt, Fenced::Complete, claim, None),
-            Some(_) => Err(Error::Config(format!(
-                "{} operation {:?}: this channel cannot store a completion's result \
-                 (store_result)",
-                claim.job_type, claim.operation_key
-            ))),
-        }
+        self.fenced_with_result(interrupt, Fenced::Complete, claim, None, result)
     }
 
     /// Whether [`Channel::wait`] waits (false: a transaction, whose claim already
@@ -132,40 +137,19 @@ impl Channel for Direct {
         claim::deliver(&self.pool, interrupt, request)
     }
 
-    fn fenced(
+    /// A completion commits asynchronously with the `asynchronous_completion`
+    /// setting ([`Fenced::CompleteAsynchronously`]).
+    fn fenced_with_result(
         &mut self,
         interrupt: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
+        result: Option<&PreparedResult>,
     ) -> Result<()> {
         let change = match change {
             Fenced::Complete if self.asynchronous_completion => Fenced::CompleteAsynchronously,
             other => other,
-        };
-        with_fresh_conn(&self.pool, interrupt, Lane::Reserve, async |c| {
-            fenced::fenced(
-                c,
-                change,
-                &claim.job_type,
-                &claim.operation_key,
-                claim.token,
-                text,
-            )
-            .await
-        })
-    }
-
-    fn complete(
-        &mut self,
-        interrupt: &Interrupt<'_>,
-        claim: &ClaimInfo,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        let change = if self.asynchronous_completion {
-            Fenced::CompleteAsynchronously
-        } else {
-            Fenced::Complete
         };
         with_fresh_conn(&self.pool, interrupt, Lane::Reserve, async |c| {
             fenced::fenced_with_result(
@@ -174,7 +158,7 @@ impl Channel for Direct {
                 &claim.job_type,
                 &claim.operation_key,
                 claim.token,
-                None,
+                text,
                 result,
             )
             .await
@@ -222,14 +206,15 @@ impl Channel for Session {
         Session::claim(self, interrupt, request, lock_timeout_seconds)
     }
 
-    fn fenced(
+    fn fenced_with_result(
         &mut self,
         interrupt: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
+        result: Option<&PreparedResult>,
     ) -> Result<()> {
-        Session::fenced(
+        Session::fenced_with_result(
             self,
             interrupt,
             change,
@@ -237,23 +222,6 @@ impl Channel for Session {
             &claim.operation_key,
             claim.token,
             text,
-        )
-    }
-
-    fn complete(
-        &mut self,
-        interrupt: &Interrupt<'_>,
-        claim: &ClaimInfo,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        Session::fenced_with_result(
-            self,
-            interrupt,
-            Fenced::Complete,
-            &claim.job_type,
-            &claim.operation_key,
-            claim.token,
-            None,
             result,
         )
     }

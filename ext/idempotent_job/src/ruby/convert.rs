@@ -101,7 +101,7 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
     Ok(ClaimRequest {
         job_type: get(&keys::job_type)?.unwrap_or_default(),
         operation_key: get(&keys::operation_key)?.unwrap_or_default(),
-        jid: get(&keys::jid)?,
+        delivery_id: get(&keys::jid)?,
         lease_seconds: request
             .lookup::<_, Option<f64>>(id(&keys::lease))?
             .unwrap_or(0.0),
@@ -137,13 +137,13 @@ pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
                 .put(&keys::kind, named(kind.as_str()))?;
         }
         Outcome::InProgress {
-            holder_jid,
+            holder_delivery_id,
             attempt,
             lease_remaining,
             duplicates,
         } => {
             out.put(&keys::decision, named("in_progress"))?
-                .put(&keys::holder_jid, holder_jid)?
+                .put(&keys::holder_jid, holder_delivery_id)?
                 .put(&keys::attempt, attempt)?
                 .put(&keys::lease_remaining, lease_remaining)?
                 .put(&keys::duplicates, duplicates)?;
@@ -215,7 +215,7 @@ pub fn decided(
         status: row.fetch(sym("status"))?,
         last_claim: row.fetch(sym("last_claim"))?,
         attempts: row.fetch(sym("attempts"))?,
-        jid: row.lookup(sym("jid"))?,
+        delivery_id: row.lookup(sym("jid"))?,
         duplicates: row.fetch(sym("duplicates"))?,
         mismatch: row.fetch(sym("mismatch"))?,
         lease_remaining: row.fetch(sym("lease_remaining"))?,

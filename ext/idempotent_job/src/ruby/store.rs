@@ -297,7 +297,7 @@ impl NativeStore {
                 .time("first_claimed_at", Some(r.first_claimed_at))?
                 .set("repeat_times", times)?
                 .set("job_classes", r.job_classes)?
-                .set("jid", r.jid)?
+                .set("jid", r.delivery_id)?
                 .time("completed_at", r.completed_at)?
                 .set("first_facts_json", r.first_facts)?
                 .set("repeat_facts_json", r.repeat_facts)?;
