@@ -510,7 +510,7 @@ pub fn prepare(
 
 /// The completion statement's $4 (JSON text) and $5 (`result_state`) for `result`
 /// (both NULL when no store was requested).
-pub fn params(result: Option<&PreparedResult>) -> (Option<&str>, Option<&str>) {
+pub(crate) fn params(result: Option<&PreparedResult>) -> (Option<&str>, Option<&str>) {
     match result {
         Some(r) => (r.json.as_deref(), Some(r.state.as_str())),
         None => (None, None),

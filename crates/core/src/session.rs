@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::fenced::{self, Fenced};
 use crate::pool::{checkout_live, Lane, Pooled};
 use crate::record::{self, ClaimRequest, Decision, PreparedResult};
+use crate::sql;
 use crate::store::Handles;
 use crate::values::{self, Param, Rows};
 use std::sync::Arc;
@@ -115,11 +116,8 @@ impl Session {
         let millis = format!("{}ms", (lock_timeout_seconds * 1000.0).ceil() as u64);
         let until = self.until() + Duration::from_secs_f64(lock_timeout_seconds);
         let (decision, repeat) = self.conn.run_until(interrupt, Some(until), async |c| {
-            c.execute_typed(
-                "SELECT set_config('lock_timeout', $1, true)",
-                &[(&millis, Type::TEXT)],
-            )
-            .await?;
+            c.execute_typed(sql::LOCK_TIMEOUT_SQL, &[(&millis, Type::TEXT)])
+                .await?;
             let noted = claim::claim_noting(c, req, uuid::Uuid::new_v4()).await;
             let (decision, repeat) = noted.map_err(|e| match e {
                 Error::LockTimeout { message } => Error::LockTimeout {
@@ -131,7 +129,7 @@ impl Session {
                 },
                 other => other,
             })?;
-            c.batch_execute("SET LOCAL lock_timeout TO DEFAULT").await?;
+            c.batch_execute(sql::LOCK_TIMEOUT_RESET_SQL).await?;
             Ok((decision, repeat))
         })?;
         self.repeat = repeat;

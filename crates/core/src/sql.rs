@@ -169,6 +169,14 @@ macro_rules! completion {
     };
 }
 
+/// A transactional claim's bound on its wait for another delivery's transaction, for
+/// the rest of the transaction. Parameters: $1 the timeout as text (`"<n>ms"`).
+pub const LOCK_TIMEOUT_SQL: &str = "SELECT set_config('lock_timeout', $1, true)";
+
+/// The session's own `lock_timeout` again, after a transactional claim: the job's
+/// statements are not bound by the claim's wait.
+pub const LOCK_TIMEOUT_RESET_SQL: &str = "SET LOCAL lock_timeout TO DEFAULT";
+
 // The fenced changes: only the current claim holder may make them. Each has the same
 // guard (the record is still `claimed` under the caller's token) and parameters $1
 // job_type, $2 operation_key, $3 claim_token, then the change's own. Completion,

@@ -31,11 +31,6 @@ pub struct Handles {
 }
 
 impl Handles {
-    /// The connection pool.
-    pub fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
     /// This process's one lease-renewal timer (see [`crate::heartbeat::Timer`]).
     pub fn heartbeats(&self) -> &Arc<Timer> {
         &self.heartbeats
