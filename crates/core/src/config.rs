@@ -97,6 +97,48 @@ pub struct Config {
 /// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
 pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
 
+/// Default `retention` setting, in seconds (30 days): how long a finished record
+/// (completed or given up) is kept before a purge deletes it.
+pub const DEFAULT_RETENTION_SECONDS: f64 = 2_592_000.0;
+
+/// The names of [`Config`]'s settings (the connection and pool), in its field order, for
+/// a binding that sorts a host's `configure` keywords between them and the job defaults
+/// and names the known settings in an error.
+pub const CONNECTION_SETTINGS: &[&str] = &[
+    "database_url",
+    "pool_size",
+    "connect_timeout",
+    "checkout_timeout",
+    "application_name",
+    "statement_timeout",
+    "schema",
+    "host",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "prepared_statements",
+    "deadline",
+    "asynchronous_completion",
+    "max_result_bytes",
+];
+
+/// The error for a setting nobody knows: names it as the host wrote it (`shown`, e.g.
+/// Ruby's `:leese`), the nearest of `known` ("did you mean lease?") and every known one.
+pub fn unknown_setting(shown: &str, name: &str, known: &[&str]) -> Error {
+    let hint = crate::options::nearest(name, known)
+        .map(|s| format!(" (did you mean {s}?)"))
+        .unwrap_or_default();
+    Error::Config(format!(
+        "unknown idempotent_job setting {shown}{hint} (known: {})",
+        known.join(", ")
+    ))
+}
+
 /// The libpq parameters tokio-postgres does not parse (or parses only partly): taken
 /// out of a `postgres://` URL's query and handled by [`super::tls`].
 const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
@@ -676,6 +718,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("pool_sise"), "{err}");
+    }
+
+    #[test]
+    fn connection_settings_are_configs_fields() {
+        // serde lists the fields it expects when it meets an unknown one.
+        let err = Config::from_json(r#"{"zz":1}"#).unwrap_err().to_string();
+        let (_, expected) = err.split_once("expected one of ").unwrap();
+        let mut fields: Vec<&str> = expected
+            .split(", ")
+            .map(|f| f.trim_matches(|c: char| c == '`' || !c.is_ascii() || c.is_whitespace()))
+            .map(|f| f.split('`').next().unwrap())
+            .collect();
+        fields.sort_unstable();
+        let mut listed = CONNECTION_SETTINGS.to_vec();
+        listed.sort_unstable();
+        assert_eq!(fields, listed, "{err}");
+        let err = unknown_setting("leese", "leese", &["lease", "retention"]).to_string();
+        assert_eq!(
+            err,
+            "unknown idempotent_job setting leese (did you mean lease?) (known: lease, retention)"
+        );
     }
 
     #[test]
