@@ -37,6 +37,15 @@ pub fn digest(value: &Value) -> String {
     digest_text(&to_string(value))
 }
 
+/// The canonical JSON text of `value` and its digest, from one canonicalisation (as
+/// [`to_string`] and [`digest`] give them): what a claim stores as `args_json` and
+/// `args_digest`.
+pub fn text_and_digest(value: &Value) -> (String, String) {
+    let text = to_string(value);
+    let digest = digest_text(&text);
+    (text, digest)
+}
+
 /// The lower-case hex SHA-256 (64 characters) of `text`, which the caller knows to be
 /// canonical JSON already (e.g. arguments that are only strings, integers, booleans
 /// and nulls, written by a JSON library that escapes as [`to_string`] does).
@@ -192,5 +201,9 @@ mod tests {
             digest(&json!([42, 2.5, {"a": "x", "b": 1}]))
         );
         assert_eq!(digest(&payload).len(), 64);
+        assert_eq!(
+            text_and_digest(&payload),
+            (to_string(&payload), digest(&payload))
+        );
     }
 }
