@@ -50,8 +50,14 @@ pub fn text_and_digest(value: &Value) -> (String, String) {
 /// canonical JSON already (e.g. arguments that are only strings, integers, booleans
 /// and nulls, written by a JSON library that escapes as [`to_string`] does).
 pub fn digest_text(text: &str) -> String {
+    digest_bytes(text.as_bytes())
+}
+
+/// The lower-case hex SHA-256 (64 characters) of `bytes` (a host string's bytes that
+/// the caller knows to be canonical JSON text; see [`digest_text`]).
+pub fn digest_bytes(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    let hash = Sha256::digest(text.as_bytes());
+    let hash = Sha256::digest(bytes);
     let mut hex = String::with_capacity(64);
     for byte in hash {
         let _ = write!(hex, "{byte:02x}");
