@@ -214,13 +214,11 @@ module IdempotentJob
     # Sets several settings at once, rejecting unknown ones.
     # @param settings [Hash{Symbol => Object}] e.g. `pool_size: 20, lease: 60`
     # @return [self]
-    # @raise [ConfigurationError] naming an unknown setting, or from a setter
+    # @raise [ConfigurationError] naming an unknown setting and the nearest known one (the
+    #   core's wording), or from a setter
     def update(**settings)
       settings.each do |name, value|
-        unless SETTINGS.include?(name.to_sym)
-          raise ConfigurationError, "unknown idempotent_job setting #{name.inspect} " \
-                                    "(known: #{SETTINGS.map(&:to_s).join(", ")})"
-        end
+        Native.unknown_setting(name.inspect, name.to_s, SETTINGS.map(&:to_s)) unless SETTINGS.include?(name.to_sym)
         public_send("#{name}=", value)
       end
       self

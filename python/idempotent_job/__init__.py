@@ -194,7 +194,7 @@ def perform_once(
             process is going away and the effect may have happened).
     """
     if unknown:
-        _native.unknown_option(f"{job_type}: perform_once", "", sorted(unknown)[0], _PERFORM_ONCE_OPTIONS)
+        _native.not_taken(str(job_type), "perform_once", sorted(unknown)[0], _PERFORM_ONCE_OPTIONS)
     if not callable(fn):
         raise ConfigurationError(f"{job_type}: perform_once needs a callable body, got {type(fn).__name__}")
     job_type = str(job_type)

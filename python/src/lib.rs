@@ -25,7 +25,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<protocol::JobProtocol>()?;
     m.add_function(wrap_pyfunction!(store::describe_url, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;
-    m.add_function(wrap_pyfunction!(store::unknown_option, m)?)?;
+    m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
     m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;
     // The job options this package takes (the core's table, unprefixed, in its order).
     m.add(

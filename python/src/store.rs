@@ -512,15 +512,14 @@ pub fn check_option_py<'py>(
     Ok(value)
 }
 
-/// `unknown_option(owner, prefix, name, known)` → raises the core's error for an
-/// option name nobody knows ([`options::unknown_among`]): names `owner` (the job and
-/// the call: "ChargeOrder: perform_once"), the name as written, the nearest of `known`
-/// and every one of them.
+/// `not_taken(job, call, name, known)` → raises the core's `ConfigurationError` for a
+/// keyword `call` does not take ([`options::not_taken`], the Ruby gem's wording): names
+/// `job`, `call`, the keyword, the nearest of `known` and all of them.
 #[pyfunction]
-pub fn unknown_option(owner: &str, prefix: &str, name: &str, known: Vec<String>) -> PyResult<()> {
+pub fn not_taken(job: &str, call: &str, name: &str, known: Vec<String>) -> PyResult<()> {
     let known: Vec<&str> = known.iter().map(String::as_str).collect();
-    Err(crate::errors::to_py(options::unknown_among(
-        owner, prefix, name, &known,
+    Err(crate::errors::to_py(options::not_taken(
+        job, call, name, name, &known, "",
     )))
 }
 

@@ -74,9 +74,9 @@ def test_a_misspelled_perform_once_option_raises_with_the_suggestion():
         idempotent_job.perform_once("ChargeOrder", 1, lambda claim: 1, on_stael="hold")
     message = str(caught.value)
     assert message.startswith(
-        "ChargeOrder: perform_once: unknown option on_stael (did you mean on_stale?); known options: lease"
+        "ChargeOrder: perform_once does not take on_stael (did you mean on_stale?) (it takes lease, payload"
     ), message
-    with pytest.raises(errors.ConfigurationError, match="ChargeOrder: perform_once: unknown option scope"):
+    with pytest.raises(errors.ConfigurationError, match="ChargeOrder: perform_once does not take scope"):
         idempotent_job.perform_once("ChargeOrder", 1, lambda claim: 1, scope="x")
 
 

@@ -442,6 +442,29 @@ pub fn unknown_among(job: &str, prefix: &str, name: &str, known: &[&str]) -> Err
     ))
 }
 
+/// The error for a keyword a call does not take (the plain API's `perform_once`): names
+/// the job, the call, the keyword as the host writes it (`shown`: Ruby's `:on_stael`),
+/// the nearest of `known` and every one of them, each written with `suffix` (Ruby's
+/// keyword colon, `lease:`; nothing in Python).
+pub fn not_taken(
+    job: &str,
+    call: &str,
+    shown: &str,
+    name: &str,
+    known: &[&str],
+    suffix: &str,
+) -> Error {
+    let hint = nearest(name, known)
+        .map(|s| format!(" (did you mean {s}{suffix}?)"))
+        .unwrap_or_default();
+    let listed: Vec<String> = known.iter().map(|k| format!("{k}{suffix}")).collect();
+    Error::Config(format!(
+        "{}{call} does not take {shown}{hint} (it takes {})",
+        owner(job),
+        listed.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,6 +494,19 @@ mod tests {
         assert_eq!(suggestion("hearbeat"), Some("heartbeat"));
         assert_eq!(suggestion("zzz"), None);
         assert_eq!(suggestion("idempotency_lease"), Some("lease"));
+        assert_eq!(
+            not_taken(
+                "Charge",
+                "perform_once",
+                ":on_stael",
+                "on_stael",
+                &["lease", "on_stale"],
+                ":"
+            )
+            .to_string(),
+            "Charge: perform_once does not take :on_stael (did you mean on_stale:?) (it takes \
+             lease:, on_stale:)"
+        );
         let err = unknown_among("T", "idempotency_", "leese", &["key", "lease"]).to_string();
         assert_eq!(
             err,

@@ -33,6 +33,8 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("record_columns", function!(convert::record_columns, 0))?;
     native.define_module_function("job_options_json", function!(options::job_options_json, 0))?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
+    native.define_module_function("not_taken", function!(options::not_taken, 6))?;
+    native.define_module_function("unknown_setting", function!(options::unknown_setting, 3))?;
     native.define_module_function("canonical_json", function!(canonical_json, 1))?;
     native.define_module_function("args_digest", function!(args_digest, 1))?;
     native.define_module_function("digest_text", function!(digest_text, 1))?;
