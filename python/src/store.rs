@@ -47,12 +47,19 @@ pub fn option_names() -> Vec<&'static str> {
 }
 
 /// Checks one option by the core's table ([`options::check`]): `job` names the job (""
-/// for a setting), `prefix` is how the door spells it. Returns the value normalised.
+/// for a setting), `prefix` is how the door spells it, `shown` the value as Python
+/// writes it when JSON cannot (None: its JSON). Returns the value normalised.
 ///
 /// Errors: [`Error::Config`] for an unknown name (the nearest known one suggested,
 /// [`options::unknown_among`]), an option the Python package does not take, or a bad
 /// value.
-pub fn check_option(job: &str, prefix: &str, name: &str, value: &Value) -> Result<Value, Error> {
+pub fn check_option(
+    job: &str,
+    prefix: &str,
+    name: &str,
+    value: &Value,
+    shown: Option<&str>,
+) -> Result<Value, Error> {
     let owner = if job.is_empty() {
         String::new()
     } else {
@@ -67,7 +74,7 @@ pub fn check_option(job: &str, prefix: &str, name: &str, value: &Value) -> Resul
     if options::find(name).is_none() {
         return Err(options::unknown_among(job, prefix, name, &option_names()));
     }
-    options::check(job, prefix, name, value, None)
+    options::check(job, prefix, name, value, shown)
 }
 
 /// Applies one option, already checked by [`check_option`], to `options`. The key,
@@ -154,9 +161,9 @@ impl Store {
                 resolved.lookup = Some(label);
                 continue;
             }
-            let json = convert::to_json(&value)
-                .map_err(|what| config(format!("{job}: {prefix}{name}: {what}")))?;
-            let checked = check_option(job, prefix, &name, &json).map_err(crate::errors::to_py)?;
+            let (json, shown) = option_json(&value)?;
+            let checked = check_option(job, prefix, &name, &json, shown.as_deref())
+                .map_err(crate::errors::to_py)?;
             apply(job, &mut resolved, &name, &checked).map_err(crate::errors::to_py)?;
         }
         resolved.validate(job).map_err(crate::errors::to_py)?;
@@ -193,7 +200,7 @@ impl Store {
                             setting_seconds("defer_margin", &value, 0.0)?
                     }
                     _ => {
-                        let checked = check_option("", "", &name, &value)?;
+                        let checked = check_option("", "", &name, &value, None)?;
                         apply("", &mut defaults, &name, &checked)?
                     }
                 }
@@ -503,13 +510,24 @@ pub fn check_option_py<'py>(
     name: &str,
     value: Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let json = if value.is_callable() {
-        Value::Null // a lookup: the door checks it is callable
+    // A callable (a lookup) is the door's to check: the core sees it as unset.
+    let (json, shown) = if value.is_callable() {
+        (Value::Null, None)
     } else {
-        convert::to_json(&value).map_err(|what| config(format!("{job}: {prefix}{name}: {what}")))?
+        option_json(&value)?
     };
-    check_option(job, prefix, name, &json).map_err(crate::errors::to_py)?;
+    check_option(job, prefix, name, &json, shown.as_deref()).map_err(crate::errors::to_py)?;
     Ok(value)
+}
+
+/// An option's value as JSON for the core's check, and how to show it when JSON
+/// cannot carry it (its `repr`; the core then refuses it as of the wrong kind, naming
+/// the option and what it must be).
+fn option_json(value: &Bound<'_, PyAny>) -> PyResult<(Value, Option<String>)> {
+    match convert::to_json(value) {
+        Ok(json) => Ok((json, None)),
+        Err(_) => Ok((Value::Object(Map::new()), Some(value.repr()?.to_string()))),
+    }
 }
 
 /// `not_taken(job, call, name, known)` → raises the core's `ConfigurationError` for a

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import timedelta
 
 import pytest
 from celery import Celery
@@ -53,6 +54,17 @@ def test_a_bad_task_option_value_is_checked_by_the_core():
 
         hb_task.name  # noqa: B018
     assert str(caught.value) == 'hb_task: idempotency_heartbeat must be true or false, got "false"'
+    with pytest.raises(errors.ConfigurationError) as caught:
+
+        @app.task(base=IdempotentTask, name="td_task", idempotency_key=0, idempotency_lease=timedelta(60))
+        def td_task(order_id):
+            return order_id
+
+        td_task.name  # noqa: B018
+    assert str(caught.value) == (
+        "td_task: idempotency_lease must be a positive number of seconds up to 315360000 (ten years), "
+        "got datetime.timedelta(days=60)"
+    )
 
 
 def test_a_misspelled_option_at_delay_raises_naming_the_task():
