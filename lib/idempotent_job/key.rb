@@ -261,10 +261,9 @@ module IdempotentJob
       JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) })
     end
 
+    # (Empty values never get here: the core refuses them first, {#refuse}.)
     def scalar_text(value, path)
-      text = value.to_s
-      fail_value(path, "the value is an empty String") if text.empty?
-      utf8_text(text, path)
+      utf8_text(value.to_s, path)
     end
 
     # The String's bytes as UTF-8 (keys are byte for byte), or the core's reason why
@@ -293,15 +292,14 @@ module IdempotentJob
       end
     end
 
-    # A Hash or Array value that is not empty and whose Strings are UTF-8.
+    # A Hash or Array value whose Strings are UTF-8 (the core refused an empty one first).
     def checked(value, path)
-      fail_value(path, "the value is an empty #{value.class}") if value.empty?
       check_texts(value, path)
       value
     end
 
-    # The canonical form by the gem's Ruby normaliser, for a value the core's canonical
-    # JSON (Native.canonical_json, used first) does not take: a Bignum, a Hash key that
+    # The canonical form by the gem's Ruby normaliser, for a value the core's key rules
+    # (Native.key_text, used first) do not take: a Bignum, a Hash key that
     # is not a String or Symbol (written as its String), or what no key can hold (a
     # Time, a non-finite Float: refused here).
     def normalized(value, path)
