@@ -126,7 +126,8 @@ module IdempotentJob
     attr_reader :max_run
 
     # @return [Numeric] seconds a finished (completed or given-up) record is kept before
-    #   {IdempotentJob.purge} deletes it. Default 30 days (2_592_000).
+    #   {IdempotentJob.purge} deletes it. Default 30 days (2_592_000, the core's
+    #   `config::DEFAULT_RETENTION_SECONDS`, read as `Native::DEFAULT_RETENTION`).
     attr_reader :retention
 
     # @return [Numeric] seconds a transactional job waits for another delivery of the
@@ -147,7 +148,7 @@ module IdempotentJob
       @database_url = nil
       @defer_margin = 1
       @logger = nil
-      @retention = 2_592_000
+      @retention = Native::DEFAULT_RETENTION # the core's (30 days)
       JOB_DEFAULTS.each { |name, value| instance_variable_set(:"@#{name}", value) }
       NATIVE_DEFAULTS.each { |name, value| public_send("#{name}=", value) }
     end
@@ -213,13 +214,11 @@ module IdempotentJob
     # Sets several settings at once, rejecting unknown ones.
     # @param settings [Hash{Symbol => Object}] e.g. `pool_size: 20, lease: 60`
     # @return [self]
-    # @raise [ConfigurationError] naming an unknown setting, or from a setter
+    # @raise [ConfigurationError] naming an unknown setting and the nearest known one (the
+    #   core's wording), or from a setter
     def update(**settings)
       settings.each do |name, value|
-        unless SETTINGS.include?(name.to_sym)
-          raise ConfigurationError, "unknown idempotent_job setting #{name.inspect} " \
-                                    "(known: #{SETTINGS.map(&:to_s).join(", ")})"
-        end
+        Native.unknown_setting(name.inspect, name.to_s, SETTINGS.map(&:to_s)) unless SETTINGS.include?(name.to_sym)
         public_send("#{name}=", value)
       end
       self

@@ -19,10 +19,17 @@ module IdempotentJob
   # a composite key, as canonical JSON (Hash keys as strings, sorted; integral Floats
   # as Integers), so Hash key order and Symbol/String keys do not change the key and
   # composite parts cannot run together (`["a:b","c"]` and `["a","b:c"]` stay different).
+  #
+  # These rules, and the messages refusing a value, are the core's
+  # (crates/core/src/keys.rs: `Native.key_text`, `Native.composite_key_text`,
+  # `Native.key_problem`, `Native.key_refused`), the same for the Python package. Only
+  # values the core's JSON cannot carry are handled here: an Integer beyond 64 bits (its
+  # decimal text), a String that is not UTF-8 (refused with the core's reason), a
+  # Hash/Array holding those or a non-String Hash key ({CanonicalJson}), anything else
+  # (a Time: refused).
   class Key
     PARAMETER_KINDS = %i[req opt].freeze
-    JSON_LOOKALIKE = /\A[\[{"]/
-    private_constant :PARAMETER_KINDS, :JSON_LOOKALIKE
+    private_constant :PARAMETER_KINDS
 
     # Longest job type plus operation key, in bytes (the record's index limit; the core's
     # `keys::MAX_KEY_BYTES`).
@@ -112,9 +119,8 @@ module IdempotentJob
       fail_value(nil, "the job's arguments are #{args.class}, not an Array") unless args.is_a?(Array)
       return scalar_or_json(fetch(args, @paths.first), @paths.first) unless @composite
 
-      parts = @paths.map { |path| composite_part(fetch(args, path), path) }
-      Native.canonical_json(parts) ||
-        JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) })
+      values = @paths.map { |path| fetch(args, path) }
+      Native.composite_key_text(values) || composite_fallback(values)
     end
 
     private
@@ -220,25 +226,44 @@ module IdempotentJob
       end
     end
 
+    # The core's text for one value (Native.key_text), else why the core refuses it,
+    # else the gem's own handling of what the core's JSON cannot carry.
     def scalar_or_json(value, path)
+      Native.key_text(value) || refuse(value, path) || uncarried(value, path)
+    end
+
+    # The core's reason for refusing a value (nil, true, a Float, an empty value).
+    def refuse(value, path)
+      problem = Native.key_problem(value)
+      fail_value(path, problem) if problem
+    end
+
+    # A value the core's JSON does not carry: a Bignum as its decimal text, a String
+    # that is not UTF-8 refused with the core's reason, a Hash/Array as canonical JSON
+    # by {CanonicalJson}; anything else refused.
+    def uncarried(value, path)
       case value
-      when String, Symbol, Integer
-        text = scalar_text(value, path)
-        # A String that reads like JSON is stored as a JSON string, so it can never
-        # equal the key of a Hash or Array argument ('{"id":7}' is not {"id" => 7}).
-        JSON_LOOKALIKE.match?(text) ? JSON.generate(text) : text
+      when Integer then value.to_s
+      when String, Symbol
+        text = utf8_text(value.to_s, path)
+        Native.key_text(text) || refuse(text, path)
       when Hash, Array
         checked(value, path)
-        Native.canonical_json(value) || JSON.generate(normalized(value, path))
-      else
-        unsupported(value, path)
+        JSON.generate(normalized(value, path))
+      else unsupported(value, path)
       end
     end
 
+    # A composite key the core did not take: each part's problem by the core, else
+    # the parts the core's JSON cannot carry handled as {#uncarried}.
+    def composite_fallback(values)
+      parts = values.each_with_index.map { |value, i| composite_part(value, @paths[i]) }
+      JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) })
+    end
+
+    # (Empty values never get here: the core refuses them first, {#refuse}.)
     def scalar_text(value, path)
-      text = value.to_s
-      fail_value(path, "the value is an empty String") if text.empty?
-      utf8_text(text, path)
+      utf8_text(value.to_s, path)
     end
 
     # The String's bytes as UTF-8 (keys are byte for byte), or the core's reason why
@@ -259,6 +284,7 @@ module IdempotentJob
     end
 
     def composite_part(value, path)
+      refuse(value, path)
       case value
       when String, Symbol, Integer then scalar_text(value, path)
       when Hash, Array then checked(value, path)
@@ -266,15 +292,14 @@ module IdempotentJob
       end
     end
 
-    # A Hash or Array value that is not empty and whose Strings are UTF-8.
+    # A Hash or Array value whose Strings are UTF-8 (the core refused an empty one first).
     def checked(value, path)
-      fail_value(path, "the value is an empty #{value.class}") if value.empty?
       check_texts(value, path)
       value
     end
 
-    # The canonical form by the gem's Ruby normaliser, for a value the core's canonical
-    # JSON (Native.canonical_json, used first) does not take: a Bignum, a Hash key that
+    # The canonical form by the gem's Ruby normaliser, for a value the core's key rules
+    # (Native.key_text, used first) do not take: a Bignum, a Hash key that
     # is not a String or Symbol (written as its String), or what no key can hold (a
     # Time, a non-finite Float: refused here).
     def normalized(value, path)
@@ -282,9 +307,7 @@ module IdempotentJob
     end
 
     def unsupported(value, path)
-      hint = value.is_a?(Float) ? " (floats are ambiguous as keys: pass an Integer or a String)" : ""
-      fail_value(path, "a #{value.class} cannot be an operation key#{hint}; " \
-                       "use a String, an Integer, or a Hash/Array of JSON values")
+      fail_value(path, Native.key_refused("a #{value.class}", value.is_a?(Float)))
     end
   end
 end

@@ -10,6 +10,8 @@ module IdempotentJob
   module Plain
     # Options the plain API takes besides `lease:` (the same as a job's, unprefixed).
     OPTIONS = (JobOptions::NAMES - %i[key scope lease]).freeze
+    # Every keyword perform_once takes, for the message naming one it does not take.
+    TAKES = (%i[lease payload id deferrals facts job_class queue wait] + OPTIONS).freeze
 
     # See {IdempotentJob.perform_once}.
     # @return [Outcome]
@@ -49,9 +51,8 @@ module IdempotentJob
     def self.checked(type, options)
       unknown = options.keys - OPTIONS
       if unknown.any?
-        raise ConfigurationError, "#{type}: perform_once does not take #{unknown.map(&:inspect).join(", ")} " \
-                                  "(it takes lease:, payload:, id:, deferrals:, facts:, job_class:, queue:, wait:, " \
-                                  "#{OPTIONS.map { |o| "#{o}:" }.join(", ")})"
+        Native.not_taken(type, "perform_once", unknown.map(&:inspect).join(", "), unknown.first.to_s,
+                         TAKES.map(&:to_s), ":")
       end
       lookup = options[:lookup]
       if lookup && !lookup.respond_to?(:call)

@@ -15,13 +15,14 @@ run. See python/README.md.
 from __future__ import annotations
 
 import atexit
+import inspect
 import json
 import logging
 import threading
 import uuid
 from typing import Any, Callable
 
-from . import errors
+from . import _native, errors
 from ._native import Claim, Outcome, Store
 from .errors import (
     ConfigurationError,
@@ -142,6 +143,7 @@ def perform_once(
     job_class: str | None = None,
     queue: str | None = None,
     facts: dict | None = None,
+    **unknown: Any,
 ) -> Outcome:
     """Runs ``fn(claim)`` at most once for the operation ``(job_type, key)``.
 
@@ -182,13 +184,17 @@ def perform_once(
         ``on_mismatch="raise"``). Decisions are logged on the ``idempotent_job`` logger.
 
     Raises:
-        OperationKeyError: for a bad key. ConfigurationError: for a bad option.
+        OperationKeyError: for a bad key. ConfigurationError: for a bad option value
+            (checked by the core's options table) or an unknown keyword (naming the job,
+            the call, the keyword and the nearest known one).
         PayloadMismatchError: under ``on_mismatch="raise"``. LookupError.
         ConnectionError, TimeoutError, DatabaseError: the body did not run.
         Whatever ``fn`` raised: its claim was released first, so a retry runs it again
             (SystemExit and KeyboardInterrupt keep the claim until its lease ends: the
             process is going away and the effect may have happened).
     """
+    if unknown:
+        _native.not_taken(str(job_type), "perform_once", sorted(unknown)[0], _PERFORM_ONCE_OPTIONS)
     if not callable(fn):
         raise ConfigurationError(f"{job_type}: perform_once needs a callable body, got {type(fn).__name__}")
     job_type = str(job_type)
@@ -217,6 +223,12 @@ def perform_once(
         lookup,
         wait,
     )
+
+
+#: The keywords perform_once takes after the job type, the key and the body.
+_PERFORM_ONCE_OPTIONS = [
+    p.name for p in list(inspect.signature(perform_once).parameters.values())[3:] if p.kind != p.VAR_KEYWORD
+]
 
 
 def held(job_type: str | None = None, limit: int = 100) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ from celery import Task
 from celery.exceptions import Ignore, Retry
 
 from . import _current
-from ._native import Store
+from ._native import OPTION_NAMES, Store, check_option
 from .errors import ConfigurationError, OperationKeyError
 
 __all__ = ["IdempotentTask", "DEFERRALS_HEADER"]
@@ -31,14 +31,15 @@ logger = logging.getLogger("idempotent_job.celery")
 #: The message header counting how often a delivery met a live claim and was sent back.
 DEFERRALS_HEADER = "idempotent_job_deferrals"
 
-#: The task options the door reads, each ``idempotency_<name>``: ``key`` (the operation
-#: key's declaration), ``scope`` (the record's job type; default the task's name),
-#: ``store_result``, and the options the core takes per delivery.
-#: TODO(inputs): the delivery options' names come from the core's options module once it
-#: lands (issue 21); until then they are listed here, once.
+#: How the door spells the job options as task options (``idempotency_lease``).
+PREFIX = "idempotency_"
+#: The options the door reads itself: ``key`` (the operation key's declaration) and
+#: ``scope`` (the record's job type; default the task's name).
 DOOR_OPTIONS = ("key", "scope")
-CORE_OPTIONS = ("lease", "on_stale", "on_mismatch", "lookup", "heartbeat", "max_run", "store_result")
-KNOWN = tuple(f"idempotency_{name}" for name in DOOR_OPTIONS + CORE_OPTIONS)
+#: The options the core applies per delivery: the core's table (its names, kinds,
+#: values and defaults, crates/core/src/options.rs) less the door's.
+CORE_OPTIONS = tuple(name for name in OPTION_NAMES if name not in DOOR_OPTIONS)
+KNOWN = tuple(PREFIX + name for name in OPTION_NAMES)
 
 
 class _Path:
@@ -153,12 +154,10 @@ class IdempotentTask(Task):
         if "run" not in cls.__dict__:
             return  # an intermediate base class, not a task
         name = cls.__dict__.get("name") or cls.__name__
-        unknown = sorted(n for n in dir(cls) if n.startswith("idempotency_") and n not in KNOWN)
-        if unknown:
-            raise ConfigurationError(
-                f"{name}: unknown task option(s) {', '.join(unknown)} (known: {', '.join(KNOWN)})",
-                job_type=name,
-            )
+        # Every idempotency_* option by the core's table: an unknown name raises with
+        # the nearest known one, a bad value with what it must be.
+        for option in sorted(n for n in dir(cls) if n.startswith(PREFIX)):
+            check_option(name, PREFIX, option[len(PREFIX) :], getattr(cls, option))
         if cls.idempotency_key is None:
             raise OperationKeyError(
                 f"{name}: IdempotentTask needs idempotency_key= (a parameter name, an argument "
@@ -182,9 +181,9 @@ class IdempotentTask(Task):
         cached = cls._idempotency_protocol
         if cached is not None and cached[0] is store:
             return cached[1]
-        options = {n: getattr(cls, f"idempotency_{n}") for n in CORE_OPTIONS if n != "lookup"}
+        options = {n: getattr(cls, PREFIX + n, None) for n in CORE_OPTIONS if n != "lookup"}
         options["lookup"] = cls._idempotency_lookup_fn
-        protocol = store.protocol(cls.idempotency_scope or name, options, "celery")
+        protocol = store.protocol(cls.idempotency_scope or name, options, "celery", PREFIX)
         cls._idempotency_protocol = (store, protocol)
         return protocol
 
@@ -230,7 +229,18 @@ class IdempotentTask(Task):
 
     def apply_async(self, args=None, kwargs=None, *rest: Any, **options: Any):  # noqa: D401
         """Celery's ``apply_async``; checks first that the arguments yield an operation key,
-        so a bad key raises ``OperationKeyError`` at ``delay()`` naming the task."""
+        so a bad key raises ``OperationKeyError`` at ``delay()`` naming the task, and that
+        no ``idempotency_*`` option is given per call (they are the task's: a misspelled
+        one raises ``ConfigurationError`` with the nearest known name, a known one says
+        to declare it on the task), rather than a message sent with an option ignored."""
+        for option in options:
+            if option.startswith(PREFIX):
+                check_option(self.name, PREFIX, option[len(PREFIX) :], None)
+                raise ConfigurationError(
+                    f"{self.name}: {option} is a task option: declare it on the task "
+                    f"(@app.task(..., {option}=...)); per-call idempotency options are not taken",
+                    job_type=self.name,
+                )
         if not options.get("retries"):
             self._operation_key(tuple(args or ()), dict(kwargs or {}))
         return super().apply_async(args, kwargs, *rest, **options)

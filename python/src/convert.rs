@@ -1,17 +1,12 @@
-//! Python values → JSON values, the payload's canonical JSON and digest, and the
-//! operation key's text, by the same rules as the Ruby gem (`lib/idempotent_job/key.rb`,
-//! `canonical_json.rb`, `args_digest.rb`), so both languages name one record.
-//!
-//! The canonical JSON text itself is the core's (`idempotent_job_core::canonical`, one
-//! writer for every language); this file converts Python values to JSON values and
-//! applies the key's rules. TODO: the digest and the key's text rules move into the core
-//! too (issue 21), leaving only the Python → JSON conversion here.
+//! Python values → JSON values, for the core's canonical JSON, payload digest and
+//! operation key rules (`idempotent_job_core::{canonical, keys}`: one writer and one
+//! rule set for every language, so a Ruby job and a Python task name one record). This
+//! file only converts values and names Python's types in key messages.
 
-use idempotent_job_core::canonical;
+use idempotent_job_core::{canonical, keys};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
-use sha2::{Digest, Sha256};
 
 /// A JSON value for a Python one: None, bool, int (64-bit), float (finite; an integral
 /// float becomes an integer, as in the Ruby gem's canonical JSON, so `2.0` and `2`
@@ -86,76 +81,53 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// The payload's JSON text (keys sorted, integral floats as integers) and its SHA-256
-/// hex digest, as the Ruby gem computes them for the same value.
+/// The payload's canonical JSON text and its digest (the core's
+/// [`canonical::text_and_digest`]: hex SHA-256 of the text), as the Ruby gem computes
+/// them for the same value.
 pub fn json_and_digest(value: &Value) -> (String, String) {
-    let json = canonical::to_string(value);
-    let digest = Sha256::digest(json.as_bytes());
-    let hex = digest.iter().map(|b| format!("{b:02x}")).collect();
-    (json, hex)
+    canonical::text_and_digest(value)
 }
 
-/// Why a value cannot be an operation key, or the key's text.
-pub enum KeyText {
-    Text(String),
-    Bad(String),
+/// How key messages name Python's types (the rules and their wording are the core's,
+/// [`keys`]).
+pub const KEY_WORDS: keys::Words = keys::Words {
+    nil: "None",
+    true_type: "bool",
+    false_type: "bool",
+    float: "float",
+    string: "str",
+    list: "list",
+    map: "dict",
+    accepted: "a str, an int, or a dict/list of JSON values",
+    instead_of_float: "pass an int or a str",
+};
+
+/// A key value as JSON for the core's key rules: a float at the top level stays a
+/// float (so the core refuses it: `2.0` would otherwise read as the key `2`); below
+/// it, as [`to_json`]. Errors: the core's message for a value JSON cannot carry.
+fn key_value(value: &Bound<'_, PyAny>) -> Result<Value, String> {
+    if let Ok(f) = value.cast::<PyFloat>() {
+        return Number::from_f64(f.value())
+            .map(Value::Number)
+            .ok_or_else(|| keys::refused("a float", true, &KEY_WORDS));
+    }
+    to_json(value).map_err(|what| keys::refused(&what, false, &KEY_WORDS))
 }
 
-/// The operation key's text for one value: a str as it is (JSON-quoted when it starts
-/// like JSON: `[`, `{` or `"`), an int in decimal, a non-empty dict or list as its
-/// canonical JSON. None, bool, float, an empty str/dict/list are refused.
-pub fn key_text(value: &Bound<'_, PyAny>) -> KeyText {
-    match key_part(value) {
-        Ok(Value::String(text)) => {
-            if text.starts_with(['[', '{', '"']) {
-                KeyText::Text(canonical::to_string(&Value::String(text)))
-            } else {
-                KeyText::Text(text)
-            }
-        }
-        Ok(other) => KeyText::Text(canonical::to_string(&other)),
-        Err(problem) => KeyText::Bad(problem),
-    }
+/// The operation key's text for one value, by the core's rules
+/// ([`keys::value_text`]): a str as it is (JSON-quoted when it starts like JSON), an
+/// int in decimal, a non-empty dict or list as its canonical JSON. Errors: why the
+/// value cannot be a key.
+pub fn key_text(value: &Bound<'_, PyAny>) -> Result<String, String> {
+    keys::value_text(&key_value(value)?, &KEY_WORDS)
 }
 
-/// A composite key's text: the JSON array of its parts (each a str, an int's decimal
-/// text, or a container's canonical JSON).
-pub fn composite_text(values: &[Bound<'_, PyAny>]) -> KeyText {
-    let mut parts = Vec::with_capacity(values.len());
-    for value in values {
-        match key_part(value) {
-            Ok(Value::Number(n)) => parts.push(Value::String(n.to_string())),
-            Ok(part) => parts.push(part),
-            Err(problem) => return KeyText::Bad(problem),
-        }
-    }
-    KeyText::Text(canonical::to_string(&Value::Array(parts)))
-}
-
-fn key_part(value: &Bound<'_, PyAny>) -> Result<Value, String> {
-    if value.is_none() {
-        return Err("the value is None".into());
-    }
-    if value.is_instance_of::<PyBool>() || value.is_instance_of::<PyFloat>() {
-        let hint = if value.is_instance_of::<PyFloat>() {
-            " (floats are ambiguous as keys: pass an int or a str)"
-        } else {
-            ""
-        };
-        return Err(format!(
-            "a {} cannot be an operation key{hint}; use a str, an int, or a dict/list of JSON values",
-            type_name(value)
-        ));
-    }
-    let json = to_json(value).map_err(|what| {
-        format!(
-            "{what} cannot be an operation key; use a str, an int, or a dict/list of JSON values"
-        )
-    })?;
-    match &json {
-        Value::String(s) if s.is_empty() => Err("the value is an empty str".into()),
-        Value::Array(a) if a.is_empty() => Err("the value is an empty list".into()),
-        Value::Object(o) if o.is_empty() => Err("the value is an empty dict".into()),
-        _ => Ok(json),
-    }
+/// A composite key's text by the core's rules ([`keys::part`],
+/// [`keys::composite_text`]): the JSON list of its parts.
+pub fn composite_text(values: &[Bound<'_, PyAny>]) -> Result<String, String> {
+    let parts = values
+        .iter()
+        .map(|v| keys::part(&key_value(v)?, &KEY_WORDS))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(keys::composite_text(parts))
 }

@@ -24,6 +24,19 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<protocol::Outcome>()?;
     m.add_class::<protocol::JobProtocol>()?;
     m.add_function(wrap_pyfunction!(store::describe_url, m)?)?;
+    m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;
+    m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
+    m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;
+    // The job options this package takes (the core's table, unprefixed, in its order).
+    m.add(
+        "OPTION_NAMES",
+        pyo3::types::PyTuple::new(m.py(), store::option_names())?,
+    )?;
+    // The default `retention` setting, seconds (the core's).
+    m.add(
+        "DEFAULT_RETENTION",
+        idempotent_job_core::config::DEFAULT_RETENTION_SECONDS,
+    )?;
     m.add("SCHEMA_SQL", idempotent_job_core::migrate::schema_sql())?;
     Ok(())
 }

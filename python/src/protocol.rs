@@ -345,35 +345,24 @@ fn run(
     let handle = Py::new(py, Claim::of(claim.info()))?;
     match body.call1((handle.clone_ref(py),)) {
         Ok(value) => {
-            let stored = if protocol.options().store_result {
-                match convert::to_json(&value) {
-                    Ok(json) => Some(json),
-                    Err(what) => {
-                        py.import("logging")?
-                            .call_method1("getLogger", ("idempotent_job",))?
-                            .call_method1(
-                                "warning",
-                                (format!(
-                                    "{} operation {:?}: the result holds {what}, which JSON cannot \
-                                     carry; it is not stored (a repeat gets None)",
-                                    claim.info().job_type,
-                                    claim.info().operation_key
-                                ),),
-                            )?;
-                        None
-                    }
-                }
-            } else {
-                None
-            };
-            // Prepared here with the configured max_result_bytes (the core's check and
-            // warning text), as the Ruby binding does.
-            let prepared = stored.map(|json| {
+            // Encoded here, prepared by the core with the configured max_result_bytes
+            // (its checks, its result_state and its warning), as the Ruby binding does:
+            // a value JSON cannot carry is recorded as unencodable (not stored; the
+            // completion stands and a repeat does not run).
+            let encoded = protocol
+                .options()
+                .store_result
+                .then(|| convert::to_json(&value).map(|json| json.to_string()));
+            let prepared = encoded.as_ref().map(|encoded| {
+                let input = match encoded {
+                    Ok(json) => ResultInput::Json(json),
+                    Err(what) => ResultInput::Unencodable(what),
+                };
                 results::prepare(
                     max_result_bytes,
                     &claim.info().job_type,
                     &claim.info().operation_key,
-                    ResultInput::Json(&json.to_string()),
+                    input,
                 )
             });
             let completion = detached(py, |i| {

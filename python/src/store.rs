@@ -7,98 +7,106 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::{Map, Value};
 
-use crate::convert::{self, KeyText};
+use crate::convert;
 use crate::errors::config;
 use crate::gil::detached;
 use crate::protocol::{self, JobProtocol, Outcome};
-use idempotent_job_core::config::Config;
-use idempotent_job_core::config::{MAX_KEY_BYTES, MAX_LEASE_SECONDS};
+use idempotent_job_core::config::{self as core_config, Config, CONNECTION_SETTINGS};
 use idempotent_job_core::error::Error;
-use idempotent_job_core::migrate;
 use idempotent_job_core::pool::{with_conn, with_fresh_conn, Lane};
 use idempotent_job_core::protocol::{JobOptions, OnMismatch, OnStale, Protocol};
 use idempotent_job_core::record::Field;
 use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::store::{Handles, Store as CoreStore};
+use idempotent_job_core::{keys, migrate, options};
 
-/// The job defaults `configure` takes besides the connection settings (the core's
-/// [`JobOptions`], whose defaults apply: lease 300 s, on_stale "reclaim", on_mismatch
-/// "log", heartbeat on, max_run 3600 s, defer_margin 1 s), and `retention` (seconds a
-/// finished record is kept for [`Store::purge`]; default 30 days).
-/// TODO(inputs): read these names from the core's options table once it lands.
-pub const JOB_SETTINGS: [&str; 7] = [
-    "lease",
-    "on_stale",
-    "on_mismatch",
-    "heartbeat",
-    "max_run",
-    "defer_margin",
-    "retention",
-];
+/// The core's job options the Python package does not take, and why: a door-only
+/// fact (what this binding implements), not a restatement of the table.
+pub const NOT_TAKEN: [&str; 3] = ["transaction", "lock_timeout", "on_enqueue"];
 
-/// Options a delivery (a task's declaration or a `perform_once` call) may set.
-/// TODO(inputs): read these names from the core's options table once it lands.
-pub const DELIVERY_OPTIONS: [&str; 7] = [
-    "lease",
-    "on_stale",
-    "on_mismatch",
-    "heartbeat",
-    "max_run",
-    "lookup",
-    "store_result",
-];
-
-/// Default `retention`, seconds (30 days), as the Ruby gem's.
-const DEFAULT_RETENTION: f64 = 2_592_000.0;
-
-fn seconds(owner: &str, name: &str, value: &Value, min: f64) -> Result<f64, Error> {
-    match value.as_f64() {
-        Some(v) if v.is_finite() && v >= min && v <= MAX_LEASE_SECONDS => Ok(v),
-        _ => Err(Error::Config(format!(
-            "{owner}{name} must be a number of seconds from {min} to {}, got {value}",
-            MAX_LEASE_SECONDS
-        ))),
-    }
+/// The settings `configure` takes besides the connection's ([`CONNECTION_SETTINGS`]):
+/// each core option's `setting` (lease, on_stale, on_mismatch, heartbeat, max_run),
+/// then `defer_margin` and `retention`.
+fn job_settings() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = options::JOB_OPTIONS
+        .iter()
+        .filter_map(|o| o.setting)
+        .filter(|s| !NOT_TAKEN.contains(s))
+        .collect();
+    names.extend(["defer_margin", "retention"]);
+    names
 }
 
-fn boolean(owner: &str, name: &str, value: &Value) -> Result<bool, Error> {
-    value
-        .as_bool()
-        .ok_or_else(|| Error::Config(format!("{owner}{name} must be True or False, got {value}")))
+/// The job options the Python package takes, without a prefix, in the core's table
+/// order ([`options::JOB_OPTIONS`] less [`NOT_TAKEN`]).
+pub fn option_names() -> Vec<&'static str> {
+    options::JOB_OPTIONS
+        .iter()
+        .map(|o| o.name)
+        .filter(|n| !NOT_TAKEN.contains(n))
+        .collect()
 }
 
-fn text<'a>(owner: &str, name: &str, value: &'a Value) -> Result<&'a str, Error> {
-    value
-        .as_str()
-        .ok_or_else(|| Error::Config(format!("{owner}{name} must be a str, got {value}")))
-}
-
-/// Applies one option to `options`; `job` names the job in messages ("" for configure).
-fn apply(job: &str, options: &mut JobOptions, name: &str, value: &Value) -> Result<(), Error> {
+/// Checks one option by the core's table ([`options::check`]): `job` names the job (""
+/// for a setting), `prefix` is how the door spells it, `shown` the value as Python
+/// writes it when JSON cannot (None: its JSON). Returns the value normalised.
+///
+/// Errors: [`Error::Config`] for an unknown name (the nearest known one suggested,
+/// [`options::unknown_among`]), an option the Python package does not take, or a bad
+/// value.
+pub fn check_option(
+    job: &str,
+    prefix: &str,
+    name: &str,
+    value: &Value,
+    shown: Option<&str>,
+) -> Result<Value, Error> {
     let owner = if job.is_empty() {
         String::new()
     } else {
         format!("{job}: ")
     };
-    let owner = owner.as_str();
+    if NOT_TAKEN.contains(&name) {
+        return Err(Error::Config(format!(
+            "{owner}{prefix}{name} is not taken by the Python package (transactional claims \
+             and on_enqueue are the Ruby gem's)"
+        )));
+    }
+    if options::find(name).is_none() {
+        return Err(options::unknown_among(job, prefix, name, &option_names()));
+    }
+    options::check(job, prefix, name, value, shown)
+}
+
+/// Applies one option, already checked by [`check_option`], to `options`. The key,
+/// the scope and the lookup are the door's: not applied here.
+fn apply(job: &str, options: &mut JobOptions, name: &str, value: &Value) -> Result<(), Error> {
+    let seconds = || value.as_f64().unwrap_or(f64::NAN);
     let named = if job.is_empty() { "configure" } else { job };
     match name {
-        // Ranges beyond the type are checked by JobOptions::validate.
-        "lease" => options.lease_seconds = seconds(owner, name, value, 0.0)?,
-        "on_stale" => options.on_stale = OnStale::parse(named, text(owner, name, value)?)?,
-        "on_mismatch" => options.on_mismatch = OnMismatch::parse(named, text(owner, name, value)?)?,
-        "heartbeat" => options.heartbeat = boolean(owner, name, value)?,
-        "max_run" => options.max_run_seconds = seconds(owner, name, value, 0.0)?,
-        "defer_margin" => options.defer_margin_seconds = seconds(owner, name, value, 0.0)?,
-        "store_result" => options.store_result = boolean(owner, name, value)?,
-        other => {
-            return Err(Error::Config(format!(
-                "{owner}unknown option {other:?} (known: {})",
-                DELIVERY_OPTIONS.join(", ")
-            )))
+        "lease" => options.lease_seconds = seconds(),
+        "on_stale" => options.on_stale = OnStale::parse(named, value.as_str().unwrap_or(""))?,
+        "on_mismatch" => {
+            options.on_mismatch = OnMismatch::parse(named, value.as_str().unwrap_or(""))?
         }
+        "heartbeat" => options.heartbeat = value.as_bool().unwrap_or(true),
+        "max_run" => options.max_run_seconds = seconds(),
+        "store_result" => options.store_result = value.as_bool().unwrap_or(false),
+        _ => {}
     }
     Ok(())
+}
+
+/// A setting's number of seconds: finite, at least `min`, at most the core's
+/// [`options::MAX_SECONDS`].
+fn setting_seconds(name: &str, value: &Value, min: f64) -> Result<f64, Error> {
+    match value.as_f64() {
+        Some(v) if v.is_finite() && v >= min && v <= options::MAX_SECONDS => Ok(v),
+        _ => Err(Error::Config(format!(
+            "{name} must be a number of seconds from {min} to {}, got {value}",
+            options::MAX_SECONDS
+        ))),
+    }
 }
 
 /// The default URL: `IDEMPOTENT_JOB_DATABASE_URL`, then `DATABASE_URL`.
@@ -123,9 +131,15 @@ impl Store {
 }
 
 impl Store {
-    /// The defaults overridden by `options` (a dict of [`DELIVERY_OPTIONS`]; None values
-    /// are skipped), checked.
-    fn job_options(&self, job: &str, options: &Bound<'_, PyDict>) -> PyResult<JobOptions> {
+    /// The defaults overridden by `options` (a dict of [`option_names`], unprefixed;
+    /// None values are skipped), each checked by the core's table; `prefix` is how the
+    /// door spells the names in messages.
+    fn job_options(
+        &self,
+        job: &str,
+        prefix: &str,
+        options: &Bound<'_, PyDict>,
+    ) -> PyResult<JobOptions> {
         let mut resolved = self.defaults.clone();
         for (name, value) in options.iter() {
             let name: String = name.extract()?;
@@ -135,7 +149,7 @@ impl Store {
             if name == "lookup" {
                 if !value.is_callable() {
                     return Err(config(format!(
-                        "{job}: lookup must be callable (it gets the operation key and answers \
+                        "{job}: {prefix}lookup must be callable (it gets the operation key and answers \
                          \"done\", \"not_done\" or \"unknown\"), got {}",
                         convert::type_name(&value)
                     )));
@@ -148,9 +162,10 @@ impl Store {
                 resolved.lookup = Some(label);
                 continue;
             }
-            let json = convert::to_json(&value)
-                .map_err(|what| config(format!("{job}: {name}: {what}")))?;
-            apply(job, &mut resolved, &name, &json).map_err(crate::errors::to_py)?;
+            let (json, shown) = option_json(&value)?;
+            let checked = check_option(job, prefix, &name, &json, shown.as_deref())
+                .map_err(crate::errors::to_py)?;
+            apply(job, &mut resolved, &name, &checked).map_err(crate::errors::to_py)?;
         }
         resolved.validate(job).map_err(crate::errors::to_py)?;
         Ok(resolved)
@@ -160,30 +175,48 @@ impl Store {
 #[pymethods]
 impl Store {
     /// `Store(settings_json)`: a JSON object of `configure`'s keyword arguments: the job
-    /// defaults ([`JOB_SETTINGS`]) and the connection settings of the core's `Config`
-    /// (database_url, pool_size, connect_timeout, checkout_timeout, deadline,
-    /// statement_timeout, application_name, schema, host, port, dbname, user, password,
-    /// sslmode, sslrootcert, sslcert, sslkey, prepared_statements,
-    /// asynchronous_completion). Validates everything; connects lazily.
+    /// defaults ([`job_settings`]: checked by the core's options table) and the
+    /// connection settings of the core's `Config` ([`CONNECTION_SETTINGS`]). Validates
+    /// everything; connects lazily.
     ///
-    /// Raises `ConfigurationError` naming an unknown setting or a bad value.
+    /// Raises `ConfigurationError` naming an unknown setting (with the nearest known
+    /// one) or a bad value.
     #[new]
     fn new(settings_json: &str) -> PyResult<Self> {
         let parsed: Map<String, Value> =
             serde_json::from_str(settings_json).map_err(|e| config(format!("configure: {e}")))?;
         let mut defaults = JobOptions::default();
-        let mut retention = DEFAULT_RETENTION;
+        let mut retention = core_config::DEFAULT_RETENTION_SECONDS;
         let mut native = Map::new();
+        let settings = job_settings();
         for (name, value) in parsed {
             if value.is_null() {
                 continue;
             }
-            if name == "retention" {
-                retention = seconds("", "retention", &value, 0.0).map_err(crate::errors::to_py)?;
-            } else if JOB_SETTINGS.contains(&name.as_str()) {
-                apply("", &mut defaults, &name, &value).map_err(crate::errors::to_py)?;
-            } else {
+            let mut setting = || -> Result<(), Error> {
+                match name.as_str() {
+                    "retention" => retention = setting_seconds("retention", &value, 0.0)?,
+                    "defer_margin" => {
+                        defaults.defer_margin_seconds =
+                            setting_seconds("defer_margin", &value, 0.0)?
+                    }
+                    _ => {
+                        let checked = check_option("", "", &name, &value, None)?;
+                        apply("", &mut defaults, &name, &checked)?
+                    }
+                }
+                Ok(())
+            };
+            if settings.contains(&name.as_str()) {
+                setting().map_err(crate::errors::to_py)?;
+            } else if CONNECTION_SETTINGS.contains(&name.as_str()) {
                 native.insert(name, value);
+            } else {
+                let mut known = CONNECTION_SETTINGS.to_vec();
+                known.extend(&settings);
+                return Err(crate::errors::to_py(options::unknown_setting(
+                    &name, &name, &known,
+                )));
             }
         }
         defaults
@@ -348,17 +381,11 @@ impl Store {
             convert::key_text(value)
         };
         let problem = match text {
-            KeyText::Text(t) if t.contains('\0') => {
-                "the operation key contains a NUL character, which PostgreSQL text cannot store".to_string()
-            }
-            KeyText::Text(t) if t.len() + job.len() > MAX_KEY_BYTES => format!(
-                "job type and operation key are {} bytes together, more than {}: declare a narrower \
-                 key (or hash a long one yourself)",
-                t.len() + job.len(),
-                MAX_KEY_BYTES
-            ),
-            KeyText::Text(t) => return Ok(t),
-            KeyText::Bad(problem) => problem,
+            Ok(text) => match keys::problem(job.as_bytes(), text.as_bytes()) {
+                None => return Ok(text),
+                Some(problem) => problem,
+            },
+            Err(problem) => problem,
         };
         let class = py
             .import("idempotent_job.errors")?
@@ -374,18 +401,23 @@ impl Store {
         )?))
     }
 
-    /// `protocol(job, options, door)` → the job's [`JobProtocol`]: `options` (a dict of
-    /// [`DELIVERY_OPTIONS`], None values skipped) over the configured defaults, checked
-    /// once; `door` is "celery" or "plain" (the words of its log lines).
+    /// `protocol(job, options, door, prefix="")` → the job's [`JobProtocol`]: `options`
+    /// (a dict of [`option_names`], unprefixed, None values skipped) over the
+    /// configured defaults, checked once by the core's table; `door` is "celery" or
+    /// "plain" (the words of its log lines); `prefix` how the door spells option names
+    /// in messages (`idempotency_`).
     ///
-    /// Raises `ConfigurationError` naming `job` for an unknown option or a bad value.
+    /// Raises `ConfigurationError` naming `job` for an unknown option (with the nearest
+    /// known one) or a bad value.
+    #[pyo3(signature = (job, options, door, prefix = ""))]
     fn protocol(
         &self,
         job: &str,
         options: &Bound<'_, PyDict>,
         door: &str,
+        prefix: &str,
     ) -> PyResult<JobProtocol> {
-        let resolved = self.job_options(job, options)?;
+        let resolved = self.job_options(job, prefix, options)?;
         let protocol =
             Protocol::new(job, resolved, protocol::words(door)).map_err(crate::errors::to_py)?;
         Ok(JobProtocol { protocol })
@@ -465,6 +497,58 @@ fn field_value(py: Python<'_>, field: Field<'_>) -> PyResult<Py<PyAny>> {
         Field::Time(v) => epoch(v).into_pyobject(py)?.into_any().unbind(),
         Field::OptTime(v) => v.as_ref().map(epoch).into_pyobject(py)?.into_any().unbind(),
     })
+}
+
+/// `check_option(job, prefix, name, value)` → `value`, checked by the core's options
+/// table ([`check_option`]). Raises `ConfigurationError` naming `job`, `prefix` +
+/// `name` and the problem (an unknown name gets the nearest known one).
+#[pyfunction]
+#[pyo3(name = "check_option")]
+pub fn check_option_py<'py>(
+    job: &str,
+    prefix: &str,
+    name: &str,
+    value: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    // A callable (a lookup) is the door's to check: the core sees it as unset.
+    let (json, shown) = if value.is_callable() {
+        (Value::Null, None)
+    } else {
+        option_json(&value)?
+    };
+    check_option(job, prefix, name, &json, shown.as_deref()).map_err(crate::errors::to_py)?;
+    Ok(value)
+}
+
+/// An option's value as JSON for the core's check, and how to show it when JSON
+/// cannot carry it (its `repr`; the core then refuses it as of the wrong kind, naming
+/// the option and what it must be).
+fn option_json(value: &Bound<'_, PyAny>) -> PyResult<(Value, Option<String>)> {
+    match convert::to_json(value) {
+        Ok(json) => Ok((json, None)),
+        Err(_) => Ok((Value::Object(Map::new()), Some(value.repr()?.to_string()))),
+    }
+}
+
+/// `not_taken(job, call, name, known)` → raises the core's `ConfigurationError` for a
+/// keyword `call` does not take ([`options::not_taken`], the Ruby gem's wording): names
+/// `job`, `call`, the keyword, the nearest of `known` and all of them.
+#[pyfunction]
+pub fn not_taken(job: &str, call: &str, name: &str, known: Vec<String>) -> PyResult<()> {
+    let known: Vec<&str> = known.iter().map(String::as_str).collect();
+    Err(crate::errors::to_py(options::not_taken(
+        job, call, name, name, &known, "",
+    )))
+}
+
+/// `args_digest(value)` → the payload digest of a JSON value (the core's
+/// `canonical::digest`: hex SHA-256 of its canonical JSON), as a claim stores it and
+/// the Ruby gem computes it. Raises `ConfigurationError` for a value JSON cannot carry.
+#[pyfunction]
+pub fn args_digest(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    let json = convert::to_json(value)
+        .map_err(|what| config(format!("args_digest: the value holds {what}")))?;
+    Ok(idempotent_job_core::canonical::digest(&json))
 }
 
 /// `describe_url(url)` → the URL described by its parts, never its password.

@@ -85,3 +85,57 @@ def test_a_different_payload_is_a_mismatch_across_languages(scenario):
     assert ruby("CrossOrder", key, RUBY_PAYLOAD)["decision"] == "ran"
     idempotent_job.perform_once("CrossOrder", int(key), lambda c: None, payload=[42, 2.5, {"a": "x", "b": 1}])
     assert idempotent_job.record("CrossOrder", int(key))["mismatches"] == 1
+
+
+KEYS_RUBY = """
+require "idempotent_job"
+require "json"
+values, composites, payloads = JSON.parse(ARGV[0])
+keys = values.map { |v| IdempotentJob::Key.value_key(v, "CrossKey") }
+composite = composites.map do |parts|
+  IdempotentJob::Key.new("CrossKey", (0...parts.size).to_a).operation_key(parts)
+end
+digests = payloads.map { |p| IdempotentJob::ArgsDigest.of(p) }
+puts JSON.generate([keys, composite, digests])
+"""
+
+KEY_VALUES = [
+    42,
+    0,
+    -7,
+    2**63 - 1,
+    "ord-1",
+    "42",
+    "[not json",
+    '{"id":7}',
+    "café",
+    [1, "a", 2.0],
+    {"b": [1], "a": "x"},
+]
+COMPOSITES = [[42, "dhl"], ["a:b", "c"], ["a", "b:c"], [{"z": 1, "a": 2.0}, 7, "x"]]
+PAYLOADS = [
+    [],
+    [42, 2.0, {"b": 1, "a": "x"}],
+    ["é", "\u2028/\t", 1.5e-7, 0.0001, 123456.789, None, True, False],
+    [{"nested": [1, {"z": 0.1, "a": -0.5}]}, 1e20, 12345678901234.5],
+]
+
+
+def test_keys_and_digests_are_equal_in_ruby_and_python():
+    if not list((ROOT / "lib" / "idempotent_job").glob("*.so")):
+        pytest.fail("the Ruby extension is not built: run `rake compile` first")
+    done = subprocess.run(
+        ["ruby", "-Ilib", "-e", KEYS_RUBY, json.dumps([KEY_VALUES, COMPOSITES, PAYLOADS])],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    ruby_keys, ruby_composites, ruby_digests = json.loads(done.stdout.strip().splitlines()[-1])
+    from idempotent_job._native import Store, args_digest
+
+    assert [idempotent_job.operation_key(v, "CrossKey") for v in KEY_VALUES] == ruby_keys
+    assert [Store.operation_key("CrossKey", parts, True) for parts in COMPOSITES] == ruby_composites
+    assert [args_digest(p) for p in PAYLOADS] == ruby_digests

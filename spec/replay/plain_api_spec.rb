@@ -113,6 +113,11 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
       expect { charge(scope: "x") }.to raise_error(IdempotentJob::ConfigurationError, /does not take :scope/)
       expect { IdempotentJob.perform_once("PlainCharge", 42) }.to raise_error(ArgumentError, /needs a block/)
     end
+
+    it "names the nearest keyword for a misspelled one, in the core's words (the Python package's too)" do
+      message = /\APlainCharge: perform_once does not take :on_stael \(did you mean on_stale:\?\) \(it takes lease:/
+      expect { charge(on_stael: :hold) }.to raise_error(IdempotentJob::ConfigurationError, message)
+    end
   end
 
   describe "the replay scenarios through the plain door (the testing kit's PlainJob)" do

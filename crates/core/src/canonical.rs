@@ -16,14 +16,53 @@
 //!   exponent is from -4 to 16 (`0.0001`, `123456.789`), else `d.ddde±XX` with at least
 //!   two exponent digits (`1.5e-07`, `1.0e-05`);
 //! * `true`, `false`, `null`.
+//!
+//! The payload digest stored with each claim ([`digest`]) is the hex SHA-256 of that
+//! text, so a Ruby job and a Python task with equal arguments store equal digests.
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 /// The canonical JSON text of `value` (see the module documentation).
 pub fn to_string(value: &Value) -> String {
     let mut out = String::new();
     write(&mut out, value);
     out
+}
+
+/// The payload digest of `value`: the lower-case hex SHA-256 (64 characters) of its
+/// canonical JSON text ([`to_string`]), as stored in the record's `args_digest` to
+/// notice a later delivery of the same operation with different arguments.
+pub fn digest(value: &Value) -> String {
+    digest_text(&to_string(value))
+}
+
+/// The canonical JSON text of `value` and its digest, from one canonicalisation (as
+/// [`to_string`] and [`digest`] give them): what a claim stores as `args_json` and
+/// `args_digest`.
+pub fn text_and_digest(value: &Value) -> (String, String) {
+    let text = to_string(value);
+    let digest = digest_text(&text);
+    (text, digest)
+}
+
+/// The lower-case hex SHA-256 (64 characters) of `text`, which the caller knows to be
+/// canonical JSON already (e.g. arguments that are only strings, integers, booleans
+/// and nulls, written by a JSON library that escapes as [`to_string`] does).
+pub fn digest_text(text: &str) -> String {
+    digest_bytes(text.as_bytes())
+}
+
+/// The lower-case hex SHA-256 (64 characters) of `bytes` (a host string's bytes that
+/// the caller knows to be canonical JSON text; see [`digest_text`]).
+pub fn digest_bytes(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let hash = Sha256::digest(bytes);
+    let mut hex = String::with_capacity(64);
+    for byte in hash {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
 }
 
 fn write(out: &mut String, value: &Value) {
@@ -142,5 +181,35 @@ mod tests {
         for (value, expected) in table {
             assert_eq!(to_string(&value), expected, "{value:?}");
         }
+    }
+
+    #[test]
+    fn the_digest_is_the_sha256_of_the_canonical_text() {
+        // SHA-256 of "[]" and of the canonical text of a payload, as `sha256sum` and
+        // Ruby's Digest::SHA256.hexdigest write them.
+        assert_eq!(
+            digest(&json!([])),
+            "4f53cda18c2baa0c0354bb5f9a3ecbe5ed12ab4d8e11ba873c2f11161202b945"
+        );
+        let payload = json!([42, 2.0, {"b": 1, "a": "x"}]);
+        assert_eq!(to_string(&payload), r#"[42,2,{"a":"x","b":1}]"#);
+        assert_eq!(
+            digest(&payload),
+            "0109651b06da6f4daaa49b885ed0b90f205d183ef3ee36cc81a136ae8c6efac7"
+        );
+        assert_eq!(
+            digest(&payload),
+            digest(&json!([42, 2, {"a": "x", "b": 1}])),
+            "hash order and 2.0 against 2 do not change the digest"
+        );
+        assert_ne!(
+            digest(&payload),
+            digest(&json!([42, 2.5, {"a": "x", "b": 1}]))
+        );
+        assert_eq!(digest(&payload).len(), 64);
+        assert_eq!(
+            text_and_digest(&payload),
+            (to_string(&payload), digest(&payload))
+        );
     }
 }

@@ -113,6 +113,36 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 65_536;
 /// Largest `max_result_bytes` accepted: just under jsonb's limit (256 MiB).
 pub const MAX_RESULT_BYTES_LIMIT: usize = 268_435_455;
 
+/// Default `retention` setting, in seconds (30 days): how long a finished record
+/// (completed or given up) is kept before a purge deletes it.
+pub const DEFAULT_RETENTION_SECONDS: f64 = 2_592_000.0;
+
+/// The names of [`Config`]'s settings (the connection and pool), in its field order, for
+/// a binding that sorts a host's `configure` keywords between them and the job defaults
+/// and names the known settings in an error.
+pub const CONNECTION_SETTINGS: &[&str] = &[
+    "database_url",
+    "pool_size",
+    "connect_timeout",
+    "checkout_timeout",
+    "application_name",
+    "statement_timeout",
+    "schema",
+    "host",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "prepared_statements",
+    "deadline",
+    "asynchronous_completion",
+    "max_result_bytes",
+];
+
 /// The libpq parameters tokio-postgres does not parse (or parses only partly): taken
 /// out of a `postgres://` URL's query and handled by [`super::tls`].
 const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
@@ -691,6 +721,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("pool_sise"), "{err}");
+    }
+
+    #[test]
+    fn connection_settings_are_configs_fields() {
+        // serde lists the fields it expects when it meets an unknown one.
+        let err = Config::from_json(r#"{"zz":1}"#).unwrap_err().to_string();
+        let (_, expected) = err.split_once("expected one of ").unwrap();
+        let mut fields: Vec<&str> = expected
+            .split(", ")
+            .map(|f| f.trim_matches(|c: char| c == '`' || !c.is_ascii() || c.is_whitespace()))
+            .map(|f| f.split('`').next().unwrap())
+            .collect();
+        fields.sort_unstable();
+        let mut listed = CONNECTION_SETTINGS.to_vec();
+        listed.sort_unstable();
+        assert_eq!(fields, listed, "{err}");
+        let err =
+            crate::options::unknown_setting("leese", "leese", &["lease", "retention"]).to_string();
+        assert_eq!(
+            err,
+            "unknown idempotent_job setting leese (did you mean lease?) (known: lease, retention)"
+        );
     }
 
     #[test]

@@ -7,6 +7,51 @@
 //! to be one normalises in its key declaration (or before it enqueues). A key must be
 //! valid UTF-8 (it is PostgreSQL text), hold no NUL character, and fit with its job
 //! type in [`MAX_KEY_BYTES`] bytes.
+//!
+//! **How a key value becomes the operation key's text** ([`value_text`], and
+//! [`part`] + [`composite_text`] for a key declared as a list of parts), the same in
+//! every language so a Ruby job and a Python task name one record:
+//!
+//! * a string as it is (`"A-17"` → `A-17`), except one that starts like JSON (`[`, `{`
+//!   or `"`), which is written as a JSON string (`"[1]"` → `"[1]"` quoted) so it never
+//!   equals the key of a list or map value;
+//! * an integer in decimal (`42` and `"42"` are the same operation);
+//! * a non-empty list or map as its canonical JSON ([`crate::canonical`]: map keys
+//!   sorted, integral floats as integers);
+//! * a composite key as the canonical JSON list of its parts, each a string, an
+//!   integer's decimal text, or a list/map value (`["a:b","c"]` and `["a","b:c"]`
+//!   stay different);
+//! * refused: null, a boolean, a float (ambiguous: `2.0` or `2`?), an empty string,
+//!   list or map, and anything JSON cannot carry.
+//!
+//! The binding converts the host value to a [`serde_json::Value`] (a float at the top
+//! level stays a float, so it can be refused) and names the host's types in messages
+//! through its [`Words`].
+
+use serde_json::Value;
+
+use crate::canonical;
+
+/// How a host language names the values a key message mentions.
+#[derive(Debug, Clone, Copy)]
+pub struct Words {
+    /// The null value (`nil`, `None`).
+    pub nil: &'static str,
+    /// The types of `true`, `false` and a float (`TrueClass`, `bool`; `Float`, `float`).
+    pub true_type: &'static str,
+    pub false_type: &'static str,
+    pub float: &'static str,
+    /// The string, list and map types (`String`/`Array`/`Hash`, `str`/`list`/`dict`).
+    pub string: &'static str,
+    pub list: &'static str,
+    pub map: &'static str,
+    /// The accepted kinds, after "use " (`a String, an Integer, or a Hash/Array of JSON
+    /// values`).
+    pub accepted: &'static str,
+    /// What to pass instead of a float, after "floats are ambiguous as keys: "
+    /// (`pass an Integer or a String`).
+    pub instead_of_float: &'static str,
+}
 
 /// Longest `job_type` + `operation_key`, in bytes, that the unique index accepts
 /// with room to spare (a btree entry must fit in a third of a page).
@@ -48,9 +93,151 @@ pub fn problem(job_type: &[u8], operation_key: &[u8]) -> Option<String> {
     None
 }
 
+/// Why a value cannot be (part of) an operation key: `what` is the value as the host
+/// names it (`a Time`, `a value of type datetime`); `float` adds why floats are
+/// refused.
+pub fn refused(what: &str, float: bool, words: &Words) -> String {
+    let hint = if float {
+        format!(
+            " (floats are ambiguous as keys: {})",
+            words.instead_of_float
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{what} cannot be an operation key{hint}; use {}",
+        words.accepted
+    )
+}
+
+/// A key value checked by the rules of the module documentation: the value itself, or
+/// why it cannot be a key (a message starting lower-case, for the binding to prefix
+/// with the job and the declaration).
+fn checked<'a>(value: &'a Value, words: &Words) -> Result<&'a Value, String> {
+    match value {
+        Value::Null => Err(format!("the value is {}", words.nil)),
+        Value::Bool(b) => Err(refused(
+            &format!(
+                "a {}",
+                if *b {
+                    words.true_type
+                } else {
+                    words.false_type
+                }
+            ),
+            false,
+            words,
+        )),
+        Value::Number(n) if n.is_f64() => Err(refused(&format!("a {}", words.float), true, words)),
+        Value::String(s) if s.is_empty() => Err(format!("the value is an empty {}", words.string)),
+        Value::Array(a) if a.is_empty() => Err(format!("the value is an empty {}", words.list)),
+        Value::Object(o) if o.is_empty() => Err(format!("the value is an empty {}", words.map)),
+        _ => Ok(value),
+    }
+}
+
+/// The operation key's text for one key value (see the module documentation).
+///
+/// Errors: why the value cannot be a key (null, a boolean, a float, an empty value).
+/// The finished key is checked separately by [`problem`].
+pub fn value_text(value: &Value, words: &Words) -> Result<String, String> {
+    Ok(match checked(value, words)? {
+        Value::String(text) if text.starts_with(['[', '{', '"']) => canonical::to_string(value),
+        Value::String(text) => text.clone(),
+        other => canonical::to_string(other),
+    })
+}
+
+/// One part of a composite key, ready for [`composite_text`]: a string as itself, an
+/// integer as its decimal text, a list or map as itself.
+///
+/// Errors: as [`value_text`].
+pub fn part(value: &Value, words: &Words) -> Result<Value, String> {
+    Ok(match checked(value, words)? {
+        Value::Number(n) => Value::String(n.to_string()),
+        other => other.clone(),
+    })
+}
+
+/// A composite key's text: the canonical JSON list of its parts (each from [`part`]).
+pub fn composite_text(parts: Vec<Value>) -> String {
+    canonical::to_string(&Value::Array(parts))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    const RUBY: Words = Words {
+        nil: "nil",
+        true_type: "TrueClass",
+        false_type: "FalseClass",
+        float: "Float",
+        string: "String",
+        list: "Array",
+        map: "Hash",
+        accepted: "a String, an Integer, or a Hash/Array of JSON values",
+        instead_of_float: "pass an Integer or a String",
+    };
+
+    #[test]
+    fn a_value_becomes_the_keys_text() {
+        let text = |v: Value| value_text(&v, &RUBY).unwrap();
+        assert_eq!(text(json!("A-17")), "A-17");
+        assert_eq!(text(json!("42")), "42");
+        assert_eq!(text(json!(42)), "42");
+        assert_eq!(text(json!(-7)), "-7");
+        assert_eq!(text(json!(u64::MAX)), "18446744073709551615");
+        assert_eq!(text(json!("[1]")), r#""[1]""#);
+        assert_eq!(text(json!(r#"{"id":7}"#)), r#""{\"id\":7}""#);
+        assert_eq!(text(json!("\"q")), r#""\"q""#);
+        assert_eq!(text(json!([1, "a"])), r#"[1,"a"]"#);
+        assert_eq!(text(json!({"b": 2.0, "a": [1]})), r#"{"a":[1],"b":2}"#);
+        assert_eq!(text(json!("café")), "café");
+    }
+
+    #[test]
+    fn a_composite_key_is_the_json_list_of_its_parts() {
+        let composite = |parts: Vec<Value>| {
+            composite_text(parts.iter().map(|p| part(p, &RUBY).unwrap()).collect())
+        };
+        assert_eq!(composite(vec![json!(42), json!("dhl")]), r#"["42","dhl"]"#);
+        assert_eq!(composite(vec![json!("a:b"), json!("c")]), r#"["a:b","c"]"#);
+        assert_ne!(
+            composite(vec![json!("a:b"), json!("c")]),
+            composite(vec![json!("a"), json!("b:c")])
+        );
+        assert_eq!(
+            composite(vec![json!({"z": 1, "a": 2}), json!(7)]),
+            r#"[{"a":2,"z":1},"7"]"#
+        );
+    }
+
+    #[test]
+    fn values_that_cannot_be_keys_are_refused_in_the_hosts_words() {
+        let bad = |v: Value| value_text(&v, &RUBY).unwrap_err();
+        assert_eq!(bad(Value::Null), "the value is nil");
+        assert_eq!(bad(json!("")), "the value is an empty String");
+        assert_eq!(bad(json!([])), "the value is an empty Array");
+        assert_eq!(bad(json!({})), "the value is an empty Hash");
+        assert_eq!(
+            bad(json!(true)),
+            "a TrueClass cannot be an operation key; use a String, an Integer, or a Hash/Array \
+             of JSON values"
+        );
+        assert_eq!(
+            bad(json!(2.0)),
+            "a Float cannot be an operation key (floats are ambiguous as keys: pass an Integer \
+             or a String); use a String, an Integer, or a Hash/Array of JSON values"
+        );
+        assert_eq!(
+            part(&json!(false), &RUBY).unwrap_err(),
+            refused("a FalseClass", false, &RUBY)
+        );
+        assert_eq!(part(&Value::Null, &RUBY).unwrap_err(), "the value is nil");
+    }
 
     #[test]
     fn keys_are_taken_byte_for_byte_and_must_be_utf8() {

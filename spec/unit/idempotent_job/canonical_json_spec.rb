@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "spec_helper"
+require "digest/sha2"
 
 # The core's canonical JSON (crates/core/src/canonical.rs, for every binding) writes
 # the same bytes as the gem's Ruby CanonicalJson, which made every stored operation key
@@ -32,6 +33,18 @@ RSpec.describe "Canonical JSON: the core's against the gem's Ruby one" do
       expect(IdempotentJob::ArgsDigest.of(args))
         .to eq(Digest::SHA256.hexdigest(IdempotentJob::CanonicalJson.generate(args)))
     end
+  end
+
+  it "digests a payload in the core, as Ruby's Digest::SHA256 over the canonical text (ArgsDigest)" do
+    payloads = [[], [42, 2.0, { "b" => 1, "a" => "x" }], ["é", "\u2028/\t\u0001", nil, true, false, 12_345],
+                [{ order: { id: 7, lines: [1, 2.5, "x"] } }, 1e20, -0.0]]
+    payloads.each do |args|
+      expected = Digest::SHA256.hexdigest(IdempotentJob::CanonicalJson.generate(args))
+      expect(IdempotentJob::Native.args_digest(args)).to eq(expected)
+      expect(IdempotentJob::ArgsDigest.json_and_digest(args)).to eq([JSON.generate(args), expected])
+    end
+    expect(IdempotentJob::Native.args_digest([42, 2.0, { "b" => 1, "a" => "x" }]))
+      .to eq("0109651b06da6f4daaa49b885ed0b90f205d183ef3ee36cc81a136ae8c6efac7")
   end
 
   it "leaves what JSON cannot carry to the caller (nil): a Time, NaN, a Bignum, an Integer Hash key, invalid UTF-8" do

@@ -22,6 +22,13 @@ RSpec.describe IdempotentJob::Configuration do
     expect(config.database_url).to eq("postgres://c/db")
   end
 
+  it "reads the retention default from the core and names the nearest setting for a misspelled one" do
+    expect(described_class.new.retention).to eq(IdempotentJob::Native::DEFAULT_RETENTION).and eq(2_592_000)
+    expect { described_class.new.update(leese: 60) }
+      .to raise_error(IdempotentJob::ConfigurationError,
+                      /\Aunknown idempotent_job setting :leese \(did you mean lease\?\) \(known: pool_size, /)
+  end
+
   it "defaults the lease to 300 seconds and rejects a non-positive lease or one shorter than 0.25 s" do
     expect(config.lease).to eq(300)
     expect { config.lease = 0 }.to raise_error(IdempotentJob::ConfigurationError, /lease must be a positive/)

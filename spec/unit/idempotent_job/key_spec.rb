@@ -84,6 +84,32 @@ RSpec.describe IdempotentJob::Key do
     end
   end
 
+  describe "values the core's key rules do not carry (handled in Key, byte-identical to before)" do
+    it "writes a Bignum in decimal, alone, in a composite and inside a Hash" do
+      expect(key(0, [2**70, {}])).to eq("1180591620717411303424")
+      expect(key([0, 1], [2**70, "x"])).to eq('["1180591620717411303424","x"]')
+      expect(key(1, [1, { "n" => 2**70, "a" => 1 }])).to eq('{"a":1,"n":1180591620717411303424}')
+    end
+
+    it "writes non-String Hash keys as Strings, and takes a binary String holding UTF-8 by its bytes" do
+      expect(key(1, [1, { 2 => "b", "a" => 1 }])).to eq('{"2":"b","a":1}')
+      expect(key(0, ["caf\xC3\xA9".b, {}])).to eq("café")
+      expect(key(0, ["[caf\xC3\xA9".b, {}])).to eq('"[café"')
+    end
+
+    it "refuses with the core's words, naming the part of a composite key" do
+      key_error([0, 1], [1, 2.0]) do |m|
+        expect(m).to include("(argument 1): a Float cannot be an operation key (floats are ambiguous as keys: " \
+                             "pass an Integer or a String); use a String, an Integer, or a Hash/Array of JSON values")
+      end
+      key_error([0, 1], [2**70, ""]) { |m| expect(m).to include("(argument 1): the value is an empty String") }
+      key_error([0, 1], [1, "\xFF".b]) do |m|
+        expect(m).to include("(argument 1): the operation key is not valid UTF-8")
+      end
+      key_error(1, [1, { "t" => Time.at(0) }]) { |m| expect(m).to include("a Time cannot be an operation key") }
+    end
+  end
+
   describe "bad declarations" do
     it("rejects an unknown parameter name, listing the real ones") do
       key_error(:orderid) { |m| expect(m).to include("does not have", ":order_id") }

@@ -33,8 +33,22 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("record_columns", function!(convert::record_columns, 0))?;
     native.define_module_function("job_options_json", function!(options::job_options_json, 0))?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
+    native.define_module_function("not_taken", function!(options::not_taken, 6))?;
+    native.define_module_function("unknown_setting", function!(options::unknown_setting, 3))?;
     native.define_module_function("canonical_json", function!(canonical_json, 1))?;
+    native.define_module_function("args_digest", function!(args_digest, 1))?;
+    native.define_module_function("digest_text", function!(digest_text, 1))?;
+    native.define_module_function("key_text", function!(key_text, 1))?;
+    native.define_module_function("composite_key_text", function!(composite_key_text, 1))?;
+    native.define_module_function("key_problem", function!(key_problem, 1))?;
+    native.define_module_function("key_refused", function!(key_refused, 2))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
+    let retention = idempotent_job_core::config::DEFAULT_RETENTION_SECONDS;
+    if retention.fract() == 0.0 {
+        native.const_set("DEFAULT_RETENTION", retention as i64)?;
+    } else {
+        native.const_set("DEFAULT_RETENTION", retention)?;
+    }
     errors::init(ruby)?;
     store::init(ruby, native)?;
     heartbeat::init(ruby, native)?;
@@ -86,6 +100,82 @@ fn key_text_problem(text: magnus::RString) -> Option<String> {
 /// is not a String or Symbol, a String that is not UTF-8).
 fn canonical_json(value: magnus::Value) -> Option<String> {
     convert::json_of(value).map(|json| idempotent_job_core::canonical::to_string(&json))
+}
+
+/// `Native.args_digest(args)` → the payload digest of a Ruby value (the core's
+/// [`idempotent_job_core::canonical::digest`]: hex SHA-256 of its canonical JSON), or
+/// nil when JSON cannot carry it as the core takes it (see [`canonical_json`]).
+fn args_digest(value: magnus::Value) -> Option<String> {
+    convert::json_of(value).map(|json| idempotent_job_core::canonical::digest(&json))
+}
+
+/// `Native.digest_text(text)` → hex SHA-256 of a String already in canonical JSON
+/// ([`idempotent_job_core::canonical::digest_text`]).
+fn digest_text(text: magnus::RString) -> String {
+    // SAFETY: the slice is read before any Ruby code runs again.
+    idempotent_job_core::canonical::digest_bytes(unsafe { text.as_slice() })
+}
+
+/// How key messages name Ruby's types (the rules and their wording are the core's,
+/// [`idempotent_job_core::keys`]).
+const KEY_WORDS: idempotent_job_core::keys::Words = idempotent_job_core::keys::Words {
+    nil: "nil",
+    true_type: "TrueClass",
+    false_type: "FalseClass",
+    float: "Float",
+    string: "String",
+    list: "Array",
+    map: "Hash",
+    accepted: "a String, an Integer, or a Hash/Array of JSON values",
+    instead_of_float: "pass an Integer or a String",
+};
+
+/// A key value as JSON: a String by its bytes (keys are byte for byte: never
+/// transcoded; None when they are not UTF-8), else [`convert::json_of`].
+fn key_json(value: magnus::Value) -> Option<serde_json::Value> {
+    if let Some(s) = magnus::RString::from_value(value) {
+        // SAFETY: the slice is copied before any Ruby code runs again.
+        let bytes = unsafe { s.as_slice() };
+        return std::str::from_utf8(bytes)
+            .ok()
+            .map(|t| serde_json::Value::String(t.to_owned()));
+    }
+    convert::json_of(value)
+}
+
+/// `Native.key_text(value)` → the operation key's text for one key value by the core's
+/// rules ([`idempotent_job_core::keys::value_text`]), or nil when the core refuses it
+/// ([`key_problem`] says why) or JSON cannot carry it (a Bignum, a Time, a String that
+/// is not UTF-8: the Ruby side decides).
+fn key_text(value: magnus::Value) -> Option<String> {
+    let json = key_json(value)?;
+    idempotent_job_core::keys::value_text(&json, &KEY_WORDS).ok()
+}
+
+/// `Native.composite_key_text(values)` → a composite key's text by the core's rules
+/// ([`idempotent_job_core::keys::part`], [`idempotent_job_core::keys::composite_text`]),
+/// or nil as [`key_text`].
+fn composite_key_text(values: magnus::RArray) -> Option<String> {
+    let parts = values
+        .into_iter()
+        .map(|v| {
+            key_json(v).and_then(|json| idempotent_job_core::keys::part(&json, &KEY_WORDS).ok())
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(idempotent_job_core::keys::composite_text(parts))
+}
+
+/// `Native.key_problem(value)` → why the core refuses a key value (nil, a boolean, a
+/// Float, an empty value), or nil when it takes it or JSON cannot carry it.
+fn key_problem(value: magnus::Value) -> Option<String> {
+    let json = key_json(value)?;
+    idempotent_job_core::keys::value_text(&json, &KEY_WORDS).err()
+}
+
+/// `Native.key_refused(what, float)` → the core's message for a value that cannot be a
+/// key ([`idempotent_job_core::keys::refused`]): `what` names it ("a Time").
+fn key_refused(what: String, float: bool) -> String {
+    idempotent_job_core::keys::refused(&what, float, &KEY_WORDS)
 }
 
 fn repeats_sql() -> &'static str {

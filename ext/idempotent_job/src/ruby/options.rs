@@ -47,3 +47,40 @@ pub fn job_option(
         _ => value,
     })
 }
+
+/// `Native.not_taken(job, call, shown, name, known, suffix)` → raises the core's
+/// `ConfigurationError` for a keyword `call` does not take ([`options::not_taken`]):
+/// names `job`, `call`, the keyword as written (`shown`, e.g. `:on_stael`), the
+/// nearest of `known` and all of them, each with `suffix` (`":"`).
+pub fn not_taken(
+    ruby: &Ruby,
+    job: String,
+    call: String,
+    shown: String,
+    name: String,
+    known: Vec<String>,
+    suffix: String,
+) -> RbResult<()> {
+    let known: Vec<&str> = known.iter().map(String::as_str).collect();
+    Err(to_ruby(
+        ruby,
+        options::not_taken(&job, &call, &shown, &name, &known, &suffix),
+    ))
+}
+
+/// `Native.unknown_setting(shown, name, known)` → raises the core's
+/// `ConfigurationError` for a setting nobody knows
+/// ([`idempotent_job_core::options::unknown_setting`]): the setting as written
+/// (`shown`, e.g. `:leese`), the nearest of `known` and all of them.
+pub fn unknown_setting(
+    ruby: &Ruby,
+    shown: String,
+    name: String,
+    known: Vec<String>,
+) -> RbResult<()> {
+    let known: Vec<&str> = known.iter().map(String::as_str).collect();
+    Err(to_ruby(
+        ruby,
+        idempotent_job_core::options::unknown_setting(&shown, &name, &known),
+    ))
+}

@@ -1,0 +1,133 @@
+"""Facts the Python package reads from the core instead of restating them: the job
+options table (a misspelled option raises naming the task or call, the bad name and the
+nearest known one, in the core's wording, as in Ruby), the retention default, and a
+result that cannot be encoded (recorded as ``unencodable``, as the Ruby gem does)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+
+import idempotent_job
+from idempotent_job import _native, errors
+from idempotent_job.celery import IdempotentTask
+
+# No worker: declarations and delay() raise before anything reaches the broker.
+app = Celery("idempotent_job_facts", broker="memory://", backend="cache+memory://")
+
+
+def test_a_misspelled_task_option_raises_at_declaration_with_the_suggestion():
+    with pytest.raises(errors.ConfigurationError) as caught:
+
+        @app.task(base=IdempotentTask, name="leese_task", idempotency_key=0, idempotency_leese=60)
+        def leese_task(order_id):
+            return order_id
+
+        leese_task.name  # noqa: B018 - evaluates a lazy task
+    message = str(caught.value)
+    assert message.startswith(
+        "leese_task: unknown option idempotency_leese (did you mean idempotency_lease?); known options: "
+        "idempotency_key, idempotency_scope, idempotency_lease"
+    ), message
+
+
+def test_an_option_the_python_binding_does_not_take_is_refused_by_name():
+    with pytest.raises(errors.ConfigurationError, match="tx_task: idempotency_transaction is not taken"):
+
+        @app.task(base=IdempotentTask, name="tx_task", idempotency_key=0, idempotency_transaction=True)
+        def tx_task(order_id):
+            return order_id
+
+        tx_task.name  # noqa: B018
+
+
+def test_a_bad_task_option_value_is_checked_by_the_core():
+    with pytest.raises(errors.ConfigurationError) as caught:
+
+        @app.task(base=IdempotentTask, name="hb_task", idempotency_key=0, idempotency_heartbeat="false")
+        def hb_task(order_id):
+            return order_id
+
+        hb_task.name  # noqa: B018
+    assert str(caught.value) == 'hb_task: idempotency_heartbeat must be true or false, got "false"'
+    with pytest.raises(errors.ConfigurationError) as caught:
+
+        @app.task(base=IdempotentTask, name="td_task", idempotency_key=0, idempotency_lease=timedelta(60))
+        def td_task(order_id):
+            return order_id
+
+        td_task.name  # noqa: B018
+    assert str(caught.value) == (
+        "td_task: idempotency_lease must be a positive number of seconds up to 315360000 (ten years), "
+        "got datetime.timedelta(days=60)"
+    )
+
+
+def test_a_misspelled_option_at_delay_raises_naming_the_task():
+    @app.task(base=IdempotentTask, name="delay_task", idempotency_key=0)
+    def delay_task(order_id):
+        return order_id
+
+    with pytest.raises(errors.ConfigurationError) as caught:
+        delay_task.apply_async((1,), idempotency_on_stael="hold")
+    assert str(caught.value).startswith(
+        "delay_task: unknown option idempotency_on_stael (did you mean idempotency_on_stale?)"
+    ), caught.value
+    with pytest.raises(errors.ConfigurationError, match="delay_task: idempotency_lease is a task option"):
+        delay_task.s(1).set(idempotency_lease=5).delay()
+
+
+def test_a_misspelled_perform_once_option_raises_with_the_suggestion():
+    with pytest.raises(errors.ConfigurationError) as caught:
+        idempotent_job.perform_once("ChargeOrder", 1, lambda claim: 1, on_stael="hold")
+    message = str(caught.value)
+    assert message.startswith(
+        "ChargeOrder: perform_once does not take on_stael (did you mean on_stale?) (it takes lease, payload"
+    ), message
+    with pytest.raises(errors.ConfigurationError, match="ChargeOrder: perform_once does not take scope"):
+        idempotent_job.perform_once("ChargeOrder", 1, lambda claim: 1, scope="x")
+
+
+def test_a_misspelled_setting_raises_with_the_suggestion():
+    with pytest.raises(errors.ConfigurationError) as caught:
+        idempotent_job.configure(database_url=os.environ["DATABASE_URL"], leese=60)
+    message = str(caught.value)
+    assert message.startswith("unknown idempotent_job setting leese (did you mean lease?) (known: "), message
+    assert "retention" in message and "pool_size" in message
+
+
+def test_the_option_names_are_the_cores():
+    assert _native.OPTION_NAMES[:3] == ("key", "scope", "lease")
+    assert "transaction" not in _native.OPTION_NAMES
+    assert _native.check_option("J", "", "on_stale", "hold") == "hold"
+    with pytest.raises(errors.ConfigurationError, match="J: lease must be at least 0.25 s"):
+        _native.check_option("J", "", "lease", 0.1)
+
+
+def test_the_retention_default_is_the_cores():
+    assert _native.DEFAULT_RETENTION == 2_592_000
+    assert idempotent_job._current().defaults()["retention"] == _native.DEFAULT_RETENTION
+
+
+def test_an_unencodable_result_is_recorded_and_not_run_again(scenario, caplog):
+    runs = []
+
+    def body(claim):
+        runs.append(1)
+        return {"at": object()}
+
+    with caplog.at_level(logging.WARNING, logger="idempotent_job"):
+        first = idempotent_job.perform_once("PyUnencodable", scenario, body, store_result=True)
+    assert first.decision == "ran"
+    record = idempotent_job.record("PyUnencodable", scenario)
+    assert record["status"] == "completed" and record["result_state"] == "unencodable"
+    assert any(
+        "its result was not stored" in r.getMessage() and "object" in r.getMessage() for r in caplog.records
+    )
+    again = idempotent_job.perform_once("PyUnencodable", scenario, body, store_result=True)
+    assert again.decision == "completed" and again.value is None and not again.replayed
+    assert runs == [1]
