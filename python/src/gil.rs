@@ -1,7 +1,7 @@
 //! Running core calls with the GIL released, interruptibly.
 //!
 //! [`detached`] releases the GIL (`Python::detach`) for the whole call, which drives
-//! its own statement's I/O on the calling thread (see `idempotent_job_core::store`).
+//! its own statement's I/O on the calling thread (see `idempotent_job_core::conn`).
 //! No Python object crosses into the detached closure: only owned Rust values.
 //!
 //! **Interrupts.** CPython runs signal handlers (SIGINT's KeyboardInterrupt, Celery's

@@ -46,6 +46,7 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_postgres::types::Type;
 
+use crate::config::REPEATS_KEPT;
 use crate::conn::{Conn, Interrupt};
 use crate::error::{is_transient_state, Error, Result};
 use crate::pool::{backoff, checkout_live, finish_unless_lost, Lane, Pool};
@@ -121,9 +122,6 @@ pub const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 /// ([`Bookkeeper::dropped`]); repeats of queued operations are merged into theirs.
 pub const MAX_QUEUED_OPERATIONS: usize = 10_000;
 
-/// Times and facts kept per operation (as [`FLUSH_SQL`] keeps in the record).
-const KEPT: usize = 20;
-
 /// The repeats of one operation still to write, merged.
 #[derive(Default)]
 struct Pending {
@@ -167,7 +165,7 @@ impl Pending {
             entry["replayed"] = json!(true);
         }
         self.facts.push_back(entry);
-        if self.facts.len() > KEPT {
+        if self.facts.len() > REPEATS_KEPT {
             self.facts.pop_front();
         }
     }
@@ -189,7 +187,7 @@ impl Pending {
             }
         }
         self.facts.extend(newer.facts);
-        while self.facts.len() > KEPT {
+        while self.facts.len() > REPEATS_KEPT {
             self.facts.pop_front();
         }
     }
@@ -204,11 +202,11 @@ impl Pending {
     }
 }
 
-/// Keeps the [`KEPT`] latest of `times` (RFC 3339 texts in UTC with microseconds, so
+/// Keeps the [`REPEATS_KEPT`] latest of `times` (RFC 3339 texts in UTC with microseconds, so
 /// they sort as text), in order.
 fn keep_latest(times: &mut Vec<String>) {
     times.sort();
-    let excess = times.len().saturating_sub(KEPT);
+    let excess = times.len().saturating_sub(REPEATS_KEPT);
     times.drain(..excess);
 }
 

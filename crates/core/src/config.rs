@@ -110,6 +110,23 @@ pub use crate::keys::MAX_KEY_BYTES;
 /// Default of `max_result_bytes` ([`Config::max_result_bytes`]): 64 KiB.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 65_536;
 
+/// How many repeats each record keeps the latest of (`repeat_times`, `repeat_facts`:
+/// older ones are dropped, so a record stays bounded). The statements spell it with the
+/// `repeats_kept!` text of the `sql` module, which this number is read from.
+pub const REPEATS_KEPT: usize = digits(repeats_kept!());
+
+/// The number a text of ASCII digits spells (a compile-time constant).
+const fn digits(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let (mut i, mut n) = (0, 0);
+    while i < bytes.len() {
+        assert!(bytes[i].is_ascii_digit(), "not a number");
+        n = n * 10 + (bytes[i] - b'0') as usize;
+        i += 1;
+    }
+    n
+}
+
 /// Largest `max_result_bytes` accepted: just under jsonb's limit (256 MiB).
 pub const MAX_RESULT_BYTES_LIMIT: usize = 268_435_455;
 

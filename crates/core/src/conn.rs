@@ -3,7 +3,7 @@
 //! **The calling thread drives its own statement.** Every pooled connection owns a
 //! small current-thread tokio runtime; its socket is registered with that runtime's
 //! reactor, and its `tokio_postgres::Connection` future is kept next to the client
-//! instead of being spawned. [`drive`] polls the connection together with the
+//! instead of being spawned. `drive` polls the connection together with the
 //! statement's future inside that runtime's `block_on`, on the thread that asked (a
 //! Ruby or Python thread with the GVL/GIL released): the request is written, and the
 //! answer read, by the caller itself. No other thread is woken per statement (the
@@ -300,7 +300,7 @@ impl PgConn {
 }
 
 /// The statement side of a pooled connection, handed to the work of
-/// [`Pooled::run`]: the client, and the connection's cache of the gem's own named
+/// `pool::Pooled::run`: the client, and the connection's cache of the gem's own named
 /// prepared statements. Derefs to `tokio_postgres::Client`.
 pub struct Conn {
     pub(crate) client: Client,

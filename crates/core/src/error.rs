@@ -120,7 +120,7 @@ impl Error {
     /// The error for a PostgreSQL error answer with SQLSTATE `code` and text `message`
     /// (its primary message, detail and hint), whichever driver received it: 55P03 is
     /// a [`Error::LockTimeout`], 57014 a [`Error::Timeout`] (statement_timeout), a
-    /// connection state ([`is_connection_state`]) a [`Error::Connection`], anything
+    /// connection state (`is_connection_state`) a [`Error::Connection`], anything
     /// else a [`Error::Database`] (retryable for [`is_transient_state`]). 42P01 and
     /// 25006 get a hint saying what to do.
     pub fn from_server(code: &str, mut message: String) -> Self {

@@ -7,6 +7,14 @@
 //! Parameters are numbered as each constant's doc says; every statement on one
 //! operation takes $1 job_type and $2 operation_key.
 
+/// How many repeats a record keeps the latest of (`repeat_times`, `repeat_facts`), as
+/// the statements spell it; `config::REPEATS_KEPT` is the same number for Rust.
+macro_rules! repeats_kept {
+    () => {
+        "20"
+    };
+}
+
 /// The LISTEN/NOTIFY channel of one record, as an SQL expression over its `job_type`
 /// and `operation_key` columns: `idempotent_job_` and the md5 of the length-prefixed
 /// pair (a valid identifier of 47 characters, whatever the key). Written once here;
@@ -26,7 +34,7 @@ macro_rules! notify_channel {
 ///   change nothing but `duplicates`+1 and `last_duplicate_at`.
 ///
 /// Every repeat (any delivery after the first) appends its time to `repeat_times`
-/// (the last 20 are kept) and its job class to `job_classes`, for the repeats report.
+/// (the last `repeats_kept!()` are kept) and its job class to `job_classes`, for the repeats report.
 ///
 /// A delivery whose argument digest differs from the claim's is a payload mismatch:
 /// it is counted in `mismatches` and flagged in `last_mismatch`; when $10 is true
@@ -45,7 +53,8 @@ macro_rules! notify_channel {
 /// $9 arguments (JSON text), $10 refuse mismatched payloads (bool), $11 the delivery's
 /// facts (JSON object text or NULL): a first claim keeps them as `first_facts` for the
 /// repeats report (a repeat's own facts are written off this path, by the bookkeeping).
-pub const CLAIM_SQL: &str = r#"
+pub const CLAIM_SQL: &str = concat!(
+    r#"
 INSERT INTO idempotent_job_records AS r
     (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
      args_digest, job_class, queue, args, job_classes, first_facts)
@@ -78,7 +87,9 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             CASE WHEN d.take THEN r.last_duplicate_at ELSE now() END,
             r.mismatches + d.mismatch::int,
             d.mismatch,
-            (r.repeat_times || now())[greatest(1, cardinality(r.repeat_times) - 18):],
+            (r.repeat_times || now())[greatest(1, cardinality(r.repeat_times) - ("#,
+    repeats_kept!(),
+    r#" - 2)):],
             CASE WHEN excluded.job_class IS NULL OR excluded.job_class = ANY (r.job_classes)
                  THEN r.job_classes ELSE r.job_classes || excluded.job_class END,
             now()
@@ -93,7 +104,8 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
           EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_remaining,
           now() AS decided_at,
           -- Stored results (V7): what a repeat of a completed operation replays.
-          r.result::text AS result, r.result_state"#;
+          r.result::text AS result, r.result_state"#
+);
 
 /// A delivery's first statement outside a transaction (`claim::deliver`): a look at the
 /// record and, only when there is none, the first claim's insert, in one round trip.
@@ -298,7 +310,7 @@ SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM doomed) AS 
 /// Operations delivered more than once since $1 (optionally of job type $2), for the
 /// repeats report: their counts, first claim and repeat times, delivering classes, the
 /// last claiming delivery's id, the completion time, the first claim's facts and each
-/// repeat's recorded facts (the last 20: bounded per operation).
+/// repeat's recorded facts (the last `repeats_kept!()`: bounded per operation).
 pub const REPEATS_SQL: &str = r#"
 SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatches,
        first_claimed_at, repeat_times, job_classes, jid, completed_at,
@@ -324,7 +336,7 @@ UPDATE idempotent_job_records
 /// object per operation (same order): `dups` (duplicates to add), `mismatches`,
 /// `last_mismatch`, `last_at` (latest duplicate's database time, or null), `times`
 /// (duplicate times to append to `repeat_times`), `classes`, `facts` (entries to
-/// append to `repeat_facts`). Keeps the last 20 times and facts. Each operation's
+/// append to `repeat_facts`). Keeps the last `repeats_kept!()` times and facts. Each operation's
 /// row is found through the primary key (arrays, so the planner expects a few rows,
 /// never a scan of the table). Committed asynchronously (`synchronous_commit = off`
 /// for this statement's transaction).
@@ -335,7 +347,8 @@ UPDATE idempotent_job_records
 /// Every batch of every process locks in that one order, so two batches never wait
 /// on each other in a cycle (the deadlocks, SQLSTATE 40P01, of batches that met the
 /// same rows in different orders).
-pub const FLUSH_SQL: &str = r#"
+pub const FLUSH_SQL: &str = concat!(
+    r#"
 WITH b AS (
     SELECT k.job_type, k.operation_key, d.*
       FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS k(job_type, operation_key, doc),
@@ -355,17 +368,22 @@ UPDATE idempotent_job_records AS r
        mismatches = r.mismatches + b.mismatches,
        last_mismatch = CASE WHEN b.dups > 0 THEN b.last_mismatch ELSE r.last_mismatch END,
        repeat_times = ARRAY(SELECT t FROM (SELECT t FROM unnest(r.repeat_times || b.times) AS t
-                                            ORDER BY t DESC LIMIT 20) AS kept ORDER BY t),
+                                            ORDER BY t DESC LIMIT "#,
+    repeats_kept!(),
+    r#") AS kept ORDER BY t),
        job_classes = r.job_classes || ARRAY(SELECT DISTINCT c FROM unnest(b.classes) AS c
                                              WHERE c <> ALL (r.job_classes)),
        repeat_facts = (SELECT coalesce(jsonb_agg(e ORDER BY n), '[]')
                          FROM (SELECT e, n FROM jsonb_array_elements(r.repeat_facts || b.facts)
                                         WITH ORDINALITY AS x(e, n)
-                               ORDER BY n DESC LIMIT 20) AS kept),
+                               ORDER BY n DESC LIMIT "#,
+    repeats_kept!(),
+    r#") AS kept),
        updated_at = greatest(r.updated_at, b.last_at)
   FROM locked AS l JOIN b USING (job_type, operation_key),
        (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
- WHERE r.job_type = l.job_type AND r.operation_key = l.operation_key"#;
+ WHERE r.job_type = l.job_type AND r.operation_key = l.operation_key"#
+);
 
 /// The record's LISTEN channel name (`notify_channel!`). Parameters: $1 job_type,
 /// $2 operation_key.

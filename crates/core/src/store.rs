@@ -131,7 +131,7 @@ fn of_this_process(owned: &Option<Owned>) -> Option<Handles> {
 impl Store {
     /// Validates `config` (without connecting) and returns an idle store.
     ///
-    /// Errors: [`Error::Config`] for an invalid configuration.
+    /// Errors: [`crate::error::Error::Config`] for an invalid configuration.
     pub fn new(config: Config) -> Result<Self> {
         config.validate()?;
         Ok(Store {
@@ -148,8 +148,8 @@ impl Store {
     /// The pool of the current process, created on first call and re-created (the old
     /// one and its runtime leaked) when the pid changed since.
     ///
-    /// Errors: [`Error::Config`] if the configuration cannot build a pool,
-    /// [`Error::Connection`] if the background runtime cannot start.
+    /// Errors: [`crate::error::Error::Config`] if the configuration cannot build a pool,
+    /// [`crate::error::Error::Connection`] if the background runtime cannot start.
     pub fn pool(&self) -> Result<Handles> {
         let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(pool) = of_this_process(&owned) {

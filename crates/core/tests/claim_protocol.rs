@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
-use idempotent_job_core::config::Config;
+use idempotent_job_core::config::{Config, REPEATS_KEPT};
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
 use idempotent_job_core::migrate;
@@ -49,6 +49,7 @@ in_both_modes!(
     a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim,
     completion_and_release_repeat_safely_for_their_own_token,
     the_first_claim_keeps_its_facts_and_repeats_never_change_them,
+    a_record_keeps_only_its_latest_repeats,
 );
 
 fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
@@ -256,6 +257,57 @@ fn an_expired_lease_is_taken_over_once_and_fences_the_old_holder(store: Store) {
 }
 
 /// The record's `first_facts` as JSON text (NULL: none sent).
+/// The operation's `repeat_times`, once this process's queued bookkeeping is written.
+fn repeat_times(store: &Store, req: &ClaimRequest) -> Vec<chrono::DateTime<chrono::Utc>> {
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    repeat_times_written(store, req)
+}
+
+/// The operation's `repeat_times` as written now.
+fn repeat_times_written(store: &Store, req: &ClaimRequest) -> Vec<chrono::DateTime<chrono::Utc>> {
+    let job_type = req.job_type.clone();
+    let since = chrono::Utc::now() - chrono::Duration::hours(1);
+    let rows = store
+        .with_conn(async |c| claim::repeats(c, since, Some(&job_type)).await)
+        .unwrap();
+    rows.into_iter()
+        .find(|r| r.operation_key == req.operation_key)
+        .map_or_else(Vec::new, |r| r.repeat_times)
+}
+
+/// Both statements that append repeats (the claim for a retry, the bookkeeping for a
+/// duplicate) keep the latest `REPEATS_KEPT` of them, the one number the Rust side uses.
+fn a_record_keeps_only_its_latest_repeats(store: Store) {
+    let req = request(&unique("Kept"), "k", 30.0);
+    let (mut token, ..) = token_of(claim(&store, &req).unwrap());
+    for _ in 0..REPEATS_KEPT + 3 {
+        release(&store, &req, token).unwrap();
+        // The claim statement alone (no bookkeeping queued): it trims `repeat_times` itself.
+        let retried = store.with_conn(async |c| claim::claim(c, &req).await);
+        let (next, kind, _) = token_of(retried.unwrap().outcome);
+        assert_eq!(kind, ClaimKind::Retry);
+        token = next;
+    }
+    let by_claims = repeat_times_written(&store, &req);
+    assert_eq!(by_claims.len(), REPEATS_KEPT);
+    complete(&store, &req, token).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(
+            claim(&store, &req).unwrap(),
+            Outcome::Completed { .. }
+        ));
+    }
+    let by_bookkeeping = repeat_times(&store, &req);
+    assert_eq!(by_bookkeeping.len(), REPEATS_KEPT);
+    assert_eq!(
+        by_bookkeeping[..REPEATS_KEPT - 3],
+        by_claims[3..],
+        "the oldest went first"
+    );
+}
+
 fn first_facts(store: &Store, req: &ClaimRequest) -> Option<String> {
     let req = req.clone();
     store

@@ -2,7 +2,7 @@
 //!
 //! `rb_thread_call_without_gvl2` runs the call on the calling thread (other Ruby
 //! threads keep running); the call drives its own statement's I/O there (see
-//! `core::store`). Its unblocking function, called by Ruby for Thread#raise, Timeout,
+//! `core::conn`). Its unblocking function, called by Ruby for Thread#raise, Timeout,
 //! Thread#kill, Thread#wakeup, a signal or shutdown, wakes the call's
 //! [`Interrupt`]. The woken call takes the GVL back for a moment
 //! (`rb_thread_call_with_gvl`) and processes pending interrupts under `rb_protect`:
