@@ -41,6 +41,30 @@ use crate::values::{self, Param, Rows};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The value [`sql::LOCK_TIMEOUT_SQL`] takes for a lock timeout of `seconds`: whole
+/// milliseconds, rounded up (`"1500ms"`). For every transactional claim, the native
+/// [`Session`]'s and a binding's own connection's (Ruby's ActiveRecord strategy).
+pub fn lock_timeout_param(seconds: f64) -> String {
+    format!("{}ms", (seconds * 1000.0).ceil() as u64)
+}
+
+/// The error of a transactional claim that waited more than `seconds` for another
+/// delivery's open transaction on the same record: [`Error::LockTimeout`] naming the
+/// job type, the operation key and the wait, then PostgreSQL's `message`.
+pub fn lock_timeout_error(
+    job_type: &str,
+    operation_key: &str,
+    seconds: f64,
+    message: &str,
+) -> Error {
+    Error::LockTimeout {
+        message: format!(
+            "{job_type} operation {operation_key:?}: another delivery kept it locked for more than \
+             {seconds} s (its transaction is still open): {message}"
+        ),
+    }
+}
+
 /// One open transaction on a pooled connection.
 pub struct Session {
     conn: Pooled,
@@ -113,20 +137,19 @@ impl Session {
                 req.job_type
             )));
         }
-        let millis = format!("{}ms", (lock_timeout_seconds * 1000.0).ceil() as u64);
+        let millis = lock_timeout_param(lock_timeout_seconds);
         let until = self.until() + Duration::from_secs_f64(lock_timeout_seconds);
         let (decision, repeat) = self.conn.run_until(interrupt, Some(until), async |c| {
             c.execute_typed(sql::LOCK_TIMEOUT_SQL, &[(&millis, Type::TEXT)])
                 .await?;
             let noted = claim::claim_noting(c, req, uuid::Uuid::new_v4()).await;
             let (decision, repeat) = noted.map_err(|e| match e {
-                Error::LockTimeout { message } => Error::LockTimeout {
-                    message: format!(
-                        "{} operation {:?}: another delivery kept it locked for more than {} s \
-                         (its transaction is still open): {message}",
-                        req.job_type, req.operation_key, lock_timeout_seconds
-                    ),
-                },
+                Error::LockTimeout { message } => lock_timeout_error(
+                    &req.job_type,
+                    &req.operation_key,
+                    lock_timeout_seconds,
+                    &message,
+                ),
                 other => other,
             })?;
             c.batch_execute(sql::LOCK_TIMEOUT_RESET_SQL).await?;

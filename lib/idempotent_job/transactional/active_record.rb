@@ -75,19 +75,17 @@ module IdempotentJob
         @connection.materialize_transactions if @connection.respond_to?(:materialize_transactions)
         token = SecureRandom.uuid
         raw = @connection.raw_connection
+        set_sql, param, reset_sql = IdempotentJob::Native.lock_timeout_statements(lock_timeout.to_f)
         row = translated(request) do
-          raw.exec_params("SELECT set_config('lock_timeout', $1, true)", ["#{(lock_timeout * 1000).ceil}ms"])
-          raw.exec_params(IdempotentJob.claim_sql, claim_params(request, token)).first.tap do
-            raw.exec("SET LOCAL lock_timeout TO DEFAULT")
-          end
+          raw.exec_params(set_sql, [param])
+          raw.exec_params(IdempotentJob.claim_sql, claim_params(request, token)).first.tap { raw.exec(reset_sql) }
         end
         @claimed = [typed(row), token, request, row["decided_at"]]
         [typed(row), token]
       rescue LockTimeoutError => e
         subject = "#{request[:job_type]} operation #{request[:operation_key].inspect}: "
-        raise error(LockTimeoutError, "#{subject}another delivery kept it locked for more than #{lock_timeout} s " \
-                                      "(its transaction is still open): #{e.message.delete_prefix(subject)}",
-                    sqlstate: "55P03")
+        IdempotentJob::Native.raise_lock_timeout(request[:job_type], request[:operation_key], lock_timeout.to_f,
+                                                 e.message.delete_prefix(subject))
       end
 
       # Applies a fenced change (the completion) on ActiveRecord's connection.

@@ -21,6 +21,11 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         function!(idempotent_job_core::migrate::schema_sql, 0),
     )?;
     native.define_module_function("claim_sql", function!(claim_sql, 0))?;
+    native.define_module_function(
+        "lock_timeout_statements",
+        function!(lock_timeout_statements, 1),
+    )?;
+    native.define_module_function("raise_lock_timeout", function!(raise_lock_timeout, 4))?;
     native.define_module_function("deliver_sql", function!(deliver_sql, 0))?;
     native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
@@ -188,4 +193,37 @@ fn deliver_sql() -> &'static str {
 
 fn claim_sql() -> &'static str {
     idempotent_job_core::sql::CLAIM_SQL.trim()
+}
+
+/// `Native.lock_timeout_statements(seconds)` → `[set_sql, param, reset_sql]`: the
+/// statement that bounds a transactional claim's wait for another delivery's open
+/// transaction (`set_config('lock_timeout', $1, true)`), its parameter for `seconds`
+/// (whole milliseconds, rounded up) and the statement that restores the session's own
+/// lock_timeout after the claim. The core's, as its native transactions send them.
+fn lock_timeout_statements(seconds: f64) -> (&'static str, String, &'static str) {
+    (
+        idempotent_job_core::sql::LOCK_TIMEOUT_SQL,
+        idempotent_job_core::session::lock_timeout_param(seconds),
+        idempotent_job_core::sql::LOCK_TIMEOUT_RESET_SQL,
+    )
+}
+
+/// `Native.raise_lock_timeout(job_type, operation_key, seconds, message)` raises
+/// `IdempotentJob::LockTimeoutError` (sqlstate 55P03) naming the job type, the
+/// operation key and the wait (`seconds`), then PostgreSQL's `message`: the core's
+/// wording for a transactional claim that waited too long. Never returns normally.
+fn raise_lock_timeout(
+    ruby: &Ruby,
+    job_type: String,
+    operation_key: String,
+    seconds: f64,
+    message: String,
+) -> Result<(), magnus::Error> {
+    let err = idempotent_job_core::session::lock_timeout_error(
+        &job_type,
+        &operation_key,
+        seconds,
+        &message,
+    );
+    Err(errors::to_ruby(ruby, err))
 }
