@@ -130,10 +130,16 @@ def main() -> int:
         say(f"(m) {orders['m']}: 5 copies sent at once; every result says charged by pid {sorted(set(pids))}")
 
         value = killed.get(timeout=TIMEOUT)
+        arrived = int(r.hget(celery_tasks.ARRIVALS_KEY, f"{celery_tasks.TASK_NAME} {orders['n']}") or 0)
+        returns = arrived - 2  # the killed delivery and its redelivery; the rest came back deferred
+        how = (
+            f"sent back {returns} time(s) behind the dead child's live claim, then"
+            if returns > 0
+            else "arriving after the lease had run out,"
+        )
         say(
-            f"(n) {orders['n']}: redelivered at once (acks_late, task_reject_on_worker_lost), sent back "
-            f"behind the dead child's claim until its {celery_tasks.LEASE} s lease ran out, then taken "
-            f"over: charged by pid {value['pid']}"
+            f"(n) {orders['n']}: redelivered (acks_late, task_reject_on_worker_lost), {how} took over the "
+            f"stale claim once its {celery_tasks.LEASE} s lease ran out: charged by pid {value['pid']}"
         )
     finally:
         stop_worker(worker)
