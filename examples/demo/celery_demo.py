@@ -132,14 +132,16 @@ def main() -> int:
         value = killed.get(timeout=TIMEOUT)
         arrived = int(r.hget(celery_tasks.ARRIVALS_KEY, f"{celery_tasks.TASK_NAME} {orders['n']}") or 0)
         returns = arrived - 2  # the killed delivery and its redelivery; the rest came back deferred
+        lease = celery_tasks.LEASE
         how = (
-            f"sent back {returns} time(s) behind the dead child's live claim, then"
+            f"met the dead child's live claim and was sent back {returns} time(s); once the {lease} s lease "
+            "ran out it took over the stale claim"
             if returns > 0
-            else "arriving after the lease had run out,"
+            else f"came after the dead child's {lease} s lease had run out and took over the stale claim"
         )
         say(
-            f"(n) {orders['n']}: redelivered (acks_late, task_reject_on_worker_lost), {how} took over the "
-            f"stale claim once its {celery_tasks.LEASE} s lease ran out: charged by pid {value['pid']}"
+            f"(n) {orders['n']}: the broker delivered it again (acks_late, task_reject_on_worker_lost); it "
+            f"{how}: charged by pid {value['pid']}"
         )
     finally:
         stop_worker(worker)
