@@ -21,8 +21,10 @@ from idempotent_job.celery import IdempotentTask
 
 #: The record's job type of the demo's Celery task.
 TASK_NAME = "demo_celery.charge_order"
-#: Its lease, seconds: short, so a redelivery behind a killed child's claim runs within the demo.
-LEASE = 3
+#: Its lease, seconds: short, so a redelivery behind a killed child's claim runs within the demo, and
+#: longer than the few seconds billiard takes to notice the killed child, so the redelivery meets the
+#: live claim first.
+LEASE = 6
 #: How long the body works before its effect, so copies overlap.
 WORK_SECONDS = 0.8
 #: Redis keys shared with the Ruby side (examples/demo/jobs.rb) and the Celery driver.
