@@ -69,11 +69,13 @@ def _effect(key: str) -> None:
 
 @app.task(name="bench.none")
 def none(key):
+    """No guard: the effect on every delivery."""
     _effect(key)
 
 
 @app.task(name="bench.door", base=IdempotentTask, idempotency_key="key")
 def door(key):
+    """The effect behind idempotent_job's Celery door (key: the argument `key`)."""
     _effect(key)
 
 
@@ -86,6 +88,7 @@ def _guard_connection() -> psycopg.Connection:
 
 @app.task(name="bench.handwritten")
 def handwritten(key):
+    """The effect behind the hand-written guard: claim by INSERT, skip on conflict, UPDATE after."""
     conn = _guard_connection()
     claimed = conn.execute(
         f"INSERT INTO {GUARD_TABLE} (operation_key, status, claimed_at) VALUES (%s, 'running', now()) "
@@ -105,6 +108,7 @@ def handwritten(key):
 
 @app.task(name="bench.once", base=QueueOnce, once={"graceful": True, "keys": ["key"]})
 def once(key):
+    """The effect behind celery-once's lock (taken at apply_async, cleared on return)."""
     _effect(key)
 
 

@@ -85,6 +85,8 @@ class Bench:
         return [key for _, key in sorted(slots)]
 
     def run(self) -> dict:
+        """Runs every round; returns the table and figures (see :meth:`figures`).
+        Raises RuntimeError when a run fails its checks or a worker fails."""
         idempotent_job.migrate()
         celery_app.setup_guard_table()
         samples: dict[str, list[dict]] = {v: [] for v in VARIANTS}
@@ -95,6 +97,8 @@ class Bench:
         return self.figures(samples)
 
     def once(self, variant: str, run_id: str) -> dict:
+        """One run of one variant: queue the sends, start a worker, time the drain, send the
+        late duplicates, stop the worker, check the effects. Returns the run's figures."""
         prefix = f"c{os.getpid()}-{run_id}-"
         self.redis.flushdb()
         log = self.dir / f"celery-{run_id}.log"
@@ -135,6 +139,7 @@ class Bench:
         return accepted, time.monotonic() - started
 
     def start_worker(self, log: Path) -> subprocess.Popen:
+        """Starts `celery worker` (prefork) on the benchmark's queue, its log in `log`."""
         command = [
             sys.executable, "-m", "celery", "-A", "celery_app", "worker", "--pool=prefork",
             f"--concurrency={self.concurrency}", f"--queues={celery_app.QUEUE}", "--loglevel=WARNING",
@@ -147,6 +152,9 @@ class Bench:
         return subprocess.Popen(command, cwd=HERE, env=env, **quiet)
 
     def wait(self, accepted: int, worker: subprocess.Popen, log: Path) -> dict:
+        """Waits until `accepted` tasks have ended (deferred copies awaited); returns tasks,
+        deferred, seconds (first start to last end), effects, operations, twice, most.
+        Raises RuntimeError when the worker exits or takes too long."""
         deadline = time.monotonic() + 120 + accepted / 50
         while True:
             ended, retried = (int(v or 0) for v in self.redis.mget(celery_app.ENDED, celery_app.RETRIED))
@@ -174,6 +182,7 @@ class Bench:
 
     @staticmethod
     def stop(worker: subprocess.Popen) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL after 15 s."""
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             try:
@@ -183,6 +192,8 @@ class Bench:
                 worker.wait()
 
     def check(self, variant: str, prefix: str, figures: dict, log: Path) -> None:
+        """Raises RuntimeError unless every operation ran, exactly once with the door and the
+        hand-written guard (late duplicates included), every send without a guard."""
         after = figures["after"]
         if figures["operations"] != self.operations:
             raise RuntimeError(
@@ -208,6 +219,8 @@ class Bench:
                 raise RuntimeError(f"door: {completed} of {self.operations} records completed (log: {log})")
 
     def figures(self, samples: dict[str, list[dict]]) -> dict:
+        """The table (title, headers, rows, notes) and the CSV records (subject, metric,
+        value, unit, note) of every variant's runs."""
         rate = {v: [self.sends / s["seconds"] for s in runs] for v, runs in samples.items()}
 
         def ratio(a: str, b: str) -> float:
@@ -261,12 +274,14 @@ class Bench:
         }
 
     def effects_text(self, variant: str, last: dict) -> str:
+        """The effects cell of a variant's row (its last run)."""
         text = f"{last['effects']} ({last['twice']} operations more than once)"
         if variant == "door" and last["deferred"]:
             text += f"; {last['deferred']} deferred behind a live claim"
         return text
 
     def notes(self, samples: dict[str, list[dict]]) -> list[str]:
+        """The lines under the table: method, settings, checks, celery-once's behaviour."""
         sending = {v: statistics.median(s["sending"] for s in runs) for v, runs in samples.items()}
         return [
             f"each run: the {self.sends} sends queued first (each duplicate {self.gap}–{3 * self.gap} "

@@ -43,10 +43,13 @@ AMOUNT_CENTS = 1500
 
 
 def say(text: str) -> None:
+    """Prints a line of the demo at once."""
     print(text, flush=True)
 
 
 def wait_for(check, what: str, within: float = TIMEOUT):
+    """Polls `check` every 0.1 s until it returns a truthy value (returned); raises
+    TimeoutError naming `what` after `within` seconds."""
     deadline = time.monotonic() + within
     while True:
         value = check()
@@ -58,6 +61,7 @@ def wait_for(check, what: str, within: float = TIMEOUT):
 
 
 def start_worker() -> subprocess.Popen:
+    """Starts the demo's `celery worker` (prefork, 3 children) and waits until it answers a ping."""
     LOG.parent.mkdir(parents=True, exist_ok=True)
     LOG.write_text("")
     command = [
@@ -80,6 +84,7 @@ def start_worker() -> subprocess.Popen:
 
 
 def stop_worker(worker: subprocess.Popen) -> None:
+    """Stops the worker: SIGTERM (warm shutdown), SIGKILL after 20 s."""
     if worker.poll() is None:
         worker.send_signal(signal.SIGTERM)  # warm shutdown: the children finish what they hold
         try:
@@ -90,11 +95,13 @@ def stop_worker(worker: subprocess.Popen) -> None:
 
 
 def children(worker_pid: int) -> list[int]:
+    """The pids of the worker's pool children (Linux /proc)."""
     path = Path(f"/proc/{worker_pid}/task/{worker_pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
 def main() -> int:
+    """Runs (n), (l), (m) as the module's documentation says; returns the exit status."""
     state = json.loads(STATE.read_text())
     run = state["run"]
     task = celery_tasks.charge_order
