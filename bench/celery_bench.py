@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 HERE = Path(__file__).resolve().parent
 #: Duplicate sends, as a fraction of the operations.
@@ -44,7 +45,8 @@ LABELS = {
 
 
 def broker_url() -> str:
-    return os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/7"
+    """REDIS_URL's server, database 7 (the benchmark's: it is emptied before each run)."""
+    return urlunsplit(urlsplit(os.environ["REDIS_URL"])._replace(path="/7"))
 
 
 os.environ.setdefault("BENCH_BROKER_URL", broker_url())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import idempotent_job
 import psycopg
@@ -33,7 +34,7 @@ STARTS_KEY = "idempotent_job_demo:celery_starts"
 STALL_KEY = "idempotent_job_demo:celery_stall"
 
 SIDEKIQ_REDIS = os.environ["REDIS_URL"]
-BROKER_URL = SIDEKIQ_REDIS.rsplit("/", 1)[0] + "/4"
+BROKER_URL = urlunsplit(urlsplit(SIDEKIQ_REDIS)._replace(path="/4"))
 DATABASE_URL = os.environ["DATABASE_URL"]
 
 app = Celery("idempotent_job_demo", broker=BROKER_URL, backend=BROKER_URL)
