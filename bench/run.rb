@@ -18,24 +18,27 @@ require_relative "replay"
 require_relative "enqueue"
 require_relative "purge"
 require_relative "targets"
+require_relative "celery_run"
 
 module IdempotentJobBench
   # Parses the options, runs the sections in order, prints the tables and writes
   # tmp/bench/results.csv and results.md.
   class CLI
     # Sections in the order they run.
-    SECTIONS = %w[first duplicate throughput growth sidekiq memory replay enqueue purge].freeze
+    SECTIONS = %w[first duplicate throughput growth sidekiq memory replay enqueue purge celery].freeze
 
     # Sizes of each section: full run, and --quick (a smoke run of a minute or so).
     PLANS = {
       full: { rounds: 60, batch: 8, threads: [1, 2, 5, 10, 25], seconds: 1.5, repeats: 5,
               sizes: [1_000, 100_000, 1_000_000, 10_000_000], growth_rounds: 30,
               operations: 10_000, sidekiq_repeats: 2, memory_runs: 3, enqueue_batch: 50,
-              purge_sizes: [100_000, 800_000], purge_loaded: 200_000 },
+              purge_sizes: [100_000, 800_000], purge_loaded: 200_000,
+              celery_operations: 5_000, celery_rounds: 3 },
       quick: { rounds: 4, batch: 5, threads: [1, 2, 5, 10, 25], seconds: 0.3, repeats: 1,
                sizes: [1_000, 100_000], growth_rounds: 4, operations: 1_000, sidekiq_repeats: 1,
                memory_runs: 1, enqueue_batch: 5,
-               purge_sizes: [2_000, 16_000], purge_loaded: 4_000 }
+               purge_sizes: [2_000, 16_000], purge_loaded: 4_000,
+               celery_operations: 200, celery_rounds: 1 }
     }.freeze
 
     # @param argv [Array<String>] command-line arguments
@@ -108,12 +111,14 @@ module IdempotentJobBench
       end
     end
 
-    # The sections of results, reject at enqueue and purge.
+    # The sections of results, reject at enqueue, purge and celery.
     def run_operations_section(name, db, sizes)
       case name
       when "replay" then Replay.new(db, @results, rounds: sizes[:rounds], batch: sizes[:batch]).run
       when "enqueue" then EnqueueCost.new(db, @results, rounds: sizes[:rounds], batch: sizes[:enqueue_batch]).run
       when "purge" then Purge.new(db, @results, sizes: sizes[:purge_sizes], loaded: sizes[:purge_loaded]).run
+      when "celery"
+        CeleryRun.new(@results, operations: sizes[:celery_operations], rounds: sizes[:celery_rounds], dir: @out).run
       end
     end
 

@@ -17,7 +17,10 @@ module Demo
       "(g)" => { "redelivery/restart" => 1 },                # took over the killed worker's claim (held)
       "(h)" => { "concurrent copy" => 4 },                   # waited on the transactional claim's row lock
       "(j)" => { "re-enqueue, other producer" => 1 },        # the webhook after the controller
-      "(k)" => { "concurrent copy" => 3, "redelivery/restart" => 1 } # 2 perform_later + 1 job_id, its copy
+      "(k)" => { "concurrent copy" => 3, "redelivery/restart" => 1 }, # 2 perform_later + 1 job_id, its copy
+      "(l)" => { "re-enqueue" => 2 },                        # Celery: sent again after it completed (no producer)
+      "(m)" => { "concurrent copy" => 4 },                   # Celery: five copies met the live claim of one
+      "(n)" => { "redelivery/restart" => 1 }                 # Celery: took over the killed pool child's claim
     }.freeze
 
     # @param state [State]

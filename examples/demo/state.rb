@@ -15,6 +15,9 @@ module Demo
     end
   end
 
+  # The Celery task of scenarios (l) (m) (n), by its name (its record's job type).
+  CELERY_TASK = Struct.new(:name).new("demo_celery.charge_order")
+
   # What the demo's steps share: the run tag (a prefix of every order number, so runs
   # against a long-lived database do not meet) and the deliveries made so far, kept in a
   # JSON file between the driver's processes.
@@ -67,7 +70,17 @@ module Demo
         [ChargeOrderJob, 107, "(e) distinct"], [ChargeOrderJob, 111, "(j) two producers"]
       ].map do |job_class, number, scenario|
         Operation.new(scenario:, job_class:, key: order_id(number), effects: charges)
-      end << shipment << email << ledger_copies << ledger_crash << ActiveJobScenario.operation(self)
+      end + [shipment, email, ledger_copies, ledger_crash, ActiveJobScenario.operation(self), *celery_operations]
+    end
+
+    # (l) (m) (n): the Celery task of examples/demo/celery_tasks.py, delivered by a real prefork
+    # `celery worker` (examples/demo/celery_demo.py); its charges go to demo_charges.
+    def celery_operations
+      charges = ->(op) { Effects.charges(op.job_class.name, op.key) }
+      [[112, "(l) celery: sent 3 times"], [113, "(m) celery: 5 copies at once"],
+       [114, "(n) celery: child SIGKILLed"]].map do |number, scenario|
+        Operation.new(scenario:, job_class: CELERY_TASK, key: order_id(number), effects: charges)
+      end
     end
 
     # (h) and (i): LedgerEntryJob, whose effect is written in its idempotent transaction.

@@ -8,10 +8,11 @@ module IdempotentJob
     # function: no database, no clock. A delivery's facts (a Hash with String keys, as
     # the doors record them) are:
     # * "at" (Float, epoch seconds by the database clock): when it reached the claim;
-    # * "jid" (String): its delivery id (Sidekiq jid; "job_id" for ActiveJob, or
-    #   "delivery_id" / "message_id", are read too);
-    # * "retry_count" (Integer, Sidekiq: absent before the queue's first retry) or
-    #   "executions" (Integer, ActiveJob: 1 on the first run, 2 on the first retry);
+    # * "jid" (String): its delivery id (Sidekiq jid; "job_id" for ActiveJob, "task_id"
+    #   for the Celery door, or "delivery_id" / "message_id", are read too);
+    # * "retry_count" (Integer, Sidekiq: absent before the queue's first retry),
+    #   "executions" (Integer, ActiveJob: 1 on the first run, 2 on the first retry) or
+    #   "retries" (Integer, Celery: 0 on the first run, 1 on the first retry);
     # * "enqueued_at" / "created_at" (Float epoch seconds; Sidekiq 8's integer
     #   milliseconds and ActiveJob's ISO 8601 text are read as such too);
     # * "deferrals" (Integer): how many times the gem deferred this copy already;
@@ -184,13 +185,15 @@ module IdempotentJob
 
         # The delivery id, whichever door recorded it.
         def id_of(facts)
-          facts["jid"] || facts["job_id"] || facts["delivery_id"] || facts["message_id"]
+          facts["jid"] || facts["job_id"] || facts["task_id"] || facts["delivery_id"] || facts["message_id"]
         end
 
         # How many times the queue has retried this delivery: Sidekiq's retry_count is
-        # absent before the first retry, then 0, 1…; ActiveJob's executions is 1, 2…
+        # absent before the first retry, then 0, 1…; ActiveJob's executions is 1, 2…;
+        # Celery's retries is 0, 1…
         def retries(facts)
           return facts["retry_count"].to_i + 1 if facts.key?("retry_count")
+          return facts["retries"].to_i if facts.key?("retries")
 
           [facts["executions"].to_i - 1, 0].max
         end

@@ -42,6 +42,17 @@ RSpec.describe IdempotentJob::Repeats::Classifier do
       .to eq([[:queue_retry, "x", 1], [:redelivery, "x", 1]])
   end
 
+  it "reads the Celery door's facts: task_id and retries" do
+    celery = ->(at, id, **facts) { { "at" => t0 + at, "task_id" => id, "retries" => 0 }.merge(facts) }
+    deliveries = [celery.call(0, "a", "decision" => "claimed"), celery.call(0.01, "b", "decision" => "in_progress"),
+                  celery.call(2, "b", "decision" => "completed", "deferrals" => 1),
+                  celery.call(3, "a", "decision" => "claimed", "retries" => 1),
+                  celery.call(9, "a", "decision" => "completed", "retries" => 1)]
+    expect(described_class.classify(deliveries).map { |r| [r.cause, r.id, r.deferred_return] })
+      .to eq([[:concurrent_copy, "b", false], [:concurrent_copy, "b", true], [:queue_retry, "a", false],
+              [:redelivery, "a", false]])
+  end
+
   it "matches a redelivery to the deploy or restart it follows, within the window" do
     deploy = Time.at(t0 + 350)
     deliveries = [delivery(0, "a", decision: "claimed"), delivery(400, "a"), delivery(1000, "a")]
