@@ -69,11 +69,11 @@ impl<'r> Out<'r> {
         }
     }
     pub fn set<T: IntoValue>(&self, key: &str, value: T) -> RbResult<&Self> {
-        self.hash.aset(self.ruby.to_symbol(key), value)?;
+        self.hash.aset(self.ruby.sym_new(key), value)?;
         Ok(self)
     }
     pub fn sym(&self, key: &str, value: &str) -> RbResult<&Self> {
-        self.set(key, self.ruby.to_symbol(value))
+        self.set(key, self.ruby.sym_new(value))
     }
     /// `set` with a key interned once.
     fn put<T: IntoValue>(&self, key: &LazyId, value: T) -> RbResult<&Self> {
@@ -125,7 +125,7 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
 pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.put(&keys::mismatch, decision.mismatch)?;
-    let named = |name: &str| ruby.to_symbol(name);
+    let named = |name: &str| ruby.sym_new(name);
     match decision.outcome {
         Outcome::Claimed {
             token,
@@ -210,7 +210,7 @@ pub fn decided(
     token: &str,
     request: RHash,
 ) -> RbResult<(Decision, ClaimRequest)> {
-    let sym = |key: &str| ruby.to_symbol(key);
+    let sym = |key: &str| ruby.sym_new(key);
     let claim_row = ClaimRow {
         won: row.fetch(sym("won"))?,
         status: row.fetch(sym("status"))?,
