@@ -399,7 +399,6 @@ impl NativeClaim {
     /// reaching complete, release or keep: a killed thread), telling what the heartbeat
     /// found. Idempotent; nothing once the claim was handed back.
     fn stop_heartbeat(ruby: &Ruby, rb_self: &Self, words: RHash) -> RbResult<RArray> {
-        let words = door_words(ruby, words)?;
         let mut notes = Notes::new();
         if let Some(claim) = rb_self
             .claim
@@ -409,6 +408,11 @@ impl NativeClaim {
         {
             claim.stop_heartbeat(&mut notes);
         }
+        if notes.is_empty() {
+            // The usual stop: nothing to tell, so the words are not read.
+            return Ok(ruby.ary_new());
+        }
+        let words = door_words(ruby, words)?;
         notes_array(ruby, &notes, &delivery_of(&rb_self.info), &words)
     }
 }
