@@ -99,21 +99,43 @@ module IdempotentJobBench
       result = File.join(@dir, "sidekiq-#{id}.json")
       FileUtils.rm_f(result)
       log = File.join(@dir, "sidekiq-#{id}.log")
+      server = server_reset
       before = @db.counters
       figures = work(mode, result, log)
       after = @db.counters
       figures["wal"] = after[:wal_bytes] - before[:wal_bytes]
       figures["commits"] = after[:writes] - before[:writes]
+      figures["server_ms"] = server_ms if server
       check(mode, prefix, figures, log)
       say(mode, figures)
       figures
+    end
+
+    # Starts pg_stat_statements afresh for a run.
+    # @return [Boolean] false when it cannot be reset here
+    def server_reset
+      return false unless @db.statements?
+
+      @db.exec("SELECT pg_stat_statements_reset()")
+      true
+    rescue PG::Error
+      false
+    end
+
+    # @return [Float] the server's execution milliseconds of every statement since
+    #   {#server_reset}, the benchmark's own reads excluded
+    def server_ms
+      @db.exec("SELECT /* bench-counter */ coalesce(sum(total_exec_time), 0)::float8 FROM pg_stat_statements " \
+               "WHERE query NOT LIKE '%bench-counter%' AND query NOT LIKE '%pg_stat_statements%'").getvalue(0, 0).to_f
     end
 
     def say(mode, figures)
       puts "   #{LABELS[mode]}: #{figures["jobs"]} jobs (#{@operations} operations + #{@duplicates} duplicates) " \
            "in #{figures["seconds"].round(2)} s, #{(figures["jobs"] / figures["seconds"]).round} jobs/s; effects run " \
            "#{figures["effects"]}; #{figures["deferred"]} deferred; per operation #{per_op(figures, "wal").round} " \
-           "WAL bytes, #{per_op(figures, "commits").round(2)} write commits"
+           "WAL bytes, #{per_op(figures, "commits").round(2)} write commits; worker CPU " \
+           "#{(figures["cpu"] * 1e6 / figures["jobs"]).round} µs per job, server execution " \
+           "#{(figures["server_ms"].to_f * 1e3 / @operations).round} µs per operation"
     end
 
     # Queues every operation once and {DUPLICATES} of them a second time, each
@@ -215,10 +237,11 @@ module IdempotentJobBench
       record(figures, runs)
       rows = MODES.keys.map { |mode| row(mode, figures, runs[mode]) }
       rows << ["sidekiq-unique-jobs 7.1.33, until_executed (issue 14, not re-run)", "–", Format.num(PEER_JOBS_PER_S),
-               "–", "–", "1.00×", "", "", "", "", ""]
+               "–", "–", "1.00×", "", "", "", "", "", "", ""]
       @results.table("sidekiq", title, ["worker", "drain s (median)", "jobs/s (median)", "× no guard",
                                         "× hand-written (drain)", "× peer", "effects run",
-                                        "WAL B / operation", "write commits / operation", "each run (s)", "target"],
+                                        "WAL B / operation", "write commits / operation", "worker CPU µs / job",
+                                        "server execution µs / operation", "each run (s)", "target"],
                      rows, notes:)
     end
 
@@ -229,6 +252,7 @@ module IdempotentJobBench
        Format.ratio(figures[mode] / figures[:without]), HAND_CELLS.fetch(mode) { Format.ratio(figures[:hand_ratio]) },
        mode == :with ? Format.ratio(figures[:peer]) : "–", effects_text(list.last),
        guarded ? Format.num(wal) : "–", guarded ? Format.num(commits, 2) : "–",
+       *cpu_medians(list).map { Format.num(_1) },
        list.map { |f| f["seconds"].round(2) }.join(" "), mode == :with ? verdicts(figures) : ""]
     end
 
@@ -240,6 +264,13 @@ module IdempotentJobBench
     def medians(list)
       [Stats.median(list.map { |f| f["seconds"] }), Stats.median(list.map { |f| per_op(f, "wal") }),
        Stats.median(list.map { |f| per_op(f, "commits") })]
+    end
+
+    # @return [Array(Float, Float)] median worker CPU µs per job and server execution µs
+    #   per operation of a mode's runs
+    def cpu_medians(list)
+      [Stats.median(list.map { |f| f["cpu"].to_f * 1e6 / f["jobs"] }),
+       Stats.median(list.map { |f| f["server_ms"].to_f * 1e3 / @operations })]
     end
 
     def verdicts(figures)
@@ -263,6 +294,9 @@ module IdempotentJobBench
       @results.add("sidekiq", subject, "jobs_per_s", rate, "1/s",
                    "runs: #{list.map { |f| (f["jobs"] / f["seconds"]).round }.join(" ")}")
       @results.add("sidekiq", subject, "drain_seconds", seconds, "s")
+      cpu, server = cpu_medians(list)
+      @results.add("sidekiq", subject, "worker_cpu_per_job", cpu, "us", "the sidekiq process's CPU time, every thread")
+      @results.add("sidekiq", subject, "server_exec_per_operation", server, "us", "pg_stat_statements total_exec_time")
       return unless counted
 
       @results.add("sidekiq", subject, "wal_bytes_per_operation", wal, "bytes")
@@ -295,7 +329,10 @@ module IdempotentJobBench
        "(Sidekiq's scheduled poll every #{SCHEDULED_POLL} s); checked: every operation's effect ran once and " \
        "its record is completed. Without a guard every job's effect runs (#{@jobs}).",
        "WAL B / write commits per operation: WAL insert position and transaction ids assigned over the run " \
-       "(process start to exit), divided by the #{@operations} operations; median of the runs.",
+       "(process start to exit), divided by the #{@operations} operations; worker CPU: the sidekiq process's " \
+       "CPU time (every thread) from the first job's start to the last one's end, per job; server execution: " \
+       "pg_stat_statements' total_exec_time of the run (parse, plan and commit excluded) per operation; " \
+       "medians of the runs.",
        "× peer: against sidekiq-unique-jobs 7.1.33 (until_executed) on the same workload, #{PEER_JOBS_PER_S.round} " \
        "jobs/s worker side, measured for issue 14 on a quiet machine of this kind; that gem is not installable " \
        "here (no RubyGems), so it is a recorded figure, not a run beside ours.",
