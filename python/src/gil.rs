@@ -27,8 +27,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use tokio::sync::Notify;
 
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
-use idempotent_job_core::store::Interrupt;
 
 /// How often a blocked main-thread call looks for a pending Python signal.
 const TICK: Duration = Duration::from_millis(50);

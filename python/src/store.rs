@@ -11,13 +11,15 @@ use crate::convert::{self, KeyText};
 use crate::errors::config;
 use crate::gil::detached;
 use crate::protocol::{self, JobProtocol, Outcome};
-use idempotent_job_core::claim::{self, Resolution};
 use idempotent_job_core::config::Config;
+use idempotent_job_core::config::{MAX_KEY_BYTES, MAX_LEASE_SECONDS};
 use idempotent_job_core::error::Error;
 use idempotent_job_core::migrate;
+use idempotent_job_core::pool::{with_conn, with_fresh_conn, Lane};
 use idempotent_job_core::protocol::{JobOptions, OnMismatch, OnStale, Protocol};
-use idempotent_job_core::retry::with_fresh_conn;
-use idempotent_job_core::store::{with_conn, Lane, Store as CoreStore};
+use idempotent_job_core::record::Field;
+use idempotent_job_core::records::{self, Resolution};
+use idempotent_job_core::store::{Handles, Store as CoreStore};
 
 /// The job defaults `configure` takes besides the connection settings (the core's
 /// [`JobOptions`], whose defaults apply: lease 300 s, on_stale "reclaim", on_mismatch
@@ -51,10 +53,10 @@ const DEFAULT_RETENTION: f64 = 2_592_000.0;
 
 fn seconds(owner: &str, name: &str, value: &Value, min: f64) -> Result<f64, Error> {
     match value.as_f64() {
-        Some(v) if v.is_finite() && v >= min && v <= claim::MAX_LEASE_SECONDS => Ok(v),
+        Some(v) if v.is_finite() && v >= min && v <= MAX_LEASE_SECONDS => Ok(v),
         _ => Err(Error::Config(format!(
             "{owner}{name} must be a number of seconds from {min} to {}, got {value}",
-            claim::MAX_LEASE_SECONDS
+            MAX_LEASE_SECONDS
         ))),
     }
 }
@@ -115,7 +117,7 @@ pub struct Store {
 }
 
 impl Store {
-    fn pool(&self) -> PyResult<idempotent_job_core::store::Pool> {
+    fn pool(&self) -> PyResult<Handles> {
         self.core.pool().map_err(crate::errors::to_py)
     }
 }
@@ -235,7 +237,7 @@ impl Store {
         let pool = self.pool()?;
         detached(py, move |i| {
             with_fresh_conn(&pool, i, Lane::Main, async |c| {
-                claim::held(c, job_type.as_deref(), limit).await
+                records::held(c, job_type.as_deref(), limit).await
             })
         })
     }
@@ -262,7 +264,7 @@ impl Store {
         let pool = self.pool()?;
         detached(py, move |i| {
             with_conn(&pool, i, async |c| {
-                claim::resolve(c, &job_type, &operation_key, resolution).await
+                records::resolve(c, &job_type, &operation_key, resolution).await
             })
         })
     }
@@ -276,13 +278,13 @@ impl Store {
         let mut total = 0;
         // Keyset batches: each starts after the last record the previous one took, and
         // the purge ends with the first batch that picks fewer records than its size.
-        let mut cursor = claim::PurgeCursor::default();
+        let mut cursor = records::PurgeCursor::default();
         loop {
             let pool = self.pool()?;
             let from = cursor.clone();
             let done = detached(py, move |i| {
                 with_fresh_conn(&pool, i, Lane::Main, async |c| {
-                    claim::purge_batch(c, older_than, batch, &from).await
+                    records::purge_batch(c, older_than, batch, &from).await
                 })
             })?;
             total += done.deleted;
@@ -306,7 +308,7 @@ impl Store {
         let record = detached(py, move |i| {
             pool.bookkeeper().settle(&pool, i)?;
             with_fresh_conn(&pool, i, Lane::Main, async |c| {
-                claim::find(c, &job_type, &operation_key).await
+                records::find(c, &job_type, &operation_key).await
             })
         })?;
         let Some(record) = record else {
@@ -349,11 +351,11 @@ impl Store {
             KeyText::Text(t) if t.contains('\0') => {
                 "the operation key contains a NUL character, which PostgreSQL text cannot store".to_string()
             }
-            KeyText::Text(t) if t.len() + job.len() > claim::MAX_KEY_BYTES => format!(
+            KeyText::Text(t) if t.len() + job.len() > MAX_KEY_BYTES => format!(
                 "job type and operation key are {} bytes together, more than {}: declare a narrower \
                  key (or hash a long one yourself)",
                 t.len() + job.len(),
-                claim::MAX_KEY_BYTES
+                MAX_KEY_BYTES
             ),
             KeyText::Text(t) => return Ok(t),
             KeyText::Bad(problem) => problem,
@@ -448,8 +450,7 @@ impl Store {
     }
 }
 
-fn field_value(py: Python<'_>, field: claim::Field<'_>) -> PyResult<Py<PyAny>> {
-    use claim::Field;
+fn field_value(py: Python<'_>, field: Field<'_>) -> PyResult<Py<PyAny>> {
     let epoch = |t: &chrono::DateTime<chrono::Utc>| t.timestamp_micros() as f64 / 1e6;
     Ok(match field {
         Field::Text(v) | Field::Name(v) => v.into_pyobject(py)?.into_any().unbind(),

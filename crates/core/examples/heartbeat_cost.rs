@@ -9,7 +9,6 @@
 use std::time::Instant;
 
 use idempotent_job_core::config::Config;
-use idempotent_job_core::heartbeat::Heartbeat;
 use idempotent_job_core::store::Store;
 
 /// The process's user + system CPU time in seconds (Linux: /proc/self/stat).
@@ -41,8 +40,7 @@ fn main() {
                         let mut mine = 0.0;
                         for k in 0..pairs / threads {
                             let w0 = Instant::now();
-                            let beat = Heartbeat::start(
-                                &pool,
+                            let beat = pool.heartbeat(
                                 "HeartbeatCost".into(),
                                 format!("{t}-{k}"),
                                 uuid::Uuid::new_v4(),

@@ -1,6 +1,6 @@
 //! The bookkeeping of repeated deliveries, off the decision's path.
 //!
-//! A duplicate answered by the read-only look ([`super::claim::deliver`]) changes
+//! A duplicate answered by the read-only look ((`claim::deliver`)) changes
 //! nothing durable. What the repeats report needs about it (`duplicates`,
 //! `last_duplicate_at`, `mismatches`, `repeat_times`, `job_classes`, and one
 //! `repeat_facts` entry per repeat) is queued here and written by the background
@@ -46,57 +46,11 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_postgres::types::Type;
 
-use super::claim::{ClaimKind, ClaimRequest, Decision, Outcome};
-use super::error::{is_transient_state, Error, Result};
-use super::retry::{backoff, checkout_live, finish_unless_lost};
-use super::store::{Conn, Interrupt, Lane, Pool};
-
-/// Applies one batch of repeats: $1 job types, $2 operation keys, $3 one JSON
-/// object per operation (same order): `dups` (duplicates to add), `mismatches`,
-/// `last_mismatch`, `last_at` (latest duplicate's database time, or null), `times`
-/// (duplicate times to append to `repeat_times`), `classes`, `facts` (entries to
-/// append to `repeat_facts`). Keeps the last 20 times and facts. Each operation's
-/// row is found through the primary key (arrays, so the planner expects a few rows,
-/// never a scan of the table). Committed asynchronously (`synchronous_commit = off`
-/// for this statement's transaction).
-///
-/// **One lock order.** `locked` takes the batch's row locks first, in the order of
-/// `(job_type, operation_key)` (`ORDER BY … FOR NO KEY UPDATE`: PostgreSQL sorts,
-/// then locks each row as it passes), and the update touches only rows it returned.
-/// Every batch of every process locks in that one order, so two batches never wait
-/// on each other in a cycle (the deadlocks, SQLSTATE 40P01, of batches that met the
-/// same rows in different orders).
-pub const FLUSH_SQL: &str = r#"
-WITH b AS (
-    SELECT k.job_type, k.operation_key, d.*
-      FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS k(job_type, operation_key, doc),
-           jsonb_to_record(k.doc) AS d(dups int, mismatches int, last_mismatch bool,
-                                       last_at timestamptz, times timestamptz[],
-                                       classes text[], facts jsonb)),
-locked AS MATERIALIZED (
-    SELECT r.job_type, r.operation_key
-      FROM idempotent_job_records AS r
-     WHERE (r.job_type, r.operation_key) IN (SELECT job_type, operation_key FROM b)
-     ORDER BY r.job_type, r.operation_key
-       FOR NO KEY UPDATE)
-UPDATE idempotent_job_records AS r
-   SET duplicates = r.duplicates + b.dups,
-       last_duplicate_at = CASE WHEN b.dups > 0 THEN greatest(r.last_duplicate_at, b.last_at)
-                                ELSE r.last_duplicate_at END,
-       mismatches = r.mismatches + b.mismatches,
-       last_mismatch = CASE WHEN b.dups > 0 THEN b.last_mismatch ELSE r.last_mismatch END,
-       repeat_times = ARRAY(SELECT t FROM (SELECT t FROM unnest(r.repeat_times || b.times) AS t
-                                            ORDER BY t DESC LIMIT 20) AS kept ORDER BY t),
-       job_classes = r.job_classes || ARRAY(SELECT DISTINCT c FROM unnest(b.classes) AS c
-                                             WHERE c <> ALL (r.job_classes)),
-       repeat_facts = (SELECT coalesce(jsonb_agg(e ORDER BY n), '[]')
-                         FROM (SELECT e, n FROM jsonb_array_elements(r.repeat_facts || b.facts)
-                                        WITH ORDINALITY AS x(e, n)
-                               ORDER BY n DESC LIMIT 20) AS kept),
-       updated_at = greatest(r.updated_at, b.last_at)
-  FROM locked AS l JOIN b USING (job_type, operation_key),
-       (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
- WHERE r.job_type = l.job_type AND r.operation_key = l.operation_key"#;
+use crate::conn::{Conn, Interrupt};
+use crate::error::{is_transient_state, Error, Result};
+use crate::pool::{backoff, checkout_live, finish_unless_lost, Lane, Pool};
+use crate::record::{ClaimKind, ClaimRequest, Decision, Outcome};
+use crate::sql::FLUSH_SQL;
 
 /// One repeated delivery to record.
 #[derive(Debug, Clone)]
@@ -142,7 +96,7 @@ impl Repeat {
         }
     }
 
-    /// The repeat of a delivery the claim statement ([`super::claim::CLAIM_SQL`])
+    /// The repeat of a delivery the claim statement ([`crate::sql::CLAIM_SQL`])
     /// decided (it counted itself): none for a first claim.
     pub fn after_claim(req: &ClaimRequest, decision: &Decision, at: DateTime<Utc>) -> Option<Self> {
         let first = matches!(
@@ -340,7 +294,7 @@ impl Bookkeeper {
     /// Writes everything queued now, on the calling thread, after any batch in
     /// flight. A batch PostgreSQL refused with a transient error (a deadlock, a
     /// serialization failure, a read-only server…), or that found no connection, is
-    /// kept and written again after [`super::retry::backoff`], within the pool's
+    /// kept and written again after [`backoff`], within the pool's
     /// deadline.
     ///
     /// Errors: the last transient error when the deadline leaves no room (the
@@ -438,11 +392,10 @@ impl Bookkeeper {
 
     /// The background writer: wakes on [`Bookkeeper::record`], writes what is queued
     /// (repeats queued while a batch is written go in the next one), forever. A batch
-    /// kept after a transient error is written again after [`super::retry::backoff`]
+    /// kept after a transient error is written again after [`backoff`]
     /// (20 ms, doubling, at most 1 s). Runs on the pool's background runtime; each
     /// batch on one of its blocking threads.
-    pub async fn run(pool: Pool) {
-        let this = pool.bookkeeper().clone();
+    pub async fn run(pool: Pool, this: std::sync::Arc<Bookkeeper>) {
         let mut failures = 0;
         loop {
             if failures == 0 {

@@ -16,7 +16,8 @@ use super::tls::{SslMode, TlsSettings};
 
 use super::error::{Error, Result};
 
-/// Validated settings for one [`crate::store::Store`].
+/// Validated settings for one store (one database: its pool and what the process
+/// keeps beside it).
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -81,7 +82,7 @@ pub struct Config {
     #[serde(default = "default_deadline")]
     pub deadline: f64,
     /// Commit the completion outside a transaction with `synchronous_commit = off`
-    /// ([`super::claim::Fenced::CompleteAsynchronously`]): no wait for the WAL flush.
+    /// (`COMPLETE_ASYNCHRONOUSLY_SQL`): no wait for the WAL flush.
     /// Risk: a PostgreSQL crash within `wal_writer_delay` of a completion can lose it;
     /// the record stays claimed and the stale policy decides once the lease ends.
     /// Default false.
@@ -89,13 +90,28 @@ pub struct Config {
     pub asynchronous_completion: bool,
     /// Largest result, in bytes of JSON text, a completion stores for a replay
     /// (`store_result`); a larger one is not stored and the completion stands (see
-    /// [`crate::results`]). Default [`crate::results::DEFAULT_MAX_RESULT_BYTES`] (64 KiB).
+    /// `record::prepare`). Default [`DEFAULT_MAX_RESULT_BYTES`] (64 KiB), at most
+    /// [`MAX_RESULT_BYTES_LIMIT`].
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: usize,
 }
 
 /// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
 pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
+
+/// Longest lease accepted, in seconds (ten years; PostgreSQL intervals overflow far
+/// beyond that).
+pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
+
+/// Longest `job_type` + `operation_key`, in bytes (the key rules, [`crate::keys`],
+/// state it; named here with every other limit).
+pub use crate::keys::MAX_KEY_BYTES;
+
+/// Default of `max_result_bytes` ([`Config::max_result_bytes`]): 64 KiB.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 65_536;
+
+/// Largest `max_result_bytes` accepted: just under jsonb's limit (256 MiB).
+pub const MAX_RESULT_BYTES_LIMIT: usize = 268_435_455;
 
 /// The libpq parameters tokio-postgres does not parse (or parses only partly): taken
 /// out of a `postgres://` URL's query and handled by [`super::tls`].
@@ -279,7 +295,7 @@ fn default_prepared_statements() -> bool {
     true
 }
 fn default_max_result_bytes() -> usize {
-    crate::results::DEFAULT_MAX_RESULT_BYTES
+    DEFAULT_MAX_RESULT_BYTES
 }
 fn default_deadline() -> f64 {
     10.0
@@ -517,11 +533,10 @@ impl Config {
         positive_seconds("connect_timeout", self.connect_timeout)?;
         positive_seconds("checkout_timeout", self.checkout_timeout)?;
         positive_seconds("deadline", self.deadline)?;
-        if !(1..=crate::results::MAX_RESULT_BYTES_LIMIT).contains(&self.max_result_bytes) {
+        if !(1..=MAX_RESULT_BYTES_LIMIT).contains(&self.max_result_bytes) {
             return Err(Error::Config(format!(
                 "max_result_bytes must be from 1 to {} bytes (jsonb's limit), got {}",
-                crate::results::MAX_RESULT_BYTES_LIMIT,
-                self.max_result_bytes
+                MAX_RESULT_BYTES_LIMIT, self.max_result_bytes
             )));
         }
         if self.deadline > MAX_PG_TIMEOUT_SECONDS {

@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use super::claim::{fenced, Fenced};
-use super::error::Error;
-use super::retry::with_fresh_conn_within;
-use super::store::{Interrupt, Lane, Pool};
+use crate::conn::Interrupt;
+use crate::error::Error;
+use crate::fenced::{fenced, Fenced};
+use crate::pool::{with_fresh_conn_within, Lane, Pool};
 
 /// What a heartbeat saw, read while it runs and when it is stopped.
 #[derive(Debug)]
@@ -296,9 +296,11 @@ async fn run_timer(timer: Arc<Timer>, pool: Pool) {
 impl Heartbeat {
     /// Starts renewing the claim `token` every [`interval_for`]`(lease_seconds)`
     /// (counted from the end of the last renewal), for at most `max_run_seconds` in
-    /// total, on `pool`'s one [`Timer`]. Does not block and, once the timer runs,
-    /// spawns nothing.
+    /// total, on the process's one `timer` (renewals go through `pool`; see
+    /// `store::Handles::heartbeat`). Does not block and, once the timer runs, spawns
+    /// nothing.
     pub fn start(
+        timer: &Arc<Timer>,
         pool: &Pool,
         job_type: String,
         operation_key: String,
@@ -318,7 +320,7 @@ impl Heartbeat {
             lease: Duration::from_secs_f64(clamp_seconds(lease_seconds)),
         });
         let interval = interval_for(lease_seconds);
-        let timer = pool.heartbeats().clone();
+        let timer = timer.clone();
         let id = timer.add(
             pool,
             Entry {

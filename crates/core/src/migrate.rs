@@ -5,8 +5,9 @@
 
 use tokio_postgres::types::Type;
 
-use super::error::Result;
-use super::store::{Conn, Interrupt, Pool};
+use crate::conn::{Conn, Interrupt};
+use crate::error::Result;
+use crate::pool::Pool;
 
 refinery::embed_migrations!("../../migrations");
 
@@ -21,7 +22,7 @@ const LOCK_KEY: i64 = 0x0069_6465_6d6a_6f62;
 ///
 /// Errors: [`crate::error::Error::Migration`] when a migration fails (its
 /// transaction is rolled back) or when every migration is recorded but the table lacks
-/// columns (it drifted: see [`super::schema::check_after_migrate`]), connection errors.
+/// columns (it drifted: see [`crate::schema::check_after_migrate`]), connection errors.
 pub fn migrate(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Vec<String>> {
     // Not bounded by the deadline: a migration of a large table may take long, and
     // the advisory lock waits for a concurrent migration.
@@ -43,7 +44,7 @@ async fn run(conn: &mut Conn) -> Result<Vec<String>> {
         .await;
     let report = report?;
     unlock?;
-    super::schema::check_after_migrate(conn).await?;
+    crate::schema::check_after_migrate(conn).await?;
     Ok(report
         .applied_migrations()
         .iter()

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 /// statement round trip and a thread wake-up) and every delivery looks stale.
 pub const MIN_LEASE_SECONDS: f64 = 0.25;
 /// Longest duration accepted for a job option or a setting, in seconds (ten years).
-pub const MAX_SECONDS: f64 = 315_360_000.0;
+pub const MAX_SECONDS: f64 = crate::config::MAX_LEASE_SECONDS;
 
 /// What values an option takes.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -43,7 +43,7 @@
 mod channel;
 mod note;
 
-pub use crate::claim::ClaimKind;
+pub use crate::record::ClaimKind;
 pub use channel::{Channel, Direct};
 pub use note::{Detail, DoorWords, Level, Note, NoteKind, Notes};
 
@@ -51,11 +51,12 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use crate::claim::{self, ClaimRequest, Fenced, MAX_LEASE_SECONDS};
+use crate::config::MAX_LEASE_SECONDS;
+use crate::conn::Interrupt;
 use crate::error::{Error, Result};
+use crate::fenced::Fenced;
 use crate::heartbeat::{Heartbeat, HeartbeatReport};
-use crate::results::{self, PreparedResult, ResultInput, ResultState};
-use crate::store::Interrupt;
+use crate::record::{self, ClaimRequest, PreparedResult, ResultInput, ResultState};
 
 /// Seconds before a deferred delivery's first return ([`deferral_delay`]).
 pub const DEFERRAL_FIRST_DELAY: f64 = 1.0;
@@ -324,7 +325,7 @@ impl DeliveryRequest {
         ClaimRequest {
             job_type: self.job_type.clone(),
             operation_key: self.operation_key.clone(),
-            jid: self.delivery_id.clone(),
+            delivery_id: self.delivery_id.clone(),
             lease_seconds: options.lease_seconds,
             args_digest: self.args_digest.clone(),
             job_class: self.job_class.clone(),
@@ -665,7 +666,7 @@ impl Protocol {
         channel: &mut dyn Channel,
         interrupt: &Interrupt<'_>,
         delivery: &DeliveryRequest,
-        decided: claim::Decision,
+        decided: record::Decision,
         duration: f64,
         may_wait: bool,
         notes: &mut Notes,
@@ -682,7 +683,7 @@ impl Protocol {
             Step::Skip(outcome)
         };
         Ok(match decided.outcome {
-            claim::Outcome::Claimed {
+            record::Outcome::Claimed {
                 token,
                 attempt,
                 kind,
@@ -713,26 +714,26 @@ impl Protocol {
                     }
                 }
             }
-            claim::Outcome::InProgress {
-                holder_jid,
+            record::Outcome::InProgress {
+                holder_delivery_id,
                 lease_remaining,
                 duplicates,
                 ..
             } if may_wait && delivery.wait_seconds.is_some() && channel.can_wait() => {
                 let seconds = delivery.wait_seconds.unwrap_or(0.0);
                 notes.push(Note::delivery(NoteKind::Waiting {
-                    holder: holder_jid.clone(),
+                    holder: holder_delivery_id.clone(),
                     seconds,
                 }));
                 let mut outcome = Outcome::of(Decision::InProgress);
                 outcome.duplicates = Some(duplicates);
                 outcome.lease_remaining = Some(lease_remaining);
-                outcome.holder = holder_jid;
+                outcome.holder = holder_delivery_id;
                 outcome.wait_seconds = Some(seconds);
                 Step::InProgress(outcome)
             }
-            claim::Outcome::InProgress {
-                holder_jid,
+            record::Outcome::InProgress {
+                holder_delivery_id,
                 lease_remaining,
                 duplicates,
                 ..
@@ -744,7 +745,7 @@ impl Protocol {
                 );
                 notes.push(Note::delivery(NoteKind::Deferred {
                     delay,
-                    holder: holder_jid.clone(),
+                    holder: holder_delivery_id.clone(),
                     lease_remaining,
                     deferral: delivery.deferrals + 1,
                 }));
@@ -753,14 +754,14 @@ impl Protocol {
                     duplicates: Some(duplicates),
                     retry_after: Some(delay),
                     lease_remaining: Some(lease_remaining),
-                    holder: holder_jid,
+                    holder: holder_delivery_id,
                     claim: None,
                     result_json: None,
                     result_state: None,
                     wait_seconds: None,
                 })
             }
-            claim::Outcome::Completed { duplicates, replay } => {
+            record::Outcome::Completed { duplicates, replay } => {
                 // A replay: the first run's stored result (V7), when its completion was
                 // asked to keep one (its state says whether it could).
                 let state = replay.as_ref().map(|r| r.state);
@@ -775,11 +776,11 @@ impl Protocol {
                 outcome.result_json = replay.and_then(|r| r.json);
                 Step::Skip(outcome)
             }
-            claim::Outcome::Held { duplicates } => duplicate(Decision::Held, duplicates, notes),
-            claim::Outcome::GivenUp { duplicates } => {
+            record::Outcome::Held { duplicates } => duplicate(Decision::Held, duplicates, notes),
+            record::Outcome::GivenUp { duplicates } => {
                 duplicate(Decision::GivenUp, duplicates, notes)
             }
-            claim::Outcome::Refused { duplicates } => {
+            record::Outcome::Refused { duplicates } => {
                 duplicate(Decision::Refused, duplicates, notes)
             }
         })
@@ -789,14 +790,14 @@ impl Protocol {
     /// not win the claim ([`Error::PayloadMismatch`]).
     fn check_mismatch(
         &self,
-        decided: &claim::Decision,
+        decided: &record::Decision,
         delivery: &DeliveryRequest,
         notes: &mut Notes,
     ) -> Result<()> {
         if !decided.mismatch {
             return Ok(());
         }
-        let won = matches!(decided.outcome, claim::Outcome::Claimed { .. });
+        let won = matches!(decided.outcome, record::Outcome::Claimed { .. });
         let refused = self.options.on_mismatch == OnMismatch::Raise && !won;
         notes.push(Note::delivery(NoteKind::Mismatch { refused }));
         if refused {
@@ -927,10 +928,11 @@ impl Protocol {
     /// transaction it is written once and any failure is returned.
     ///
     /// `result`: the body's value (JSON), stored with the completion, in the same
-    /// statement, when [`JobOptions::store_result`] is on (checked against
-    /// [`crate::results::DEFAULT_MAX_RESULT_BYTES`]; a binding with a configured
-    /// `max_result_bytes` prepares the result itself and calls
-    /// [`Protocol::complete_prepared`]). Ignored without `store_result`.
+    /// statement, when [`JobOptions::store_result`] is on, if its JSON text is at most
+    /// `max_result_bytes` long (the store's [`crate::config::Config::max_result_bytes`];
+    /// a larger one is not stored: [`crate::record::prepare`]). Ignored without
+    /// `store_result`. A binding that encodes the value itself prepares the result and
+    /// calls [`Protocol::complete_prepared`].
     ///
     /// Notes: the heartbeat's (a claim lost while running, max_run reached);
     /// `completed` (with the body's duration); `lost_claim` and an error line; the
@@ -945,11 +947,12 @@ impl Protocol {
         interrupt: &Interrupt<'_>,
         claim: Claim,
         result: Option<&serde_json::Value>,
+        max_result_bytes: usize,
         notes: &mut Notes,
     ) -> Result<Completion> {
         let prepared = match result {
-            Some(value) if self.options.store_result => Some(results::prepare(
-                results::DEFAULT_MAX_RESULT_BYTES,
+            Some(value) if self.options.store_result => Some(record::prepare(
+                max_result_bytes,
                 &claim.info.job_type,
                 &claim.info.operation_key,
                 ResultInput::Json(&value.to_string()),
@@ -960,7 +963,7 @@ impl Protocol {
     }
 
     /// [`Protocol::complete`] with the result already prepared by the binding
-    /// ([`crate::results::prepare`] with its configured `max_result_bytes`; `None`:
+    /// ([`crate::record::prepare`] with its configured `max_result_bytes`; `None`:
     /// nothing to store, as without `store_result`). The completion statement writes it
     /// ($4, $5): no extra round trip. A result that could not be stored (too large, not
     /// JSON) never fails the completion: a `result_not_stored` note (event and
@@ -1109,9 +1112,8 @@ impl Protocol {
     /// channel have one.
     fn run(&self, channel: &mut dyn Channel, mut claim: Claim) -> Step {
         if self.options.heartbeat {
-            if let Some(pool) = channel.heartbeat_pool() {
-                claim.heartbeat = Some(Heartbeat::start(
-                    pool,
+            if let Some(handles) = channel.heartbeat_pool() {
+                claim.heartbeat = Some(handles.heartbeat(
                     claim.info.job_type.clone(),
                     claim.info.operation_key.clone(),
                     claim.info.token,

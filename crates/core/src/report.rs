@@ -1,68 +1,19 @@
 //! Read-only lists for operators (the web page, `IdempotentJob::Web`): given-up
 //! operations, records of one job type, recent takeovers, stale claims and the job
 //! types present. Each list returns keys; the caller reads each record with
-//! [`super::claim::FIND_SQL`], so the record has one definition. Nothing here writes.
+//! [`crate::record::FIND_SQL`], so the record has one definition. Nothing here writes.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
-use super::error::{Error, Result};
+use crate::error::{Error, Result};
+use crate::sql::{
+    GIVEN_UP_SQL, JOB_TYPES_SQL, METRICS_SQL, SEARCH_SQL, STALE_CLAIMS_SQL, TAKEOVERS_SQL,
+};
 
 /// The statuses a record can have (the table's check constraint).
 pub const STATUSES: [&str; 5] = ["claimed", "completed", "released", "held", "given_up"];
-
-/// Operations given up by the `:skip` policy, most recent first.
-/// Parameters: $1 job_type or NULL for all, $2 limit.
-pub const GIVEN_UP_SQL: &str = r#"
-SELECT job_type, operation_key
-  FROM idempotent_job_records
- WHERE status = 'given_up' AND ($1::text IS NULL OR job_type = $1)
- ORDER BY given_up_at DESC, job_type, operation_key
- LIMIT $2"#;
-
-/// Records of one job type, most recently changed first (the primary key's leading
-/// column narrows the scan). Parameters: $1 job_type, $2 operation-key prefix or NULL,
-/// $3 status or NULL, $4 limit.
-pub const SEARCH_SQL: &str = r#"
-SELECT job_type, operation_key
-  FROM idempotent_job_records
- WHERE job_type = $1
-   AND ($2::text IS NULL OR starts_with(operation_key, $2))
-   AND ($3::text IS NULL OR status = $3)
- ORDER BY updated_at DESC, operation_key
- LIMIT $4"#;
-
-/// Records whose latest claim took over an expired lease at or after $1, newest first:
-/// each is a claim its previous holder lost. Parameters: $1 since, $2 limit.
-pub const TAKEOVERS_SQL: &str = r#"
-SELECT job_type, operation_key
-  FROM idempotent_job_records
- WHERE last_claim = 'takeover' AND claimed_at >= $1
- ORDER BY claimed_at DESC, job_type, operation_key
- LIMIT $2"#;
-
-/// Claims whose lease has run out (by the database clock) and that no delivery has
-/// taken over yet: their holder may have died; the next delivery of each is a
-/// takeover. Longest expired first. Parameters: $1 limit.
-pub const STALE_CLAIMS_SQL: &str = r#"
-SELECT job_type, operation_key
-  FROM idempotent_job_records
- WHERE status = 'claimed' AND lease_expires_at <= now()
- ORDER BY lease_expires_at, job_type, operation_key
- LIMIT $1"#;
-
-/// The distinct job types, in order, by a loose scan of the primary key (one index
-/// probe per job type, however many records each has). Parameters: $1 limit.
-pub const JOB_TYPES_SQL: &str = r#"
-WITH RECURSIVE types(job_type) AS (
-    (SELECT job_type FROM idempotent_job_records ORDER BY job_type LIMIT 1)
-    UNION ALL
-    SELECT (SELECT r.job_type FROM idempotent_job_records r
-             WHERE r.job_type > types.job_type ORDER BY r.job_type LIMIT 1)
-      FROM types
-     WHERE types.job_type IS NOT NULL)
-SELECT job_type FROM types WHERE job_type IS NOT NULL LIMIT $1"#;
 
 /// `(job_type, operation_key)` pairs.
 pub type Keys = Vec<(String, String)>;
@@ -162,37 +113,6 @@ pub async fn job_types(client: &Client, limit: i64) -> Result<Vec<String>> {
         .await?;
     rows.iter().map(|row| Ok(row.try_get(0)?)).collect()
 }
-
-/// What `/metrics` reports per job type, read from the table in one statement (so
-/// every process answers the same), aggregated over the whole table: records by
-/// status; live and stale claims; the age in seconds of the oldest held operation (0
-/// when none is held); the repeated deliveries recorded in the last hour (each
-/// record keeps its last 20 repeat times, so an operation counts at most 20) and the
-/// operations they belong to; and the purge backlog: finished records (completed or
-/// given up) that finished more than $1 seconds ago, the retention — what
-/// [`super::claim::PURGE_SQL`] would delete with the same age. Parameters: $1
-/// retention in seconds.
-pub const METRICS_SQL: &str = r#"
-SELECT job_type,
-       count(*) FILTER (WHERE status = 'claimed') AS claimed,
-       count(*) FILTER (WHERE status = 'completed') AS completed,
-       count(*) FILTER (WHERE status = 'released') AS released,
-       count(*) FILTER (WHERE status = 'held') AS held,
-       count(*) FILTER (WHERE status = 'given_up') AS given_up,
-       count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at > now()) AS live_claims,
-       count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at <= now()) AS stale_claims,
-       coalesce(extract(epoch FROM now() - min(held_at) FILTER (WHERE status = 'held')), 0)::float8
-           AS oldest_held_seconds,
-       coalesce(sum((SELECT count(*) FROM unnest(repeat_times) AS t(at)
-                      WHERE t.at >= now() - interval '1 hour')), 0)::int8 AS repeats_last_hour,
-       count(*) FILTER (WHERE repeat_times[cardinality(repeat_times)] >= now() - interval '1 hour')
-           AS repeated_operations_last_hour,
-       count(*) FILTER (WHERE status IN ('completed', 'given_up')
-                          AND coalesce(completed_at, given_up_at) < now() - make_interval(secs => $1))
-           AS purge_backlog
-  FROM idempotent_job_records
- GROUP BY job_type
- ORDER BY job_type"#;
 
 /// One job type's row of [`METRICS_SQL`]: counts of records, and the oldest held
 /// operation's age in seconds.

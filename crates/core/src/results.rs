@@ -1,20 +1,21 @@
-//! Stored results and replays (migration V7), and waiting for a running claim.
+//! Waiting for a running claim, and what a completion stores for a replay.
 //!
-//! **Results.** A completion made with `store_result` keeps the body's return value
-//! as JSON in the record's `result` column, written by the completion statement itself
-//! ([`super::claim::Fenced::Complete`]'s $4 and $5: no extra round trip), and says in
-//! `result_state` what became of it ([`ResultState`]). A value that cannot be stored
-//! (larger than `max_result_bytes`, or not JSON) never undoes the completion: the
-//! operation is completed, `result_state` says why nothing was stored, and the caller
-//! gets a warning text ([`PreparedResult::warning`]) to log. A repeat of the completed
-//! operation reads `result` and `result_state` in its one claim statement and gets
-//! them as its [`Replay`].
+//! **Results** (migration V7). A completion made with `store_result` keeps the body's
+//! return value as JSON in the record's `result` column, written by the completion
+//! statement itself ([`crate::fenced::Fenced::Complete`]'s $4 and $5: no extra round
+//! trip), and says in `result_state` what became of it ([`ResultState`]). A value that
+//! cannot be stored (larger than `max_result_bytes`, or not JSON) never undoes the
+//! completion: the operation is completed, `result_state` says why nothing was stored,
+//! and the caller gets a warning text ([`PreparedResult::warning`]) to log. A repeat of
+//! the completed operation reads `result` and `result_state` in its one claim statement
+//! and gets them as its [`Replay`]. The types and the check ([`prepare`]) are
+//! [`crate::record`]'s, re-exported here.
 //!
 //! **Waiting.** A caller that meets a live claim may wait for that claim to end
 //! ([`wait`]): woken by the `pg_notify` of its completion (or release) on a LISTEN
 //! connection of its own when the connections keep session state, by bounded polling
 //! with pooled checkouts when they do not (PgBouncer in transaction mode); then it
-//! decides again ([`super::claim::deliver`]): a completed operation replays, a
+//! decides again ([`crate::claim::deliver`]): a completed operation replays, a
 //! released one may be claimed and run. It never holds a pooled connection while it
 //! waits, and never decides to run while a live lease holds.
 
@@ -23,186 +24,15 @@ use std::time::{Duration, Instant};
 use tokio_postgres::types::Type;
 use tokio_postgres::AsyncMessage;
 
-use super::claim::{self, check_request, ClaimRequest, Decision, Outcome, MAX_LEASE_SECONDS};
-use super::error::{Error, Result};
-use super::retry::with_fresh_conn;
-use super::store::{drive, Interrupt, Lane, Pool};
-
-/// Default of `max_result_bytes` ([`crate::config::Config::max_result_bytes`]): 64 KiB.
-pub const DEFAULT_MAX_RESULT_BYTES: usize = 65_536;
-
-/// Largest `max_result_bytes` accepted: just under jsonb's limit (256 MiB).
-pub const MAX_RESULT_BYTES_LIMIT: usize = 268_435_455;
-
-/// What became of the result a completion was asked to store (`result_state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResultState {
-    /// Stored in `result`: a repeat replays it.
-    Stored,
-    /// Larger than `max_result_bytes`: not stored.
-    TooLarge,
-    /// Not JSON (or JSON that jsonb cannot hold, such as `\u0000`): not stored.
-    Unencodable,
-}
-
-impl ResultState {
-    /// The name stored in `result_state`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResultState::Stored => "stored",
-            ResultState::TooLarge => "too_large",
-            ResultState::Unencodable => "unencodable",
-        }
-    }
-
-    /// The state named `name` in `result_state`.
-    ///
-    /// Errors: [`Error::Database`] for a name this version does not know.
-    pub fn parse(name: &str) -> Result<ResultState> {
-        match name {
-            "stored" => Ok(ResultState::Stored),
-            "too_large" => Ok(ResultState::TooLarge),
-            "unencodable" => Ok(ResultState::Unencodable),
-            other => Err(Error::Database {
-                message: format!(
-                    "an idempotency record has result_state {other:?}, which this version of \
-                     idempotent_job does not know (run the latest gem)"
-                ),
-                sqlstate: "XX000".into(),
-            }),
-        }
-    }
-}
-
-/// What a repeat of a completed operation learns of its first run's result: the
-/// stored JSON text (None unless `state` is [`ResultState::Stored`]) and the state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Replay {
-    pub json: Option<String>,
-    pub state: ResultState,
-}
-
-impl Replay {
-    /// The replay of a record's `result` and `result_state` columns; None when its
-    /// completion stored nothing (no store requested, or a record from before V7).
-    ///
-    /// Errors: an unknown `result_state` ([`ResultState::parse`]).
-    pub fn from_columns(json: Option<String>, state: Option<&str>) -> Result<Option<Replay>> {
-        let Some(state) = state else {
-            return Ok(None);
-        };
-        Ok(Some(Replay {
-            json,
-            state: ResultState::parse(state)?,
-        }))
-    }
-
-    /// Whether the first run's value was stored (a repeat gets it).
-    pub fn stored(&self) -> bool {
-        self.state == ResultState::Stored
-    }
-}
-
-/// What the body gave a completion to store.
-#[derive(Debug, Clone, Copy)]
-pub enum ResultInput<'a> {
-    /// The body's value as JSON text (the host language encoded it).
-    Json(&'a str),
-    /// The host language could not encode the value as JSON; the text says why (e.g.
-    /// `"a Time at [\"at\"] is not a JSON value"`).
-    Unencodable(&'a str),
-}
-
-/// A result ready for the completion statement ([`prepare`]): the JSON text to store
-/// (None when it is not stored), its `result_state`, and, when it is not stored, the
-/// warning to log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedResult {
-    pub json: Option<String>,
-    pub state: ResultState,
-    pub warning: Option<String>,
-}
-
-/// Checks a body's result for storing with the completion: JSON that jsonb holds, at
-/// most `max_bytes` bytes. Never fails: a value that cannot be stored is prepared as
-/// not stored ([`ResultState::TooLarge`] / [`ResultState::Unencodable`]) with a
-/// warning naming the job, the operation and the reason, and the completion goes on.
-pub fn prepare(
-    max_bytes: usize,
-    job_type: &str,
-    operation_key: &str,
-    input: ResultInput<'_>,
-) -> PreparedResult {
-    let not_stored = |state: ResultState, why: String| PreparedResult {
-        json: None,
-        state,
-        warning: Some(format!(
-            "{job_type} operation {operation_key:?} completed, but its result was not stored: \
-             {why}; a repeat gets no value (result_stored? false) and the operation is not run \
-             again"
-        )),
-    };
-    match input {
-        ResultInput::Unencodable(why) => not_stored(
-            ResultState::Unencodable,
-            format!("it cannot be encoded as JSON ({why})"),
-        ),
-        ResultInput::Json(json) if json.len() > max_bytes => not_stored(
-            ResultState::TooLarge,
-            format!(
-                "its JSON is {} bytes, over max_result_bytes ({max_bytes})",
-                json.len()
-            ),
-        ),
-        ResultInput::Json(json) => {
-            if let Err(e) = serde_json::from_str::<serde_json::Value>(json) {
-                return not_stored(
-                    ResultState::Unencodable,
-                    format!("it is not valid JSON ({e})"),
-                );
-            }
-            if json.contains("\\u0000") {
-                return not_stored(
-                    ResultState::Unencodable,
-                    "its JSON contains the character U+0000, which PostgreSQL's jsonb cannot \
-                     hold"
-                        .into(),
-                );
-            }
-            PreparedResult {
-                json: Some(json.to_string()),
-                state: ResultState::Stored,
-                warning: None,
-            }
-        }
-    }
-}
-
-/// The completion statement's $4 (JSON text) and $5 (`result_state`) for `result`
-/// (both NULL when no store was requested).
-pub(crate) fn params(result: Option<&PreparedResult>) -> (Option<&str>, Option<&str>) {
-    match result {
-        Some(r) => (r.json.as_deref(), Some(r.state.as_str())),
-        None => (None, None),
-    }
-}
-
-/// The record's LISTEN channel name ([`notify_channel!`]). Parameters: $1 job_type,
-/// $2 operation_key.
-pub const CHANNEL_SQL: &str = concat!(
-    "SELECT ",
-    notify_channel!(),
-    " FROM (SELECT $1::text AS job_type, $2::text AS operation_key) AS k"
-);
-
-/// A waiter's look at the record: whether a live claim still holds it, and (for an
-/// answer when the wait ends) the holder's delivery id, attempt, duplicate count and
-/// remaining lease. Reads only. Parameters: $1 job_type, $2 operation_key.
-pub const WAIT_SQL: &str = r#"
-SELECT status = 'claimed' AND lease_expires_at > now() AS live, jid, attempts, duplicates,
-       EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_remaining
-  FROM idempotent_job_records
- WHERE job_type = $1 AND operation_key = $2"#;
+use crate::claim;
+use crate::config::MAX_LEASE_SECONDS;
+use crate::conn::{drive, Interrupt};
+use crate::error::{Error, Result};
+use crate::pool::{with_fresh_conn, Lane};
+use crate::record::{check_request, ClaimRequest, Decision, Outcome};
+pub use crate::record::{prepare, PreparedResult, Replay, ResultInput, ResultState};
+use crate::sql::{CHANNEL_SQL, WAIT_SQL};
+use crate::store::Handles;
 
 /// Polling: the first pause between two looks, in seconds; each pause doubles up to
 /// [`POLL_MAX_SECONDS`].
@@ -244,11 +74,11 @@ pub struct Waited {
 
 /// Waits up to `seconds` for the live claim on `req`'s operation to end, then decides
 /// the delivery again ([`claim::deliver`]). LISTEN/NOTIFY when the pool's connections
-/// keep session state ([`Pool::session_state`]), else polling (see [`wait_by`]).
+/// keep session state ([`crate::pool::Pool::session_state`]), else polling (see [`wait_by`]).
 ///
 /// Errors: as [`wait_by`].
 pub fn wait(
-    pool: &Pool,
+    pool: &Handles,
     interrupt: &Interrupt<'_>,
     req: &ClaimRequest,
     seconds: f64,
@@ -269,7 +99,7 @@ pub fn wait(
 /// Errors: [`Error::Config`] for a bad request or `seconds` not in
 /// [0, [`MAX_LEASE_SECONDS`]]; [`Error::Interrupted`]; connection/database errors.
 pub fn wait_by(
-    pool: &Pool,
+    pool: &Handles,
     interrupt: &Interrupt<'_>,
     req: &ClaimRequest,
     seconds: f64,
@@ -327,7 +157,7 @@ pub fn wait_by(
         let lease_remaining: f64 = row.try_get("lease_remaining")?;
         if now >= until {
             let outcome = Outcome::InProgress {
-                holder_jid: row.try_get("jid")?,
+                holder_delivery_id: row.try_get("jid")?,
                 attempt: row.try_get("attempts")?,
                 lease_remaining: lease_remaining.max(0.0),
                 duplicates: row.try_get("duplicates")?,
@@ -371,7 +201,11 @@ struct Listener {
 
 impl Listener {
     /// Connects (within the pool's connect timeout) and LISTENs on `req`'s channel.
-    fn open(pool: &Pool, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Result<Listener> {
+    fn open(
+        pool: &crate::pool::Pool,
+        interrupt: &Interrupt<'_>,
+        req: &ClaimRequest,
+    ) -> Result<Listener> {
         let (config, tls, timeout) = pool.dedicated();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

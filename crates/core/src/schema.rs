@@ -11,8 +11,9 @@ use std::sync::atomic::Ordering;
 
 use tokio_postgres::Client;
 
-use super::error::{Error, Result};
-use super::store::Conn;
+use crate::conn::Conn;
+use crate::error::{Error, Result};
+use crate::sql::COLUMNS_SQL;
 
 /// Every column the gem's statements read or write, as the migrations create them.
 /// A new migration that adds a column the statements use adds it here too (a cargo
@@ -54,12 +55,6 @@ pub const COLUMNS: [&str; 35] = [
     "result",
     "result_state",
 ];
-
-/// The table's live columns (the table found through the connection's `search_path`),
-/// or no row at all when there is no such table.
-pub const COLUMNS_SQL: &str = "SELECT a.attname::text FROM pg_attribute a \
-     WHERE a.attrelid = to_regclass('idempotent_job_records') AND a.attnum > 0 \
-     AND NOT a.attisdropped";
 
 /// The columns of [`COLUMNS`] the table lacks, in [`COLUMNS`]' order; `None` when the
 /// table does not exist (the migrations never ran).

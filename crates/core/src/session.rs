@@ -15,7 +15,7 @@
 //! A repeat met by the claim (a duplicate that waited for another delivery's commit, a
 //! retry, a takeover) is counted by the claim statement inside the transaction; its
 //! delivery facts (`repeat_facts`) are queued for the asynchronous bookkeeping
-//! ([`super::bookkeeping`]) once the transaction commits, so the background writer
+//! ([`crate::bookkeeping`]) once the transaction commits, so the background writer
 //! never waits on this transaction's row lock, and a rolled-back transaction leaves no
 //! trace of its claim, as the record itself does not.
 //!
@@ -23,17 +23,21 @@
 //! crash of the caller) is never returned to the pool: it is closed, and PostgreSQL
 //! rolls the transaction back.
 //!
-//! [`CLAIM_SQL`]: super::claim::CLAIM_SQL
+//! [`CLAIM_SQL`]: crate::sql::CLAIM_SQL
 
 use tokio_postgres::types::{ToSql, Type};
 
-use super::bookkeeping::{Bookkeeper, Repeat};
-use super::claim::{self, ClaimRequest, Decision, Fenced};
-use super::config::MAX_PG_TIMEOUT_SECONDS;
-use super::error::{Error, Result};
-use super::retry::checkout_live;
-use super::store::{Interrupt, Lane, Pool, Pooled};
-use super::values::{self, Param, Rows};
+use crate::bookkeeping::{Bookkeeper, Repeat};
+use crate::claim;
+use crate::config::MAX_PG_TIMEOUT_SECONDS;
+use crate::conn::Interrupt;
+use crate::error::{Error, Result};
+use crate::fenced::{self, Fenced};
+use crate::pool::{checkout_live, Lane, Pooled};
+use crate::record::{self, ClaimRequest, Decision, PreparedResult};
+use crate::sql;
+use crate::store::Handles;
+use crate::values::{self, Param, Rows};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,7 +75,7 @@ impl Session {
     /// connection. The job's own statements ([`Session::query`], [`Session::execute`])
     /// are bounded by `statement_timeout` and, on a dead network, by the connection's
     /// `TCP_USER_TIMEOUT`, not by the deadline.
-    pub fn begin(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Session> {
+    pub fn begin(pool: &Handles, interrupt: &Interrupt<'_>) -> Result<Session> {
         let until = Instant::now() + pool.deadline();
         let mut conn = checkout_live(pool, interrupt, Lane::Main, until)?;
         conn.run_until(interrupt, Some(until), async |c| {
@@ -94,14 +98,14 @@ impl Session {
     /// Claims inside the transaction, waiting at most `lock_timeout_seconds` for
     /// another transaction that holds the operation's row.
     ///
-    /// Errors: [`Error::LockTimeout`] when the wait runs out; see [`claim::claim`].
+    /// Errors: [`Error::LockTimeout`] when the wait runs out; see [`claim::claim_noting`].
     pub fn claim(
         &mut self,
         interrupt: &Interrupt<'_>,
         req: &ClaimRequest,
         lock_timeout_seconds: f64,
     ) -> Result<Decision> {
-        claim::check_request(req)?;
+        record::check_request(req)?;
         if !(lock_timeout_seconds > 0.0 && lock_timeout_seconds <= MAX_PG_TIMEOUT_SECONDS) {
             return Err(Error::Config(format!(
                 "the lock timeout of {} must be a positive number of seconds up to \
@@ -112,11 +116,8 @@ impl Session {
         let millis = format!("{}ms", (lock_timeout_seconds * 1000.0).ceil() as u64);
         let until = self.until() + Duration::from_secs_f64(lock_timeout_seconds);
         let (decision, repeat) = self.conn.run_until(interrupt, Some(until), async |c| {
-            c.execute_typed(
-                "SELECT set_config('lock_timeout', $1, true)",
-                &[(&millis, Type::TEXT)],
-            )
-            .await?;
+            c.execute_typed(sql::LOCK_TIMEOUT_SQL, &[(&millis, Type::TEXT)])
+                .await?;
             let noted = claim::claim_noting(c, req, uuid::Uuid::new_v4()).await;
             let (decision, repeat) = noted.map_err(|e| match e {
                 Error::LockTimeout { message } => Error::LockTimeout {
@@ -128,7 +129,7 @@ impl Session {
                 },
                 other => other,
             })?;
-            c.batch_execute("SET LOCAL lock_timeout TO DEFAULT").await?;
+            c.batch_execute(sql::LOCK_TIMEOUT_RESET_SQL).await?;
             Ok((decision, repeat))
         })?;
         self.repeat = repeat;
@@ -157,7 +158,7 @@ impl Session {
     }
 
     /// [`Session::fenced`], with the completion's stored result (see
-    /// [`claim::fenced_with_result`]; None: no store requested).
+    /// [`fenced::fenced_with_result`]; None: no store requested).
     #[allow(clippy::too_many_arguments)]
     pub fn fenced_with_result(
         &mut self,
@@ -167,11 +168,12 @@ impl Session {
         operation_key: &str,
         token: uuid::Uuid,
         text: Option<&str>,
-        result: Option<&crate::results::PreparedResult>,
+        result: Option<&PreparedResult>,
     ) -> Result<()> {
         let until = self.until();
         self.conn.run_until(interrupt, Some(until), async |c| {
-            claim::fenced_with_result(c, change, job_type, operation_key, token, text, result).await
+            fenced::fenced_with_result(c, change, job_type, operation_key, token, text, result)
+                .await
         })
     }
 

@@ -7,13 +7,14 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use common::claim::{self, ClaimRequest, Decision, Outcome};
 use idempotent_job_core::bookkeeping::Repeat;
-use idempotent_job_core::claim::{self, ClaimRequest, Decision, Outcome};
 use idempotent_job_core::config::Config;
 use idempotent_job_core::migrate;
 use idempotent_job_core::store::Store;
 
 mod common;
+use common::StoreExt;
 use common::{database_url, Admin};
 
 /// The tests wait for "a batch waiting on a row lock": one at a time, so none sees
@@ -25,7 +26,7 @@ fn store_named(application_name: &str) -> Store {
     let mut config = Config::new(database_url());
     config.application_name = application_name.into();
     let store = Store::new(config).unwrap();
-    store.run(migrate::migrate).unwrap();
+    store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
     store
 }
 

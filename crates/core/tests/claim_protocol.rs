@@ -4,14 +4,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idempotent_job_core::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
+use common::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
 use idempotent_job_core::config::Config;
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
-use idempotent_job_core::heartbeat::Heartbeat;
 use idempotent_job_core::migrate;
-use idempotent_job_core::store::{with_conn, Interrupt, Store};
+use idempotent_job_core::pool::with_conn;
+use idempotent_job_core::store::Store;
 
 mod common;
+use common::StoreExt;
 use common::{
     counted, database_url, find_record, prepared_on_connection, runs_of, store, store_with,
 };
@@ -53,7 +55,7 @@ fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
     ClaimRequest {
         job_type: job_type.into(),
         operation_key: key.into(),
-        jid: Some(format!("jid-{key}")),
+        delivery_id: Some(format!("jid-{key}")),
         lease_seconds: lease,
         args_digest: Some("digest-a".into()),
         job_class: Some("ExampleJob".into()),
@@ -134,7 +136,7 @@ fn token_of(outcome: Outcome) -> (uuid::Uuid, ClaimKind, i32) {
 #[test]
 fn migrations_are_recorded_and_safe_to_run_twice() {
     let store = store();
-    let applied = store.run(migrate::migrate).unwrap();
+    let applied = store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
     assert!(applied.is_empty(), "second run applied {applied:?}");
     assert!(migrate::schema_sql().contains("CREATE TABLE idempotent_job_records"));
 }
@@ -147,7 +149,7 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
     match claim(&store, &req).unwrap() {
         Outcome::InProgress {
             lease_remaining,
-            holder_jid,
+            holder_delivery_id,
             duplicates,
             ..
         } => {
@@ -155,7 +157,7 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
                 lease_remaining > 25.0 && lease_remaining <= 30.0,
                 "{lease_remaining}"
             );
-            assert_eq!(holder_jid.as_deref(), Some("jid-42"));
+            assert_eq!(holder_delivery_id.as_deref(), Some("jid-42"));
             assert_eq!(duplicates, 1);
         }
         other => panic!("expected in progress, got {other:?}"),
@@ -318,7 +320,7 @@ fn the_first_claim_keeps_its_facts_and_repeats_never_change_them(store: Store) {
         .unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].first_facts, kept);
-    assert_eq!(rows[0].jid.as_deref(), Some("jid-1"));
+    assert_eq!(rows[0].delivery_id.as_deref(), Some("jid-1"));
     let repeats: serde_json::Value = serde_json::from_str(&rows[0].repeat_facts).unwrap();
     let decisions: Vec<_> = repeats
         .as_array()
@@ -522,8 +524,7 @@ fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told(store: Store) {
     let req = request(&unique("heartbeat"), "1", 0.6);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     let pool = store.pool().unwrap();
-    let beat = Heartbeat::start(
-        &pool,
+    let beat = pool.heartbeat(
         req.job_type.clone(),
         req.operation_key.clone(),
         token,
@@ -551,8 +552,7 @@ fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim(store: Sto
     let pool = store.pool().unwrap();
     let req = request(&unique("max-run"), "1", 0.3);
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
-    let beat = Heartbeat::start(
-        &pool,
+    let beat = pool.heartbeat(
         req.job_type.clone(),
         req.operation_key.clone(),
         token,
@@ -568,8 +568,7 @@ fn a_heartbeat_stops_at_the_maximum_run_time_and_notices_a_lost_claim(store: Sto
     let (token, _, _) = token_of(claim(&store, &lost).unwrap());
     fenced(&store, &lost, Fenced::Expire, token).unwrap();
     token_of(claim(&store, &lost).unwrap()); // taken over
-    let beat = Heartbeat::start(
-        &pool,
+    let beat = pool.heartbeat(
         lost.job_type.clone(),
         lost.operation_key.clone(),
         token,

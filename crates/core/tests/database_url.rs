@@ -5,6 +5,7 @@
 //! knows is an error naming it. Against the real PostgreSQL of DATABASE_URL.
 
 mod common;
+use common::StoreExt;
 
 use common::database_url;
 use idempotent_job_core::config::{Config, UrlParam};

@@ -4,23 +4,24 @@
 
 use std::time::{Duration, Instant};
 
-use idempotent_job_core::claim::{self, ClaimRequest, Fenced, Outcome};
+use common::claim::{self, ClaimRequest, Fenced, Outcome};
 use idempotent_job_core::config::Config;
 use idempotent_job_core::error::Error;
 use idempotent_job_core::migrate;
-use idempotent_job_core::retry::with_fresh_conn;
+use idempotent_job_core::pool::{with_fresh_conn, Lane};
 use idempotent_job_core::schema;
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::{Lane, Store};
+use idempotent_job_core::store::Store;
 
 mod common;
+use common::StoreExt;
 use common::{database_url, find_record, store_with, Admin};
 
 fn request(job_type: &str, key: &str) -> ClaimRequest {
     ClaimRequest {
         job_type: job_type.into(),
         operation_key: key.into(),
-        jid: Some("jid".into()),
+        delivery_id: Some("jid".into()),
         lease_seconds: 30.0,
         args_json: Some("[1]".into()),
         ..ClaimRequest::default()
@@ -242,10 +243,10 @@ fn a_table_that_lacks_columns_is_refused_before_the_first_claim() {
         Store::new(config).unwrap()
     };
     let store = in_schema();
-    store.run(migrate::migrate).unwrap();
+    store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
     let mut live: Vec<String> = store
         .with_conn(async |c| {
-            Ok(c.query_typed(schema::COLUMNS_SQL, &[])
+            Ok(c.query_typed(idempotent_job_core::sql::COLUMNS_SQL, &[])
                 .await?
                 .iter()
                 .map(|r| r.get(0))
@@ -275,7 +276,7 @@ fn a_table_that_lacks_columns_is_refused_before_the_first_claim() {
         "",
     );
     assert_eq!(rows, 0, "nothing was claimed");
-    let err = fresh.run(migrate::migrate).unwrap_err();
+    let err = fresh.run(|pool, i| migrate::migrate(pool, i)).unwrap_err();
     assert!(matches!(err, Error::Migration(_)), "{err:?}");
     assert!(err.to_string().contains("drifted"), "{err}");
     admin.exec(&format!("DROP SCHEMA {schema_name} CASCADE"));

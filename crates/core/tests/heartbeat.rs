@@ -6,12 +6,13 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use idempotent_job_core::claim::{self, ClaimRequest, Outcome};
+use common::claim::{self, ClaimRequest, Outcome};
 use idempotent_job_core::heartbeat::Heartbeat;
 use idempotent_job_core::store::Store;
 
 mod common;
 use common::store_with;
+use common::StoreExt;
 
 /// Waits until `done` holds, at most `bound` (then fails saying `what`).
 fn wait_until(what: &str, bound: Duration, mut done: impl FnMut() -> bool) {
@@ -29,7 +30,7 @@ fn claims(store: &Store, job_type: &str, n: usize, lease: f64) -> Vec<(ClaimRequ
             let req = ClaimRequest {
                 job_type: job_type.into(),
                 operation_key: k.to_string(),
-                jid: Some(format!("jid-{k}")),
+                delivery_id: Some(format!("jid-{k}")),
                 lease_seconds: lease,
                 ..ClaimRequest::default()
             };
@@ -71,8 +72,7 @@ fn one_timer_renews_many_claims_and_stops_with_each() {
     let beats: Vec<Heartbeat> = claims
         .iter()
         .map(|(req, token)| {
-            Heartbeat::start(
-                &pool,
+            pool.heartbeat(
                 req.job_type.clone(),
                 req.operation_key.clone(),
                 *token,
@@ -132,8 +132,7 @@ fn one_timer_renews_many_claims_and_stops_with_each() {
     drop(running);
     assert_eq!((timer.live(), timer.tasks()), (0, 1));
     let more = self::claims(&store, &format!("{job_type}-more"), 1, 3.0);
-    let beat = Heartbeat::start(
-        &pool,
+    let beat = pool.heartbeat(
         more[0].0.job_type.clone(),
         more[0].0.operation_key.clone(),
         more[0].1,
@@ -156,8 +155,7 @@ fn a_shorter_lease_wakes_the_timer_early() {
     let long = claims(&store, &format!("{job_type}-long"), 1, 600.0);
     let short = claims(&store, &format!("{job_type}-short"), 1, 1.5);
     // The timer sleeps until the long claim's renewal (200 s away)...
-    let slow = Heartbeat::start(
-        &pool,
+    let slow = pool.heartbeat(
         long[0].0.job_type.clone(),
         long[0].0.operation_key.clone(),
         long[0].1,
@@ -165,8 +163,7 @@ fn a_shorter_lease_wakes_the_timer_early() {
         3600.0,
     );
     // ...and a claim due in 0.5 s must still be renewed in time.
-    let fast = Heartbeat::start(
-        &pool,
+    let fast = pool.heartbeat(
         short[0].0.job_type.clone(),
         short[0].0.operation_key.clone(),
         short[0].1,

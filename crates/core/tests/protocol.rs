@@ -7,7 +7,9 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
-use idempotent_job_core::claim::{self, ClaimRequest, Fenced};
+use common::claim::{self, ClaimRequest, Fenced};
+use idempotent_job_core::config::DEFAULT_MAX_RESULT_BYTES;
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::protocol::{
     deferral_delay, Channel, Claim, ClaimInfo, ClaimKind, Decision, DeliveryRequest, Detail,
@@ -16,9 +18,10 @@ use idempotent_job_core::protocol::{
 };
 use idempotent_job_core::results::{self, ResultInput, ResultState};
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::{Interrupt, Pool, Store};
+use idempotent_job_core::store::{Handles, Store};
 
 mod common;
+use common::StoreExt;
 use common::{find_record, store_with};
 
 macro_rules! in_both_modes {
@@ -149,7 +152,14 @@ fn prepare(store: &Store, delivery: &DeliveryRequest, state: &str) {
     match state {
         "completed" => {
             plain
-                .complete(&mut channel, &i, claim, None, &mut notes)
+                .complete(
+                    &mut channel,
+                    &i,
+                    claim,
+                    None,
+                    DEFAULT_MAX_RESULT_BYTES,
+                    &mut notes,
+                )
                 .unwrap();
         }
         "live" => drop(claim),
@@ -339,6 +349,7 @@ fn a_completion_is_recorded_with_the_bodys_duration(store: &Store) {
             &Interrupt::none(),
             claim,
             Some(&value),
+            DEFAULT_MAX_RESULT_BYTES,
             &mut notes,
         )
         .unwrap();
@@ -588,6 +599,7 @@ fn a_completion_after_a_takeover_is_a_lost_claim(store: &Store) {
         &Interrupt::none(),
         slow,
         None,
+        DEFAULT_MAX_RESULT_BYTES,
         &mut notes,
     );
     assert!(matches!(lost, Err(Error::LostClaim { .. })), "{lost:?}");
@@ -604,6 +616,7 @@ fn a_completion_after_a_takeover_is_a_lost_claim(store: &Store) {
             &Interrupt::none(),
             taker,
             None,
+            DEFAULT_MAX_RESULT_BYTES,
             &mut notes,
         )
         .unwrap();
@@ -639,7 +652,14 @@ fn a_transactional_delivery_claims_and_completes_in_one_transaction(store: &Stor
         "no heartbeat in a transaction"
     );
     let done = protocol
-        .complete(&mut session, &i, claim, None, &mut notes)
+        .complete(
+            &mut session,
+            &i,
+            claim,
+            None,
+            DEFAULT_MAX_RESULT_BYTES,
+            &mut notes,
+        )
         .unwrap();
     assert!(done.recorded);
     // Not visible before the commit.
@@ -682,25 +702,27 @@ impl Channel for Flaky {
         self.inner.claim(i, request, lock)
     }
 
-    fn fenced(
+    fn fenced_with_result(
         &mut self,
         i: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
+        result: Option<&claim::PreparedResult>,
     ) -> Result<()> {
         if change == Fenced::Complete && self.fail > 0 {
             self.fail -= 1;
             return Err(Error::connection("the connection closed"));
         }
-        self.inner.fenced(i, change, claim, text)
+        self.inner
+            .fenced_with_result(i, change, claim, text, result)
     }
 
     fn transactional(&self) -> bool {
         false
     }
 
-    fn heartbeat_pool(&self) -> Option<&Pool> {
+    fn heartbeat_pool(&self) -> Option<&Handles> {
         self.inner.heartbeat_pool()
     }
 
@@ -733,7 +755,14 @@ fn a_failing_completion_is_retried_seven_times_then_given_up() {
     let claim = run_claim(begin(&store, &protocol, &delivery).0);
     let mut notes = Notes::new();
     let done = protocol
-        .complete(&mut flaky, &i, claim, None, &mut notes)
+        .complete(
+            &mut flaky,
+            &i,
+            claim,
+            None,
+            DEFAULT_MAX_RESULT_BYTES,
+            &mut notes,
+        )
         .unwrap();
     assert_eq!((done.recorded, done.attempts), (true, 4));
     assert_eq!(*flaky.pauses.borrow(), delays[..3]);
@@ -748,7 +777,14 @@ fn a_failing_completion_is_retried_seven_times_then_given_up() {
     let claim = run_claim(begin(&store, &protocol, &delivery).0);
     let mut notes = Notes::new();
     let done = protocol
-        .complete(&mut flaky, &i, claim, None, &mut notes)
+        .complete(
+            &mut flaky,
+            &i,
+            claim,
+            None,
+            DEFAULT_MAX_RESULT_BYTES,
+            &mut notes,
+        )
         .unwrap();
     assert_eq!((done.recorded, done.attempts), (false, 7));
     assert_eq!(*flaky.pauses.borrow(), delays);
@@ -874,6 +910,7 @@ fn a_stored_result_is_replayed_by_a_repeat(store: &Store) {
             &Interrupt::none(),
             claim,
             Some(&value),
+            DEFAULT_MAX_RESULT_BYTES,
             &mut notes,
         )
         .unwrap();
@@ -969,6 +1006,7 @@ fn without_store_result_nothing_is_stored_or_replayed(store: &Store) {
             &Interrupt::none(),
             claim,
             Some(&value),
+            DEFAULT_MAX_RESULT_BYTES,
             &mut notes,
         )
         .unwrap();
@@ -992,7 +1030,14 @@ fn a_transactional_completion_stores_its_result_with_the_commit(store: &Store) {
     let claim = run_claim(protocol.begin(&mut session, &i, &delivery, &mut notes));
     let value = serde_json::json!([1, "two"]);
     let done = protocol
-        .complete(&mut session, &i, claim, Some(&value), &mut notes)
+        .complete(
+            &mut session,
+            &i,
+            claim,
+            Some(&value),
+            DEFAULT_MAX_RESULT_BYTES,
+            &mut notes,
+        )
         .unwrap();
     assert!(done.result_stored);
     session.commit(&i).unwrap();
@@ -1019,14 +1064,16 @@ impl Channel for Telling {
         self.direct.claim(interrupt, request, lock_timeout_seconds)
     }
 
-    fn fenced(
+    fn fenced_with_result(
         &mut self,
         interrupt: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
+        result: Option<&claim::PreparedResult>,
     ) -> Result<()> {
-        self.direct.fenced(interrupt, change, claim, text)
+        self.direct
+            .fenced_with_result(interrupt, change, claim, text, result)
     }
 
     fn can_wait(&self) -> bool {
@@ -1047,7 +1094,7 @@ impl Channel for Telling {
         false
     }
 
-    fn heartbeat_pool(&self) -> Option<&Pool> {
+    fn heartbeat_pool(&self) -> Option<&Handles> {
         None
     }
 
@@ -1120,6 +1167,7 @@ fn a_waiting_delivery_decides_again_when_the_claim_ends(store: &Store) {
             &Interrupt::none(),
             holder,
             Some(&value),
+            DEFAULT_MAX_RESULT_BYTES,
             &mut notes,
         )
         .unwrap();

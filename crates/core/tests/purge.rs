@@ -2,8 +2,9 @@
 //! its own (`Config::schema`), so its table, rows and statistics are its alone.
 
 mod common;
+use common::StoreExt;
 
-use idempotent_job_core::claim;
+use common::claim;
 use idempotent_job_core::config::Config;
 use idempotent_job_core::migrate;
 use idempotent_job_core::store::Store;
@@ -19,7 +20,7 @@ fn store_in(schema: &str) -> Store {
     config.schema = Some(schema.to_string());
     config.pool_size = 2;
     let store = Store::new(config).unwrap();
-    store.run(migrate::migrate).unwrap();
+    store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
     store
 }
 

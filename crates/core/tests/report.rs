@@ -6,14 +6,16 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use idempotent_job_core::claim::{self, ClaimRequest, Fenced, Outcome};
+use common::claim::{self, ClaimRequest, Fenced, Outcome};
+use idempotent_job_core::conn::Conn;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::report;
-use idempotent_job_core::store::{Conn, Store};
+use idempotent_job_core::store::Store;
 use uuid::Uuid;
 
 mod common;
 use common::store;
+use common::StoreExt;
 
 fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
     ClaimRequest {

@@ -2,25 +2,27 @@
 //! (DATABASE_URL).
 
 mod common;
+use common::StoreExt;
 
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+use common::claim::{self, ClaimRequest, Outcome};
 use common::{find_record, store, store_with};
-use idempotent_job_core::claim::{self, ClaimRequest, Outcome};
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
 use idempotent_job_core::results::{
     self, PreparedResult, Replay, ResultInput, ResultState, WaitPath,
 };
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::{Interrupt, Store};
+use idempotent_job_core::store::Store;
 
 fn request(job_type: &str, lease: f64) -> ClaimRequest {
     ClaimRequest {
         job_type: job_type.into(),
         operation_key: uuid::Uuid::new_v4().to_string(),
-        jid: Some(uuid::Uuid::new_v4().to_string()),
+        delivery_id: Some(uuid::Uuid::new_v4().to_string()),
         lease_seconds: lease,
         ..Default::default()
     }
@@ -288,13 +290,13 @@ fn a_bad_wait_is_refused_by_name() {
     let _ = Interrupt::none();
 }
 
-/// The channel `req`'s record notifies on ([`results::CHANNEL_SQL`]).
+/// The channel `req`'s record notifies on ([`claim::CHANNEL_SQL`]).
 fn channel_of(store: &Store, req: &ClaimRequest) -> String {
     let req = req.clone();
     store
         .with_conn(async |c| {
             let row = c
-                .query_one(results::CHANNEL_SQL, &[&req.job_type, &req.operation_key])
+                .query_one(claim::CHANNEL_SQL, &[&req.job_type, &req.operation_key])
                 .await?;
             Ok(row.get(0))
         })

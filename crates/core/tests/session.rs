@@ -2,20 +2,23 @@
 
 use std::time::{Duration, Instant};
 
-use idempotent_job_core::claim::{self, ClaimRequest, Fenced, Outcome};
+use common::claim::{self, ClaimRequest, Fenced, Outcome};
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
+use idempotent_job_core::pool::with_conn;
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::{with_conn, Interrupt, Store};
+use idempotent_job_core::store::Store;
 use idempotent_job_core::values::{Cell, Param};
 
 mod common;
+use common::StoreExt;
 use common::{counted, find_record, prepared_on_connection, runs_of, store, store_with};
 
 fn request(key: &str) -> ClaimRequest {
     ClaimRequest {
         job_type: "SessionTest".into(),
         operation_key: format!("{key}-{}", uuid::Uuid::new_v4()),
-        jid: Some("jid".into()),
+        delivery_id: Some("jid".into()),
         lease_seconds: 30.0,
         ..Default::default()
     }

@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
-use crate::claim::{self, ClaimRequest, Fenced};
-use crate::error::{Error, Result};
-use crate::results::PreparedResult;
-use crate::retry::with_fresh_conn;
+use crate::claim;
+use crate::conn::Interrupt;
+use crate::error::Result;
+use crate::fenced::{self, Fenced};
+use crate::pool::{with_fresh_conn, Lane};
+use crate::record::{ClaimRequest, Decision, PreparedResult};
 use crate::session::Session;
-use crate::store::{Interrupt, Lane, Pool};
+use crate::store::Handles;
 
 use super::ClaimInfo;
 
@@ -26,43 +28,48 @@ pub trait Channel {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision>;
+    ) -> Result<Decision>;
 
     /// Applies a fenced change to `claim` (`text`: the error text of
-    /// [`Fenced::Release`] / [`Fenced::Expire`]).
+    /// [`Fenced::Release`] / [`Fenced::Expire`]), with the body's prepared result when
+    /// the change is a completion (`None`: no store requested), in one statement. The
+    /// one method every channel implements for the fenced changes.
     ///
     /// Errors: [`crate::error::Error::LostClaim`] when the claim is no longer held;
     /// connection, database, timeout errors; [`crate::error::Error::Interrupted`].
+    fn fenced_with_result(
+        &mut self,
+        interrupt: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+        result: Option<&PreparedResult>,
+    ) -> Result<()>;
+
+    /// [`Channel::fenced_with_result`] storing no result.
+    ///
+    /// Errors: as [`Channel::fenced_with_result`].
     fn fenced(
         &mut self,
         interrupt: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.fenced_with_result(interrupt, change, claim, text, None)
+    }
 
     /// Records the completion of `claim` ([`Fenced::Complete`]) with the body's
     /// prepared result (`None`: no store requested), in one statement.
     ///
-    /// The default sends [`Channel::fenced`] when there is no result to store, and
-    /// refuses one ([`crate::error::Error::Config`]) rather than drop it: a channel
-    /// that can store results implements this.
-    ///
-    /// Errors: as [`Channel::fenced`].
+    /// Errors: as [`Channel::fenced_with_result`].
     fn complete(
         &mut self,
         interrupt: &Interrupt<'_>,
         claim: &ClaimInfo,
         result: Option<&PreparedResult>,
     ) -> Result<()> {
-        match result {
-            None => self.fenced(interrupt, Fenced::Complete, claim, None),
-            Some(_) => Err(Error::Config(format!(
-                "{} operation {:?}: this channel cannot store a completion's result \
-                 (store_result)",
-                claim.job_type, claim.operation_key
-            ))),
-        }
+        self.fenced_with_result(interrupt, Fenced::Complete, claim, None, result)
     }
 
     /// Whether [`Channel::wait`] waits (false: a transaction, whose claim already
@@ -82,7 +89,7 @@ pub trait Channel {
         _interrupt: &Interrupt<'_>,
         _request: &ClaimRequest,
         _seconds: f64,
-    ) -> Result<Option<claim::Decision>> {
+    ) -> Result<Option<Decision>> {
         Ok(None)
     }
 
@@ -91,7 +98,7 @@ pub trait Channel {
     fn transactional(&self) -> bool;
 
     /// The pool a claim's heartbeat renews through (`None` in a transaction).
-    fn heartbeat_pool(&self) -> Option<&Pool>;
+    fn heartbeat_pool(&self) -> Option<&Handles>;
 
     /// Waits `pause` between two attempts of the completion, watching `interrupt`.
     ///
@@ -101,18 +108,18 @@ pub trait Channel {
 
 /// Each statement on a pooled connection of its own, sent again on a fresh
 /// connection when its connection dies under it (every statement of the protocol is
-/// safe to send twice: see [`crate::retry`]). Fenced changes may use the reserve
+/// safe to send twice: see [`crate::pool`]). Fenced changes may use the reserve
 /// connection ([`Lane::Reserve`]).
 #[derive(Clone)]
 pub struct Direct {
-    pool: Pool,
+    pool: Handles,
     asynchronous_completion: bool,
 }
 
 impl Direct {
     /// The channel of `pool`; `asynchronous_completion` (the setting) commits
     /// completions with `synchronous_commit = off` ([`Fenced::CompleteAsynchronously`]).
-    pub fn new(pool: Pool, asynchronous_completion: bool) -> Direct {
+    pub fn new(pool: Handles, asynchronous_completion: bool) -> Direct {
         Direct {
             pool,
             asynchronous_completion,
@@ -126,53 +133,32 @@ impl Channel for Direct {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         _lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<Decision> {
         claim::deliver(&self.pool, interrupt, request)
     }
 
-    fn fenced(
+    /// A completion commits asynchronously with the `asynchronous_completion`
+    /// setting ([`Fenced::CompleteAsynchronously`]).
+    fn fenced_with_result(
         &mut self,
         interrupt: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
+        result: Option<&PreparedResult>,
     ) -> Result<()> {
         let change = match change {
             Fenced::Complete if self.asynchronous_completion => Fenced::CompleteAsynchronously,
             other => other,
         };
         with_fresh_conn(&self.pool, interrupt, Lane::Reserve, async |c| {
-            claim::fenced(
+            fenced::fenced_with_result(
                 c,
                 change,
                 &claim.job_type,
                 &claim.operation_key,
                 claim.token,
                 text,
-            )
-            .await
-        })
-    }
-
-    fn complete(
-        &mut self,
-        interrupt: &Interrupt<'_>,
-        claim: &ClaimInfo,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        let change = if self.asynchronous_completion {
-            Fenced::CompleteAsynchronously
-        } else {
-            Fenced::Complete
-        };
-        with_fresh_conn(&self.pool, interrupt, Lane::Reserve, async |c| {
-            claim::fenced_with_result(
-                c,
-                change,
-                &claim.job_type,
-                &claim.operation_key,
-                claim.token,
-                None,
                 result,
             )
             .await
@@ -190,7 +176,7 @@ impl Channel for Direct {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         seconds: f64,
-    ) -> Result<Option<claim::Decision>> {
+    ) -> Result<Option<Decision>> {
         crate::results::wait(&self.pool, interrupt, request, seconds).map(|w| Some(w.decision))
     }
 
@@ -198,7 +184,7 @@ impl Channel for Direct {
         false
     }
 
-    fn heartbeat_pool(&self) -> Option<&Pool> {
+    fn heartbeat_pool(&self) -> Option<&Handles> {
         Some(&self.pool)
     }
 
@@ -216,18 +202,19 @@ impl Channel for Session {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<Decision> {
         Session::claim(self, interrupt, request, lock_timeout_seconds)
     }
 
-    fn fenced(
+    fn fenced_with_result(
         &mut self,
         interrupt: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
+        result: Option<&PreparedResult>,
     ) -> Result<()> {
-        Session::fenced(
+        Session::fenced_with_result(
             self,
             interrupt,
             change,
@@ -235,23 +222,6 @@ impl Channel for Session {
             &claim.operation_key,
             claim.token,
             text,
-        )
-    }
-
-    fn complete(
-        &mut self,
-        interrupt: &Interrupt<'_>,
-        claim: &ClaimInfo,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        Session::fenced_with_result(
-            self,
-            interrupt,
-            Fenced::Complete,
-            &claim.job_type,
-            &claim.operation_key,
-            claim.token,
-            None,
             result,
         )
     }
@@ -260,7 +230,7 @@ impl Channel for Session {
         true
     }
 
-    fn heartbeat_pool(&self) -> Option<&Pool> {
+    fn heartbeat_pool(&self) -> Option<&Handles> {
         None
     }
 

@@ -8,8 +8,7 @@
 //! claim: mismatch, deferred, skipped) has `job_type`, `operation_key`, `jid`. The
 //! binding takes the subject from the [`DeliveryRequest`] it sent.
 
-use crate::claim::ClaimKind;
-use crate::results::ResultState;
+use crate::record::{ClaimKind, ResultState};
 
 use super::{ClaimInfo, Decision, DeliveryRequest};
 
@@ -143,7 +142,7 @@ pub enum NoteKind {
         result_state: Option<ResultState>,
     },
     /// Event `result_not_stored` (`result_state`, `reason`); a warning (`reason`, the
-    /// core's text: [`crate::results::PreparedResult::warning`]). The completion stands.
+    /// core's text: [`crate::record::PreparedResult::warning`]). The completion stands.
     ResultNotStored { state: ResultState, reason: String },
     /// Event `lost_claim` (`during`: `"completion"` or `"heartbeat"`); error line.
     LostClaim {

@@ -2,10 +2,90 @@
 //! only some of them).
 #![allow(dead_code)]
 
-use idempotent_job_core::claim::{self, ClaimRequest};
 use idempotent_job_core::config::Config;
+use idempotent_job_core::conn::{Conn, Interrupt};
+use idempotent_job_core::error::Result as CoreResult;
 use idempotent_job_core::migrate;
-use idempotent_job_core::store::Store;
+use idempotent_job_core::record::ClaimRequest;
+use idempotent_job_core::store::{Handles, Store};
+use uuid::Uuid;
+
+/// The core's statements and record types under one name, with the conn-level
+/// helpers only the tests use (a claim with a fresh or given token, a plain
+/// completion, a release).
+#[allow(unused_imports)]
+pub mod claim {
+    pub use idempotent_job_core::claim::*;
+    pub use idempotent_job_core::fenced::*;
+    pub use idempotent_job_core::record::*;
+    pub use idempotent_job_core::records::*;
+    pub use idempotent_job_core::sql::*;
+
+    use super::{Conn, CoreResult as Result, Uuid};
+
+    /// Decides one delivery in one round trip ([`CLAIM_SQL`]) with a fresh token.
+    pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<Decision> {
+        claim_as(conn, req, Uuid::new_v4()).await
+    }
+
+    /// [`claim`] with the caller's fencing token.
+    pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<Decision> {
+        Ok(claim_noting(conn, req, token).await?.0)
+    }
+
+    /// Marks the claim `token` completed, storing no result.
+    pub async fn complete(conn: &Conn, job_type: &str, key: &str, token: Uuid) -> Result<()> {
+        fenced(conn, Fenced::Complete, job_type, key, token, None).await
+    }
+
+    /// Marks the claim `token` completed with a prepared result.
+    pub async fn complete_with_result(
+        conn: &Conn,
+        asynchronous: bool,
+        job_type: &str,
+        key: &str,
+        token: Uuid,
+        result: &PreparedResult,
+    ) -> Result<()> {
+        let change = if asynchronous {
+            Fenced::CompleteAsynchronously
+        } else {
+            Fenced::Complete
+        };
+        fenced_with_result(conn, change, job_type, key, token, None, Some(result)).await
+    }
+
+    /// Releases the claim `token` with `error` as its last error.
+    pub async fn release(
+        conn: &Conn,
+        job_type: &str,
+        key: &str,
+        token: Uuid,
+        error: &str,
+    ) -> Result<()> {
+        fenced(conn, Fenced::Release, job_type, key, token, Some(error)).await
+    }
+}
+
+/// Uninterruptible calls on a store's pool, for the tests (the bindings pass an
+/// [`Interrupt`] wired to their runtime instead).
+pub trait StoreExt {
+    /// Runs `f` with this process's handles on the calling thread, uninterruptibly.
+    fn run<T>(&self, f: impl FnOnce(&Handles, &Interrupt<'_>) -> CoreResult<T>) -> CoreResult<T>;
+    /// `pool::with_conn` on this process's pool, uninterruptibly.
+    fn with_conn<T>(&self, op: impl AsyncFnOnce(&mut Conn) -> CoreResult<T>) -> CoreResult<T>;
+}
+
+impl StoreExt for Store {
+    fn run<T>(&self, f: impl FnOnce(&Handles, &Interrupt<'_>) -> CoreResult<T>) -> CoreResult<T> {
+        let pool = self.pool()?;
+        f(&pool, &Interrupt::none())
+    }
+
+    fn with_conn<T>(&self, op: impl AsyncFnOnce(&mut Conn) -> CoreResult<T>) -> CoreResult<T> {
+        self.run(|pool, interrupt| idempotent_job_core::pool::with_conn(pool, interrupt, op))
+    }
+}
 
 /// The PostgreSQL the tests run against.
 pub fn database_url() -> String {
@@ -25,7 +105,7 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
     config.prepared_statements = prepared;
     config.pool_size = pool_size;
     let store = Store::new(config).unwrap();
-    store.run(migrate::migrate).unwrap();
+    store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
     store
 }
 

@@ -9,10 +9,9 @@ use magnus::{
 use uuid::Uuid;
 
 use super::errors::to_ruby;
-use idempotent_job_core::claim::{
-    self, ClaimRequest, ClaimRow, Decision, Fenced, Field, Outcome, Record,
-};
 use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::fenced::Fenced;
+use idempotent_job_core::record::{self, ClaimRequest, ClaimRow, Decision, Field, Outcome, Record};
 
 /// Results of the binding's functions: a Ruby exception as the error.
 pub type RbResult<T> = std::result::Result<T, magnus::Error>;
@@ -104,7 +103,7 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
     Ok(ClaimRequest {
         job_type: get(&keys::job_type)?.unwrap_or_default(),
         operation_key: get(&keys::operation_key)?.unwrap_or_default(),
-        jid: get(&keys::jid)?,
+        delivery_id: get(&keys::jid)?,
         lease_seconds: request
             .lookup::<_, Option<f64>>(id(&keys::lease))?
             .unwrap_or(0.0),
@@ -154,13 +153,13 @@ pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
                 .put(&keys::kind, named(kind.as_str()))?;
         }
         Outcome::InProgress {
-            holder_jid,
+            holder_delivery_id,
             attempt,
             lease_remaining,
             duplicates,
         } => {
             out.put(&keys::decision, named("in_progress"))?
-                .put(&keys::holder_jid, holder_jid)?
+                .put(&keys::holder_jid, holder_delivery_id)?
                 .put(&keys::attempt, attempt)?
                 .put(&keys::lease_remaining, lease_remaining)?
                 .put(&keys::duplicates, duplicates)?;
@@ -232,7 +231,7 @@ pub fn decided(
         status: row.fetch(sym("status"))?,
         last_claim: row.fetch(sym("last_claim"))?,
         attempts: row.fetch(sym("attempts"))?,
-        jid: row.lookup(sym("jid"))?,
+        delivery_id: row.lookup(sym("jid"))?,
         duplicates: row.fetch(sym("duplicates"))?,
         mismatch: row.fetch(sym("mismatch"))?,
         lease_remaining: row.fetch(sym("lease_remaining"))?,
@@ -241,8 +240,8 @@ pub fn decided(
     };
     let token = parse_token(token).map_err(|e| to_ruby(ruby, e))?;
     let request = claim_request(ruby, request)?;
-    let decision = claim::check_request(&request)
-        .and_then(|()| claim::decide(claim_row, token, &request))
+    let decision = record::check_request(&request)
+        .and_then(|()| record::decide(claim_row, token, &request))
         .map_err(|e| to_ruby(ruby, e))?;
     Ok((decision, request))
 }

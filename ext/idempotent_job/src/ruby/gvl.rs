@@ -22,8 +22,8 @@ use magnus::Ruby;
 use tokio::sync::Notify;
 
 use super::errors::to_ruby;
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
-use idempotent_job_core::store::Interrupt;
 
 struct Call<'a, F, T> {
     op: Option<F>,

@@ -90,13 +90,13 @@ fn canonical_json(value: magnus::Value) -> Option<String> {
 }
 
 fn repeats_sql() -> &'static str {
-    idempotent_job_core::claim::REPEATS_SQL.trim()
+    idempotent_job_core::sql::REPEATS_SQL.trim()
 }
 
 fn deliver_sql() -> &'static str {
-    idempotent_job_core::claim::DELIVER_SQL.trim()
+    idempotent_job_core::sql::DELIVER_SQL.trim()
 }
 
 fn claim_sql() -> &'static str {
-    idempotent_job_core::claim::CLAIM_SQL.trim()
+    idempotent_job_core::sql::CLAIM_SQL.trim()
 }

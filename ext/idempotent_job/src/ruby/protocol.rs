@@ -25,15 +25,17 @@ use super::gvl::without_gvl;
 use super::heartbeat::heartbeat_hash;
 use super::store::{prepared, NativeStore};
 use super::transaction::NativeTransaction;
-use idempotent_job_core::claim::{self, ClaimRequest, Fenced};
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{
     deferral_delay, Channel, Claim, ClaimInfo, Completion, DeliveryRequest, Detail, Direct,
     DoorWords, JobOptions, LookupAnswer, Notes, OnMismatch, OnStale, Outcome, Protocol, Step,
     COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
 };
+use idempotent_job_core::record::{self, ClaimRequest};
 use idempotent_job_core::results::PreparedResult;
-use idempotent_job_core::store::{Interrupt, Pool};
+use idempotent_job_core::store::Handles;
 
 #[magnus::wrap(class = "IdempotentJob::Native::Protocol", free_immediately, size)]
 pub struct NativeProtocol(Protocol);
@@ -237,7 +239,7 @@ fn request_hash(ruby: &Ruby, req: &ClaimRequest) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.set("job_type", req.job_type.as_str())?
         .set("operation_key", req.operation_key.as_str())?
-        .set("jid", req.jid.clone())?
+        .set("jid", req.delivery_id.clone())?
         .set("lease", req.lease_seconds)?
         .set("args_digest", req.args_digest.clone())?
         .set("job_class", req.job_class.clone())?
@@ -265,9 +267,9 @@ impl Channel for RubyChannel<'_> {
         _interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<record::Decision> {
         let ruby = self.ruby;
-        let asked = (|| -> RbResult<claim::Decision> {
+        let asked = (|| -> RbResult<record::Decision> {
             let hash = request_hash(ruby, request)?;
             let pair: RArray = self
                 .session
@@ -278,53 +280,38 @@ impl Channel for RubyChannel<'_> {
         asked.map_err(|e| self.hold(e))
     }
 
-    fn fenced(
+    /// `fenced_raw(change, job_type, operation_key, token, text)`, with `[json, state]`
+    /// as a sixth argument when a completion stores a result: the change (and the
+    /// result) in one statement on the session's connection.
+    fn fenced_with_result(
         &mut self,
         _interrupt: &Interrupt<'_>,
         change: Fenced,
         claim: &ClaimInfo,
         text: Option<&str>,
+        result: Option<&PreparedResult>,
     ) -> Result<()> {
         let ruby = self.ruby;
-        let args = (
+        let (name, job_type, key, token) = (
             ruby.sym_new(fenced_name(change)),
             claim.job_type.as_str(),
             claim.operation_key.as_str(),
             claim.token.to_string(),
-            text,
         );
-        let applied: RbResult<Value> = self.session.funcall("fenced_raw", args);
-        applied.map(|_| ()).map_err(|e| self.hold(e))
-    }
-
-    /// `fenced_raw(:complete, job_type, operation_key, token, nil, [json, state])`: the
-    /// completion and its stored result in one statement on the session's connection.
-    fn complete(
-        &mut self,
-        interrupt: &Interrupt<'_>,
-        claim: &ClaimInfo,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        let Some(result) = result else {
-            return self.fenced(interrupt, Fenced::Complete, claim, None);
+        let applied: RbResult<Value> = match result {
+            None => self
+                .session
+                .funcall("fenced_raw", (name, job_type, key, token, text)),
+            Some(result) => {
+                let pair = ruby.ary_new_capa(2);
+                pair.push(result.json.clone())
+                    .and_then(|()| pair.push(result.state.as_str()))
+                    .and_then(|()| {
+                        self.session
+                            .funcall("fenced_raw", (name, job_type, key, token, text, pair))
+                    })
+            }
         };
-        let ruby = self.ruby;
-        let pair = ruby.ary_new_capa(2);
-        let built = pair
-            .push(result.json.clone())
-            .and_then(|()| pair.push(result.state.as_str()));
-        if let Err(e) = built {
-            return Err(self.hold(e));
-        }
-        let args = (
-            ruby.sym_new("complete"),
-            claim.job_type.as_str(),
-            claim.operation_key.as_str(),
-            claim.token.to_string(),
-            ruby.qnil(),
-            pair,
-        );
-        let applied: RbResult<Value> = self.session.funcall("fenced_raw", args);
         applied.map(|_| ()).map_err(|e| self.hold(e))
     }
 
@@ -332,7 +319,7 @@ impl Channel for RubyChannel<'_> {
         true
     }
 
-    fn heartbeat_pool(&self) -> Option<&Pool> {
+    fn heartbeat_pool(&self) -> Option<&Handles> {
         None
     }
 
@@ -486,7 +473,7 @@ impl NativeProtocol {
         Ok(DeliveryRequest {
             job_type: req.job_type,
             operation_key: req.operation_key,
-            delivery_id: req.jid,
+            delivery_id: req.delivery_id,
             job_class: req.job_class,
             queue: req.queue,
             args_json: req.args_json,
@@ -687,34 +674,19 @@ impl NativeProtocol {
         claim: &NativeClaim,
         result: Option<RArray>,
     ) -> RbResult<RArray> {
-        let result = Self::result(ruby, result)?;
-        let taken = claim.take(ruby)?;
-        let mut channel = RubyChannel {
-            ruby,
-            session,
-            raised: None,
-        };
-        let mut notes = Notes::new();
-        let done = rb_self.0.complete_prepared(
-            &mut channel,
-            &Interrupt::none(),
-            taken,
-            result,
-            &mut notes,
-        );
-        if let Err(e) = &done {
-            if let Some(raised) = channel.raised_for(e) {
-                return answer(
-                    ruby,
-                    "error",
-                    raised_value(ruby, raised),
-                    &notes,
-                    &delivery_of(&claim.info),
-                    rb_self.0.words(),
-                );
-            }
-        }
-        Self::completed(ruby, rb_self, claim, done, &notes)
+        Self::complete_by(ruby, rb_self, claim, result, |taken, result, notes| {
+            let mut channel = RubyChannel {
+                ruby,
+                session,
+                raised: None,
+            };
+            let done =
+                rb_self
+                    .0
+                    .complete_prepared(&mut channel, &Interrupt::none(), taken, result, notes);
+            let raised = done.as_ref().err().and_then(|e| channel.raised_for(e));
+            Ok((done, raised))
+        })
     }
 
     fn lookup_answer(ruby: &Ruby, answer: Value) -> RbResult<LookupAnswer> {
@@ -791,22 +763,36 @@ impl NativeProtocol {
         )
     }
 
-    fn completed(
+    /// The completion of `claim` with its `result` (as `Native::Store#prepare_result`
+    /// returned it, or nil), sent by `send` the channel's way (the pool without the GVL,
+    /// a native transaction, a Ruby session), and its answer: `[:completed, {…}, notes]`
+    /// or `[:error, exception, notes]`. `send` returns the completion and, over a Ruby
+    /// session, the exception Ruby raised in its statement (answered as it is).
+    fn complete_by(
         ruby: &Ruby,
         rb_self: &Self,
         claim: &NativeClaim,
-        done: Result<Completion>,
-        notes: &Notes,
+        result: Option<RArray>,
+        send: impl FnOnce(
+            Claim,
+            Option<PreparedResult>,
+            &mut Notes,
+        ) -> RbResult<(Result<Completion>, Option<magnus::Error>)>,
     ) -> RbResult<RArray> {
-        let (name, value) = match done {
-            Ok(completion) => ("completed", completion_hash(ruby, &completion)?.as_value()),
-            Err(e) => ("error", error_value(ruby, e)?),
+        let result = Self::result(ruby, result)?;
+        let taken = claim.take(ruby)?;
+        let mut notes = Notes::new();
+        let (done, raised) = send(taken, result, &mut notes)?;
+        let (name, value) = match (done, raised) {
+            (Ok(completion), _) => ("completed", completion_hash(ruby, &completion)?.as_value()),
+            (Err(_), Some(raised)) => ("error", raised_value(ruby, raised)),
+            (Err(e), None) => ("error", error_value(ruby, e)?),
         };
         answer(
             ruby,
             name,
             value,
-            notes,
+            &notes,
             &delivery_of(&claim.info),
             rb_self.0.words(),
         )
@@ -829,16 +815,15 @@ impl NativeProtocol {
         claim: &NativeClaim,
         result: Option<RArray>,
     ) -> RbResult<RArray> {
-        let result = Self::result(ruby, result)?;
-        let taken = claim.take(ruby)?;
-        let mut channel = Self::direct(ruby, store)?;
-        let mut notes = Notes::new();
-        let done = without_gvl(ruby, |i| {
-            rb_self
-                .0
-                .complete_prepared(&mut channel, i, taken, result, &mut notes)
-        })?;
-        Self::completed(ruby, rb_self, claim, done, &notes)
+        Self::complete_by(ruby, rb_self, claim, result, |taken, result, notes| {
+            let mut channel = Self::direct(ruby, store)?;
+            let done = without_gvl(ruby, |i| {
+                rb_self
+                    .0
+                    .complete_prepared(&mut channel, i, taken, result, notes)
+            })?;
+            Ok((done, None))
+        })
     }
 
     /// `complete_in(transaction, claim, result)`: the completion inside a native
@@ -850,15 +835,14 @@ impl NativeProtocol {
         claim: &NativeClaim,
         result: Option<RArray>,
     ) -> RbResult<RArray> {
-        let result = Self::result(ruby, result)?;
-        let taken = claim.take(ruby)?;
-        let mut notes = Notes::new();
-        let done = transaction.with_session_raw(ruby, |session, i| {
-            rb_self
-                .0
-                .complete_prepared(session, i, taken, result, &mut notes)
-        })?;
-        Self::completed(ruby, rb_self, claim, done, &notes)
+        Self::complete_by(ruby, rb_self, claim, result, |taken, result, notes| {
+            let done = transaction.with_session_raw(ruby, |session, i| {
+                rb_self
+                    .0
+                    .complete_prepared(session, i, taken, result, notes)
+            })?;
+            Ok((done, None))
+        })
     }
 
     /// `release(store, claim, error_class, message)` → notes. Never raises for the

@@ -14,16 +14,18 @@ use super::gvl::without_gvl;
 use super::heartbeat::NativeHeartbeat;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::bookkeeping::Repeat;
-use idempotent_job_core::claim::{self, Fenced, Resolution};
+use idempotent_job_core::claim;
 use idempotent_job_core::config::Config;
+use idempotent_job_core::conn::{Conn, Interrupt};
 use idempotent_job_core::error::{Error, Result};
-use idempotent_job_core::heartbeat::Heartbeat;
+use idempotent_job_core::fenced::{self, Fenced};
 use idempotent_job_core::migrate;
+use idempotent_job_core::pool::{with_conn, with_fresh_conn, Lane};
+use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::report;
 use idempotent_job_core::results::{self, PreparedResult, ResultInput, ResultState};
-use idempotent_job_core::retry::with_fresh_conn;
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::{with_conn, Conn, Interrupt, Lane, Pool, Store};
+use idempotent_job_core::store::{Handles, Store};
 
 /// A purge cursor as Ruby holds it: `[finished_at microseconds since the epoch,
 /// job_type, operation_key]`.
@@ -45,7 +47,7 @@ impl NativeStore {
     fn run<T>(
         &self,
         ruby: &Ruby,
-        op: impl FnOnce(&Pool, &Interrupt<'_>) -> Result<T>,
+        op: impl FnOnce(&Handles, &Interrupt<'_>) -> Result<T>,
     ) -> RbResult<T> {
         let pool = self.0.pool().map_err(|e| to_ruby(ruby, e))?;
         without_gvl(ruby, |interrupt| op(&pool, interrupt))?.map_err(|e| to_ruby(ruby, e))
@@ -155,7 +157,7 @@ impl NativeStore {
         };
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
         rb_self.with_fresh_conn(ruby, Lane::Reserve, async |c| {
-            claim::fenced_with_result(
+            fenced::fenced_with_result(
                 c,
                 change,
                 &job_type,
@@ -219,7 +221,7 @@ impl NativeStore {
         operation_key: String,
     ) -> RbResult<Option<RHash>> {
         let record = rb_self.with_settled_conn(ruby, async |c| {
-            claim::find(c, &job_type, &operation_key).await
+            records::find(c, &job_type, &operation_key).await
         })?;
         record.map(|r| record_hash(ruby, r)).transpose()
     }
@@ -232,7 +234,7 @@ impl NativeStore {
         limit: i64,
     ) -> RbResult<Vec<(String, String)>> {
         rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
-            claim::held(c, job_type.as_deref(), limit).await
+            records::held(c, job_type.as_deref(), limit).await
         })
     }
 
@@ -257,7 +259,7 @@ impl NativeStore {
             }
         };
         rb_self.with_conn(ruby, async |c| {
-            claim::resolve(c, &job_type, &operation_key, resolution).await
+            records::resolve(c, &job_type, &operation_key, resolution).await
         })
     }
 
@@ -275,7 +277,7 @@ impl NativeStore {
         let since = DateTime::<Utc>::from_timestamp_micros((since * 1e6) as i64)
             .ok_or_else(|| to_ruby(ruby, Error::Config("since is out of range".into())))?;
         let rows = rb_self.with_settled_conn(ruby, async |c| {
-            claim::repeats(c, since, job_type.as_deref()).await
+            records::repeats(c, since, job_type.as_deref()).await
         })?;
         let out = ruby.ary_new_capa(rows.len());
         for r in rows {
@@ -295,7 +297,7 @@ impl NativeStore {
                 .time("first_claimed_at", Some(r.first_claimed_at))?
                 .set("repeat_times", times)?
                 .set("job_classes", r.job_classes)?
-                .set("jid", r.jid)?
+                .set("jid", r.delivery_id)?
                 .time("completed_at", r.completed_at)?
                 .set("first_facts_json", r.first_facts)?
                 .set("repeat_facts_json", r.repeat_facts)?;
@@ -367,7 +369,7 @@ impl NativeStore {
         operation_key: String,
     ) -> RbResult<bool> {
         rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
-            claim::completed(c, &job_type, &operation_key).await
+            records::completed(c, &job_type, &operation_key).await
         })
     }
 
@@ -390,7 +392,7 @@ impl NativeStore {
     /// `purge_batch(older_than_seconds, batch, cursor)` → `[deleted, picked, cursor]`:
     /// one batch after `cursor` (nil at the start; else the cursor the previous batch
     /// returned, `[finished_at microseconds since the epoch, job_type, operation_key]`).
-    /// See the core's `claim::purge_batch`: a purge is done when `picked < batch`.
+    /// See the core's `records::purge_batch`: a purge is done when `picked < batch`.
     fn purge_batch(
         ruby: &Ruby,
         rb_self: &Self,
@@ -399,8 +401,8 @@ impl NativeStore {
         cursor: Option<RbPurgeCursor>,
     ) -> RbResult<(u64, u64, Option<RbPurgeCursor>)> {
         let after = match cursor {
-            None => claim::PurgeCursor::default(),
-            Some((micros, job_type, operation_key)) => claim::PurgeCursor {
+            None => records::PurgeCursor::default(),
+            Some((micros, job_type, operation_key)) => records::PurgeCursor {
                 finished_at: Some(DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(
                     || {
                         to_ruby(
@@ -414,7 +416,7 @@ impl NativeStore {
             },
         };
         let done = rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
-            claim::purge_batch(c, older_than, batch, &after).await
+            records::purge_batch(c, older_than, batch, &after).await
         })?;
         let next = done.next.finished_at.map(|at| {
             (
@@ -439,8 +441,7 @@ impl NativeStore {
     ) -> RbResult<NativeHeartbeat> {
         let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
         let pool = rb_self.0.pool().map_err(|e| to_ruby(ruby, e))?;
-        Ok(NativeHeartbeat(Heartbeat::start(
-            &pool,
+        Ok(NativeHeartbeat(pool.heartbeat(
             job_type,
             operation_key,
             token,
@@ -504,7 +505,7 @@ impl NativeStore {
 
     /// `migrate` → Array of the migration names applied now.
     fn migrate(ruby: &Ruby, rb_self: &Self) -> RbResult<Vec<String>> {
-        rb_self.run(ruby, migrate::migrate)
+        rb_self.run(ruby, |pool, i| migrate::migrate(pool, i))
     }
 }
 

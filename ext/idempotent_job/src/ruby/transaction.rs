@@ -12,9 +12,9 @@ use magnus::{
 use super::convert::{claim_request, decision_hash, parse_fenced, parse_token, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::Interrupt;
 use idempotent_job_core::values::{Cell, Param};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Transaction", free_immediately, size)]

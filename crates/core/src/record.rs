@@ -1,0 +1,518 @@
+//! The idempotency record and the decision types: what a delivery asks for
+//! ([`ClaimRequest`], checked by [`check_request`]), what the claim statement answers
+//! ([`ClaimRow`], turned into a [`Decision`] by [`decide`], the one place that reads a
+//! claim's outcome), the whole stored record ([`Record`], read by `FIND_SQL`), and a
+//! stored result ([`ResultState`], [`Replay`], [`PreparedResult`], checked by
+//! [`prepare`]). No I/O here.
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use crate::config::{MAX_KEY_BYTES, MAX_LEASE_SECONDS};
+use crate::error::{Error, Result};
+
+/// Defines the record once: each column of [`Record`] with its Rust type, the kind of
+/// value it is for other layers ([`Field`]) and its expression in [`FIND_SQL`]'s select
+/// list (named after the field). From that one list come the struct, [`FIND_SQL`], the
+/// row's conversion ([`Record::from_row`]), the column names ([`Record::COLUMNS`]) and
+/// the named values the Ruby layer converts ([`Record::fields`]).
+macro_rules! record {
+    (
+        $(#[$meta:meta])*
+        pub struct Record {
+            $(#[$first_doc:meta])* $first:ident: $first_ty:ty => $first_kind:ident = $first_sql:literal,
+            $($(#[$doc:meta])* $field:ident: $ty:ty => $kind:ident = $sql:literal,)*
+        }
+        $(#[$find_doc:meta])*
+        pub const FIND_SQL = SELECT ... $from:literal;
+    ) => {
+        $(#[$meta])*
+        pub struct Record {
+            $(#[$first_doc])* pub $first: $first_ty,
+            $($(#[$doc])* pub $field: $ty,)*
+        }
+
+        $(#[$find_doc])*
+        pub const FIND_SQL: &str = concat!(
+            "SELECT ", $first_sql, " AS ", stringify!($first),
+            $(",\n       ", $sql, " AS ", stringify!($field),)*
+            $from
+        );
+
+        impl Record {
+            /// The record's column names, in [`FIND_SQL`]'s order (its select list's names).
+            pub const COLUMNS: &'static [&'static str] = &[stringify!($first), $(stringify!($field)),*];
+
+            /// A row of [`FIND_SQL`] as a record.
+            ///
+            /// Errors: a column missing or of another type ([`Error::Database`]).
+            pub fn from_row(row: &Row) -> Result<Record> {
+                Ok(Record {
+                    $first: row.try_get(stringify!($first))?,
+                    $($field: row.try_get(stringify!($field))?,)*
+                })
+            }
+
+            /// Every column's name and value, in [`Record::COLUMNS`]' order.
+            pub fn fields(&self) -> impl Iterator<Item = (&'static str, Field<'_>)> {
+                [
+                    (stringify!($first), Field::$first_kind(&self.$first)),
+                    $((stringify!($field), Field::$kind(&self.$field)),)*
+                ]
+                .into_iter()
+            }
+        }
+    };
+}
+
+/// One column's value of a [`Record`], by kind, for a layer that converts it (the Ruby
+/// binding makes a String, a Symbol, an Integer, a Float, true/false, a Time or nil).
+#[derive(Debug, Clone, Copy)]
+pub enum Field<'a> {
+    /// Text.
+    Text(&'a String),
+    /// Text or NULL.
+    OptText(&'a Option<String>),
+    /// One of a few names (status, last_claim): a Symbol in Ruby.
+    Name(&'a String),
+    /// An integer.
+    Int(&'a i32),
+    /// A number of seconds.
+    Float(&'a f64),
+    /// A boolean.
+    Bool(&'a bool),
+    /// A claim token.
+    Token(&'a Uuid),
+    /// A time (UTC).
+    Time(&'a DateTime<Utc>),
+    /// A time (UTC) or NULL.
+    OptTime(&'a Option<DateTime<Utc>>),
+}
+
+record! {
+    /// A whole idempotency record, as stored. Times are UTC.
+    #[derive(Debug, Clone)]
+    pub struct Record {
+        job_type: String => Text = "job_type",
+        operation_key: String => Text = "operation_key",
+        status: String => Name = "status",
+        claim_token: Uuid => Token = "claim_token",
+        attempts: i32 => Int = "attempts",
+        takeovers: i32 => Int = "takeovers",
+        last_claim: String => Name = "last_claim",
+        jid: Option<String> => OptText = "jid",
+        duplicates: i32 => Int = "duplicates",
+        lease_seconds: f64 => Float = "lease_seconds",
+        /// Whether `lease_expires_at` has passed, by the database clock.
+        lease_expired: bool => Bool = "lease_expires_at <= now()",
+        last_error: Option<String> => OptText = "last_error",
+        args_digest: Option<String> => OptText = "args_digest",
+        job_class: Option<String> => OptText = "job_class",
+        queue: Option<String> => OptText = "queue",
+        /// The claiming delivery's arguments as JSON text (unwrapped when the claim
+        /// had to wrap them).
+        args_json: Option<String> => OptText = "coalesce(args ->> 'idempotent_job:json', args::text)",
+        mismatches: i32 => Int = "mismatches",
+        last_mismatch: bool => Bool = "last_mismatch",
+        resolution: Option<String> => OptText = "resolution",
+        first_claimed_at: DateTime<Utc> => Time = "first_claimed_at",
+        claimed_at: DateTime<Utc> => Time = "claimed_at",
+        lease_expires_at: DateTime<Utc> => Time = "lease_expires_at",
+        completed_at: Option<DateTime<Utc>> => OptTime = "completed_at",
+        released_at: Option<DateTime<Utc>> => OptTime = "released_at",
+        last_duplicate_at: Option<DateTime<Utc>> => OptTime = "last_duplicate_at",
+        heartbeat_at: Option<DateTime<Utc>> => OptTime = "heartbeat_at",
+        held_at: Option<DateTime<Utc>> => OptTime = "held_at",
+        given_up_at: Option<DateTime<Utc>> => OptTime = "given_up_at",
+        resolved_at: Option<DateTime<Utc>> => OptTime = "resolved_at",
+        /// The stored result as JSON text (V7; NULL when none is stored).
+        result_json: Option<String> => OptText = "result::text",
+        /// `stored`, `too_large` or `unencodable` (V7; NULL: no store was requested).
+        result_state: Option<String> => OptText = "result_state",
+        updated_at: DateTime<Utc> => Time = "updated_at",
+    }
+    /// Read one record: [`Record`]'s columns. Parameters: $1 job_type, $2 operation_key.
+    pub const FIND_SQL = SELECT ... "\n  FROM idempotent_job_records\n WHERE job_type = $1 AND operation_key = $2";
+}
+
+/// One delivery's request for a claim. Owned, so it can cross into a runtime
+/// thread while the caller's language runtime goes on.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimRequest {
+    /// The job type (idempotency scope), e.g. `"ChargeOrderJob"`.
+    pub job_type: String,
+    /// The canonical operation key, e.g. `"42"`.
+    pub operation_key: String,
+    /// The delivering job's id, stored as the record's last claiming jid.
+    pub delivery_id: Option<String>,
+    /// Lease length in seconds (> 0).
+    pub lease_seconds: f64,
+    /// Digest of the delivery's canonical arguments (payload mismatch detection).
+    pub args_digest: Option<String>,
+    /// Job class, queue and arguments (JSON text) stored for `resolve(as: :rerun)`.
+    pub job_class: Option<String>,
+    pub queue: Option<String>,
+    pub args_json: Option<String>,
+    /// Never take a claim over with a mismatched payload (`on_mismatch: :raise`).
+    pub refuse_mismatch: bool,
+    /// The door's facts about this delivery (delivery id, retry count, enqueued at…):
+    /// a JSON object text, kept by a first claim (`first_facts`) and stored with the
+    /// operation's repeats (`repeat_facts`).
+    pub facts_json: Option<String>,
+}
+
+/// How a won claim was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimKind {
+    /// No record existed: the first delivery of this operation.
+    First,
+    /// The previous holder's job raised and released its claim (a Sidekiq retry), or a
+    /// person resolved a held operation for a rerun.
+    Retry,
+    /// The previous claim's lease had expired: its holder may have died. Its effect
+    /// may or may not have happened (a stale claim): the stale policy decides.
+    Takeover,
+}
+
+impl ClaimKind {
+    /// The name stored in `last_claim`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimKind::First => "first",
+            ClaimKind::Retry => "retry",
+            ClaimKind::Takeover => "takeover",
+        }
+    }
+}
+
+impl Outcome {
+    /// The outcome's name, as the Ruby layer and `repeat_facts` spell it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Claimed { kind, .. } => match kind {
+                ClaimKind::First => "claimed",
+                ClaimKind::Retry => "retry",
+                ClaimKind::Takeover => "takeover",
+            },
+            Outcome::Completed { .. } => "completed",
+            Outcome::InProgress { .. } => "in_progress",
+            Outcome::Held { .. } => "held",
+            Outcome::GivenUp { .. } => "given_up",
+            Outcome::Refused { .. } => "refused",
+        }
+    }
+}
+
+/// What a delivery should do, decided atomically by the claim statement.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Run the job. `token` must be presented to every fenced change.
+    Claimed {
+        token: Uuid,
+        /// Claims made on this record, this one included (1 for a first claim).
+        attempt: i32,
+        kind: ClaimKind,
+    },
+    /// The operation already completed: do not run. `duplicates` counts this one.
+    /// `replay`: what its completion stored (None when no store was requested).
+    Completed {
+        duplicates: i32,
+        replay: Option<Replay>,
+    },
+    /// Another delivery holds a live claim: do not run now; try again once
+    /// `lease_remaining` seconds have passed (by the database clock).
+    InProgress {
+        holder_delivery_id: Option<String>,
+        attempt: i32,
+        lease_remaining: f64,
+        duplicates: i32,
+    },
+    /// Held for a person (`:hold` policy): do not run.
+    Held { duplicates: i32 },
+    /// Given up (`:skip` policy): do not run.
+    GivenUp { duplicates: i32 },
+    /// The claim is released or stale, but this delivery's arguments differ from the
+    /// claim's and mismatches are refused: do not run.
+    Refused { duplicates: i32 },
+}
+
+/// The claim's answer: the outcome, and whether this delivery's arguments differed
+/// from those of the operation's claim (a payload mismatch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub outcome: Outcome,
+    pub mismatch: bool,
+}
+
+/// Checks a request before any statement: non-empty key and job type within
+/// [`MAX_KEY_BYTES`], a lease in (0, [`MAX_LEASE_SECONDS`]].
+///
+/// Errors: [`Error::Config`] naming the job type.
+pub fn check_request(req: &ClaimRequest) -> Result<()> {
+    check_key(&req.job_type, &req.operation_key)?;
+    if !(req.lease_seconds > 0.0 && req.lease_seconds <= MAX_LEASE_SECONDS) {
+        return Err(Error::Config(format!(
+            "the lease of {} must be a positive number of seconds up to {MAX_LEASE_SECONDS}, got {}",
+            req.job_type, req.lease_seconds
+        )));
+    }
+    if let Some(facts) = &req.facts_json {
+        if !matches!(
+            serde_json::from_str(facts),
+            Ok(serde_json::Value::Object(_))
+        ) {
+            return Err(Error::Config(format!(
+                "the delivery facts of {} must be a JSON object text, got {facts:?}",
+                req.job_type
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
+    if job_type.is_empty() {
+        return Err(Error::Config("job_type must not be empty".into()));
+    }
+    if operation_key.is_empty() {
+        return Err(Error::Config(format!(
+            "the operation key of {job_type} must not be empty"
+        )));
+    }
+    if job_type.len() + operation_key.len() > MAX_KEY_BYTES {
+        return Err(Error::Config(format!(
+            "the operation key of {job_type} is {} bytes; job type and key together must \
+             stay under {MAX_KEY_BYTES} bytes (declare a narrower idempotency_key)",
+            operation_key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The columns [`CLAIM_SQL`](crate::sql::CLAIM_SQL) returns, read by whichever driver ran it (the native
+/// pool, or ActiveRecord's connection for `idempotency_transaction: :active_record`).
+#[derive(Debug, Clone)]
+pub struct ClaimRow {
+    pub won: bool,
+    pub status: String,
+    pub last_claim: String,
+    pub attempts: i32,
+    pub delivery_id: Option<String>,
+    pub duplicates: i32,
+    pub mismatch: bool,
+    pub lease_remaining: f64,
+    /// A completed record's stored result (JSON text) and `result_state` (V7).
+    pub result: Option<String>,
+    pub result_state: Option<String>,
+}
+
+/// Turns the row of [`CLAIM_SQL`](crate::sql::CLAIM_SQL) into the delivery's [`Decision`]: the one place
+/// that reads a claim's outcome. `token` is the token the caller sent as $3.
+pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision> {
+    let ClaimRow {
+        won,
+        status,
+        last_claim,
+        attempts: attempt,
+        delivery_id,
+        duplicates,
+        mismatch,
+        lease_remaining,
+        result,
+        result_state,
+    } = row;
+    let lease_remaining = lease_remaining.max(0.0);
+    let outcome = if won {
+        let kind = match last_claim.as_str() {
+            "takeover" => ClaimKind::Takeover,
+            "retry" => ClaimKind::Retry,
+            _ => ClaimKind::First,
+        };
+        Outcome::Claimed {
+            token,
+            attempt,
+            kind,
+        }
+    } else {
+        match status.as_str() {
+            "completed" => Outcome::Completed {
+                duplicates,
+                replay: Replay::from_columns(result, result_state.as_deref())?,
+            },
+            "held" => Outcome::Held { duplicates },
+            "given_up" => Outcome::GivenUp { duplicates },
+            "claimed" if lease_remaining > 0.0 => Outcome::InProgress {
+                holder_delivery_id: delivery_id,
+                attempt,
+                lease_remaining,
+                duplicates,
+            },
+            "claimed" | "released" => Outcome::Refused { duplicates },
+            other => {
+                return Err(Error::Database {
+                    message: format!(
+                        "idempotency record {}/{} has status {other:?}, which this version of \
+                         idempotent_job does not know (run the latest migrations and gem)",
+                        req.job_type, req.operation_key
+                    ),
+                    sqlstate: "XX000".into(),
+                })
+            }
+        }
+    };
+    Ok(Decision { outcome, mismatch })
+}
+
+/// What became of the result a completion was asked to store (`result_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultState {
+    /// Stored in `result`: a repeat replays it.
+    Stored,
+    /// Larger than `max_result_bytes`: not stored.
+    TooLarge,
+    /// Not JSON (or JSON that jsonb cannot hold, such as `\u0000`): not stored.
+    Unencodable,
+}
+
+impl ResultState {
+    /// The name stored in `result_state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResultState::Stored => "stored",
+            ResultState::TooLarge => "too_large",
+            ResultState::Unencodable => "unencodable",
+        }
+    }
+
+    /// The state named `name` in `result_state`.
+    ///
+    /// Errors: [`Error::Database`] for a name this version does not know.
+    pub fn parse(name: &str) -> Result<ResultState> {
+        match name {
+            "stored" => Ok(ResultState::Stored),
+            "too_large" => Ok(ResultState::TooLarge),
+            "unencodable" => Ok(ResultState::Unencodable),
+            other => Err(Error::Database {
+                message: format!(
+                    "an idempotency record has result_state {other:?}, which this version of \
+                     idempotent_job does not know (run the latest gem)"
+                ),
+                sqlstate: "XX000".into(),
+            }),
+        }
+    }
+}
+
+/// What a repeat of a completed operation learns of its first run's result: the
+/// stored JSON text (None unless `state` is [`ResultState::Stored`]) and the state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    pub json: Option<String>,
+    pub state: ResultState,
+}
+
+impl Replay {
+    /// The replay of a record's `result` and `result_state` columns; None when its
+    /// completion stored nothing (no store requested, or a record from before V7).
+    ///
+    /// Errors: an unknown `result_state` ([`ResultState::parse`]).
+    pub fn from_columns(json: Option<String>, state: Option<&str>) -> Result<Option<Replay>> {
+        let Some(state) = state else {
+            return Ok(None);
+        };
+        Ok(Some(Replay {
+            json,
+            state: ResultState::parse(state)?,
+        }))
+    }
+
+    /// Whether the first run's value was stored (a repeat gets it).
+    pub fn stored(&self) -> bool {
+        self.state == ResultState::Stored
+    }
+}
+
+/// What the body gave a completion to store.
+#[derive(Debug, Clone, Copy)]
+pub enum ResultInput<'a> {
+    /// The body's value as JSON text (the host language encoded it).
+    Json(&'a str),
+    /// The host language could not encode the value as JSON; the text says why (e.g.
+    /// `"a Time at [\"at\"] is not a JSON value"`).
+    Unencodable(&'a str),
+}
+
+/// A result ready for the completion statement ([`prepare`]): the JSON text to store
+/// (None when it is not stored), its `result_state`, and, when it is not stored, the
+/// warning to log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedResult {
+    pub json: Option<String>,
+    pub state: ResultState,
+    pub warning: Option<String>,
+}
+
+/// Checks a body's result for storing with the completion: JSON that jsonb holds, at
+/// most `max_bytes` bytes. Never fails: a value that cannot be stored is prepared as
+/// not stored ([`ResultState::TooLarge`] / [`ResultState::Unencodable`]) with a
+/// warning naming the job, the operation and the reason, and the completion goes on.
+pub fn prepare(
+    max_bytes: usize,
+    job_type: &str,
+    operation_key: &str,
+    input: ResultInput<'_>,
+) -> PreparedResult {
+    let not_stored = |state: ResultState, why: String| PreparedResult {
+        json: None,
+        state,
+        warning: Some(format!(
+            "{job_type} operation {operation_key:?} completed, but its result was not stored: \
+             {why}; a repeat gets no value (result_stored? false) and the operation is not run \
+             again"
+        )),
+    };
+    match input {
+        ResultInput::Unencodable(why) => not_stored(
+            ResultState::Unencodable,
+            format!("it cannot be encoded as JSON ({why})"),
+        ),
+        ResultInput::Json(json) if json.len() > max_bytes => not_stored(
+            ResultState::TooLarge,
+            format!(
+                "its JSON is {} bytes, over max_result_bytes ({max_bytes})",
+                json.len()
+            ),
+        ),
+        ResultInput::Json(json) => {
+            if let Err(e) = serde_json::from_str::<serde_json::Value>(json) {
+                return not_stored(
+                    ResultState::Unencodable,
+                    format!("it is not valid JSON ({e})"),
+                );
+            }
+            if json.contains("\\u0000") {
+                return not_stored(
+                    ResultState::Unencodable,
+                    "its JSON contains the character U+0000, which PostgreSQL's jsonb cannot \
+                     hold"
+                        .into(),
+                );
+            }
+            PreparedResult {
+                json: Some(json.to_string()),
+                state: ResultState::Stored,
+                warning: None,
+            }
+        }
+    }
+}
+
+/// The completion statement's $4 (JSON text) and $5 (`result_state`) for `result`
+/// (both NULL when no store was requested).
+pub(crate) fn params(result: Option<&PreparedResult>) -> (Option<&str>, Option<&str>) {
+    match result {
+        Some(r) => (r.json.as_deref(), Some(r.state.as_str())),
+        None => (None, None),
+    }
+}

@@ -1,0 +1,231 @@
+//! Records, read and settled outside a delivery: find one, the completed check,
+//! held operations, resolve, purge (retention) and the repeats report. Each statement's
+//! text is in [`crate::sql`] (the record's read, `FIND_SQL`, in [`crate::record`]).
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+use crate::conn::Conn;
+use crate::error::{Error, Result};
+use crate::record::{Record, FIND_SQL};
+use crate::sql::{COMPLETED_SQL, HELD_SQL, PURGE_SQL, REPEATS_SQL, RESOLVE_SQL};
+
+/// Reads one record, or `None` when the operation was never claimed. Sent like the
+/// claim (see [`Conn::query_own`]).
+///
+/// Errors: connection/database errors.
+pub async fn find(conn: &Conn, job_type: &str, operation_key: &str) -> Result<Option<Record>> {
+    let result = conn
+        .query_own(
+            FIND_SQL,
+            &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+        )
+        .await;
+    let Some(row) = result?.into_iter().next() else {
+        return Ok(None);
+    };
+    Record::from_row(&row).map(Some)
+}
+
+/// Whether the operation's record is completed (see [`COMPLETED_SQL`]): one round
+/// trip, nothing written.
+///
+/// Errors: connection/database errors.
+pub async fn completed(conn: &Conn, job_type: &str, operation_key: &str) -> Result<bool> {
+    let rows = conn
+        .query_own(
+            COMPLETED_SQL,
+            &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+        )
+        .await?;
+    match rows.first() {
+        Some(row) => Ok(row.try_get(0)?),
+        None => Ok(false),
+    }
+}
+
+/// Keys of held operations, oldest first: `(job_type, operation_key)` pairs.
+pub async fn held(
+    client: &Client,
+    job_type: Option<&str>,
+    limit: i64,
+) -> Result<Vec<(String, String)>> {
+    let result = client
+        .query_typed(HELD_SQL, &[(&job_type, Type::TEXT), (&limit, Type::INT8)])
+        .await;
+    result?
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect()
+}
+
+/// Where a purge stands: the retention-index key of the last record a batch took
+/// (finish time, job type, operation key). [`PurgeCursor::default`] is the start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PurgeCursor {
+    /// The last record's finish time (`completed_at` or `given_up_at`); None at the start.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The last record's job type ("" at the start).
+    pub job_type: String,
+    /// The last record's operation key ("" at the start).
+    pub operation_key: String,
+}
+
+/// What one purge batch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeBatch {
+    /// Records deleted.
+    pub deleted: u64,
+    /// Records the batch locked (all due records after the cursor, up to the batch size,
+    /// but those a claim had locked). Fewer than the batch size: the purge is done.
+    /// `deleted` is below it only when a picked record stopped being due meanwhile.
+    pub picked: u64,
+    /// Where the next batch starts (the cursor given, when nothing was picked).
+    pub next: PurgeCursor,
+}
+
+/// Deletes one batch of at most `batch` finished records older than
+/// `older_than_seconds`, after `after` in the retention index's order (see
+/// [`PURGE_SQL`]). A purge passes each batch's [`PurgeBatch::next`] to the next batch
+/// and stops when a batch picks fewer than `batch`: its time then grows with the number
+/// of records deleted, not with its square. Records skipped because a claim had them
+/// locked are behind the cursor: the next purge (from the start) takes them.
+/// Errors: [`Error::Config`] for a negative or non-finite age or a batch below 1;
+/// connection and statement errors as [`Error`].
+pub async fn purge_batch(
+    client: &Client,
+    older_than_seconds: f64,
+    batch: i64,
+    after: &PurgeCursor,
+) -> Result<PurgeBatch> {
+    if !(older_than_seconds >= 0.0 && older_than_seconds.is_finite()) || batch < 1 {
+        return Err(Error::Config(format!(
+            "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than_seconds} and {batch}"
+        )));
+    }
+    let start = after.finished_at.is_some();
+    let job_type = start.then_some(after.job_type.as_str());
+    let operation_key = start.then_some(after.operation_key.as_str());
+    let row = client
+        .query_typed(
+            PURGE_SQL,
+            &[
+                (&older_than_seconds, Type::FLOAT8),
+                (&batch, Type::INT8),
+                (&after.finished_at, Type::TIMESTAMPTZ),
+                (&job_type, Type::TEXT),
+                (&operation_key, Type::TEXT),
+            ],
+        )
+        .await?;
+    let row = row
+        .first()
+        .ok_or_else(|| Error::connection("the purge statement returned no row"))?;
+    let deleted: i64 = row.try_get(0)?;
+    let picked: i64 = row.try_get(1)?;
+    let finished_at: Option<DateTime<Utc>> = row.try_get(2)?;
+    let next = match finished_at {
+        Some(at) => PurgeCursor {
+            finished_at: Some(at),
+            job_type: row.try_get(3)?,
+            operation_key: row.try_get(4)?,
+        },
+        None => after.clone(),
+    };
+    Ok(PurgeBatch {
+        deleted: deleted as u64,
+        picked: picked as u64,
+        next,
+    })
+}
+
+/// One row of [`REPEATS_SQL`].
+#[derive(Debug, Clone)]
+pub struct Repeated {
+    pub job_type: String,
+    pub operation_key: String,
+    pub status: String,
+    pub attempts: i32,
+    pub takeovers: i32,
+    pub duplicates: i32,
+    pub mismatches: i32,
+    pub first_claimed_at: DateTime<Utc>,
+    pub repeat_times: Vec<DateTime<Utc>>,
+    pub job_classes: Vec<String>,
+    /// The last claiming delivery's id.
+    pub delivery_id: Option<String>,
+    pub completed_at: Option<DateTime<Utc>>,
+    /// The first claiming delivery's facts as JSON text, when it sent some.
+    pub first_facts: Option<String>,
+    /// The `repeat_facts` array as JSON text.
+    pub repeat_facts: String,
+}
+
+/// Operations repeated since `since` (see [`REPEATS_SQL`]).
+pub async fn repeats(
+    client: &Client,
+    since: DateTime<Utc>,
+    job_type: Option<&str>,
+) -> Result<Vec<Repeated>> {
+    let rows = client
+        .query_typed(
+            REPEATS_SQL,
+            &[(&since, Type::TIMESTAMPTZ), (&job_type, Type::TEXT)],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Repeated {
+                job_type: row.try_get("job_type")?,
+                operation_key: row.try_get("operation_key")?,
+                status: row.try_get("status")?,
+                attempts: row.try_get("attempts")?,
+                takeovers: row.try_get("takeovers")?,
+                duplicates: row.try_get("duplicates")?,
+                mismatches: row.try_get("mismatches")?,
+                first_claimed_at: row.try_get("first_claimed_at")?,
+                repeat_times: row.try_get("repeat_times")?,
+                job_classes: row.try_get("job_classes")?,
+                delivery_id: row.try_get("jid")?,
+                completed_at: row.try_get("completed_at")?,
+                first_facts: row.try_get("first_facts")?,
+                repeat_facts: row.try_get("repeat_facts")?,
+            })
+        })
+        .collect()
+}
+
+/// How a person settles a held or given-up operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The effect is known to have happened: mark the operation completed.
+    Done,
+    /// Run it again: the record is released for the next delivery.
+    Rerun,
+}
+
+/// Settles a held or given-up operation. Returns false when no such operation is
+/// held or given up (never claimed, or already settled).
+pub async fn resolve(
+    client: &Client,
+    job_type: &str,
+    operation_key: &str,
+    resolution: Resolution,
+) -> Result<bool> {
+    let name = match resolution {
+        Resolution::Done => "done",
+        Resolution::Rerun => "rerun",
+    };
+    let result = client
+        .execute_typed(
+            RESOLVE_SQL,
+            &[
+                (&job_type, Type::TEXT),
+                (&operation_key, Type::TEXT),
+                (&name, Type::TEXT),
+            ],
+        )
+        .await;
+    Ok(result? == 1)
+}
