@@ -31,7 +31,7 @@ module IdempotentJobBench
     PLANS = {
       full: { rounds: 60, batch: 8, threads: [1, 2, 5, 10, 25], seconds: 1.5, repeats: 5,
               sizes: [1_000, 100_000, 1_000_000, 10_000_000], growth_rounds: 30,
-              operations: 10_000, sidekiq_repeats: 2, memory_runs: 3, enqueue_batch: 50,
+              operations: 10_000, sidekiq_repeats: 3, memory_runs: 3, enqueue_batch: 50,
               purge_sizes: [100_000, 800_000], purge_loaded: 200_000,
               celery_operations: 5_000, celery_rounds: 3 },
       quick: { rounds: 4, batch: 5, threads: [1, 2, 5, 10, 25], seconds: 0.3, repeats: 1,

@@ -1,10 +1,11 @@
 # frozen_string_literal: true
 
 # Booted by the benchmark's worker: `sidekiq -r bench/sidekiq_boot.rb -c 10 -q bench`.
-# BENCH_MIDDLEWARE=1 loads the gem's middleware (`require "idempotent_job/sidekiq"`);
-# otherwise the same job runs without it. An outermost middleware times the run from
+# BENCH_MIDDLEWARE=1 loads the gem's middleware (`require "idempotent_job/sidekiq"`),
+# BENCH_MIDDLEWARE=hand the hand-written guard (bench/sidekiq_guard.rb, innermost);
+# otherwise the same job runs without a guard. An outermost middleware times the run from
 # the first job's start to the end of the BENCH_JOBS-th job (plus one for each delivery
-# the gem deferred: its copy comes back) and writes the figures to BENCH_RESULT as
+# the guard deferred: its copy comes back) and writes the figures to BENCH_RESULT as
 # JSON, with the effects the job bodies counted (process boot excluded).
 $LOAD_PATH.unshift File.expand_path("../lib", __dir__)
 require "json"
@@ -57,9 +58,10 @@ end
 
 module IdempotentJobBench
   # Outermost server middleware: counts jobs ended (and failed) and writes
-  # `{jobs:, failed:, deferred:, seconds:, effects:, operations:, once:, most:}` once
-  # BENCH_JOBS jobs (plus the deferred copies) have ended; seconds run from the first
-  # job's start to the last one's end, on the monotonic clock.
+  # `{jobs:, failed:, deferred:, seconds:, cpu:, effects:, operations:, once:, most:}`
+  # once BENCH_JOBS jobs (plus the deferred copies) have ended; seconds run from the
+  # first job's start to the last one's end, on the monotonic clock; cpu is the
+  # process's CPU seconds (every thread) over the same span.
   class Stopwatch
     @lock = Mutex.new
     @ended = 0
@@ -71,7 +73,10 @@ module IdempotentJobBench
       # Notes a job's start.
       # @return [void]
       def started
-        @lock.synchronize { @started ||= Process.clock_gettime(Process::CLOCK_MONOTONIC) }
+        @lock.synchronize do
+          @cpu ||= Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+          @started ||= Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        end
       end
 
       # Notes a delivery the gem deferred (its copy is one more job to wait for).
@@ -95,8 +100,9 @@ module IdempotentJobBench
 
       def write
         seconds = Process.clock_gettime(Process::CLOCK_MONOTONIC) - @started
+        cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - @cpu
         path = ENV.fetch("BENCH_RESULT")
-        figures = { jobs: @ended - @deferred, failed: @failed, deferred: @deferred, seconds: }
+        figures = { jobs: @ended - @deferred, failed: @failed, deferred: @deferred, seconds:, cpu: }
         File.write("#{path}.tmp", JSON.generate(figures.merge(Effects.figures)))
         File.rename("#{path}.tmp", path)
       end
@@ -118,7 +124,16 @@ module IdempotentJobBench
 end
 
 Sidekiq.configure_server do |config|
-  config.server_middleware { |chain| chain.prepend(IdempotentJobBench::Stopwatch) }
+  config.server_middleware do |chain|
+    chain.prepend(IdempotentJobBench::Stopwatch)
+    if ENV["BENCH_MIDDLEWARE"] == "hand"
+      require_relative "sidekiq_guard"
+      IdempotentJobBench::SidekiqGuard.setup(url: ENV.fetch("DATABASE_URL"),
+                                             size: Integer(ENV.fetch("BENCH_CONCURRENCY")),
+                                             deferred: -> { IdempotentJobBench::Stopwatch.deferred })
+      chain.add(IdempotentJobBench::SidekiqGuard)
+    end
+  end
   # A deferred copy waits in the scheduled set: poll it every second (bench/sidekiq_run.rb).
   options = config.respond_to?(:[]=) ? config : Sidekiq.options # Sidekiq 7+ : 6.x
   options[:average_scheduled_poll_interval] = 1

@@ -2,19 +2,23 @@
 
 require "sidekiq/api"
 require_relative "workloads"
+require_relative "sidekiq_guard"
 
 module IdempotentJobBench
   # Section 5: a real `sidekiq` process (Debian's, on the real Redis, durable
   # PostgreSQL) working through N operations plus 30 % duplicates (pushes of an
-  # operation key already pushed, mixed in after their original), with the gem's
-  # middleware and without it, alternately. The jobs are queued before the process
-  # starts; the time runs from the first job's start to the last job's end (see
-  # bench/sidekiq_boot.rb). Each job's body records its effect (in the process, one
-  # count per operation key): with the middleware every operation's effect must have
-  # run exactly once and every record must be completed; without it the duplicates
-  # run their effect again (what the middleware prevents).
+  # operation key already pushed, mixed in after their original) three ways,
+  # alternately: without a guard, with the gem's middleware, and with a hand-written
+  # guard (bench/sidekiq_guard.rb: INSERT … ON CONFLICT DO NOTHING RETURNING, then
+  # UPDATE, prepared, durable, a narrow table of its own). The jobs are queued before
+  # the process starts; the time runs from the first job's start to the last job's end
+  # (see bench/sidekiq_boot.rb). Each job's body records its effect (in the process,
+  # one count per operation key): with either guard every operation's effect must have
+  # run exactly once and every record must be completed; without one the duplicates
+  # run their effect again (what a guard prevents). WAL bytes (insert position) and
+  # durable commits (transaction ids assigned) are counted over each run.
   class SidekiqRun
-    # Worker threads of each process (the same with and without the middleware).
+    # Worker threads of each process (the same in every mode).
     CONCURRENCY = 10
     # Duplicate pushes per operation, as a fraction of the operations.
     DUPLICATES = 0.3
@@ -24,6 +28,8 @@ module IdempotentJobBench
     PEER_JOBS_PER_S = 2375.0
     # Target: the worker side with the middleware at least this many times the peer's.
     PEER_TARGET = 1.2
+    # Target (issue 21): the gem's drain at most this many times the hand-written guard's.
+    HAND_TARGET = 1.10
     # Seconds between Sidekiq's polls of its scheduled set, where a deferred copy waits
     # (sidekiq_boot.rb sets it; Sidekiq's default averages 5 s per process).
     SCHEDULED_POLL = 1
@@ -33,11 +39,17 @@ module IdempotentJobBench
     BOOT = File.expand_path("sidekiq_boot.rb", __dir__)
     # Random seed of where the duplicates go (reproducible runs).
     SEED = 14
+    # The modes, in the order of the first round (each round starts one further on),
+    # and what sidekiq_boot.rb's BENCH_MIDDLEWARE says for each.
+    MODES = { without: "0", with: "1", hand: "hand" }.freeze
+    # What the tables call each mode.
+    LABELS = { without: "no guard", with: "the gem's middleware",
+               hand: "hand-written guard (pg: INSERT … ON CONFLICT, UPDATE)" }.freeze
 
     # @param db [Database]
     # @param results [Results]
     # @param operations [Integer] operations per run (plus {DUPLICATES} of them pushed again)
-    # @param repeats [Integer] runs per mode (alternating which goes first)
+    # @param repeats [Integer] runs per mode (rotating which goes first)
     # @param dir [String] where logs and result files go
     # @raise [KeyError] without REDIS_URL
     def initialize(db, results, operations:, repeats:, dir:)
@@ -53,41 +65,77 @@ module IdempotentJobBench
       Redis.silence_deprecations = true if defined?(Redis) && Redis.respond_to?(:silence_deprecations=)
     end
 
-    # @return [Hash{Symbol => Float}] :without and :with (median jobs/s), :ratio (with /
-    #   without) and :peer (with / sidekiq-unique-jobs' figure)
+    # @return [Hash{Symbol => Float}] :without, :with and :hand (median jobs/s), :ratio
+    #   (with / without), :peer (with / sidekiq-unique-jobs' figure) and :hand_ratio (the
+    #   gem's drain seconds / the hand-written guard's, median of the rounds' ratios)
     # @raise [RuntimeError] when a run fails, times out or records the wrong outcome
     def run
-      samples = { without: [], with: [] }
-      effects = {}
+      SidekiqGuard.create_table(@db.connect)
+      runs = MODES.keys.to_h { |mode| [mode, []] }
       @repeats.times do |r|
-        (r.even? ? %i[without with] : %i[with without]).each do |mode|
-          rate, effects[mode] = once(mode, "#{r}#{mode}")
-          samples[mode] << rate
-        end
+        MODES.keys.rotate(r).each { |mode| runs[mode] << once(mode, "#{r}#{mode}") }
       end
-      ratios = samples[:with].zip(samples[:without]).map { |w, wo| w / wo }
-      figures = { without: Stats.median(samples[:without]), with: Stats.median(samples[:with]),
-                  ratio: Stats.median(ratios) }
-      figures[:peer] = figures[:with] / PEER_JOBS_PER_S
-      report(figures, samples, effects)
+      figures = summarise(runs)
+      report(figures, runs)
       figures
     end
 
     private
 
-    # @return [Array(Float, Hash)] jobs per second, and the effects the run counted
+    def summarise(runs)
+      rates = runs.transform_values { |list| list.map { |f| f["jobs"] / f["seconds"] } }
+      figures = rates.transform_values { |list| Stats.median(list) }
+      figures[:ratio] = Stats.median(rates[:with].zip(rates[:without]).map { |w, wo| w / wo })
+      figures[:hand_ratio] = Stats.median(runs[:with].zip(runs[:hand]).map { |w, h| w["seconds"] / h["seconds"] })
+      figures[:peer] = figures[:with] / PEER_JOBS_PER_S
+      figures
+    end
+
+    # @return [Hash] the run's figures (sidekiq_boot.rb's, with "wal" and "commits": WAL
+    #   bytes and transaction ids over the run)
     def once(mode, id)
       prefix = "r#{Process.pid}-#{id}-"
       enqueue(prefix)
       result = File.join(@dir, "sidekiq-#{id}.json")
       FileUtils.rm_f(result)
       log = File.join(@dir, "sidekiq-#{id}.log")
+      server = server_reset
+      before = @db.counters
       figures = work(mode, result, log)
+      after = @db.counters
+      figures["wal"] = after[:wal_bytes] - before[:wal_bytes]
+      figures["commits"] = after[:writes] - before[:writes]
+      figures["server_ms"] = server_ms if server
       check(mode, prefix, figures, log)
-      rate = figures["jobs"] / figures["seconds"]
-      puts "   #{mode} middleware: #{figures["jobs"]} jobs (#{@operations} operations + #{@duplicates} duplicates) " \
-           "in #{figures["seconds"].round(2)} s, #{rate.round} jobs/s; effects run #{figures["effects"]}"
-      [rate, figures]
+      say(mode, figures)
+      figures
+    end
+
+    # Starts pg_stat_statements afresh for a run.
+    # @return [Boolean] false when it cannot be reset here
+    def server_reset
+      return false unless @db.statements?
+
+      @db.exec("SELECT pg_stat_statements_reset()")
+      true
+    rescue PG::Error
+      false
+    end
+
+    # @return [Float] the server's execution milliseconds of every statement since
+    #   {#server_reset}, the benchmark's own reads excluded
+    def server_ms
+      @db.exec("SELECT /* bench-counter */ coalesce(sum(total_exec_time), 0)::float8 FROM pg_stat_statements " \
+               "WHERE query NOT LIKE '%bench-counter%' AND query NOT LIKE '%pg_stat_statements%'").getvalue(0, 0).to_f
+    end
+
+    def say(mode, figures)
+      puts "   #{LABELS[mode]}: #{figures["jobs"]} jobs (#{@operations} operations + #{@duplicates} duplicates) " \
+           "in #{figures["seconds"].round(2)} s, #{(figures["jobs"] / figures["seconds"]).round} jobs/s; effects run " \
+           "#{figures["effects"]}; #{figures["deferred"]} deferred; per operation #{per_op(figures, "wal").round} " \
+           "WAL bytes, #{per_op(figures, "commits").round(2)} write commits; worker CPU " \
+           "#{(figures["cpu"] * 1e6 / figures["jobs"]).round} µs per job, server execution " \
+           "#{(figures["server_ms"].to_f * 1e3 / @operations).round} µs per operation"
     end
 
     # Queues every operation once and {DUPLICATES} of them a second time, each
@@ -118,7 +166,8 @@ module IdempotentJobBench
     end
 
     def work(mode, result, log)
-      env = { "BENCH_MIDDLEWARE" => mode == :with ? "1" : "0", "BENCH_JOBS" => @jobs.to_s, "BENCH_RESULT" => result }
+      env = { "BENCH_MIDDLEWARE" => MODES.fetch(mode), "BENCH_JOBS" => @jobs.to_s, "BENCH_RESULT" => result,
+              "BENCH_CONCURRENCY" => CONCURRENCY.to_s }
       pid = Process.spawn(env, "sidekiq", "-r", BOOT, "-c", CONCURRENCY.to_s, "-q", QUEUE, "-t", "5",
                           %i[out err] => [log, "w"])
       wait_for(result, pid, log)
@@ -154,75 +203,140 @@ module IdempotentJobBench
       raise "#{figures["failed"]} jobs failed (log: #{log})" unless figures["failed"].zero?
       raise "#{figures["operations"]} of #{@operations} operations ran (log: #{log})" unless
         figures["operations"] == @operations
-      return check_without(figures, log) unless mode == :with
+      return check_without(figures, log) if mode == :without
 
       unless figures["effects"] == @operations && figures["most"] == 1
-        raise "with the middleware #{figures["effects"]} effects ran for #{@operations} operations " \
+        raise "#{LABELS[mode]}: #{figures["effects"]} effects ran for #{@operations} operations " \
               "(most for one: #{figures["most"]}; log: #{log})"
       end
-      completed = @db.exec("SELECT count(*) FROM idempotent_job_records WHERE job_type = 'BenchNoopJob' " \
-                           "AND status = 'completed' AND operation_key LIKE $1", ["#{prefix}%"]).getvalue(0, 0).to_i
-      raise "#{completed} of #{@operations} operations recorded completed (log: #{log})" unless completed == @operations
+      completed = @db.exec(COMPLETED.fetch(mode), ["#{prefix}%"]).getvalue(0, 0).to_i
+      raise "#{LABELS[mode]}: #{completed} of #{@operations} operations recorded completed (log: #{log})" unless
+        completed == @operations
     end
+
+    # Counts a run's completed records, by mode (operation keys LIKE $1).
+    COMPLETED = {
+      with: "SELECT count(*) FROM idempotent_job_records WHERE job_type = 'BenchNoopJob' " \
+            "AND status = 'completed' AND operation_key LIKE $1",
+      hand: "SELECT count(*) FROM #{SidekiqGuard::TABLE} WHERE job_type = 'BenchNoopJob' " \
+            "AND completed_at IS NOT NULL AND operation_key LIKE $1"
+    }.freeze
 
     def check_without(figures, log)
       return if figures["effects"] == @jobs
 
-      raise "without the middleware #{figures["effects"]} effects ran for #{@jobs} jobs (log: #{log})"
+      raise "without a guard #{figures["effects"]} effects ran for #{@jobs} jobs (log: #{log})"
     end
 
-    def report(figures, samples, effects)
-      record(figures, samples)
-      runs = samples.transform_values { |s| s.map(&:round).join(" ") }
-      verdict = Format.verdict(figures[:peer] >= PEER_TARGET, "≥ #{Format.ratio(PEER_TARGET)} peer")
-      @deferred = effects.dig(:with, "deferred")
-      rows = [["without the middleware", Format.num(figures[:without]), "1.00×", "–", effects_text(effects[:without]),
-               runs[:without], ""],
-              ["with the middleware", Format.num(figures[:with]), Format.ratio(figures[:ratio]),
-               Format.ratio(figures[:peer]), effects_text(effects[:with]), runs[:with], verdict],
-              ["sidekiq-unique-jobs 7.1.33, until_executed (issue 14, not re-run)", Format.num(PEER_JOBS_PER_S), "–",
-               "1.00×", "", "", ""]]
-      @results.table("sidekiq", title, ["worker", "jobs/s (median)", "× without", "× peer", "effects run",
-                                        "each run", "target"], rows, notes:)
+    # @return [Float] a counter of the run per operation
+    def per_op(figures, name)
+      figures[name].to_f / @operations
     end
 
-    def record(figures, samples)
-      @results.add("sidekiq", "without_middleware", "jobs_per_s", figures[:without], "1/s",
-                   "runs: #{samples[:without].map(&:round).join(" ")}")
-      @results.add("sidekiq", "with_middleware", "jobs_per_s", figures[:with], "1/s",
-                   "runs: #{samples[:with].map(&:round).join(" ")}")
+    def report(figures, runs)
+      record(figures, runs)
+      rows = MODES.keys.map { |mode| row(mode, figures, runs[mode]) }
+      rows << ["sidekiq-unique-jobs 7.1.33, until_executed (issue 14, not re-run)", "–", Format.num(PEER_JOBS_PER_S),
+               "–", "–", "1.00×", "", "", "", "", "", "", ""]
+      @results.table("sidekiq", title, ["worker", "drain s (median)", "jobs/s (median)", "× no guard",
+                                        "× hand-written (drain)", "× peer", "effects run",
+                                        "WAL B / operation", "write commits / operation", "worker CPU µs / job",
+                                        "server execution µs / operation", "each run (s)", "target"],
+                     rows, notes:)
+    end
+
+    def row(mode, figures, list)
+      seconds, wal, commits = medians(list)
+      guarded = mode != :without
+      [LABELS[mode], Format.num(seconds, 2), Format.num(figures[mode]),
+       Format.ratio(figures[mode] / figures[:without]), HAND_CELLS.fetch(mode) { Format.ratio(figures[:hand_ratio]) },
+       mode == :with ? Format.ratio(figures[:peer]) : "–", effects_text(list.last),
+       guarded ? Format.num(wal) : "–", guarded ? Format.num(commits, 2) : "–",
+       *cpu_medians(list).map { Format.num(_1) },
+       list.map { |f| f["seconds"].round(2) }.join(" "), mode == :with ? verdicts(figures) : ""]
+    end
+
+    # The "× hand-written" cell of the modes other than the gem's.
+    HAND_CELLS = { without: "–", hand: "1.00×" }.freeze
+
+    # @return [Array(Float, Float, Float)] median drain seconds, WAL bytes and write
+    #   commits per operation of a mode's runs
+    def medians(list)
+      [Stats.median(list.map { |f| f["seconds"] }), Stats.median(list.map { |f| per_op(f, "wal") }),
+       Stats.median(list.map { |f| per_op(f, "commits") })]
+    end
+
+    # @return [Array(Float, Float)] median worker CPU µs per job and server execution µs
+    #   per operation of a mode's runs
+    def cpu_medians(list)
+      [Stats.median(list.map { |f| f["cpu"].to_f * 1e6 / f["jobs"] }),
+       Stats.median(list.map { |f| f["server_ms"].to_f * 1e3 / @operations })]
+    end
+
+    def verdicts(figures)
+      [Format.verdict(figures[:hand_ratio] <= HAND_TARGET, "≤ #{Format.ratio(HAND_TARGET)} hand-written"),
+       Format.verdict(figures[:peer] >= PEER_TARGET, "≥ #{Format.ratio(PEER_TARGET)} peer")].join("; ")
+    end
+
+    def record(figures, runs)
+      { without: "without_middleware", with: "with_middleware", hand: "hand_written" }.each do |mode, subject|
+        record_mode(subject, figures[mode], runs[mode], counted: mode != :without)
+      end
       @results.add("sidekiq", "with_middleware", "ratio_to_without", figures[:ratio], "x")
       @results.add("sidekiq", "with_middleware", "ratio_to_peer", figures[:peer], "x",
                    "sidekiq-unique-jobs #{PEER_JOBS_PER_S.round} jobs/s (issue 14)")
+      @results.add("sidekiq", "with_middleware", "drain_ratio_to_hand_written", figures[:hand_ratio], "x",
+                   "median of the rounds' ratios of drain seconds")
+    end
+
+    def record_mode(subject, rate, list, counted:)
+      seconds, wal, commits = medians(list)
+      @results.add("sidekiq", subject, "jobs_per_s", rate, "1/s",
+                   "runs: #{list.map { |f| (f["jobs"] / f["seconds"]).round }.join(" ")}")
+      @results.add("sidekiq", subject, "drain_seconds", seconds, "s")
+      cpu, server = cpu_medians(list)
+      @results.add("sidekiq", subject, "worker_cpu_per_job", cpu, "us", "the sidekiq process's CPU time, every thread")
+      @results.add("sidekiq", subject, "server_exec_per_operation", server, "us", "pg_stat_statements total_exec_time")
+      return unless counted
+
+      @results.add("sidekiq", subject, "wal_bytes_per_operation", wal, "bytes")
+      @results.add("sidekiq", subject, "write_commits_per_operation", commits, "count")
     end
 
     def title
       "5. A real sidekiq process (Sidekiq #{::Sidekiq::VERSION}, -c #{CONCURRENCY}, Redis, durable PostgreSQL): " \
-        "#{@operations} operations + #{@duplicates} duplicates (#{@jobs} no-op jobs)"
+        "#{@operations} operations + #{@duplicates} duplicates (#{@jobs} no-op jobs), no guard, the gem, " \
+        "a hand-written guard"
     end
 
     def effects_text(figures)
       return "–" unless figures
 
-      "#{figures["effects"]} (#{figures["once"]} once, most #{figures["most"]})"
-    end
-
-    def deferred_text
-      "#{@deferred || 0} in the last run, Sidekiq's scheduled poll every #{SCHEDULED_POLL} s"
+      "#{figures["effects"]} (#{figures["once"]} once, most #{figures["most"]}; #{figures["deferred"]} deferred)"
     end
 
     def notes
       ["jobs queued first, each duplicate #{gap}–#{gap * 3} pushes behind its original; timed from the first " \
-       "job's start to the last one's end; modes alternate; " \
-       "jobs/s counts every job (operations and duplicates).",
-       "with the middleware each operation is claimed and completed (durable commits, heartbeat on, pool " \
-       "#{CONCURRENCY + 5}) and each duplicate turned away (one read-only statement; a duplicate that meets a " \
-       "live claim is deferred and comes back: #{deferred_text}); checked: every operation's effect ran once " \
-       "and its record is completed. Without it every job's effect runs (#{@jobs}).",
+       "job's start to the last one's end; the three modes rotate (each round starts one further on); " \
+       "jobs/s counts every job (operations and duplicates); × hand-written: the median of the rounds' ratios " \
+       "of drain seconds.",
+       "the gem: each operation claimed and completed (durable commits, heartbeat on, pool " \
+       "#{CONCURRENCY + 5}), each duplicate turned away (one read-only statement, its count batched). " \
+       "Hand-written guard: a Sidekiq server middleware with the pg gem and a narrow table of its own " \
+       "(#{SidekiqGuard::TABLE}: key, token, lease end, completion time), named prepared statements, " \
+       "durable commits, a pool of #{CONCURRENCY} connections; a duplicate re-reads its record (a second " \
+       "statement). With either guard a duplicate that meets a live claim is re-scheduled and comes back " \
+       "(Sidekiq's scheduled poll every #{SCHEDULED_POLL} s); checked: every operation's effect ran once and " \
+       "its record is completed. Without a guard every job's effect runs (#{@jobs}).",
+       "WAL B / write commits per operation: WAL insert position and transaction ids assigned over the run " \
+       "(process start to exit), divided by the #{@operations} operations; worker CPU: the sidekiq process's " \
+       "CPU time (every thread) from the first job's start to the last one's end, per job; server execution: " \
+       "pg_stat_statements' total_exec_time of the run (parse, plan and commit excluded) per operation; " \
+       "medians of the runs.",
        "× peer: against sidekiq-unique-jobs 7.1.33 (until_executed) on the same workload, #{PEER_JOBS_PER_S.round} " \
        "jobs/s worker side, measured for issue 14 on a quiet machine of this kind; that gem is not installable " \
        "here (no RubyGems), so it is a recorded figure, not a run beside ours.",
-       "Sidekiq's own job logging (info) goes to a log file in both modes."]
+       "Sidekiq's own job logging (info) goes to a log file in every mode."]
     end
   end
 end

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module IdempotentJobBench
-  # The last table: issues 14 and 25's targets, each with the figure this run measured (from
+  # The last table: issues 14, 21 and 25's targets, each with the figure this run measured (from
   # the sections' records) and whether it is met. A target whose section did not run
   # is left out.
   class Targets
@@ -16,7 +16,7 @@ module IdempotentJobBench
       rows = ROWS.filter_map { |text, rule| row(text, rule) }
       return if rows.empty?
 
-      @results.table("targets", "Targets (issues 14 and 25): this run's figures",
+      @results.table("targets", "Targets (issues 14, 21 and 25): this run's figures",
                      ["target", "this run", "verdict"], rows,
                      notes: ["ratios within this run (variants interleaved); a loaded machine moves them."])
     end
@@ -35,6 +35,8 @@ module IdempotentJobBench
       ["10 threads ≥ 1.0× raw pg", [:ratio, "throughput", "gem", "ratio_to_raw_10_threads", :>=, 1.0]],
       ["a real Sidekiq process, 10,000 operations + 30 % duplicates: worker side ≥ 1.2× " \
        "sidekiq-unique-jobs' 2,375 jobs/s", [:ratio, "sidekiq", "with_middleware", "ratio_to_peer", :>=, 1.2]],
+      ["(issue 21) the same Sidekiq run: the gem's drain ≤ 1.10× a hand-written guard's (same run, rotating)",
+       [:ratio, "sidekiq", "with_middleware", "drain_ratio_to_hand_written", :<=, 1.10]],
       ["memory ≤ 10 MB for the native runtime and pool",
        [:value, "memory", "gem", "added_by_gem_runtime_pool", :<=, 10, "MB"]],
       ["(issue 25) purge time per record, largest table ≤ 1.25× smallest (800k in about 8× the time of 100k)",
@@ -64,11 +66,16 @@ module IdempotentJobBench
       return nil if figure.nil?
 
       shown = kind == :ratio ? Format.ratio(figure) : "#{Format.num(figure, 1)} #{unit}"
-      shown += sidekiq_detail if section == "sidekiq"
+      shown += sidekiq_detail(metric) if section == "sidekiq"
       [text, shown, verdict(figure.public_send(comparison, limit))]
     end
 
-    def sidekiq_detail
+    def sidekiq_detail(metric)
+      if metric == "drain_ratio_to_hand_written"
+        gem, hand = %w[with_middleware hand_written].map { |s| Format.num(value("sidekiq", s, "drain_seconds"), 2) }
+        return " (drain #{gem} s with the gem, #{hand} s hand-written; medians)"
+      end
+
       with = value("sidekiq", "with_middleware", "jobs_per_s")
       without = value("sidekiq", "without_middleware", "jobs_per_s")
       " (#{Format.num(with)} jobs/s with the middleware, #{Format.num(without)} without)"

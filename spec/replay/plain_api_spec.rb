@@ -77,6 +77,21 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
                                       args_json: "[42,1500]", facts_json: '{"receive_count":2}')
   end
 
+  it "stores the facts as given: Float timestamps, nested values, a Bignum (JSON.generate's fallback); refuses NaN" do
+    facts = { "enqueued_at" => 1_764_651_234.123456, "retry_count" => 0, "producer" => { "app" => "shop" },
+              "tags" => ["a", nil, true], "big" => 2**70, "note" => "é \" \\ \n" }
+    charge(7, facts:)
+    conn = PG.connect(SpecServices.database_url)
+    stored = conn.exec_params("SELECT first_facts::text FROM idempotent_job_records WHERE job_type = $1 AND " \
+                              "operation_key = $2", %w[PlainCharge 7]).getvalue(0, 0)
+    expect(JSON.parse(stored)).to eq(facts)
+    expect(IdempotentJob::Delivery.new(job_type: "T", operation_key: "1", facts: { "at" => 1.5 }).facts_json)
+      .to eq('{"at":1.5}')
+    expect { charge(8, facts: { "at" => Float::NAN }) }.to raise_error(JSON::GeneratorError)
+  ensure
+    conn&.close
+  end
+
   it "a held plain operation resolved for a rerun is released (no door enqueues it) and runs at the next call" do
     holder = Thread.new do # outlives its unrenewed lease: the next call finds a stale claim
       IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3, heartbeat: false, on_stale: :hold) { sleep 1 }

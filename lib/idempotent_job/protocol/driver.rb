@@ -60,7 +60,7 @@ module IdempotentJob
           @native_claim = native_claim
           @words = words
           @notes = []
-          @last = native_claim.heartbeat_report
+          @last = nil
         end
 
         # @return [Hash] see `Native::Heartbeat#report`
@@ -200,7 +200,7 @@ module IdempotentJob
       def execute(native_claim, claim, &body)
         return execute_in_transaction(native_claim, claim, &body) if @transaction
 
-        beat = native_claim.heartbeat_report && HeartbeatWatch.watch(Beat.new(native_claim, @words), claim)
+        beat = native_claim.heartbeat? && HeartbeatWatch.watch(Beat.new(native_claim, @words), claim)
         begin
           result = begin
             body.call(claim)

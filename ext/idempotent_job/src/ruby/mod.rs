@@ -47,6 +47,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("composite_key_text", function!(composite_key_text, 1))?;
     native.define_module_function("key_problem", function!(key_problem, 1))?;
     native.define_module_function("key_refused", function!(key_refused, 2))?;
+    native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
     let retention = idempotent_job_core::config::DEFAULT_RETENTION_SECONDS;
     if retention.fract() == 0.0 {

@@ -53,7 +53,7 @@ fn config_error(ruby: &Ruby, message: String) -> magnus::Error {
 }
 
 fn fetch<T: magnus::TryConvert>(ruby: &Ruby, hash: RHash, key: &str) -> RbResult<Option<T>> {
-    hash.lookup::<_, Option<T>>(ruby.to_symbol(key))
+    hash.lookup::<_, Option<T>>(ruby.sym_new(key))
 }
 
 /// The delivery's fields that notes about a claim name.
@@ -118,23 +118,23 @@ fn notes_array(
     let out = ruby.ary_new_capa(notes.len());
     for note in notes {
         let event: Value = match note.event() {
-            Some(name) => ruby.to_symbol(name).as_value(),
+            Some(name) => ruby.sym_new(name).as_value(),
             None => ruby.qnil().as_value(),
         };
         let details = ruby.hash_new();
         for (key, detail) in note.details() {
             let value: Value = match detail {
-                Detail::Name(n) => ruby.to_symbol(n).as_value(),
+                Detail::Name(n) => ruby.sym_new(n).as_value(),
                 Detail::Text(t) => ruby.str_new(&t).as_value(),
                 Detail::Float(f) => ruby.float_from_f64(f).as_value(),
                 Detail::Int(i) => ruby.integer_from_i64(i).as_value(),
                 Detail::Bool(b) => b.into_value_with(ruby),
                 Detail::Null => ruby.qnil().as_value(),
             };
-            details.aset(ruby.to_symbol(key), value)?;
+            details.aset(ruby.sym_new(key), value)?;
         }
         let level: Value = match note.level() {
-            Some(level) => ruby.to_symbol(level.as_str()).as_value(),
+            Some(level) => ruby.sym_new(level.as_str()).as_value(),
             None => ruby.qnil().as_value(),
         };
         let entry = ruby.ary_new_capa(5);
@@ -196,7 +196,7 @@ fn answer(
     words: &DoorWords,
 ) -> RbResult<RArray> {
     let out = ruby.ary_new_capa(3);
-    out.push(ruby.to_symbol(name))?;
+    out.push(ruby.sym_new(name))?;
     out.push(value)?;
     out.push(notes_array(ruby, notes, delivery, words)?)?;
     Ok(out)
@@ -293,7 +293,7 @@ impl Channel for RubyChannel<'_> {
     ) -> Result<()> {
         let ruby = self.ruby;
         let (name, job_type, key, token) = (
-            ruby.to_symbol(fenced_name(change)),
+            ruby.sym_new(fenced_name(change)),
             claim.job_type.as_str(),
             claim.operation_key.as_str(),
             claim.token.to_string(),
@@ -372,11 +372,20 @@ impl NativeClaim {
         report.map(|r| heartbeat_hash(ruby, r)).transpose()
     }
 
+    /// `heartbeat?` → whether the claim's heartbeat renews it now (false: off, in a
+    /// transaction, stopped, or the claim handed back). Builds no report.
+    fn heartbeat_running(&self) -> bool {
+        self.claim
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|c| c.heartbeat_report().is_some())
+    }
+
     /// `stop_heartbeat(words)` → notes: stops renewing (a body that ended without
     /// reaching complete, release or keep: a killed thread), telling what the heartbeat
     /// found. Idempotent; nothing once the claim was handed back.
     fn stop_heartbeat(ruby: &Ruby, rb_self: &Self, words: RHash) -> RbResult<RArray> {
-        let words = door_words(ruby, words)?;
         let mut notes = Notes::new();
         if let Some(claim) = rb_self
             .claim
@@ -386,6 +395,11 @@ impl NativeClaim {
         {
             claim.stop_heartbeat(&mut notes);
         }
+        if notes.is_empty() {
+            // The usual stop: nothing to tell, so the words are not read.
+            return Ok(ruby.ary_new());
+        }
+        let words = door_words(ruby, words)?;
         notes_array(ruby, &notes, &delivery_of(&rb_self.info), &words)
     }
 }
@@ -911,6 +925,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
         "heartbeat_report",
         method!(NativeClaim::heartbeat_report, 0),
     )?;
+    claim.define_method("heartbeat?", method!(NativeClaim::heartbeat_running, 0))?;
     claim.define_method("stop_heartbeat", method!(NativeClaim::stop_heartbeat, 1))?;
     Ok(())
 }

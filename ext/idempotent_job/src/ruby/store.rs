@@ -193,7 +193,7 @@ impl NativeStore {
         let prepared = results::prepare(max, &job_type, &operation_key, input);
         let out = ruby.ary_new_capa(3);
         out.push(prepared.json)?;
-        out.push(ruby.to_symbol(prepared.state.as_str()))?;
+        out.push(ruby.sym_new(prepared.state.as_str()))?;
         out.push(prepared.warning)?;
         Ok(out)
     }
@@ -207,8 +207,8 @@ impl NativeStore {
         let waited = rb_self.run(ruby, |pool, i| results::wait(pool, i, &request, seconds))?;
         let hash = decision_hash(ruby, waited.decision)?;
         hash.aset(
-            ruby.to_symbol("wait_path"),
-            ruby.to_symbol(waited.path.as_str()),
+            ruby.sym_new("wait_path"),
+            ruby.sym_new(waited.path.as_str()),
         )?;
         Ok(hash)
     }
