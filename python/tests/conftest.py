@@ -37,14 +37,15 @@ def scenario() -> str:
     return "s" + uuid.uuid4().hex[:12]
 
 
-def eventually(check, what: str, within: float = 60.0, every: float = 0.1):
+def eventually(check, what: str, within: float = 60.0, every: float = 0.1, explain=None):
     """Polls `check` until it returns a truthy value (returned), failing after `within`
-    seconds with `what` (a bound on a wait, not an assertion about speed)."""
+    seconds with `what` (a bound on a wait, not an assertion about speed) and, when given,
+    what `explain()` (called only then) says about the state left."""
     deadline = time.monotonic() + within
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
+            pytest.fail(f"gave up waiting for {what}" + (f"\n{explain()}" if explain else ""))
         time.sleep(every)

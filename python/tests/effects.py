@@ -54,3 +54,16 @@ def first_start_pid(scenario: str, key: str) -> int | None:
             "SELECT pid FROM py_test_starts WHERE scenario = %s AND key = %s LIMIT 1", (scenario, key)
         ).fetchone()
         return row[0] if row else None
+
+
+def pids(scenario: str) -> dict[str, list[int]]:
+    """The pids that started a body and did an effect in `scenario`, in insertion order
+    (for a failing test's explanation)."""
+    with _connect() as c:
+        return {
+            table: [
+                row[0]
+                for row in c.execute(f"SELECT pid FROM py_test_{table} WHERE scenario = %s", (scenario,))
+            ]
+            for table in ("starts", "effects")
+        }

@@ -16,8 +16,9 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from celery.exceptions import TimeoutError as CeleryTimeout
 from conftest import eventually
-from effects import effects, first_start_pid
+from effects import effects, first_start_pid, pids
 
 import idempotent_job
 from idempotent_job import errors
@@ -27,7 +28,7 @@ TIMEOUT = 90
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
+def worker(request, tmp_path_factory):
     import celery_tasks
 
     redis.Redis.from_url(celery_tasks.BROKER_URL).flushdb()
@@ -52,6 +53,8 @@ def worker(tmp_path_factory):
         cwd=TESTS,
         env=env,
     )
+    celery_tasks.worker_log = log
+    failed_before = request.session.testsfailed
     try:
         eventually(lambda: celery_tasks.app.control.ping(timeout=0.5), "the Celery worker to answer", 60, 0.5)
         yield celery_tasks
@@ -62,8 +65,30 @@ def worker(tmp_path_factory):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        if os.environ.get("IDEMPOTENT_JOB_SHOW_WORKER_LOG"):
-            print(log.read_text())
+        if os.environ.get("IDEMPOTENT_JOB_SHOW_WORKER_LOG") or request.session.testsfailed > failed_before:
+            print(f"--- the Celery worker's log ({log}) ---\n{log.read_text()}")
+
+
+def _explain(worker, task: str, scenario: str, *results) -> str:
+    """What a failing wait left: the record, the pids that started a body and did an
+    effect, and the worker log's lines about these task ids or a lost pool child."""
+    record = idempotent_job.record(getattr(worker, task).name, scenario)
+    ids = {r.id for r in results}
+    log = worker.worker_log.read_text().splitlines() if worker.worker_log.exists() else []
+    lines = [
+        line
+        for line in log
+        if any(i in line for i in ids) or "exited with" in line or "raised unexpected" in line
+    ]
+    return "\n".join([f"record: {record}", f"pids: {pids(scenario)}", "worker log:", *lines[-80:]])
+
+
+def _get(worker, task: str, scenario: str, result):
+    """`result.get()` within TIMEOUT; on a timeout, fails with `_explain`."""
+    try:
+        return result.get(timeout=TIMEOUT)
+    except CeleryTimeout:
+        pytest.fail(f"no result for {result.id} in {TIMEOUT} s\n{_explain(worker, task, scenario, result)}")
 
 
 @pytest.mark.parametrize("task,expected", [("charge", 1), ("charge_unguarded", 3)])
@@ -90,9 +115,9 @@ def test_a_repeat_returns_the_first_runs_stored_result(worker, scenario):
 @pytest.mark.parametrize("task,expected", [("charge", 1), ("charge_unguarded", 5)])
 def test_five_copies_at_once(worker, scenario, task, expected):
     results = [getattr(worker, task).apply_async((scenario, scenario, 1.0)) for _ in range(5)]
-    values = [r.get(timeout=TIMEOUT) for r in results]
+    values = [_get(worker, task, scenario, r) for r in results]
     assert all(r.successful() for r in results)
-    assert effects(scenario) == expected
+    assert effects(scenario) == expected, _explain(worker, task, scenario, *results)
     assert sum(1 for v in values if v is not None) >= 1
 
 
@@ -125,6 +150,7 @@ def test_pool_child_sigkilled_after_the_effect(worker, scenario, task, expected)
             ),
             "the stale claim to be held",
             TIMEOUT,
+            explain=lambda: _explain(worker, task, scenario, result),
         )
     else:
         assert result.get(timeout=TIMEOUT) == "done"
