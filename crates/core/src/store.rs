@@ -89,10 +89,11 @@ impl Owned {
     fn close_when_idle(self) {
         // The heartbeat timer's task, once started, keeps a clone for good: it is no
         // user. Live heartbeats hold no clone, so they are waited for by count: closing
-        // the pool under them would stop renewing claims whose bodies still run.
+        // the pool under them would stop renewing claims whose bodies still run. So
+        // are renewals the task took before their claim stopped (its clone for one is
+        // made after it let the schedule go).
         let heartbeats = self.pool.heartbeats().clone();
-        while self.pool.users() > OWN_CLONES + heartbeats.tasks() as usize || heartbeats.live() > 0
-        {
+        while self.pool.users() > OWN_CLONES + heartbeats.tasks() as usize || heartbeats.busy() {
             std::thread::sleep(Duration::from_millis(20));
         }
         let bookkeeper = self.pool.bookkeeper().clone();
