@@ -323,6 +323,14 @@ impl Bookkeeper {
         }
     }
 
+    /// Waits for the batch being written, if any, then keeps any other from being
+    /// written (by the background writer or [`Bookkeeper::settle`]) while the guard
+    /// lives: for the pool's owner, which stops the runtime the writer runs on.
+    /// Blocks the calling thread, which must not be one of a runtime.
+    pub(crate) fn hold_writes(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.writing.blocking_lock()
+    }
+
     /// Takes the queue and writes it as one batch, before `until`. Called with
     /// `writing` held.
     fn write(&self, pool: &Pool, interrupt: &Interrupt<'_>, until: Instant) -> Written {

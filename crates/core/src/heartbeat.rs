@@ -117,6 +117,9 @@ struct Schedule {
     wakes_at: Option<Instant>,
     /// The shortest interval met, how long the timer sleeps with no claim to renew.
     idle: Option<Duration>,
+    /// Renewals sent to a blocking thread and not yet ended ([`Timer::busy`]), whether
+    /// their claim was stopped meanwhile or not.
+    in_flight: usize,
 }
 
 /// The lease heartbeat of one pool: ONE long-lived task on the pool's background
@@ -146,6 +149,15 @@ impl Timer {
     /// Claims being renewed now.
     pub fn live(&self) -> usize {
         self.lock().entries.len()
+    }
+
+    /// Whether a claim is registered or a renewal is under way (of a claim stopped
+    /// meanwhile too): its pool's owner waits for neither before stopping the runtime
+    /// the renewals run on. Read under the lock the timer task takes renewals under,
+    /// so a renewal it took cannot be missed.
+    pub fn busy(&self) -> bool {
+        let schedule = self.lock();
+        !schedule.entries.is_empty() || schedule.in_flight > 0
     }
 
     /// Timer tasks this timer has spawned: 1 once any heartbeat started, whatever the
@@ -194,6 +206,7 @@ impl Timer {
     /// After a renewal of `id` ended: records what it found and schedules the next.
     fn renewed(&self, id: u64, sent: Instant, renewed: crate::error::Result<()>) {
         let mut schedule = self.lock();
+        schedule.in_flight -= 1;
         let Some(entry) = schedule.entries.get_mut(&id) else {
             return; // stopped meanwhile
         };
@@ -232,6 +245,7 @@ async fn run_timer(timer: Arc<Timer>, pool: Pool) {
     loop {
         let now = Instant::now();
         let mut due = Vec::new();
+        let mut in_flight = 0;
         let wake_at = {
             let mut schedule = timer.lock();
             let mut earliest: Option<Instant> = None;
@@ -252,6 +266,7 @@ async fn run_timer(timer: Arc<Timer>, pool: Pool) {
             for (id, entry) in schedule.entries.iter_mut() {
                 if !entry.renewing && entry.due <= now {
                     entry.renewing = true;
+                    in_flight += 1;
                     due.push((
                         *id,
                         entry.job_type.clone(),
@@ -261,6 +276,7 @@ async fn run_timer(timer: Arc<Timer>, pool: Pool) {
                     ));
                 }
             }
+            schedule.in_flight += in_flight;
             let idle = schedule.idle.unwrap_or(Duration::from_secs(60));
             let at = earliest.unwrap_or(now + idle);
             schedule.wakes_at = Some(at);

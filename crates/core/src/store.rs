@@ -84,20 +84,36 @@ const OWN_CLONES: usize = 2;
 impl Owned {
     /// Waits (polling every 20 ms) until no call, connection, transaction or live
     /// heartbeat uses the pool any more, writes its queued repeat bookkeeping (a failure is
-    /// dropped with the pool: telemetry only), then closes it (on drop).
+    /// dropped with the pool: telemetry only), then closes it (on drop) with no batch
+    /// of bookkeeping being written. Blocks: for a thread of its own ([`Owned::close_later`]).
     fn close_when_idle(self) {
         // The heartbeat timer's task, once started, keeps a clone for good: it is no
         // user. Live heartbeats hold no clone, so they are waited for by count: closing
-        // the pool under them would stop renewing claims whose bodies still run.
+        // the pool under them would stop renewing claims whose bodies still run. So
+        // are renewals the task took before their claim stopped (its clone for one is
+        // made after it let the schedule go).
         let heartbeats = self.pool.heartbeats().clone();
-        while self.pool.users() > OWN_CLONES + heartbeats.tasks() as usize || heartbeats.live() > 0
-        {
+        while self.pool.users() > OWN_CLONES + heartbeats.tasks() as usize || heartbeats.busy() {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self
-            .pool
-            .bookkeeper()
-            .settle(&self.pool, &Interrupt::none());
+        let bookkeeper = self.pool.bookkeeper().clone();
+        let _ = bookkeeper.settle(&self.pool, &Interrupt::none());
+        // The background writer may have taken a batch meanwhile (one settle left
+        // queued when it failed): its thread would use the runtime after it stopped.
+        // Held until the runtime stopped, so no batch is in flight and none starts.
+        let _writing = bookkeeper.hold_writes();
+        drop(self);
+    }
+
+    /// Closes the pool on a thread of its own once nothing uses it any more
+    /// ([`Owned::close_when_idle`]), without blocking the calling thread; when no
+    /// thread can be started, at once (calls in flight then fail with a connection
+    /// error).
+    fn close_later(self) {
+        // On failure the closure, and the pool with it, is dropped: closed at once.
+        let _ = std::thread::Builder::new()
+            .name("idempotent_job-close".into())
+            .spawn(move || self.close_when_idle());
     }
 }
 
@@ -204,10 +220,7 @@ impl Store {
             std::mem::forget(owned); // inherited through fork: never dropped here
             return;
         }
-        // On failure the closure, and the pool with it, is dropped: closed at once.
-        let _ = std::thread::Builder::new()
-            .name("idempotent_job-close".into())
-            .spawn(move || owned.close_when_idle());
+        owned.close_later();
     }
 }
 
@@ -225,6 +238,9 @@ impl Drop for Store {
             std::mem::forget(owned);
             return;
         }
-        drop(owned); // closes the pool (see `Owned`'s Drop)
+        // Not at once: the runtime's threads may still work for the pool (a batch of
+        // repeat bookkeeping being written, a renewal), and stopping the runtime under
+        // them makes their next use of its timer panic. Closed like `Store::close`.
+        owned.close_later();
     }
 }
