@@ -10,6 +10,7 @@ use chrono::Utc;
 use common::claim::{self, ClaimRequest, Decision, Outcome};
 use idempotent_job_core::bookkeeping::Repeat;
 use idempotent_job_core::config::Config;
+use idempotent_job_core::error::Error;
 use idempotent_job_core::migrate;
 use idempotent_job_core::store::Store;
 
@@ -209,9 +210,18 @@ fn a_duplicate_of_a_completed_operation_is_answered_by_a_read_only_server_and_it
     // A first claim needs a write: refused, as before.
     let first = read_only.run(|pool, i| claim::deliver(pool, i, &req("new")));
     assert_eq!(first.unwrap_err().sqlstate(), Some("25006"));
-    // The count cannot be written here; it stays queued, never dropped.
-    let settled = read_only.run(|pool, i| pool.bookkeeper().settle(pool, i));
-    assert_eq!(settled.unwrap_err().sqlstate(), Some("25006"));
+    // The count cannot be written here; it stays queued, never dropped. settle answers
+    // the last error met within the store's 1 s deadline: the server's refusal (25006),
+    // or, on a loaded machine where the background writer held the batch (retrying it
+    // too) for most of that second, the deadline's own time-out. Either way nothing is
+    // dropped, which is what the assertions below check.
+    let settled = read_only
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap_err();
+    assert!(
+        settled.sqlstate() == Some("25006") || matches!(settled, Error::Timeout { .. }),
+        "{settled:?}"
+    );
     let books = read_only.pool().unwrap().bookkeeper().clone();
     assert_eq!(books.pending(&job_type, "done"), 1);
     assert_eq!(books.dropped(), 0);
