@@ -21,15 +21,18 @@ from celery import Task
 from celery.exceptions import Ignore, Retry
 
 from . import _current
-from ._native import OPTION_NAMES, Store, check_option
-from .errors import ConfigurationError, OperationKeyError
+from ._native import OPTION_NAMES, Store, check_option, unreachable_delay
+from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
-__all__ = ["IdempotentTask", "DEFERRALS_HEADER"]
+__all__ = ["IdempotentTask", "DEFERRALS_HEADER", "UNREACHABLE_HEADER"]
 
 logger = logging.getLogger("idempotent_job.celery")
 
 #: The message header counting how often a delivery met a live claim and was sent back.
 DEFERRALS_HEADER = "idempotent_job_deferrals"
+#: The message header counting how often a delivery's claim failed with a retryable
+#: error (PostgreSQL unreachable or too slow) and the delivery was sent back.
+UNREACHABLE_HEADER = "idempotent_job_unreachable"
 
 #: How the door spells the job options as task options (``idempotency_lease``).
 PREFIX = "idempotency_"
@@ -126,7 +129,11 @@ class IdempotentTask(Task):
 
     A delivery of a completed operation returns the first run's stored result; one that
     meets a live claim is sent back with ``countdown=retry_after`` without using up
-    ``max_retries``; a held or given-up operation raises ``celery.exceptions.Ignore``
+    ``max_retries``; one whose claim fails with a retryable error before the body started
+    (``ConnectionError``, ``TimeoutError``: PostgreSQL unreachable or slower than the
+    deadline) is sent back the same way after the core's ``unreachable_delay`` (1 s
+    doubling, at most 60 s; counted in the ``UNREACHABLE_HEADER``) with a warning, so
+    the delivery is not lost; a held or given-up operation raises ``celery.exceptions.Ignore``
     with a log line; a raising body releases the claim and re-raises (so
     ``autoretry_for`` and ``self.retry`` work as without the door); a lost worker
     (SIGKILL) leaves the claim until its lease ends.
@@ -255,30 +262,64 @@ class IdempotentTask(Task):
         facts = {"task_id": request.id, "retries": request.retries or 0}
         if deferrals:
             facts["deferrals"] = deferrals
+        unreachable = int(_header(request, UNREACHABLE_HEADER) or 0)
         parent = super()
+        started = False
 
         def body(claim: Any) -> Any:
+            nonlocal started
+            started = True
             return parent.__call__(*args, **kwargs)
 
         protocol = self._idempotency_protocol_of(self.name)
-        outcome = _current().perform_once(
-            protocol,
-            job_type,
-            key,
-            body,
-            payload,
-            request.id,
-            deferrals,
-            self.name,
-            delivery_info.get("routing_key"),
-            facts,
-            self._idempotency_lookup_fn,
-        )
+        try:
+            outcome = _current().perform_once(
+                protocol,
+                job_type,
+                key,
+                body,
+                payload,
+                request.id,
+                deferrals,
+                self.name,
+                delivery_info.get("routing_key"),
+                facts,
+                self._idempotency_lookup_fn,
+            )
+        except IdempotentJobError as error:
+            if started or not error.retryable or request.called_directly or request.is_eager:
+                # The body's own error, a completion's, one retrying cannot fix, or no
+                # worker to send the delivery back to: the caller sees it.
+                raise
+            # The claim could not be made or answered: the body did not run. Failing
+            # would let Celery acknowledge the message and drop the delivery.
+            countdown = unreachable_delay(unreachable)
+            logger.warning(
+                "%s[%s]: operation %r of %s could not be claimed (%s: %s); the body did not "
+                "run; the task is sent back in %.1f s (claim failure %d)",
+                self.name,
+                request.id,
+                key,
+                job_type,
+                type(error).__name__,
+                error,
+                countdown,
+                unreachable + 1,
+            )
+            self._send_back(
+                countdown,
+                {DEFERRALS_HEADER: deferrals, UNREACHABLE_HEADER: unreachable + 1},
+                f"claim failed ({type(error).__name__})",
+            )
         decision = outcome.decision
         if decision in ("ran", "completed"):
             return outcome.value
         if decision == "in_progress":
-            self._send_back(outcome.retry_after, deferrals + 1)
+            self._send_back(
+                outcome.retry_after,
+                {DEFERRALS_HEADER: deferrals + 1, UNREACHABLE_HEADER: unreachable},
+                "operation in progress",
+            )
         logger.info(
             "%s[%s]: operation %r of %s is %s; the task is ignored%s",
             self.name,
@@ -290,16 +331,19 @@ class IdempotentTask(Task):
         )
         raise Ignore()
 
-    def _send_back(self, countdown: float, deferrals: int) -> None:
+    def _send_back(self, countdown: float, counts: dict[str, int], reason: str) -> None:
         """Sends this delivery again in ``countdown`` seconds with the same retry count (a
-        live claim is not a failure: ``max_retries`` is not used up), then raises Celery's
-        ``Retry`` so the worker acknowledges this message."""
+        live claim or an unreachable database is not the task's failure: ``max_retries``
+        is not used up) and the headers ``counts`` (``DEFERRALS_HEADER``,
+        ``UNREACHABLE_HEADER``: how often it was sent back so far), then raises Celery's
+        ``Retry`` (its message starts with ``reason``) so the worker acknowledges this
+        message."""
         request = self.request
         if request.called_directly or request.is_eager:
             # No worker to come back to: the caller sees the outcome through the log line.
             raise Ignore()
         headers = dict(request.headers or {})
-        headers[DEFERRALS_HEADER] = deferrals
+        headers.update(counts)
         signature = self.signature_from_request(
             request,
             None,
@@ -307,10 +351,10 @@ class IdempotentTask(Task):
             countdown=countdown,
             retries=request.retries or 0,
             headers=headers,
-            **{DEFERRALS_HEADER: deferrals},
+            **counts,
         )
         signature.apply_async()
-        raise Retry(f"operation in progress; back in {countdown:.1f} s", None, when=countdown)
+        raise Retry(f"{reason}; back in {countdown:.1f} s", None, when=countdown)
 
 
 _IGNORED = {

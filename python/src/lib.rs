@@ -27,6 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;
     m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
     m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(store::unreachable_delay, m)?)?;
     // The job options this package takes (the core's table, unprefixed, in its order).
     m.add(
         "OPTION_NAMES",

@@ -551,6 +551,15 @@ pub fn args_digest(value: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(idempotent_job_core::canonical::digest(&json))
 }
 
+/// `unreachable_delay(failures)` → seconds (float) before a delivery whose claim failed
+/// with a retryable error comes back: the core's `protocol::unreachable_delay` (1 s
+/// doubling per earlier such failure, at most 60 s). `failures`: the failures before
+/// this one.
+#[pyfunction]
+pub fn unreachable_delay(failures: u32) -> f64 {
+    idempotent_job_core::protocol::unreachable_delay(failures)
+}
+
 /// `describe_url(url)` → the URL described by its parts, never its password.
 #[pyfunction]
 pub fn describe_url(url: &str) -> String {

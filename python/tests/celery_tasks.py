@@ -33,8 +33,16 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 
-# A deadline beyond any wait here: only an interrupt ends a blocked statement early.
-idempotent_job.configure(database_url=os.environ["DATABASE_URL"], lease=LEASE, deadline=120)
+# The queue of the worker with a short deadline (test_a_claim_failing_..., its own worker).
+CLAIM_RETRY_QUEUE = "claim_retry"
+# That worker's deadline and connect_timeout, seconds: a stalled PostgreSQL fails its claim soon.
+SHORT_DEADLINE = os.environ.get("IDEMPOTENT_JOB_TEST_SHORT_DEADLINE")
+if SHORT_DEADLINE:
+    limits = {"deadline": float(SHORT_DEADLINE), "connect_timeout": float(SHORT_DEADLINE)}
+else:
+    # A deadline beyond any wait here: only an interrupt ends a blocked statement early.
+    limits = {"deadline": 120}
+idempotent_job.configure(database_url=os.environ["DATABASE_URL"], lease=LEASE, **limits)
 idempotent_job.migrate()  # the parent uses its pool before forking the pool children
 
 
@@ -101,3 +109,9 @@ def flaky(self, scenario, payload):
 def limited(scenario, order_id):
     record_effect(scenario, order_id)
     return "ran"
+
+
+@app.task(base=IdempotentTask, idempotency_key=1, idempotency_lease=LIVE_LEASE)
+def charge_when_reachable(scenario, order_id):
+    record_effect(scenario, order_id)
+    return {"charged": order_id}

@@ -6,6 +6,7 @@ errors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,8 +33,32 @@ def worker(request, tmp_path_factory):
     import celery_tasks
 
     redis.Redis.from_url(celery_tasks.BROKER_URL).flushdb()
+    yield from _run_worker(request, tmp_path_factory, celery_tasks, "pytest", [], {}, "worker_log")
+
+
+@pytest.fixture(scope="module")
+def short_deadline_worker(request, tmp_path_factory, worker):
+    """A second worker, consuming only CLAIM_RETRY_QUEUE, with a 2 s deadline and
+    connect_timeout: a stalled PostgreSQL fails its claims within seconds."""
+    yield from _run_worker(
+        request,
+        tmp_path_factory,
+        worker,
+        "pytest-short",
+        [f"--queues={worker.CLAIM_RETRY_QUEUE}"],
+        {"IDEMPOTENT_JOB_TEST_SHORT_DEADLINE": "2"},
+        "short_worker_log",
+    )
+
+
+def _run_worker(request, tmp_path_factory, celery_tasks, name, extra, extra_env, log_attr):
+    """Runs a `celery worker` of celery_tasks (hostname `name-…`, `extra` arguments,
+    `extra_env` over the environment) until the module's tests are done; yields
+    celery_tasks with attribute `log_attr` set to its log file (printed when a test failed)."""
     log = tmp_path_factory.mktemp("celery") / "worker.log"
+    hostname = f"{name}-{uuid.uuid4().hex[:8]}@localhost"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    env.update(extra_env)
     process = subprocess.Popen(
         [
             sys.executable,
@@ -45,18 +70,24 @@ def worker(request, tmp_path_factory):
             "--pool=prefork",
             "--concurrency=3",
             "--loglevel=INFO",
-            f"--hostname=pytest-{uuid.uuid4().hex[:8]}@%h",
+            f"--hostname={hostname}",
             "--without-gossip",
             "--without-mingle",
             f"--logfile={log}",
+            *extra,
         ],
         cwd=TESTS,
         env=env,
     )
-    celery_tasks.worker_log = log
+    setattr(celery_tasks, log_attr, log)
     failed_before = request.session.testsfailed
     try:
-        eventually(lambda: celery_tasks.app.control.ping(timeout=0.5), "the Celery worker to answer", 60, 0.5)
+        eventually(
+            lambda: celery_tasks.app.control.ping(destination=[hostname], timeout=0.5),
+            "the Celery worker to answer",
+            60,
+            0.5,
+        )
         yield celery_tasks
     finally:
         process.send_signal(signal.SIGTERM)
@@ -237,3 +268,41 @@ def test_the_soft_time_limit_interrupts_a_blocked_claim(worker, scenario):
         locker.rollback()
         locker.close()
     assert effects(scenario) == 0
+
+
+def _postgresql_pids() -> list[int]:
+    """The test PostgreSQL's postmaster and its children (backends, background processes)."""
+    with psycopg.connect(os.environ["DATABASE_URL"]) as c:
+        data = c.execute("SHOW data_directory").fetchone()[0]
+    postmaster = int(Path(data, "postmaster.pid").read_text().split()[0])
+    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+    return [postmaster, *map(int, children)]
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    """Sends `signum` to each of `pids` that still runs (a backend may have ended since)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def test_a_claim_failing_on_a_stalled_database_comes_back(short_deadline_worker, scenario):
+    # PostgreSQL frozen (SIGSTOP) past the worker's 2 s deadline: the delivery's claim
+    # raises TimeoutError (or ConnectionError) before the body starts. The door sends the
+    # delivery back (Celery's state RETRY) instead of failing it, which would have Celery
+    # acknowledge the message and drop the delivery; once PostgreSQL runs again the copy
+    # claims, runs once and its result is the task's value.
+    worker = short_deadline_worker
+    stalled = _postgresql_pids()
+    _signal(stalled, signal.SIGSTOP)
+    try:
+        result = worker.charge_when_reachable.apply_async(
+            (scenario, scenario), queue=worker.CLAIM_RETRY_QUEUE
+        )
+        eventually(lambda: result.state in ("RETRY", "FAILURE"), "the claim to fail", TIMEOUT)
+    finally:
+        _signal(stalled, signal.SIGCONT)
+    assert result.get(timeout=TIMEOUT) == {"charged": scenario}, result.traceback
+    assert effects(scenario) == 1
+    log = worker.short_worker_log.read_text()
+    assert f"operation {scenario!r} of {worker.charge_when_reachable.name} could not be claimed" in log

@@ -565,6 +565,19 @@ pub fn deferral_delay(lease_remaining: f64, deferrals: u32, margin_seconds: f64)
     backoff.min(latest)
 }
 
+/// Longest delay, in seconds, before a delivery whose claim could not be made
+/// (PostgreSQL unreachable or a retryable error) comes back ([`unreachable_delay`]).
+pub const UNREACHABLE_MAX_DELAY: f64 = 60.0;
+
+/// Seconds until a delivery comes back after a retryable error before its body started
+/// (the claim could not be made or answered): the deferral's back-off
+/// ([`DEFERRAL_FIRST_DELAY`] doubling per such failure already had, `failures` counts
+/// them before this one) capped at [`UNREACHABLE_MAX_DELAY`]. For a door whose queue
+/// would otherwise drop the delivery (Celery acknowledges a failed task's message).
+pub fn unreachable_delay(failures: u32) -> f64 {
+    deferral_delay(UNREACHABLE_MAX_DELAY, failures, 0.0)
+}
+
 /// `text` cut to [`ERROR_TEXT_LIMIT`] characters.
 fn limited(text: &str) -> &str {
     match text.char_indices().nth(ERROR_TEXT_LIMIT) {

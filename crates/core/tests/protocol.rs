@@ -12,9 +12,10 @@ use idempotent_job_core::config::DEFAULT_MAX_RESULT_BYTES;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::protocol::{
-    deferral_delay, Channel, Claim, ClaimInfo, ClaimKind, Decision, DeliveryRequest, Detail,
-    Direct, DoorWords, JobOptions, Level, LookupAnswer, Note, NoteKind, Notes, OnMismatch, OnStale,
-    Outcome, Protocol, Step, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
+    deferral_delay, unreachable_delay, Channel, Claim, ClaimInfo, ClaimKind, Decision,
+    DeliveryRequest, Detail, Direct, DoorWords, JobOptions, Level, LookupAnswer, Note, NoteKind,
+    Notes, OnMismatch, OnStale, Outcome, Protocol, Step, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
+    UNREACHABLE_MAX_DELAY,
 };
 use idempotent_job_core::results::{self, ResultInput, ResultState};
 use idempotent_job_core::session::Session;
@@ -805,6 +806,15 @@ fn the_deferral_doubles_up_to_the_lease_end_plus_the_margin() {
     assert_eq!(deferral_delay(10.0, 5, 1.0), 11.0);
     assert_eq!(deferral_delay(-3.0, 5, 0.0), 0.0);
     assert_eq!(deferral_delay(1e12, 1000, 1.0), 2f64.powi(30));
+}
+
+#[test]
+fn a_failed_claim_comes_back_doubling_up_to_a_minute() {
+    assert_eq!(unreachable_delay(0), 1.0);
+    assert_eq!(unreachable_delay(2), 4.0);
+    assert_eq!(unreachable_delay(5), 32.0);
+    assert_eq!(unreachable_delay(6), UNREACHABLE_MAX_DELAY);
+    assert_eq!(unreachable_delay(u32::MAX), UNREACHABLE_MAX_DELAY);
 }
 
 #[test]
