@@ -2,6 +2,7 @@
 
 require "sidekiq/api"
 require_relative "workloads"
+require_relative "server_times"
 require_relative "sidekiq_guard"
 
 module IdempotentJobBench
@@ -111,15 +112,10 @@ module IdempotentJobBench
       figures
     end
 
-    # Starts pg_stat_statements afresh for a run.
+    # Starts pg_stat_statements afresh for a run ({ServerTimes#reset}).
     # @return [Boolean] false when it cannot be reset here
     def server_reset
-      return false unless @db.statements?
-
-      @db.exec("SELECT pg_stat_statements_reset()")
-      true
-    rescue PG::Error
-      false
+      ServerTimes.new(@db).reset
     end
 
     # @return [Float] the server's execution milliseconds of every statement since
