@@ -643,9 +643,8 @@ impl Config {
         let mut pg = if self.database_url.trim().is_empty() {
             if self.host.is_none() {
                 return Err(Error::Config(
-                    "database_url is not set: configure IdempotentJob.database_url (or host, \
-                     port, dbname, user, password), or set IDEMPOTENT_JOB_DATABASE_URL / \
-                     DATABASE_URL"
+                    "database_url is not set: set the database_url setting (or host, port, \
+                     dbname, user, password), or IDEMPOTENT_JOB_DATABASE_URL / DATABASE_URL"
                         .into(),
                 ));
             }

@@ -23,6 +23,7 @@ pub mod fenced;
 pub mod heartbeat;
 pub mod keys;
 pub mod migrate;
+pub mod operations;
 pub mod options;
 pub mod pool;
 pub mod protocol;
