@@ -20,6 +20,7 @@ pub mod canonical;
 pub mod claim;
 pub mod config;
 pub mod conn;
+pub mod declaration;
 pub mod error;
 pub mod fenced;
 pub mod heartbeat;

@@ -3,6 +3,7 @@
 //! core errors to the exception classes defined in `lib/idempotent_job/errors.rb`.
 
 mod convert;
+mod declaration;
 mod errors;
 mod gvl;
 mod heartbeat;
@@ -46,6 +47,10 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("args_digest", function!(args_digest, 1))?;
     native.define_module_function("digest_text", function!(digest_text, 1))?;
     native.define_module_function("key_text", function!(key_text, 1))?;
+    native.define_module_function(
+        "key_declaration",
+        function!(declaration::key_declaration, 1),
+    )?;
     native.define_module_function("composite_key_text", function!(composite_key_text, 1))?;
     native.define_module_function("key_problem", function!(key_problem, 1))?;
     native.define_module_function("key_refused", function!(key_refused, 2))?;
