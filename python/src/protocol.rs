@@ -37,15 +37,29 @@ impl JobProtocol {
     fn lease(&self) -> f64 {
         self.protocol.options().lease_seconds
     }
+
+    /// Seconds between two renewals of a running claim's lease (the core's heartbeat
+    /// interval for this lease): a door that keeps a message hidden while its body runs
+    /// (SQS's visibility) extends it on the same beat.
+    #[getter]
+    fn renewal_interval(&self) -> f64 {
+        idempotent_job_core::heartbeat::interval_for(self.protocol.options().lease_seconds)
+            .as_secs_f64()
+    }
 }
 
-/// The words of a door: "task" for Celery's, "delivery" for the plain API.
+/// The words of a door: "task" for Celery's, "message" for SQS's, "delivery" for the
+/// plain API.
 pub fn words(door: &str) -> DoorWords {
     let mut words = DoorWords::default();
     if door == "celery" {
         words.id_label = "task".into();
         words.defer_text = "retry in".into();
         words.crash_text = "the worker is going away (SystemExit or KeyboardInterrupt)".into();
+    } else if door == "sqs" {
+        words.id_label = "message".into();
+        words.defer_text = "visible again in".into();
+        words.crash_text = "the consumer is going away (SystemExit or KeyboardInterrupt)".into();
     }
     words
 }

@@ -1,26 +1,30 @@
-"""The SQS consumer loop (sqs_consumer.py, shown in python/README.md) against moto's
-server mode (`moto_server`, an SQS *emulator* from PyPI, not AWS): duplicates run once;
-an operation in progress elsewhere leaves its message invisible for retry_after and is
-completed, not run again, when it comes back."""
+"""The SQS door (idempotent_job.sqs) against moto's server mode (`moto_server`, an SQS
+*emulator* from PyPI, not AWS), with real consumer processes (sqs_worker.py): two on one
+queue, each scenario beside a control without the door that shows the duplicate effect;
+the Lambda batch handler with events as SQS's event source sends them."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import boto3
 import pytest
 from conftest import eventually
 from effects import effects, record_effect
-from sqs_consumer import consume_once
 
 import idempotent_job
+from idempotent_job.sqs import Consumer, batch_handler
 
 PORT = int(os.environ.get("MOTO_PORT", "25458"))
+WORKER = Path(__file__).with_name("sqs_worker.py")
 
 
 @pytest.fixture(scope="module")
@@ -53,21 +57,16 @@ def sqs():
         process.wait(10)
 
 
-def _queue(sqs, scenario):
-    return sqs.create_queue(QueueName=scenario, Attributes={"VisibilityTimeout": "30"})["QueueUrl"]
+def _queue(sqs, name, visibility=30, fifo=False):
+    attributes = {"VisibilityTimeout": str(visibility)}
+    if fifo:
+        attributes.update(FifoQueue="true", ContentBasedDeduplication="false")
+        name += ".fifo"
+    return sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
 
 
-def _send(sqs, url, order_id, cents=500):
-    sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"order_id": order_id, "cents": cents}))
-
-
-def _drain(sqs, url, handle, until):
-    decisions = []
-    deadline = time.monotonic() + 60
-    while not until():
-        assert time.monotonic() < deadline, f"the queue did not drain: {decisions}"
-        decisions += consume_once(sqs, url, handle)
-    return decisions
+def _send(sqs, url, order_id, **extra):
+    sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"order_id": order_id, "cents": 500}), **extra)
 
 
 def _empty(sqs, url):
@@ -78,58 +77,247 @@ def _empty(sqs, url):
     )
 
 
-def test_duplicate_messages_run_once(sqs, scenario):
-    url = _queue(sqs, scenario)
-    for order in ("A", "A", "B", "A"):
-        _send(sqs, url, f"{scenario}-{order}")
+class Workers:
+    """Consumer processes (sqs_worker.py) on one queue; their JSON lines once stopped."""
 
-    def handle(body, reference):
-        record_effect(scenario, body["order_id"])
+    def __init__(self, mode, url, scenario, count=2, **options):
+        flags = []
+        for name, value in options.items():
+            flag = "--" + name.replace("_", "-")
+            flags += [flag] if value is True else [flag, str(value)]
+        env = dict(os.environ, MOTO_PORT=str(PORT), PYTHONPATH=str(WORKER.parent))
+        self.processes = [
+            subprocess.Popen(
+                [sys.executable, str(WORKER), mode, url, scenario, *flags],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(count)
+        ]
+        self.lines: list[dict] = []
 
-    decisions = _drain(sqs, url, handle, lambda: _empty(sqs, url))
-    assert effects(scenario, f"{scenario}-A") == 1 and effects(scenario, f"{scenario}-B") == 1
-    assert sorted(decisions) == ["completed", "completed", "ran", "ran"]
+    def stop(self, sig=signal.SIGTERM):
+        for p in self.processes:
+            if p.poll() is None:
+                p.send_signal(sig)
+        for p in self.processes:
+            out, _ = p.communicate(timeout=60)
+            self.lines += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        return self
+
+    def actions(self):
+        return [a for line in self.lines for a in line.get("actions", [])]
+
+    def starts(self):
+        return [line for line in self.lines if "start" in line]
 
 
-def test_without_the_guard_duplicates_run_again(sqs, scenario):
-    url = _queue(sqs, scenario)
+def _run(sqs, url, scenario, mode, until, count=2, **options):
+    workers = Workers(mode, url, scenario, count, **options)
+    try:
+        eventually(until, f"the {mode} consumers to finish", 90, 0.2)
+    finally:
+        workers.stop(signal.SIGTERM if mode == "door" else signal.SIGKILL)
+    return workers
+
+
+@pytest.mark.parametrize("mode", ["door", "control"])
+def test_the_same_message_body_sent_three_times(sqs, scenario, mode):
+    url = _queue(sqs, f"{scenario}-{mode}")
     for _ in range(3):
         _send(sqs, url, f"{scenario}-A")
-    while not _empty(sqs, url):
-        for message in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get(
-            "Messages", []
-        ):
-            record_effect(scenario, json.loads(message["Body"])["order_id"])
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
-    assert effects(scenario) == 3
+    _run(sqs, url, scenario, mode, lambda: _empty(sqs, url) and effects(scenario) >= 1)
+    assert effects(scenario) == (1 if mode == "door" else 3)
 
 
-def test_an_operation_in_progress_elsewhere_comes_back_later(sqs, scenario):
-    url = _queue(sqs, scenario)
-    order = f"{scenario}-C"
-    release = threading.Event()
-    claimed = threading.Event()
+@pytest.mark.parametrize("mode", ["door", "control"])
+def test_a_message_received_twice_at_once(sqs, scenario, mode):
+    # Two copies in flight at the same moment, one in each consumer (a batch of one each).
+    url = _queue(sqs, f"{scenario}-{mode}")
+    for _ in range(2):
+        _send(sqs, url, f"{scenario}-A")
+    workers = _run(sqs, url, scenario, mode, lambda: _empty(sqs, url), max=1, sleep=2)
+    assert effects(scenario) == (1 if mode == "door" else 2)
+    if mode == "door":
+        actions = workers.actions()  # the copy met the live claim (once or more), then the completion
+        assert actions.count("delete") == 2 and set(actions) == {"defer", "delete"}, workers.lines
 
-    def elsewhere():
-        def body(claim):
-            claimed.set()
-            release.wait(30)
-            record_effect(scenario, order)
 
-        idempotent_job.perform_once(
-            "ChargeOrder", order, body, lease=60, payload={"order_id": order, "cents": 500}
-        )
-
-    holder = threading.Thread(target=elsewhere)
-    holder.start()
-    claimed.wait(30)
-    _send(sqs, url, order)
-    decisions = eventually(
-        lambda: consume_once(sqs, url, lambda body, ref: record_effect(scenario, order)), "the message"
+@pytest.mark.parametrize("mode", ["door", "control"])
+def test_a_body_three_times_longer_than_the_visibility_timeout(sqs, scenario, mode):
+    # Visibility 2 s, the body 6 s: the heartbeat (every lease/3 = 1 s) keeps the message hidden.
+    url = _queue(sqs, f"{scenario}-{mode}", visibility=2)
+    _send(sqs, url, f"{scenario}-A")
+    done = 1 if mode == "door" else 2  # the control: until the copy's effect too
+    workers = _run(
+        sqs, url, scenario, mode, lambda: _empty(sqs, url) and effects(scenario) >= done, lease=3, sleep=6
     )
-    assert decisions == ["in_progress"]
-    release.set()
-    holder.join(30)
-    decisions += _drain(sqs, url, lambda body, ref: record_effect(scenario, order), lambda: _empty(sqs, url))
-    assert decisions[-1] == "completed"
-    assert effects(scenario, order) == 1
+    received = workers.actions()
+    if mode == "door":
+        assert received == ["delete"], workers.lines  # received once, by one consumer
+        assert [s["receives"] for s in workers.starts()] == [1]
+        assert effects(scenario) == 1
+    else:
+        assert len(received) >= 2 and effects(scenario) >= 2, workers.lines
+
+
+@pytest.mark.parametrize("mode", ["door", "control"])
+def test_a_consumer_killed_mid_body_comes_back_and_the_policy_decides(sqs, scenario, mode):
+    # The first run does its effect, then hangs and is SIGKILLed; under on_stale="hold" the
+    # message that comes back (after one lease at most) is held, not run again.
+    url = _queue(sqs, f"{scenario}-{mode}", visibility=3)
+    order = f"{scenario}-A"
+    _send(sqs, url, order)
+    first = Workers(mode, url, scenario, 1, lease=3, on_stale="hold", effect_first=True, first_sleep=120)
+    eventually(lambda: effects(scenario) == 1, "the first run's effect")
+    first.stop(signal.SIGKILL)
+    second = _run(
+        sqs, url, scenario, mode, lambda: _empty(sqs, url), 1, lease=3, on_stale="hold", effect_first=True
+    )
+    if mode == "door":
+        assert effects(scenario) == 1 and second.starts() == []
+        assert idempotent_job.record("SqsOrder", order)["status"] == "held"
+    else:
+        assert effects(scenario) == 2
+
+
+def test_a_raising_body_is_redelivered_and_runs_again(sqs, scenario):
+    url = _queue(sqs, scenario, visibility=1)
+    _send(sqs, url, f"{scenario}-A")
+    workers = _run(sqs, url, scenario, "door", lambda: _empty(sqs, url), 1, raise_first=True)
+    assert [s["receives"] for s in workers.starts()] == [1, 2]
+    assert effects(scenario) == 1 and workers.actions() == ["leave", "delete"]
+
+
+def test_sigterm_during_a_batch_finishes_the_running_body_and_returns_the_rest(sqs, scenario):
+    url = _queue(sqs, scenario)
+    for order in "ABC":
+        _send(sqs, url, f"{scenario}-{order}")
+    workers = Workers("door", url, scenario, 1, sleep=3)
+    eventually(lambda: [line for line in _peek(workers) if "start" in line], "a body to start")
+    workers.stop(signal.SIGTERM)
+    assert workers.processes[0].returncode == 0 and workers.lines[-1].get("stopped")
+    assert sorted(workers.actions()) == ["delete", "returned", "returned"]
+    assert effects(scenario) == 1  # the running body finished
+    # The returned messages are visible again at once: a second consumer runs each once.
+    _run(sqs, url, scenario, "door", lambda: _empty(sqs, url), 1)
+    assert effects(scenario) == 3 and all(effects(scenario, f"{scenario}-{o}") == 1 for o in "ABC")
+
+
+def _peek(workers):
+    line = workers.processes[0].stdout.readline()
+    workers.lines.append(json.loads(line))
+    return workers.lines
+
+
+def test_fifo_groups_in_order_and_duplicates_run_once(sqs, scenario):
+    url = _queue(sqs, scenario, fifo=True)
+    for n, order in enumerate(["A", "A", "B", "A"]):
+        _send(sqs, url, f"{scenario}-{order}", MessageGroupId="g", MessageDeduplicationId=f"{scenario}-{n}")
+    seen = []
+
+    def charge(message, claim):
+        seen.append((message.body["order_id"], message.group_id))
+        record_effect(scenario, message.body["order_id"])
+
+    consumer = Consumer(url, charge, job_type="SqsFifo", key="body.order_id", client=sqs, wait_seconds=1)
+    deadline = time.monotonic() + 30
+    while not _empty(sqs, url):
+        assert time.monotonic() < deadline
+        consumer.poll()
+    assert seen == [(f"{scenario}-A", "g"), (f"{scenario}-B", "g")]
+    assert effects(scenario) == 2
+
+
+def test_a_warning_when_the_visibility_timeout_is_shorter_than_the_renewal_interval(sqs, scenario, caplog):
+    url = _queue(sqs, scenario, visibility=5)
+    consumer = Consumer(url, print, job_type="SqsOrder", key="body.order_id", client=sqs, lease=60)
+    with caplog.at_level(logging.WARNING, logger="idempotent_job.sqs"):
+        assert consumer.check_visibility_timeout() is False
+    assert "visibility timeout of 5 s, shorter than the lease's renewal interval (20.0 s)" in caplog.text
+    assert Consumer(
+        url, print, job_type="SqsOrder", key="body.order_id", client=sqs, lease=15
+    ).check_visibility_timeout()
+
+
+def test_key_declarations_are_checked_and_read_from_attributes(sqs, scenario):
+    with pytest.raises(idempotent_job.OperationKeyError, match="SqsOrder: key 'order_id': each part"):
+        Consumer("u", print, job_type="SqsOrder", key="order_id", client=sqs)
+    with pytest.raises(idempotent_job.ConfigurationError, match="leese"):
+        Consumer("u", print, job_type="SqsOrder", key="body.order_id", client=sqs, leese=3)
+    url = _queue(sqs, scenario)
+    attribute = {"OrderId": {"DataType": "String", "StringValue": f"{scenario}-A"}}
+    for _ in range(2):
+        sqs.send_message(QueueUrl=url, MessageBody="not json", MessageAttributes=attribute)
+    consumer = Consumer(
+        url,
+        lambda message, claim: record_effect(scenario, claim.operation_key),
+        job_type="SqsAttr",
+        key="message_attributes.OrderId",
+        client=sqs,
+        wait_seconds=1,
+    )
+    while not _empty(sqs, url):
+        consumer.poll()
+    assert effects(scenario, f"{scenario}-A") == 1
+
+
+def _record(message_id, order_id, fifo=False):
+    arn = "arn:aws:sqs:us-east-1:123456789012:orders" + (".fifo" if fifo else "")
+    return {
+        "messageId": message_id,
+        "receiptHandle": "r-" + message_id,
+        "body": json.dumps({"order_id": order_id}),
+        "attributes": {"ApproximateReceiveCount": "1"},
+        "messageAttributes": {},
+        "eventSource": "aws:sqs",
+        "eventSourceARN": arn,
+    }
+
+
+def test_lambda_batch_handler(scenario):
+    held, release = threading.Event(), threading.Event()
+
+    def elsewhere(claim):
+        held.set()
+        release.wait(30)
+
+    busy = f"{scenario}-busy"
+    holder = threading.Thread(target=idempotent_job.perform_once, args=("SqsLambda", busy, elsewhere, 60))
+    holder.start()
+    held.wait(30)
+
+    def charge(message, claim):
+        if message.body["order_id"].endswith("fails"):
+            raise RuntimeError("declined")
+        record_effect(scenario, message.body["order_id"])
+
+    handler = batch_handler(charge, job_type="SqsLambda", key="body.order_id")
+    event = {
+        "Records": [
+            _record("m1", f"{scenario}-A"),
+            _record("m2", f"{scenario}-A"),
+            _record("m3", f"{scenario}-fails"),
+            _record("m4", busy),
+            _record("m5", f"{scenario}-B"),
+            _record("m6", f"{scenario}-A"),
+        ]
+    }
+    try:
+        assert handler(event, None) == {
+            "batchItemFailures": [{"itemIdentifier": "m3"}, {"itemIdentifier": "m4"}]
+        }
+    finally:
+        release.set()
+        holder.join(30)
+    assert effects(scenario, f"{scenario}-A") == 1 and effects(scenario, f"{scenario}-B") == 1
+    # Without the door: each copy runs.
+    for record in event["Records"]:
+        if record["messageId"] in ("m1", "m2", "m6"):
+            record_effect(scenario + "-control", "A")
+    assert effects(scenario + "-control") == 3
+    # FIFO: the records after a failed one are failures too, not run.
+    fifo = {"Records": [_record("f1", f"{scenario}-fails", True), _record("f2", f"{scenario}-C", True)]}
+    assert handler(fifo, None) == {"batchItemFailures": [{"itemIdentifier": "f1"}, {"itemIdentifier": "f2"}]}
+    assert effects(scenario, f"{scenario}-C") == 0
