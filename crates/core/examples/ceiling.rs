@@ -19,7 +19,9 @@ use idempotent_job_core::{migrate, store::Store};
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let url = args.next().expect("usage: ceiling DATABASE_URL [seconds] [distributed]");
+    let url = args
+        .next()
+        .expect("usage: ceiling DATABASE_URL [seconds] [distributed]");
     let seconds: f64 = args.next().map_or(3.0, |s| s.parse().expect("seconds"));
     let distributed = args.next().as_deref() == Some("distributed");
     let mut config = Config::new(url);
@@ -83,7 +85,10 @@ fn measure(
                     };
                     let mut notes = Notes::new();
                     let mut channel = Direct::new(pool.clone(), false);
-                    match protocol.begin(&mut channel, &i, &delivery, &mut notes).unwrap() {
+                    match protocol
+                        .begin(&mut channel, &i, &delivery, &mut notes)
+                        .unwrap()
+                    {
                         Step::Run(claim) => {
                             protocol
                                 .complete(
