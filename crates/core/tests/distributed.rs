@@ -201,3 +201,36 @@ fn the_distributed_profile_prepares_nothing_and_migrates_by_a_lock_row() {
         "no named statement on the profile's connection"
     );
 }
+
+/// The profile's promises that are properties of the text: no statement the gem sends
+/// makes a SAVEPOINT (the transactional modes, native and ActiveRecord, use one
+/// transaction and none), and `pg_advisory_lock` appears only in the plain profile's
+/// migration.
+#[test]
+fn no_statement_makes_a_savepoint_and_only_plain_migrations_take_an_advisory_lock() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let mut files = Vec::new();
+    for dir in [
+        "crates/core/src",
+        "crates/core/src/protocol",
+        "lib/idempotent_job/transactional",
+    ] {
+        for entry in std::fs::read_dir(format!("{root}/{dir}")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs" || e == "rb") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(
+        files.len() > 20,
+        "read the core's and the transactional modes' sources"
+    );
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap().to_uppercase();
+        assert!(!text.contains("SAVEPOINT"), "{}", path.display());
+        if !path.ends_with("migrate.rs") {
+            assert!(!text.contains("PG_ADVISORY"), "{}", path.display());
+        }
+    }
+}
