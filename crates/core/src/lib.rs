@@ -34,4 +34,5 @@ pub mod schema;
 pub mod session;
 pub mod store;
 pub mod tls;
+pub mod transitions;
 pub mod values;

@@ -1,0 +1,347 @@
+//! The protocol's decision table as pure functions: the record's state × a delivery ×
+//! the job's options → what the claim statement does and what the delivery does next,
+//! and which fenced change the record accepts from which holder. No I/O, no clock, no
+//! strings: the model check (`tests/model.rs`), the conformance vectors
+//! (`conformance/vectors.json`, `tests/conformance.rs`) and every binding's tests read
+//! the protocol from here.
+//!
+//! The claim statement ([`crate::sql::CLAIM_SQL`]) computes [`claim`] inside
+//! PostgreSQL (SQL cannot call Rust): `tests/conformance.rs` runs every decision vector
+//! through that statement and the protocol on a real database and through these
+//! functions, and fails when they disagree, so the two cannot drift apart unnoticed.
+//!
+//! ```text
+//!  state \ delivery     same payload                      different payload, on_mismatch raise
+//!  absent               take: first → run                 take: first → run
+//!  claimed, live        in progress (defer)               refused (error: payload mismatch)
+//!  claimed, expired     take: takeover → lookup / stale   refused (error: payload mismatch)
+//!  released             take: retry → run                 refused (error: payload mismatch)
+//!  completed            completed (skip)                  refused (error: payload mismatch)
+//!  held / given up      held / given up (skip)            refused (error: payload mismatch)
+//! ```
+//!
+//! With `on_mismatch: log` a different payload decides as the same payload would (and
+//! is noted). A takeover asks the lookup when one is declared; otherwise, and when the
+//! lookup answers unknown, the stale policy decides: reclaim → run, hold → held,
+//! skip → given up.
+
+/// The record's status column, as the core's statements write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Status {
+    Claimed,
+    Completed,
+    Released,
+    Held,
+    GivenUp,
+}
+
+impl Status {
+    /// The stored name: `"claimed"`, `"completed"`, `"released"`, `"held"`, `"given_up"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Claimed => "claimed",
+            Status::Completed => "completed",
+            Status::Released => "released",
+            Status::Held => "held",
+            Status::GivenUp => "given_up",
+        }
+    }
+
+    /// The status named `name` ([`Status::as_str`]), or `None`.
+    pub fn parse(name: &str) -> Option<Status> {
+        [
+            Status::Claimed,
+            Status::Completed,
+            Status::Released,
+            Status::Held,
+            Status::GivenUp,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
+}
+
+/// The record as the claim statement meets it: absent, or its status and, for a
+/// claim, whether its lease has run out by the database's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordState {
+    Absent,
+    Present { status: Status, lease_expired: bool },
+}
+
+/// The stale-claim policy (`on_stale`), by its effect on a takeover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StalePolicy {
+    Reclaim,
+    Hold,
+    Skip,
+}
+
+impl StalePolicy {
+    /// `"reclaim"`, `"hold"`, `"skip"` (the option's values).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StalePolicy::Reclaim => "reclaim",
+            StalePolicy::Hold => "hold",
+            StalePolicy::Skip => "skip",
+        }
+    }
+
+    /// The policy named `name`, or `None`.
+    pub fn parse(name: &str) -> Option<StalePolicy> {
+        [StalePolicy::Reclaim, StalePolicy::Hold, StalePolicy::Skip]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+    }
+}
+
+/// The options that decide: the stale policy, `on_mismatch: raise`, a declared lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rules {
+    pub on_stale: StalePolicy,
+    /// `on_mismatch: raise`: a delivery whose payload differs never takes a claim and
+    /// is refused unless it won.
+    pub refuse_mismatch: bool,
+    /// A lookup is declared: a takeover asks it before the stale policy.
+    pub lookup: bool,
+}
+
+/// How a claim was won (stored as `last_claim`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Taken {
+    /// No record existed.
+    First,
+    /// The record was released (the holder's body raised, or a person resolved it for a
+    /// rerun).
+    Retry,
+    /// The holder's lease had run out (a stale claim).
+    Takeover,
+}
+
+impl Taken {
+    /// `"first"`, `"retry"`, `"takeover"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Taken::First => "first",
+            Taken::Retry => "retry",
+            Taken::Takeover => "takeover",
+        }
+    }
+}
+
+/// What the claim statement decides for one delivery ([`claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClaimVerdict {
+    /// The delivery's token becomes the record's: status `claimed`, a fresh lease.
+    Take(Taken),
+    /// Nothing changes but the duplicate count; the delivery met this.
+    Met(Met),
+}
+
+/// What a delivery that did not take the claim met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Met {
+    Completed,
+    Held,
+    GivenUp,
+    /// A live claim of another delivery.
+    Live,
+    /// A released or expired claim this payload may not take (`on_mismatch: raise`).
+    Refused,
+}
+
+/// The claim statement's rule ([`crate::sql::CLAIM_SQL`]'s `take`): a delivery takes
+/// the claim when there is no record, or the record is released, or claimed with its
+/// lease run out — unless its payload differs (`mismatch`) and mismatches are refused.
+pub fn claim(state: RecordState, mismatch: bool, refuse_mismatch: bool) -> ClaimVerdict {
+    let (status, expired) = match state {
+        RecordState::Absent => return ClaimVerdict::Take(Taken::First),
+        RecordState::Present {
+            status,
+            lease_expired,
+        } => (status, lease_expired),
+    };
+    let takeable = status == Status::Released || (status == Status::Claimed && expired);
+    if takeable && !(mismatch && refuse_mismatch) {
+        return ClaimVerdict::Take(if status == Status::Released {
+            Taken::Retry
+        } else {
+            Taken::Takeover
+        });
+    }
+    ClaimVerdict::Met(match status {
+        Status::Completed => Met::Completed,
+        Status::Held => Met::Held,
+        Status::GivenUp => Met::GivenUp,
+        Status::Claimed if !expired => Met::Live,
+        Status::Claimed | Status::Released => Met::Refused,
+    })
+}
+
+/// What a delivery does after its claim statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Next {
+    /// Run the body under the claim, then complete (returned) or release (raised).
+    Run,
+    /// Ask the lookup whether the stale holder's effect happened ([`after_lookup`]).
+    AskLookup,
+    /// Hold the operation for a person (fenced `hold`), do not run.
+    Hold,
+    /// Give the operation up (fenced `give_up`), do not run.
+    GiveUp,
+    /// Mark it completed without running (a lookup answered done: fenced `complete`).
+    Complete,
+    /// Do not run: a duplicate (completed, held, given up).
+    Skip,
+    /// Do not run now: come back after the deferral's delay.
+    Defer,
+    /// Do not run: the payload differs and mismatches are refused
+    /// ([`crate::error::Error::PayloadMismatch`]).
+    RefuseMismatch,
+}
+
+/// What a lookup answered about a stale holder's effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Answer {
+    Done,
+    NotDone,
+    Unknown,
+}
+
+/// The stale policy's step for a claim taken over when no lookup knows better.
+pub fn stale(policy: StalePolicy) -> Next {
+    match policy {
+        StalePolicy::Reclaim => Next::Run,
+        StalePolicy::Hold => Next::Hold,
+        StalePolicy::Skip => Next::GiveUp,
+    }
+}
+
+/// The step after a lookup's answer: done → complete without running, not done → run,
+/// unknown → the stale policy.
+pub fn after_lookup(answer: Answer, policy: StalePolicy) -> Next {
+    match answer {
+        Answer::Done => Next::Complete,
+        Answer::NotDone => Next::Run,
+        Answer::Unknown => stale(policy),
+    }
+}
+
+/// The delivery's step after the claim statement's `verdict`: a first claim or a retry
+/// runs; a takeover asks the lookup or applies the stale policy; a live claim defers;
+/// a mismatch under `on_mismatch: raise` that did not win is refused (whatever it met);
+/// anything else is skipped.
+pub fn next(verdict: ClaimVerdict, mismatch: bool, rules: Rules) -> Next {
+    match verdict {
+        ClaimVerdict::Take(Taken::First | Taken::Retry) => Next::Run,
+        ClaimVerdict::Take(Taken::Takeover) if rules.lookup => Next::AskLookup,
+        ClaimVerdict::Take(Taken::Takeover) => stale(rules.on_stale),
+        ClaimVerdict::Met(_) if mismatch && rules.refuse_mismatch => Next::RefuseMismatch,
+        ClaimVerdict::Met(Met::Live) => Next::Defer,
+        ClaimVerdict::Met(Met::Refused) => Next::RefuseMismatch,
+        ClaimVerdict::Met(_) => Next::Skip,
+    }
+}
+
+/// A change only the claim's holder may make (the fenced statements of
+/// [`crate::fenced`]), and a person's resolve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Change {
+    Complete,
+    Release,
+    Hold,
+    GiveUp,
+    /// End the lease now (a failed lookup).
+    Expire,
+    /// Renew the lease (heartbeat).
+    Renew,
+}
+
+/// Whether the record accepts `change` from a holder presenting `token_matches` (its
+/// token is the record's) on a record in `status`, and the status after it. Every
+/// fenced statement requires the caller's token; completion, release, hold and give-up
+/// also accept a repeat of themselves (the status they set), so a statement sent again
+/// after a lost answer succeeds. The lease is not checked: a holder whose lease ran
+/// out still completes while nobody took the claim over.
+pub fn fenced(change: Change, status: Status, token_matches: bool) -> Option<Status> {
+    if !token_matches {
+        return None;
+    }
+    let (own, after) = match change {
+        Change::Complete => (Some(Status::Completed), Status::Completed),
+        Change::Release => (Some(Status::Released), Status::Released),
+        Change::Hold => (Some(Status::Held), Status::Held),
+        Change::GiveUp => (Some(Status::GivenUp), Status::GivenUp),
+        Change::Expire | Change::Renew => (None, Status::Claimed),
+    };
+    (status == Status::Claimed || Some(status) == own).then_some(after)
+}
+
+/// How a person settles a held or given-up operation (`resolve`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Resolution {
+    /// The effect happened: completed.
+    Done,
+    /// Run it again: released, so the next delivery claims it as a retry.
+    Rerun,
+}
+
+/// The status after `resolve` of a record in `status`, or `None` when there is nothing
+/// to resolve (only held and given-up operations are).
+pub fn resolve(status: Status, resolution: Resolution) -> Option<Status> {
+    matches!(status, Status::Held | Status::GivenUp).then_some(match resolution {
+        Resolution::Done => Status::Completed,
+        Resolution::Rerun => Status::Released,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mismatch_never_takes_under_raise_and_is_refused_whatever_it_met() {
+        let expired = RecordState::Present {
+            status: Status::Claimed,
+            lease_expired: true,
+        };
+        assert_eq!(claim(expired, true, true), ClaimVerdict::Met(Met::Refused));
+        assert_eq!(
+            claim(expired, true, false),
+            ClaimVerdict::Take(Taken::Takeover)
+        );
+        let rules = Rules {
+            on_stale: StalePolicy::Reclaim,
+            refuse_mismatch: true,
+            lookup: false,
+        };
+        assert_eq!(
+            next(ClaimVerdict::Met(Met::Completed), true, rules),
+            Next::RefuseMismatch
+        );
+        assert_eq!(
+            next(ClaimVerdict::Take(Taken::First), true, rules),
+            Next::Run
+        );
+    }
+
+    #[test]
+    fn fenced_changes_need_the_token() {
+        assert_eq!(
+            fenced(Change::Complete, Status::Claimed, true),
+            Some(Status::Completed)
+        );
+        assert_eq!(fenced(Change::Complete, Status::Claimed, false), None);
+        assert_eq!(
+            fenced(Change::Complete, Status::Completed, true),
+            Some(Status::Completed)
+        );
+        assert_eq!(fenced(Change::Complete, Status::Released, true), None);
+        assert_eq!(fenced(Change::Renew, Status::Completed, true), None);
+        assert_eq!(resolve(Status::Claimed, Resolution::Done), None);
+        assert_eq!(
+            resolve(Status::Held, Resolution::Rerun),
+            Some(Status::Released)
+        );
+    }
+}
