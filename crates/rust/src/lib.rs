@@ -19,9 +19,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The core is blocking (its own small runtime and pool): each step of a delivery runs on
-//! [`tokio::task::spawn_blocking`], the body and the lookup on the caller's task. See
-//! docs/rust.md.
+//! The core is blocking (its own small runtime and pool): each step of a delivery runs
+//! with [`tokio::task::block_in_place`] on a multi-threaded runtime (on
+//! [`tokio::task::spawn_blocking`] on a current-thread one), the body and the lookup on
+//! the caller's task. See docs/rust.md.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -603,11 +604,17 @@ impl Driver {
     }
 }
 
-/// Runs blocking core work on tokio's blocking pool (or here, outside a runtime).
+/// Runs blocking core work: in place on a multi-threaded runtime
+/// ([`tokio::task::block_in_place`]: the worker's other tasks move to another worker, no
+/// thread hop), on tokio's blocking pool on a current-thread runtime, or here outside one.
 async fn blocking<R: Send + 'static>(
     work: impl FnOnce() -> Result<R, Error> + Send + 'static,
 ) -> Result<R, Error> {
-    match tokio::runtime::Handle::try_current() {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
         Ok(handle) => handle
             .spawn_blocking(work)
             .await
