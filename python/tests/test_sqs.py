@@ -15,46 +15,15 @@ import threading
 import time
 from pathlib import Path
 
-import boto3
 import pytest
+from conftest import MOTO_PORT as PORT
 from conftest import eventually
 from effects import effects, record_effect
 
 import idempotent_job
 from idempotent_job.sqs import Consumer, batch_handler
 
-PORT = int(os.environ.get("MOTO_PORT", "25458"))
 WORKER = Path(__file__).with_name("sqs_worker.py")
-
-
-@pytest.fixture(scope="module")
-def sqs():
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-p", str(PORT), "-H", "127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = boto3.client(
-        "sqs",
-        endpoint_url=f"http://127.0.0.1:{PORT}",
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-    )
-
-    def up():
-        try:
-            client.list_queues()
-            return True
-        except Exception:
-            return False
-
-    try:
-        eventually(up, "moto_server to answer", 30, 0.2)
-        yield client
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def _queue(sqs, name, visibility=30, fifo=False):
