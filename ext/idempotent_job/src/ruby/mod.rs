@@ -40,6 +40,10 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("error_example", function!(errors::error_example, 1))?;
     native.define_module_function("record_columns", function!(convert::record_columns, 0))?;
     native.define_module_function("job_options_json", function!(options::job_options_json, 0))?;
+    native.define_module_function(
+        "connection_defaults_json",
+        function!(options::connection_defaults_json, 0),
+    )?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
     native.define_module_function("not_taken", function!(options::not_taken, 6))?;
     native.define_module_function("unknown_setting", function!(options::unknown_setting, 3))?;
