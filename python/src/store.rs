@@ -13,7 +13,7 @@ use crate::gil::detached;
 use crate::protocol::{self, JobProtocol, Outcome};
 use idempotent_job_core::config::{self as core_config, Config, CONNECTION_SETTINGS};
 use idempotent_job_core::error::Error;
-use idempotent_job_core::protocol::{JobOptions, OnMismatch, OnStale, Protocol};
+use idempotent_job_core::protocol::{JobOptions, Protocol};
 use idempotent_job_core::record::Field;
 use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::store::{Handles, Store as CoreStore};
@@ -75,25 +75,6 @@ pub fn check_option(
         return Err(options::unknown_among(job, prefix, name, &option_names()));
     }
     options::check(job, prefix, name, value, shown)
-}
-
-/// Applies one option, already checked by [`check_option`], to `options`. The key,
-/// the scope and the lookup are the door's: not applied here.
-fn apply(job: &str, options: &mut JobOptions, name: &str, value: &Value) -> Result<(), Error> {
-    let seconds = || value.as_f64().unwrap_or(f64::NAN);
-    let named = if job.is_empty() { "configure" } else { job };
-    match name {
-        "lease" => options.lease_seconds = seconds(),
-        "on_stale" => options.on_stale = OnStale::parse(named, value.as_str().unwrap_or(""))?,
-        "on_mismatch" => {
-            options.on_mismatch = OnMismatch::parse(named, value.as_str().unwrap_or(""))?
-        }
-        "heartbeat" => options.heartbeat = value.as_bool().unwrap_or(true),
-        "max_run" => options.max_run_seconds = seconds(),
-        "store_result" => options.store_result = value.as_bool().unwrap_or(false),
-        _ => {}
-    }
-    Ok(())
 }
 
 /// A setting's number of seconds: finite, at least `min`, at most the core's
@@ -164,7 +145,9 @@ impl Store {
             let (json, shown) = option_json(&value)?;
             let checked = check_option(job, prefix, &name, &json, shown.as_deref())
                 .map_err(crate::errors::to_py)?;
-            apply(job, &mut resolved, &name, &checked).map_err(crate::errors::to_py)?;
+            resolved
+                .apply(job, &name, &checked)
+                .map_err(crate::errors::to_py)?;
         }
         resolved.validate(job).map_err(crate::errors::to_py)?;
         Ok(resolved)
@@ -201,7 +184,7 @@ impl Store {
                     }
                     _ => {
                         let checked = check_option("", "", &name, &value, None)?;
-                        apply("", &mut defaults, &name, &checked)?
+                        defaults.apply("", &name, &checked)?
                     }
                 }
                 Ok(())

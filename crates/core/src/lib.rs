@@ -10,7 +10,7 @@
 //! `bookkeeping`, `heartbeat`; `store` (the store and its per-process handles);
 //! `claim` (deliver), `records`, `operations` (the operating calls both bindings
 //! make), `results` (wait), `session`, `migrate`, `report`;
-//! `protocol`.
+//! `protocol`; `job_settings` (job options from settings, over `protocol`).
 
 #[macro_use]
 pub mod sql;
@@ -24,6 +24,7 @@ pub mod declaration;
 pub mod error;
 pub mod fenced;
 pub mod heartbeat;
+pub mod job_settings;
 pub mod keys;
 pub mod migrate;
 pub mod operations;
