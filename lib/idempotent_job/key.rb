@@ -106,9 +106,7 @@ module IdempotentJob
       @shape_only = shape_only
       @declaration = declaration
       @composite = declaration.is_a?(Array)
-      parts = @composite ? declaration : [declaration]
-      fail_declaration("is an empty Array") if parts.empty?
-      @paths = parts.map { |part| resolve(part) }
+      @paths = parse(@composite ? declaration : [declaration])
     end
 
     # The operation key of one delivery.
@@ -146,30 +144,16 @@ module IdempotentJob
       )
     end
 
-    # A declaration part → { label:, index:, segments: [String…] }
-    def resolve(part)
-      case part
-      when Integer
-        fail_declaration("uses a negative argument index #{part}") if part.negative?
-        { label: "argument #{part}", index: part, segments: [] }
-      when Symbol, String
-        resolve_path(part.to_s)
-      else
-        fail_declaration("has a part of type #{part.class}: use a parameter name (Symbol/String), " \
-                         "an argument index (Integer), a dotted path (\"payload.id\") or an Array of those")
+    # The parts → [{ label:, index:, segments: [String…] }]: the shape (indexes, names,
+    # dotted paths, composites) is the core's parse (crates/core/src/declaration.rs,
+    # `Native.key_declaration`); only a name is mapped to a position here.
+    def parse(parts)
+      paths, problem = Native.key_declaration(parts)
+      fail_declaration(problem) if problem
+      paths.map do |label, index, name, segments|
+        index = parameter_index(name) if name && !@shape_only
+        { label:, index:, segments: }
       end
-    end
-
-    def resolve_path(text)
-      segments = text.split(".", -1)
-      fail_declaration("contains an empty name or path segment in #{text.inspect}") if segments.any?(&:empty?)
-      head = segments.shift
-      index = if head.match?(/\A\d+\z/) then Integer(head, 10)
-              elsif @shape_only then nil
-              else
-                parameter_index(head)
-              end
-      { label: text, index:, segments: }
     end
 
     def parameter_index(name)
