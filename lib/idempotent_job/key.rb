@@ -233,7 +233,7 @@ module IdempotentJob
         Native.key_text(text) || refuse(text, path)
       when Hash, Array
         checked(value, path)
-        JSON.generate(normalized(value, path))
+        JSON.generate(normalized(value, path), max_nesting: Native::MAX_NESTING)
       else unsupported(value, path)
       end
     end
@@ -242,7 +242,8 @@ module IdempotentJob
     # the parts the core's JSON cannot carry handled as {#uncarried}.
     def composite_fallback(values)
       parts = values.each_with_index.map { |value, i| composite_part(value, @paths[i]) }
-      JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) })
+      JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) },
+                    max_nesting: Native::MAX_NESTING)
     end
 
     # (Empty values never get here: the core refuses them first, {#refuse}.)
@@ -276,8 +277,10 @@ module IdempotentJob
       end
     end
 
-    # A Hash or Array value whose Strings are UTF-8 (the core refused an empty one first).
+    # A Hash or Array value whose Strings are UTF-8 and whose nesting is within the
+    # core's limit (Native::MAX_NESTING; the core refused an empty one first).
     def checked(value, path)
+      fail_value(path, Native.key_refused(Native::TOO_DEEP, false)) if Native.nested_too_deep?(value)
       check_texts(value, path)
       value
     end

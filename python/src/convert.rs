@@ -10,9 +10,22 @@ use serde_json::{Map, Number, Value};
 
 /// A JSON value for a Python one: None, bool, int (64-bit), float (finite; an integral
 /// float becomes an integer, as in the Ruby gem's canonical JSON, so `2.0` and `2`
-/// agree), str, list/tuple, dict with str keys (sorted). Anything else is an error text
-/// naming its type.
+/// agree), str, list/tuple, dict with str keys (sorted). Anything else, or lists and
+/// dicts nested deeper than the core's [`canonical::MAX_NESTING`] (refused before the
+/// conversion recurses further, so no value can exhaust the stack), is an error text
+/// naming what it holds.
 pub fn to_json(obj: &Bound<'_, PyAny>) -> Result<Value, String> {
+    to_json_at(obj, 0)
+}
+
+fn to_json_at(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
+    let inner = |v: &Bound<'_, PyAny>| to_json_at(v, depth + 1);
+    let container = obj.is_instance_of::<PyList>()
+        || obj.is_instance_of::<PyTuple>()
+        || obj.is_instance_of::<PyDict>();
+    if container && depth >= canonical::MAX_NESTING {
+        return Err(canonical::too_deep());
+    }
     if obj.is_none() {
         Ok(Value::Null)
     } else if let Ok(b) = obj.cast::<PyBool>() {
@@ -33,13 +46,13 @@ pub fn to_json(obj: &Bound<'_, PyAny>) -> Result<Value, String> {
         ))
     } else if let Ok(list) = obj.cast::<PyList>() {
         list.iter()
-            .map(|v| to_json(&v))
+            .map(|v| inner(&v))
             .collect::<Result<_, _>>()
             .map(Value::Array)
     } else if let Ok(tuple) = obj.cast::<PyTuple>() {
         tuple
             .iter()
-            .map(|v| to_json(&v))
+            .map(|v| inner(&v))
             .collect::<Result<_, _>>()
             .map(Value::Array)
     } else if let Ok(dict) = obj.cast::<PyDict>() {
@@ -50,7 +63,7 @@ pub fn to_json(obj: &Bound<'_, PyAny>) -> Result<Value, String> {
             };
             map.insert(
                 key.to_cow().map_err(|e| e.to_string())?.into_owned(),
-                to_json(&v)?,
+                inner(&v)?,
             );
         }
         Ok(Value::Object(map))

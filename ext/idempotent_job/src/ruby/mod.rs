@@ -60,6 +60,9 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("key_refused", function!(key_refused, 2))?;
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
+    native.const_set("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
+    native.const_set("TOO_DEEP", idempotent_job_core::canonical::too_deep())?;
+    native.define_module_function("nested_too_deep?", function!(convert::nested_too_deep, 1))?;
     let retention = idempotent_job_core::config::DEFAULT_RETENTION_SECONDS;
     if retention.fract() == 0.0 {
         native.const_set("DEFAULT_RETENTION", retention as i64)?;
