@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import _current
-from ._native import Store, check_option, unreachable_delay
+from ._native import Store, check_option, key_declaration, unreachable_delay
 from .errors import IdempotentJobError, OperationKeyError
 
 __all__ = ["Consumer", "Message", "batch_handler"]
@@ -103,8 +103,11 @@ class _Door:
         for name, value in options.items():
             check_option(job_type, "", name, value)
         parts = list(key) if isinstance(key, (list, tuple)) else [key]
+        # The shape is the core's parse (crates/core/src/declaration.rs); a path's head
+        # here names a part of the message, not a parameter.
         for part in parts:
-            if not isinstance(part, str) or part.split(".")[0] not in SOURCES or "" in part.split("."):
+            paths, problem = key_declaration([part])
+            if problem is not None or paths[0][2] not in SOURCES:
                 raise OperationKeyError(
                     f"{job_type}: key {key!r}: each part must be a dotted path starting with one of "
                     f"{', '.join(SOURCES)} (e.g. 'body.order_id', 'message_attributes.OrderId'), "
