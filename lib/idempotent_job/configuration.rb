@@ -49,7 +49,12 @@ module IdempotentJob
       # Largest result (bytes of JSON) a completion stores for replays (store_result);
       # a larger one is not stored, and the completion stands. nil: the core's default
       # (65_536).
-      max_result_bytes: nil
+      max_result_bytes: nil,
+      # :postgresql, or :distributed for a distributed or pooled server (CockroachDB,
+      # YugabyteDB, Aurora DSQL, RDS Proxy): no named prepared statements, waits poll
+      # instead of LISTEN, migrations take a lock row, not an advisory lock
+      # (docs/scaling.md).
+      compatibility: :postgresql
     }.freeze
 
     # Type checks of {#validate!}: setting => [what it must be, test].
@@ -60,6 +65,7 @@ module IdempotentJob
       prepared_statements: ["true or false", ->(v) { [true, false].include?(v) }],
       asynchronous_completion: ["true or false", ->(v) { [true, false].include?(v) }],
       max_result_bytes: ["a positive Integer", ->(v) { v.nil? || (v.is_a?(Integer) && v.positive?) }],
+      compatibility: [":postgresql or :distributed", ->(v) { %w[postgresql distributed].include?(v.to_s) }],
       logger: ["a Logger", ->(v) { v.nil? || %i[info warn error].all? { |m| v.respond_to?(m) } }],
       **%i[database_url schema host dbname user password sslmode sslrootcert sslcert sslkey].to_h do |name|
         [name, ["a String", ->(v) { v.nil? || v.is_a?(String) }]]

@@ -94,7 +94,21 @@ pub struct Config {
     /// [`MAX_RESULT_BYTES_LIMIT`].
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: usize,
+    /// Which kind of server the gem talks to: `"postgresql"` (default) or
+    /// `"distributed"` ([`COMPATIBILITY_DISTRIBUTED`]: CockroachDB, YugabyteDB, Aurora
+    /// DSQL, or PostgreSQL behind a transaction-mode pooler such as RDS Proxy; see
+    /// docs/scaling.md). The distributed profile keeps no session state: no named
+    /// prepared statements (as `prepared_statements: false`), waits poll instead of
+    /// LISTEN/NOTIFY, and migrations are serialised by a lock row instead of an
+    /// advisory lock. Conflicts (40001, 40P01) are retried under both profiles.
+    #[serde(default = "default_compatibility")]
+    pub compatibility: String,
 }
+
+/// The `compatibility` values ([`Config::compatibility`]): plain PostgreSQL (default).
+pub const COMPATIBILITY_POSTGRESQL: &str = "postgresql";
+/// The `compatibility` values: a distributed or pooled PostgreSQL-compatible server.
+pub const COMPATIBILITY_DISTRIBUTED: &str = "distributed";
 
 /// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
 pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
@@ -158,6 +172,7 @@ pub const CONNECTION_SETTINGS: &[&str] = &[
     "deadline",
     "asynchronous_completion",
     "max_result_bytes",
+    "compatibility",
 ];
 
 /// The libpq parameters tokio-postgres does not parse (or parses only partly): taken
@@ -341,6 +356,9 @@ fn default_application_name() -> String {
 fn default_prepared_statements() -> bool {
     true
 }
+fn default_compatibility() -> String {
+    COMPATIBILITY_POSTGRESQL.into()
+}
 fn default_max_result_bytes() -> usize {
     DEFAULT_MAX_RESULT_BYTES
 }
@@ -367,6 +385,7 @@ impl std::fmt::Debug for Config {
             .field("deadline", &self.deadline)
             .field("asynchronous_completion", &self.asynchronous_completion)
             .field("max_result_bytes", &self.max_result_bytes)
+            .field("compatibility", &self.compatibility)
             .finish()
     }
 }
@@ -436,6 +455,7 @@ impl Config {
             deadline: default_deadline(),
             asynchronous_completion: false,
             max_result_bytes: default_max_result_bytes(),
+            compatibility: default_compatibility(),
         };
         // A bad parameter is reported by validate(), which every store runs.
         let _ = config.apply_url_params(false);
@@ -572,8 +592,28 @@ impl Config {
         Ok(())
     }
 
+    /// Whether the distributed profile is on ([`Config::compatibility`]).
+    pub fn distributed(&self) -> bool {
+        self.compatibility == COMPATIBILITY_DISTRIBUTED
+    }
+
+    /// Whether the pool's own statements are named prepared statements: the
+    /// `prepared_statements` setting, off under the distributed profile.
+    pub fn named_statements(&self) -> bool {
+        self.prepared_statements && !self.distributed()
+    }
+
     /// Checks every value; see [`Config::pg_config`] for the URL.
     pub fn validate(&self) -> Result<()> {
+        if ![COMPATIBILITY_POSTGRESQL, COMPATIBILITY_DISTRIBUTED]
+            .contains(&self.compatibility.as_str())
+        {
+            return Err(Error::Config(format!(
+                "compatibility must be {COMPATIBILITY_POSTGRESQL:?} or \
+                 {COMPATIBILITY_DISTRIBUTED:?}, got {:?}",
+                self.compatibility
+            )));
+        }
         if self.pool_size == 0 {
             return Err(Error::Config("pool_size must be at least 1".into()));
         }
