@@ -187,7 +187,11 @@ class _Door:
                 self.options.get("lookup"),
             )
         except IdempotentJobError as error:
-            if not started and error.retryable:
+            # The core's rule of which claim errors send a delivery back (an outage, a
+            # database answer, a raising lookup) rather than fail it (helper noloss's
+            # `sends_back`; `retryable` where the binding does not carry it yet).
+            sends_back = getattr(error, "sends_back", None)
+            if not started and (error.retryable if sends_back is None else sends_back):
                 delay = unreachable_delay(message.receive_count - 1)
                 logger.warning(
                     "%s: message %s could not be claimed (%s: %s); the body did not run; "

@@ -290,3 +290,39 @@ def test_lambda_batch_handler(scenario):
     fifo = {"Records": [_record("f1", f"{scenario}-fails", True), _record("f2", f"{scenario}-C", True)]}
     assert handler(fifo, None) == {"batchItemFailures": [{"itemIdentifier": "f1"}, {"itemIdentifier": "f2"}]}
     assert effects(scenario, f"{scenario}-C") == 0
+
+
+def test_lambda_in_progress_record_is_made_visible_after_retry_after(sqs, scenario):
+    # With client=, an in-progress record's message (a real one in moto) is made visible
+    # again after retry_after instead of waiting for the queue's visibility timeout (30 s).
+    url = _queue(sqs, scenario)
+    busy = f"{scenario}-busy"
+    _send(sqs, url, busy)
+    raw = sqs.receive_message(QueueUrl=url, AttributeNames=["All"])["Messages"][0]
+    held, release = threading.Event(), threading.Event()
+
+    def elsewhere(claim):
+        held.set()
+        release.wait(30)
+
+    holder = threading.Thread(target=idempotent_job.perform_once, args=("SqsLambda", busy, elsewhere, 60))
+    holder.start()
+    held.wait(30)
+    record = {
+        "messageId": raw["MessageId"],
+        "receiptHandle": raw["ReceiptHandle"],
+        "body": raw["Body"],
+        "attributes": raw["Attributes"],
+        "messageAttributes": {},
+        "eventSourceARN": f"arn:aws:sqs:us-east-1:123456789012:{scenario}",
+    }
+    handler = batch_handler(print, job_type="SqsLambda", key="body.order_id", client=sqs)
+    try:
+        assert handler({"Records": [record]}, None) == {
+            "batchItemFailures": [{"itemIdentifier": raw["MessageId"]}]
+        }
+        again = eventually(lambda: sqs.receive_message(QueueUrl=url).get("Messages"), "the message", 10, 0.2)
+    finally:
+        release.set()
+        holder.join(30)
+    assert again[0]["MessageId"] == raw["MessageId"]
