@@ -188,8 +188,8 @@ class _Door:
             )
         except IdempotentJobError as error:
             # The core's rule of which claim errors send a delivery back (an outage, a
-            # database answer, a raising lookup) rather than fail it (helper noloss's
-            # `sends_back`; `retryable` where the binding does not carry it yet).
+            # database answer, a raising lookup) rather than fail it: `sends_back` where
+            # the binding carries it, `retryable` otherwise.
             sends_back = getattr(error, "sends_back", None)
             if not started and (error.retryable if sends_back is None else sends_back):
                 delay = unreachable_delay(message.receive_count - 1)
