@@ -274,7 +274,8 @@ class Consumer:
             ThreadPoolExecutor(workers, thread_name_prefix="idempotent_job.sqs") if workers > 1 else None
         )
         self._stopping = threading.Event()
-        self._running: dict[str, str] = {}  # message id -> receipt handle, bodies running now
+        # Bodies running now: message id -> (receipt handle, monotonic start).
+        self._running: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._keeper: threading.Thread | None = None
 
@@ -369,7 +370,7 @@ class Consumer:
     def _track(self, message: Message, started: bool) -> None:
         with self._lock:
             if started:
-                self._running[message.message_id] = message.receipt_handle
+                self._running[message.message_id] = (message.receipt_handle, time.monotonic())
                 if self._keeper is None:
                     self._keeper = threading.Thread(
                         target=self._keep, name="idempotent_job.sqs.keeper", daemon=True
@@ -379,12 +380,18 @@ class Consumer:
                 self._running.pop(message.message_id, None)
 
     def _keep(self) -> None:
-        """On the heartbeat's beat, extends every running body's message to one lease from now."""
+        """On the heartbeat's beat, extends every running body's message to one lease from now,
+        until the body has run ``max_run`` seconds (when the heartbeat stops renewing its claim:
+        a hung body's message then comes back within one lease, as its claim goes stale)."""
         protocol = self.door.protocol
         while True:
             time.sleep(protocol.renewal_interval)
             with self._lock:  # held while extending: a body ending waits, then deletes its message
-                self._extend(list(self._running.values()), math.ceil(protocol.lease))
+                now = time.monotonic()
+                running = [
+                    handle for handle, start in self._running.values() if now - start < protocol.max_run
+                ]
+                self._extend(running, math.ceil(protocol.lease))
 
     def _extend(self, running: list[str], seconds: int) -> None:
         """Sets ``running`` messages' visibility to ``seconds`` from now (batches of 10)."""
