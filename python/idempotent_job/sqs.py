@@ -295,7 +295,13 @@ class Consumer:
                 restore[sig] = signal.signal(sig, lambda *_: self.stop())
         try:
             while not self._stopping.is_set():
-                self.poll()
+                try:
+                    self.poll()
+                except Exception:  # SQS unreachable: nothing was received; try again
+                    logger.exception(
+                        "%s: receiving from %s failed; again in 1 s", self.door.job_type, self.queue_url
+                    )
+                    self._stopping.wait(1)
         finally:
             for sig, previous in restore.items():
                 signal.signal(sig, previous)
@@ -354,17 +360,34 @@ class Consumer:
                 continue
             action, seconds = self.door.decide(message, self.queue_url, self._track)
             if action == "delete":
-                self.client.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message.receipt_handle)
+                try:
+                    self.client.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message.receipt_handle)
+                except Exception as error:  # the copy comes back and finds the operation decided
+                    self._sqs_failed(message, "DeleteMessage", error)
             elif action == "defer":
                 self._visible_in(message, seconds)
             actions.append(action)
         return actions
 
     def _visible_in(self, message: Message, seconds: float) -> None:
-        self.client.change_message_visibility(
-            QueueUrl=self.queue_url,
-            ReceiptHandle=message.receipt_handle,
-            VisibilityTimeout=min(43200, max(0, math.ceil(seconds))),
+        try:
+            self.client.change_message_visibility(
+                QueueUrl=self.queue_url,
+                ReceiptHandle=message.receipt_handle,
+                VisibilityTimeout=min(43200, max(0, math.ceil(seconds))),
+            )
+        except Exception as error:  # it comes back after its visibility timeout instead
+            self._sqs_failed(message, "ChangeMessageVisibility", error)
+
+    def _sqs_failed(self, message: Message, call: str, error: Exception) -> None:
+        logger.warning(
+            "%s: message %s: %s failed (%s: %s); the message comes back after its visibility "
+            "timeout and the record decides",
+            self.door.job_type,
+            message.message_id,
+            call,
+            type(error).__name__,
+            error,
         )
 
     def _track(self, message: Message, started: bool) -> None:

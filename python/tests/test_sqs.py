@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import boto3
 import pytest
 from conftest import MOTO_PORT as PORT
 from conftest import eventually
@@ -326,3 +327,38 @@ def test_lambda_in_progress_record_is_made_visible_after_retry_after(sqs, scenar
         release.set()
         holder.join(30)
     assert again[0]["MessageId"] == raw["MessageId"]
+
+
+def test_a_failed_delete_does_not_stop_the_consumer_and_the_copy_is_not_run(sqs, scenario, caplog):
+    url = _queue(sqs, scenario, visibility=1)
+    client = boto3.client(
+        "sqs",
+        endpoint_url=f"http://127.0.0.1:{PORT}",
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+    failures = [RuntimeError("SQS unreachable")]
+
+    def fail_once(**_):
+        if failures:
+            raise failures.pop()
+
+    client.meta.events.register("before-call.sqs.DeleteMessage", fail_once)
+    _send(sqs, url, f"{scenario}-A")
+    consumer = Consumer(
+        url,
+        lambda message, claim: record_effect(scenario, claim.operation_key),
+        job_type="SqsOrder",
+        key="body.order_id",
+        client=client,
+        wait_seconds=1,
+    )
+    actions = []
+    with caplog.at_level(logging.WARNING, logger="idempotent_job.sqs"):
+        deadline = time.monotonic() + 30
+        while not _empty(sqs, url):
+            assert time.monotonic() < deadline, actions
+            actions += consumer.poll()
+    assert actions == ["delete", "delete"] and effects(scenario) == 1
+    assert "DeleteMessage failed (RuntimeError: SQS unreachable)" in caplog.text
