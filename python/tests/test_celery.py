@@ -306,3 +306,17 @@ def test_a_claim_failing_on_a_stalled_database_comes_back(short_deadline_worker,
     assert effects(scenario) == 1
     log = worker.short_worker_log.read_text()
     assert f"operation {scenario!r} of {worker.charge_when_reachable.name} could not be claimed" in log
+
+
+def test_a_result_nested_10000_deep_completes_once_and_the_child_lives(worker, scenario):
+    # Before issue 29's fix the pool child died with SIGSEGV converting the result after
+    # the body ran: the record stayed claimed and the body ran again at every lease end.
+    first = worker.nested_result.delay(scenario, scenario, 10_000)
+    first.get(timeout=TIMEOUT, propagate=False)  # Celery's own result encoding may refuse it
+    second = worker.nested_result.delay(scenario, scenario, 10_000)
+    second.get(timeout=TIMEOUT, propagate=False)
+    record = idempotent_job.record(worker.nested_result.name, scenario)
+    assert record["status"] == "completed" and record["result_state"] == "unencodable"
+    assert effects(scenario) == 1
+    log = worker.worker_log.read_text() if worker.worker_log.exists() else ""
+    assert "exited with" not in log and "signal 11" not in log

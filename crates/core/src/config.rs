@@ -148,6 +148,38 @@ pub const MAX_RESULT_BYTES_LIMIT: usize = 268_435_455;
 /// (completed or given up) is kept before a purge deletes it.
 pub const DEFAULT_RETENTION_SECONDS: f64 = 2_592_000.0;
 
+/// The connection settings' defaults by name, as JSON (`null`: none; a whole number
+/// of seconds as an integer): the rows every binding reads instead of restating a
+/// default (Ruby's `Configuration::NATIVE_DEFAULTS`, Python's `configure`, which
+/// leaves unset ones to [`Config::new`]). Keys in [`CONNECTION_SETTINGS`] order.
+pub fn connection_defaults_json() -> serde_json::Value {
+    let c = Config::new("");
+    let seconds = |s: f64| {
+        if s.fract() == 0.0 {
+            serde_json::json!(s as i64)
+        } else {
+            serde_json::json!(s)
+        }
+    };
+    let mut rows = serde_json::Map::new();
+    for name in CONNECTION_SETTINGS {
+        let value = match *name {
+            "pool_size" => serde_json::json!(c.pool_size),
+            "connect_timeout" => seconds(c.connect_timeout),
+            "checkout_timeout" => seconds(c.checkout_timeout),
+            "application_name" => serde_json::json!(c.application_name),
+            "prepared_statements" => serde_json::json!(c.prepared_statements),
+            "deadline" => seconds(c.deadline),
+            "asynchronous_completion" => serde_json::json!(c.asynchronous_completion),
+            "max_result_bytes" => serde_json::json!(c.max_result_bytes),
+            "compatibility" => serde_json::json!(c.compatibility),
+            _ => serde_json::Value::Null, // none: the URL's, or off
+        };
+        rows.insert((*name).to_string(), value);
+    }
+    serde_json::Value::Object(rows)
+}
+
 /// The names of [`Config`]'s settings (the connection and pool), in its field order, for
 /// a binding that sorts a host's `configure` keywords between them and the job defaults
 /// and names the known settings in an error.
@@ -683,9 +715,8 @@ impl Config {
         let mut pg = if self.database_url.trim().is_empty() {
             if self.host.is_none() {
                 return Err(Error::Config(
-                    "database_url is not set: configure IdempotentJob.database_url (or host, \
-                     port, dbname, user, password), or set IDEMPOTENT_JOB_DATABASE_URL / \
-                     DATABASE_URL"
+                    "database_url is not set: set the database_url setting (or host, port, \
+                     dbname, user, password), or IDEMPOTENT_JOB_DATABASE_URL / DATABASE_URL"
                         .into(),
                 ));
             }
@@ -770,6 +801,22 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn connection_defaults_are_the_configs_own() {
+        let rows = super::connection_defaults_json();
+        assert_eq!(rows["connect_timeout"], serde_json::json!(5));
+        assert_eq!(rows["deadline"], serde_json::json!(10));
+        assert_eq!(
+            rows["application_name"],
+            serde_json::json!("idempotent_job")
+        );
+        assert_eq!(rows["sslmode"], serde_json::Value::Null);
+        assert_eq!(
+            rows.as_object().unwrap().len(),
+            super::CONNECTION_SETTINGS.len()
+        );
+    }
+
     use super::*;
 
     #[test]

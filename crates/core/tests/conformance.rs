@@ -65,7 +65,14 @@ const WORDS: Words = Words {
 fn every_case_has_a_unique_name() {
     let vectors = vectors();
     let mut seen = HashSet::new();
-    for section in ["canonical", "keys", "composite_keys", "decisions", "fenced"] {
+    for section in [
+        "canonical",
+        "keys",
+        "composite_keys",
+        "decisions",
+        "fenced",
+        "resolve",
+    ] {
         for case in cases(&vectors, section) {
             assert!(
                 seen.insert(format!("{section}/{}", text(case, "name"))),
@@ -482,6 +489,63 @@ fn fenced_changes_by_the_statements_on_postgresql() {
         if got != want {
             failures.push(format!(
                 "{}: postgresql {got}, vectors {want}",
+                case["name"]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn resolution_of(name: &str) -> (t::Resolution, common::claim::Resolution) {
+    match name {
+        "done" => (t::Resolution::Done, common::claim::Resolution::Done),
+        "rerun" => (t::Resolution::Rerun, common::claim::Resolution::Rerun),
+        other => panic!("resolution {other}"),
+    }
+}
+
+#[test]
+fn resolve_by_the_pure_table_and_by_the_statement_on_postgresql() {
+    use common::claim;
+    let vectors = vectors();
+    let section = &vectors["decisions"];
+    let setup_sql = text(section, "setup_sql").to_string();
+    let store = common::store();
+    let mut failures = Vec::new();
+    for case in cases(&vectors, "resolve") {
+        let RecordState::Present { status, .. } = record_state(text(case, "record")) else {
+            panic!("a resolve case has a record")
+        };
+        let (pure, how) = resolution_of(text(case, "as"));
+        let after = t::resolve(status, pure);
+        let table = json!({"resolved": after.is_some(),
+                           "status_after": after.unwrap_or(status).as_str()});
+        let key = uuid::Uuid::new_v4().to_string();
+        let req = delivery(&key, &section["payload_a"]).claim_request(&JobOptions::default());
+        let setup = &section["setup"][text(case, "record")];
+        let (setup_status, seconds) = (
+            text(setup, "status").to_string(),
+            setup["lease_expires_in"].as_f64().unwrap(),
+        );
+        let sql = setup_sql.clone();
+        let resolved = store
+            .with_conn(async |c| {
+                claim::claim(c, &req).await?;
+                let changed = c
+                    .execute(
+                        sql.as_str(),
+                        &[&JOB.to_string(), &key, &setup_status, &seconds],
+                    )
+                    .await?;
+                assert_eq!(changed, 1);
+                claim::resolve(c, JOB, &key, how).await
+            })
+            .unwrap();
+        let postgresql = json!({"resolved": resolved, "status_after": status_of(&store, &key)});
+        let want = json!({"resolved": case["resolved"], "status_after": case["status_after"]});
+        if table != want || postgresql != want {
+            failures.push(format!(
+                "{}: table {table}, postgresql {postgresql}, vectors {want}",
                 case["name"]
             ));
         }
