@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import _current
-from ._native import Store, check_option, unreachable_delay
+from ._native import Store, check_option, key_declaration, unreachable_delay
 from .errors import IdempotentJobError, OperationKeyError
 
 __all__ = ["Consumer", "Message", "batch_handler"]
@@ -102,17 +102,25 @@ class _Door:
             raise TypeError(f"{job_type}: the SQS door needs a callable handler")
         for name, value in options.items():
             check_option(job_type, "", name, value)
-        parts = list(key) if isinstance(key, (list, tuple)) else [key]
-        for part in parts:
-            if not isinstance(part, str) or part.split(".")[0] not in SOURCES or "" in part.split("."):
-                raise OperationKeyError(
-                    f"{job_type}: key {key!r}: each part must be a dotted path starting with one of "
-                    f"{', '.join(SOURCES)} (e.g. 'body.order_id', 'message_attributes.OrderId'), "
-                    f"got {part!r}",
-                    job_class=job_type,
-                    job_type=job_type,
-                    declaration=key,
+
+        def refuse(problem: str) -> OperationKeyError:
+            return OperationKeyError(
+                f"{job_type}: key {key!r}: {problem}", job_class=job_type, job_type=job_type, declaration=key
+            )
+
+        # The shape (names, dotted paths, composites) is the core's parse of a key declaration;
+        # the door only says where a path starts: the body or one of the attribute maps.
+        parsed, problem = key_declaration(list(key) if isinstance(key, (list, tuple)) else [key])
+        if problem is not None:
+            raise refuse(problem)
+        parts = []
+        for label, _index, head, segments in parsed:
+            if head not in SOURCES:
+                raise refuse(
+                    f"each part must be a dotted path starting with one of {', '.join(SOURCES)} "
+                    f"(e.g. 'body.order_id', 'message_attributes.OrderId'), got {label!r}"
                 )
+            parts.append((label, head, segments))
         self.handler, self.job_type, self.key, self.parts = handler, job_type, key, parts
         self.options = options
         self.protocol  # noqa: B018 - the options are checked now, naming the job type
@@ -130,8 +138,8 @@ class _Door:
         composite = isinstance(self.key, (list, tuple))
         return Store.operation_key(self.job_type, values if composite else values[0], composite)
 
-    def _fetch(self, message: Message, part: str) -> Any:
-        source, *segments = part.split(".")
+    def _fetch(self, message: Message, part: tuple[str, str, list[str]]) -> Any:
+        label, source, segments = part
         value: Any = {"body": message.body, "attributes": message.attributes}.get(
             source, message.message_attributes
         )
@@ -142,7 +150,7 @@ class _Door:
                 value = value[segment]
             else:
                 raise OperationKeyError(
-                    f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {part!r}",
+                    f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}",
                     job_class=self.job_type,
                     job_type=self.job_type,
                     declaration=self.key,
