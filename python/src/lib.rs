@@ -42,5 +42,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         idempotent_job_core::config::DEFAULT_RETENTION_SECONDS,
     )?;
     m.add("SCHEMA_SQL", idempotent_job_core::migrate::schema_sql())?;
+    // The package's version: the Cargo workspace's, the one owner of it.
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

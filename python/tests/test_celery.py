@@ -318,5 +318,7 @@ def test_a_result_nested_10000_deep_completes_once_and_the_child_lives(worker, s
     record = idempotent_job.record(worker.nested_result.name, scenario)
     assert record["status"] == "completed" and record["result_state"] == "unencodable"
     assert effects(scenario) == 1
+    # The module's SIGKILL tests leave their own "exited with 'signal 9'" lines in the
+    # shared worker log: only a crash converting a value (SIGSEGV) is this test's.
     log = worker.worker_log.read_text() if worker.worker_log.exists() else ""
-    assert "exited with" not in log and "signal 11" not in log
+    assert "signal 11" not in log and "SIGSEGV" not in log
