@@ -57,6 +57,7 @@ use crate::error::{Error, Result};
 use crate::fenced::Fenced;
 use crate::heartbeat::{Heartbeat, HeartbeatReport};
 use crate::record::{self, ClaimRequest, PreparedResult, ResultInput, ResultState};
+use crate::transitions::{self, Answer, ClaimVerdict, Next, Rules, StalePolicy, Taken};
 
 /// Seconds before a deferred delivery's first return ([`deferral_delay`]).
 pub const DEFERRAL_FIRST_DELAY: f64 = 1.0;
@@ -719,10 +720,10 @@ impl Protocol {
                     }
                     ClaimKind::Takeover => {
                         notes.push(Note::claim(&claim.info, NoteKind::TakenOver));
-                        if self.options.lookup.is_some() {
-                            Step::AskLookup(claim)
-                        } else {
-                            self.stale_policy(channel, interrupt, claim, notes)?
+                        let verdict = ClaimVerdict::Take(Taken::Takeover);
+                        match transitions::next(verdict, false, self.rules()) {
+                            Next::AskLookup => Step::AskLookup(claim),
+                            next => self.stale_step(channel, interrupt, claim, next, notes)?,
                         }
                     }
                 }
@@ -907,8 +908,13 @@ impl Protocol {
                 answer: answered,
             },
         ));
-        match answer {
-            LookupAnswer::Done => {
+        let answered = match answer {
+            LookupAnswer::Done => Answer::Done,
+            LookupAnswer::NotDone => Answer::NotDone,
+            _ => Answer::Unknown,
+        };
+        match transitions::after_lookup(answered, self.stale_policy()) {
+            Next::Complete => {
                 channel.fenced(interrupt, Fenced::Complete, &claim.info, None)?;
                 notes.push(Note::claim(
                     &claim.info,
@@ -920,7 +926,7 @@ impl Protocol {
                 outcome.claim = Some(claim.info.clone());
                 Ok(Step::Skip(outcome))
             }
-            LookupAnswer::NotDone => {
+            Next::Run if answered == Answer::NotDone => {
                 notes.push(Note::claim(
                     &claim.info,
                     NoteKind::LookupNotDone {
@@ -929,7 +935,7 @@ impl Protocol {
                 ));
                 Ok(self.run(channel, claim))
             }
-            _ => self.stale_policy(channel, interrupt, claim, notes),
+            next => self.stale_step(channel, interrupt, claim, next, notes),
         }
     }
 
@@ -1146,25 +1152,47 @@ impl Protocol {
         outcome
     }
 
-    /// The stale policy for a claim taken over whose lookup (if any) did not know.
-    fn stale_policy(
+    /// The options that decide, as the decision table ([`transitions`]) takes them.
+    fn rules(&self) -> Rules {
+        Rules {
+            on_stale: self.stale_policy(),
+            refuse_mismatch: self.options.on_mismatch == OnMismatch::Raise,
+            lookup: self.options.lookup.is_some(),
+        }
+    }
+
+    fn stale_policy(&self) -> StalePolicy {
+        match self.options.on_stale {
+            OnStale::Reclaim => StalePolicy::Reclaim,
+            OnStale::Hold => StalePolicy::Hold,
+            OnStale::Skip => StalePolicy::Skip,
+        }
+    }
+
+    /// The decision table's step for a claim taken over whose lookup (if any) did not
+    /// know ([`transitions::stale`] through [`transitions::next`] or
+    /// [`transitions::after_lookup`]): `Run` reclaims, `Hold` and `GiveUp` make the
+    /// fenced change and skip.
+    fn stale_step(
         &self,
         channel: &mut dyn Channel,
         interrupt: &Interrupt<'_>,
         claim: Claim,
+        next: Next,
         notes: &mut Notes,
     ) -> Result<Step> {
         let why = self.options.lookup.clone();
-        let (change, decision) = match self.options.on_stale {
-            OnStale::Reclaim => {
+        let (change, decision) = match next {
+            Next::Hold => (Fenced::Hold, Decision::Held),
+            Next::GiveUp => (Fenced::GiveUp, Decision::GivenUp),
+            // Run: the only other step transitions::stale gives.
+            _ => {
                 notes.push(Note::claim(
                     &claim.info,
                     NoteKind::Reclaimed { lookup: why },
                 ));
                 return Ok(self.run(channel, claim));
             }
-            OnStale::Hold => (Fenced::Hold, Decision::Held),
-            OnStale::Skip => (Fenced::GiveUp, Decision::GivenUp),
         };
         channel.fenced(interrupt, change, &claim.info, None)?;
         let kind = match decision {
