@@ -134,3 +134,16 @@ def nested_result(scenario, order_id, levels):
     """Returns a list nested `levels` deep (issue 29: 10,000 deep killed the pool child)."""
     record_effect(scenario, order_id)
     return _nested(levels)
+
+
+@app.task(
+    base=IdempotentTask,
+    idempotency_key="order_id",
+    idempotency_scope="CrossOrder",
+    idempotency_lease=LIVE_LEASE,
+)
+def cross_order(scenario, order_id):
+    """The Celery copy of an operation a Rust service and a Sidekiq job also deliver
+    (job type CrossOrder, key order_id): its body must not run after the Rust one did."""
+    record_effect(scenario, str(order_id))
+    return f"celery ran {order_id}"

@@ -7,6 +7,7 @@ errors."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import psycopg
 import pytest
 import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
-from conftest import eventually
+from conftest import ROOT, eventually
 from effects import effects, first_start_pid, pids
 
 import idempotent_job
@@ -322,3 +323,55 @@ def test_a_result_nested_10000_deep_completes_once_and_the_child_lives(worker, s
     # shared worker log: only a crash converting a value (SIGSEGV) is this test's.
     log = worker.worker_log.read_text() if worker.worker_log.exists() else ""
     assert "signal 11" not in log and "SIGSEGV" not in log
+
+
+SIDEKIQ_COPY = """
+require "json"
+require "sidekiq"
+require "sidekiq/testing"
+require "idempotent_job"
+require "idempotent_job/sidekiq"
+IdempotentJob.configure(database_url: ENV.fetch("DATABASE_URL"))
+class CrossOrderJob
+  include Sidekiq::Worker
+  sidekiq_options idempotency_key: 0, idempotency_scope: "CrossOrder"
+  def perform(order_id)
+    puts "sidekiq ran #{order_id}"
+  end
+end
+Sidekiq::Testing.server_middleware { |chain| chain.add IdempotentJob::Sidekiq::ServerMiddleware }
+Sidekiq::Testing.inline! { CrossOrderJob.perform_async(Integer(ARGV[0])) }
+IdempotentJob.settle_repeats if IdempotentJob.respond_to?(:settle_repeats)
+puts "delivered"
+"""
+
+
+def test_a_rust_claim_then_a_celery_task_and_a_sidekiq_job_decide_once(worker, scenario):
+    # Issue 33: one operation (job type CrossOrder, key the order id) claimed by a Rust
+    # service, then delivered as a real Celery task (to the prefork worker) and as a
+    # Sidekiq job (through Sidekiq's server middleware chain): the Rust body runs, the
+    # Celery copy meets the live claim and is retried until it finds the operation
+    # completed, the Sidekiq copy finds it completed: one attempt, no other body.
+    from test_cross_language import RUBY_PAYLOAD, rust
+
+    key = abs(hash(scenario)) % 10**12
+    first = rust("CrossOrder", str(key), RUBY_PAYLOAD, seconds=3)
+    eventually(lambda: idempotent_job.record("CrossOrder", key), "the Rust claim", 60, 0.05)
+    celery_copy = worker.cross_order.delay(scenario, key)
+    out, _ = first.communicate(timeout=60)
+    assert first.returncode == 0 and json.loads(out)["decision"] == "ran"
+    celery_copy.get(timeout=TIMEOUT)
+    done = subprocess.run(
+        ["ruby", "-Ilib", "-e", SIDEKIQ_COPY, str(key)],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "sidekiq ran" not in done.stdout and "delivered" in done.stdout
+    record = idempotent_job.record("CrossOrder", key)
+    assert record["status"] == "completed" and record["attempts"] == 1
+    assert record["duplicates"] >= 2  # the Celery copy (at least once) and the Sidekiq one
+    assert effects(scenario) == 0  # the Celery body never ran
