@@ -560,6 +560,15 @@ pub fn unreachable_delay(failures: u32) -> f64 {
     idempotent_job_core::protocol::unreachable_delay(failures)
 }
 
+/// `claim_error_report(cause)` → None, or the number of claim failures of `cause` (a
+/// short text: the error's class and SQLSTATE) not logged since the last error line:
+/// the core's `protocol::claim_error_report` (a line the first time, then at most once
+/// per `CLAIM_ERROR_LOG_INTERVAL` seconds per process).
+#[pyfunction]
+pub fn claim_error_report(cause: &str) -> Option<u64> {
+    idempotent_job_core::protocol::claim_error_report(cause)
+}
+
 /// `describe_url(url)` → the URL described by its parts, never its password.
 #[pyfunction]
 pub fn describe_url(url: &str) -> String {

@@ -578,6 +578,44 @@ pub fn unreachable_delay(failures: u32) -> f64 {
     deferral_delay(UNREACHABLE_MAX_DELAY, failures, 0.0)
 }
 
+/// Seconds between two error log lines of a door for claims failing with the same
+/// cause ([`claim_error_report`]): a database down or misconfigured fails every
+/// delivery, and one line per interval names the cause without a line per message.
+pub const CLAIM_ERROR_LOG_INTERVAL: f64 = 60.0;
+
+/// Whether a door logs, now, the error line for a claim failing with `cause` (a
+/// short text naming the cause, e.g. the error's class and SQLSTATE): `Some(n)` the
+/// first time and then at most once per [`CLAIM_ERROR_LOG_INTERVAL`] per process,
+/// `n` counting the failures of that cause not logged since the last line; `None`
+/// otherwise (the door logs that delivery at debug level only).
+pub fn claim_error_report(cause: &str) -> Option<u64> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<String, (Instant, u64)>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let now = Instant::now();
+    let interval = Duration::from_secs_f64(CLAIM_ERROR_LOG_INTERVAL);
+    match seen.get_mut(cause) {
+        Some((last, skipped)) if now.duration_since(*last) < interval => {
+            *skipped += 1;
+            None
+        }
+        Some((last, skipped)) => {
+            let n = *skipped;
+            *last = now;
+            *skipped = 0;
+            Some(n)
+        }
+        None => {
+            seen.insert(cause.to_string(), (now, 0));
+            Some(0)
+        }
+    }
+}
+
 /// `text` cut to [`ERROR_TEXT_LIMIT`] characters.
 fn limited(text: &str) -> &str {
     match text.char_indices().nth(ERROR_TEXT_LIMIT) {
