@@ -326,6 +326,7 @@ fn drive(
             Step::AskLookup(claim) => {
                 let answer = ask_lookup(py, lookup, &claim.info().operation_key);
                 detached(py, |i| {
+                    i.end_by(delivery.wait_until);
                     protocol.after_lookup(channel, i, claim, answer, notes)
                 })?
             }
@@ -439,5 +440,6 @@ pub fn request(
         facts_json,
         deferrals,
         wait_seconds: None,
+        wait_until: None,
     })
 }

@@ -469,6 +469,8 @@ impl Store {
         // A live claim is waited for (at most `wait` seconds, no pooled connection held):
         // the core's Protocol::wait, after begin answers in progress.
         delivery.wait_seconds = wait;
+        // Everything before the body ends within `wait` + the core's margin.
+        delivery.bound_wait();
         protocol::perform(
             py,
             self.pool()?,

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
-from conftest import eventually
+from conftest import eventually, postgresql_pids, signal_all
 from effects import effects, first_start_pid, pids
 
 import idempotent_job
@@ -281,22 +281,6 @@ def test_the_soft_time_limit_interrupts_a_blocked_claim(worker, scenario):
     assert effects(scenario) == 0
 
 
-def _postgresql_pids() -> list[int]:
-    """The test PostgreSQL's postmaster and its children (backends, background processes)."""
-    with psycopg.connect(os.environ["DATABASE_URL"]) as c:
-        data = c.execute("SHOW data_directory").fetchone()[0]
-    postmaster = int(Path(data, "postmaster.pid").read_text().split()[0])
-    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
-    return [postmaster, *map(int, children)]
-
-
-def _signal(pids: list[int], signum: int) -> None:
-    """Sends `signum` to each of `pids` that still runs (a backend may have ended since)."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-
 def test_a_claim_failing_on_a_stalled_database_comes_back(short_deadline_worker, scenario):
     # PostgreSQL frozen (SIGSTOP) past the worker's 2 s deadline: the delivery's claim
     # raises TimeoutError (or ConnectionError) before the body starts. The door sends the
@@ -304,15 +288,15 @@ def test_a_claim_failing_on_a_stalled_database_comes_back(short_deadline_worker,
     # acknowledge the message and drop the delivery; once PostgreSQL runs again the copy
     # claims, runs once and its result is the task's value.
     worker = short_deadline_worker
-    stalled = _postgresql_pids()
-    _signal(stalled, signal.SIGSTOP)
+    stalled = postgresql_pids()
+    signal_all(stalled, signal.SIGSTOP)
     try:
         result = worker.charge_when_reachable.apply_async(
             (scenario, scenario), queue=worker.CLAIM_RETRY_QUEUE
         )
         eventually(lambda: result.state in ("RETRY", "FAILURE"), "the claim to fail", TIMEOUT)
     finally:
-        _signal(stalled, signal.SIGCONT)
+        signal_all(stalled, signal.SIGCONT)
     assert result.get(timeout=TIMEOUT) == {"charged": scenario}, result.traceback
     assert effects(scenario) == 1
     log = worker.short_worker_log.read_text()

@@ -94,7 +94,16 @@ pub struct Config {
     /// [`MAX_RESULT_BYTES_LIMIT`].
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: usize,
+    /// Client-side bound, in seconds, on the enqueue check (`on_enqueue:
+    /// :skip_completed`, one read at the push): past it the push goes ahead (the claim
+    /// decides the delivery), so a producer never waits on an unreachable database for
+    /// longer. Default [`DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS`].
+    #[serde(default = "default_enqueue_check_timeout")]
+    pub enqueue_check_timeout: f64,
 }
+
+/// Default of `enqueue_check_timeout` ([`Config::enqueue_check_timeout`]), seconds.
+pub const DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS: f64 = 0.5;
 
 /// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
 pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
@@ -158,6 +167,7 @@ pub const CONNECTION_SETTINGS: &[&str] = &[
     "deadline",
     "asynchronous_completion",
     "max_result_bytes",
+    "enqueue_check_timeout",
 ];
 
 /// The libpq parameters tokio-postgres does not parse (or parses only partly): taken
@@ -344,6 +354,9 @@ fn default_prepared_statements() -> bool {
 fn default_max_result_bytes() -> usize {
     DEFAULT_MAX_RESULT_BYTES
 }
+fn default_enqueue_check_timeout() -> f64 {
+    DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS
+}
 fn default_deadline() -> f64 {
     10.0
 }
@@ -367,6 +380,7 @@ impl std::fmt::Debug for Config {
             .field("deadline", &self.deadline)
             .field("asynchronous_completion", &self.asynchronous_completion)
             .field("max_result_bytes", &self.max_result_bytes)
+            .field("enqueue_check_timeout", &self.enqueue_check_timeout)
             .finish()
     }
 }
@@ -436,6 +450,7 @@ impl Config {
             deadline: default_deadline(),
             asynchronous_completion: false,
             max_result_bytes: default_max_result_bytes(),
+            enqueue_check_timeout: default_enqueue_check_timeout(),
         };
         // A bad parameter is reported by validate(), which every store runs.
         let _ = config.apply_url_params(false);
@@ -580,6 +595,7 @@ impl Config {
         positive_seconds("connect_timeout", self.connect_timeout)?;
         positive_seconds("checkout_timeout", self.checkout_timeout)?;
         positive_seconds("deadline", self.deadline)?;
+        positive_seconds("enqueue_check_timeout", self.enqueue_check_timeout)?;
         if !(1..=MAX_RESULT_BYTES_LIMIT).contains(&self.max_result_bytes) {
             return Err(Error::Config(format!(
                 "max_result_bytes must be from 1 to {} bytes (jsonb's limit), got {}",
@@ -623,6 +639,11 @@ impl Config {
     /// Seconds to establish a connection, as a `Duration`.
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.connect_timeout)
+    }
+
+    /// The bound on the enqueue check ([`Config::enqueue_check_timeout`]).
+    pub fn enqueue_check_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.enqueue_check_timeout)
     }
 
     /// The client-side bound on one call ([`Config::deadline`]), as a `Duration`.

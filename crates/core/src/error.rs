@@ -154,14 +154,11 @@ impl Error {
             );
         }
         if code == "28P01" || code == "28000" {
-            message.push_str(
-                " (the database refused the URL's role or password: check database_url)",
-            );
+            message
+                .push_str(" (the database refused the URL's role or password: check database_url)");
         }
         if code == "3D000" {
-            message.push_str(
-                " (the URL names a database that does not exist: check database_url)",
-            );
+            message.push_str(" (the URL names a database that does not exist: check database_url)");
         }
         if code == "25006" {
             message.push_str(

@@ -317,9 +317,29 @@ pub struct DeliveryRequest {
     /// then replays, a release may run); `None`: no wait (the delivery is deferred at
     /// once). Only on a channel that can wait ([`Channel::can_wait`]: not a transaction).
     pub wait_seconds: Option<f64>,
+    /// When the work before the body must have ended, whatever the database does (a
+    /// call with `wait`: [`DeliveryRequest::bound_wait`]); `None`: each database call's
+    /// own deadline only. [`Protocol::begin`] and [`Protocol::wait`] cut every
+    /// database call at it (the deadline's [`crate::error::Error::Timeout`]).
+    pub wait_until: Option<Instant>,
 }
 
+/// Seconds a call with `wait: N` may take beyond N before its body starts or it
+/// returns or raises ([`DeliveryRequest::bound_wait`]): the claim, the wait and the
+/// decision after it all end within N + this, even with PostgreSQL refusing or never
+/// answering.
+pub const WAIT_MARGIN_SECONDS: f64 = 0.5;
+
 impl DeliveryRequest {
+    /// Starts the bound of a call with `wait_seconds` (call it when the call starts):
+    /// `wait_until` = now + `wait_seconds` + [`WAIT_MARGIN_SECONDS`]; no bound without
+    /// a wait.
+    pub fn bound_wait(&mut self) {
+        self.wait_until = self
+            .wait_seconds
+            .map(|w| Instant::now() + Duration::from_secs_f64(w.max(0.0) + WAIT_MARGIN_SECONDS));
+    }
+
     /// The claim statement's request for this delivery under `options`.
     pub fn claim_request(&self, options: &JobOptions) -> ClaimRequest {
         ClaimRequest {
@@ -672,6 +692,7 @@ impl Protocol {
         delivery: &DeliveryRequest,
         notes: &mut Notes,
     ) -> Result<Step> {
+        interrupt.end_by(delivery.wait_until);
         let request = delivery.claim_request(&self.options);
         let started = Instant::now();
         let decided = channel.claim(interrupt, &request, self.options.lock_timeout_seconds)?;
@@ -693,6 +714,7 @@ impl Protocol {
         delivery: &DeliveryRequest,
         notes: &mut Notes,
     ) -> Result<Step> {
+        interrupt.end_by(delivery.wait_until);
         let seconds = delivery.wait_seconds.unwrap_or(0.0);
         let request = delivery.claim_request(&self.options);
         let started = Instant::now();
