@@ -52,7 +52,7 @@ def test_wait_bounds_the_call_and_the_circuit_fails_fast_then_recovers(frozen, s
     assert seconds <= 2 + SLACK, f"wait=2 raised after {seconds:.2f} s"
     assert outcome.sends_back and outcome.retryable
     # The circuit is open: the next call fails at once, naming the last failure.
-    outcome, seconds = _timed(lambda: idempotent_job.perform_once("Outage", scenario, lambda claim: ran.append(1)))
+    outcome, seconds = _timed(lambda: idempotent_job.perform_once("Outage", scenario, lambda _: ran.append(1)))
     assert isinstance(outcome, errors.ConnectionError), outcome
     assert "circuit open" in str(outcome) and outcome.sends_back
     assert seconds < 0.5, f"an open circuit took {seconds:.2f} s"
@@ -74,7 +74,8 @@ def test_calls_succeed_again_once_postgresql_answers(scenario):
 
         def attempt():
             try:
-                return idempotent_job.perform_once("Outage", scenario + "-after", lambda c: ran.append(1)).decision
+                outcome = idempotent_job.perform_once("Outage", scenario + "-after", lambda c: ran.append(1))
+                return outcome.decision
             except errors.ConnectionError:
                 return None  # the circuit, until its open time passes
 
