@@ -17,6 +17,7 @@ module Demo
 
   # The Celery task of scenarios (l) (m) (n), by its name (its record's job type).
   CELERY_TASK = Struct.new(:name).new("demo_celery.charge_order")
+  SQS_JOB = Struct.new(:name).new("demo_sqs.charge_order")
 
   # What the demo's steps share: the run tag (a prefix of every order number, so runs
   # against a long-lived database do not meet) and the deliveries made so far, kept in a
@@ -80,6 +81,8 @@ module Demo
       [[112, "(l) celery: sent 3 times"], [113, "(m) celery: 5 copies at once"],
        [114, "(n) celery: child SIGKILLed"]].map do |number, scenario|
         Operation.new(scenario:, job_class: CELERY_TASK, key: order_id(number), effects: charges)
+      end + [[115, "(o) sqs: received twice at once"], [116, "(p) sqs: consumer SIGKILLed"]].map do |number, scenario|
+        Operation.new(scenario:, job_class: SQS_JOB, key: order_id(number), effects: charges)
       end
     end
 

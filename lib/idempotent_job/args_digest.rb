@@ -25,7 +25,7 @@ module IdempotentJob
     # @return [Array(String, String)] the JSON text and the hex SHA-256 digest
     # @raise [JSON::GeneratorError] for a value JSON cannot write (NaN)
     def self.json_and_digest(args)
-      json = JSON.generate(args)
+      json = JSON.generate(args, max_nesting: Native::MAX_NESTING)
       digest = args.all?(CanonicalJson::SCALAR) ? Native.digest_text(json) : of(args)
       [json, digest]
     end

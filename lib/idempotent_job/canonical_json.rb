@@ -31,7 +31,7 @@ module IdempotentJob
     # @return [String] its canonical JSON text
     # @raise [JSON::GeneratorError] for a value JSON cannot write (NaN)
     def self.generate(value, &)
-      JSON.generate(normalize(value, &))
+      JSON.generate(normalize(value, &), max_nesting: Native::MAX_NESTING)
     end
 
     def self.float(value)

@@ -13,20 +13,24 @@ module IdempotentJob
   #     c.lease = 300
   #   end
   class Configuration
+    # The core's defaults of the connection settings (crates/core/src/config.rs
+    # `connection_defaults_json`), by name: the values below are read from it.
+    CORE_DEFAULTS = JSON.parse(Native.connection_defaults_json).freeze
+
     # Connection settings handed to the native pool, with their defaults.
     NATIVE_DEFAULTS = {
-      pool_size: nil,              # pooled connections per process; nil: the queue's concurrency + 5 (else 10)
-      connect_timeout: 5,          # seconds to establish a connection
-      checkout_timeout: 5,         # seconds to wait for a free pooled connection
+      pool_size: nil, # pooled connections per process; nil: the queue's concurrency + 5 (else 10)
+      connect_timeout: CORE_DEFAULTS.fetch("connect_timeout"), # seconds to establish a connection
+      checkout_timeout: CORE_DEFAULTS.fetch("checkout_timeout"), # seconds to wait for a free pooled connection
       # Client-side bound, in seconds, on each call (checkout, connect, the statement and
       # its retries on fresh connections): past it the connection is discarded and a
       # retryable TimeoutError raised, even on a network that silently drops packets.
-      deadline: 10,
+      deadline: CORE_DEFAULTS.fetch("deadline"),
       # Seconds the enqueue check (on_enqueue: :skip_completed) may take before the push
-      # goes ahead anyway; nil: the core's default.
-      enqueue_check_timeout: nil,
+      # goes ahead anyway.
+      enqueue_check_timeout: CORE_DEFAULTS.fetch("enqueue_check_timeout"),
       statement_timeout: nil, # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
-      application_name: "idempotent_job", # shown in pg_stat_activity unless the URL sets one
+      application_name: CORE_DEFAULTS.fetch("application_name"), # shown in pg_stat_activity unless the URL sets one
       schema: nil,                 # schema of the record table (the connection's search_path); nil: default
       host: nil,                   # discrete connection fields: each overrides the URL's, and
       port: nil,                   #   host alone (with the others) replaces a URL
@@ -42,17 +46,22 @@ module IdempotentJob
       # without PostgreSQL parsing and planning them again); false: unnamed statements,
       # parsed and planned at every call. Set false behind PgBouncer in transaction mode
       # before 1.21 (or without max_prepared_statements), which cannot keep named ones.
-      prepared_statements: true,
+      prepared_statements: CORE_DEFAULTS.fetch("prepared_statements"),
       # Commit the completion asynchronously (synchronous_commit off for that one
       # statement): no wait for the WAL flush. RISK: a PostgreSQL crash within
       # wal_writer_delay (200 ms by default) of a completion can lose it; the record then
       # stays claimed and, once its lease ends, the stale policy decides (:reclaim runs
       # the job again). Claims stay durable. Off by default.
-      asynchronous_completion: false,
+      asynchronous_completion: CORE_DEFAULTS.fetch("asynchronous_completion"),
       # Largest result (bytes of JSON) a completion stores for replays (store_result);
       # a larger one is not stored, and the completion stands. nil: the core's default
       # (65_536).
-      max_result_bytes: nil
+      max_result_bytes: nil,
+      # :postgresql, or :distributed for a distributed or pooled server (CockroachDB,
+      # YugabyteDB, Aurora DSQL, RDS Proxy): no named prepared statements, waits poll
+      # instead of LISTEN, migrations take a lock row, not an advisory lock
+      # (docs/scaling.md).
+      compatibility: CORE_DEFAULTS.fetch("compatibility").to_sym
     }.freeze
 
     # Type checks of {#validate!}: setting => [what it must be, test].
@@ -63,6 +72,7 @@ module IdempotentJob
       prepared_statements: ["true or false", ->(v) { [true, false].include?(v) }],
       asynchronous_completion: ["true or false", ->(v) { [true, false].include?(v) }],
       max_result_bytes: ["a positive Integer", ->(v) { v.nil? || (v.is_a?(Integer) && v.positive?) }],
+      compatibility: [":postgresql or :distributed", ->(v) { %w[postgresql distributed].include?(v.to_s) }],
       logger: ["a Logger", ->(v) { v.nil? || %i[info warn error].all? { |m| v.respond_to?(m) } }],
       **%i[database_url schema host dbname user password sslmode sslrootcert sslcert sslkey].to_h do |name|
         [name, ["a String", ->(v) { v.nil? || v.is_a?(String) }]]

@@ -2,7 +2,9 @@
 
 module IdempotentJob
   # Base class of every exception the gem raises. Loaded before the native library,
-  # which raises these classes by name.
+  # which raises these classes by name. Every class, its attributes and whether it is
+  # always retryable are checked against the core's error table
+  # (`Native.error_table_json`) by spec/idempotent_job/errors_spec.rb.
   #
   # @!attribute [r] sqlstate
   #   @return [String, nil] PostgreSQL's five-character SQLSTATE, when the database sent one
@@ -84,12 +86,26 @@ module IdempotentJob
   # :done, :not_done or :unknown. The body was not run; the stale claim's lease was
   # ended so the next delivery (the queue's retry) asks the lookup again. The original
   # exception, if any, is the `cause`.
-  class LookupError < Error; end
+  #
+  # @!attribute [r] job_type
+  #   @return [String] the record's job type
+  # @!attribute [r] operation_key
+  #   @return [String] the record's operation key
+  class LookupError < Error
+    attr_reader :job_type, :operation_key
+  end
 
   # A delivery's arguments differ from those of the operation's claim (same operation
   # key, different payload) and the job declares `idempotency_on_mismatch: :raise`.
   # The body was not run.
-  class PayloadMismatchError < Error; end
+  #
+  # @!attribute [r] job_type
+  #   @return [String] the record's job type
+  # @!attribute [r] operation_key
+  #   @return [String] the record's operation key
+  class PayloadMismatchError < Error
+    attr_reader :job_type, :operation_key
+  end
 end
 
 module IdempotentJob

@@ -106,9 +106,7 @@ module IdempotentJob
       @shape_only = shape_only
       @declaration = declaration
       @composite = declaration.is_a?(Array)
-      parts = @composite ? declaration : [declaration]
-      fail_declaration("is an empty Array") if parts.empty?
-      @paths = parts.map { |part| resolve(part) }
+      @paths = parse(@composite ? declaration : [declaration])
     end
 
     # The operation key of one delivery.
@@ -146,30 +144,16 @@ module IdempotentJob
       )
     end
 
-    # A declaration part → { label:, index:, segments: [String…] }
-    def resolve(part)
-      case part
-      when Integer
-        fail_declaration("uses a negative argument index #{part}") if part.negative?
-        { label: "argument #{part}", index: part, segments: [] }
-      when Symbol, String
-        resolve_path(part.to_s)
-      else
-        fail_declaration("has a part of type #{part.class}: use a parameter name (Symbol/String), " \
-                         "an argument index (Integer), a dotted path (\"payload.id\") or an Array of those")
+    # The parts → [{ label:, index:, segments: [String…] }]: the shape (indexes, names,
+    # dotted paths, composites) is the core's parse (crates/core/src/declaration.rs,
+    # `Native.key_declaration`); only a name is mapped to a position here.
+    def parse(parts)
+      paths, problem = Native.key_declaration(parts)
+      fail_declaration(problem) if problem
+      paths.map do |label, index, name, segments|
+        index = parameter_index(name) if name && !@shape_only
+        { label:, index:, segments: }
       end
-    end
-
-    def resolve_path(text)
-      segments = text.split(".", -1)
-      fail_declaration("contains an empty name or path segment in #{text.inspect}") if segments.any?(&:empty?)
-      head = segments.shift
-      index = if head.match?(/\A\d+\z/) then Integer(head, 10)
-              elsif @shape_only then nil
-              else
-                parameter_index(head)
-              end
-      { label: text, index:, segments: }
     end
 
     def parameter_index(name)
@@ -249,7 +233,7 @@ module IdempotentJob
         Native.key_text(text) || refuse(text, path)
       when Hash, Array
         checked(value, path)
-        JSON.generate(normalized(value, path))
+        JSON.generate(normalized(value, path), max_nesting: Native::MAX_NESTING)
       else unsupported(value, path)
       end
     end
@@ -258,7 +242,8 @@ module IdempotentJob
     # the parts the core's JSON cannot carry handled as {#uncarried}.
     def composite_fallback(values)
       parts = values.each_with_index.map { |value, i| composite_part(value, @paths[i]) }
-      JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) })
+      JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) },
+                    max_nesting: Native::MAX_NESTING)
     end
 
     # (Empty values never get here: the core refuses them first, {#refuse}.)
@@ -292,8 +277,10 @@ module IdempotentJob
       end
     end
 
-    # A Hash or Array value whose Strings are UTF-8 (the core refused an empty one first).
+    # A Hash or Array value whose Strings are UTF-8 and whose nesting is within the
+    # core's limit (Native::MAX_NESTING; the core refused an empty one first).
     def checked(value, path)
+      fail_value(path, Native.key_refused(Native::TOO_DEEP, false)) if Native.nested_too_deep?(value)
       check_texts(value, path)
       value
     end

@@ -71,12 +71,29 @@ module IdempotentJob
     private
 
     # The claim request the native store reads (see Native::Store#claim).
+    # @raise [ConfigurationError] naming the job when the payload or the facts cannot be
+    #   written as JSON (nested deeper than Native::MAX_NESTING, not UTF-8, NaN): before
+    #   anything is claimed
     def request(delivery)
-      args_json, digest = ArgsDigest.json_and_digest(delivery.payload)
+      args_json, digest = written(delivery, "payload") { ArgsDigest.json_and_digest(delivery.payload) }
       { job_type: delivery.job_type, operation_key: delivery.operation_key, jid: delivery.id,
         lease: @options.lease.to_f, args_digest: digest, job_class: delivery.job_class,
         queue: delivery.queue, args_json:, refuse_mismatch: @options.on_mismatch == :raise,
-        facts_json: delivery.facts_json }
+        facts_json: written(delivery, "facts") { delivery.facts_json } }
+    end
+
+    # The block's JSON of the delivery's `what` (its `payload` or `facts`), or the
+    # library's error naming the job and why JSON cannot carry it.
+    def written(delivery, what)
+      refuse_json(delivery, what, "it holds #{Native::TOO_DEEP}") if Native.nested_too_deep?(delivery.public_send(what))
+      yield
+    rescue JSON::GeneratorError, JSON::NestingError, EncodingError => e
+      refuse_json(delivery, what, "#{e.class}: #{e.message}")
+    end
+
+    def refuse_json(delivery, what, problem)
+      raise ConfigurationError, "#{delivery.job_type}: the #{what} cannot be written as JSON (#{problem}); " \
+                                "the job was not run and nothing was recorded"
     end
   end
 end

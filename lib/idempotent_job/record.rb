@@ -37,8 +37,8 @@ module IdempotentJob
     def self.from_row(row)
       args_json = row.delete(:args_json)
       result_json = row.delete(:result_json)
-      new(**row, args: args_json && JSON.parse(args_json), result: result_json && JSON.parse(result_json),
-                 result_state: row[:result_state]&.to_sym)
+      parse = ->(json) { json && JSON.parse(json, max_nesting: Native::MAX_NESTING) }
+      new(**row, args: parse.call(args_json), result: parse.call(result_json), result_state: row[:result_state]&.to_sym)
     end
 
     # @return [Boolean] whether the operation's effect is recorded as done

@@ -15,12 +15,16 @@ module IdempotentJob
     # @param value [Object] the body's return value
     # @return [Array(String, nil), Array(nil, String)] `[json, nil]`, or `[nil, reason]`
     #   when the value is not a JSON value (the reason names the first offending part)
+    #   or nests Arrays and Hashes deeper than the core's Native::MAX_NESTING (checked
+    #   first, without recursion, so no depth can exhaust the stack)
     def self.encode(value)
+      return [nil, Native::TOO_DEEP] if Native.nested_too_deep?(value)
+
       reason = offence(value, "$")
       return [nil, reason] if reason
 
-      [JSON.generate(value), nil]
-    rescue JSON::GeneratorError, EncodingError => e
+      [JSON.generate(value, max_nesting: Native::MAX_NESTING), nil]
+    rescue JSON::GeneratorError, JSON::NestingError, EncodingError => e
       [nil, "#{e.class}: #{e.message}"]
     end
 

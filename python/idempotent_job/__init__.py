@@ -38,7 +38,11 @@ from .errors import (
     TimeoutError,
 )
 
+#: The package's version (the Cargo workspace's, compiled into the native module).
+__version__: str = _native.__version__
+
 __all__ = [
+    "__version__",
     "configure",
     "migrate",
     "perform_once",

@@ -21,7 +21,7 @@ from celery import Task
 from celery.exceptions import Ignore, Retry
 
 from . import _current
-from ._native import OPTION_NAMES, Store, check_option
+from ._native import OPTION_NAMES, Store, check_option, key_declaration
 from ._sendback import claim_failed
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
@@ -86,30 +86,15 @@ def _resolve(task_name: str, declaration: Any, params: list[inspect.Parameter] |
             declaration=declaration,
         )
 
+    # The shape (indexes, names, dotted paths, composites) is the core's parse
+    # (crates/core/src/declaration.rs); only names are mapped to positions here.
     parts = list(declaration) if isinstance(declaration, (list, tuple)) else [declaration]
-    if not parts:
-        raise fail("is an empty list")
+    parsed, problem = key_declaration(parts)
+    if problem is not None:
+        raise fail(problem)
     paths = []
-    for part in parts:
-        if isinstance(part, bool) or not isinstance(part, (int, str)):
-            raise fail(
-                f"has a part of type {type(part).__name__}: use a parameter name (str), an argument "
-                'index (int), a dotted path ("payload.id") or a list of those'
-            )
-        if isinstance(part, int):
-            if part < 0:
-                raise fail(f"uses a negative argument index {part}")
-            paths.append(_Path(f"argument {part}", part, None, []))
-            continue
-        segments = part.split(".")
-        if any(s == "" for s in segments):
-            raise fail(f"contains an empty name or path segment in {part!r}")
-        head = segments.pop(0)
-        if head.isdigit():
-            paths.append(_Path(part, int(head), None, segments))
-            continue
-        index = None
-        if params is not None:
+    for label, index, head, segments in parsed:
+        if head is not None and params is not None:
             names = [p.name for p in params]
             if head not in names:
                 raise fail(f"names parameter {head!r}, which {task_name} does not have (it has {names})")
@@ -117,7 +102,7 @@ def _resolve(task_name: str, declaration: Any, params: list[inspect.Parameter] |
             positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
             if all(p.kind in positional for p in params[: found + 1]):
                 index = found
-        paths.append(_Path(part, index, head, segments))
+        paths.append(_Path(label, index, head, segments))
     return paths
 
 

@@ -1,6 +1,8 @@
 """The exceptions of idempotent_job: one base, :class:`IdempotentJobError`, and the
 same subclasses as the Ruby gem (``lib/idempotent_job/errors.rb``). The native layer
-raises them by name from the core's one error enum.
+raises them by name from the core's one error enum; every class, its attributes and
+whether it is always retryable are checked against the core's error table
+(``_native.error_table_json()``) by ``tests/test_errors.py``.
 """
 
 from __future__ import annotations

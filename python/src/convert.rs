@@ -3,16 +3,29 @@
 //! rule set for every language, so a Ruby job and a Python task name one record). This
 //! file only converts values and names Python's types in key messages.
 
-use idempotent_job_core::{canonical, keys};
+use idempotent_job_core::{canonical, declaration, keys};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
 
 /// A JSON value for a Python one: None, bool, int (64-bit), float (finite; an integral
 /// float becomes an integer, as in the Ruby gem's canonical JSON, so `2.0` and `2`
-/// agree), str, list/tuple, dict with str keys (sorted). Anything else is an error text
-/// naming its type.
+/// agree), str, list/tuple, dict with str keys (sorted). Anything else, or lists and
+/// dicts nested deeper than the core's [`canonical::MAX_NESTING`] (refused before the
+/// conversion recurses further, so no value can exhaust the stack), is an error text
+/// naming what it holds.
 pub fn to_json(obj: &Bound<'_, PyAny>) -> Result<Value, String> {
+    to_json_at(obj, 0)
+}
+
+fn to_json_at(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
+    let inner = |v: &Bound<'_, PyAny>| to_json_at(v, depth + 1);
+    let container = obj.is_instance_of::<PyList>()
+        || obj.is_instance_of::<PyTuple>()
+        || obj.is_instance_of::<PyDict>();
+    if container && depth >= canonical::MAX_NESTING {
+        return Err(canonical::too_deep());
+    }
     if obj.is_none() {
         Ok(Value::Null)
     } else if let Ok(b) = obj.cast::<PyBool>() {
@@ -33,13 +46,13 @@ pub fn to_json(obj: &Bound<'_, PyAny>) -> Result<Value, String> {
         ))
     } else if let Ok(list) = obj.cast::<PyList>() {
         list.iter()
-            .map(|v| to_json(&v))
+            .map(|v| inner(&v))
             .collect::<Result<_, _>>()
             .map(Value::Array)
     } else if let Ok(tuple) = obj.cast::<PyTuple>() {
         tuple
             .iter()
-            .map(|v| to_json(&v))
+            .map(|v| inner(&v))
             .collect::<Result<_, _>>()
             .map(Value::Array)
     } else if let Ok(dict) = obj.cast::<PyDict>() {
@@ -50,7 +63,7 @@ pub fn to_json(obj: &Bound<'_, PyAny>) -> Result<Value, String> {
             };
             map.insert(
                 key.to_cow().map_err(|e| e.to_string())?.into_owned(),
-                to_json(&v)?,
+                inner(&v)?,
             );
         }
         Ok(Value::Object(map))
@@ -130,4 +143,70 @@ pub fn composite_text(values: &[Bound<'_, PyAny>]) -> Result<String, String> {
         .map(|v| keys::part(&key_value(v)?, &KEY_WORDS))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(keys::composite_text(parts))
+}
+
+/// How declaration messages name Python's types (the rules and their wording are the
+/// core's, [`declaration`]).
+const DECLARATION_WORDS: declaration::DeclarationWords = declaration::DeclarationWords {
+    list: "list",
+    a_list: "a list",
+    name_types: "str",
+    index_type: "int",
+};
+
+/// A declaration part for the core: a bool is of another type (not an index), an int
+/// an index (one beyond 64 bits clamped: refused if negative, else missing later), a
+/// str a name or path shown by its `repr`.
+fn declaration_part(part: &Bound<'_, PyAny>) -> PyResult<declaration::Part> {
+    if part.is_instance_of::<PyBool>() {
+        return Ok(declaration::Part::Other("bool".into()));
+    }
+    if let Ok(i) = part.cast::<PyInt>() {
+        let negative = i.lt(0)?;
+        let index = i
+            .extract::<i64>()
+            .unwrap_or(if negative { -1 } else { i64::MAX });
+        return Ok(declaration::Part::Index(index));
+    }
+    if let Ok(s) = part.cast::<PyString>() {
+        return Ok(declaration::Part::Text {
+            text: s.to_string(),
+            shown: part.repr()?.to_string(),
+        });
+    }
+    Ok(declaration::Part::Other(
+        part.get_type().name()?.to_string(),
+    ))
+}
+
+/// A parsed declaration part for Python: `(label, index or None, name or None,
+/// segments)`.
+type PathTuple = (String, Option<usize>, Option<String>, Vec<String>);
+
+/// `key_declaration(parts)` → `(paths, None)` with each path `(label, index or None,
+/// parameter name or None, segments)`, or `(None, problem)`: the core's parse of a key
+/// declaration's parts ([`declaration::parse`]); the caller maps a name to a position.
+#[pyfunction]
+pub fn key_declaration(
+    parts: Vec<Bound<'_, PyAny>>,
+) -> PyResult<(Option<Vec<PathTuple>>, Option<String>)> {
+    let parts = parts
+        .iter()
+        .map(declaration_part)
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(match declaration::parse(&parts, &DECLARATION_WORDS) {
+        Ok(paths) => (
+            Some(
+                paths
+                    .into_iter()
+                    .map(|p| match p.head {
+                        declaration::Head::Index(i) => (p.label, Some(i), None, p.segments),
+                        declaration::Head::Name(n) => (p.label, None, Some(n), p.segments),
+                    })
+                    .collect(),
+            ),
+            None,
+        ),
+        Err(problem) => (None, Some(problem)),
+    })
 }

@@ -5,7 +5,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use idempotent_job_core::error::Error;
+use idempotent_job_core::error::{Error, Remedy};
 
 /// The name of the Python class in `idempotent_job.errors` for a core error: the
 /// core's name for it ([`Error::class_name`], one name for every binding), the base
@@ -17,6 +17,16 @@ fn class_name(err: &Error) -> &'static str {
     }
 }
 
+/// How the package words a remedy the core names ([`Error::remedies`]).
+fn remedy(remedy: Remedy) -> &'static str {
+    match remedy {
+        Remedy::Migrate => "run idempotent_job.migrate()",
+        Remedy::SchemaSql => {
+            "the statements are those of the migrations idempotent_job.migrate() applies"
+        }
+    }
+}
+
 fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     let errors = py.import("idempotent_job.errors")?;
     let class = errors.getattr(class_name(err))?;
@@ -24,26 +34,10 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     kwargs.set_item("sqlstate", err.sqlstate())?;
     kwargs.set_item("retryable", err.retryable())?;
     kwargs.set_item("sends_back", err.sends_back())?;
-    if let Error::LostClaim {
-        job_type,
-        operation_key,
-        ..
+    for (name, value) in err.attributes() {
+        kwargs.set_item(name, value)?;
     }
-    | Error::PayloadMismatch {
-        job_type,
-        operation_key,
-        ..
-    }
-    | Error::Lookup {
-        job_type,
-        operation_key,
-        ..
-    } = err
-    {
-        kwargs.set_item("job_type", job_type)?;
-        kwargs.set_item("operation_key", operation_key)?;
-    }
-    let exception = class.call((err.to_string(),), Some(&kwargs))?;
+    let exception = class.call((err.worded(remedy),), Some(&kwargs))?;
     Ok(PyErr::from_value(exception))
 }
 
@@ -55,4 +49,24 @@ pub fn to_py(err: Error) -> PyErr {
 /// A `ConfigurationError` with `message` (bad arguments found by the binding).
 pub fn config(message: impl Into<String>) -> PyErr {
     to_py(Error::Config(message.into()))
+}
+
+/// `error_table_json()` → the core's error table as JSON text
+/// ([`idempotent_job_core::error::error_table_json`]): what `idempotent_job/errors.py`'s
+/// classes are checked against.
+#[pyfunction]
+pub fn error_table_json() -> String {
+    idempotent_job_core::error::error_table_json().to_string()
+}
+
+/// `error_example(name)` → an exception (not raised) of the class `name` built from the
+/// core's example ([`idempotent_job_core::error::example`]) through the same mapping
+/// every native error takes, or None for a name not in the table. For the test that
+/// walks the table.
+#[pyfunction]
+pub fn error_example(py: Python<'_>, name: &str) -> PyResult<Option<Py<PyAny>>> {
+    match idempotent_job_core::error::example(name) {
+        Some(err) => Ok(Some(build(py, &err)?.into_value(py).into_any())),
+        None => Ok(None),
+    }
 }

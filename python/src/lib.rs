@@ -24,6 +24,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<protocol::Outcome>()?;
     m.add_class::<protocol::JobProtocol>()?;
     m.add_function(wrap_pyfunction!(store::describe_url, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::error_table_json, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::error_example, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::key_declaration, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;
     m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
     m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;
@@ -44,5 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         idempotent_job_core::config::DEFAULT_RETENTION_SECONDS,
     )?;
     m.add("SCHEMA_SQL", idempotent_job_core::migrate::schema_sql())?;
+    // The package's version: the Cargo workspace's, the one owner of it.
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

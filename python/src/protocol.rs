@@ -38,6 +38,12 @@ impl JobProtocol {
         self.protocol.options().lease_seconds
     }
 
+    /// Seconds after which the heartbeat stops renewing a running claim (`max_run`).
+    #[getter]
+    fn max_run(&self) -> f64 {
+        self.protocol.options().max_run_seconds
+    }
+
     /// Seconds between two renewals of a running claim's lease (the core's heartbeat
     /// interval for this lease): a door that keeps a message hidden while its body runs
     /// (SQS's visibility) extends it on the same beat.

@@ -13,12 +13,11 @@ use crate::gil::detached;
 use crate::protocol::{self, JobProtocol, Outcome};
 use idempotent_job_core::config::{self as core_config, Config, CONNECTION_SETTINGS};
 use idempotent_job_core::error::Error;
-use idempotent_job_core::pool::{with_conn, with_fresh_conn, Lane};
-use idempotent_job_core::protocol::{JobOptions, OnMismatch, OnStale, Protocol};
+use idempotent_job_core::protocol::{JobOptions, Protocol};
 use idempotent_job_core::record::Field;
 use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::store::{Handles, Store as CoreStore};
-use idempotent_job_core::{keys, migrate, options};
+use idempotent_job_core::{keys, migrate, operations, options};
 
 /// The core's job options the Python package does not take, and why: a door-only
 /// fact (what this binding implements), not a restatement of the table.
@@ -76,25 +75,6 @@ pub fn check_option(
         return Err(options::unknown_among(job, prefix, name, &option_names()));
     }
     options::check(job, prefix, name, value, shown)
-}
-
-/// Applies one option, already checked by [`check_option`], to `options`. The key,
-/// the scope and the lookup are the door's: not applied here.
-fn apply(job: &str, options: &mut JobOptions, name: &str, value: &Value) -> Result<(), Error> {
-    let seconds = || value.as_f64().unwrap_or(f64::NAN);
-    let named = if job.is_empty() { "configure" } else { job };
-    match name {
-        "lease" => options.lease_seconds = seconds(),
-        "on_stale" => options.on_stale = OnStale::parse(named, value.as_str().unwrap_or(""))?,
-        "on_mismatch" => {
-            options.on_mismatch = OnMismatch::parse(named, value.as_str().unwrap_or(""))?
-        }
-        "heartbeat" => options.heartbeat = value.as_bool().unwrap_or(true),
-        "max_run" => options.max_run_seconds = seconds(),
-        "store_result" => options.store_result = value.as_bool().unwrap_or(false),
-        _ => {}
-    }
-    Ok(())
 }
 
 /// A setting's number of seconds: finite, at least `min`, at most the core's
@@ -165,7 +145,9 @@ impl Store {
             let (json, shown) = option_json(&value)?;
             let checked = check_option(job, prefix, &name, &json, shown.as_deref())
                 .map_err(crate::errors::to_py)?;
-            apply(job, &mut resolved, &name, &checked).map_err(crate::errors::to_py)?;
+            resolved
+                .apply(job, &name, &checked)
+                .map_err(crate::errors::to_py)?;
         }
         resolved.validate(job).map_err(crate::errors::to_py)?;
         Ok(resolved)
@@ -202,7 +184,7 @@ impl Store {
                     }
                     _ => {
                         let checked = check_option("", "", &name, &value, None)?;
-                        apply("", &mut defaults, &name, &checked)?
+                        defaults.apply("", &name, &checked)?
                     }
                 }
                 Ok(())
@@ -269,9 +251,7 @@ impl Store {
     ) -> PyResult<Vec<(String, String)>> {
         let pool = self.pool()?;
         detached(py, move |i| {
-            with_fresh_conn(&pool, i, Lane::Main, async |c| {
-                records::held(c, job_type.as_deref(), limit).await
-            })
+            operations::held(&pool, i, job_type.as_deref(), limit)
         })
     }
 
@@ -285,20 +265,10 @@ impl Store {
         operation_key: String,
         as_: &str,
     ) -> PyResult<bool> {
-        let resolution = match as_ {
-            "done" => Resolution::Done,
-            "rerun" => Resolution::Rerun,
-            other => {
-                return Err(config(format!(
-                    "resolve as_ must be \"done\" or \"rerun\", got {other:?}"
-                )))
-            }
-        };
+        let resolution = Resolution::parse(as_).map_err(crate::errors::to_py)?;
         let pool = self.pool()?;
         detached(py, move |i| {
-            with_conn(&pool, i, async |c| {
-                records::resolve(c, &job_type, &operation_key, resolution).await
-            })
+            operations::resolve(&pool, i, &job_type, &operation_key, resolution)
         })
     }
 
@@ -316,9 +286,7 @@ impl Store {
             let pool = self.pool()?;
             let from = cursor.clone();
             let done = detached(py, move |i| {
-                with_fresh_conn(&pool, i, Lane::Main, async |c| {
-                    records::purge_batch(c, older_than, batch, &from).await
-                })
+                operations::purge_batch(&pool, i, older_than, batch, &from)
             })?;
             total += done.deleted;
             if done.picked < batch.max(0) as u64 {
@@ -339,10 +307,7 @@ impl Store {
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let pool = self.pool()?;
         let record = detached(py, move |i| {
-            pool.bookkeeper().settle(&pool, i)?;
-            with_fresh_conn(&pool, i, Lane::Main, async |c| {
-                records::find(c, &job_type, &operation_key).await
-            })
+            operations::find(&pool, i, &job_type, &operation_key)
         })?;
         let Some(record) = record else {
             return Ok(None);

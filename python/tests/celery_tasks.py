@@ -120,3 +120,22 @@ def limited(scenario, order_id):
 def charge_when_reachable(scenario, order_id):
     record_effect(scenario, order_id)
     return {"charged": order_id}
+
+
+def _nested(levels: int):
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@app.task(
+    base=IdempotentTask,
+    idempotency_key="order_id",
+    idempotency_lease=LIVE_LEASE,
+    idempotency_store_result=True,
+)
+def nested_result(scenario, order_id, levels):
+    """Returns a list nested `levels` deep (issue 29: 10,000 deep killed the pool child)."""
+    record_effect(scenario, order_id)
+    return _nested(levels)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
+import boto3
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -68,3 +70,38 @@ def signal_all(pids: list[int], signum: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
+
+
+#: moto_server's port (an SQS emulator from PyPI): the helper's MOTO_PORT.
+MOTO_PORT = int(os.environ.get("MOTO_PORT", "25458"))
+
+
+@pytest.fixture(scope="module")
+def sqs():
+    """A boto3 SQS client of a moto_server started for the module (an emulator, not AWS)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-p", str(MOTO_PORT), "-H", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = boto3.client(
+        "sqs",
+        endpoint_url=f"http://127.0.0.1:{MOTO_PORT}",
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+
+    def up():
+        try:
+            client.list_queues()
+            return True
+        except Exception:
+            return False
+
+    try:
+        eventually(up, "moto_server to answer", 30, 0.2)
+        yield client
+    finally:
+        process.terminate()
+        process.wait(10)

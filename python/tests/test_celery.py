@@ -360,3 +360,19 @@ def test_options_sent_in_the_message_are_refused_naming_them(worker, scenario):
         known.get(timeout=TIMEOUT)
     assert effects(scenario) == 0
     assert idempotent_job.record(worker.charge.name, scenario) is None
+
+
+def test_a_result_nested_10000_deep_completes_once_and_the_child_lives(worker, scenario):
+    # Before issue 29's fix the pool child died with SIGSEGV converting the result after
+    # the body ran: the record stayed claimed and the body ran again at every lease end.
+    first = worker.nested_result.delay(scenario, scenario, 10_000)
+    first.get(timeout=TIMEOUT, propagate=False)  # Celery's own result encoding may refuse it
+    second = worker.nested_result.delay(scenario, scenario, 10_000)
+    second.get(timeout=TIMEOUT, propagate=False)
+    record = idempotent_job.record(worker.nested_result.name, scenario)
+    assert record["status"] == "completed" and record["result_state"] == "unencodable"
+    assert effects(scenario) == 1
+    # The module's SIGKILL tests leave their own "exited with 'signal 9'" lines in the
+    # shared worker log: only a crash converting a value (SIGSEGV) is this test's.
+    log = worker.worker_log.read_text() if worker.worker_log.exists() else ""
+    assert "signal 11" not in log and "SIGSEGV" not in log

@@ -11,7 +11,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, eventually
 from effects import effects, record_effect
 
 import idempotent_job
@@ -78,6 +78,38 @@ def test_python_first_then_ruby(scenario):
     record = idempotent_job.record("CrossOrder", int(key))
     assert record["mismatches"] == 0 and record["attempts"] == 1
     assert effects(scenario) == 1
+
+
+def rust(job_type: str, key: str, payload, seconds: float = 0) -> subprocess.Popen:
+    """The Rust door's example (crates/rust/examples/perform_once.rs, built by `cargo test`)."""
+    binary = ROOT / "target" / "debug" / "examples" / "perform_once"
+    if not binary.exists():
+        pytest.fail(
+            "the Rust door's example is not built: run `cargo build -p idempotent_job_rust --examples`"
+        )
+    return subprocess.Popen(
+        [str(binary), job_type, key, str(seconds), json.dumps(payload)],
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_rust_first_then_python_then_ruby_on_one_record(scenario):
+    # A Rust service claims the operation; copies delivered to Python and Ruby meanwhile
+    # meet its live claim, and after its completion find it completed: decided once.
+    key = str(abs(hash(scenario)) % 10**12)
+    first = rust("CrossOrder", key, RUBY_PAYLOAD, seconds=3)
+    eventually(lambda: idempotent_job.record("CrossOrder", int(key)), "the Rust claim", 60, 0.05)
+    assert python(scenario, key).decision == "in_progress"
+    assert ruby("CrossOrder", key, RUBY_PAYLOAD)["decision"] == "in_progress"
+    out, _ = first.communicate(timeout=60)
+    assert first.returncode == 0 and json.loads(out)["decision"] == "ran"
+    assert python(scenario, key).decision == "completed"
+    assert ruby("CrossOrder", key, RUBY_PAYLOAD) == {"decision": "completed", "value": f"rust ran {key}"}
+    record = idempotent_job.record("CrossOrder", int(key))
+    assert record["attempts"] == 1 and record["mismatches"] == 0 and record["status"] == "completed"
+    assert effects(scenario) == 0
 
 
 def test_a_different_payload_is_a_mismatch_across_languages(scenario):

@@ -131,3 +131,70 @@ def test_an_unencodable_result_is_recorded_and_not_run_again(scenario, caplog):
     again = idempotent_job.perform_once("PyUnencodable", scenario, body, store_result=True)
     assert again.decision == "completed" and again.value is None and not again.replayed
     assert runs == [1]
+
+
+def _read_only(on: bool) -> None:
+    import psycopg
+
+    setting = "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM {setting}")
+        conn.execute("SELECT pg_reload_conf()")
+    for _ in range(200):  # a new session shows the server has read it
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+            if conn.execute("SHOW default_transaction_read_only").fetchone()[0] == ("on" if on else "off"):
+                return
+    raise AssertionError("the server did not apply default_transaction_read_only")
+
+
+def test_find_on_a_read_only_server_answers_from_a_read_as_in_ruby(scenario):
+    # The core's operations::find: a retryable failure to write the queued repeat counts
+    # (the server is read-only in a failover) does not fail the read; they stay queued.
+    # spec/faults/repeats_spec.rb asserts the same of IdempotentJob.record.
+    idempotent_job.perform_once(scenario, "done", lambda claim: None)
+    _read_only(True)
+    try:
+        outcome = idempotent_job.perform_once(scenario, "done", lambda claim: pytest.fail("a duplicate ran"))
+        assert outcome.decision == "completed"
+        found = idempotent_job.record(scenario, "done")
+        assert (found["status"], found["duplicates"]) == ("completed", 0)
+    finally:
+        _read_only(False)
+    idempotent_job._settle()
+    assert idempotent_job.record(scenario, "done")["duplicates"] == 1
+
+
+@pytest.mark.parametrize(
+    ("declaration", "problem"),
+    [
+        ([], "is an empty list"),
+        (-1, "uses a negative argument index -1"),
+        (1.5, "has a part of type float: use a parameter name (str), an argument index (int)"),
+        (True, "has a part of type bool"),
+        ("order..id", "contains an empty name or path segment in 'order..id'"),
+        ("missing", "names parameter 'missing', which key_shape_task does not have"),
+    ],
+)
+def test_a_malformed_key_declaration_is_refused_by_the_cores_parse(declaration, problem):
+    # The shape is the core's (crates/core/src/declaration.rs), worded with Python's
+    # types; spec/unit/idempotent_job/key_spec.rb checks the same parse in Ruby's.
+    with pytest.raises(errors.OperationKeyError) as caught:
+
+        @app.task(base=IdempotentTask, name="key_shape_task", idempotency_key=declaration)
+        def key_shape_task(order, carrier):
+            return order
+
+        key_shape_task.name  # noqa: B018 - evaluates a lazy task
+    message = str(caught.value)
+    assert message.startswith(f"key_shape_task: idempotency_key {declaration!r} {problem}"), message
+    assert caught.value.declaration == declaration
+
+
+def test_key_declarations_resolve_indexes_names_paths_and_composites():
+    @app.task(base=IdempotentTask, name="key_paths_task", idempotency_key=["order.id", 1, "0.lines.1"])
+    def key_paths_task(order, carrier):
+        return order
+
+    order = {"id": 7, "lines": ["a", "b"]}
+    assert key_paths_task._operation_key((order, "ups"), {}) == '["7","ups","b"]'
+    assert key_paths_task._operation_key((order, "dhl"), {}) == '["7","dhl","b"]'

@@ -52,7 +52,9 @@ def test_wait_bounds_the_call_and_the_circuit_fails_fast_then_recovers(frozen, s
     assert seconds <= 2 + SLACK, f"wait=2 raised after {seconds:.2f} s"
     assert outcome.sends_back and outcome.retryable
     # The circuit is open: the next call fails at once, naming the last failure.
-    outcome, seconds = _timed(lambda: idempotent_job.perform_once("Outage", scenario, lambda _: ran.append(1)))
+    outcome, seconds = _timed(
+        lambda: idempotent_job.perform_once("Outage", scenario, lambda _: ran.append(1))
+    )
     assert isinstance(outcome, errors.ConnectionError), outcome
     assert "circuit open" in str(outcome) and outcome.sends_back
     assert seconds < 0.5, f"an open circuit took {seconds:.2f} s"

@@ -87,7 +87,8 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
     expect(JSON.parse(stored)).to eq(facts)
     expect(IdempotentJob::Delivery.new(job_type: "T", operation_key: "1", facts: { "at" => 1.5 }).facts_json)
       .to eq('{"at":1.5}')
-    expect { charge(8, facts: { "at" => Float::NAN }) }.to raise_error(JSON::GeneratorError)
+    expect { charge(8, facts: { "at" => Float::NAN }) }
+      .to raise_error(IdempotentJob::ConfigurationError, /PlainCharge: the facts cannot be written as JSON.*NaN/)
   ensure
     conn&.close
   end

@@ -6,7 +6,7 @@
 require_relative "sidekiq_boot"
 require_relative "active_job_jobs"
 
-ActiveRecord::Base.establish_connection(SpecServices.database_url)
+ActiveRecord::Base.establish_connection(SpecServices.active_record_url)
 ActiveJob::Base.queue_adapter = :sidekiq
 
 # Counts the jobs this worker process has in hand, in Redis, at once (Sidekiq's own

@@ -10,7 +10,7 @@ require_relative "effects"
 require_relative "active_job_jobs"
 require_relative "delayed_job_setup"
 
-ActiveRecord::Base.establish_connection(SpecServices.database_url)
+ActiveRecord::Base.establish_connection(SpecServices.active_record_url)
 ActiveJob::Base.queue_adapter = :delayed_job
 IdempotentJob.configure do |c|
   c.database_url = SpecServices.database_url

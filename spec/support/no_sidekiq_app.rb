@@ -22,7 +22,7 @@ rescue IdempotentJob::DependencyError => e
   puts "sidekiq door: #{e.message}"
 end
 
-ActiveRecord::Base.establish_connection(SpecServices.database_url)
+ActiveRecord::Base.establish_connection(SpecServices.active_record_url)
 ActiveJob::Base.logger = Logger.new(File::NULL)
 ActiveJob::Base.queue_adapter = :delayed_job
 Delayed::Worker.logger = Logger.new(File::NULL)

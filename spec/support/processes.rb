@@ -12,7 +12,7 @@ module Processes
     pid = fork do
       Processes.children.clear
       # A child never uses its parent's ActiveRecord sockets.
-      ActiveRecord::Base.establish_connection(SpecServices.database_url) if defined?(ActiveRecord::Base)
+      ActiveRecord::Base.establish_connection(SpecServices.active_record_url) if defined?(ActiveRecord::Base)
       reader.close
       writer.sync = true
       begin

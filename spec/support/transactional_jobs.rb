@@ -10,7 +10,7 @@ class SpecPayment < ActiveRecord::Base
   self.table_name = "spec_payments"
 
   def self.setup!
-    ActiveRecord::Base.establish_connection(SpecServices.database_url)
+    ActiveRecord::Base.establish_connection(SpecServices.active_record_url)
     ActiveRecord::Base.connection.execute(<<~SQL)
       CREATE TABLE IF NOT EXISTS spec_payments (
         id bigserial PRIMARY KEY, payment_id text NOT NULL, cents integer NOT NULL,

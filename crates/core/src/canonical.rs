@@ -23,6 +23,38 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+/// The most levels of nested arrays and objects a value crossing the core may hold (an
+/// operation key, a payload, facts, a stored result): `[1]` is one level, `[[1]]` two.
+/// The deepest serde_json reads (its recursion limit of 128 counts the value itself),
+/// so whatever the core accepts it can also read back.
+/// Each binding checks it while converting a host value, without recursion deeper than
+/// this, so no value can exhaust a worker's stack; a key or payload over it is refused
+/// before anything is claimed, a result over it is recorded as not storable.
+pub const MAX_NESTING: usize = 127;
+
+/// What a value over [`MAX_NESTING`] is called in messages ("… holds {this}").
+pub fn too_deep() -> String {
+    format!("a value nested deeper than {MAX_NESTING} levels of arrays and objects")
+}
+
+/// Whether `value` holds more than [`MAX_NESTING`] levels of nested arrays and objects.
+/// Walks the value without recursion (a value built in Rust can be arbitrarily deep).
+pub fn nested_too_deep(value: &Value) -> bool {
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        if depth + 1 > MAX_NESTING {
+            return true;
+        }
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
+}
+
 /// The canonical JSON text of `value` (see the module documentation).
 pub fn to_string(value: &Value) -> String {
     let mut out = String::new();
@@ -153,6 +185,31 @@ fn float(f: f64) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn nested(levels: usize) -> Value {
+        let mut value = json!(1);
+        for _ in 0..levels {
+            value = Value::Array(vec![value]);
+        }
+        value
+    }
+
+    #[test]
+    fn nesting_is_allowed_up_to_the_limit_and_refused_past_it() {
+        assert!(!nested_too_deep(&json!(1)));
+        assert!(!nested_too_deep(&nested(MAX_NESTING)));
+        assert!(nested_too_deep(&nested(MAX_NESTING + 1)));
+        assert!(nested_too_deep(&json!({"a": [nested(MAX_NESTING)]})));
+        // serde_json reads back exactly what the rule lets through.
+        let text = to_string(&nested(MAX_NESTING));
+        assert!(serde_json::from_str::<Value>(&text).is_ok());
+        let deeper = format!("[{text}]");
+        assert!(serde_json::from_str::<Value>(&deeper).is_err());
+        // A value far deeper than any stack allows is judged without recursion.
+        let deep = nested(200_000);
+        assert!(nested_too_deep(&deep));
+        std::mem::forget(deep); // serde_json's Drop recurses
+    }
 
     #[test]
     fn the_canonical_form_is_the_gems_historical_one() {

@@ -100,10 +100,24 @@ pub struct Config {
     /// longer. Default [`DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS`].
     #[serde(default = "default_enqueue_check_timeout")]
     pub enqueue_check_timeout: f64,
+    /// Which kind of server the gem talks to: `"postgresql"` (default) or
+    /// `"distributed"` ([`COMPATIBILITY_DISTRIBUTED`]: CockroachDB, YugabyteDB, Aurora
+    /// DSQL, or PostgreSQL behind a transaction-mode pooler such as RDS Proxy; see
+    /// docs/scaling.md). The distributed profile keeps no session state: no named
+    /// prepared statements (as `prepared_statements: false`), waits poll instead of
+    /// LISTEN/NOTIFY, and migrations are serialised by a lock row instead of an
+    /// advisory lock. Conflicts (40001, 40P01) are retried under both profiles.
+    #[serde(default = "default_compatibility")]
+    pub compatibility: String,
 }
 
 /// Default of `enqueue_check_timeout` ([`Config::enqueue_check_timeout`]), seconds.
 pub const DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS: f64 = 0.5;
+
+/// The `compatibility` values ([`Config::compatibility`]): plain PostgreSQL (default).
+pub const COMPATIBILITY_POSTGRESQL: &str = "postgresql";
+/// The `compatibility` values: a distributed or pooled PostgreSQL-compatible server.
+pub const COMPATIBILITY_DISTRIBUTED: &str = "distributed";
 
 /// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
 pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
@@ -143,6 +157,39 @@ pub const MAX_RESULT_BYTES_LIMIT: usize = 268_435_455;
 /// (completed or given up) is kept before a purge deletes it.
 pub const DEFAULT_RETENTION_SECONDS: f64 = 2_592_000.0;
 
+/// The connection settings' defaults by name, as JSON (`null`: none; a whole number
+/// of seconds as an integer): the rows every binding reads instead of restating a
+/// default (Ruby's `Configuration::NATIVE_DEFAULTS`, Python's `configure`, which
+/// leaves unset ones to [`Config::new`]). Keys in [`CONNECTION_SETTINGS`] order.
+pub fn connection_defaults_json() -> serde_json::Value {
+    let c = Config::new("");
+    let seconds = |s: f64| {
+        if s.fract() == 0.0 {
+            serde_json::json!(s as i64)
+        } else {
+            serde_json::json!(s)
+        }
+    };
+    let mut rows = serde_json::Map::new();
+    for name in CONNECTION_SETTINGS {
+        let value = match *name {
+            "pool_size" => serde_json::json!(c.pool_size),
+            "connect_timeout" => seconds(c.connect_timeout),
+            "checkout_timeout" => seconds(c.checkout_timeout),
+            "application_name" => serde_json::json!(c.application_name),
+            "prepared_statements" => serde_json::json!(c.prepared_statements),
+            "deadline" => seconds(c.deadline),
+            "asynchronous_completion" => serde_json::json!(c.asynchronous_completion),
+            "max_result_bytes" => serde_json::json!(c.max_result_bytes),
+            "compatibility" => serde_json::json!(c.compatibility),
+            "enqueue_check_timeout" => seconds(c.enqueue_check_timeout),
+            _ => serde_json::Value::Null, // none: the URL's, or off
+        };
+        rows.insert((*name).to_string(), value);
+    }
+    serde_json::Value::Object(rows)
+}
+
 /// The names of [`Config`]'s settings (the connection and pool), in its field order, for
 /// a binding that sorts a host's `configure` keywords between them and the job defaults
 /// and names the known settings in an error.
@@ -168,6 +215,7 @@ pub const CONNECTION_SETTINGS: &[&str] = &[
     "asynchronous_completion",
     "max_result_bytes",
     "enqueue_check_timeout",
+    "compatibility",
 ];
 
 /// The libpq parameters tokio-postgres does not parse (or parses only partly): taken
@@ -351,6 +399,9 @@ fn default_application_name() -> String {
 fn default_prepared_statements() -> bool {
     true
 }
+fn default_compatibility() -> String {
+    COMPATIBILITY_POSTGRESQL.into()
+}
 fn default_max_result_bytes() -> usize {
     DEFAULT_MAX_RESULT_BYTES
 }
@@ -381,6 +432,7 @@ impl std::fmt::Debug for Config {
             .field("asynchronous_completion", &self.asynchronous_completion)
             .field("max_result_bytes", &self.max_result_bytes)
             .field("enqueue_check_timeout", &self.enqueue_check_timeout)
+            .field("compatibility", &self.compatibility)
             .finish()
     }
 }
@@ -451,6 +503,7 @@ impl Config {
             asynchronous_completion: false,
             max_result_bytes: default_max_result_bytes(),
             enqueue_check_timeout: default_enqueue_check_timeout(),
+            compatibility: default_compatibility(),
         };
         // A bad parameter is reported by validate(), which every store runs.
         let _ = config.apply_url_params(false);
@@ -587,8 +640,28 @@ impl Config {
         Ok(())
     }
 
+    /// Whether the distributed profile is on ([`Config::compatibility`]).
+    pub fn distributed(&self) -> bool {
+        self.compatibility == COMPATIBILITY_DISTRIBUTED
+    }
+
+    /// Whether the pool's own statements are named prepared statements: the
+    /// `prepared_statements` setting, off under the distributed profile.
+    pub fn named_statements(&self) -> bool {
+        self.prepared_statements && !self.distributed()
+    }
+
     /// Checks every value; see [`Config::pg_config`] for the URL.
     pub fn validate(&self) -> Result<()> {
+        if ![COMPATIBILITY_POSTGRESQL, COMPATIBILITY_DISTRIBUTED]
+            .contains(&self.compatibility.as_str())
+        {
+            return Err(Error::Config(format!(
+                "compatibility must be {COMPATIBILITY_POSTGRESQL:?} or \
+                 {COMPATIBILITY_DISTRIBUTED:?}, got {:?}",
+                self.compatibility
+            )));
+        }
         if self.pool_size == 0 {
             return Err(Error::Config("pool_size must be at least 1".into()));
         }
@@ -664,9 +737,8 @@ impl Config {
         let mut pg = if self.database_url.trim().is_empty() {
             if self.host.is_none() {
                 return Err(Error::Config(
-                    "database_url is not set: configure IdempotentJob.database_url (or host, \
-                     port, dbname, user, password), or set IDEMPOTENT_JOB_DATABASE_URL / \
-                     DATABASE_URL"
+                    "database_url is not set: set the database_url setting (or host, port, \
+                     dbname, user, password), or IDEMPOTENT_JOB_DATABASE_URL / DATABASE_URL"
                         .into(),
                 ));
             }
@@ -751,6 +823,22 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn connection_defaults_are_the_configs_own() {
+        let rows = super::connection_defaults_json();
+        assert_eq!(rows["connect_timeout"], serde_json::json!(5));
+        assert_eq!(rows["deadline"], serde_json::json!(10));
+        assert_eq!(
+            rows["application_name"],
+            serde_json::json!("idempotent_job")
+        );
+        assert_eq!(rows["sslmode"], serde_json::Value::Null);
+        assert_eq!(
+            rows.as_object().unwrap().len(),
+            super::CONNECTION_SETTINGS.len()
+        );
+    }
+
     use super::*;
 
     #[test]

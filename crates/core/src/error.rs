@@ -69,15 +69,213 @@ pub enum Error {
     Panic(String),
 }
 
+/// One exception class as every binding defines it (Ruby's `IdempotentJob::<name>`,
+/// Python's `idempotent_job.<name>`, the base being `IdempotentJobError` there): the
+/// one table both languages' classes are checked against (`spec/idempotent_job/errors_spec.rb`,
+/// `python/tests/test_errors.py`), read through [`error_table_json`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErrorClass {
+    /// The class name in every binding (`"Error"`: the base).
+    pub name: &'static str,
+    /// The attributes the class carries beyond its message, `sqlstate` and `retryable`
+    /// (set by the core from [`Error::attributes`], or by the host for the key's own).
+    pub attributes: &'static [&'static str],
+    /// Whether every instance is retryable (otherwise it is per error: a
+    /// `DatabaseError` of a [`TRANSIENT_STATES`] answer is, the others are not).
+    pub always_retryable: bool,
+    /// The SQLSTATEs a server answer of this class has (`"08*"`: a whole class;
+    /// `"*"`: any other, tried by [`Error::from_server`] after every specific one).
+    pub sqlstates: &'static [&'static str],
+    /// One line saying when it is raised.
+    pub doc: &'static str,
+}
+
+/// Attributes of the errors that name the record they concern.
+const RECORD_ATTRIBUTES: &[&str] = &["job_type", "operation_key"];
+
+/// Every exception class, the base first; [`Error::class_name`] names one of them.
+pub const ERROR_CLASSES: &[ErrorClass] = &[
+    ErrorClass {
+        name: "Error",
+        attributes: &[],
+        always_retryable: false,
+        sqlstates: &[],
+        doc: "the base of every error the library raises (also: a panic in native code)",
+    },
+    ErrorClass {
+        name: "ConfigurationError",
+        attributes: &[],
+        always_retryable: false,
+        sqlstates: &[],
+        doc: "invalid configuration or option: a bad URL, an unknown name, a value out of range",
+    },
+    ErrorClass {
+        name: "ConnectionError",
+        attributes: &[],
+        always_retryable: true,
+        sqlstates: &["08*", "57P01", "57P02", "57P03", "53300"],
+        doc: "PostgreSQL could not be reached or the connection was lost; the body did not run",
+    },
+    ErrorClass {
+        name: "DatabaseError",
+        attributes: &[],
+        always_retryable: false,
+        sqlstates: &["*"],
+        doc: "PostgreSQL answered with an error (retryable for a transient SQLSTATE)",
+    },
+    ErrorClass {
+        name: "LostClaimError",
+        attributes: RECORD_ATTRIBUTES,
+        always_retryable: false,
+        sqlstates: &[],
+        doc: "a completion or release found its fencing token replaced: another delivery took over",
+    },
+    ErrorClass {
+        name: "MigrationError",
+        attributes: &[],
+        always_retryable: false,
+        sqlstates: &[],
+        doc: "applying the migrations failed; the migration's transaction was rolled back",
+    },
+    ErrorClass {
+        name: "OperationKeyError",
+        attributes: &["job_class", "declaration"],
+        always_retryable: false,
+        sqlstates: &[],
+        doc: "a malformed key declaration, or arguments that yield no operation key; the body did not run",
+    },
+    ErrorClass {
+        name: "LockTimeoutError",
+        attributes: &[],
+        always_retryable: true,
+        sqlstates: &["55P03"],
+        doc: "a lock wait ran past its bound: another delivery's transaction is open",
+    },
+    ErrorClass {
+        name: "TimeoutError",
+        attributes: &[],
+        always_retryable: true,
+        sqlstates: &["57014"],
+        doc: "a configured timeout ran out (connect, checkout, statement); nothing was decided",
+    },
+    ErrorClass {
+        name: "PayloadMismatchError",
+        attributes: RECORD_ATTRIBUTES,
+        always_retryable: false,
+        sqlstates: &[],
+        doc: "a delivery's payload differs from its claim's and the job refuses mismatches",
+    },
+    ErrorClass {
+        name: "LookupError",
+        attributes: RECORD_ATTRIBUTES,
+        always_retryable: false,
+        sqlstates: &[],
+        doc: "a stale claim's lookup raised or gave no valid answer; the body did not run",
+    },
+];
+
+/// SQLSTATEs of a server answer that usually passes: 25006 read-only transaction (the
+/// server became a standby in a failover, or a replica was reached), 40001
+/// serialization failure, 40P01 deadlock, class 53 insufficient resources, 58000 /
+/// 58030 system and I/O errors. Such an error is a [`Error::Database`] whose
+/// [`Error::retryable`] is true.
+pub const TRANSIENT_STATES: &[&str] = &["25006", "40001", "40P01", "53*", "58000", "58030"];
+
+/// Whether SQLSTATE `code` matches one of `patterns` (`"08*"`: the class 08).
+fn state_matches(code: &str, patterns: &[&str]) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(head) => code.starts_with(head),
+        None => code == *p,
+    })
+}
+
+/// The class named `name` in [`ERROR_CLASSES`].
+pub fn error_class(name: &str) -> Option<&'static ErrorClass> {
+    ERROR_CLASSES.iter().find(|c| c.name == name)
+}
+
+/// The table as JSON, for bindings and their tests: a list in [`ERROR_CLASSES`]
+/// order, each `{"name", "attributes", "always_retryable", "sqlstates", "doc"}`, the
+/// `DatabaseError` entry with `"retryable_sqlstates"` ([`TRANSIENT_STATES`]) too.
+pub fn error_table_json() -> serde_json::Value {
+    let classes = ERROR_CLASSES.iter().map(|c| {
+        let mut entry = serde_json::json!({
+            "name": c.name,
+            "attributes": c.attributes,
+            "always_retryable": c.always_retryable,
+            "sqlstates": c.sqlstates,
+            "doc": c.doc,
+        });
+        if c.name == "DatabaseError" {
+            entry["retryable_sqlstates"] = serde_json::json!(TRANSIENT_STATES);
+        }
+        entry
+    });
+    serde_json::Value::Array(classes.collect())
+}
+
+/// What a person does about an error, named by the core and worded by each binding in
+/// its own language (Ruby: `rake idempotent_job:migrate`; Python:
+/// `idempotent_job.migrate()`), so no host language appears in the core's texts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remedy {
+    /// Apply the pending migrations.
+    Migrate,
+    /// Restore the table as the migrations' statements create it (print them).
+    SchemaSql,
+}
+
+/// Put in a [`Error::Migration`] text that says the table drifted from the migrations
+/// (its remedy is [`Remedy::SchemaSql`]).
+pub const DRIFTED: &str = "has drifted";
+
+/// An error of the class named `name` with every attribute the core sets, for a
+/// binding's test that builds each class of [`ERROR_CLASSES`] through its own mapping
+/// (`None` for a name not in the table).
+pub fn example(name: &str) -> Option<Error> {
+    let record = || {
+        (
+            "ExampleJob".to_string(),
+            "order-1".to_string(),
+            format!("an example {name}"),
+        )
+    };
+    let (job_type, operation_key, message) = record();
+    Some(match name {
+        "Error" => Error::Panic(message),
+        "ConfigurationError" => Error::Config(message),
+        "OperationKeyError" => Error::OperationKey(message),
+        "ConnectionError" => Error::connection(message),
+        "DatabaseError" => Error::from_server("40001", message),
+        "LostClaimError" => Error::LostClaim {
+            job_type,
+            operation_key,
+            message,
+        },
+        "MigrationError" => Error::Migration(message),
+        "LockTimeoutError" => Error::from_server("55P03", message),
+        "TimeoutError" => Error::from_server("57014", message),
+        "PayloadMismatchError" => Error::PayloadMismatch {
+            job_type,
+            operation_key,
+            message,
+        },
+        "LookupError" => Error::Lookup {
+            job_type,
+            operation_key,
+            message,
+        },
+        _ => return None,
+    })
+}
+
 /// Shorthand for results of core functions.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     /// The name of the error's class in every binding (Ruby's `IdempotentJob::<name>`,
-    /// Python's `idempotent_job.<name>`): `"ConfigurationError"`, `"ConnectionError"`,
-    /// `"OperationKeyError"`, `"DatabaseError"`, `"LostClaimError"`, `"MigrationError"`, `"LockTimeoutError"`,
-    /// `"TimeoutError"`, `"PayloadMismatchError"`, `"LookupError"`, or `"Error"` (the
-    /// base: an interrupt, a panic).
+    /// Python's `idempotent_job.<name>`): one of [`ERROR_CLASSES`], `"Error"` (the
+    /// base) for an interrupt or a panic.
     pub fn class_name(&self) -> &'static str {
         match self {
             Error::Config(_) => "ConfigurationError",
@@ -92,6 +290,58 @@ impl Error {
             Error::Lookup { .. } => "LookupError",
             Error::Interrupted | Error::Panic(_) => "Error",
         }
+    }
+
+    /// The attributes the core sets on the raised exception beyond its message,
+    /// `sqlstate` and `retryable`: `job_type` and `operation_key` for the errors that
+    /// name a record (their class's [`ErrorClass::attributes`]); none for the others.
+    pub fn attributes(&self) -> Vec<(&'static str, &str)> {
+        match self {
+            Error::LostClaim {
+                job_type,
+                operation_key,
+                ..
+            }
+            | Error::PayloadMismatch {
+                job_type,
+                operation_key,
+                ..
+            }
+            | Error::Lookup {
+                job_type,
+                operation_key,
+                ..
+            } => vec![
+                ("job_type", job_type.as_str()),
+                ("operation_key", operation_key.as_str()),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The remedies the error's text points to, for the binding to word in its own
+    /// language after the text: [`Remedy::Migrate`] for a missing table (42P01) or
+    /// missing columns (42703, then also [`Remedy::SchemaSql`]); [`Remedy::SchemaSql`]
+    /// for a migration that found the table drifted ([`DRIFTED`]). None otherwise.
+    pub fn remedies(&self) -> &'static [Remedy] {
+        match self {
+            Error::Database { sqlstate, .. } if sqlstate == "42P01" => &[Remedy::Migrate],
+            Error::Database { sqlstate, .. } if sqlstate == "42703" => {
+                &[Remedy::Migrate, Remedy::SchemaSql]
+            }
+            Error::Migration(m) if m.contains(DRIFTED) => &[Remedy::SchemaSql],
+            _ => &[],
+        }
+    }
+
+    /// The error's text with each of its [`Error::remedies`] after it, in parentheses,
+    /// as the binding words it (`word`).
+    pub fn worded(&self, word: impl Fn(Remedy) -> &'static str) -> String {
+        let mut text = self.to_string();
+        for r in self.remedies() {
+            text.push_str(&format!(" ({})", word(*r)));
+        }
+        text
     }
 
     /// The PostgreSQL SQLSTATE of the error, when the server sent one.
@@ -111,9 +361,8 @@ impl Error {
     /// a deadlock, out of resources). Raised to Ruby as `retryable?`.
     pub fn retryable(&self) -> bool {
         match self {
-            Error::Connection { .. } | Error::Timeout { .. } | Error::LockTimeout { .. } => true,
             Error::Database { sqlstate, .. } => is_transient_state(sqlstate),
-            _ => false,
+            _ => error_class(self.class_name()).is_some_and(|c| c.always_retryable),
         }
     }
 
@@ -143,15 +392,12 @@ impl Error {
     /// The error for a PostgreSQL error answer with SQLSTATE `code` and text `message`
     /// (its primary message, detail and hint), whichever driver received it: 55P03 is
     /// a [`Error::LockTimeout`], 57014 a [`Error::Timeout`] (statement_timeout), a
-    /// connection state (`is_connection_state`) a [`Error::Connection`], anything
+    /// connection state (see [`ERROR_CLASSES`]) a [`Error::Connection`], anything
     /// else a [`Error::Database`] (retryable for [`is_transient_state`]). 42P01 and
     /// 25006 get a hint saying what to do.
     pub fn from_server(code: &str, mut message: String) -> Self {
         if code == "42P01" {
-            message.push_str(
-                " (the idempotency record table is missing: run `rake idempotent_job:migrate` \
-                 or IdempotentJob.migrate!)",
-            );
+            message.push_str(" (the idempotency record table is missing: apply the migrations)");
         }
         if code == "28P01" || code == "28000" {
             message
@@ -166,24 +412,26 @@ impl Error {
                  standby; retryable)",
             );
         }
+        let specific = |c: &&ErrorClass| !c.sqlstates.contains(&"*");
+        let class = (ERROR_CLASSES.iter().filter(specific))
+            .chain(ERROR_CLASSES.iter())
+            .find(|c| state_matches(code, c.sqlstates))
+            .map_or("DatabaseError", |c| c.name);
         let code = code.to_string();
-        if code == "55P03" {
-            Error::LockTimeout { message }
-        } else if code == "57014" {
-            Error::Timeout {
+        match class {
+            "LockTimeoutError" => Error::LockTimeout { message },
+            "TimeoutError" => Error::Timeout {
                 message: format!("{message} (statement_timeout)"),
                 sqlstate: Some(code),
-            }
-        } else if is_connection_state(&code) {
-            Error::Connection {
+            },
+            "ConnectionError" => Error::Connection {
                 message,
                 sqlstate: Some(code),
-            }
-        } else {
-            Error::Database {
+            },
+            _ => Error::Database {
                 message,
                 sqlstate: code,
-            }
+            },
         }
     }
 
@@ -214,20 +462,9 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// SQLSTATE classes after which the connection is gone and a retry may succeed:
-/// 08 connection exception, 57P01-57P03 server shutting down / cannot connect now,
-/// 53300 too many connections.
-fn is_connection_state(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
-}
-
-/// SQLSTATEs of a server answer that usually passes: 25006 read-only transaction (the
-/// server became a standby in a failover, or a replica was reached), 40001
-/// serialization failure, 40P01 deadlock, class 53 insufficient resources, 58000 /
-/// 58030 system and I/O errors. Such an error is a [`Error::Database`] whose
-/// [`Error::retryable`] is true.
+/// Whether SQLSTATE `code` is of an answer that usually passes ([`TRANSIENT_STATES`]).
 pub fn is_transient_state(code: &str) -> bool {
-    matches!(code, "25006" | "40001" | "40P01" | "58000" | "58030") || code.starts_with("53")
+    state_matches(code, TRANSIENT_STATES)
 }
 
 /// The full `source()` chain of an error, joined with ": ". tokio-postgres's own
@@ -293,5 +530,47 @@ fn timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
 impl From<refinery::Error> for Error {
     fn from(err: refinery::Error) -> Self {
         Error::Migration(format!("migration failed: {}", chain(&err)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_class_in_the_table_has_an_example_of_its_own_class() {
+        for class in ERROR_CLASSES {
+            let err = example(class.name).unwrap();
+            assert_eq!(err.class_name(), class.name);
+            let names: Vec<&str> = err.attributes().iter().map(|(n, _)| *n).collect();
+            if class.name != "OperationKeyError" {
+                assert_eq!(names, class.attributes, "{}", class.name);
+            }
+            if class.always_retryable {
+                assert!(err.retryable(), "{}", class.name);
+            }
+        }
+        assert!(example("Nope").is_none());
+    }
+
+    #[test]
+    fn server_answers_take_the_class_of_their_sqlstate() {
+        let class = |code: &str| Error::from_server(code, "m".into()).class_name();
+        assert_eq!(class("08006"), "ConnectionError");
+        assert_eq!(class("53300"), "ConnectionError");
+        assert_eq!(class("55P03"), "LockTimeoutError");
+        assert_eq!(class("57014"), "TimeoutError");
+        assert_eq!(class("23505"), "DatabaseError");
+        assert!(Error::from_server("53100", "m".into()).retryable());
+        assert!(Error::from_server("25006", "m".into()).retryable());
+        assert!(!Error::from_server("23505", "m".into()).retryable());
+    }
+
+    #[test]
+    fn remedies_are_named_not_worded() {
+        let err = Error::from_server("42P01", "relation missing".into());
+        assert_eq!(err.remedies(), &[Remedy::Migrate]);
+        assert!(!err.to_string().contains("rake"), "{err}");
+        assert!(err.worded(|_| "do it").ends_with("(do it)"));
     }
 }

@@ -1,13 +1,15 @@
 //! Schema migrations: the numbered SQL files of `migrations/`, embedded at compile
 //! time and applied in order by refinery, which records each applied version in
 //! [`MIGRATION_TABLE`]. Running them twice is a no-op; concurrent runs are serialised
-//! by a PostgreSQL advisory lock.
+//! by a PostgreSQL advisory lock, or under the distributed profile (no advisory locks
+//! there) by a lock row ([`crate::sql::MIGRATION_LOCK_SQL`]).
 
 use tokio_postgres::types::Type;
 
 use crate::conn::{Conn, Interrupt};
 use crate::error::Result;
 use crate::pool::Pool;
+use crate::sql;
 
 refinery::embed_migrations!("../../migrations");
 
@@ -27,23 +29,78 @@ pub fn migrate(pool: &Pool, interrupt: &Interrupt<'_>) -> Result<Vec<String>> {
     // Not bounded by the deadline: a migration of a large table may take long, and
     // the advisory lock waits for a concurrent migration.
     let mut pooled = pool.checkout(interrupt)?;
-    let applied = pooled.run(interrupt, async |conn| run(conn).await);
+    let applied = if pool.distributed() {
+        let holder = uuid::Uuid::new_v4().to_string();
+        lock_row(pool, interrupt, &mut pooled, &holder).and_then(|()| {
+            let applied = pooled.run(interrupt, async |conn| run(conn).await);
+            let unlocked = pooled.run(interrupt, async |conn| {
+                Ok(conn
+                    .execute_typed(sql::MIGRATION_UNLOCK_SQL, &[(&holder, Type::TEXT)])
+                    .await?)
+            });
+            let applied = applied?;
+            unlocked?;
+            Ok(applied)
+        })
+    } else {
+        pooled.run(interrupt, async |conn| {
+            conn.execute_typed("SELECT pg_advisory_lock($1)", &[(&LOCK_KEY, Type::INT8)])
+                .await?;
+            let applied = run(conn).await;
+            let unlock = conn
+                .execute_typed("SELECT pg_advisory_unlock($1)", &[(&LOCK_KEY, Type::INT8)])
+                .await;
+            let applied = applied?;
+            unlock?;
+            Ok(applied)
+        })
+    };
     pooled.finish();
     applied
 }
 
+/// Takes the distributed profile's lock row for `holder`, polling every 200 ms while
+/// another migrator holds it (interruptible; not bounded by the deadline, as the
+/// advisory lock is not).
+fn lock_row(
+    pool: &Pool,
+    interrupt: &Interrupt<'_>,
+    pooled: &mut crate::pool::Pooled,
+    holder: &str,
+) -> Result<()> {
+    // Two first migrators may race to create the table: the loser's CREATE fails
+    // (unique violation in the catalog) and its next round finds the table.
+    let mut created = false;
+    loop {
+        if !created {
+            created = pooled
+                .run(interrupt, async |conn| {
+                    Ok(conn
+                        .execute_typed(sql::MIGRATION_LOCK_TABLE_SQL, &[])
+                        .await?)
+                })
+                .is_ok();
+        }
+        if created {
+            let taken = pooled.run(interrupt, async |conn| {
+                Ok(conn
+                    .query_typed(sql::MIGRATION_LOCK_SQL, &[(&holder, Type::TEXT)])
+                    .await?)
+            })?;
+            if !taken.is_empty() {
+                return Ok(());
+            }
+        }
+        pool.pause(interrupt, std::time::Duration::from_millis(200))?;
+    }
+}
+
 async fn run(conn: &mut Conn) -> Result<Vec<String>> {
-    conn.execute_typed("SELECT pg_advisory_lock($1)", &[(&LOCK_KEY, Type::INT8)])
-        .await?;
     let report = migrations::runner()
         .set_migration_table_name(MIGRATION_TABLE)
         .run_async(conn.client_mut())
         .await;
-    let unlock = conn
-        .execute_typed("SELECT pg_advisory_unlock($1)", &[(&LOCK_KEY, Type::INT8)])
-        .await;
     let report = report?;
-    unlock?;
     crate::schema::check_after_migrate(conn).await?;
     Ok(report
         .applied_migrations()

@@ -26,6 +26,12 @@
 //!   claim that had won wins again), every fenced change (each succeeds again for its
 //!   own token), reads, purge batches. `resolve`, migrations and transactions never
 //!   repeat a statement that may have reached the server.
+//! * A statement the server rolled back for a conflict with another transaction (40001
+//!   serialization failure, 40P01 deadlock: [`is_conflict`]) is sent again through
+//!   [`with_fresh_conn`] the same way, on the same connection (it is healthy), after
+//!   the same back-off: what a serializable or optimistic engine (CockroachDB, Aurora
+//!   DSQL, YugabyteDB) asks of every client, and harmless on PostgreSQL, where a single
+//!   statement of these rarely meets one.
 //! * Everything ends within the deadline ([`Config::deadline`]).
 
 use std::future::Future;
@@ -93,6 +99,8 @@ pub struct Pool {
     reserve: managed::Pool<Manager>,
     /// [`Config::deadline`]: the bound on one call of the gem.
     deadline: Duration,
+    /// [`Config::distributed`]: the distributed profile is on.
+    distributed: bool,
     /// One per clone of this pool: what its owner waits on before closing it (in-flight
     /// calls, checked-out connections, transactions and heartbeats each hold a clone).
     users: Arc<()>,
@@ -296,6 +304,12 @@ impl Pool {
     /// where a session's LISTEN would not stay with its connection either.
     pub fn session_state(&self) -> bool {
         self.inner.manager().prepared_statements
+    }
+
+    /// Whether the distributed profile is on ([`Config::distributed`]): migrations take
+    /// a lock row instead of an advisory lock.
+    pub fn distributed(&self) -> bool {
+        self.distributed
     }
 
     /// The process this pool (and anything checked out of it) belongs to.
@@ -523,6 +537,13 @@ pub fn is_lost(err: &Error) -> bool {
     matches!(err, Error::Connection { .. }) || err.sqlstate() == Some("25006")
 }
 
+/// Errors the server answers when it rolled the statement back for a conflict with a
+/// concurrent transaction: 40001 serialization failure, 40P01 deadlock. The
+/// connection is healthy; a statement safe to send twice may be sent again.
+pub fn is_conflict(err: &Error) -> bool {
+    matches!(err.sqlstate(), Some("40001" | "40P01"))
+}
+
 /// The back-off before retry number `failures` (from 1): 20 ms, doubling, at most 1 s.
 pub fn backoff(failures: u32) -> Duration {
     Duration::from_millis(20 << failures.saturating_sub(1).min(6)).min(Duration::from_secs(1))
@@ -604,11 +625,16 @@ fn retried_until_deadline(err: Error, deadline: Duration) -> Error {
 }
 
 /// After a call: the connection goes back to the pool, unless `result` says it is
-/// lost ([`is_lost`]); then it is discarded and true returned.
+/// lost ([`is_lost`]); then it is discarded and true returned. True also after a
+/// conflict ([`is_conflict`]), the connection pooled: the caller may send it again.
 pub fn finish_unless_lost<T>(mut pooled: Pooled, result: &Result<T>) -> bool {
     match result {
         Err(e) if is_lost(e) => {
             pooled.discard();
+            true
+        }
+        Err(e) if is_conflict(e) => {
+            pooled.finish();
             true
         }
         _ => {
@@ -702,7 +728,7 @@ impl Pool {
                 pg_config: config.pg_config()?,
                 tls: tls.clone(),
                 connect_timeout: config.connect_timeout(),
-                prepared_statements: config.prepared_statements,
+                prepared_statements: config.named_statements(),
                 schema_checked: schema_checked.clone(),
             };
             managed::Pool::builder(manager)
@@ -721,6 +747,7 @@ impl Pool {
             pid: std::process::id(),
             reserve,
             deadline: config.deadline(),
+            distributed: config.distributed(),
             users: Arc::new(()),
             circuit: Default::default(),
         };

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use tokio_postgres::Client;
 
 use crate::conn::Conn;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, DRIFTED};
 use crate::sql::COLUMNS_SQL;
 
 /// Every column the gem's statements read or write, as the migrations create them.
@@ -94,18 +94,17 @@ pub async fn ensure(conn: &Conn, job_type: &str, operation_key: &str) -> Result<
     match missing_columns(conn).await? {
         None => Err(Error::Database {
             message: format!(
-                "{what}: the table idempotent_job_records does not exist: run `rake \
-                 idempotent_job:migrate` or IdempotentJob.migrate!; no job body was run"
+                "{what}: the table idempotent_job_records does not exist: apply the \
+                 migrations; no job body was run"
             ),
             sqlstate: "42P01".into(),
         }),
         Some(missing) if !missing.is_empty() => Err(Error::Database {
             message: format!(
-                "{what}: the table idempotent_job_records has drifted from the gem's \
-                 migrations and cannot record claims and completions (missing column{} {}); \
-                 no job body runs until it is repaired: run `rake idempotent_job:migrate` \
-                 (IdempotentJob.migrate!), and if it reports the schema current, restore the \
-                 columns as `rake idempotent_job:sql` prints them",
+                "{what}: the table idempotent_job_records {DRIFTED} from the migrations and \
+                 cannot record claims and completions (missing column{} {}); no job body \
+                 runs until it is repaired: apply the migrations, and if they report the \
+                 schema current, restore the columns as the migrations' statements create them",
                 if missing.len() == 1 { "" } else { "s" },
                 missing.join(", ")
             ),
@@ -126,9 +125,9 @@ pub async fn ensure(conn: &Conn, job_type: &str, operation_key: &str) -> Result<
 pub async fn check_after_migrate(client: &Client) -> Result<()> {
     match missing_columns(client).await? {
         Some(missing) if !missing.is_empty() => Err(Error::Migration(format!(
-            "every migration is recorded as applied, but the table idempotent_job_records has \
-             drifted: it lacks the column{} {} (dropped or renamed by hand?); claims are refused \
-             until they are restored as `rake idempotent_job:sql` prints them",
+            "every migration is recorded as applied, but the table idempotent_job_records \
+             {DRIFTED}: it lacks the column{} {} (dropped or renamed by hand?); claims are refused \
+             until they are restored as the migrations' statements create them",
             if missing.len() == 1 { "" } else { "s" },
             missing.join(", ")
         ))),

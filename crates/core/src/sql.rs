@@ -492,3 +492,20 @@ SELECT job_type,
   FROM idempotent_job_records
  GROUP BY job_type
  ORDER BY job_type"#;
+
+/// The distributed profile's migration lock ([`crate::config::Config::distributed`]:
+/// such servers have no advisory locks): one row, made before the first migration.
+pub const MIGRATION_LOCK_TABLE_SQL: &str =
+    "CREATE TABLE IF NOT EXISTS idempotent_job_migration_lock \
+     (id int4 PRIMARY KEY, holder text NOT NULL, locked_at timestamptz NOT NULL DEFAULT now())";
+
+/// Takes the migration lock for holder $1 (a fresh UUID text): returns a row when taken,
+/// none while another holder has it. A lock older than 15 minutes (a migrator that died
+/// holding it) is taken over.
+pub const MIGRATION_LOCK_SQL: &str = "INSERT INTO idempotent_job_migration_lock AS l (id, holder) \
+     VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, locked_at = now() \
+     WHERE l.locked_at < now() - interval '15 minutes' RETURNING l.holder";
+
+/// Gives the migration lock of holder $1 back.
+pub const MIGRATION_UNLOCK_SQL: &str =
+    "DELETE FROM idempotent_job_migration_lock WHERE id = 1 AND holder = $1";

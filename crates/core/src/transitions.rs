@@ -1,14 +1,16 @@
 //! The protocol's decision table as pure functions: the record's state × a delivery ×
 //! the job's options → what the claim statement does and what the delivery does next,
 //! and which fenced change the record accepts from which holder. No I/O, no clock, no
-//! strings: the model check (`tests/model.rs`), the conformance vectors
-//! (`conformance/vectors.json`, `tests/conformance.rs`) and every binding's tests read
-//! the protocol from here.
+//! strings: the model check (`tests/model.rs`) explores the protocol through these
+//! functions.
 //!
-//! The claim statement ([`crate::sql::CLAIM_SQL`]) computes [`claim`] inside
-//! PostgreSQL (SQL cannot call Rust): `tests/conformance.rs` runs every decision vector
-//! through that statement and the protocol on a real database and through these
-//! functions, and fails when they disagree, so the two cannot drift apart unnoticed.
+//! The statements compute the same rules inside PostgreSQL (SQL cannot call Rust:
+//! [`crate::sql::CLAIM_SQL`]'s `take`, the fenced statements' guards, `RESOLVE_SQL`),
+//! and the protocol's step after the claim is still written out in `protocol.rs`:
+//! `tests/conformance.rs` runs every decision, fenced and resolve case of the
+//! conformance vectors (`conformance/vectors.json`) through those statements and the
+//! protocol on a real database and through these functions, and fails when they
+//! disagree, so they cannot drift apart unnoticed.
 //!
 //! ```text
 //!  state \ delivery     same payload                      different payload, on_mismatch raise

@@ -430,7 +430,11 @@ fn a_missing_table_says_to_run_the_migration() {
     let store = Store::new(Config::new(url)).unwrap();
     let err = claim(&store, &request("Job", "1", 1.0)).unwrap_err();
     assert_eq!(err.sqlstate(), Some("42P01"), "{err}");
-    assert!(err.to_string().contains("idempotent_job:migrate"), "{err}");
+    assert!(err.to_string().contains("apply the migrations"), "{err}");
+    assert_eq!(
+        err.remedies(),
+        &[idempotent_job_core::error::Remedy::Migrate]
+    );
 }
 
 #[test]

@@ -153,9 +153,8 @@ module IdempotentJob
 
         result_state = value[:result_state]
         replayed = value[:decision] == :completed && !result_state.nil?
-        Outcome.new(value[:decision], duplicates: value[:duplicates], claim:,
-                                      value: value[:result_json] && JSON.parse(value[:result_json]),
-                                      result_state:, replayed:)
+        stored = value[:result_json] && JSON.parse(value[:result_json], max_nesting: Native::MAX_NESTING)
+        Outcome.new(value[:decision], duplicates: value[:duplicates], claim:, value: stored, result_state:, replayed:)
       end
 
       def in_progress(value, notes)

@@ -51,6 +51,14 @@ RSpec.describe IdempotentJob::Configuration do
     end
   end
 
+  it "talks to plain PostgreSQL by default and takes compatibility: :distributed (docs/scaling.md)" do
+    expect(config.compatibility).to eq(:postgresql)
+    config.compatibility = :distributed
+    expect(JSON.parse(config.to_native_json)).to include("compatibility" => "distributed")
+    config.compatibility = :cockroach
+    expect { config.validate! }.to raise_error(IdempotentJob::ConfigurationError, /compatibility/)
+  end
+
   it "prepares the gem's statements by default, and accepts only true or false for prepared_statements" do
     expect(config.prepared_statements).to be(true)
     expect(JSON.parse(config.to_native_json)).to include("prepared_statements" => true)

@@ -282,7 +282,18 @@ pub fn record_columns() -> Vec<&'static str> {
 /// Symbol keys (as strings) of such values. Anything else (a Time, a Proc, a
 /// non-finite Float, a Bignum) is None.
 pub fn json_of(value: Value) -> Option<serde_json::Value> {
+    json_at(value, 0)
+}
+
+/// [`json_of`] at `depth` levels of arrays and hashes: None past the core's
+/// [`idempotent_job_core::canonical::MAX_NESTING`], before recursing further.
+fn json_at(value: Value, depth: usize) -> Option<serde_json::Value> {
     use serde_json::Value as Json;
+    let inner = |v: Value| json_at(v, depth + 1);
+    let container = RArray::from_value(value).is_some() || RHash::from_value(value).is_some();
+    if container && depth >= idempotent_job_core::canonical::MAX_NESTING {
+        return None;
+    }
     let ruby = Ruby::get_with(value);
     if value.is_nil() {
         return Some(Json::Null);
@@ -308,7 +319,7 @@ pub fn json_of(value: Value) -> Option<serde_json::Value> {
     if let Some(array) = RArray::from_value(value) {
         return array
             .into_iter()
-            .map(json_of)
+            .map(inner)
             .collect::<Option<Vec<_>>>()
             .map(Json::Array);
     }
@@ -321,7 +332,7 @@ pub fn json_of(value: Value) -> Option<serde_json::Value> {
                 (_, Some(sym)) => sym.name().ok().map(|n| n.into_owned()),
                 _ => None,
             };
-            match (key, json_of(v)) {
+            match (key, inner(v)) {
                 (Some(key), Some(v)) => {
                     map.insert(key, v);
                     Ok(magnus::r_hash::ForEach::Continue)
@@ -336,4 +347,31 @@ pub fn json_of(value: Value) -> Option<serde_json::Value> {
         return ok.then_some(Json::Object(map));
     }
     None
+}
+
+/// Whether a Ruby value holds Arrays and Hashes nested deeper than the core's
+/// [`idempotent_job_core::canonical::MAX_NESTING`]: walked without recursion and
+/// stopping at the first level past it, so any depth is judged in bounded stack.
+pub fn nested_too_deep(value: Value) -> bool {
+    let limit = idempotent_job_core::canonical::MAX_NESTING;
+    let mut stack: Vec<(Value, usize)> = vec![(value, 0)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Vec<Value> = if let Some(array) = RArray::from_value(value) {
+            array.into_iter().collect()
+        } else if let Some(hash) = RHash::from_value(value) {
+            let mut values = Vec::with_capacity(hash.len());
+            let _ = hash.foreach(|_: Value, v: Value| {
+                values.push(v);
+                Ok(magnus::r_hash::ForEach::Continue)
+            });
+            values
+        } else {
+            continue;
+        };
+        if depth + 1 > limit {
+            return true;
+        }
+        stack.extend(children.into_iter().map(|child| (child, depth + 1)));
+    }
+    false
 }

@@ -5,7 +5,7 @@
 use magnus::value::Lazy;
 use magnus::{prelude::*, Exception, ExceptionClass, IntoValue, RModule, Ruby, Value};
 
-use idempotent_job_core::error::Error;
+use idempotent_job_core::error::{Error, Remedy};
 
 /// The class `IdempotentJob::<name>`; [`init`] has checked that it exists.
 fn lookup(ruby: &Ruby, name: &str) -> Result<ExceptionClass, magnus::Error> {
@@ -62,22 +62,31 @@ fn set<T: IntoValue>(exception: Exception, name: &str, value: T) -> Result<(), m
     Ok(())
 }
 
+/// How the gem words a remedy the core names ([`Error::remedies`]).
+fn remedy(remedy: Remedy) -> &'static str {
+    match remedy {
+        Remedy::Migrate => "run `rake idempotent_job:migrate` or IdempotentJob.migrate!",
+        Remedy::SchemaSql => "`rake idempotent_job:sql` prints the table's statements",
+    }
+}
+
 fn build(ruby: &Ruby, err: &Error) -> Result<Exception, magnus::Error> {
     let exception: Exception = ruby
         .get_inner(class(err))
-        .new_instance((err.to_string(),))?;
+        .new_instance((err.worded(remedy),))?;
     set(exception, "@sqlstate", err.sqlstate())?;
     set(exception, "@retryable", err.retryable())?;
-    if let Error::LostClaim {
-        job_type,
-        operation_key,
-        ..
-    } = err
-    {
-        set(exception, "@job_type", job_type.as_str())?;
-        set(exception, "@operation_key", operation_key.as_str())?;
+    for (name, value) in err.attributes() {
+        set(exception, &format!("@{name}"), value)?;
     }
     Ok(exception)
+}
+
+/// `Native.error_table_json` → the core's error table as JSON text
+/// ([`idempotent_job_core::error::error_table_json`]): what `lib/idempotent_job/errors.rb`'s
+/// classes are checked against.
+pub fn error_table_json() -> String {
+    idempotent_job_core::error::error_table_json().to_string()
 }
 
 /// The Ruby exception for a core error (or the error met while building it).
@@ -100,4 +109,14 @@ pub fn server_error(
         None => Error::connection(message),
     };
     build(ruby, &err)
+}
+
+/// `Native.error_example(name)` → an exception (not raised) of the class `name` built
+/// from the core's example ([`idempotent_job_core::error::example`]) through the same
+/// mapping every native error takes, or nil for a name not in the table. For the spec
+/// that walks the table.
+pub fn error_example(ruby: &Ruby, name: String) -> Result<Option<Exception>, magnus::Error> {
+    idempotent_job_core::error::example(&name)
+        .map(|err| build(ruby, &err))
+        .transpose()
 }

@@ -3,6 +3,7 @@
 //! core errors to the exception classes defined in `lib/idempotent_job/errors.rb`.
 
 mod convert;
+mod declaration;
 mod errors;
 mod gvl;
 mod heartbeat;
@@ -35,8 +36,14 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("decide", function!(convert::decide, 3))?;
     native.define_module_function("fenced_sql", function!(convert::fenced_sql, 1))?;
     native.define_module_function("server_error", function!(errors::server_error, 2))?;
+    native.define_module_function("error_table_json", function!(errors::error_table_json, 0))?;
+    native.define_module_function("error_example", function!(errors::error_example, 1))?;
     native.define_module_function("record_columns", function!(convert::record_columns, 0))?;
     native.define_module_function("job_options_json", function!(options::job_options_json, 0))?;
+    native.define_module_function(
+        "connection_defaults_json",
+        function!(options::connection_defaults_json, 0),
+    )?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
     native.define_module_function("not_taken", function!(options::not_taken, 6))?;
     native.define_module_function("unknown_setting", function!(options::unknown_setting, 3))?;
@@ -44,11 +51,18 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("args_digest", function!(args_digest, 1))?;
     native.define_module_function("digest_text", function!(digest_text, 1))?;
     native.define_module_function("key_text", function!(key_text, 1))?;
+    native.define_module_function(
+        "key_declaration",
+        function!(declaration::key_declaration, 1),
+    )?;
     native.define_module_function("composite_key_text", function!(composite_key_text, 1))?;
     native.define_module_function("key_problem", function!(key_problem, 1))?;
     native.define_module_function("key_refused", function!(key_refused, 2))?;
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
+    native.const_set("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
+    native.const_set("TOO_DEEP", idempotent_job_core::canonical::too_deep())?;
+    native.define_module_function("nested_too_deep?", function!(convert::nested_too_deep, 1))?;
     let retention = idempotent_job_core::config::DEFAULT_RETENTION_SECONDS;
     if retention.fract() == 0.0 {
         native.const_set("DEFAULT_RETENTION", retention as i64)?;

@@ -14,6 +14,12 @@ pub fn job_options_json() -> String {
     options::table_json().to_string()
 }
 
+/// `Native.connection_defaults_json` → the connection settings' defaults as a JSON
+/// object text ([`idempotent_job_core::config::connection_defaults_json`]).
+pub fn connection_defaults_json() -> String {
+    idempotent_job_core::config::connection_defaults_json().to_string()
+}
+
 /// `Native.job_option(job, prefix, name, value)` → the value checked by the core's
 /// table ([`options::check`]) and normalised for Ruby: a choice or a transaction
 /// flavour as a Symbol (nil when off), seconds and text as given (a Symbol of text as

@@ -20,7 +20,8 @@ use idempotent_job_core::conn::{Conn, Interrupt};
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::fenced::{self, Fenced};
 use idempotent_job_core::migrate;
-use idempotent_job_core::pool::{with_conn, with_fresh_conn, Lane};
+use idempotent_job_core::operations;
+use idempotent_job_core::pool::{with_fresh_conn, Lane};
 use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::report;
 use idempotent_job_core::results::{self, PreparedResult, ResultInput, ResultState};
@@ -53,16 +54,7 @@ impl NativeStore {
         without_gvl(ruby, |interrupt| op(&pool, interrupt))?.map_err(|e| to_ruby(ruby, e))
     }
 
-    /// Runs `op` on one pooled connection (see [`with_conn`]) with the GVL released.
-    fn with_conn<T>(
-        &self,
-        ruby: &Ruby,
-        op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
-    ) -> RbResult<T> {
-        self.run(ruby, |pool, interrupt| with_conn(pool, interrupt, op))
-    }
-
-    /// Runs `op` like [`NativeStore::with_conn`], again on a fresh connection of
+    /// Runs `op` on a pooled connection with the GVL released, again on a fresh connection of
     /// `lane` when its connection dies under it (see [`with_fresh_conn`]): only for
     /// statements that are safe to send twice.
     fn with_fresh_conn<T>(
@@ -73,24 +65,6 @@ impl NativeStore {
     ) -> RbResult<T> {
         self.run(ruby, |pool, interrupt| {
             with_fresh_conn(pool, interrupt, lane, op)
-        })
-    }
-
-    /// Like [`NativeStore::with_fresh_conn`] on the pool's main lane, after writing
-    /// this process's queued repeat bookkeeping, so a read sees the process's own
-    /// repeats. When that write fails with a retryable error (a read-only server in a
-    /// failover), the read goes on without them (they stay queued).
-    fn with_settled_conn<T>(
-        &self,
-        ruby: &Ruby,
-        op: impl AsyncFn(&mut Conn) -> Result<T>,
-    ) -> RbResult<T> {
-        self.run(ruby, |pool, interrupt| {
-            match pool.bookkeeper().settle(pool, interrupt) {
-                Err(e) if !e.retryable() => return Err(e),
-                _ => {}
-            }
-            with_fresh_conn(pool, interrupt, Lane::Main, op)
         })
     }
 
@@ -220,8 +194,8 @@ impl NativeStore {
         job_type: String,
         operation_key: String,
     ) -> RbResult<Option<RHash>> {
-        let record = rb_self.with_settled_conn(ruby, async |c| {
-            records::find(c, &job_type, &operation_key).await
+        let record = rb_self.run(ruby, |pool, i| {
+            operations::find(pool, i, &job_type, &operation_key)
         })?;
         record.map(|r| record_hash(ruby, r)).transpose()
     }
@@ -233,8 +207,8 @@ impl NativeStore {
         job_type: Option<String>,
         limit: i64,
     ) -> RbResult<Vec<(String, String)>> {
-        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
-            records::held(c, job_type.as_deref(), limit).await
+        rb_self.run(ruby, |pool, i| {
+            operations::held(pool, i, job_type.as_deref(), limit)
         })
     }
 
@@ -248,18 +222,9 @@ impl NativeStore {
         operation_key: String,
         resolution: Symbol,
     ) -> RbResult<bool> {
-        let resolution = match resolution.name()?.as_ref() {
-            "done" => Resolution::Done,
-            "rerun" => Resolution::Rerun,
-            other => {
-                return Err(to_ruby(
-                    ruby,
-                    Error::Config(format!("resolve as: must be :done or :rerun, got :{other}")),
-                ))
-            }
-        };
-        rb_self.with_conn(ruby, async |c| {
-            records::resolve(c, &job_type, &operation_key, resolution).await
+        let resolution = Resolution::parse(&resolution.name()?).map_err(|e| to_ruby(ruby, e))?;
+        rb_self.run(ruby, |pool, i| {
+            operations::resolve(pool, i, &job_type, &operation_key, resolution)
         })
     }
 
@@ -276,8 +241,8 @@ impl NativeStore {
     ) -> RbResult<RArray> {
         let since = DateTime::<Utc>::from_timestamp_micros((since * 1e6) as i64)
             .ok_or_else(|| to_ruby(ruby, Error::Config("since is out of range".into())))?;
-        let rows = rb_self.with_settled_conn(ruby, async |c| {
-            records::repeats(c, since, job_type.as_deref()).await
+        let rows = rb_self.run(ruby, |pool, i| {
+            operations::repeats(pool, i, since, job_type.as_deref())
         })?;
         let out = ruby.ary_new_capa(rows.len());
         for r in rows {
@@ -420,8 +385,8 @@ impl NativeStore {
                 operation_key,
             },
         };
-        let done = rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
-            records::purge_batch(c, older_than, batch, &after).await
+        let done = rb_self.run(ruby, |pool, i| {
+            operations::purge_batch(pool, i, older_than, batch, &after)
         })?;
         let next = done.next.finished_at.map(|at| {
             (

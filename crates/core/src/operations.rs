@@ -1,0 +1,127 @@
+//! The operating calls every binding exposes (find a record, list held operations,
+//! resolve one, purge finished ones, the repeats report), each made here once so the
+//! Ruby gem and the Python package behave alike: which connection lane, whether a
+//! statement may be sent again on a fresh connection, and what a failing bookkeeping
+//! write does to a read. The statements are [`crate::records`]'s.
+
+use chrono::{DateTime, Utc};
+
+use crate::conn::{Conn, Interrupt};
+use crate::error::{Error, Result};
+use crate::pool::{with_conn, with_fresh_conn, Lane};
+use crate::record::Record;
+use crate::records::{self, PurgeBatch, PurgeCursor, Repeated, Resolution};
+use crate::store::Handles;
+
+/// Runs `op` on a fresh connection of the main lane after writing this process's
+/// queued repeat bookkeeping, so a read sees the process's own repeats. When that
+/// write fails with a retryable error (a read-only server in a failover, an outage),
+/// the read goes on without them: they stay queued for the next settle.
+///
+/// Errors: a bookkeeping error that is not retryable; `op`'s own (as
+/// [`with_fresh_conn`]).
+pub fn with_settled_conn<T>(
+    pool: &Handles,
+    interrupt: &Interrupt<'_>,
+    op: impl AsyncFn(&mut Conn) -> Result<T>,
+) -> Result<T> {
+    match pool.bookkeeper().settle(pool, interrupt) {
+        Err(e) if !e.retryable() => return Err(e),
+        _ => {}
+    }
+    with_fresh_conn(pool, interrupt, Lane::Main, op)
+}
+
+/// The record of `(job_type, operation_key)`, or `None` when never claimed; settled
+/// first ([`with_settled_conn`]).
+///
+/// Errors: connection and database errors.
+pub fn find(
+    pool: &Handles,
+    interrupt: &Interrupt<'_>,
+    job_type: &str,
+    operation_key: &str,
+) -> Result<Option<Record>> {
+    with_settled_conn(pool, interrupt, async |c| {
+        records::find(c, job_type, operation_key).await
+    })
+}
+
+/// Up to `limit` held operations (of `job_type`, or of every type), oldest first, as
+/// `(job_type, operation_key)` pairs. Read-only: sent again on a fresh connection.
+///
+/// Errors: connection and database errors.
+pub fn held(
+    pool: &Handles,
+    interrupt: &Interrupt<'_>,
+    job_type: Option<&str>,
+    limit: i64,
+) -> Result<Vec<(String, String)>> {
+    with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
+        records::held(c, job_type, limit).await
+    })
+}
+
+impl Resolution {
+    /// The resolution named `name`: `done` or `rerun`.
+    ///
+    /// Errors: [`Error::Config`] naming what was given.
+    pub fn parse(name: &str) -> Result<Resolution> {
+        match name {
+            "done" => Ok(Resolution::Done),
+            "rerun" => Ok(Resolution::Rerun),
+            other => Err(Error::Config(format!(
+                "resolve as must be done or rerun, got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Settles a held or given-up operation as `resolution`; false when it is neither
+/// (never claimed, or settled already). Sent once: a repeat after a lost answer would
+/// find it settled and answer false.
+///
+/// Errors: connection and database errors.
+pub fn resolve(
+    pool: &Handles,
+    interrupt: &Interrupt<'_>,
+    job_type: &str,
+    operation_key: &str,
+    resolution: Resolution,
+) -> Result<bool> {
+    with_conn(pool, interrupt, async |c| {
+        records::resolve(c, job_type, operation_key, resolution).await
+    })
+}
+
+/// One purge batch of finished records older than `older_than` seconds, after
+/// `after` (see [`records::purge_batch`]; a purge is over when a batch picks fewer
+/// than `batch`). Safe to send again: a fresh connection after a lost one.
+///
+/// Errors: [`Error::Config`] for a bad age or batch; connection and database errors.
+pub fn purge_batch(
+    pool: &Handles,
+    interrupt: &Interrupt<'_>,
+    older_than: f64,
+    batch: i64,
+    after: &PurgeCursor,
+) -> Result<PurgeBatch> {
+    with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
+        records::purge_batch(c, older_than, batch, after).await
+    })
+}
+
+/// The operations repeated since `since` (of `job_type`, or of every type), settled
+/// first ([`with_settled_conn`]).
+///
+/// Errors: connection and database errors.
+pub fn repeats(
+    pool: &Handles,
+    interrupt: &Interrupt<'_>,
+    since: DateTime<Utc>,
+    job_type: Option<&str>,
+) -> Result<Vec<Repeated>> {
+    with_settled_conn(pool, interrupt, async |c| {
+        records::repeats(c, since, job_type).await
+    })
+}

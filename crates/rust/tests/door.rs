@@ -1,0 +1,330 @@
+//! The Rust door against real PostgreSQL (DATABASE_URL from `bin/services start`):
+//! sequential repeats, concurrent copies from tasks and from processes, a SIGKILLed
+//! process under each stale policy, a raising body, the lookup; each scenario's effects
+//! counted in a table of their own, written by the body's own connection.
+
+use std::process::Command;
+use std::time::Duration;
+
+use idempotent_job_rust::{Config, Decision, IdempotentJob, LookupAnswer, OnStale};
+
+fn url() -> String {
+    std::env::var("DATABASE_URL").expect("DATABASE_URL (bin/services start)")
+}
+
+fn scenario() -> String {
+    format!("r{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+async fn db() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS rust_test_effects (scenario text, key text, pid int)",
+        )
+        .await
+        .unwrap();
+    client
+}
+
+async fn effect(scenario: &str, key: &str) {
+    db().await
+        .execute(
+            "INSERT INTO rust_test_effects VALUES ($1, $2, $3)",
+            &[&scenario, &key, &(std::process::id() as i32)],
+        )
+        .await
+        .unwrap();
+}
+
+async fn effects(scenario: &str) -> i64 {
+    db().await
+        .query_one(
+            "SELECT count(*) FROM rust_test_effects WHERE scenario = $1",
+            &[&scenario],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn jobs() -> IdempotentJob {
+    let jobs = IdempotentJob::configure(Config::new(url())).unwrap();
+    jobs.migrate().await.unwrap();
+    jobs
+}
+
+#[tokio::test]
+async fn sequential_repeats_run_once_and_replay_the_value() {
+    let s = scenario();
+    let jobs = jobs().await;
+    let charge = jobs.job("RustCharge").store_result(true).build().unwrap();
+    let mut decisions = vec![];
+    for _ in 0..3 {
+        let s2 = s.clone();
+        let outcome = charge
+            .perform_once(s.clone(), |claim| async move {
+                effect(&s2, &claim.operation_key).await;
+                Ok::<_, std::io::Error>(format!("charged {}", claim.operation_key))
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome.value.as_deref(),
+            Some(format!("charged {s}").as_str())
+        );
+        decisions.push((outcome.decision.as_str(), outcome.replayed));
+    }
+    assert_eq!(
+        decisions,
+        [("ran", false), ("completed", true), ("completed", true)]
+    );
+    assert_eq!(effects(&s).await, 1);
+}
+
+#[tokio::test]
+async fn without_the_door_repeats_run_again() {
+    let s = scenario();
+    for _ in 0..3 {
+        effect(&s, "A").await;
+    }
+    assert_eq!(effects(&s).await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_copies_from_tasks_run_once() {
+    let s = scenario();
+    let charge = jobs().await.job("RustConcurrent").build().unwrap();
+    let copies = (0..5).map(|_| {
+        let (charge, s) = (charge.clone(), s.clone());
+        tokio::spawn(async move {
+            charge
+                .perform_once(s.clone(), |_| async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    effect(&s, "A").await;
+                    Ok::<_, std::io::Error>(())
+                })
+                .await
+                .unwrap()
+                .decision
+        })
+    });
+    let mut decisions = vec![];
+    for copy in copies {
+        decisions.push(copy.await.unwrap());
+    }
+    assert_eq!(
+        decisions.iter().filter(|d| **d == Decision::Ran).count(),
+        1,
+        "{decisions:?}"
+    );
+    assert!(decisions.iter().all(|d| matches!(
+        d,
+        Decision::Ran | Decision::InProgress | Decision::Completed
+    )));
+    assert_eq!(effects(&s).await, 1);
+}
+
+#[tokio::test]
+async fn a_raising_body_releases_and_the_next_delivery_runs_it() {
+    let s = scenario();
+    let charge = jobs().await.job("RustRaise").build().unwrap();
+    let failed = charge
+        .perform_once(s.clone(), |_| async {
+            Err::<(), _>(std::io::Error::other("gateway down"))
+        })
+        .await;
+    assert!(
+        matches!(failed, Err(idempotent_job_rust::PerformError::Body(ref e)) if e.to_string() == "gateway down")
+    );
+    let s2 = s.clone();
+    let outcome = charge
+        .perform_once(s.clone(), |claim| async move {
+            assert_eq!(claim.attempt, 2);
+            effect(&s2, "A").await;
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .unwrap();
+    assert!(outcome.ran());
+    assert_eq!(effects(&s).await, 1);
+}
+
+#[tokio::test]
+async fn bad_keys_and_options_are_refused_by_name() {
+    let jobs = jobs().await;
+    let err = jobs.job("RustBad").lease(0.0).build().err().unwrap();
+    assert!(err.to_string().contains("RustBad: lease must be"), "{err}");
+    let job = jobs.job("RustBad").build().unwrap();
+    let err = job
+        .perform_once(serde_json::json!(1.5), |_| async {
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .starts_with("OperationKeyError: RustBad: operation key"),
+        "{err}"
+    );
+}
+
+// --- processes: the test binary runs itself as a child (IDEMPOTENT_JOB_CHILD set) ---
+
+/// A child process's delivery: `IDEMPOTENT_JOB_CHILD=scenario:job:sleep_ms:on_stale`.
+#[tokio::test]
+async fn child() {
+    let Ok(spec) = std::env::var("IDEMPOTENT_JOB_CHILD") else {
+        return;
+    };
+    let parts: Vec<String> = spec.split(':').map(str::to_string).collect();
+    let (s, job, sleep_ms) = (
+        parts[0].clone(),
+        parts[1].clone(),
+        parts[2].parse::<u64>().unwrap(),
+    );
+    let policy = match parts[3].as_str() {
+        "hold" => OnStale::Hold,
+        _ => OnStale::Reclaim,
+    };
+    let job = jobs()
+        .await
+        .job(job)
+        .lease(2.0)
+        .on_stale(policy)
+        .build()
+        .unwrap();
+    let outcome = job
+        .perform_once(s.clone(), |_| async move {
+            effect(&s, "A").await;
+            tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .unwrap();
+    println!("decision={}", outcome.decision.as_str());
+}
+
+fn spawn_child(s: &str, job: &str, sleep_ms: u64, policy: &str) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env(
+            "IDEMPOTENT_JOB_CHILD",
+            format!("{s}:{job}:{sleep_ms}:{policy}"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn concurrent_copies_from_processes_run_once() {
+    let s = scenario();
+    jobs().await;
+    let children: Vec<_> = (0..4)
+        .map(|_| spawn_child(&s, "RustProcs", 500, "reclaim"))
+        .collect();
+    let mut ran = 0;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        ran += String::from_utf8_lossy(&out.stdout)
+            .matches("decision=ran")
+            .count();
+    }
+    assert_eq!(ran, 1);
+    assert_eq!(effects(&s).await, 1);
+}
+
+async fn killed_then_delivered(policy: &str, stale: OnStale) -> (String, Decision) {
+    let s = scenario();
+    let jobs = jobs().await;
+    let mut child = spawn_child(&s, "RustKilled", 60_000, policy);
+    for _ in 0..300 {
+        if effects(&s).await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(effects(&s).await, 1, "the child's body never started");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let job = jobs
+        .job("RustKilled")
+        .lease(2.0)
+        .on_stale(stale)
+        .build()
+        .unwrap();
+    let mut deferrals = 0;
+    loop {
+        let s2 = s.clone();
+        let outcome = job
+            .delivery(s.clone())
+            .deferrals(deferrals)
+            .run(|_| async move {
+                effect(&s2, "A").await;
+                Ok::<_, std::io::Error>(())
+            })
+            .await
+            .unwrap();
+        if outcome.decision != Decision::InProgress {
+            return (s, outcome.decision);
+        }
+        deferrals += 1;
+        tokio::time::sleep(Duration::from_secs_f64(outcome.retry_after.unwrap())).await;
+    }
+}
+
+#[tokio::test]
+async fn a_killed_process_is_taken_over_under_reclaim() {
+    let (s, decision) = killed_then_delivered("reclaim", OnStale::Reclaim).await;
+    assert_eq!(decision, Decision::Ran);
+    assert_eq!(effects(&s).await, 2); // the rare duplicate reclaim accepts
+}
+
+#[tokio::test]
+async fn a_killed_process_is_held_under_hold() {
+    let (s, decision) = killed_then_delivered("hold", OnStale::Hold).await;
+    assert_eq!(decision, Decision::Held);
+    assert_eq!(effects(&s).await, 1);
+}
+
+#[tokio::test]
+async fn the_lookup_decides_after_a_takeover() {
+    let s = scenario();
+    let jobs = jobs().await;
+    let mut child = spawn_child(&s, "RustLookup", 60_000, "reclaim");
+    for _ in 0..300 {
+        if effects(&s).await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await; // the lease (2 s) runs out
+    let job = jobs
+        .job("RustLookup")
+        .lease(2.0)
+        .lookup("lookup charges")
+        .build()
+        .unwrap();
+    let asked = s.clone();
+    let outcome = job
+        .delivery(s.clone())
+        .run_looking_up(
+            move |key| async move {
+                assert_eq!(key, asked);
+                LookupAnswer::Done
+            },
+            |_| async { Ok::<_, std::io::Error>(()) },
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.decision, Decision::Completed);
+    assert_eq!(effects(&s).await, 1);
+}

@@ -1,0 +1,47 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "json"
+
+# lib/idempotent_job/errors.rb against the core's one error table: every class the core
+# names exists under IdempotentJob, carries the table's attributes and says retryable?
+# as the table does, both when Ruby code raises it and when the native layer builds it.
+RSpec.describe "IdempotentJob's error classes" do
+  table = JSON.parse(IdempotentJob::Native.error_table_json)
+
+  it "are the core's table, one class per entry" do
+    names = table.map { |entry| entry["name"] }
+    expect(names).to include("Error", "ConfigurationError", "LostClaimError", "LookupError")
+    defined = IdempotentJob.constants.select { |c| IdempotentJob.const_get(c).is_a?(Class) }
+                           .select { |c| IdempotentJob.const_get(c) <= IdempotentJob::Error }.map(&:to_s)
+    expect(defined).to match_array(names)
+  end
+
+  table.each do |entry|
+    name = entry["name"]
+
+    it "#{name}: a subclass of the base with the table's attributes and retryable flag" do
+      klass = IdempotentJob.const_get(name)
+      expect(klass).to be <= IdempotentJob::Error
+      entry["attributes"].each { |attribute| expect(klass.method_defined?(attribute)).to be(true), attribute }
+      expect(klass.new("raised by Ruby").retryable?).to eq(entry["always_retryable"])
+
+      built = IdempotentJob::Native.error_example(name)
+      expect(built).to be_an_instance_of(klass)
+      expect(built.retryable?).to be(true) if entry["always_retryable"]
+      core_set = entry["attributes"] - %w[job_class declaration] # the key's own are the host's
+      core_set.each { |attribute| expect(built.public_send(attribute)).to be_a(String).and(satisfy(&:itself)) }
+      entry["sqlstates"].reject { |s| s.include?("*") }.each do |sqlstate|
+        expect(IdempotentJob::Native.server_error(sqlstate, "m")).to be_an_instance_of(klass)
+      end
+    end
+  end
+
+  it "DatabaseError is retryable for the table's transient SQLSTATEs only" do
+    entry = table.find { |e| e["name"] == "DatabaseError" }
+    entry["retryable_sqlstates"].map { |s| s.sub("*", "100") }.each do |sqlstate|
+      expect(IdempotentJob::Native.server_error(sqlstate, "m")).to be_retryable, sqlstate
+    end
+    expect(IdempotentJob::Native.server_error("23505", "m")).not_to be_retryable
+  end
+end
