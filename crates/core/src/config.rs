@@ -746,6 +746,18 @@ impl Config {
         } else {
             // tokio-postgres's parse errors name the option, never its value.
             let (url, _) = split_tls_params(&self.database_url);
+            if let Some((scheme, _)) = url.split_once("://") {
+                let is_scheme = scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+                if is_scheme && scheme != "postgres" && scheme != "postgresql" {
+                    let scheme: String = scheme.chars().take(40).collect();
+                    return Err(Error::Config(format!(
+                        "database_url has the scheme {scheme:?}: it must start with postgres:// \
+                         or postgresql://"
+                    )));
+                }
+            }
             tokio_postgres::Config::from_str(&url).map_err(|e| {
                 // "invalid connection string" alone names nothing: add its cause
                 // ("unknown option `x`", "invalid value for option `port`").
@@ -949,6 +961,16 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn a_url_with_a_wrong_scheme_says_so() {
+        let err = Config::from_json(r#"{"database_url":"postgress://u@h/db"}"#)
+            .and_then(|c| c.pg_config())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(r#"scheme "postgress""#), "{err}");
+        assert!(err.contains("postgres://"), "{err}");
     }
 
     #[test]
