@@ -26,6 +26,9 @@ module IdempotentJob
       # its retries on fresh connections): past it the connection is discarded and a
       # retryable TimeoutError raised, even on a network that silently drops packets.
       deadline: CORE_DEFAULTS.fetch("deadline"),
+      # Seconds the enqueue check (on_enqueue: :skip_completed) may take before the push
+      # goes ahead anyway.
+      enqueue_check_timeout: CORE_DEFAULTS.fetch("enqueue_check_timeout"),
       statement_timeout: nil, # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
       application_name: CORE_DEFAULTS.fetch("application_name"), # shown in pg_stat_activity unless the URL sets one
       schema: nil,                 # schema of the record table (the connection's search_path); nil: default

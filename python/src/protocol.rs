@@ -332,6 +332,7 @@ fn drive(
             Step::AskLookup(claim) => {
                 let answer = ask_lookup(py, lookup, &claim.info().operation_key);
                 detached(py, |i| {
+                    i.end_by(delivery.wait_until);
                     protocol.after_lookup(channel, i, claim, answer, notes)
                 })?
             }
@@ -445,5 +446,6 @@ pub fn request(
         facts_json,
         deferrals,
         wait_seconds: None,
+        wait_until: None,
     })
 }

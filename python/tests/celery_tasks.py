@@ -42,8 +42,13 @@ if SHORT_DEADLINE:
 else:
     # A deadline beyond any wait here: only an interrupt ends a blocked statement early.
     limits = {"deadline": 120}
-idempotent_job.configure(database_url=os.environ["DATABASE_URL"], lease=LEASE, **limits)
-idempotent_job.migrate()  # the parent uses its pool before forking the pool children
+# The queue of the workers started with a wrong database URL (test_a_misconfigured_...).
+MISCONFIGURED_QUEUE = "misconfigured"
+# A worker's own database URL (a wrong role, a database without the table): its claims fail.
+WORKER_URL = os.environ.get("IDEMPOTENT_JOB_TEST_WORKER_URL")
+idempotent_job.configure(database_url=WORKER_URL or os.environ["DATABASE_URL"], lease=LEASE, **limits)
+if not WORKER_URL:
+    idempotent_job.migrate()  # the parent uses its pool before forking the pool children
 
 
 def _charge(scenario: str, order_id: str, hold: float) -> dict:

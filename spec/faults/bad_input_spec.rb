@@ -102,6 +102,34 @@ RSpec.describe "Bad input", :faults do
     end
   end
 
+  describe "an idempotency_* option in a payload pushed by name, checked by the server side (issue 29 item 3)" do
+    it "fails the Sidekiq delivery into its retry, naming the option and the nearest one; nothing runs" do
+      # Pushed by class name: the client middleware never sees a class, so only the
+      # server side can refuse it (before: the stale policy's default ran the body).
+      Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1], "idempotency_on_stail" => "hold")
+      job = ChargeOrderJob.jobs.pop
+      expect { deliver(job) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\AChargeOrderJob: unknown option idempotency_on_stail \(did you mean idempotency_on_stale\?\)/)
+      expect(Effects.count).to eq(0)
+      expect(record("42")).to be_nil
+      deliver(job.except("idempotency_on_stail")) # the control: the same payload without it runs
+      expect(Effects.count).to eq(1)
+    end
+
+    it "fails an ActiveJob delivery when it is deserialized, before anything is claimed" do
+      require_relative "../support/active_job_jobs"
+      data = AjChargeOrderJob.new(42, 1).serialize
+      expect { ActiveJob::Base.execute(data.merge("idempotency_on_stail" => "hold")) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\AAjChargeOrderJob: unknown option idempotency_on_stail \(did you mean idempotency_on_stale/)
+      expect { ActiveJob::Base.execute(data.merge("idempotency_on_stale" => "hold")) }
+        .to raise_error(IdempotentJob::ConfigurationError, /idempotency_on_stale in a serialized job is not taken/)
+      expect(Effects.count).to eq(0)
+      expect(record("42", job_type: "AjChargeOrderJob")).to be_nil
+    end
+  end
+
   describe "a misspelled or mistyped option in a per-push set(...) override (issue 25 item 2)" do
     it "is refused at the push (Sidekiq's real client and its middleware), and nothing is enqueued" do
       expect { ChargeOrderJob.set(idempotency_on_stail: :hold).perform_async(42, 1) }

@@ -94,6 +94,12 @@ pub struct Config {
     /// [`MAX_RESULT_BYTES_LIMIT`].
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: usize,
+    /// Client-side bound, in seconds, on the enqueue check (`on_enqueue:
+    /// :skip_completed`, one read at the push): past it the push goes ahead (the claim
+    /// decides the delivery), so a producer never waits on an unreachable database for
+    /// longer. Default [`DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS`].
+    #[serde(default = "default_enqueue_check_timeout")]
+    pub enqueue_check_timeout: f64,
     /// Which kind of server the gem talks to: `"postgresql"` (default) or
     /// `"distributed"` ([`COMPATIBILITY_DISTRIBUTED`]: CockroachDB, YugabyteDB, Aurora
     /// DSQL, or PostgreSQL behind a transaction-mode pooler such as RDS Proxy; see
@@ -104,6 +110,9 @@ pub struct Config {
     #[serde(default = "default_compatibility")]
     pub compatibility: String,
 }
+
+/// Default of `enqueue_check_timeout` ([`Config::enqueue_check_timeout`]), seconds.
+pub const DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS: f64 = 0.5;
 
 /// The `compatibility` values ([`Config::compatibility`]): plain PostgreSQL (default).
 pub const COMPATIBILITY_POSTGRESQL: &str = "postgresql";
@@ -173,6 +182,7 @@ pub fn connection_defaults_json() -> serde_json::Value {
             "asynchronous_completion" => serde_json::json!(c.asynchronous_completion),
             "max_result_bytes" => serde_json::json!(c.max_result_bytes),
             "compatibility" => serde_json::json!(c.compatibility),
+            "enqueue_check_timeout" => seconds(c.enqueue_check_timeout),
             _ => serde_json::Value::Null, // none: the URL's, or off
         };
         rows.insert((*name).to_string(), value);
@@ -204,6 +214,7 @@ pub const CONNECTION_SETTINGS: &[&str] = &[
     "deadline",
     "asynchronous_completion",
     "max_result_bytes",
+    "enqueue_check_timeout",
     "compatibility",
 ];
 
@@ -394,6 +405,9 @@ fn default_compatibility() -> String {
 fn default_max_result_bytes() -> usize {
     DEFAULT_MAX_RESULT_BYTES
 }
+fn default_enqueue_check_timeout() -> f64 {
+    DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS
+}
 fn default_deadline() -> f64 {
     10.0
 }
@@ -417,6 +431,7 @@ impl std::fmt::Debug for Config {
             .field("deadline", &self.deadline)
             .field("asynchronous_completion", &self.asynchronous_completion)
             .field("max_result_bytes", &self.max_result_bytes)
+            .field("enqueue_check_timeout", &self.enqueue_check_timeout)
             .field("compatibility", &self.compatibility)
             .finish()
     }
@@ -487,6 +502,7 @@ impl Config {
             deadline: default_deadline(),
             asynchronous_completion: false,
             max_result_bytes: default_max_result_bytes(),
+            enqueue_check_timeout: default_enqueue_check_timeout(),
             compatibility: default_compatibility(),
         };
         // A bad parameter is reported by validate(), which every store runs.
@@ -652,6 +668,7 @@ impl Config {
         positive_seconds("connect_timeout", self.connect_timeout)?;
         positive_seconds("checkout_timeout", self.checkout_timeout)?;
         positive_seconds("deadline", self.deadline)?;
+        positive_seconds("enqueue_check_timeout", self.enqueue_check_timeout)?;
         if !(1..=MAX_RESULT_BYTES_LIMIT).contains(&self.max_result_bytes) {
             return Err(Error::Config(format!(
                 "max_result_bytes must be from 1 to {} bytes (jsonb's limit), got {}",
@@ -697,6 +714,11 @@ impl Config {
         Duration::from_secs_f64(self.connect_timeout)
     }
 
+    /// The bound on the enqueue check ([`Config::enqueue_check_timeout`]).
+    pub fn enqueue_check_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.enqueue_check_timeout)
+    }
+
     /// The client-side bound on one call ([`Config::deadline`]), as a `Duration`.
     pub fn deadline(&self) -> Duration {
         Duration::from_secs_f64(self.deadline)
@@ -724,6 +746,18 @@ impl Config {
         } else {
             // tokio-postgres's parse errors name the option, never its value.
             let (url, _) = split_tls_params(&self.database_url);
+            if let Some((scheme, _)) = url.split_once("://") {
+                let is_scheme = scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+                if is_scheme && scheme != "postgres" && scheme != "postgresql" {
+                    let scheme: String = scheme.chars().take(40).collect();
+                    return Err(Error::Config(format!(
+                        "database_url has the scheme {scheme:?}: it must start with postgres:// \
+                         or postgresql://"
+                    )));
+                }
+            }
             tokio_postgres::Config::from_str(&url).map_err(|e| {
                 // "invalid connection string" alone names nothing: add its cause
                 // ("unknown option `x`", "invalid value for option `port`").
@@ -927,6 +961,16 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn a_url_with_a_wrong_scheme_says_so() {
+        let err = Config::from_json(r#"{"database_url":"postgress://u@h/db"}"#)
+            .and_then(|c| c.pg_config())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(r#"scheme "postgress""#), "{err}");
+        assert!(err.contains("postgres://"), "{err}");
     }
 
     #[test]

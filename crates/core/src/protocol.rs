@@ -318,9 +318,29 @@ pub struct DeliveryRequest {
     /// then replays, a release may run); `None`: no wait (the delivery is deferred at
     /// once). Only on a channel that can wait ([`Channel::can_wait`]: not a transaction).
     pub wait_seconds: Option<f64>,
+    /// When the work before the body must have ended, whatever the database does (a
+    /// call with `wait`: [`DeliveryRequest::bound_wait`]); `None`: each database call's
+    /// own deadline only. [`Protocol::begin`] and [`Protocol::wait`] cut every
+    /// database call at it (the deadline's [`crate::error::Error::Timeout`]).
+    pub wait_until: Option<Instant>,
 }
 
+/// Seconds a call with `wait: N` may take beyond N before its body starts or it
+/// returns or raises ([`DeliveryRequest::bound_wait`]): the claim, the wait and the
+/// decision after it all end within N + this, even with PostgreSQL refusing or never
+/// answering.
+pub const WAIT_MARGIN_SECONDS: f64 = 0.5;
+
 impl DeliveryRequest {
+    /// Starts the bound of a call with `wait_seconds` (call it when the call starts):
+    /// `wait_until` = now + `wait_seconds` + [`WAIT_MARGIN_SECONDS`]; no bound without
+    /// a wait.
+    pub fn bound_wait(&mut self) {
+        self.wait_until = self
+            .wait_seconds
+            .map(|w| Instant::now() + Duration::from_secs_f64(w.max(0.0) + WAIT_MARGIN_SECONDS));
+    }
+
     /// The claim statement's request for this delivery under `options`.
     pub fn claim_request(&self, options: &JobOptions) -> ClaimRequest {
         ClaimRequest {
@@ -579,6 +599,44 @@ pub fn unreachable_delay(failures: u32) -> f64 {
     deferral_delay(UNREACHABLE_MAX_DELAY, failures, 0.0)
 }
 
+/// Seconds between two error log lines of a door for claims failing with the same
+/// cause ([`claim_error_report`]): a database down or misconfigured fails every
+/// delivery, and one line per interval names the cause without a line per message.
+pub const CLAIM_ERROR_LOG_INTERVAL: f64 = 60.0;
+
+/// Whether a door logs, now, the error line for a claim failing with `cause` (a
+/// short text naming the cause, e.g. the error's class and SQLSTATE): `Some(n)` the
+/// first time and then at most once per [`CLAIM_ERROR_LOG_INTERVAL`] per process,
+/// `n` counting the failures of that cause not logged since the last line; `None`
+/// otherwise (the door logs that delivery at debug level only).
+pub fn claim_error_report(cause: &str) -> Option<u64> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<String, (Instant, u64)>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let now = Instant::now();
+    let interval = Duration::from_secs_f64(CLAIM_ERROR_LOG_INTERVAL);
+    match seen.get_mut(cause) {
+        Some((last, skipped)) if now.duration_since(*last) < interval => {
+            *skipped += 1;
+            None
+        }
+        Some((last, skipped)) => {
+            let n = *skipped;
+            *last = now;
+            *skipped = 0;
+            Some(n)
+        }
+        None => {
+            seen.insert(cause.to_string(), (now, 0));
+            Some(0)
+        }
+    }
+}
+
 /// `text` cut to [`ERROR_TEXT_LIMIT`] characters.
 fn limited(text: &str) -> &str {
     match text.char_indices().nth(ERROR_TEXT_LIMIT) {
@@ -635,6 +693,7 @@ impl Protocol {
         delivery: &DeliveryRequest,
         notes: &mut Notes,
     ) -> Result<Step> {
+        interrupt.end_by(delivery.wait_until);
         let request = delivery.claim_request(&self.options);
         let started = Instant::now();
         let decided = channel.claim(interrupt, &request, self.options.lock_timeout_seconds)?;
@@ -656,6 +715,7 @@ impl Protocol {
         delivery: &DeliveryRequest,
         notes: &mut Notes,
     ) -> Result<Step> {
+        interrupt.end_by(delivery.wait_until);
         let seconds = delivery.wait_seconds.unwrap_or(0.0);
         let request = delivery.claim_request(&self.options);
         let started = Instant::now();
