@@ -15,7 +15,7 @@ use idempotent_job_core::protocol::{
     Outcome as CoreOutcome, Protocol, Step,
 };
 use idempotent_job_core::results::{self, ResultInput};
-use idempotent_job_core::store::Handles;
+use idempotent_job_core::store::PoolHandle;
 
 /// One job type's protocol: its options resolved and checked once (per Celery task
 /// class, per `perform_once` call), told in its door's words.
@@ -291,7 +291,7 @@ fn ask_lookup(py: Python<'_>, lookup: Option<&Bound<'_, PyAny>>, key: &str) -> L
 #[allow(clippy::too_many_arguments)]
 pub fn perform(
     py: Python<'_>,
-    pool: Handles,
+    pool: PoolHandle,
     asynchronous_completion: bool,
     max_result_bytes: usize,
     protocol: &Protocol,

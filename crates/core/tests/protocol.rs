@@ -19,7 +19,7 @@ use idempotent_job_core::protocol::{
 };
 use idempotent_job_core::results::{self, ResultInput, ResultState};
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::{Handles, Store};
+use idempotent_job_core::store::{PoolHandle, Store};
 
 mod common;
 use common::StoreExt;
@@ -699,7 +699,7 @@ impl Channel for Flaky {
         i: &Interrupt<'_>,
         request: &ClaimRequest,
         lock: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<claim::ClaimReply> {
         self.inner.claim(i, request, lock)
     }
 
@@ -723,7 +723,7 @@ impl Channel for Flaky {
         false
     }
 
-    fn heartbeat_pool(&self) -> Option<&Handles> {
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
         self.inner.heartbeat_pool()
     }
 
@@ -1070,7 +1070,7 @@ impl Channel for Telling {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<claim::ClaimReply> {
         self.direct.claim(interrupt, request, lock_timeout_seconds)
     }
 
@@ -1095,7 +1095,7 @@ impl Channel for Telling {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         seconds: f64,
-    ) -> Result<Option<claim::Decision>> {
+    ) -> Result<Option<claim::ClaimReply>> {
         let _ = self.started.send(());
         self.direct.wait(interrupt, request, seconds)
     }
@@ -1104,7 +1104,7 @@ impl Channel for Telling {
         false
     }
 
-    fn heartbeat_pool(&self) -> Option<&Handles> {
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
         None
     }
 

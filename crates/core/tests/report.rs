@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use common::claim::{self, ClaimRequest, Fenced, Outcome};
+use common::claim::{self, ClaimAnswer, ClaimRequest, Fenced};
 use idempotent_job_core::conn::Conn;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::report;
@@ -42,7 +42,7 @@ fn claim(store: &Store, req: &ClaimRequest) -> Uuid {
         .unwrap()
         .outcome
     {
-        Outcome::Claimed { token, .. } => token,
+        ClaimAnswer::Claimed { token, .. } => token,
         other => panic!("expected a claim, got {other:?}"),
     }
 }

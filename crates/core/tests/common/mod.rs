@@ -7,7 +7,7 @@ use idempotent_job_core::conn::{Conn, Interrupt};
 use idempotent_job_core::error::Result as CoreResult;
 use idempotent_job_core::migrate;
 use idempotent_job_core::record::ClaimRequest;
-use idempotent_job_core::store::{Handles, Store};
+use idempotent_job_core::store::{PoolHandle, Store};
 use uuid::Uuid;
 
 /// The core's statements and record types under one name, with the conn-level
@@ -24,12 +24,12 @@ pub mod claim {
     use super::{Conn, CoreResult as Result, Uuid};
 
     /// Decides one delivery in one round trip ([`CLAIM_SQL`]) with a fresh token.
-    pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<Decision> {
+    pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<ClaimReply> {
         claim_as(conn, req, Uuid::new_v4()).await
     }
 
     /// [`claim`] with the caller's fencing token.
-    pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<Decision> {
+    pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<ClaimReply> {
         Ok(claim_noting(conn, req, token).await?.0)
     }
 
@@ -71,13 +71,17 @@ pub mod claim {
 /// [`Interrupt`] wired to their runtime instead).
 pub trait StoreExt {
     /// Runs `f` with this process's handles on the calling thread, uninterruptibly.
-    fn run<T>(&self, f: impl FnOnce(&Handles, &Interrupt<'_>) -> CoreResult<T>) -> CoreResult<T>;
+    fn run<T>(&self, f: impl FnOnce(&PoolHandle, &Interrupt<'_>) -> CoreResult<T>)
+        -> CoreResult<T>;
     /// `pool::with_conn` on this process's pool, uninterruptibly.
     fn with_conn<T>(&self, op: impl AsyncFnOnce(&mut Conn) -> CoreResult<T>) -> CoreResult<T>;
 }
 
 impl StoreExt for Store {
-    fn run<T>(&self, f: impl FnOnce(&Handles, &Interrupt<'_>) -> CoreResult<T>) -> CoreResult<T> {
+    fn run<T>(
+        &self,
+        f: impl FnOnce(&PoolHandle, &Interrupt<'_>) -> CoreResult<T>,
+    ) -> CoreResult<T> {
         let pool = self.pool()?;
         f(&pool, &Interrupt::none())
     }

@@ -26,7 +26,7 @@ use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::report;
 use idempotent_job_core::results::{self, PreparedResult, ResultInput, ResultState};
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::{Handles, Store};
+use idempotent_job_core::store::{PoolHandle, Store};
 
 /// A purge cursor as Ruby holds it: `[finished_at microseconds since the epoch,
 /// job_type, operation_key]`.
@@ -48,7 +48,7 @@ impl NativeStore {
     fn run<T>(
         &self,
         ruby: &Ruby,
-        op: impl FnOnce(&Handles, &Interrupt<'_>) -> Result<T>,
+        op: impl FnOnce(&PoolHandle, &Interrupt<'_>) -> Result<T>,
     ) -> RbResult<T> {
         let pool = self.0.pool().map_err(|e| to_ruby(ruby, e))?;
         without_gvl(ruby, |interrupt| op(&pool, interrupt))?.map_err(|e| to_ruby(ruby, e))
