@@ -42,10 +42,12 @@
 
 mod channel;
 mod note;
+mod perform;
 
 pub use crate::record::ClaimKind;
 pub use channel::{Channel, Direct};
 pub use note::{Detail, DoorWords, Level, Note, NoteKind, Notes};
+pub use perform::{Body, Host, Performed};
 
 use std::time::{Duration, Instant};
 
