@@ -213,6 +213,8 @@ def perform_once(
         "max_run": max_run,
         "store_result": store_result,
     }
+    if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float))):
+        raise ConfigurationError(f"{job_type}: wait must be a number of seconds (0 or more), got {wait!r}")
     return store.perform_once(
         store.protocol(job_type, options, "plain"),
         job_type,
