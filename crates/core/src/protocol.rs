@@ -177,6 +177,11 @@ pub struct JobOptions {
     /// a repeat of the completed operation replays it ([`Outcome::result_json`]).
     /// Default false.
     pub store_result: bool,
+    /// The reclaim budget: `Some(n)` once `n` stale takeovers of one operation have
+    /// been made, the next one is held for a person (after its lookup, if one is
+    /// declared and does not know) whatever [`JobOptions::on_stale`] says. `None`
+    /// (the default): no budget.
+    pub max_takeovers: Option<i32>,
 }
 
 /// Seconds the deferral adds past the holder's lease end when no `defer_margin`
@@ -227,6 +232,7 @@ impl Default for JobOptions {
             lock_timeout_seconds: seconds_default("lock_timeout"),
             defer_margin_seconds: DEFAULT_DEFER_MARGIN_SECONDS,
             store_result: boolean_default("store_result"),
+            max_takeovers: None,
         }
     }
 }
@@ -400,14 +406,18 @@ pub struct Claim {
     heartbeat: Option<Heartbeat>,
     /// When [`Step::Run`] was handed out: the body's duration counts from here.
     started: Instant,
+    /// Stale takeovers of the operation, this claim included when it is one (the
+    /// record's `takeovers`): what the reclaim budget (`max_takeovers`) is checked on.
+    takeovers: i32,
 }
 
 impl Claim {
-    fn new(info: ClaimInfo) -> Claim {
+    fn new(info: ClaimInfo, takeovers: i32) -> Claim {
         Claim {
             info,
             heartbeat: None,
             started: Instant::now(),
+            takeovers,
         }
     }
 
@@ -700,6 +710,7 @@ impl Protocol {
                 token,
                 attempt,
                 kind,
+                takeovers,
             } => {
                 let info = ClaimInfo {
                     job_type: delivery.job_type.clone(),
@@ -710,7 +721,7 @@ impl Protocol {
                     kind,
                 };
                 notes.push(Note::claim(&info, NoteKind::Claimed { kind, duration }));
-                let claim = Claim::new(info);
+                let claim = Claim::new(info, takeovers);
                 match kind {
                     ClaimKind::First => self.run(channel, claim),
                     ClaimKind::Retry => {
@@ -1146,7 +1157,10 @@ impl Protocol {
         outcome
     }
 
-    /// The stale policy for a claim taken over whose lookup (if any) did not know.
+    /// The stale policy for a claim taken over whose lookup (if any) did not know: the
+    /// job's `on_stale`, unless the reclaim budget is spent (more stale takeovers than
+    /// `max_takeovers`), which holds the operation for a person and says why in the
+    /// record's `last_error`, the `held` event's `reason` and the log line.
     fn stale_policy(
         &self,
         channel: &mut dyn Channel,
@@ -1155,7 +1169,23 @@ impl Protocol {
         notes: &mut Notes,
     ) -> Result<Step> {
         let why = self.options.lookup.clone();
-        let (change, decision) = match self.options.on_stale {
+        let budget = self
+            .options
+            .max_takeovers
+            .filter(|max| claim.takeovers > *max)
+            .map(|max| {
+                format!(
+                    "the reclaim budget is spent: {} stale takeovers of this operation, \
+                     max_takeovers {max}",
+                    claim.takeovers
+                )
+            });
+        let policy = if budget.is_some() {
+            OnStale::Hold
+        } else {
+            self.options.on_stale
+        };
+        let (change, decision) = match policy {
             OnStale::Reclaim => {
                 notes.push(Note::claim(
                     &claim.info,
@@ -1166,9 +1196,12 @@ impl Protocol {
             OnStale::Hold => (Fenced::Hold, Decision::Held),
             OnStale::Skip => (Fenced::GiveUp, Decision::GivenUp),
         };
-        channel.fenced(interrupt, change, &claim.info, None)?;
+        channel.fenced(interrupt, change, &claim.info, budget.as_deref())?;
         let kind = match decision {
-            Decision::Held => NoteKind::Held { lookup: why },
+            Decision::Held => NoteKind::Held {
+                lookup: why,
+                budget,
+            },
             _ => NoteKind::GivenUp { lookup: why },
         };
         notes.push(Note::claim(&claim.info, kind));
