@@ -998,7 +998,7 @@ fn a_result_that_cannot_be_stored_is_noted_and_the_completion_stands(store: &Sto
     assert_eq!(outcome.result_json, None);
     let text = notes[0].text(&delivery, &DoorWords::default()).unwrap();
     assert!(
-        text.ends_with("; replayed: true (result too_large, not stored)"),
+        text.ends_with("; no value replayed (result too_large, not stored)"),
         "{text}"
     );
 }

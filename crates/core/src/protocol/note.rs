@@ -383,7 +383,12 @@ impl Note {
                     None => String::new(),
                     Some(ResultState::Stored) => "; replayed: true (its stored result)".into(),
                     Some(other) => {
-                        format!("; replayed: true (result {}, not stored)", other.as_str())
+                        // No value to replay: said as Python's `outcome.replayed` (False)
+                        // and Ruby's `result_stored?` (false) say it.
+                        format!(
+                            "; no value replayed (result {}, not stored)",
+                            other.as_str()
+                        )
                     }
                 };
                 format!(
