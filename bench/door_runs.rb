@@ -14,14 +14,13 @@ module IdempotentJobBench
     ROOT = File.expand_path("..", __dir__)
 
     # @param results [Results]
-    # @param sqs_operations [Integer] operations of the SQS run (plus 30 % duplicate messages)
-    # @param rust_operations [Integer] deliveries per variant and round of the Rust run
-    # @param rounds [Integer] rounds of each, the variants alternating
-    def initialize(results, sqs_operations:, rust_operations:, rounds:)
+    # @param sqs [Array(Integer, Integer)] operations per round of the SQS run (plus 30 %
+    #   duplicate messages; a short queue: moto's receive and delete scan the whole queue) and rounds
+    # @param rust [Array(Integer, Integer)] deliveries per variant and round of the Rust run, and rounds
+    def initialize(results, sqs:, rust:)
       @results = results
-      @sqs_operations = sqs_operations
-      @rust_operations = rust_operations
-      @rounds = rounds
+      @sqs_operations, @sqs_rounds = sqs
+      @rust_operations, @rust_rounds = rust
     end
 
     # The Python SQS door against the hand-written guard (target: >= 0.95x its throughput).
@@ -32,7 +31,7 @@ module IdempotentJobBench
       figures = Dir.mktmpdir("sqs-bench") do |tmp|
         json = File.join(tmp, "sqs.json")
         ok = system(File.join(ROOT, ".venv", "bin", "python"), File.join(__dir__, "sqs_bench.py"),
-                    "--operations", @sqs_operations.to_s, "--rounds", @rounds.to_s, "--json", json)
+                    "--operations", @sqs_operations.to_s, "--rounds", @sqs_rounds.to_s, "--json", json)
         raise "bench/sqs_bench.py failed" unless ok
 
         JSON.parse(File.read(json))
@@ -49,7 +48,7 @@ module IdempotentJobBench
     # @raise [RuntimeError] when the example fails to build or run
     def rust
       out, status = Open3.capture2("cargo", "run", "--quiet", "--release", "-p", "idempotent_job_rust",
-                                   "--example", "bench_door", "--", @rust_operations.to_s, @rounds.to_s,
+                                   "--example", "bench_door", "--", @rust_operations.to_s, @rust_rounds.to_s,
                                    chdir: ROOT)
       raise "crates/rust/examples/bench_door.rs failed" unless status.success?
 
@@ -61,8 +60,9 @@ module IdempotentJobBench
         [kind, f.fetch("door_us").round, f.fetch("floor_us").round, f.fetch("ratio").round(3),
          "<= #{f.fetch("target")}"]
       end
-      @results.table("rust", "Rust door against the core's statements sent raw (tokio-postgres, one connection, " \
-                             "prepared): #{@rust_operations} deliveries per variant and round, median of #{@rounds}",
+      @results.table("rust", "Rust door against the core's statements sent raw (tokio-postgres, one " \
+                             "connection, prepared): #{@rust_operations} deliveries per variant and round, " \
+                             "median of #{@rust_rounds}",
                      ["delivery", "door µs", "raw µs", "door / raw", "target"], rows)
     end
   end

@@ -34,13 +34,13 @@ module IdempotentJobBench
               sizes: [1_000, 100_000, 1_000_000, 10_000_000], growth_rounds: 30,
               operations: 10_000, sidekiq_repeats: 3, memory_runs: 3, enqueue_batch: 50,
               purge_sizes: [100_000, 800_000], purge_loaded: 200_000,
-              celery_operations: 5_000, celery_rounds: 3, sqs_operations: 300, rust_operations: 2_000,
+              celery_operations: 5_000, celery_rounds: 3, sqs_operations: 100, sqs_rounds: 9, rust_operations: 2_000,
               door_rounds: 5 },
       quick: { rounds: 4, batch: 5, threads: [1, 2, 5, 10, 25], seconds: 0.3, repeats: 1,
                sizes: [1_000, 100_000], growth_rounds: 4, operations: 1_000, sidekiq_repeats: 1,
                memory_runs: 1, enqueue_batch: 5,
                purge_sizes: [2_000, 16_000], purge_loaded: 4_000,
-               celery_operations: 200, celery_rounds: 1, sqs_operations: 30, rust_operations: 100,
+               celery_operations: 200, celery_rounds: 1, sqs_operations: 30, sqs_rounds: 1, rust_operations: 100,
                door_rounds: 1 }
     }.freeze
 
@@ -123,8 +123,8 @@ module IdempotentJobBench
       when "celery"
         CeleryRun.new(@results, operations: sizes[:celery_operations], rounds: sizes[:celery_rounds], dir: @out).run
       when "sqs", "rust"
-        DoorRuns.new(@results, sqs_operations: sizes[:sqs_operations], rust_operations: sizes[:rust_operations],
-                               rounds: sizes[:door_rounds]).public_send(name)
+        DoorRuns.new(@results, sqs: [sizes[:sqs_operations], sizes[:sqs_rounds]],
+                               rust: [sizes[:rust_operations], sizes[:door_rounds]]).public_send(name)
       end
     end
 

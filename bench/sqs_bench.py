@@ -6,10 +6,10 @@ Against moto's server mode (``moto_server``, an SQS *emulator*: its HTTP round t
 AWS's, set the pace), one consumer drains a queue of N messages plus 30 % duplicates
 (batches of 10, long polling off) with the door (``idempotent_job.sqs.Consumer.poll``)
 and with a hand-written psycopg guard in the same loop (``INSERT … ON CONFLICT DO NOTHING
-RETURNING``, the effect, ``UPDATE`` to done, ``DeleteMessage``). The variants alternate
-per round; throughput is messages per second, the ratio door / guard per round, the
-median printed (target ≥ 0.95). Needs DATABASE_URL; starts moto_server on MOTO_PORT
-(default 25458) + 1.
+RETURNING``, the effect, ``UPDATE`` to done, ``DeleteMessage``), each on a queue of its own,
+batch by batch in turn (so the machine's load falls on both); throughput is messages per
+second, the ratio door / guard per round, the median printed (target ≥ 0.95). Needs
+DATABASE_URL; starts moto_server on MOTO_PORT (default 25458) + 1.
 """
 
 from __future__ import annotations
@@ -44,45 +44,71 @@ def fill(sqs, url, operations, run):
     return len(sends)
 
 
-def drain_door(sqs, url, messages, effects):
+def door_batch(consumer):
+    """One batch through the door: the messages it handled."""
+    return len(consumer.poll())
+
+
+def guard_batch(sqs, url, effects, conn):
+    """One batch through the hand-written guard, in the door's loop shape: the messages handled."""
+    answer = sqs.receive_message(
+        QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0, AttributeNames=["All"]
+    )
+    messages = answer.get("Messages", [])
+    for message in messages:
+        key = json.loads(message["Body"])["order_id"]
+        claimed = conn.execute(
+            f"INSERT INTO {GUARD_TABLE} (operation_key, status, claimed_at) "
+            "VALUES (%s, 'running', now()) ON CONFLICT DO NOTHING RETURNING 1",
+            (key,),
+            prepare=True,
+        ).fetchone()
+        if claimed is not None:
+            effects.append(key)
+            conn.execute(
+                f"UPDATE {GUARD_TABLE} SET status = 'done', completed_at = now() WHERE operation_key = %s",
+                (key,),
+                prepare=True,
+            )
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+    return len(messages)
+
+
+def one_round(sqs, conn, operations, round_):
+    """Fills a queue per variant, then drains both batch by batch, alternating (which goes
+    first alternates too), so the machine's load falls on both; returns msg/s per variant."""
+    run = uuid.uuid4().hex[:10]
+    urls = {v: sqs.create_queue(QueueName=f"bench-{v}-{run}")["QueueUrl"] for v in ("door", "guard")}
+    messages = {v: fill(sqs, urls[v], operations, f"{run}-{v}") for v in urls}
+    effects: dict[str, list[str]] = {"door": [], "guard": []}
     consumer = Consumer(
-        url,
-        lambda message, claim: effects.append(claim.operation_key),
+        urls["door"],
+        lambda message, claim: effects["door"].append(claim.operation_key),
         job_type="BenchSqs",
         key="body.order_id",
         client=sqs,
         wait_seconds=0,
         lease=60,
     )
-    done = 0
-    while done < messages:
-        done += len(consumer.poll())
-
-
-def drain_guard(sqs, url, messages, effects, conn):
-    done = 0
-    while done < messages:
-        answer = sqs.receive_message(
-            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0, AttributeNames=["All"]
-        )
-        for message in answer.get("Messages", []):
-            key = json.loads(message["Body"])["order_id"]
-            claimed = conn.execute(
-                f"INSERT INTO {GUARD_TABLE} (operation_key, status, claimed_at) "
-                "VALUES (%s, 'running', now()) ON CONFLICT DO NOTHING RETURNING 1",
-                (key,),
-                prepare=True,
-            ).fetchone()
-            if claimed is not None:
-                effects.append(key)
-                conn.execute(
-                    f"UPDATE {GUARD_TABLE} SET status = 'done', completed_at = now() "
-                    "WHERE operation_key = %s",
-                    (key,),
-                    prepare=True,
-                )
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
-            done += 1
+    batches = {
+        "door": lambda: door_batch(consumer),
+        "guard": lambda: guard_batch(sqs, urls["guard"], effects["guard"], conn),
+    }
+    done = {"door": 0, "guard": 0}
+    seconds = {"door": 0.0, "guard": 0.0}
+    turn = 0
+    while any(done[v] < messages[v] for v in done):
+        order = ["door", "guard"] if (turn + round_) % 2 == 0 else ["guard", "door"]
+        turn += 1
+        for variant in order:
+            if done[variant] < messages[variant]:
+                started = time.perf_counter()
+                done[variant] += batches[variant]()
+                seconds[variant] += time.perf_counter() - started
+    for variant, url in urls.items():
+        assert len(effects[variant]) == operations, (variant, len(effects[variant]))
+        sqs.delete_queue(QueueUrl=url)
+    return {v: messages[v] / seconds[v] for v in urls}
 
 
 def main() -> None:
@@ -120,22 +146,7 @@ def main() -> None:
         )
         rows, ratios = [], []
         for round_ in range(-1, args.rounds):  # round -1 warms both variants up, untimed
-            rates = {}
-            for variant in ["door", "guard"] if round_ % 2 == 0 else ["guard", "door"]:
-                run = uuid.uuid4().hex[:10]
-                url = sqs.create_queue(QueueName=f"bench-{variant}-{run}")["QueueUrl"]
-                operations = 20 if round_ < 0 else args.operations
-                messages = fill(sqs, url, operations, run)
-                effects: list[str] = []
-                started = time.perf_counter()
-                if variant == "door":
-                    drain_door(sqs, url, messages, effects)
-                else:
-                    drain_guard(sqs, url, messages, effects, conn)
-                seconds = time.perf_counter() - started
-                assert len(effects) == operations, (variant, len(effects))
-                rates[variant] = messages / seconds
-                sqs.delete_queue(QueueUrl=url)
+            rates = one_round(sqs, conn, 20 if round_ < 0 else args.operations, round_)
             if round_ < 0:
                 continue
             ratios.append(rates["door"] / rates["guard"])

@@ -10,6 +10,10 @@ module IdempotentJob
   # in a module no job includes or extends, so a job's unqualified constants resolve as
   # they would without the gem.
   module ActiveJobDoor
+    # Keys with the `idempotency_` prefix a serialized job may carry (written by
+    # {IdempotentJob::ActiveJob#serialize}); any other is refused when it is deserialized.
+    SERIALIZED_KEYS = ["idempotency_deferrals", "idempotency_lease", Producer::KEY].freeze
+
     # Options `idempotency` accepts besides `key:` (as the Sidekiq door's, unprefixed).
     OPTIONS = (JobOptions::NAMES - [:key]).freeze
     # ActiveJob versions supported (checked when this file is required; see
@@ -197,7 +201,18 @@ module IdempotentJob
 
     # @param job_data [Hash] ActiveJob's serialized job
     # @return [void]
+    # @raise [ConfigurationError] for an `idempotency_*` key {#serialize} never writes
+    #   (a misspelled option added by a producer), naming it and the nearest option:
+    #   the delivery fails into its adapter's retry before anything is claimed
     def deserialize(job_data)
+      job_data.each_key do |key|
+        next if !key.is_a?(String) || !key.start_with?("idempotency_") || ActiveJobDoor::SERIALIZED_KEYS.include?(key)
+
+        JobOptions.check_names!(job_data["job_class"].to_s, [key.delete_prefix("idempotency_")],
+                                prefix: "idempotency_")
+        raise ConfigurationError, "#{job_data["job_class"]}: #{key} in a serialized job is not taken: " \
+                                  "declare it with `idempotency` on the job class"
+      end
       super
       @idempotency_deferrals = job_data["idempotency_deferrals"]
       @idempotency_lease = job_data["idempotency_lease"]

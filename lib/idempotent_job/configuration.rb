@@ -26,6 +26,9 @@ module IdempotentJob
       # its retries on fresh connections): past it the connection is discarded and a
       # retryable TimeoutError raised, even on a network that silently drops packets.
       deadline: CORE_DEFAULTS.fetch("deadline"),
+      # Seconds the enqueue check (on_enqueue: :skip_completed) may take before the push
+      # goes ahead anyway.
+      enqueue_check_timeout: CORE_DEFAULTS.fetch("enqueue_check_timeout"),
       statement_timeout: nil, # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
       application_name: CORE_DEFAULTS.fetch("application_name"), # shown in pg_stat_activity unless the URL sets one
       schema: nil,                 # schema of the record table (the connection's search_path); nil: default
@@ -232,6 +235,23 @@ module IdempotentJob
         public_send("#{name}=", value)
       end
       self
+    end
+
+    # An assignment to a setting that does not exist (`c.leese = 5` in a configure
+    # block) raises the library's error naming it and the nearest known setting, as
+    # {#update} does for a keyword; any other unknown method is Ruby's NoMethodError.
+    # @raise [ConfigurationError] for `name=` when `name` is not a setting
+    def method_missing(method, *args, &)
+      name = method.to_s
+      return super unless name.end_with?("=") && args.size == 1
+
+      setting = name.delete_suffix("=")
+      Native.unknown_setting(setting.inspect, setting, SETTINGS.map(&:to_s))
+    end
+
+    # @return [Boolean] false for unknown setters too (they raise ConfigurationError)
+    def respond_to_missing?(method, include_private = false)
+      super
     end
 
     # Checks every setting's type and range.

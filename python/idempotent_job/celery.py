@@ -21,10 +21,11 @@ from celery import Task
 from celery.exceptions import Ignore, Retry
 
 from . import _current
-from ._native import OPTION_NAMES, Store, check_option, key_declaration, unreachable_delay
+from ._native import OPTION_NAMES, Store, check_option, key_declaration
+from ._sendback import claim_failed
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
-__all__ = ["IdempotentTask", "DEFERRALS_HEADER", "UNREACHABLE_HEADER"]
+__all__ = ["IdempotentTask", "DEFERRALS_HEADER", "UNREACHABLE_HEADER", "ON_CLAIM_ERROR_SETTING"]
 
 logger = logging.getLogger("idempotent_job.celery")
 
@@ -43,6 +44,13 @@ DOOR_OPTIONS = ("key", "scope")
 #: values and defaults, crates/core/src/options.rs) less the door's.
 CORE_OPTIONS = tuple(name for name in OPTION_NAMES if name not in DOOR_OPTIONS)
 KNOWN = tuple(PREFIX + name for name in OPTION_NAMES)
+#: The Celery setting (``app.conf``) saying what the door does with a delivery whose
+#: claim failed before its body ran with an error the core sends back (an outage, a
+#: wrong database name, role or password, a missing table): ``"send_back"`` (the
+#: default: the delivery comes back with the core's back-off, nothing is lost) or
+#: ``"fail"`` (the task fails and Celery acknowledges its message: the delivery is lost).
+ON_CLAIM_ERROR_SETTING = "idempotent_job_on_claim_error"
+ON_CLAIM_ERROR_VALUES = ("send_back", "fail")
 
 
 class _Path:
@@ -116,11 +124,15 @@ class IdempotentTask(Task):
 
     A delivery of a completed operation returns the first run's stored result; one that
     meets a live claim is sent back with ``countdown=retry_after`` without using up
-    ``max_retries``; one whose claim fails with a retryable error before the body started
-    (``ConnectionError``, ``TimeoutError``: PostgreSQL unreachable or slower than the
-    deadline) is sent back the same way after the core's ``unreachable_delay`` (1 s
-    doubling, at most 60 s; counted in the ``UNREACHABLE_HEADER``) with a warning, so
-    the delivery is not lost; a held or given-up operation raises ``celery.exceptions.Ignore``
+    ``max_retries``; one whose claim fails before the body started with an error the
+    core sends back (``sends_back``: PostgreSQL unreachable or slower than the deadline,
+    a wrong database name, role or password, a missing table) is sent back the same way
+    after the core's ``unreachable_delay`` (1 s doubling, at most 60 s; counted in the
+    ``UNREACHABLE_HEADER``), with an error line per cause once a minute, so the delivery
+    is not lost (the app setting ``idempotent_job_on_claim_error="fail"`` fails it
+    instead); a message carrying an ``idempotency_*`` option (``send_task(...,
+    idempotency_x=...)``) fails with ``ConfigurationError`` naming it before anything is
+    claimed; a held or given-up operation raises ``celery.exceptions.Ignore``
     with a log line; a raising body releases the claim and re-raises (so
     ``autoretry_for`` and ``self.retry`` work as without the door); a lost worker
     (SIGKILL) leaves the claim until its lease ends.
@@ -228,20 +240,31 @@ class IdempotentTask(Task):
         no ``idempotency_*`` option is given per call (they are the task's: a misspelled
         one raises ``ConfigurationError`` with the nearest known name, a known one says
         to declare it on the task), rather than a message sent with an option ignored."""
-        for option in options:
-            if option.startswith(PREFIX):
-                check_option(self.name, PREFIX, option[len(PREFIX) :], None)
-                raise ConfigurationError(
-                    f"{self.name}: {option} is a task option: declare it on the task "
-                    f"(@app.task(..., {option}=...)); per-call idempotency options are not taken",
-                    job_type=self.name,
-                )
+        self._refuse_message_options(options, "")
         if not options.get("retries"):
             self._operation_key(tuple(args or ()), dict(kwargs or {}))
         return super().apply_async(args, kwargs, *rest, **options)
 
+    def _refuse_message_options(self, names: Any, where: str) -> None:
+        """Raises ``ConfigurationError`` naming the task for the first ``idempotency_*``
+        name in ``names``: an unknown one with the nearest known one (the core's table),
+        a known one saying it is the task's (declared on the task, never per message)."""
+        for option in sorted(n for n in names if isinstance(n, str) and n.startswith(PREFIX)):
+            check_option(self.name, PREFIX, option[len(PREFIX) :], None)
+            raise ConfigurationError(
+                f"{self.name}: {option}{where} is a task option: declare it on the task "
+                f"(@app.task(..., {option}=...)); per-call idempotency options are not taken",
+                job_type=self.name,
+            )
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
+        if not request.called_directly:
+            # Options a producer put in the message (send_task(..., idempotency_x=...),
+            # another language's producer, a header): refused before anything is
+            # claimed, so the task fails visibly rather than run under the defaults.
+            for names in (vars(request), getattr(request, "properties", None) or {}, request.headers or {}):
+                self._refuse_message_options(names, " (sent in the message)")
         key = self._operation_key(args, kwargs)
         job_type = self.idempotency_scope or self.name
         deferrals = int(_header(request, DEFERRALS_HEADER) or 0)
@@ -275,24 +298,26 @@ class IdempotentTask(Task):
                 self._idempotency_lookup_fn,
             )
         except IdempotentJobError as error:
-            if started or not error.retryable or request.called_directly or request.is_eager:
-                # The body's own error, a completion's, one retrying cannot fix, or no
-                # worker to send the delivery back to: the caller sees it.
+            if (
+                started
+                or not error.sends_back
+                or request.called_directly
+                or request.is_eager
+                or self._on_claim_error() == "fail"
+            ):
+                # The body's own error, a completion's, a bad key or option (no later
+                # try of this delivery can succeed), no worker to send the delivery back
+                # to, or the app chose "fail": the caller sees it.
                 raise
-            # The claim could not be made or answered: the body did not run. Failing
-            # would let Celery acknowledge the message and drop the delivery.
-            countdown = unreachable_delay(unreachable)
-            logger.warning(
-                "%s[%s]: operation %r of %s could not be claimed (%s: %s); the body did not "
-                "run; the task is sent back in %.1f s (claim failure %d)",
-                self.name,
-                request.id,
-                key,
-                job_type,
-                type(error).__name__,
+            # The claim could not be made or answered (an outage, a wrong database URL,
+            # a missing table): the body did not run. Failing would let Celery
+            # acknowledge the message and drop the delivery.
+            countdown = claim_failed(
+                logger,
                 error,
-                countdown,
-                unreachable + 1,
+                unreachable,
+                f"{self.name}[{request.id}]: operation {key!r} of {job_type}",
+                "the task is sent back",
             )
             self._send_back(
                 countdown,
@@ -318,6 +343,17 @@ class IdempotentTask(Task):
             " (settle it with idempotent_job.resolve)" if decision in ("held", "given_up") else "",
         )
         raise Ignore()
+
+    def _on_claim_error(self) -> str:
+        """The app's ``ON_CLAIM_ERROR_SETTING`` (``"send_back"`` unless set); raises
+        ``ConfigurationError`` naming the setting for any other value."""
+        value = self.app.conf.get(ON_CLAIM_ERROR_SETTING) or "send_back"
+        if value not in ON_CLAIM_ERROR_VALUES:
+            raise ConfigurationError(
+                f"Celery setting {ON_CLAIM_ERROR_SETTING}={value!r}: must be one of "
+                f"{', '.join(repr(v) for v in ON_CLAIM_ERROR_VALUES)}"
+            )
+        return value
 
     def _send_back(self, countdown: float, counts: dict[str, int], reason: str) -> None:
         """Sends this delivery again in ``countdown`` seconds with the same retry count (a

@@ -30,6 +30,9 @@ class IdempotentJobError(Exception):
     Attributes:
         sqlstate: PostgreSQL's five-character SQLSTATE when the database sent one, else None.
         retryable: whether the same call made again later may succeed (bool).
+        sends_back: whether a door sends a delivery whose claim failed with this error
+            before its body ran back to its queue rather than failing it (bool; the core's
+            rule: any answer of the database or an outage, not a bad key or option).
         job_type: the job type concerned, when known (str or None).
         operation_key: the operation key concerned, when known (str or None).
     """
@@ -43,6 +46,7 @@ class IdempotentJobError(Exception):
         *,
         sqlstate: str | None = None,
         retryable: bool | None = None,
+        sends_back: bool | None = None,
         job_type: str | None = None,
         operation_key: str | None = None,
         **extra: Any,
@@ -50,6 +54,7 @@ class IdempotentJobError(Exception):
         super().__init__(message)
         self.sqlstate = sqlstate
         self.retryable = self.always_retryable if retryable is None else bool(retryable)
+        self.sends_back = self.retryable if sends_back is None else bool(sends_back)
         self.job_type = job_type
         self.operation_key = operation_key
         for name, value in extra.items():

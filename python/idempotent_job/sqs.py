@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import _current
-from ._native import Store, check_option, unreachable_delay
+from ._native import Store, check_option, key_declaration
+from ._sendback import claim_failed
 from .errors import IdempotentJobError, OperationKeyError
 
 __all__ = ["Consumer", "Message", "batch_handler"]
@@ -102,17 +103,25 @@ class _Door:
             raise TypeError(f"{job_type}: the SQS door needs a callable handler")
         for name, value in options.items():
             check_option(job_type, "", name, value)
-        parts = list(key) if isinstance(key, (list, tuple)) else [key]
-        for part in parts:
-            if not isinstance(part, str) or part.split(".")[0] not in SOURCES or "" in part.split("."):
-                raise OperationKeyError(
-                    f"{job_type}: key {key!r}: each part must be a dotted path starting with one of "
-                    f"{', '.join(SOURCES)} (e.g. 'body.order_id', 'message_attributes.OrderId'), "
-                    f"got {part!r}",
-                    job_class=job_type,
-                    job_type=job_type,
-                    declaration=key,
+
+        def refuse(problem: str) -> OperationKeyError:
+            return OperationKeyError(
+                f"{job_type}: key {key!r}: {problem}", job_class=job_type, job_type=job_type, declaration=key
+            )
+
+        # The shape (names, dotted paths, composites) is the core's parse of a key declaration;
+        # the door only says where a path starts: the body or one of the attribute maps.
+        parsed, problem = key_declaration(list(key) if isinstance(key, (list, tuple)) else [key])
+        if problem is not None:
+            raise refuse(problem)
+        parts = []
+        for label, _index, head, segments in parsed:
+            if head not in SOURCES:
+                raise refuse(
+                    f"each part must be a dotted path starting with one of {', '.join(SOURCES)} "
+                    f"(e.g. 'body.order_id', 'message_attributes.OrderId'), got {label!r}"
                 )
+            parts.append((label, head, segments))
         self.handler, self.job_type, self.key, self.parts = handler, job_type, key, parts
         self.options = options
         self.protocol  # noqa: B018 - the options are checked now, naming the job type
@@ -130,8 +139,8 @@ class _Door:
         composite = isinstance(self.key, (list, tuple))
         return Store.operation_key(self.job_type, values if composite else values[0], composite)
 
-    def _fetch(self, message: Message, part: str) -> Any:
-        source, *segments = part.split(".")
+    def _fetch(self, message: Message, part: tuple[str, str, list[str]]) -> Any:
+        label, source, segments = part
         value: Any = {"body": message.body, "attributes": message.attributes}.get(
             source, message.message_attributes
         )
@@ -142,7 +151,7 @@ class _Door:
                 value = value[segment]
             else:
                 raise OperationKeyError(
-                    f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {part!r}",
+                    f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}",
                     job_class=self.job_type,
                     job_type=self.job_type,
                     declaration=self.key,
@@ -187,16 +196,16 @@ class _Door:
                 self.options.get("lookup"),
             )
         except IdempotentJobError as error:
-            if not started and error.retryable:
-                delay = unreachable_delay(message.receive_count - 1)
-                logger.warning(
-                    "%s: message %s could not be claimed (%s: %s); the body did not run; "
-                    "visible again in %.1f s",
-                    self.job_type,
-                    message.message_id,
-                    type(error).__name__,
+            # The core's rule of which claim errors send a delivery back (an outage, a
+            # database answer, a raising lookup) rather than fail it, and its logging
+            # policy (one ERROR line per cause per interval): the Celery door's too.
+            if not started and error.sends_back:
+                delay = claim_failed(
+                    logger,
                     error,
-                    delay,
+                    message.receive_count - 1,
+                    f"{self.job_type}: message {message.message_id}",
+                    "visible again",
                 )
                 return "defer", delay
             logger.error(
@@ -270,7 +279,8 @@ class Consumer:
             ThreadPoolExecutor(workers, thread_name_prefix="idempotent_job.sqs") if workers > 1 else None
         )
         self._stopping = threading.Event()
-        self._running: dict[str, str] = {}  # message id -> receipt handle, bodies running now
+        # Bodies running now: message id -> (receipt handle, monotonic start).
+        self._running: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._keeper: threading.Thread | None = None
 
@@ -290,7 +300,13 @@ class Consumer:
                 restore[sig] = signal.signal(sig, lambda *_: self.stop())
         try:
             while not self._stopping.is_set():
-                self.poll()
+                try:
+                    self.poll()
+                except Exception:  # SQS unreachable: nothing was received; try again
+                    logger.exception(
+                        "%s: receiving from %s failed; again in 1 s", self.door.job_type, self.queue_url
+                    )
+                    self._stopping.wait(1)
         finally:
             for sig, previous in restore.items():
                 signal.signal(sig, previous)
@@ -349,23 +365,40 @@ class Consumer:
                 continue
             action, seconds = self.door.decide(message, self.queue_url, self._track)
             if action == "delete":
-                self.client.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message.receipt_handle)
+                try:
+                    self.client.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message.receipt_handle)
+                except Exception as error:  # the copy comes back and finds the operation decided
+                    self._sqs_failed(message, "DeleteMessage", error)
             elif action == "defer":
                 self._visible_in(message, seconds)
             actions.append(action)
         return actions
 
     def _visible_in(self, message: Message, seconds: float) -> None:
-        self.client.change_message_visibility(
-            QueueUrl=self.queue_url,
-            ReceiptHandle=message.receipt_handle,
-            VisibilityTimeout=min(43200, max(0, math.ceil(seconds))),
+        try:
+            self.client.change_message_visibility(
+                QueueUrl=self.queue_url,
+                ReceiptHandle=message.receipt_handle,
+                VisibilityTimeout=min(43200, max(0, math.ceil(seconds))),
+            )
+        except Exception as error:  # it comes back after its visibility timeout instead
+            self._sqs_failed(message, "ChangeMessageVisibility", error)
+
+    def _sqs_failed(self, message: Message, call: str, error: Exception) -> None:
+        logger.warning(
+            "%s: message %s: %s failed (%s: %s); the message comes back after its visibility "
+            "timeout and the record decides",
+            self.door.job_type,
+            message.message_id,
+            call,
+            type(error).__name__,
+            error,
         )
 
     def _track(self, message: Message, started: bool) -> None:
         with self._lock:
             if started:
-                self._running[message.message_id] = message.receipt_handle
+                self._running[message.message_id] = (message.receipt_handle, time.monotonic())
                 if self._keeper is None:
                     self._keeper = threading.Thread(
                         target=self._keep, name="idempotent_job.sqs.keeper", daemon=True
@@ -375,12 +408,18 @@ class Consumer:
                 self._running.pop(message.message_id, None)
 
     def _keep(self) -> None:
-        """On the heartbeat's beat, extends every running body's message to one lease from now."""
+        """On the heartbeat's beat, extends every running body's message to one lease from now,
+        until the body has run ``max_run`` seconds (when the heartbeat stops renewing its claim:
+        a hung body's message then comes back within one lease, as its claim goes stale)."""
         protocol = self.door.protocol
         while True:
             time.sleep(protocol.renewal_interval)
             with self._lock:  # held while extending: a body ending waits, then deletes its message
-                self._extend(list(self._running.values()), math.ceil(protocol.lease))
+                now = time.monotonic()
+                running = [
+                    handle for handle, start in self._running.values() if now - start < protocol.max_run
+                ]
+                self._extend(running, math.ceil(protocol.lease))
 
     def _extend(self, running: list[str], seconds: int) -> None:
         """Sets ``running`` messages' visibility to ``seconds`` from now (batches of 10)."""

@@ -33,6 +33,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     let kwargs = PyDict::new(py);
     kwargs.set_item("sqlstate", err.sqlstate())?;
     kwargs.set_item("retryable", err.retryable())?;
+    kwargs.set_item("sends_back", err.sends_back())?;
     for (name, value) in err.attributes() {
         kwargs.set_item(name, value)?;
     }

@@ -31,6 +31,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
     m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;
     m.add_function(wrap_pyfunction!(store::unreachable_delay, m)?)?;
+    m.add_function(wrap_pyfunction!(store::claim_error_report, m)?)?;
+    m.add(
+        "CLAIM_ERROR_LOG_INTERVAL",
+        idempotent_job_core::protocol::CLAIM_ERROR_LOG_INTERVAL,
+    )?;
     // The job options this package takes (the core's table, unprefixed, in its order).
     m.add(
         "OPTION_NAMES",
@@ -42,5 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         idempotent_job_core::config::DEFAULT_RETENTION_SECONDS,
     )?;
     m.add("SCHEMA_SQL", idempotent_job_core::migrate::schema_sql())?;
+    // The package's version: the Cargo workspace's, the one owner of it.
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -38,6 +38,12 @@ impl JobProtocol {
         self.protocol.options().lease_seconds
     }
 
+    /// Seconds after which the heartbeat stops renewing a running claim (`max_run`).
+    #[getter]
+    fn max_run(&self) -> f64 {
+        self.protocol.options().max_run_seconds
+    }
+
     /// Seconds between two renewals of a running claim's lease (the core's heartbeat
     /// interval for this lease): a door that keeps a message hidden while its body runs
     /// (SQS's visibility) extends it on the same beat.
@@ -326,6 +332,7 @@ fn drive(
             Step::AskLookup(claim) => {
                 let answer = ask_lookup(py, lookup, &claim.info().operation_key);
                 detached(py, |i| {
+                    i.end_by(delivery.wait_until);
                     protocol.after_lookup(channel, i, claim, answer, notes)
                 })?
             }
@@ -439,5 +446,6 @@ pub fn request(
         facts_json,
         deferrals,
         wait_seconds: None,
+        wait_until: None,
     })
 }

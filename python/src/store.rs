@@ -434,6 +434,8 @@ impl Store {
         // A live claim is waited for (at most `wait` seconds, no pooled connection held):
         // the core's Protocol::wait, after begin answers in progress.
         delivery.wait_seconds = wait;
+        // Everything before the body ends within `wait` + the core's margin.
+        delivery.bound_wait();
         protocol::perform(
             py,
             self.pool()?,
@@ -523,6 +525,15 @@ pub fn args_digest(value: &Bound<'_, PyAny>) -> PyResult<String> {
 #[pyfunction]
 pub fn unreachable_delay(failures: u32) -> f64 {
     idempotent_job_core::protocol::unreachable_delay(failures)
+}
+
+/// `claim_error_report(cause)` → None, or the number of claim failures of `cause` (a
+/// short text: the error's class and SQLSTATE) not logged since the last error line:
+/// the core's `protocol::claim_error_report` (a line the first time, then at most once
+/// per `CLAIM_ERROR_LOG_INTERVAL` seconds per process).
+#[pyfunction]
+pub fn claim_error_report(cause: &str) -> Option<u64> {
+    idempotent_job_core::protocol::claim_error_report(cause)
 }
 
 /// `describe_url(url)` → the URL described by its parts, never its password.

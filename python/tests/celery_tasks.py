@@ -42,8 +42,13 @@ if SHORT_DEADLINE:
 else:
     # A deadline beyond any wait here: only an interrupt ends a blocked statement early.
     limits = {"deadline": 120}
-idempotent_job.configure(database_url=os.environ["DATABASE_URL"], lease=LEASE, **limits)
-idempotent_job.migrate()  # the parent uses its pool before forking the pool children
+# The queue of the workers started with a wrong database URL (test_a_misconfigured_...).
+MISCONFIGURED_QUEUE = "misconfigured"
+# A worker's own database URL (a wrong role, a database without the table): its claims fail.
+WORKER_URL = os.environ.get("IDEMPOTENT_JOB_TEST_WORKER_URL")
+idempotent_job.configure(database_url=WORKER_URL or os.environ["DATABASE_URL"], lease=LEASE, **limits)
+if not WORKER_URL:
+    idempotent_job.migrate()  # the parent uses its pool before forking the pool children
 
 
 def _charge(scenario: str, order_id: str, hold: float) -> dict:
@@ -134,3 +139,16 @@ def nested_result(scenario, order_id, levels):
     """Returns a list nested `levels` deep (issue 29: 10,000 deep killed the pool child)."""
     record_effect(scenario, order_id)
     return _nested(levels)
+
+
+@app.task(
+    base=IdempotentTask,
+    idempotency_key="order_id",
+    idempotency_scope="CrossOrder",
+    idempotency_lease=LIVE_LEASE,
+)
+def cross_order(scenario, order_id):
+    """The Celery copy of an operation a Rust service and a Sidekiq job also deliver
+    (job type CrossOrder, key order_id): its body must not run after the Rust one did."""
+    record_effect(scenario, str(order_id))
+    return f"celery ran {order_id}"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -51,6 +52,24 @@ def eventually(check, what: str, within: float = 60.0, every: float = 0.1, expla
         if time.monotonic() > deadline:
             pytest.fail(f"gave up waiting for {what}" + (f"\n{explain()}" if explain else ""))
         time.sleep(every)
+
+
+def postgresql_pids() -> list[int]:
+    """The test PostgreSQL's postmaster and its children (backends, background processes)."""
+    import psycopg
+
+    with psycopg.connect(os.environ["DATABASE_URL"]) as c:
+        data = c.execute("SHOW data_directory").fetchone()[0]
+    postmaster = int(Path(data, "postmaster.pid").read_text().split()[0])
+    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+    return [postmaster, *map(int, children)]
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    """Sends `signum` to each of `pids` that still runs (a backend may have ended since)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 #: moto_server's port (an SQS emulator from PyPI): the helper's MOTO_PORT.

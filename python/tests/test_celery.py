@@ -7,6 +7,7 @@ errors."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import psycopg
 import pytest
 import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
-from conftest import eventually
+from conftest import ROOT, eventually, postgresql_pids, signal_all
 from effects import effects, first_start_pid, pids
 
 import idempotent_job
@@ -55,6 +56,18 @@ def _run_worker(request, tmp_path_factory, celery_tasks, name, extra, extra_env,
     """Runs a `celery worker` of celery_tasks (hostname `name-…`, `extra` arguments,
     `extra_env` over the environment) until the module's tests are done; yields
     celery_tasks with attribute `log_attr` set to its log file (printed when a test failed)."""
+    with _celery_worker(request, tmp_path_factory, name, extra, extra_env) as log:
+        setattr(celery_tasks, log_attr, log)
+        yield celery_tasks
+
+
+@contextlib.contextmanager
+def _celery_worker(request, tmp_path_factory, name, extra, extra_env, concurrency=3):
+    """A `celery worker` of celery_tasks (prefork, `concurrency` children) while the
+    block runs, stopped by SIGTERM (a warm shutdown: messages it reserved go back to the
+    broker); yields its log file (printed when a test failed)."""
+    import celery_tasks
+
     log = tmp_path_factory.mktemp("celery") / "worker.log"
     hostname = f"{name}-{uuid.uuid4().hex[:8]}@localhost"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
@@ -68,7 +81,7 @@ def _run_worker(request, tmp_path_factory, celery_tasks, name, extra, extra_env,
             "celery_tasks",
             "worker",
             "--pool=prefork",
-            "--concurrency=3",
+            f"--concurrency={concurrency}",
             "--loglevel=INFO",
             f"--hostname={hostname}",
             "--without-gossip",
@@ -79,7 +92,6 @@ def _run_worker(request, tmp_path_factory, celery_tasks, name, extra, extra_env,
         cwd=TESTS,
         env=env,
     )
-    setattr(celery_tasks, log_attr, log)
     failed_before = request.session.testsfailed
     try:
         eventually(
@@ -88,7 +100,7 @@ def _run_worker(request, tmp_path_factory, celery_tasks, name, extra, extra_env,
             60,
             0.5,
         )
-        yield celery_tasks
+        yield log
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -270,22 +282,6 @@ def test_the_soft_time_limit_interrupts_a_blocked_claim(worker, scenario):
     assert effects(scenario) == 0
 
 
-def _postgresql_pids() -> list[int]:
-    """The test PostgreSQL's postmaster and its children (backends, background processes)."""
-    with psycopg.connect(os.environ["DATABASE_URL"]) as c:
-        data = c.execute("SHOW data_directory").fetchone()[0]
-    postmaster = int(Path(data, "postmaster.pid").read_text().split()[0])
-    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
-    return [postmaster, *map(int, children)]
-
-
-def _signal(pids: list[int], signum: int) -> None:
-    """Sends `signum` to each of `pids` that still runs (a backend may have ended since)."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-
 def test_a_claim_failing_on_a_stalled_database_comes_back(short_deadline_worker, scenario):
     # PostgreSQL frozen (SIGSTOP) past the worker's 2 s deadline: the delivery's claim
     # raises TimeoutError (or ConnectionError) before the body starts. The door sends the
@@ -293,19 +289,78 @@ def test_a_claim_failing_on_a_stalled_database_comes_back(short_deadline_worker,
     # acknowledge the message and drop the delivery; once PostgreSQL runs again the copy
     # claims, runs once and its result is the task's value.
     worker = short_deadline_worker
-    stalled = _postgresql_pids()
-    _signal(stalled, signal.SIGSTOP)
+    stalled = postgresql_pids()
+    signal_all(stalled, signal.SIGSTOP)
     try:
         result = worker.charge_when_reachable.apply_async(
             (scenario, scenario), queue=worker.CLAIM_RETRY_QUEUE
         )
         eventually(lambda: result.state in ("RETRY", "FAILURE"), "the claim to fail", TIMEOUT)
     finally:
-        _signal(stalled, signal.SIGCONT)
+        signal_all(stalled, signal.SIGCONT)
     assert result.get(timeout=TIMEOUT) == {"charged": scenario}, result.traceback
     assert effects(scenario) == 1
     log = worker.short_worker_log.read_text()
     assert f"operation {scenario!r} of {worker.charge_when_reachable.name} could not be claimed" in log
+
+
+@pytest.mark.parametrize("fault", ["wrong_role", "missing_table"])
+def test_a_misconfigured_worker_sends_every_delivery_back(worker, request, tmp_path_factory, scenario, fault):
+    # A worker whose database URL names a role that does not exist, or a database where
+    # migrate() was never run: every claim fails before the body (28000 / 42P01). The door
+    # sends each delivery back (Celery's RETRY) instead of failing it, which would have
+    # Celery acknowledge the message and lose it; one error line names the cause. The
+    # worker is stopped and one with the right URL started: every delivery runs once.
+    base = os.environ["DATABASE_URL"]
+    prefix, database = base.rsplit("/", 1)
+    if fault == "wrong_role":
+        url = base.replace("://postgres@", "://noloss_nobody@", 1)
+        assert url != base
+        cause = "role"
+    else:
+        database = f"empty_{scenario}"
+        with psycopg.connect(base, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{database}"')
+        url = f"{prefix}/{database}"
+        cause = "idempotent_job_records does not exist"
+    task = worker.charge_when_reachable
+    queue = ["--queues=" + worker.MISCONFIGURED_QUEUE]
+    orders = [f"{scenario}-{i}" for i in range(5)]
+    try:
+        wrong = {"IDEMPOTENT_JOB_TEST_WORKER_URL": url}
+        with _celery_worker(request, tmp_path_factory, "pytest-misconfigured", queue, wrong, 1) as log:
+            results = [task.apply_async((scenario, o), queue=worker.MISCONFIGURED_QUEUE) for o in orders]
+            for result in results:
+                eventually(lambda r=result: r.state in ("RETRY", "FAILURE"), "the claim to fail", TIMEOUT)
+            assert [r.state for r in results] == ["RETRY"] * 5, [r.result for r in results]
+            eventually(lambda: log.read_text().count("could not be claimed") >= 1, "the error line", TIMEOUT)
+            errors_logged = [line for line in log.read_text().splitlines() if "could not be claimed" in line]
+        # One pool child: one error line for the cause in the interval, not one per message.
+        assert len(errors_logged) == 1, errors_logged
+        assert "ERROR" in errors_logged[0] and cause in errors_logged[0], errors_logged
+        assert effects(scenario) == 0
+        with _celery_worker(request, tmp_path_factory, "pytest-fixed", queue, {}):
+            for result in results:
+                assert _get(worker, "charge_when_reachable", scenario, result)["charged"].startswith(scenario)
+        assert [effects(scenario, order) for order in orders] == [1] * 5
+    finally:
+        if fault == "missing_table":
+            with psycopg.connect(base, autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def test_options_sent_in_the_message_are_refused_naming_them(worker, scenario):
+    # A producer that sends the task by name with an idempotency_* option (send_task,
+    # another language's producer): the worker refuses it before anything is claimed,
+    # naming the option and the nearest known one, instead of running the default policy.
+    typo = worker.app.send_task(worker.charge.name, (scenario, scenario), idempotency_on_stail="hold")
+    with pytest.raises(errors.ConfigurationError, match="idempotency_on_stail.*idempotency_on_stale"):
+        typo.get(timeout=TIMEOUT)
+    known = worker.app.send_task(worker.charge.name, (scenario, scenario), headers={"idempotency_lease": 5})
+    with pytest.raises(errors.ConfigurationError, match="idempotency_lease .*is a task option"):
+        known.get(timeout=TIMEOUT)
+    assert effects(scenario) == 0
+    assert idempotent_job.record(worker.charge.name, scenario) is None
 
 
 def test_a_result_nested_10000_deep_completes_once_and_the_child_lives(worker, scenario):
@@ -318,5 +373,59 @@ def test_a_result_nested_10000_deep_completes_once_and_the_child_lives(worker, s
     record = idempotent_job.record(worker.nested_result.name, scenario)
     assert record["status"] == "completed" and record["result_state"] == "unencodable"
     assert effects(scenario) == 1
+    # The module's SIGKILL tests leave their own "exited with 'signal 9'" lines in the
+    # shared worker log: only a crash converting a value (SIGSEGV) is this test's.
     log = worker.worker_log.read_text() if worker.worker_log.exists() else ""
-    assert "exited with" not in log and "signal 11" not in log
+    assert "signal 11" not in log and "SIGSEGV" not in log
+
+
+SIDEKIQ_COPY = """
+require "json"
+require "sidekiq"
+require "sidekiq/testing"
+require "idempotent_job"
+require "idempotent_job/sidekiq"
+IdempotentJob.configure(database_url: ENV.fetch("DATABASE_URL"))
+class CrossOrderJob
+  include Sidekiq::Worker
+  sidekiq_options idempotency_key: 0, idempotency_scope: "CrossOrder"
+  def perform(order_id)
+    puts "sidekiq ran #{order_id}"
+  end
+end
+Sidekiq::Testing.server_middleware { |chain| chain.add IdempotentJob::Sidekiq::ServerMiddleware }
+Sidekiq::Testing.inline! { CrossOrderJob.perform_async(Integer(ARGV[0])) }
+IdempotentJob.settle_repeats if IdempotentJob.respond_to?(:settle_repeats)
+puts "delivered"
+"""
+
+
+def test_a_rust_claim_then_a_celery_task_and_a_sidekiq_job_decide_once(worker, scenario):
+    # Issue 33: one operation (job type CrossOrder, key the order id) claimed by a Rust
+    # service, then delivered as a real Celery task (to the prefork worker) and as a
+    # Sidekiq job (through Sidekiq's server middleware chain): the Rust body runs, the
+    # Celery copy meets the live claim and is retried until it finds the operation
+    # completed, the Sidekiq copy finds it completed: one attempt, no other body.
+    from test_cross_language import RUBY_PAYLOAD, rust
+
+    key = abs(hash(scenario)) % 10**12
+    first = rust("CrossOrder", str(key), RUBY_PAYLOAD, seconds=3)
+    eventually(lambda: idempotent_job.record("CrossOrder", key), "the Rust claim", 60, 0.05)
+    celery_copy = worker.cross_order.delay(scenario, key)
+    out, _ = first.communicate(timeout=60)
+    assert first.returncode == 0 and json.loads(out)["decision"] == "ran"
+    celery_copy.get(timeout=TIMEOUT)
+    done = subprocess.run(
+        ["ruby", "-Ilib", "-e", SIDEKIQ_COPY, str(key)],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "sidekiq ran" not in done.stdout and "delivered" in done.stdout
+    record = idempotent_job.record("CrossOrder", key)
+    assert record["status"] == "completed" and record["attempts"] == 1
+    assert record["duplicates"] >= 2  # the Celery copy (at least once) and the Sidekiq one
+    assert effects(scenario) == 0  # the Celery body never ran

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import boto3
 import pytest
 from conftest import MOTO_PORT as PORT
 from conftest import eventually
@@ -290,3 +291,74 @@ def test_lambda_batch_handler(scenario):
     fifo = {"Records": [_record("f1", f"{scenario}-fails", True), _record("f2", f"{scenario}-C", True)]}
     assert handler(fifo, None) == {"batchItemFailures": [{"itemIdentifier": "f1"}, {"itemIdentifier": "f2"}]}
     assert effects(scenario, f"{scenario}-C") == 0
+
+
+def test_lambda_in_progress_record_is_made_visible_after_retry_after(sqs, scenario):
+    # With client=, an in-progress record's message (a real one in moto) is made visible
+    # again after retry_after instead of waiting for the queue's visibility timeout (30 s).
+    url = _queue(sqs, scenario)
+    busy = f"{scenario}-busy"
+    _send(sqs, url, busy)
+    raw = sqs.receive_message(QueueUrl=url, AttributeNames=["All"])["Messages"][0]
+    held, release = threading.Event(), threading.Event()
+
+    def elsewhere(claim):
+        held.set()
+        release.wait(30)
+
+    holder = threading.Thread(target=idempotent_job.perform_once, args=("SqsLambda", busy, elsewhere, 60))
+    holder.start()
+    held.wait(30)
+    record = {
+        "messageId": raw["MessageId"],
+        "receiptHandle": raw["ReceiptHandle"],
+        "body": raw["Body"],
+        "attributes": raw["Attributes"],
+        "messageAttributes": {},
+        "eventSourceARN": f"arn:aws:sqs:us-east-1:123456789012:{scenario}",
+    }
+    handler = batch_handler(print, job_type="SqsLambda", key="body.order_id", client=sqs)
+    try:
+        assert handler({"Records": [record]}, None) == {
+            "batchItemFailures": [{"itemIdentifier": raw["MessageId"]}]
+        }
+        again = eventually(lambda: sqs.receive_message(QueueUrl=url).get("Messages"), "the message", 10, 0.2)
+    finally:
+        release.set()
+        holder.join(30)
+    assert again[0]["MessageId"] == raw["MessageId"]
+
+
+def test_a_failed_delete_does_not_stop_the_consumer_and_the_copy_is_not_run(sqs, scenario, caplog):
+    url = _queue(sqs, scenario, visibility=1)
+    client = boto3.client(
+        "sqs",
+        endpoint_url=f"http://127.0.0.1:{PORT}",
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+    failures = [RuntimeError("SQS unreachable")]
+
+    def fail_once(**_):
+        if failures:
+            raise failures.pop()
+
+    client.meta.events.register("before-call.sqs.DeleteMessage", fail_once)
+    _send(sqs, url, f"{scenario}-A")
+    consumer = Consumer(
+        url,
+        lambda message, claim: record_effect(scenario, claim.operation_key),
+        job_type="SqsOrder",
+        key="body.order_id",
+        client=client,
+        wait_seconds=1,
+    )
+    actions = []
+    with caplog.at_level(logging.WARNING, logger="idempotent_job.sqs"):
+        deadline = time.monotonic() + 30
+        while not _empty(sqs, url):
+            assert time.monotonic() < deadline, actions
+            actions += consumer.poll()
+    assert actions == ["delete", "delete"] and effects(scenario) == 1
+    assert "DeleteMessage failed (RuntimeError: SQS unreachable)" in caplog.text

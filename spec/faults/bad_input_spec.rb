@@ -102,6 +102,34 @@ RSpec.describe "Bad input", :faults do
     end
   end
 
+  describe "an idempotency_* option in a payload pushed by name, checked by the server side (issue 29 item 3)" do
+    it "fails the Sidekiq delivery into its retry, naming the option and the nearest one; nothing runs" do
+      # Pushed by class name: the client middleware never sees a class, so only the
+      # server side can refuse it (before: the stale policy's default ran the body).
+      Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1], "idempotency_on_stail" => "hold")
+      job = ChargeOrderJob.jobs.pop
+      expect { deliver(job) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\AChargeOrderJob: unknown option idempotency_on_stail \(did you mean idempotency_on_stale\?\)/)
+      expect(Effects.count).to eq(0)
+      expect(record("42")).to be_nil
+      deliver(job.except("idempotency_on_stail")) # the control: the same payload without it runs
+      expect(Effects.count).to eq(1)
+    end
+
+    it "fails an ActiveJob delivery when it is deserialized, before anything is claimed" do
+      require_relative "../support/active_job_jobs"
+      data = AjChargeOrderJob.new(42, 1).serialize
+      expect { ActiveJob::Base.execute(data.merge("idempotency_on_stail" => "hold")) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\AAjChargeOrderJob: unknown option idempotency_on_stail \(did you mean idempotency_on_stale/)
+      expect { ActiveJob::Base.execute(data.merge("idempotency_on_stale" => "hold")) }
+        .to raise_error(IdempotentJob::ConfigurationError, /idempotency_on_stale in a serialized job is not taken/)
+      expect(Effects.count).to eq(0)
+      expect(record("42", job_type: "AjChargeOrderJob")).to be_nil
+    end
+  end
+
   describe "a misspelled or mistyped option in a per-push set(...) override (issue 25 item 2)" do
     it "is refused at the push (Sidekiq's real client and its middleware), and nothing is enqueued" do
       expect { ChargeOrderJob.set(idempotency_on_stail: :hold).perform_async(42, 1) }
@@ -196,6 +224,22 @@ RSpec.describe "Bad input", :faults do
         expect(&call).to raise_error(IdempotentJob::OperationKeyError, /\A#{job}: .*#{message}/)
       end
       expect(runs).to be_empty
+    end
+
+    it "refuses a job type that is not valid UTF-8 with ConfigurationError naming it, in every call (issue 29)" do
+      bad = "Refund\xFF".dup.force_encoding(Encoding::UTF_8)
+      [-> { IdempotentJob.perform_once(bad, "1") { runs << :ran } },
+       -> { IdempotentJob.perform_once(bad.b, "1") { runs << :ran } },
+       -> { IdempotentJob.record(bad, "1") },
+       -> { IdempotentJob.held(job_type: bad) },
+       -> { IdempotentJob.resolve(bad, "1", as: :done) },
+       -> { IdempotentJob::Delivery.new(job_type: bad, operation_key: "1") }].each do |call|
+        expect(&call).to raise_error(IdempotentJob::ConfigurationError,
+                                     /\Athe job type "Refund\\xFF" is not valid UTF-8: .*nothing was run or recorded/)
+      end
+      expect(runs).to be_empty
+      IdempotentJob.perform_once("R\u00e9fund".b, "1") { runs << :ran } # valid UTF-8 bytes: that text
+      expect(IdempotentJob.record("R\u00e9fund", "1").status).to eq(:completed)
     end
 
     it "takes a binary String whose bytes are UTF-8 as those bytes (the same operation as the UTF-8 String)" do

@@ -144,6 +144,25 @@ RSpec.describe "Reject at enqueue (on_enqueue: :skip_completed)", :integration d
       expect(queue.size).to eq(1)
       expect(log.string).to match(/the on_enqueue check failed \(IdempotentJob::ConnectionError: .*pushed anyway/)
     end
+    it "pushes within enqueue_check_timeout when PostgreSQL never answers (SIGSTOP), not after the deadline" do
+      SpecServices.configure_gem!(logger: Logger.new(log))
+      expect(SkipCompletedJob.perform_async(rand(1 << 40), 1)).to be_a(String) # a pooled connection
+      data = Effects.connection.exec("SHOW data_directory").getvalue(0, 0)
+      postmaster = Integer(File.read(File.join(data, "postmaster.pid")).split.first)
+      pids = [postmaster, *File.read("/proc/#{postmaster}/task/#{postmaster}/children").split.map(&:to_i)]
+      begin
+        pids.each { |pid| Process.kill(:STOP, pid) }
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        expect(SkipCompletedJob.perform_async(rand(1 << 40), 1)).to be_a(String)
+        seconds = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      ensure
+        pids.each { |pid| Process.kill(:CONT, pid) rescue Errno::ESRCH } # rubocop:disable Style/RescueModifier
+      end
+      # Before: the 10 s deadline (8.3 s seen). The default bound is 0.5 s; 1 s more for a loaded machine.
+      expect(seconds).to be < 1.5
+      expect(queue.size).to eq(2)
+      expect(log.string).to match(/the on_enqueue check failed \(IdempotentJob::TimeoutError: .*pushed anyway/)
+    end
   end
 
   describe "ActiveJob on the Delayed Job adapter" do

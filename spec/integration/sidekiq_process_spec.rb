@@ -10,8 +10,8 @@ RSpec.describe "A real Sidekiq process", :integration do
   let(:root) { File.expand_path("../..", __dir__) }
   let(:log) { File.join(root, "tmp", "spec-sidekiq.log") }
 
-  def start_sidekiq
-    Process.spawn({ "REDIS_URL" => ENV.fetch("REDIS_URL") },
+  def start_sidekiq(env = {})
+    Process.spawn({ "REDIS_URL" => ENV.fetch("REDIS_URL") }.merge(env),
                   "sidekiq", "-r", File.join(root, "spec/support/sidekiq_boot.rb"), "-c", "5", "-q", "default",
                   chdir: root, out: log, err: log, pgroup: true)
   end
@@ -76,5 +76,34 @@ RSpec.describe "A real Sidekiq process", :integration do
     expect(record).to have_attributes(status: :completed, attempts: 1, duplicates: be >= 2)
     expect(record.last_duplicate_at - record.first_claimed_at).to be < 30
     expect(File.read(log)).to match(/delivery deferred by 1\.0 s \(deferral 1; its lease ends in \d+\.\d s\)/)
+  end
+
+  it "keeps a delivery whose claim fails (a role that does not exist) or whose payload has an unknown " \
+     "option in Sidekiq's retry set, and runs the first once the worker's URL is fixed" do
+    wrong = ENV.fetch("DATABASE_URL").sub("://postgres@", "://noloss_nobody@")
+    pid = start_sidekiq("IDEMPOTENT_JOB_SPEC_WORKER_URL" => wrong)
+    begin
+      ChargeOrderJob.perform_async(46, 100)
+      Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [47, 100], "idempotency_on_stail" => "hold")
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
+      sleep 0.2 until Sidekiq::RetrySet.new.size == 2 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    ensure
+      stop_sidekiq(pid)
+    end
+    errors = Sidekiq::RetrySet.new.to_h { |entry| [entry.args.first, entry.item["error_message"]] }
+    expect(errors[46]).to match(/role "noloss_nobody" does not exist/)
+    expect(errors[47]).to match(/unknown option idempotency_on_stail \(did you mean idempotency_on_stale\?\)/)
+    Sidekiq::RetrySet.new.each(&:retry) # what Sidekiq's retry does when the entries are due
+    pid = start_sidekiq
+    begin
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
+      sleep 0.2 until (Effects.count(46) == 1 && Sidekiq::RetrySet.new.size == 1) ||
+                      Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    ensure
+      stop_sidekiq(pid)
+    end
+    expect([Effects.count(46), Effects.count(47)]).to eq([1, 0])
+    expect(IdempotentJob.record("ChargeOrderJob", 46)).to have_attributes(status: :completed, attempts: 1)
+    expect(Sidekiq::RetrySet.new.map { |entry| entry.args.first }).to eq([47]) # still refused, not lost
   end
 end

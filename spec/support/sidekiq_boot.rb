@@ -17,6 +17,7 @@ Sidekiq.configure_server do |config|
 end
 
 IdempotentJob.configure do |c|
-  c.database_url = ENV.fetch("DATABASE_URL")
+  # A spec may start a worker with a wrong URL of its own (a role that does not exist).
+  c.database_url = ENV["IDEMPOTENT_JOB_SPEC_WORKER_URL"] || ENV.fetch("DATABASE_URL")
   c.lease = 30
 end

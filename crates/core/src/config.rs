@@ -94,6 +94,12 @@ pub struct Config {
     /// [`MAX_RESULT_BYTES_LIMIT`].
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: usize,
+    /// Client-side bound, in seconds, on the enqueue check (`on_enqueue:
+    /// :skip_completed`, one read at the push): past it the push goes ahead (the claim
+    /// decides the delivery), so a producer never waits on an unreachable database for
+    /// longer. Default [`DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS`].
+    #[serde(default = "default_enqueue_check_timeout")]
+    pub enqueue_check_timeout: f64,
     /// Which kind of server the gem talks to: `"postgresql"` (default) or
     /// `"distributed"` ([`COMPATIBILITY_DISTRIBUTED`]: CockroachDB, YugabyteDB, Aurora
     /// DSQL, or PostgreSQL behind a transaction-mode pooler such as RDS Proxy; see
@@ -104,6 +110,9 @@ pub struct Config {
     #[serde(default = "default_compatibility")]
     pub compatibility: String,
 }
+
+/// Default of `enqueue_check_timeout` ([`Config::enqueue_check_timeout`]), seconds.
+pub const DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS: f64 = 0.5;
 
 /// The `compatibility` values ([`Config::compatibility`]): plain PostgreSQL (default).
 pub const COMPATIBILITY_POSTGRESQL: &str = "postgresql";
@@ -173,6 +182,7 @@ pub fn connection_defaults_json() -> serde_json::Value {
             "asynchronous_completion" => serde_json::json!(c.asynchronous_completion),
             "max_result_bytes" => serde_json::json!(c.max_result_bytes),
             "compatibility" => serde_json::json!(c.compatibility),
+            "enqueue_check_timeout" => seconds(c.enqueue_check_timeout),
             _ => serde_json::Value::Null, // none: the URL's, or off
         };
         rows.insert((*name).to_string(), value);
@@ -204,6 +214,7 @@ pub const CONNECTION_SETTINGS: &[&str] = &[
     "deadline",
     "asynchronous_completion",
     "max_result_bytes",
+    "enqueue_check_timeout",
     "compatibility",
 ];
 
@@ -327,6 +338,34 @@ impl UrlParam {
 }
 
 /// Every name [`UrlParam::of`] knows, for "did you mean".
+/// The error for a setting serde could not read: names the setting (`path`, as
+/// serde_path_to_error gives it; "." for the whole object) and what its value must be,
+/// in words rather than Rust's type names ("expected usize" → "a whole number").
+/// serde_json's messages echo numbers and short strings, never a whole URL.
+fn setting_error(path: String, error: serde_json::Error) -> Error {
+    let text = error.to_string();
+    let text = text.split(" at line ").next().unwrap_or(&text).to_string();
+    let words = [
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected u32", "expected a whole number, 0 or more"),
+        ("expected i64", "expected a whole number"),
+        (
+            "expected f64",
+            "expected a number (seconds where it is a time)",
+        ),
+        ("expected a boolean", "expected true or false"),
+    ];
+    let text = words
+        .iter()
+        .fold(text, |text, (rust, plain)| text.replace(rust, plain));
+    if path == "." || path.is_empty() {
+        Error::Config(format!("invalid idempotent_job configuration: {text}"))
+    } else {
+        Error::Config(format!("idempotent_job setting {path}: {text}"))
+    }
+}
+
 fn known_url_params() -> impl Iterator<Item = &'static str> {
     DRIVER_PARAMS
         .iter()
@@ -394,6 +433,9 @@ fn default_compatibility() -> String {
 fn default_max_result_bytes() -> usize {
     DEFAULT_MAX_RESULT_BYTES
 }
+fn default_enqueue_check_timeout() -> f64 {
+    DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS
+}
 fn default_deadline() -> f64 {
     10.0
 }
@@ -417,6 +459,7 @@ impl std::fmt::Debug for Config {
             .field("deadline", &self.deadline)
             .field("asynchronous_completion", &self.asynchronous_completion)
             .field("max_result_bytes", &self.max_result_bytes)
+            .field("enqueue_check_timeout", &self.enqueue_check_timeout)
             .field("compatibility", &self.compatibility)
             .finish()
     }
@@ -487,6 +530,7 @@ impl Config {
             deadline: default_deadline(),
             asynchronous_completion: false,
             max_result_bytes: default_max_result_bytes(),
+            enqueue_check_timeout: default_enqueue_check_timeout(),
             compatibility: default_compatibility(),
         };
         // A bad parameter is reported by validate(), which every store runs.
@@ -534,11 +578,9 @@ impl Config {
     ///
     /// Errors: [`Error::Config`] naming the unknown key or the bad value.
     pub fn from_json(json: &str) -> Result<Self> {
-        let mut config: Config = serde_json::from_str(json).map_err(|e| {
-            // serde_json's messages name the field ("unknown field `x`, expected …")
-            // and never echo a string value back, so no password can leak here.
-            Error::Config(format!("invalid idempotent_job configuration: {e}"))
-        })?;
+        let mut reader = serde_json::Deserializer::from_str(json);
+        let mut config: Config = serde_path_to_error::deserialize(&mut reader)
+            .map_err(|e| setting_error(e.path().to_string(), e.into_inner()))?;
         let pool_size_given = serde_json::from_str::<serde_json::Value>(json)
             .ok()
             .is_some_and(|v| v.get("pool_size").is_some_and(|p| !p.is_null()));
@@ -652,6 +694,7 @@ impl Config {
         positive_seconds("connect_timeout", self.connect_timeout)?;
         positive_seconds("checkout_timeout", self.checkout_timeout)?;
         positive_seconds("deadline", self.deadline)?;
+        positive_seconds("enqueue_check_timeout", self.enqueue_check_timeout)?;
         if !(1..=MAX_RESULT_BYTES_LIMIT).contains(&self.max_result_bytes) {
             return Err(Error::Config(format!(
                 "max_result_bytes must be from 1 to {} bytes (jsonb's limit), got {}",
@@ -697,6 +740,11 @@ impl Config {
         Duration::from_secs_f64(self.connect_timeout)
     }
 
+    /// The bound on the enqueue check ([`Config::enqueue_check_timeout`]).
+    pub fn enqueue_check_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.enqueue_check_timeout)
+    }
+
     /// The client-side bound on one call ([`Config::deadline`]), as a `Duration`.
     pub fn deadline(&self) -> Duration {
         Duration::from_secs_f64(self.deadline)
@@ -724,6 +772,18 @@ impl Config {
         } else {
             // tokio-postgres's parse errors name the option, never its value.
             let (url, _) = split_tls_params(&self.database_url);
+            if let Some((scheme, _)) = url.split_once("://") {
+                let is_scheme = scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+                if is_scheme && scheme != "postgres" && scheme != "postgresql" {
+                    let scheme: String = scheme.chars().take(40).collect();
+                    return Err(Error::Config(format!(
+                        "database_url has the scheme {scheme:?}: it must start with postgres:// \
+                         or postgresql://"
+                    )));
+                }
+            }
             tokio_postgres::Config::from_str(&url).map_err(|e| {
                 // "invalid connection string" alone names nothing: add its cause
                 // ("unknown option `x`", "invalid value for option `port`").
@@ -927,6 +987,16 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn a_url_with_a_wrong_scheme_says_so() {
+        let err = Config::from_json(r#"{"database_url":"postgress://u@h/db"}"#)
+            .and_then(|c| c.pg_config())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(r#"scheme "postgress""#), "{err}");
+        assert!(err.contains("postgres://"), "{err}");
     }
 
     #[test]

@@ -42,6 +42,9 @@ use crate::error::{Error, Result};
 pub struct Interrupt<'a> {
     notify: Notify,
     on_wake: Option<&'a dyn Fn() -> bool>,
+    /// The instant the caller's whole call must end by, when it is sooner than each
+    /// database call's own deadline ([`Interrupt::end_by`]).
+    end_by: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Interrupt<'static> {
@@ -50,6 +53,7 @@ impl Interrupt<'static> {
         Interrupt {
             notify: Notify::new(),
             on_wake: None,
+            end_by: std::sync::Mutex::new(None),
         }
     }
 }
@@ -60,6 +64,7 @@ impl<'a> Interrupt<'a> {
         Interrupt {
             notify: Notify::new(),
             on_wake: Some(on_wake),
+            end_by: std::sync::Mutex::new(None),
         }
     }
 
@@ -71,6 +76,23 @@ impl<'a> Interrupt<'a> {
 
     fn gives_up(&self) -> bool {
         self.on_wake.is_some_and(|f| f())
+    }
+
+    /// Bounds every database call made with this interrupt from now on to end by
+    /// `until` as well as by its own deadline (`None`: its own deadline only): a caller
+    /// that promised to return within a time (a delivery's `wait:`, the enqueue check)
+    /// sets it before its calls and clears it before the work after them (a body, a
+    /// completion). A call cut short by it ends with the deadline's error.
+    pub fn end_by(&self, until: Option<Instant>) {
+        *self.end_by.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+
+    /// `until`, or the bound set by [`Interrupt::end_by`] when that is sooner.
+    pub fn bound(&self, until: Instant) -> Instant {
+        match *self.end_by.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(end) if end < until => end,
+            _ => until,
+        }
     }
 }
 

@@ -366,6 +366,29 @@ impl Error {
         }
     }
 
+    /// Whether a delivery whose claim failed with this error before its body ran goes
+    /// back to its queue (with [`crate::protocol::unreachable_delay`]'s back-off) rather
+    /// than failing: true when a change outside the delivery can let the same claim
+    /// succeed later — PostgreSQL unreachable or slow ([`Error::Connection`],
+    /// [`Error::Timeout`], [`Error::LockTimeout`]), any answer of the server
+    /// ([`Error::Database`]: a wrong database name, role or password, a missing table
+    /// before `migrate`), a failed migration, a lookup that raised. False for what only
+    /// a different delivery or code can fix (a bad operation key, a payload mismatch
+    /// refused by policy, a bad option or setting, a lost claim, an interrupt or panic).
+    /// Every door whose queue drops a failed delivery (Celery acknowledges it, SQS
+    /// deletes none but counts receives) reads this one rule.
+    pub fn sends_back(&self) -> bool {
+        matches!(
+            self,
+            Error::Connection { .. }
+                | Error::Timeout { .. }
+                | Error::LockTimeout { .. }
+                | Error::Database { .. }
+                | Error::Migration(_)
+                | Error::Lookup { .. }
+        )
+    }
+
     /// The error for a PostgreSQL error answer with SQLSTATE `code` and text `message`
     /// (its primary message, detail and hint), whichever driver received it: 55P03 is
     /// a [`Error::LockTimeout`], 57014 a [`Error::Timeout`] (statement_timeout), a
@@ -375,6 +398,13 @@ impl Error {
     pub fn from_server(code: &str, mut message: String) -> Self {
         if code == "42P01" {
             message.push_str(" (the idempotency record table is missing: apply the migrations)");
+        }
+        if code == "28P01" || code == "28000" {
+            message
+                .push_str(" (the database refused the URL's role or password: check database_url)");
+        }
+        if code == "3D000" {
+            message.push_str(" (the URL names a database that does not exist: check database_url)");
         }
         if code == "25006" {
             message.push_str(

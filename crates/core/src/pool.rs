@@ -104,6 +104,43 @@ pub struct Pool {
     /// One per clone of this pool: what its owner waits on before closing it (in-flight
     /// calls, checked-out connections, transactions and heartbeats each hold a clone).
     users: Arc<()>,
+    /// The process's circuit breaker over PostgreSQL (see [`Circuit`]).
+    circuit: Arc<std::sync::Mutex<Circuit>>,
+}
+
+/// Seconds calls fail fast after a call spent its whole deadline on an unreachable or
+/// unanswering PostgreSQL (the circuit opens): doubling with each such call in a row,
+/// at most [`CIRCUIT_MAX_OPEN_SECONDS`].
+pub const CIRCUIT_FIRST_OPEN_SECONDS: f64 = 1.0;
+/// The shortest bound of a call whose failure can open the circuit: one given less (the
+/// enqueue check) may just have met a busy server.
+pub const CIRCUIT_MIN_BOUND_SECONDS: f64 = 1.0;
+/// The longest the circuit stays open before one call tries PostgreSQL again.
+pub const CIRCUIT_MAX_OPEN_SECONDS: f64 = 30.0;
+
+/// The circuit breaker of one process's pool: while PostgreSQL is down or frozen,
+/// every call would block its caller for the whole deadline (a Celery pool process,
+/// a Sidekiq thread, per delivery). After a claim-side call (the main lane) spends its
+/// deadline and fails with a connection error or a time-out, the circuit opens: calls
+/// fail at once with a retryable [`Error::Connection`] naming the last failure (a
+/// door sends the delivery back) for [`CIRCUIT_FIRST_OPEN_SECONDS`], doubling per
+/// failure in a row up to [`CIRCUIT_MAX_OPEN_SECONDS`]; then one call tries (the
+/// others still fail fast while it runs), and any answer of the server closes it.
+/// Completions, releases and renewals (the reserve lane) are never failed fast.
+#[derive(Debug, Default)]
+struct Circuit {
+    open_until: Option<Instant>,
+    trips: u32,
+    last: String,
+}
+
+impl Circuit {
+    fn open_for(trips: u32) -> Duration {
+        Duration::from_secs_f64(
+            (CIRCUIT_FIRST_OPEN_SECONDS * 2f64.powi(trips.saturating_sub(1).min(16) as i32))
+                .min(CIRCUIT_MAX_OPEN_SECONDS),
+        )
+    }
 }
 
 /// Connections kept aside, per process, for [`Lane::Reserve`].
@@ -125,6 +162,69 @@ impl Pool {
     /// The bound on one call ([`Config::deadline`]).
     pub fn deadline(&self) -> Duration {
         self.deadline
+    }
+
+    /// Lets a call through the circuit ([`Circuit`]): Ok when closed, or when its open
+    /// time has passed (this call is the one that tries; others keep failing fast for
+    /// up to a deadline while it runs).
+    ///
+    /// Errors: a retryable [`Error::Connection`] while the circuit is open.
+    fn admit(&self) -> Result<()> {
+        let mut circuit = self.circuit.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        match circuit.open_until {
+            Some(until) if now < until => Err(Error::connection(format!(
+                "PostgreSQL unreachable: {} call(s) in a row spent the whole deadline ({}); \
+                 calls fail at once for {:.1} s more, then one tries again (circuit open)",
+                circuit.trips,
+                circuit.last,
+                (until - now).as_secs_f64()
+            ))),
+            Some(_) => {
+                circuit.open_until = Some(now + self.deadline);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Tells the circuit how an admitted call ended (`started`, `until`: its start and
+    /// end): an outage (a connection error at its end, or no answer or connection in
+    /// time) opens it, anything else closes it. A call bounded to less than
+    /// [`CIRCUIT_MIN_BOUND_SECONDS`] changes nothing.
+    fn settle<T>(&self, result: &Result<T>, started: Instant, until: Instant) {
+        if until.saturating_duration_since(started)
+            < Duration::from_secs_f64(CIRCUIT_MIN_BOUND_SECONDS)
+        {
+            // Too short a bound to tell an outage from a busy server (the enqueue check).
+            return;
+        }
+        let outage = match result {
+            // Connecting is retried until the end: an error then is an outage; one
+            // sooner is a single connection lost (the next call may well succeed).
+            Err(Error::Connection { sqlstate, .. }) => {
+                Instant::now() + Duration::from_millis(100) >= until
+                    && sqlstate.as_deref().is_none_or(|s| s.starts_with("08"))
+            }
+            // No answer or no connection in time; not a statement_timeout (the server
+            // answered) nor a pool whose connections are all busy (pool_error).
+            Err(Error::Timeout {
+                sqlstate: None,
+                message,
+            }) => !message.contains("(checkout_timeout)"),
+            Err(Error::Interrupted) => return,
+            _ => false,
+        };
+        let mut circuit = self.circuit.lock().unwrap_or_else(|e| e.into_inner());
+        if outage {
+            circuit.trips += 1;
+            circuit.open_until = Some(Instant::now() + Circuit::open_for(circuit.trips));
+            if let Err(e) = result {
+                circuit.last = e.to_string().chars().take(300).collect();
+            }
+        } else if circuit.trips > 0 || circuit.open_until.is_some() {
+            *circuit = Circuit::default();
+        }
     }
 
     /// Checks a connection out of `lane` like [`Pool::checkout`], giving up at `until`
@@ -418,10 +518,15 @@ pub fn with_conn<T>(
     interrupt: &Interrupt<'_>,
     op: impl AsyncFnOnce(&mut Conn) -> Result<T>,
 ) -> Result<T> {
-    let until = Instant::now() + pool.deadline;
-    let mut pooled = checkout_live(pool, interrupt, Lane::Main, until)?;
-    let result = pooled.run_until(interrupt, Some(until), op);
-    finish_unless_lost(pooled, &result);
+    let started = Instant::now();
+    let until = interrupt.bound(started + pool.deadline);
+    pool.admit()?;
+    let result = checkout_live(pool, interrupt, Lane::Main, until).and_then(|mut pooled| {
+        let result = pooled.run_until(interrupt, Some(until), op);
+        finish_unless_lost(pooled, &result);
+        result
+    });
+    pool.settle(&result, started, until);
     result
 }
 
@@ -566,7 +671,25 @@ pub fn with_fresh_conn_within<T>(
     budget: Duration,
     op: impl AsyncFn(&mut Conn) -> Result<T>,
 ) -> Result<T> {
-    let until = Instant::now() + budget;
+    let started = Instant::now();
+    let until = interrupt.bound(started + budget);
+    if lane == Lane::Reserve {
+        return fresh_conn_until(pool, interrupt, lane, until, op);
+    }
+    pool.admit()?;
+    let result = fresh_conn_until(pool, interrupt, lane, until, op);
+    pool.settle(&result, started, until);
+    result
+}
+
+/// [`with_fresh_conn_within`]'s attempts, until `until`.
+fn fresh_conn_until<T>(
+    pool: &Pool,
+    interrupt: &Interrupt<'_>,
+    lane: Lane,
+    until: Instant,
+    op: impl AsyncFn(&mut Conn) -> Result<T>,
+) -> Result<T> {
     let mut failures = 0;
     loop {
         let mut pooled = checkout_live(pool, interrupt, lane, until)?;
@@ -626,6 +749,7 @@ impl Pool {
             deadline: config.deadline(),
             distributed: config.distributed(),
             users: Arc::new(()),
+            circuit: Default::default(),
         };
         Ok((runtime, pool))
     }

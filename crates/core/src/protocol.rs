@@ -57,6 +57,7 @@ use crate::error::{Error, Result};
 use crate::fenced::Fenced;
 use crate::heartbeat::{Heartbeat, HeartbeatReport};
 use crate::record::{self, ClaimRequest, PreparedResult, ResultInput, ResultState};
+use crate::transitions::{self, Answer, ClaimVerdict, Next, Rules, StalePolicy, Taken};
 
 /// Seconds before a deferred delivery's first return ([`deferral_delay`]).
 pub const DEFERRAL_FIRST_DELAY: f64 = 1.0;
@@ -323,9 +324,29 @@ pub struct DeliveryRequest {
     /// then replays, a release may run); `None`: no wait (the delivery is deferred at
     /// once). Only on a channel that can wait ([`Channel::can_wait`]: not a transaction).
     pub wait_seconds: Option<f64>,
+    /// When the work before the body must have ended, whatever the database does (a
+    /// call with `wait`: [`DeliveryRequest::bound_wait`]); `None`: each database call's
+    /// own deadline only. [`Protocol::begin`] and [`Protocol::wait`] cut every
+    /// database call at it (the deadline's [`crate::error::Error::Timeout`]).
+    pub wait_until: Option<Instant>,
 }
 
+/// Seconds a call with `wait: N` may take beyond N before its body starts or it
+/// returns or raises ([`DeliveryRequest::bound_wait`]): the claim, the wait and the
+/// decision after it all end within N + this, even with PostgreSQL refusing or never
+/// answering.
+pub const WAIT_MARGIN_SECONDS: f64 = 0.5;
+
 impl DeliveryRequest {
+    /// Starts the bound of a call with `wait_seconds` (call it when the call starts):
+    /// `wait_until` = now + `wait_seconds` + [`WAIT_MARGIN_SECONDS`]; no bound without
+    /// a wait.
+    pub fn bound_wait(&mut self) {
+        self.wait_until = self
+            .wait_seconds
+            .map(|w| Instant::now() + Duration::from_secs_f64(w.max(0.0) + WAIT_MARGIN_SECONDS));
+    }
+
     /// The claim statement's request for this delivery under `options`.
     pub fn claim_request(&self, options: &JobOptions) -> ClaimRequest {
         ClaimRequest {
@@ -588,6 +609,44 @@ pub fn unreachable_delay(failures: u32) -> f64 {
     deferral_delay(UNREACHABLE_MAX_DELAY, failures, 0.0)
 }
 
+/// Seconds between two error log lines of a door for claims failing with the same
+/// cause ([`claim_error_report`]): a database down or misconfigured fails every
+/// delivery, and one line per interval names the cause without a line per message.
+pub const CLAIM_ERROR_LOG_INTERVAL: f64 = 60.0;
+
+/// Whether a door logs, now, the error line for a claim failing with `cause` (a
+/// short text naming the cause, e.g. the error's class and SQLSTATE): `Some(n)` the
+/// first time and then at most once per [`CLAIM_ERROR_LOG_INTERVAL`] per process,
+/// `n` counting the failures of that cause not logged since the last line; `None`
+/// otherwise (the door logs that delivery at debug level only).
+pub fn claim_error_report(cause: &str) -> Option<u64> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<String, (Instant, u64)>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let now = Instant::now();
+    let interval = Duration::from_secs_f64(CLAIM_ERROR_LOG_INTERVAL);
+    match seen.get_mut(cause) {
+        Some((last, skipped)) if now.duration_since(*last) < interval => {
+            *skipped += 1;
+            None
+        }
+        Some((last, skipped)) => {
+            let n = *skipped;
+            *last = now;
+            *skipped = 0;
+            Some(n)
+        }
+        None => {
+            seen.insert(cause.to_string(), (now, 0));
+            Some(0)
+        }
+    }
+}
+
 /// `text` cut to [`ERROR_TEXT_LIMIT`] characters.
 fn limited(text: &str) -> &str {
     match text.char_indices().nth(ERROR_TEXT_LIMIT) {
@@ -644,6 +703,7 @@ impl Protocol {
         delivery: &DeliveryRequest,
         notes: &mut Notes,
     ) -> Result<Step> {
+        interrupt.end_by(delivery.wait_until);
         let request = delivery.claim_request(&self.options);
         let started = Instant::now();
         let decided = channel.claim(interrupt, &request, self.options.lock_timeout_seconds)?;
@@ -665,6 +725,7 @@ impl Protocol {
         delivery: &DeliveryRequest,
         notes: &mut Notes,
     ) -> Result<Step> {
+        interrupt.end_by(delivery.wait_until);
         let seconds = delivery.wait_seconds.unwrap_or(0.0);
         let request = delivery.claim_request(&self.options);
         let started = Instant::now();
@@ -730,10 +791,10 @@ impl Protocol {
                     }
                     ClaimKind::Takeover => {
                         notes.push(Note::claim(&claim.info, NoteKind::TakenOver));
-                        if self.options.lookup.is_some() {
-                            Step::AskLookup(claim)
-                        } else {
-                            self.stale_policy(channel, interrupt, claim, notes)?
+                        let verdict = ClaimVerdict::Take(Taken::Takeover);
+                        match transitions::next(verdict, false, self.rules(claim.takeovers)) {
+                            Next::AskLookup => Step::AskLookup(claim),
+                            next => self.stale_step(channel, interrupt, claim, next, notes)?,
                         }
                     }
                 }
@@ -918,8 +979,13 @@ impl Protocol {
                 answer: answered,
             },
         ));
-        match answer {
-            LookupAnswer::Done => {
+        let answered = match answer {
+            LookupAnswer::Done => Answer::Done,
+            LookupAnswer::NotDone => Answer::NotDone,
+            _ => Answer::Unknown,
+        };
+        match transitions::after_lookup(answered, self.stale_policy(claim.takeovers)) {
+            Next::Complete => {
                 channel.fenced(interrupt, Fenced::Complete, &claim.info, None)?;
                 notes.push(Note::claim(
                     &claim.info,
@@ -931,7 +997,7 @@ impl Protocol {
                 outcome.claim = Some(claim.info.clone());
                 Ok(Step::Skip(outcome))
             }
-            LookupAnswer::NotDone => {
+            Next::Run if answered == Answer::NotDone => {
                 notes.push(Note::claim(
                     &claim.info,
                     NoteKind::LookupNotDone {
@@ -940,7 +1006,7 @@ impl Protocol {
                 ));
                 Ok(self.run(channel, claim))
             }
-            _ => self.stale_policy(channel, interrupt, claim, notes),
+            next => self.stale_step(channel, interrupt, claim, next, notes),
         }
     }
 
@@ -1157,44 +1223,71 @@ impl Protocol {
         outcome
     }
 
-    /// The stale policy for a claim taken over whose lookup (if any) did not know: the
-    /// job's `on_stale`, unless the reclaim budget is spent (more stale takeovers than
-    /// `max_takeovers`), which holds the operation for a person and says why in the
-    /// record's `last_error`, the `held` event's `reason` and the log line.
-    fn stale_policy(
+    /// The options that decide, as the decision table ([`transitions`]) takes them,
+    /// for a claim with `takeovers` stale takeovers (see [`Protocol::stale_policy`]).
+    fn rules(&self, takeovers: i32) -> Rules {
+        Rules {
+            on_stale: self.stale_policy(takeovers),
+            refuse_mismatch: self.options.on_mismatch == OnMismatch::Raise,
+            lookup: self.options.lookup.is_some(),
+        }
+    }
+
+    /// Why the reclaim budget holds a claim with `takeovers` stale takeovers (more than
+    /// `max_takeovers`), or `None` when it does not.
+    fn budget_spent(&self, takeovers: i32) -> Option<String> {
+        self.options
+            .max_takeovers
+            .filter(|max| takeovers > *max)
+            .map(|max| {
+                format!(
+                    "the reclaim budget is spent: {takeovers} stale takeovers of this \
+                     operation, max_takeovers {max}"
+                )
+            })
+    }
+
+    /// The job's `on_stale`, unless the reclaim budget is spent: then hold, whatever
+    /// `on_stale` says.
+    fn stale_policy(&self, takeovers: i32) -> StalePolicy {
+        if self.budget_spent(takeovers).is_some() {
+            return StalePolicy::Hold;
+        }
+        match self.options.on_stale {
+            OnStale::Reclaim => StalePolicy::Reclaim,
+            OnStale::Hold => StalePolicy::Hold,
+            OnStale::Skip => StalePolicy::Skip,
+        }
+    }
+
+    /// The decision table's step for a claim taken over whose lookup (if any) did not
+    /// know ([`transitions::stale`] through [`transitions::next`] or
+    /// [`transitions::after_lookup`]): `Run` reclaims, `Hold` and `GiveUp` make the
+    /// fenced change and skip. A hold by the reclaim budget says why in the record's
+    /// `last_error`, the `held` event's `reason` and the log line.
+    fn stale_step(
         &self,
         channel: &mut dyn Channel,
         interrupt: &Interrupt<'_>,
         claim: Claim,
+        next: Next,
         notes: &mut Notes,
     ) -> Result<Step> {
         let why = self.options.lookup.clone();
-        let budget = self
-            .options
-            .max_takeovers
-            .filter(|max| claim.takeovers > *max)
-            .map(|max| {
-                format!(
-                    "the reclaim budget is spent: {} stale takeovers of this operation, \
-                     max_takeovers {max}",
-                    claim.takeovers
-                )
-            });
-        let policy = if budget.is_some() {
-            OnStale::Hold
-        } else {
-            self.options.on_stale
-        };
-        let (change, decision) = match policy {
-            OnStale::Reclaim => {
+        let budget = (next == Next::Hold && self.options.on_stale != OnStale::Hold)
+            .then(|| self.budget_spent(claim.takeovers))
+            .flatten();
+        let (change, decision) = match next {
+            Next::Hold => (Fenced::Hold, Decision::Held),
+            Next::GiveUp => (Fenced::GiveUp, Decision::GivenUp),
+            // Run: the only other step transitions::stale gives.
+            _ => {
                 notes.push(Note::claim(
                     &claim.info,
                     NoteKind::Reclaimed { lookup: why },
                 ));
                 return Ok(self.run(channel, claim));
             }
-            OnStale::Hold => (Fenced::Hold, Decision::Held),
-            OnStale::Skip => (Fenced::GiveUp, Decision::GivenUp),
         };
         channel.fenced(interrupt, change, &claim.info, budget.as_deref())?;
         let kind = match decision {

@@ -112,7 +112,7 @@ pub fn wait_by(
             req.job_type
         )));
     }
-    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let until = interrupt.bound(Instant::now() + Duration::from_secs_f64(seconds));
     let mut listener = match path {
         WaitPath::Listen => match Listener::open(pool, interrupt, req) {
             Ok(listener) => Some(listener),
@@ -216,7 +216,7 @@ impl Listener {
             &runtime,
             interrupt,
             None,
-            Some(Instant::now() + timeout),
+            Some(interrupt.bound(Instant::now() + timeout)),
             async {
                 let (client, mut connection) = config.connect(tls).await?;
                 tokio::spawn(async move {

@@ -4,9 +4,11 @@
 //! strings: the model check (`tests/model.rs`) explores the protocol through these
 //! functions.
 //!
+//! The protocol's step after the claim statement is taken from these functions
+//! (`protocol.rs` calls [`next`] for a takeover, [`after_lookup`] for a lookup's answer
+//! and [`stale`] through them): the model check and the running core share one table.
 //! The statements compute the same rules inside PostgreSQL (SQL cannot call Rust:
-//! [`crate::sql::CLAIM_SQL`]'s `take`, the fenced statements' guards, `RESOLVE_SQL`),
-//! and the protocol's step after the claim is still written out in `protocol.rs`:
+//! [`crate::sql::CLAIM_SQL`]'s `take`, the fenced statements' guards, `RESOLVE_SQL`):
 //! `tests/conformance.rs` runs every decision, fenced and resolve case of the
 //! conformance vectors (`conformance/vectors.json`) through those statements and the
 //! protocol on a real database and through these functions, and fails when they

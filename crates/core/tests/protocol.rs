@@ -77,7 +77,7 @@ fn delivery(digest: &str) -> DeliveryRequest {
         args_digest: Some(digest.into()),
         facts_json: None,
         deferrals: 0,
-        wait_seconds: None,
+        ..DeliveryRequest::default()
     }
 }
 

@@ -7,8 +7,8 @@
 //! once) and then OPERATIONS duplicates (the completed keys again), through the door
 //! (`Job::perform_once`) and through the floor: the core's own statements (`DELIVER_SQL`,
 //! then `COMPLETE_SQL`; a duplicate only `DELIVER_SQL`) sent raw with tokio-postgres on one
-//! connection, prepared, with the same parameters. Variants alternate per round; the
-//! ratio of each round is door / floor time per operation, the median printed. Prints
+//! connection, prepared, with the same parameters. The variants alternate in batches of
+//! 20 deliveries (statements prepared once per batch on both sides); the ratio of each round is door / floor time per operation, the median printed. Prints
 //! one JSON line last: `{"first": {...}, "duplicate": {...}}`.
 
 use std::time::Instant;
@@ -17,6 +17,8 @@ use idempotent_job_core::sql::{COMPLETE_SQL, DELIVER_SQL};
 use idempotent_job_rust::{Config, IdempotentJob, Job};
 
 const JOB: &str = "RustBench";
+/// Deliveries per interleaved batch.
+const BATCH: usize = 20;
 
 async fn door(job: &Job, keys: &[String]) -> f64 {
     let started = Instant::now();
@@ -121,19 +123,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut door_times, mut floor_times) = ((vec![], vec![]), (vec![], vec![]));
     for round in 0..rounds {
         let (door_keys, floor_keys) = (keys("door", round), keys("floor", round));
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
+        // Batches of BATCH deliveries, the two variants interleaved (which goes first
+        // alternates), so a change of the machine's load falls on both.
         let (mut d1, mut f1, mut d2, mut f2) = (0.0, 0.0, 0.0, 0.0);
-        for door_first in order {
-            if door_first {
-                d1 = door(&job, &door_keys).await;
-                d2 = door(&job, &door_keys).await;
-            } else {
-                f1 = floor(&db, &floor_keys, true).await;
-                f2 = floor(&db, &floor_keys, false).await;
+        for duplicates in [false, true] {
+            for (n, start) in (0..operations).step_by(BATCH).enumerate() {
+                let end = (start + BATCH).min(operations);
+                let share = (end - start) as f64 / operations as f64;
+                for door_turn in if (n + round) % 2 == 0 {
+                    [true, false]
+                } else {
+                    [false, true]
+                } {
+                    if door_turn {
+                        let t = door(&job, &door_keys[start..end]).await * share;
+                        if duplicates {
+                            d2 += t
+                        } else {
+                            d1 += t
+                        }
+                    } else {
+                        let t = floor(&db, &floor_keys[start..end], !duplicates).await * share;
+                        if duplicates {
+                            f2 += t
+                        } else {
+                            f1 += t
+                        }
+                    }
+                }
             }
         }
         first.push(d1 / f1);

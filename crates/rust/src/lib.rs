@@ -132,6 +132,29 @@ pub fn operation_key(job_type: &str, value: impl Into<Value>) -> Result<String, 
     )))
 }
 
+/// A composite operation key's text (a key declared as several parts, as Ruby's
+/// `idempotency_key: [:order_id, :carrier]` and Python's list declarations): the
+/// canonical JSON list of the parts, integers as their decimal text.
+///
+/// Errors: [`Error::OperationKey`] naming `job_type` when a part cannot be a key.
+pub fn composite_key(job_type: &str, parts: Vec<Value>) -> Result<String, Error> {
+    let refuse = |problem: String| {
+        Error::OperationKey(format!(
+            "{job_type}: operation key: {problem}; the job was not run and nothing was recorded"
+        ))
+    };
+    let parts = parts
+        .iter()
+        .map(|p| keys::part(p, &KEY_WORDS))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(refuse)?;
+    let text = keys::composite_text(parts);
+    match keys::problem(job_type.as_bytes(), text.as_bytes()) {
+        None => Ok(text),
+        Some(problem) => Err(refuse(problem)),
+    }
+}
+
 /// Options of one job type, over the core's defaults (its options table).
 pub struct JobBuilder {
     store: Arc<Store>,

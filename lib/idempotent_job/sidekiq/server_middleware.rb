@@ -28,12 +28,17 @@ module IdempotentJob
       # @yield runs the rest of the chain and the job body
       # @return [Object] the block's value, or nil when the delivery was not run
       # @raise [OperationKeyError] when the arguments yield no operation key (body not run)
-      # @raise [ConfigurationError] for bad options, or an idempotency_key on an ActiveJob class
+      # @raise [ConfigurationError] for bad options, an `idempotency_*` key in the payload
+      #   that no option has (naming the nearest), or an idempotency_key on an ActiveJob class
       # @raise [ConnectionError, DatabaseError] when the claim cannot be decided (body not run)
       # @raise [PayloadMismatchError] for a mismatched payload under `on_mismatch: :raise`
       # @raise [LookupError] when the stale-claim lookup fails (body not run)
       # @raise [LostClaimError] when the body ran but its claim had been taken over
       def call(job_instance, job_hash, _queue, &)
+        # A payload pushed by name (`Client.push("class" => "X", ...)`, another
+        # language's producer) never met the client middleware: an unknown
+        # `idempotency_*` key fails here, into Sidekiq's retry, not a default applied.
+        Options.check_push!(job_instance.class, job_hash)
         return Wrapped.check!(job_hash, &) if Compat.active_job?(job_hash)
 
         options = Options.resolve(job_instance.class, job_hash)

@@ -472,7 +472,7 @@ impl NativeProtocol {
         wait_seconds: Option<f64>,
     ) -> RbResult<DeliveryRequest> {
         let req = claim_request(ruby, request)?;
-        Ok(DeliveryRequest {
+        let mut delivery = DeliveryRequest {
             job_type: req.job_type,
             operation_key: req.operation_key,
             delivery_id: req.delivery_id,
@@ -483,7 +483,13 @@ impl NativeProtocol {
             facts_json: req.facts_json,
             deferrals,
             wait_seconds,
-        })
+            wait_until: None,
+        };
+        // A step at a time: each step (the claim, the wait) is bounded by the wait +
+        // the core's margin from its own start (one-call driving will start the bound
+        // once per delivery).
+        delivery.bound_wait();
+        Ok(delivery)
     }
 
     fn direct(ruby: &Ruby, store: &NativeStore) -> RbResult<Direct> {

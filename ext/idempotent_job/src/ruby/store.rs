@@ -326,15 +326,20 @@ impl NativeStore {
 
     /// `completed(job_type, operation_key)` → true when the operation's record is
     /// completed (the enqueue check of `on_enqueue: :skip_completed`; one read-only
-    /// statement, sent again on a fresh connection if the first one dies).
+    /// statement, sent again on a fresh connection if the first one dies), within the
+    /// `enqueue_check_timeout` setting (a `TimeoutError` past it).
     fn completed(
         ruby: &Ruby,
         rb_self: &Self,
         job_type: String,
         operation_key: String,
     ) -> RbResult<bool> {
-        rb_self.with_fresh_conn(ruby, Lane::Main, async |c| {
-            records::completed(c, &job_type, &operation_key).await
+        let bound = rb_self.0.config().enqueue_check_timeout();
+        rb_self.run(ruby, |pool, interrupt| {
+            interrupt.end_by(Some(std::time::Instant::now() + bound));
+            with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
+                records::completed(c, &job_type, &operation_key).await
+            })
         })
     }
 
