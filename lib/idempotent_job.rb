@@ -123,6 +123,7 @@ module IdempotentJob
     # @param options [Hash] `on_stale:`, `on_mismatch:`, `lookup:` (callable: key → :done,
     #   :not_done, :unknown), `heartbeat:`, `max_run:`, `transaction:`, `lock_timeout:`,
     #   `store_result:` (true/false, default false: store the block's value for replays),
+    #   `max_takeovers:` (Integer, default none: stale takeovers before the next is held),
     #   `wait:` (seconds, default none: how long to wait for a live claim; not with
     #   `transaction:`)
     # @yieldparam claim [Claim] the claim held

@@ -156,6 +156,7 @@ def perform_once(
     lookup: Callable[[str], str] | None = None,
     heartbeat: bool | None = None,
     max_run: float | None = None,
+    max_takeovers: int | None = None,
     id: str | None = None,  # noqa: A002 - the Ruby gem's name
     deferrals: int = 0,
     job_class: str | None = None,
@@ -188,6 +189,10 @@ def perform_once(
         on_stale, on_mismatch, lookup, heartbeat, max_run: as the Ruby gem's options;
             ``lookup(operation_key)`` is asked after a takeover of a stale claim and answers
             "done", "not_done" or "unknown".
+        max_takeovers: the reclaim budget: after this many stale takeovers of the
+            operation, the next stale claim (after ``lookup``, if it does not know) is held
+            for a person instead of reclaimed; the record's ``last_error`` says why.
+            None (default): no budget.
         id: this delivery's id (stored as the record's last claiming jid); default a
             fresh UUID.
         deferrals: how many times this delivery already met a live claim (for
@@ -227,6 +232,7 @@ def perform_once(
         "heartbeat": heartbeat,
         "max_run": max_run,
         "store_result": store_result,
+        "max_takeovers": max_takeovers,
     }
     if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float))):
         raise ConfigurationError(f"{job_type}: wait must be a number of seconds (0 or more), got {wait!r}")

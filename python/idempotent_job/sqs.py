@@ -248,7 +248,7 @@ class Consumer:
             a FIFO queue).
         max_messages, wait_seconds: ``receive_message``'s batch size (1–10) and long poll.
         options: the core's job options (``lease``, ``on_stale``, ``on_mismatch``,
-            ``lookup``, ``heartbeat``, ``max_run``, ``store_result``; default configure's).
+            ``lookup``, ``heartbeat``, ``max_run``, ``max_takeovers``, ``store_result``; default configure's).
 
     Raises ``ConfigurationError`` (an unknown option or a bad value) and
     ``OperationKeyError`` (a malformed key declaration) naming the job type.

@@ -13,7 +13,7 @@ module IdempotentJob
     # and `operation_key`.
     class ActiveRecord < Session
       # Parameters of the fenced changes that store a text ($4).
-      TEXT_CHANGES = %i[release expire].freeze
+      TEXT_CHANGES = %i[release expire hold].freeze
 
       # @return [nil] the body uses its models
       def handle = nil
@@ -191,6 +191,7 @@ module IdempotentJob
         { won: boolean(row["won"]), status: row["status"], last_claim: row["last_claim"],
           attempts: Integer(row["attempts"]), jid: row["jid"], duplicates: Integer(row["duplicates"]),
           mismatch: boolean(row["mismatch"]), lease_remaining: Float(row["lease_remaining"]),
+          takeovers: Integer(row["takeovers"] || 0),
           result: row["result"], result_state: row["result_state"] }
       end
 
