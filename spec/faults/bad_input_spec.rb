@@ -30,7 +30,7 @@ RSpec.describe "Bad input", :faults do
       end.to raise_error(IdempotentJob::ConfigurationError) { |error|
         expect(error.message).to start_with("StailJob: unknown option idempotency_on_stail (did you mean " \
                                             "idempotency_on_stale?); known options: idempotency_key, idempotency_scope")
-        expect(error.message).to end_with("idempotency_lock_timeout, idempotency_store_result, idempotency_on_enqueue")
+        expect(error.message).to end_with("idempotency_store_result, idempotency_on_enqueue, idempotency_max_takeovers")
       }
     end
 
