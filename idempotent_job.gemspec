@@ -21,9 +21,10 @@ Gem::Specification.new do |spec|
     "lib/**/*.rb", "lib/idempotent_job/web/views/*.erb",
     "ext/idempotent_job/{Cargo.toml,extconf.rb}", "ext/idempotent_job/src/**/*.rs",
     "crates/core/{Cargo.toml,build.rs}", "crates/core/src/**/*.rs",
-    # The Python extension crate is a workspace member: cargo reads its manifest (and
-    # sources) to load the workspace, but the gem's build never compiles it.
-    "python/Cargo.toml", "python/src/**/*.rs",
+    # The Python extension crate and the Rust door are workspace members: cargo reads
+    # their manifests (and sources) to load the workspace, but the gem's build never
+    # compiles them.
+    "python/Cargo.toml", "python/src/**/*.rs", "crates/rust/Cargo.toml", "crates/rust/src/**/*.rs",
     "migrations/*.sql", "Cargo.toml", "Cargo.lock", "README.md", "LICENSE"
   ]
   spec.require_paths = ["lib"]

@@ -123,6 +123,7 @@ module IdempotentJob
     # @param options [Hash] `on_stale:`, `on_mismatch:`, `lookup:` (callable: key → :done,
     #   :not_done, :unknown), `heartbeat:`, `max_run:`, `transaction:`, `lock_timeout:`,
     #   `store_result:` (true/false, default false: store the block's value for replays),
+    #   `max_takeovers:` (Integer, default none: stale takeovers before the next is held),
     #   `wait:` (seconds, default none: how long to wait for a live claim; not with
     #   `transaction:`)
     # @yieldparam claim [Claim] the claim held
@@ -130,7 +131,7 @@ module IdempotentJob
     #   stored value when `replayed?`), :held, :given_up or :in_progress (with
     #   retry_after and lease_remaining)
     # @raise [OperationKeyError] for a bad operation key (nothing recorded)
-    # @raise [ConfigurationError] for a bad option
+    # @raise [ConfigurationError] for a bad option, or a job type that is not valid UTF-8
     # @raise [ConnectionError, TimeoutError, DatabaseError] when the claim cannot be decided
     # @raise [LookupError, PayloadMismatchError, LostClaimError] as {Protocol#run}
     # @raise [Exception] what the block raised, after releasing the claim (an interrupt:
@@ -139,13 +140,36 @@ module IdempotentJob
       Plain.perform_once(job_type, operation_key, **options, &)
     end
 
+    # A job type as the core takes it: its text as UTF-8 (a binary or other-encoded
+    # String holding valid UTF-8 is accepted as that text).
+    # @param job_type [String, Class, #to_s] the job type (idempotency scope)
+    # @return [String] the job type, UTF-8
+    # @raise [ConfigurationError] when it is not valid UTF-8 (it names the job type with its
+    #   bytes escaped); nothing is read, run or recorded
+    def job_type_text(job_type)
+      type = job_type.to_s
+      text = case type.encoding
+             when Encoding::UTF_8 then type
+             when Encoding::BINARY, Encoding::US_ASCII then type.dup.force_encoding(Encoding::UTF_8)
+             else type.encode(Encoding::UTF_8)
+             end
+      return text if text.valid_encoding?
+
+      raise EncodingError
+    rescue EncodingError
+      raise ConfigurationError, "the job type #{type.b.inspect} is not valid UTF-8: job types are text; " \
+                                "nothing was run or recorded"
+    end
+
     # Reads one idempotency record.
     # @param job_type [String, Class] the job type (idempotency_scope; default the class name)
     # @param operation_key [String, Integer] the operation key as stored ("42" for 42)
     # @return [Record, nil] nil when the operation was never claimed
     # @raise [OperationKeyError] for a key that is not valid UTF-8 (no record can have it)
+    # @raise [ConfigurationError] for a job type that is not valid UTF-8
     # @raise [ConnectionError, DatabaseError]
     def record(job_type, operation_key)
+      job_type = job_type_text(job_type)
       key = operation_key.to_s
       problem = Native.key_text_problem(key)
       raise OperationKeyError.new("#{job_type}: #{problem}", job_class: job_type.to_s) if problem
@@ -159,10 +183,11 @@ module IdempotentJob
     # @param limit [Integer] at most this many
     # @return [Array<Record>] each with job_type, operation_key, held_at (since),
     #   attempts, jid (the last claiming delivery), job_class, queue and args
+    # @raise [ConfigurationError] for a job type that is not valid UTF-8
     # @raise [ConnectionError, DatabaseError]
     def held(job_type: nil, limit: 100)
       # A record resolved between the two reads is left out.
-      store.held(job_type&.to_s, Integer(limit)).filter_map { |type, key| record(type, key) }
+      store.held(job_type && job_type_text(job_type), Integer(limit)).filter_map { |type, key| record(type, key) }
            .select { |r| r.status == :held }
     end
 
@@ -178,10 +203,11 @@ module IdempotentJob
     # @param as [Symbol] :done or :rerun
     # @return [Record] the record after the change
     # @raise [Error] when the operation is not held or given up
-    # @raise [ConfigurationError] for another `as:`
+    # @raise [ConfigurationError] for another `as:`, or a job type that is not valid UTF-8
     # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises the queue's error
     #   after the record was released (enqueue the job again to run it)
     def resolve(job_type, operation_key, as:)
+      job_type = job_type_text(job_type)
       resolution = Configuration.choice!("as", as, %i[done rerun])
       before = record(job_type, operation_key)
       unless before && %i[held given_up].include?(before.status) &&

@@ -46,7 +46,8 @@ module IdempotentJob
       #   (Boolean), `max_run:` (seconds), `transaction:` (true/:native,
       #   :active_record), `lock_timeout:` (seconds), `store_result:` (Boolean: keep the
       #   body's value for replays), `on_enqueue:` (:push, or :skip_completed:
-      #   perform_later of a completed operation enqueues nothing and returns false); unset ones take
+      #   perform_later of a completed operation enqueues nothing and returns false),
+      #   `max_takeovers:` (Integer: stale takeovers before the next is held); unset ones take
       #   {IdempotentJob.configuration}'s defaults at first use
       # @return [Hash] the declaration
       # @raise [ConfigurationError] for a missing key, an unknown option or a bad value,

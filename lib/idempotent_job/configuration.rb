@@ -237,6 +237,23 @@ module IdempotentJob
       self
     end
 
+    # An assignment to a setting that does not exist (`c.leese = 5` in a configure
+    # block) raises the library's error naming it and the nearest known setting, as
+    # {#update} does for a keyword; any other unknown method is Ruby's NoMethodError.
+    # @raise [ConfigurationError] for `name=` when `name` is not a setting
+    def method_missing(method, *args, &)
+      name = method.to_s
+      return super unless name.end_with?("=") && args.size == 1
+
+      setting = name.delete_suffix("=")
+      Native.unknown_setting(setting.inspect, setting, SETTINGS.map(&:to_s))
+    end
+
+    # @return [Boolean] false for unknown setters too (they raise ConfigurationError)
+    def respond_to_missing?(method, include_private = false)
+      super
+    end
+
     # Checks every setting's type and range.
     # @return [self]
     # @raise [ConfigurationError] naming the first bad setting

@@ -36,10 +36,11 @@ module IdempotentJob
     # @param id [String, #to_s, nil] the delivery's id
     # @param deferrals [Integer] deferrals so far (drives the back-off of {Protocol::Deferral})
     # @param facts [Hash] attempt facts; keys become Strings
+    # @raise [ConfigurationError] for a job type that is not valid UTF-8
     def initialize(job_type:, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only
                    operation_key:, payload: [], job_class: nil, queue: nil, id: nil, deferrals: 0,
                    facts: {})
-      @job_type = job_type.to_s
+      @job_type = IdempotentJob.job_type_text(job_type)
       @operation_key = operation_key
       @payload = payload.is_a?(Array) ? payload : [payload]
       @job_class = job_class&.to_s

@@ -101,6 +101,9 @@ module IdempotentJob
     # @return [Symbol] :push (default) or :skip_completed: drop a producer's push of a
     #   completed operation ({EnqueueCheck})
     attr_reader :on_enqueue
+    # @return [Integer, nil] the reclaim budget: after this many stale takeovers of one
+    #   operation the next is held for a person instead of reclaimed (nil: no budget)
+    attr_reader :max_takeovers
 
     # Use {.cached} in a door; `new` validates every time.
     # @param job_class [Class, String]

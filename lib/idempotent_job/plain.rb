@@ -20,7 +20,7 @@ module IdempotentJob
                           job_class: nil, queue: nil, wait: nil, **options, &block)
       raise ArgumentError, "IdempotentJob.perform_once needs a block" unless block
 
-      type = job_type.to_s
+      type = IdempotentJob.job_type_text(job_type)
       raise ConfigurationError, "perform_once: the job type must not be empty" if type.empty?
 
       options = JobOptions.cached(type, { lease:, **checked(type, options) })

@@ -115,6 +115,19 @@ def migrate() -> list[str]:
     return _current().migrate()
 
 
+def _job_type(job_type: Any) -> str:
+    """``job_type`` as text the core takes; ConfigurationError naming it (escaped) when it
+    is not valid UTF-8 (a lone surrogate, as ``surrogateescape`` decoding leaves)."""
+    text = str(job_type)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            f"the job type {text!a} is not valid UTF-8: job types are text; nothing was run or recorded"
+        ) from None
+    return text
+
+
 def operation_key(value: Any, job_type: str = "operation") -> str:
     """The operation key's text for ``value`` as the record stores it (the same text the
     Ruby gem makes): a str as it is, an int in decimal, a non-empty dict or list as its
@@ -124,8 +137,9 @@ def operation_key(value: Any, job_type: str = "operation") -> str:
     Raises:
         OperationKeyError: for None, a bool, a float, an empty value, a NUL character, or
             a key over 2,000 bytes together with ``job_type``.
+        ConfigurationError: for a job type that is not valid UTF-8.
     """
-    return Store.operation_key(job_type, value)
+    return Store.operation_key(_job_type(job_type), value)
 
 
 def perform_once(
@@ -142,6 +156,7 @@ def perform_once(
     lookup: Callable[[str], str] | None = None,
     heartbeat: bool | None = None,
     max_run: float | None = None,
+    max_takeovers: int | None = None,
     id: str | None = None,  # noqa: A002 - the Ruby gem's name
     deferrals: int = 0,
     job_class: str | None = None,
@@ -174,6 +189,10 @@ def perform_once(
         on_stale, on_mismatch, lookup, heartbeat, max_run: as the Ruby gem's options;
             ``lookup(operation_key)`` is asked after a takeover of a stale claim and answers
             "done", "not_done" or "unknown".
+        max_takeovers: the reclaim budget: after this many stale takeovers of the
+            operation, the next stale claim (after ``lookup``, if it does not know) is held
+            for a person instead of reclaimed; the record's ``last_error`` says why.
+            None (default): no budget.
         id: this delivery's id (stored as the record's last claiming jid); default a
             fresh UUID.
         deferrals: how many times this delivery already met a live claim (for
@@ -190,18 +209,19 @@ def perform_once(
     Raises:
         OperationKeyError: for a bad key. ConfigurationError: for a bad option value
             (checked by the core's options table) or an unknown keyword (naming the job,
-            the call, the keyword and the nearest known one).
+            the call, the keyword and the nearest known one), or a job type that is not
+            valid UTF-8.
         PayloadMismatchError: under ``on_mismatch="raise"``. LookupError.
         ConnectionError, TimeoutError, DatabaseError: the body did not run.
         Whatever ``fn`` raised: its claim was released first, so a retry runs it again
             (SystemExit and KeyboardInterrupt keep the claim until its lease ends: the
             process is going away and the effect may have happened).
     """
+    job_type = _job_type(job_type)
     if unknown:
-        _native.not_taken(str(job_type), "perform_once", sorted(unknown)[0], _PERFORM_ONCE_OPTIONS)
+        _native.not_taken(job_type, "perform_once", sorted(unknown)[0], _PERFORM_ONCE_OPTIONS)
     if not callable(fn):
         raise ConfigurationError(f"{job_type}: perform_once needs a callable body, got {type(fn).__name__}")
-    job_type = str(job_type)
     key_text = Store.operation_key(job_type, key)
     store = _current()
     options = {
@@ -212,7 +232,10 @@ def perform_once(
         "heartbeat": heartbeat,
         "max_run": max_run,
         "store_result": store_result,
+        "max_takeovers": max_takeovers,
     }
+    if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float))):
+        raise ConfigurationError(f"{job_type}: wait must be a number of seconds (0 or more), got {wait!r}")
     return store.perform_once(
         store.protocol(job_type, options, "plain"),
         job_type,
@@ -237,8 +260,9 @@ _PERFORM_ONCE_OPTIONS = [
 
 def held(job_type: str | None = None, limit: int = 100) -> list[tuple[str, str]]:
     """The held operations (a stale claim under ``on_stale="hold"``), oldest first, as
-    ``(job_type, operation_key)`` pairs; only ``job_type``'s when given. Read-only."""
-    return _current().held(job_type, limit)
+    ``(job_type, operation_key)`` pairs; only ``job_type``'s when given. Read-only.
+    ConfigurationError for a job type that is not valid UTF-8."""
+    return _current().held(None if job_type is None else _job_type(job_type), limit)
 
 
 def resolve(job_type: str, key: Any, as_: str = "done") -> bool:
@@ -248,9 +272,10 @@ def resolve(job_type: str, key: Any, as_: str = "done") -> bool:
     Returns False when the operation is not held or given up.
 
     Raises:
-        ConfigurationError: for another ``as_``.
+        ConfigurationError: for another ``as_``, or a job type that is not valid UTF-8.
     """
-    return _current().resolve(str(job_type), Store.operation_key(str(job_type), key), as_)
+    job_type = _job_type(job_type)
+    return _current().resolve(job_type, Store.operation_key(job_type, key), as_)
 
 
 def purge(older_than: float | None = None, batch: int = 1000) -> int:
@@ -262,8 +287,10 @@ def purge(older_than: float | None = None, batch: int = 1000) -> int:
 
 def record(job_type: str, key: Any) -> dict | None:
     """The idempotency record of ``(job_type, key)`` as a dict of its columns (times in
-    epoch seconds), or None when the operation was never claimed. Read-only."""
-    return _current().find(str(job_type), Store.operation_key(str(job_type), key))
+    epoch seconds), or None when the operation was never claimed. Read-only.
+    ConfigurationError for a job type that is not valid UTF-8."""
+    job_type = _job_type(job_type)
+    return _current().find(job_type, Store.operation_key(job_type, key))
 
 
 @atexit.register

@@ -119,6 +119,8 @@ class IdempotentTask(Task):
         idempotency_lookup, idempotency_heartbeat, idempotency_max_run: as
             ``idempotent_job.perform_once``'s options (default: ``configure``'s).
         idempotency_store_result: keep the return value for repeats (default True).
+        idempotency_max_takeovers: the reclaim budget: stale takeovers of one operation
+            before the next is held for a person (default None: no budget).
 
     A delivery of a completed operation returns the first run's stored result; one that
     meets a live claim is sent back with ``countdown=retry_after`` without using up
@@ -150,6 +152,7 @@ class IdempotentTask(Task):
     idempotency_lookup: Any = None
     idempotency_heartbeat: bool | None = None
     idempotency_max_run: float | None = None
+    idempotency_max_takeovers: int | None = None
 
     _idempotency_paths: list[_Path] | None = None
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import _current
-from ._native import Store, check_option, key_declaration, unreachable_delay
+from ._native import Store, check_option, key_declaration
+from ._sendback import claim_failed
 from .errors import IdempotentJobError, OperationKeyError
 
 __all__ = ["Consumer", "Message", "batch_handler"]
@@ -196,19 +197,15 @@ class _Door:
             )
         except IdempotentJobError as error:
             # The core's rule of which claim errors send a delivery back (an outage, a
-            # database answer, a raising lookup) rather than fail it: `sends_back` where
-            # the binding carries it, `retryable` otherwise.
-            sends_back = getattr(error, "sends_back", None)
-            if not started and (error.retryable if sends_back is None else sends_back):
-                delay = unreachable_delay(message.receive_count - 1)
-                logger.warning(
-                    "%s: message %s could not be claimed (%s: %s); the body did not run; "
-                    "visible again in %.1f s",
-                    self.job_type,
-                    message.message_id,
-                    type(error).__name__,
+            # database answer, a raising lookup) rather than fail it, and its logging
+            # policy (one ERROR line per cause per interval): the Celery door's too.
+            if not started and error.sends_back:
+                delay = claim_failed(
+                    logger,
                     error,
-                    delay,
+                    message.receive_count - 1,
+                    f"{self.job_type}: message {message.message_id}",
+                    "visible again",
                 )
                 return "defer", delay
             logger.error(
@@ -251,7 +248,7 @@ class Consumer:
             a FIFO queue).
         max_messages, wait_seconds: ``receive_message``'s batch size (1–10) and long poll.
         options: the core's job options (``lease``, ``on_stale``, ``on_mismatch``,
-            ``lookup``, ``heartbeat``, ``max_run``, ``store_result``; default configure's).
+            ``lookup``, ``heartbeat``, ``max_run``, ``max_takeovers``, ``store_result``; default configure's).
 
     Raises ``ConfigurationError`` (an unknown option or a bad value) and
     ``OperationKeyError`` (a malformed key declaration) naming the job type.

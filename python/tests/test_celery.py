@@ -19,7 +19,7 @@ import psycopg
 import pytest
 import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
-from conftest import ROOT, eventually, postgresql_pids, signal_all
+from conftest import eventually, postgresql_pids, signal_all
 from effects import effects, first_start_pid, pids
 
 import idempotent_job
@@ -406,7 +406,7 @@ def test_a_rust_claim_then_a_celery_task_and_a_sidekiq_job_decide_once(worker, s
     # Sidekiq job (through Sidekiq's server middleware chain): the Rust body runs, the
     # Celery copy meets the live claim and is retried until it finds the operation
     # completed, the Sidekiq copy finds it completed: one attempt, no other body.
-    from test_cross_language import RUBY_PAYLOAD, rust
+    from test_cross_language import RUBY_PAYLOAD, ruby_script, rust
 
     key = abs(hash(scenario)) % 10**12
     first = rust("CrossOrder", str(key), RUBY_PAYLOAD, seconds=3)
@@ -415,16 +415,8 @@ def test_a_rust_claim_then_a_celery_task_and_a_sidekiq_job_decide_once(worker, s
     out, _ = first.communicate(timeout=60)
     assert first.returncode == 0 and json.loads(out)["decision"] == "ran"
     celery_copy.get(timeout=TIMEOUT)
-    done = subprocess.run(
-        ["ruby", "-Ilib", "-e", SIDEKIQ_COPY, str(key)],
-        cwd=ROOT,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "sidekiq ran" not in done.stdout and "delivered" in done.stdout
+    out = ruby_script(SIDEKIQ_COPY, str(key))
+    assert "sidekiq ran" not in out and "delivered" in out
     record = idempotent_job.record("CrossOrder", key)
     assert record["status"] == "completed" and record["attempts"] == 1
     assert record["duplicates"] >= 2  # the Celery copy (at least once) and the Sidekiq one

@@ -30,11 +30,13 @@ puts JSON.generate(decision: outcome.decision, value: outcome.value)
 """
 
 
-def ruby(job_type: str, key: str, payload) -> dict:
+def ruby_script(script: str, *args: str) -> str:
+    """Runs `script` with `ruby -Ilib` from this checkout (the gem and its compiled
+    extension) and returns its standard output; fails the test when it fails."""
     if not list((ROOT / "lib" / "idempotent_job").glob("*.so")):
         pytest.fail("the Ruby extension is not built: run `rake compile` first")
     done = subprocess.run(
-        ["ruby", "-Ilib", "-e", RUBY, job_type, key, json.dumps(payload)],
+        ["ruby", "-Ilib", "-e", script, *args],
         cwd=ROOT,
         env=dict(os.environ),
         capture_output=True,
@@ -42,7 +44,12 @@ def ruby(job_type: str, key: str, payload) -> dict:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout
+
+
+def ruby(job_type: str, key: str, payload) -> dict:
+    out = ruby_script(RUBY, job_type, key, json.dumps(payload))
+    return json.loads(out.strip().splitlines()[-1])
 
 
 PYTHON_PAYLOAD = [42, 2.0, {"b": 1, "a": "x"}]

@@ -128,8 +128,14 @@ def test_an_unencodable_result_is_recorded_and_not_run_again(scenario, caplog):
     assert any(
         "its result was not stored" in r.getMessage() and "object" in r.getMessage() for r in caplog.records
     )
-    again = idempotent_job.perform_once("PyUnencodable", scenario, body, store_result=True)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="idempotent_job"):
+        again = idempotent_job.perform_once("PyUnencodable", scenario, body, store_result=True)
     assert again.decision == "completed" and again.value is None and not again.replayed
+    # The log line agrees with the outcome: no value was replayed (issue 34 item 5).
+    skipped = [r.getMessage() for r in caplog.records if "duplicate delivery skipped" in r.getMessage()]
+    assert skipped and all("no value replayed (result unencodable, not stored)" in m for m in skipped)
+    assert not any("replayed: true" in r.getMessage() for r in caplog.records)
     assert runs == [1]
 
 

@@ -288,6 +288,14 @@ def test_bad_options_and_settings_raise_configuration_error():
         idempotent_job.configure(bogus=1)
     with pytest.raises(errors.ConfigurationError):
         idempotent_job.resolve("PlainOpt", "1", as_="maybe")
+    # Issue 29: a value of the wrong type names the setting and what it must be (it said
+    # "expected usize at line 1 column 84"; wait="5" was a bare TypeError).
+    with pytest.raises(errors.ConfigurationError, match='setting pool_size: .*"5", expected a whole number'):
+        idempotent_job.configure(database_url=os.environ["DATABASE_URL"], pool_size="5")
+    with pytest.raises(errors.ConfigurationError, match="PlainOpt: wait must be a number of seconds"):
+        idempotent_job.perform_once("PlainOpt", "1", lambda c: 1, wait="5")
+    with pytest.raises(errors.ConfigurationError, match='scheme "postgress"'):
+        idempotent_job.configure(database_url="postgress://app@db/app")
 
 
 def test_connection_errors_are_retryable_and_nothing_runs(scenario):

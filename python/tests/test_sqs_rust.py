@@ -24,11 +24,14 @@ pytestmark = pytest.mark.skipif(
 
 
 def _charges(order_id):
-    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as c:
+    with psycopg.connect(os.environ["DATABASE_URL"]) as c:
+        # the example's consumers create the table too: one advisory lock for all creators
+        c.execute("SELECT pg_advisory_xact_lock(hashtext('example_charges'))")
         c.execute(
             "CREATE TABLE IF NOT EXISTS example_charges (order_id text, cents int, pid int, "
             "at timestamptz DEFAULT now())"
         )
+        c.commit()
         return c.execute("SELECT count(*) FROM example_charges WHERE order_id = %s", (order_id,)).fetchone()[
             0
         ]

@@ -30,7 +30,7 @@ RSpec.describe "Bad input", :faults do
       end.to raise_error(IdempotentJob::ConfigurationError) { |error|
         expect(error.message).to start_with("StailJob: unknown option idempotency_on_stail (did you mean " \
                                             "idempotency_on_stale?); known options: idempotency_key, idempotency_scope")
-        expect(error.message).to end_with("idempotency_lock_timeout, idempotency_store_result, idempotency_on_enqueue")
+        expect(error.message).to end_with("idempotency_store_result, idempotency_on_enqueue, idempotency_max_takeovers")
       }
     end
 
@@ -224,6 +224,22 @@ RSpec.describe "Bad input", :faults do
         expect(&call).to raise_error(IdempotentJob::OperationKeyError, /\A#{job}: .*#{message}/)
       end
       expect(runs).to be_empty
+    end
+
+    it "refuses a job type that is not valid UTF-8 with ConfigurationError naming it, in every call (issue 29)" do
+      bad = "Refund\xFF".dup.force_encoding(Encoding::UTF_8)
+      [-> { IdempotentJob.perform_once(bad, "1") { runs << :ran } },
+       -> { IdempotentJob.perform_once(bad.b, "1") { runs << :ran } },
+       -> { IdempotentJob.record(bad, "1") },
+       -> { IdempotentJob.held(job_type: bad) },
+       -> { IdempotentJob.resolve(bad, "1", as: :done) },
+       -> { IdempotentJob::Delivery.new(job_type: bad, operation_key: "1") }].each do |call|
+        expect(&call).to raise_error(IdempotentJob::ConfigurationError,
+                                     /\Athe job type "Refund\\xFF" is not valid UTF-8: .*nothing was run or recorded/)
+      end
+      expect(runs).to be_empty
+      IdempotentJob.perform_once("R\u00e9fund".b, "1") { runs << :ran } # valid UTF-8 bytes: that text
+      expect(IdempotentJob.record("R\u00e9fund", "1").status).to eq(:completed)
     end
 
     it "takes a binary String whose bytes are UTF-8 as those bytes (the same operation as the UTF-8 String)" do

@@ -45,7 +45,8 @@ RSpec.describe "ActiveJob on the inline and async adapters" do
     it "one runs, the other waits in place and is skipped" do
       race_processes
       expect(Effects.count(44)).to eq(1)
-      expect(IdempotentJob.record("AjChargeOrderJob", 44)).to have_attributes(status: :completed, duplicates: (1..))
+      record = IdempotentJob.record("AjChargeOrderJob", 44)
+      expect(record).to have_attributes(status: :completed, duplicates: a_value >= 1)
     end
 
     it "control, with the door switched off (IdempotentJob::ActiveJob.unprotected): both run" do

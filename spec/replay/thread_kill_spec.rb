@@ -13,7 +13,7 @@ RSpec.describe "A job thread killed mid-body (Thread#kill)" do
     runner = Thread.new do
       deliver(job)
     ensure
-      ActiveRecord::Base.clear_active_connections!
+      ActiveRecord::Base.connection_handler.clear_active_connections!
     end
     inside.pop
     SpecHooks.reset! # a redelivery must not sleep in the hook too

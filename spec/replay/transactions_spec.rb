@@ -114,7 +114,7 @@ RSpec.describe "Transactional jobs (effects in the same database)" do
         holder = Thread.new do
           deliver(job)
         ensure
-          ActiveRecord::Base.clear_active_connections!
+          ActiveRecord::Base.connection_handler.clear_active_connections!
         end
         inside.pop
         SpecHooks.reset!
@@ -129,7 +129,7 @@ RSpec.describe "Transactional jobs (effects in the same database)" do
         deliver(job) # the retry, after the holder committed: skipped
         expect(SpecPayment.rows(payment)).to eq(1)
       ensure
-        ActiveRecord::Base.clear_active_connections!
+        ActiveRecord::Base.connection_handler.clear_active_connections!
       end
     end
   end

@@ -66,8 +66,8 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
     with_workers { repeat(AjChargeOrderJob) }
     expect([Effects.count(42), Effects.count(43)]).to eq([1, 1])
     # Copies that meet the running one are re-enqueued and counted again when they return.
-    expect(aj_record(42)).to have_attributes(status: :completed, attempts: 1, duplicates: (2..))
-    expect(aj_record(43)).to have_attributes(status: :completed, attempts: 1, duplicates: (2..))
+    expect(aj_record(42)).to have_attributes(status: :completed, attempts: 1, duplicates: a_value >= 2)
+    expect(aj_record(43)).to have_attributes(status: :completed, attempts: 1, duplicates: a_value >= 2)
   end
 
   it "control, 3 deliveries without the gem: the effect three times" do
@@ -78,7 +78,7 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
   it "2 deliveries at once (#{concurrent_workers}): one runs, the other is re-enqueued and then skipped" do
     with_workers(concurrent_workers == :processes ? 2 : 1) { at_once(AjChargeOrderJob) }
     expect(Effects.count(44)).to eq(1)
-    expect(aj_record(44)).to have_attributes(status: :completed, attempts: 1, duplicates: (1..))
+    expect(aj_record(44)).to have_attributes(status: :completed, attempts: 1, duplicates: a_value >= 1)
   end
 
   it "control, 2 at once without the gem: both run" do
@@ -91,8 +91,8 @@ RSpec.shared_examples "ActiveJob replays through real workers" do |concurrent_wo
     expect([Effects.count(45), Effects.count(46)]).to eq([1, 1])
     expect([Effects.count("A-1/dhl"), Effects.count("A-2/dhl")]).to eq([1, 1])
     gid = orders.first.to_global_id.to_s
-    expect(IdempotentJob.record("aj-shipping",
-                                JSON.generate([gid, "dhl"]))).to have_attributes(status: :completed, duplicates: (1..))
+    record = IdempotentJob.record("aj-shipping", JSON.generate([gid, "dhl"]))
+    expect(record).to have_attributes(status: :completed, duplicates: a_value >= 1)
   end
 
   # A worker SIGKILLed at `point` while it holds operation 47, then two more copies of

@@ -23,7 +23,7 @@ module ReplayHelpers
         gate.pop
         deliver(job)
       ensure
-        ActiveRecord::Base.clear_active_connections! if defined?(ActiveRecord::Base)
+        ActiveRecord::Base.connection_handler.clear_active_connections! if defined?(ActiveRecord::Base)
       end
     end
     jobs.size.times { gate << true }

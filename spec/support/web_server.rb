@@ -13,6 +13,13 @@ require "sidekiq/web"
 require "rack"
 require "rack/session/cookie"
 require "webrick"
+# Rack 3 moved the server handlers to the rackup gem (Rackup::Handler); Rack 2 has Rack::Handler.
+begin
+  require "rackup"
+rescue LoadError
+  nil
+end
+handler = defined?(Rackup::Handler::WEBrick) ? Rackup::Handler::WEBrick : Rack::Handler::WEBrick
 require "idempotent_job/web"
 
 Sidekiq.configure_client { |config| config.redis = { url: ENV.fetch("REDIS_URL") } }
@@ -24,8 +31,8 @@ app = Rack::Builder.new do
   map("/idempotency") { run IdempotentJob::Web }
 end
 port_file = ARGV.fetch(0)
-Rack::Handler::WEBrick.run(app, Host: "127.0.0.1", Port: 0, AccessLog: [],
-                                Logger: WEBrick::Log.new(File::NULL)) do |server|
+handler.run(app, Host: "127.0.0.1", Port: 0, AccessLog: [],
+                 Logger: WEBrick::Log.new(File::NULL)) do |server|
   File.write("#{port_file}.tmp", server.listeners.first.addr[1].to_s)
   File.rename("#{port_file}.tmp", port_file)
 end

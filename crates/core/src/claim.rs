@@ -67,6 +67,7 @@ async fn claim_at(
             duplicates: row.try_get("duplicates")?,
             mismatch: row.try_get("mismatch")?,
             lease_remaining: row.try_get("lease_remaining")?,
+            takeovers: row.try_get("takeovers")?,
             result: row.try_get("result")?,
             result_state: row.try_get("result_state")?,
         },
@@ -146,6 +147,9 @@ async fn look_or_claim(
                     duplicates: row.try_get("duplicates")?,
                     mismatch: false,
                     lease_remaining,
+                    // The look does not read it: a claim whose answer was lost is
+                    // not checked against the reclaim budget.
+                    takeovers: 0,
                     result: None,
                     result_state: None,
                 },
@@ -174,6 +178,7 @@ async fn look_or_claim(
                     duplicates: duplicates + i32::from(!inserted),
                     mismatch,
                     lease_remaining,
+                    takeovers: 0,
                     result: row.try_get("result")?,
                     result_state: row.try_get("result_state")?,
                 },
@@ -227,6 +232,7 @@ async fn read_only_answer(
             duplicates: duplicates + 1,
             mismatch,
             lease_remaining: 0.0,
+            takeovers: 0,
             result: row.try_get("result")?,
             result_state: row.try_get("result_state")?,
         },

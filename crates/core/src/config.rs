@@ -338,6 +338,34 @@ impl UrlParam {
 }
 
 /// Every name [`UrlParam::of`] knows, for "did you mean".
+/// The error for a setting serde could not read: names the setting (`path`, as
+/// serde_path_to_error gives it; "." for the whole object) and what its value must be,
+/// in words rather than Rust's type names ("expected usize" → "a whole number").
+/// serde_json's messages echo numbers and short strings, never a whole URL.
+fn setting_error(path: String, error: serde_json::Error) -> Error {
+    let text = error.to_string();
+    let text = text.split(" at line ").next().unwrap_or(&text).to_string();
+    let words = [
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected u32", "expected a whole number, 0 or more"),
+        ("expected i64", "expected a whole number"),
+        (
+            "expected f64",
+            "expected a number (seconds where it is a time)",
+        ),
+        ("expected a boolean", "expected true or false"),
+    ];
+    let text = words
+        .iter()
+        .fold(text, |text, (rust, plain)| text.replace(rust, plain));
+    if path == "." || path.is_empty() {
+        Error::Config(format!("invalid idempotent_job configuration: {text}"))
+    } else {
+        Error::Config(format!("idempotent_job setting {path}: {text}"))
+    }
+}
+
 fn known_url_params() -> impl Iterator<Item = &'static str> {
     DRIVER_PARAMS
         .iter()
@@ -550,11 +578,9 @@ impl Config {
     ///
     /// Errors: [`Error::Config`] naming the unknown key or the bad value.
     pub fn from_json(json: &str) -> Result<Self> {
-        let mut config: Config = serde_json::from_str(json).map_err(|e| {
-            // serde_json's messages name the field ("unknown field `x`, expected …")
-            // and never echo a string value back, so no password can leak here.
-            Error::Config(format!("invalid idempotent_job configuration: {e}"))
-        })?;
+        let mut reader = serde_json::Deserializer::from_str(json);
+        let mut config: Config = serde_path_to_error::deserialize(&mut reader)
+            .map_err(|e| setting_error(e.path().to_string(), e.into_inner()))?;
         let pool_size_given = serde_json::from_str::<serde_json::Value>(json)
             .ok()
             .is_some_and(|v| v.get("pool_size").is_some_and(|p| !p.is_null()));

@@ -367,7 +367,7 @@ impl Error {
     }
 
     /// Whether a delivery whose claim failed with this error before its body ran goes
-    /// back to its queue (with [`crate::protocol::unreachable_delay`]'s back-off) rather
+    /// back to its queue (with the protocol's `unreachable_delay` back-off) rather
     /// than failing: true when a change outside the delivery can let the same claim
     /// succeed later — PostgreSQL unreachable or slow ([`Error::Connection`],
     /// [`Error::Timeout`], [`Error::LockTimeout`]), any answer of the server

@@ -109,9 +109,13 @@ pub async fn fenced_with_result(
         (&operation_key, Type::TEXT),
         (&token, Type::UUID),
     ];
+    let given = text;
     let text = text.unwrap_or_default();
     if matches!(change, Fenced::Release | Fenced::Expire) {
         params.push((&text, Type::TEXT));
+    }
+    if change == Fenced::Hold {
+        params.push((&given, Type::TEXT));
     }
     let (json, state) = record::params(result);
     if matches!(change, Fenced::Complete | Fenced::CompleteAsynchronously) {

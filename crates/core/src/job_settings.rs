@@ -31,6 +31,9 @@ impl JobOptions {
             "max_run" => self.max_run_seconds = seconds(),
             "lock_timeout" => self.lock_timeout_seconds = seconds(),
             "store_result" => self.store_result = checked.as_bool().unwrap_or(false),
+            "max_takeovers" => {
+                self.max_takeovers = checked.as_i64().and_then(|n| i32::try_from(n).ok());
+            }
             _ => {}
         }
         Ok(())
@@ -80,7 +83,8 @@ mod tests {
             "J",
             "idempotency_",
             &json!({"lease": 60, "on_stale": "hold", "heartbeat": false, "lookup": "lookup find",
-                    "store_result": true, "key": "order_id", "max_run": null}),
+                    "store_result": true, "key": "order_id", "max_run": null,
+                    "max_takeovers": 2}),
             JobOptions::default(),
         )
         .unwrap();
@@ -88,6 +92,7 @@ mod tests {
         assert_eq!(options.on_stale, OnStale::Hold);
         assert!(!options.heartbeat && options.store_result);
         assert_eq!(options.lookup.as_deref(), Some("lookup find"));
+        assert_eq!(options.max_takeovers, Some(2));
         assert_eq!(
             options.max_run_seconds,
             JobOptions::default().max_run_seconds

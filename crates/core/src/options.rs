@@ -54,6 +54,8 @@ pub enum Kind {
     },
     /// A method of the job by name, or a callable: checked by the binding.
     Method,
+    /// A whole number from `min` to `max` (a count, never a string or a fraction).
+    Count { min: i64, max: i64 },
 }
 
 /// A default value.
@@ -225,7 +227,21 @@ pub const JOB_OPTIONS: &[JobOption] = &[
         required: false,
         doc: "a producer's push of a completed operation: push it, or skip_completed (push nothing)",
     },
+    JobOption {
+        name: "max_takeovers",
+        kind: Kind::Count {
+            min: 0,
+            max: MAX_TAKEOVERS,
+        },
+        default: Default::None,
+        setting: None,
+        required: false,
+        doc: "stale takeovers of one operation before the next is held for a person (after its lookup) instead of reclaimed",
+    },
 ];
+
+/// Largest `max_takeovers` accepted (the record counts takeovers in a 32-bit integer).
+pub const MAX_TAKEOVERS: i64 = i32::MAX as i64 - 1;
 
 /// The option named `name` (without a prefix).
 pub fn find(name: &str) -> Option<&'static JobOption> {
@@ -285,6 +301,11 @@ pub fn table_json() -> Value {
                 "flavour"
             }
             Kind::Method => "method",
+            Kind::Count { min, max } => {
+                entry.insert("min".into(), json!(min));
+                entry.insert("max".into(), json!(max));
+                "count"
+            }
         };
         entry.insert("kind".into(), json!(kind));
         entry.insert("default".into(), default_json(option.default));
@@ -391,6 +412,10 @@ pub fn check(
             Value::Bool(false) => Ok(Value::Null),
             Value::String(s) if allowed.contains(&s.as_str()) => Ok(value.clone()),
             _ => Err(bad(format!("true, false or one of {}", allowed.join(", ")))),
+        },
+        Kind::Count { min, max } => match value.as_i64() {
+            Some(n) if (min..=max).contains(&n) => Ok(value.clone()),
+            _ => Err(bad(format!("a whole number from {min} to {max}"))),
         },
     }
 }
@@ -544,6 +569,10 @@ mod tests {
         assert!(err("lock_timeout", json!(3_000_000)).contains("PostgreSQL's limit"));
         assert!(err("scope", json!("")).contains("must not be empty"));
         assert!(err("transaction", json!("yes")).contains("true, false or one of"));
+        assert!(err("max_takeovers", json!(-1)).contains("a whole number from 0 to"));
+        assert!(err("max_takeovers", json!(2.5)).contains("a whole number from 0 to"));
+        assert!(err("max_takeovers", json!("2")).contains("a whole number from 0 to"));
+        assert_eq!(suggestion("max_takeover"), Some("max_takeovers"));
     }
 
     #[test]

@@ -132,6 +132,10 @@ struct Circuit {
     open_until: Option<Instant>,
     trips: u32,
     last: String,
+    /// When a call (either lane) last had an answer from the server: a call that spent
+    /// its deadline with no answer while another was answered meanwhile waited on
+    /// something (a row lock), not on a dead or frozen server, and opens nothing.
+    answered: Option<Instant>,
 }
 
 impl Circuit {
@@ -140,6 +144,15 @@ impl Circuit {
             (CIRCUIT_FIRST_OPEN_SECONDS * 2f64.powi(trips.saturating_sub(1).min(16) as i32))
                 .min(CIRCUIT_MAX_OPEN_SECONDS),
         )
+    }
+}
+
+/// Whether a call's result came from the server: a success, or an error it sent (with
+/// a SQLSTATE).
+fn answered<T>(result: &Result<T>) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(e) => e.sqlstate().is_some(),
     }
 }
 
@@ -199,6 +212,8 @@ impl Pool {
             // Too short a bound to tell an outage from a busy server (the enqueue check).
             return;
         }
+        let mut circuit = self.circuit.lock().unwrap_or_else(|e| e.into_inner());
+        let heard_since = circuit.answered.is_some_and(|at| at >= started);
         let outage = match result {
             // Connecting is retried until the end: an error then is an outage; one
             // sooner is a single connection lost (the next call may well succeed).
@@ -211,11 +226,10 @@ impl Pool {
             Err(Error::Timeout {
                 sqlstate: None,
                 message,
-            }) => !message.contains("(checkout_timeout)"),
+            }) => !message.contains("(checkout_timeout)") && !heard_since,
             Err(Error::Interrupted) => return,
             _ => false,
         };
-        let mut circuit = self.circuit.lock().unwrap_or_else(|e| e.into_inner());
         if outage {
             circuit.trips += 1;
             circuit.open_until = Some(Instant::now() + Circuit::open_for(circuit.trips));
@@ -224,6 +238,18 @@ impl Pool {
             }
         } else if circuit.trips > 0 || circuit.open_until.is_some() {
             *circuit = Circuit::default();
+        }
+        if answered(result) {
+            circuit.answered = Some(Instant::now());
+        }
+    }
+
+    /// Notes a reserve-lane call's end for the circuit (which it never opens or closes):
+    /// an answer from the server shows that it is alive ([`Circuit::answered`]).
+    fn heard<T>(&self, result: &Result<T>) {
+        if answered(result) {
+            let mut circuit = self.circuit.lock().unwrap_or_else(|e| e.into_inner());
+            circuit.answered = Some(Instant::now());
         }
     }
 
@@ -674,7 +700,9 @@ pub fn with_fresh_conn_within<T>(
     let started = Instant::now();
     let until = interrupt.bound(started + budget);
     if lane == Lane::Reserve {
-        return fresh_conn_until(pool, interrupt, lane, until, op);
+        let result = fresh_conn_until(pool, interrupt, lane, until, op);
+        pool.heard(&result);
+        return result;
     }
     pool.admit()?;
     let result = fresh_conn_until(pool, interrupt, lane, until, op);

@@ -180,6 +180,11 @@ pub struct JobOptions {
     /// a repeat of the completed operation replays it ([`Outcome::result_json`]).
     /// Default false.
     pub store_result: bool,
+    /// The reclaim budget: `Some(n)` once `n` stale takeovers of one operation have
+    /// been made, the next one is held for a person (after its lookup, if one is
+    /// declared and does not know) whatever [`JobOptions::on_stale`] says. `None`
+    /// (the default): no budget.
+    pub max_takeovers: Option<i32>,
 }
 
 /// Seconds the deferral adds past the holder's lease end when no `defer_margin`
@@ -230,6 +235,7 @@ impl Default for JobOptions {
             lock_timeout_seconds: seconds_default("lock_timeout"),
             defer_margin_seconds: DEFAULT_DEFER_MARGIN_SECONDS,
             store_result: boolean_default("store_result"),
+            max_takeovers: None,
         }
     }
 }
@@ -423,14 +429,18 @@ pub struct Claim {
     heartbeat: Option<Heartbeat>,
     /// When [`Step::Run`] was handed out: the body's duration counts from here.
     started: Instant,
+    /// Stale takeovers of the operation, this claim included when it is one (the
+    /// record's `takeovers`): what the reclaim budget (`max_takeovers`) is checked on.
+    takeovers: i32,
 }
 
 impl Claim {
-    fn new(info: ClaimInfo) -> Claim {
+    fn new(info: ClaimInfo, takeovers: i32) -> Claim {
         Claim {
             info,
             heartbeat: None,
             started: Instant::now(),
+            takeovers,
         }
     }
 
@@ -763,6 +773,7 @@ impl Protocol {
                 token,
                 attempt,
                 kind,
+                takeovers,
             } => {
                 let info = ClaimInfo {
                     job_type: delivery.job_type.clone(),
@@ -773,7 +784,7 @@ impl Protocol {
                     kind,
                 };
                 notes.push(Note::claim(&info, NoteKind::Claimed { kind, duration }));
-                let claim = Claim::new(info);
+                let claim = Claim::new(info, takeovers);
                 match kind {
                     ClaimKind::First => self.run(channel, claim),
                     ClaimKind::Retry => {
@@ -783,7 +794,7 @@ impl Protocol {
                     ClaimKind::Takeover => {
                         notes.push(Note::claim(&claim.info, NoteKind::TakenOver));
                         let verdict = ClaimVerdict::Take(Taken::Takeover);
-                        match transitions::next(verdict, false, self.rules()) {
+                        match transitions::next(verdict, false, self.rules(claim.takeovers)) {
                             Next::AskLookup => Step::AskLookup(claim),
                             next => self.stale_step(channel, interrupt, claim, next, notes)?,
                         }
@@ -977,7 +988,7 @@ impl Protocol {
             LookupAnswer::NotDone => Answer::NotDone,
             _ => Answer::Unknown,
         };
-        match transitions::after_lookup(answered, self.stale_policy()) {
+        match transitions::after_lookup(answered, self.stale_policy(claim.takeovers)) {
             Next::Complete => {
                 channel.fenced(interrupt, Fenced::Complete, &claim.info, None)?;
                 notes.push(Note::claim(
@@ -1216,16 +1227,36 @@ impl Protocol {
         outcome
     }
 
-    /// The options that decide, as the decision table ([`transitions`]) takes them.
-    fn rules(&self) -> Rules {
+    /// The options that decide, as the decision table ([`transitions`]) takes them,
+    /// for a claim with `takeovers` stale takeovers (see [`Protocol::stale_policy`]).
+    fn rules(&self, takeovers: i32) -> Rules {
         Rules {
-            on_stale: self.stale_policy(),
+            on_stale: self.stale_policy(takeovers),
             refuse_mismatch: self.options.on_mismatch == OnMismatch::Raise,
             lookup: self.options.lookup.is_some(),
         }
     }
 
-    fn stale_policy(&self) -> StalePolicy {
+    /// Why the reclaim budget holds a claim with `takeovers` stale takeovers (more than
+    /// `max_takeovers`), or `None` when it does not.
+    fn budget_spent(&self, takeovers: i32) -> Option<String> {
+        self.options
+            .max_takeovers
+            .filter(|max| takeovers > *max)
+            .map(|max| {
+                format!(
+                    "the reclaim budget is spent: {takeovers} stale takeovers of this \
+                     operation, max_takeovers {max}"
+                )
+            })
+    }
+
+    /// The job's `on_stale`, unless the reclaim budget is spent: then hold, whatever
+    /// `on_stale` says.
+    fn stale_policy(&self, takeovers: i32) -> StalePolicy {
+        if self.budget_spent(takeovers).is_some() {
+            return StalePolicy::Hold;
+        }
         match self.options.on_stale {
             OnStale::Reclaim => StalePolicy::Reclaim,
             OnStale::Hold => StalePolicy::Hold,
@@ -1236,7 +1267,8 @@ impl Protocol {
     /// The decision table's step for a claim taken over whose lookup (if any) did not
     /// know ([`transitions::stale`] through [`transitions::next`] or
     /// [`transitions::after_lookup`]): `Run` reclaims, `Hold` and `GiveUp` make the
-    /// fenced change and skip.
+    /// fenced change and skip. A hold by the reclaim budget says why in the record's
+    /// `last_error`, the `held` event's `reason` and the log line.
     fn stale_step(
         &self,
         channel: &mut dyn Channel,
@@ -1246,6 +1278,9 @@ impl Protocol {
         notes: &mut Notes,
     ) -> Result<Step> {
         let why = self.options.lookup.clone();
+        let budget = (next == Next::Hold && self.options.on_stale != OnStale::Hold)
+            .then(|| self.budget_spent(claim.takeovers))
+            .flatten();
         let (change, decision) = match next {
             Next::Hold => (Fenced::Hold, Decision::Held),
             Next::GiveUp => (Fenced::GiveUp, Decision::GivenUp),
@@ -1258,9 +1293,12 @@ impl Protocol {
                 return Ok(self.run(channel, claim));
             }
         };
-        channel.fenced(interrupt, change, &claim.info, None)?;
+        channel.fenced(interrupt, change, &claim.info, budget.as_deref())?;
         let kind = match decision {
-            Decision::Held => NoteKind::Held { lookup: why },
+            Decision::Held => NoteKind::Held {
+                lookup: why,
+                budget,
+            },
             _ => NoteKind::GivenUp { lookup: why },
         };
         notes.push(Note::claim(&claim.info, kind));

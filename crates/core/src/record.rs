@@ -213,6 +213,9 @@ pub enum ClaimAnswer {
         /// Claims made on this record, this one included (1 for a first claim).
         attempt: i32,
         kind: ClaimKind,
+        /// Stale takeovers of this record, this claim included when it is one (the
+        /// record's `takeovers`; 0 when the statement that claimed did not read it).
+        takeovers: i32,
     },
     /// The operation already completed: do not run. `duplicates` counts this one.
     /// `replay`: what its completion stored (None when no store was requested).
@@ -302,6 +305,8 @@ pub struct ClaimRow {
     pub duplicates: i32,
     pub mismatch: bool,
     pub lease_remaining: f64,
+    /// The record's `takeovers` after the statement (0 when the driver did not read it).
+    pub takeovers: i32,
     /// A completed record's stored result (JSON text) and `result_state` (V7).
     pub result: Option<String>,
     pub result_state: Option<String>,
@@ -319,6 +324,7 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<ClaimRep
         duplicates,
         mismatch,
         lease_remaining,
+        takeovers,
         result,
         result_state,
     } = row;
@@ -333,6 +339,7 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<ClaimRep
             token,
             attempt,
             kind,
+            takeovers,
         }
     } else {
         match status.as_str() {

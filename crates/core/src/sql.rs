@@ -100,7 +100,7 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
                FROM (SELECT r.args_digest IS NOT NULL
                             AND r.args_digest <> excluded.args_digest AS mismatch) AS m) AS d)
 RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
-          r.duplicates, r.last_mismatch AS mismatch,
+          r.duplicates, r.last_mismatch AS mismatch, r.takeovers,
           EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_remaining,
           now() AS decided_at,
           -- Stored results (V7): what a repeat of a completed operation replays.
@@ -221,10 +221,11 @@ pub const RELEASE_SQL: &str = concat!(
     ", '')) IS NULL AS notified"
 );
 
-/// `:hold` policy: keep the operation from running until a person resolves it.
+/// `:hold` policy: keep the operation from running until a person resolves it. $4:
+/// why, when not the policy (the reclaim budget): stored in `last_error`; NULL keeps it.
 pub const HOLD_SQL: &str = "UPDATE idempotent_job_records SET status = 'held', \
      held_at = CASE WHEN status = 'held' THEN held_at ELSE now() END, \
-     updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
+     last_error = coalesce($4::text, last_error), updated_at = now() WHERE job_type = $1 AND operation_key = $2 \
      AND claim_token = $3 AND status IN ('claimed', 'held')";
 
 /// `:skip` policy: give the operation up.

@@ -129,6 +129,7 @@ fn token_of(outcome: ClaimAnswer) -> (uuid::Uuid, ClaimKind, i32) {
             token,
             kind,
             attempt,
+            ..
         } => (token, kind, attempt),
         other => panic!("expected a claim, got {other:?}"),
     }
@@ -232,6 +233,7 @@ fn an_expired_lease_is_taken_over_once_and_fences_the_old_holder(store: Store) {
                 token,
                 kind,
                 attempt,
+                ..
             } => Some((*token, *kind, *attempt)),
             _ => None,
         })

@@ -58,6 +58,8 @@ in_both_modes!(
     without_store_result_nothing_is_stored_or_replayed,
     a_transactional_completion_stores_its_result_with_the_commit,
     a_waiting_delivery_decides_again_when_the_claim_ends,
+    the_reclaim_budget_holds_the_operation_after_max_takeovers,
+    a_spent_reclaim_budget_asks_the_lookup_first,
 );
 
 const JOB: &str = "ProtocolTestJob";
@@ -996,7 +998,7 @@ fn a_result_that_cannot_be_stored_is_noted_and_the_completion_stands(store: &Sto
     assert_eq!(outcome.result_json, None);
     let text = notes[0].text(&delivery, &DoorWords::default()).unwrap();
     assert!(
-        text.ends_with("; replayed: true (result too_large, not stored)"),
+        text.ends_with("; no value replayed (result too_large, not stored)"),
         "{text}"
     );
 }
@@ -1250,4 +1252,90 @@ fn job_options_defaults_are_the_options_tables() {
     );
     assert_eq!(table("lookup"), TableDefault::None);
     assert_eq!(defaults.lookup, None);
+}
+
+/// `max_takeovers: 2` under `reclaim`: the first run and two takeovers run, each left
+/// stale as a body that kills its worker leaves it; the third stale claim is held for a
+/// person, with the reason in `last_error`, the `held` event and the log line. A
+/// control without the budget keeps reclaiming.
+fn the_reclaim_budget_holds_the_operation_after_max_takeovers(store: &Store) {
+    let budgeted = protocol(JobOptions {
+        max_takeovers: Some(2),
+        heartbeat: false,
+        ..JobOptions::default()
+    });
+    let control = protocol(JobOptions {
+        heartbeat: false,
+        ..JobOptions::default()
+    });
+    for (protocol, budget) in [(&budgeted, true), (&control, false)] {
+        let delivery = delivery("digest-a");
+        let mut steps = Vec::new();
+        let mut last = Notes::new();
+        for _ in 0..4 {
+            let (step, notes) = begin(store, protocol, &delivery);
+            let step = step.unwrap();
+            steps.push(action(&step));
+            last = notes;
+            if let Step::Run(claim) = step {
+                drop(claim); // the worker died with the claim: its lease ends
+                expire_lease(store, &delivery);
+            }
+        }
+        let record = find_record(store, &claim_request(&delivery)).unwrap();
+        if !budget {
+            assert_eq!(
+                steps,
+                ["run:first", "run:takeover", "run:takeover", "run:takeover"]
+            );
+            assert_eq!((record.status.as_str(), record.takeovers), ("claimed", 3));
+            continue;
+        }
+        assert_eq!(
+            steps,
+            ["run:first", "run:takeover", "run:takeover", "skip:held"]
+        );
+        assert_eq!((record.status.as_str(), record.takeovers), ("held", 3));
+        let reason = "the reclaim budget is spent: 3 stale takeovers of this operation, \
+                      max_takeovers 2";
+        assert_eq!(record.last_error.as_deref(), Some(reason));
+        let held = last.iter().find(|n| n.event() == Some("held")).unwrap();
+        assert_eq!(
+            held.details(),
+            vec![("reason", Detail::Text(reason.into()))]
+        );
+        let line = held.text(&delivery, &DoorWords::default()).unwrap();
+        assert!(
+            line.contains(&format!("held for a person: {reason}")),
+            "{line}"
+        );
+    }
+}
+
+/// With a lookup, a spent budget asks it first: `not_done` runs the body, `unknown`
+/// holds the operation (where `reclaim` alone would run it).
+fn a_spent_reclaim_budget_asks_the_lookup_first(store: &Store) {
+    let i = Interrupt::none();
+    let budgeted = protocol(JobOptions {
+        max_takeovers: Some(0),
+        lookup: Some("lookup #charged?".into()),
+        heartbeat: false,
+        ..JobOptions::default()
+    });
+    for (answer, want) in [
+        (LookupAnswer::NotDone, "run:takeover"),
+        (LookupAnswer::Unknown, "skip:held"),
+    ] {
+        let delivery = delivery("digest-a");
+        prepare(store, &delivery, "stale");
+        let step = begin(store, &budgeted, &delivery).0.unwrap();
+        let Step::AskLookup(claim) = step else {
+            panic!("expected the lookup to be asked, got {}", action(&step));
+        };
+        let mut notes = Notes::new();
+        let step = budgeted
+            .after_lookup(&mut direct(store), &i, claim, answer, &mut notes)
+            .unwrap();
+        assert_eq!(action(&step), want);
+    }
 }

@@ -22,8 +22,13 @@ async fn db() -> tokio_postgres::Client {
         .unwrap();
     tokio::spawn(conn);
     client
+        // Tests run on parallel threads: CREATE TABLE IF NOT EXISTS from two sessions at
+        // once can both pass the existence check and one fail on pg_type's unique index,
+        // so creators take one advisory lock for the transaction.
         .batch_execute(
-            "CREATE TABLE IF NOT EXISTS rust_test_effects (scenario text, key text, pid int)",
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('rust_test_effects')); \
+             CREATE TABLE IF NOT EXISTS rust_test_effects (scenario text, key text, pid int); \
+             COMMIT",
         )
         .await
         .unwrap();

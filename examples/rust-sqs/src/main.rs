@@ -49,8 +49,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sqs = client().await;
     let (db, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
+    // Consumers start together: one advisory lock around the create, or two sessions can
+    // both pass IF NOT EXISTS and one fail on pg_type's unique index.
     db.batch_execute(
-        "CREATE TABLE IF NOT EXISTS example_charges (order_id text, cents int, pid int, at timestamptz DEFAULT now())",
+        "BEGIN; SELECT pg_advisory_xact_lock(hashtext('example_charges')); \
+         CREATE TABLE IF NOT EXISTS example_charges (order_id text, cents int, pid int, at timestamptz DEFAULT now()); \
+         COMMIT",
     )
     .await?;
     let db = std::sync::Arc::new(db);

@@ -44,7 +44,7 @@ module IdempotentJob
             lookup: options.lookup ? options.lookup_label : nil, heartbeat: options.heartbeat ? true : false,
             max_run: options.max_run.to_f, lock_timeout: options.lock_timeout.to_f,
             defer_margin: IdempotentJob.configuration.defer_margin.to_f,
-            store_result: options.store_result ? true : false }
+            store_result: options.store_result ? true : false, max_takeovers: options.max_takeovers }
         end
       end
 

@@ -13,7 +13,7 @@ module IdempotentJob
     # and `operation_key`.
     class ActiveRecord < Session
       # Parameters of the fenced changes that store a text ($4).
-      TEXT_CHANGES = %i[release expire].freeze
+      TEXT_CHANGES = %i[release expire hold].freeze
 
       # @return [nil] the body uses its models
       def handle = nil
@@ -32,11 +32,13 @@ module IdempotentJob
 
         finished = false
         session = nil
-        result = ::ActiveRecord::Base.transaction do
-          session = new(::ActiveRecord::Base.connection)
-          value = yield session
-          finished = true
-          value
+        result = with_connection do |connection|
+          connection.transaction do
+            session = new(connection)
+            value = yield session
+            finished = true
+            value
+          end
         end
         unless finished
           raise Error, "the idempotent transaction was rolled back (ActiveRecord::Rollback): nothing was " \
@@ -44,6 +46,17 @@ module IdempotentJob
         end
         session.record_repeat
         result
+      end
+
+      # Yields ActiveRecord's connection for this thread, the one its models use meanwhile:
+      # Rails 7.2+'s `with_connection` (7.2 warns about, or refuses, `Base.connection` under
+      # `permanent_connection_checkout`), `Base.connection` before it.
+      # @yieldparam connection [ActiveRecord::ConnectionAdapters::AbstractAdapter]
+      # @return [Object] the block's value
+      def self.with_connection(&)
+        return ::ActiveRecord::Base.with_connection(&) if ::ActiveRecord::Base.respond_to?(:with_connection)
+
+        yield ::ActiveRecord::Base.connection
       end
 
       # @param connection [ActiveRecord::ConnectionAdapters::PostgreSQLAdapter]
@@ -178,6 +191,7 @@ module IdempotentJob
         { won: boolean(row["won"]), status: row["status"], last_claim: row["last_claim"],
           attempts: Integer(row["attempts"]), jid: row["jid"], duplicates: Integer(row["duplicates"]),
           mismatch: boolean(row["mismatch"]), lease_remaining: Float(row["lease_remaining"]),
+          takeovers: Integer(row["takeovers"] || 0),
           result: row["result"], result_state: row["result_state"] }
       end
 

@@ -31,6 +31,10 @@ module IdempotentJob
       # Statuses a resolve applies to.
       SETTLEABLE = %i[held given_up].freeze
 
+      # SQLSTATE 22021: PostgreSQL cannot send a row as UTF-8 (a SQL_ASCII database stores
+      # any bytes, and a record may hold some that are not UTF-8).
+      UNDECODABLE = "22021"
+
       # Bad input from the browser (a missing or malformed parameter): a 400 page.
       class BadRequest < StandardError; end
 
@@ -44,6 +48,7 @@ module IdempotentJob
       # @param params [Hash{String => String}] query and form parameters
       # @param view [View] how to render
       # @return [Array] see the class comment
+      #   A record the database cannot send as UTF-8 (SQLSTATE 22021) is a 500 page saying so.
       # @raise [ConnectionError, DatabaseError] when the database cannot be read
       def call(verb, path, params, view)
         @params = params
@@ -58,6 +63,10 @@ module IdempotentJob
         error(404, "No page at #{path.inspect}.")
       rescue BadRequest, IdempotentJob::ConfigurationError => e
         error(400, e.message)
+      rescue IdempotentJob::DatabaseError => e
+        raise unless e.sqlstate == UNDECODABLE
+
+        undecodable(e)
       end
 
       private
@@ -167,6 +176,13 @@ module IdempotentJob
 
       def error(status, message)
         [:html, status, view.page("error", title: "Error", status:, message:)]
+      end
+
+      def undecodable(cause)
+        error(500, "A record holds bytes that are not UTF-8, so PostgreSQL will not send it " \
+                   "(#{cause.message.scrub}). The database's encoding is probably SQL_ASCII, which stores any " \
+                   "bytes: fix or delete the row in idempotent_job_records (its job_type, operation_key or " \
+                   "last_error), or move the table to a UTF8 database.")
       end
 
       def not_found

@@ -27,6 +27,10 @@ RSpec.describe IdempotentJob::Configuration do
     expect { described_class.new.update(leese: 60) }
       .to raise_error(IdempotentJob::ConfigurationError,
                       /\Aunknown idempotent_job setting :leese \(did you mean lease\?\) \(known: pool_size, /)
+    # In a configure block too (it was NoMethodError); other unknown methods stay Ruby's.
+    expect { IdempotentJob.configure { |c| c.leese = 5 } }
+      .to raise_error(IdempotentJob::ConfigurationError, /setting "leese" \(did you mean lease\?\)/)
+    expect { described_class.new.leese }.to raise_error(NoMethodError)
   end
 
   it "defaults the lease to 300 seconds and rejects a non-positive lease or one shorter than 0.25 s" do

@@ -62,4 +62,14 @@ RSpec.describe IdempotentJob::JobOptions do
       .to raise_error(IdempotentJob::ConfigurationError,
                       /\ARefund: unknown option leese \(did you mean lease\?\); known options: key, scope, lease/)
   end
+
+  it "takes the reclaim budget from the core's table, checked there" do
+    expect(described_class.new("Refund", { max_takeovers: 2 }).max_takeovers).to eq(2)
+    expect(described_class.new("Refund", {}).max_takeovers).to be_nil
+    expect { described_class.new("Refund", { max_takeovers: -1 }, prefix: "idempotency_") }
+      .to raise_error(IdempotentJob::ConfigurationError,
+                      /\ARefund: idempotency_max_takeovers must be a whole number from 0 to \d+, got -1/)
+    expect { described_class.new("Refund", { max_takeover: 2 }, prefix: "idempotency_") }
+      .to raise_error(IdempotentJob::ConfigurationError, /did you mean idempotency_max_takeovers\?/)
+  end
 end

@@ -11,15 +11,18 @@ RSpec.describe IdempotentJob::Producer do
 
   def enqueue_here = described_class.current
 
+  # Where the client middleware chain lives: Sidekiq 7+'s default configuration, Sidekiq 6's module.
+  def client_config = Sidekiq.respond_to?(:default_configuration) ? Sidekiq.default_configuration : Sidekiq
+
   it "is the first caller frame outside the gem and the queue library, relative to the app's root" do
     expect(described_class.current).to eq("spec/unit/idempotent_job/producer_spec.rb:#{__LINE__}")
     described_class.ignored << "spec/support/producer_stamper.rb"
-    Sidekiq.client_middleware { |chain| chain.add ProducerStamper }
+    client_config.client_middleware { |chain| chain.add ProducerStamper }
     UnkeyedJob.perform_async(1)
     line = __LINE__ - 1
     expect(UnkeyedJob.jobs.last["idempotency_producer"]).to eq("spec/unit/idempotent_job/producer_spec.rb:#{line}")
   ensure
-    Sidekiq.client_middleware { |chain| chain.remove ProducerStamper }
+    client_config.client_middleware { |chain| chain.remove ProducerStamper }
     described_class.ignored.clear
   end
 

@@ -129,8 +129,13 @@ pub enum NoteKind {
     /// Warning: the lookup says not done: running it.
     LookupNotDone { label: String },
     /// Event `held`; warning: stale, held for a person. `lookup`: the lookup's label
-    /// when one was asked and did not know.
-    Held { lookup: Option<String> },
+    /// when one was asked and did not know; `budget`: why, when the reclaim budget
+    /// (`max_takeovers`) held it rather than the stale policy (the text also stored in
+    /// the record's `last_error`).
+    Held {
+        lookup: Option<String>,
+        budget: Option<String>,
+    },
     /// Event `given_up`; warning: stale, given up.
     GivenUp { lookup: Option<String> },
     /// Warning: stale, running it again (a possible duplicate).
@@ -285,6 +290,10 @@ impl Note {
             NoteKind::Released { error_class } => {
                 vec![("error", Detail::Text(error_class.clone()))]
             }
+            NoteKind::Held {
+                budget: Some(reason),
+                ..
+            } => vec![("reason", Detail::Text(reason.clone()))],
             _ => Vec::new(),
         }
     }
@@ -374,7 +383,12 @@ impl Note {
                     None => String::new(),
                     Some(ResultState::Stored) => "; replayed: true (its stored result)".into(),
                     Some(other) => {
-                        format!("; replayed: true (result {}, not stored)", other.as_str())
+                        // No value to replay: said as Python's `outcome.replayed` (False)
+                        // and Ruby's `result_stored?` (false) say it.
+                        format!(
+                            "; no value replayed (result {}, not stored)",
+                            other.as_str()
+                        )
                     }
                 };
                 format!(
@@ -412,10 +426,14 @@ impl Note {
                 "took over the stale claim of {}; {lookup} says it is not done: running it",
                 claim()
             ),
-            NoteKind::Held { lookup } => format!(
-                "{} is stale ({}): held for a person ({})",
+            NoteKind::Held { lookup, budget } => format!(
+                "{} is stale ({}): held for a person{} ({})",
                 claim(),
                 why(lookup),
+                budget
+                    .as_ref()
+                    .map(|reason| format!(": {reason}"))
+                    .unwrap_or_default(),
                 words.resolve_text
             ),
             NoteKind::GivenUp { lookup } => {

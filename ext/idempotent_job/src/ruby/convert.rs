@@ -148,6 +148,7 @@ pub fn decision_hash(ruby: &Ruby, decision: ClaimReply) -> RbResult<RHash> {
             token,
             attempt,
             kind,
+            ..
         } => {
             out.put(&keys::decision, named("claimed"))?
                 .put(&keys::token, token.to_string())?
@@ -237,6 +238,7 @@ pub fn decided(
         duplicates: row.fetch(sym("duplicates"))?,
         mismatch: row.fetch(sym("mismatch"))?,
         lease_remaining: row.fetch(sym("lease_remaining"))?,
+        takeovers: row.lookup::<_, Option<i32>>(sym("takeovers"))?.unwrap_or(0),
         result: row.lookup(sym("result"))?,
         result_state: row.lookup(sym("result_state"))?,
     };

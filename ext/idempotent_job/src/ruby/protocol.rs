@@ -426,7 +426,8 @@ fn door_words(ruby: &Ruby, words: RHash) -> RbResult<DoorWords> {
 impl NativeProtocol {
     /// `Protocol.new(job_name, options, words)`: options Hash `{lease:, on_stale:
     /// (:reclaim, :hold, :skip), on_mismatch: (:log, :raise), lookup: (its label, or
-    /// nil), heartbeat:, max_run:, lock_timeout:, defer_margin:, store_result:}` (seconds;
+    /// nil), heartbeat:, max_run:, lock_timeout:, defer_margin:, store_result:,
+    /// max_takeovers: (Integer or nil)}` (seconds;
     /// an absent one takes the core's default); words Hash
     /// `{id_label:, defer_text:, crash_text:}` (the door's). Raises ConfigurationError
     /// for a bad value, naming the job.
@@ -456,6 +457,7 @@ impl NativeProtocol {
             defer_margin_seconds: fetch(ruby, options, "defer_margin")?
                 .unwrap_or(defaults.defer_margin_seconds),
             store_result: fetch(ruby, options, "store_result")?.unwrap_or(defaults.store_result),
+            max_takeovers: fetch(ruby, options, "max_takeovers")?,
         };
         let words = door_words(ruby, words)?;
         Protocol::new(&job, options, words)
