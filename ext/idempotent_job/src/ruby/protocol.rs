@@ -38,7 +38,7 @@ use idempotent_job_core::results::PreparedResult;
 use idempotent_job_core::store::PoolHandle;
 
 #[magnus::wrap(class = "IdempotentJob::Native::Protocol", free_immediately, size)]
-pub struct NativeProtocol(Protocol);
+pub struct NativeProtocol(pub(super) Protocol);
 
 /// A claim held by a delivery, between protocol calls. Taken by `complete`,
 /// `release`, `keep` and `after_lookup`; a second use raises.
@@ -66,7 +66,7 @@ fn delivery_of(info: &ClaimInfo) -> DeliveryRequest {
     }
 }
 
-fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
+pub(super) fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.set("job_type", info.job_type.as_str())?
         .set("operation_key", info.operation_key.as_str())?
@@ -77,7 +77,7 @@ fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
-fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
+pub(super) fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.sym("decision", outcome.decision.as_str())?
         .set("duplicates", outcome.duplicates)?
@@ -109,7 +109,7 @@ fn completion_hash(ruby: &Ruby, completion: &Completion) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
-fn notes_array(
+pub(super) fn notes_array(
     ruby: &Ruby,
     notes: &Notes,
     delivery: &DeliveryRequest,
@@ -235,7 +235,7 @@ impl RubyChannel<'_> {
 }
 
 /// A claim request as the Hash `Native::Store#claim` takes.
-fn request_hash(ruby: &Ruby, req: &ClaimRequest) -> RbResult<RHash> {
+pub(super) fn request_hash(ruby: &Ruby, req: &ClaimRequest) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.set("job_type", req.job_type.as_str())?
         .set("operation_key", req.operation_key.as_str())?
@@ -250,7 +250,7 @@ fn request_hash(ruby: &Ruby, req: &ClaimRequest) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
-fn fenced_name(change: Fenced) -> &'static str {
+pub(super) fn fenced_name(change: Fenced) -> &'static str {
     match change {
         Fenced::Complete | Fenced::CompleteAsynchronously => "complete",
         Fenced::Release => "release",
@@ -465,7 +465,7 @@ impl NativeProtocol {
             .map_err(|e| to_ruby(ruby, e))
     }
 
-    fn delivery(
+    pub(super) fn delivery(
         ruby: &Ruby,
         request: RHash,
         deferrals: u32,
@@ -492,7 +492,7 @@ impl NativeProtocol {
         Ok(delivery)
     }
 
-    fn direct(ruby: &Ruby, store: &NativeStore) -> RbResult<Direct> {
+    pub(super) fn direct(ruby: &Ruby, store: &NativeStore) -> RbResult<Direct> {
         let pool = store.0.pool().map_err(|e| to_ruby(ruby, e))?;
         Ok(Direct::new(pool, store.0.config().asynchronous_completion))
     }
@@ -697,7 +697,7 @@ impl NativeProtocol {
         })
     }
 
-    fn lookup_answer(ruby: &Ruby, answer: Value) -> RbResult<LookupAnswer> {
+    pub(super) fn lookup_answer(ruby: &Ruby, answer: Value) -> RbResult<LookupAnswer> {
         if let Some(symbol) = Symbol::from_value(answer) {
             return match symbol.name()?.as_ref() {
                 "done" => Ok(LookupAnswer::Done),
@@ -908,6 +908,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     )?;
     let class = native.define_class("Protocol", ruby.class_object())?;
     class.define_singleton_method("new", function!(NativeProtocol::new, 3))?;
+    class.define_method("perform", method!(NativeProtocol::perform, 6))?;
     class.define_method("begin", method!(NativeProtocol::begin, 3))?;
     class.define_method("begin_waiting", method!(NativeProtocol::begin_waiting, 4))?;
     class.define_method("wait", method!(NativeProtocol::wait, 4))?;
