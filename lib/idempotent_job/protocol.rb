@@ -2,7 +2,6 @@
 
 require_relative "protocol/narrator"
 require_relative "protocol/deferral"
-require_relative "protocol/heartbeat"
 require_relative "protocol/completion"
 require_relative "protocol/driver"
 

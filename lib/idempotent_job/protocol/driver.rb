@@ -17,10 +17,10 @@ module IdempotentJob
       NATIVES_LIMIT = 1000
 
       class << self
-        # The native protocol of `options` told in `door`'s words.
+        # The native protocol of `options` told in `door`'s words (built once per pair).
         # @param options [JobOptions]
         # @param door [Door]
-        # @return [Array(Native::Protocol, Hash)] the protocol and the words it was built with
+        # @return [Native::Protocol]
         # @raise [ConfigurationError] for an option the core refuses
         def native(options, door)
           key = [door.id_label, door.defer_text, door.crash_text]
@@ -28,7 +28,7 @@ module IdempotentJob
           return found if found
 
           words = { id_label: key[0], defer_text: key[1], crash_text: key[2] }
-          built = [Native::Protocol.new(options.name, native_options(options), words), words]
+          built = Native::Protocol.new(options.name, native_options(options), words)
           @natives_lock.synchronize do
             natives = @natives.size >= NATIVES_LIMIT ? {}.compare_by_identity : @natives.dup
             natives[options] = (natives[options] || {}).merge(key => built)
@@ -80,7 +80,7 @@ module IdempotentJob
         @options = options
         @door = door
         @narrator = narrator
-        @native, = self.class.native(options, door)
+        @native = self.class.native(options, door)
         @session = session
       end
 

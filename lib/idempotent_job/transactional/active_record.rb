@@ -94,7 +94,7 @@ module IdempotentJob
 
       # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its
       # transaction, and answers the statement's row for the core to decide on (the
-      # core protocol's channel: `Native::Protocol#begin_with`).
+      # core protocol's channel: `Native::Protocol#perform`).
       # @param request [Hash] see `Native::Store#claim`
       # @param lock_timeout [Numeric] seconds
       # @return [Array(Hash, String)] the claim row's values (typed) and the token sent
@@ -140,7 +140,7 @@ module IdempotentJob
                     job_type: claim.job_type, operation_key: claim.operation_key)
       end
 
-      # {#fenced} for the core protocol's channel (`Native::Protocol#complete_with`…).
+      # {#fenced} for the core protocol's channel (`Native::Protocol#perform`).
       # @param change [Symbol]
       # @param job_type [String]
       # @param operation_key [String]

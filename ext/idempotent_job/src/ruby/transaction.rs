@@ -85,17 +85,6 @@ impl NativeTransaction {
         }
     }
 
-    /// Runs `op` on the open session with the GVL released, like `with_session`, and
-    /// hands back `op`'s own result (a core error included) for the caller to convert:
-    /// the protocol's calls tell their notes before raising.
-    pub fn with_session_raw<T>(
-        &self,
-        ruby: &Ruby,
-        op: impl FnOnce(&mut Session, &Interrupt<'_>) -> T,
-    ) -> RbResult<T> {
-        self.with_session(ruby, |session, interrupt| Ok(op(session, interrupt)))
-    }
-
     /// Runs `op` (already without the GVL: a protocol statement) on the open session,
     /// taken out of the mutex while it runs, so the body can use the same transaction
     /// between two statements. An interrupted statement drops the session: its
