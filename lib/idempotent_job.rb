@@ -125,7 +125,7 @@ module IdempotentJob
     #   `store_result:` (true/false, default false: store the block's value for replays),
     #   `max_takeovers:` (Integer, default none: stale takeovers before the next is held),
     #   `wait:` (seconds, default none: how long to wait for a live claim; not with
-    #   `transaction:`)
+    #   `transaction:`); not `on_enqueue:` (perform_once pushes nothing: refused)
     # @yieldparam claim [Claim] the claim held
     # @return [Outcome] decision :ran (with the block's value), :completed (with the
     #   stored value when `replayed?`), :held, :given_up or :in_progress (with
