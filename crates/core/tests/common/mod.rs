@@ -113,6 +113,30 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
     store
 }
 
+/// A migrated store (2 connections) whose record table lives in a fresh schema
+/// `schema` (dropped first if a crashed run left it): its table, rows and statistics
+/// are the test's alone.
+pub fn store_in(schema: &str) -> Store {
+    let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
+    store()
+        .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
+        .unwrap();
+    let mut config = Config::new(database_url());
+    config.schema = Some(schema.to_string());
+    config.pool_size = 2;
+    let store = Store::new(config).unwrap();
+    store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
+    store
+}
+
+/// Drops a test's schema (its table and rows), so later tests and suites never see them.
+pub fn drop_schema(schema: &str) {
+    let sql = format!("DROP SCHEMA {schema} CASCADE");
+    store()
+        .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
+        .unwrap();
+}
+
 /// The record of `req`'s operation, if any.
 pub fn find_record(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
     let req = req.clone();
