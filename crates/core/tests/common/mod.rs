@@ -113,6 +113,38 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
     store
 }
 
+/// A migrated store (2 connections) whose record table lives in a fresh schema
+/// `schema` (dropped first if a crashed run left it): its table, rows and statistics
+/// are the test's alone.
+pub fn store_in(schema: &str) -> Store {
+    store_in_through(schema, None)
+}
+
+/// [`store_in`] with the migrations applied only through version `last` when given
+/// (`Some(9)`: the table as V9 left it).
+pub fn store_in_through(schema: &str, last: Option<i32>) -> Store {
+    let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
+    store()
+        .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
+        .unwrap();
+    let mut config = Config::new(database_url());
+    config.schema = Some(schema.to_string());
+    config.pool_size = 2;
+    let store = Store::new(config).unwrap();
+    store
+        .run(|pool, i| migrate::migrate_through(pool, i, last))
+        .unwrap();
+    store
+}
+
+/// Drops a test's schema (its table and rows), so later tests and suites never see them.
+pub fn drop_schema(schema: &str) {
+    let sql = format!("DROP SCHEMA {schema} CASCADE");
+    store()
+        .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
+        .unwrap();
+}
+
 /// The record of `req`'s operation, if any.
 pub fn find_record(store: &Store, req: &ClaimRequest) -> Option<claim::Record> {
     let req = req.clone();
