@@ -25,16 +25,17 @@ import math
 import signal
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _current
+from . import Rerun, _current
 from ._native import Store, check_option, key_declaration
 from ._sendback import claim_failed
 from .errors import IdempotentJobError, OperationKeyError
 
-__all__ = ["Consumer", "Message", "batch_handler"]
+__all__ = ["Consumer", "Message", "batch_handler", "resender"]
 
 logger = logging.getLogger("idempotent_job.sqs")
 
@@ -435,6 +436,40 @@ class Consumer:
                 failed = [{"Message": repr(error)}]
             for failure in failed:
                 logger.warning("%s: could not extend a message's visibility: %s", self.door.job_type, failure)
+
+
+def resender(client: Any = None, job_type: str | None = None) -> Callable[[Rerun], bool]:
+    """A rerun sender for SQS records, to register with ``idempotent_job.on_rerun``:
+    ``resolve(..., as_="rerun")`` then sends the released operation's stored message body
+    to its stored queue URL again (``send_message``; on a FIFO queue with the first
+    claim's message group and a fresh deduplication id, so SQS does not drop it as a copy
+    of the first). Takes records of ``job_type`` (default: any record whose first claim
+    was an SQS delivery, a ``message_id`` fact). Only the body is sent: a key read from
+    message attributes needs a sender of your own. ``client``: a boto3 SQS client
+    (default ``boto3.client("sqs")``, made on first use)."""
+    clients: list[Any] = [client]
+
+    def send(rerun: Rerun) -> bool:
+        facts = rerun.first_facts or {}
+        if rerun.queue is None:
+            return False
+        if rerun.job_type != job_type if job_type is not None else "message_id" not in facts:
+            return False
+        if clients[0] is None:
+            import boto3
+
+            clients[0] = boto3.client("sqs")
+        body = rerun.args if isinstance(rerun.args, str) else json.dumps(rerun.args)
+        extra = {}
+        if rerun.queue.endswith(".fifo"):
+            extra = {
+                "MessageGroupId": facts.get("message_group_id") or rerun.operation_key,
+                "MessageDeduplicationId": uuid.uuid4().hex,
+            }
+        clients[0].send_message(QueueUrl=rerun.queue, MessageBody=body, **extra)
+        return True
+
+    return send
 
 
 def batch_handler(

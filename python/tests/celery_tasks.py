@@ -88,6 +88,14 @@ def killable_hold(scenario, order_id, effect_first):
     return _killable(scenario, order_id, effect_first)
 
 
+@app.task(
+    base=IdempotentTask, idempotency_key="order_id", idempotency_lease=LEASE, idempotency_on_stale="hold"
+)
+def killable_hold_kw(scenario, order_id, effect_first):
+    # Called with keyword arguments: a rerun must send them as keywords again.
+    return _killable(scenario, order_id, effect_first)
+
+
 @app.task
 def killable_unguarded(scenario, order_id, effect_first):
     return _killable(scenario, order_id, effect_first)

@@ -200,6 +200,61 @@ def test_pool_child_sigkilled_after_the_effect(worker, scenario, task, expected)
     assert effects(scenario) == expected
 
 
+@pytest.mark.parametrize("task,kw", [("killable_hold", False), ("killable_hold_kw", True)])
+def test_a_held_operation_resolved_for_a_rerun_is_sent_again_and_runs_once(worker, scenario, task, kw):
+    # Held after its pool child died past the effect; resolve(as_="rerun") sends the task
+    # again by name (with its keyword arguments as keywords) and a worker runs it once
+    # more, as a retry. Control: without the door's sender the record stays released
+    # and nothing runs (the defect issue 34 reports).
+    task_ = getattr(worker, task)
+    args = (
+        ((), {"scenario": scenario, "order_id": scenario, "effect_first": True})
+        if kw
+        else (
+            (scenario, scenario, True),
+            {},
+        )
+    )
+    task_.apply_async(*args)
+    _kill_the_child(scenario, after_effect=True)
+    eventually(
+        lambda: (idempotent_job.record(task_.name, scenario) or {}).get("status") == "held",
+        "the stale claim to be held",
+        TIMEOUT,
+    )
+    assert idempotent_job.resolve(task_.name, scenario, as_="rerun") is True
+    eventually(
+        lambda: (idempotent_job.record(task_.name, scenario) or {}).get("status") == "completed",
+        "the rerun to complete",
+        TIMEOUT,
+    )
+    record = idempotent_job.record(task_.name, scenario)
+    assert (record["resolution"], record["last_claim"], record["takeovers"]) == ("rerun", "retry", 1)
+    assert effects(scenario) == 2  # the first run's (before the kill) and the rerun's
+
+
+def test_a_rerun_no_sender_takes_is_released_and_says_so(worker, scenario, caplog):
+    from idempotent_job import celery as door
+
+    task_ = worker.killable_hold
+    task_.apply_async((scenario, scenario, True))
+    _kill_the_child(scenario, after_effect=True)
+    eventually(
+        lambda: (idempotent_job.record(task_.name, scenario) or {}).get("status") == "held",
+        "the stale claim to be held",
+        TIMEOUT,
+    )
+    idempotent_job._senders.remove(door.send_rerun)
+    try:
+        with caplog.at_level("WARNING", logger="idempotent_job"):
+            assert idempotent_job.resolve(task_.name, scenario, as_="rerun") is True
+    finally:
+        idempotent_job.on_rerun(door.send_rerun)
+    assert "released only; no sender registered" in caplog.text
+    assert idempotent_job.record(task_.name, scenario)["status"] == "released"
+    assert effects(scenario) == 1
+
+
 @pytest.mark.parametrize("task", ["charge", "charge_unguarded"])
 def test_two_distinct_operations_both_run(worker, scenario, task):
     results = [getattr(worker, task).apply_async((scenario, f"{scenario}-{n}")) for n in (1, 2)]
