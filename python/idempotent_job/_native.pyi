@@ -56,6 +56,11 @@ class Outcome:
     def claim(self) -> Claim | None: ...
     @property
     def ran(self) -> bool: ...
+    @property
+    def result_state(self) -> str | None:
+        """ "stored", "too_large", "unencodable" (not stored), or None (no store requested)."""
+    @property
+    def result_stored(self) -> bool: ...
 
 @final
 class JobProtocol:

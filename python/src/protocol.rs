@@ -145,6 +145,13 @@ pub struct Outcome {
     /// The claim the body ran under, when it ran.
     #[pyo3(get)]
     pub claim: Option<Py<Claim>>,
+    /// What became of the result `store_result` asked to keep: "stored", "too_large"
+    /// (over `max_result_bytes`) or "unencodable" (not JSON, e.g. a datetime or an
+    /// `object()`): then not stored and a repeat replays nothing; None when no store was
+    /// requested. For "ran" this run's; for a repeat ("completed") the first run's (the
+    /// record's `result_state`). Ruby's `Outcome#result_state`.
+    #[pyo3(get)]
+    pub result_state: Option<&'static str>,
 }
 
 #[pymethods]
@@ -155,12 +162,24 @@ impl Outcome {
         self.decision == "ran"
     }
 
+    /// True when the result was stored (`result_state == "stored"`): for "ran" this run's
+    /// value, for a repeat the first run's; False when it was too large or not JSON
+    /// (`result_state` says which) or no store was requested. Ruby's `result_stored?`.
+    #[getter]
+    fn result_stored(&self) -> bool {
+        self.result_state == Some("stored")
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "Outcome(decision={:?}, retry_after={:?}, replayed={})",
+            "Outcome(decision={:?}, retry_after={:?}, replayed={}, result_state={})",
             self.decision,
             self.retry_after,
-            if self.replayed { "True" } else { "False" }
+            if self.replayed { "True" } else { "False" },
+            match self.result_state {
+                Some(state) => format!("{state:?}"),
+                None => "None".into(),
+            }
         )
     }
 }
@@ -190,6 +209,7 @@ impl Outcome {
                 .as_ref()
                 .map(|c| Py::new(py, Claim::of(c)))
                 .transpose()?,
+            result_state: o.result_state.map(|s| s.as_str()),
         })
     }
 }
