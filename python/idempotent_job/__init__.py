@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _native, errors
+from . import _native, _tracing, errors
 from ._native import Claim, Outcome, Store
 from .errors import (
     ConfigurationError,
@@ -239,19 +239,24 @@ def perform_once(
     }
     if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float))):
         raise ConfigurationError(f"{job_type}: wait must be a number of seconds (0 or more), got {wait!r}")
-    return store.perform_once(
-        store.protocol(job_type, options, "plain"),
+    return _tracing.perform(
+        "plain",
         job_type,
         key_text,
-        fn,
-        [] if payload is None else payload,
-        id or str(uuid.uuid4()),
-        deferrals,
-        job_class,
-        queue,
-        facts,
-        lookup,
-        wait,
+        lambda: store.perform_once(
+            store.protocol(job_type, options, "plain"),
+            job_type,
+            key_text,
+            fn,
+            [] if payload is None else payload,
+            id or str(uuid.uuid4()),
+            deferrals,
+            job_class,
+            queue,
+            facts,
+            lookup,
+            wait,
+        ),
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from celery import Task, current_app
 from celery.exceptions import Ignore, Retry
 
-from . import Rerun, _current, on_rerun
+from . import Rerun, _current, _tracing, on_rerun
 from ._native import OPTION_NAMES, Store, check_option, key_declaration
 from ._sendback import claim_failed
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
@@ -287,18 +287,23 @@ class IdempotentTask(Task):
 
         protocol = self._idempotency_protocol_of(self.name)
         try:
-            outcome = _current().perform_once(
-                protocol,
+            outcome = _tracing.perform(
+                "celery",
                 job_type,
                 key,
-                body,
-                payload,
-                request.id,
-                deferrals,
-                self.name,
-                delivery_info.get("routing_key"),
-                facts,
-                self._idempotency_lookup_fn,
+                lambda: _current().perform_once(
+                    protocol,
+                    job_type,
+                    key,
+                    body,
+                    payload,
+                    request.id,
+                    deferrals,
+                    self.name,
+                    delivery_info.get("routing_key"),
+                    facts,
+                    self._idempotency_lookup_fn,
+                ),
             )
         except IdempotentJobError as error:
             if (

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import Rerun, _current
+from . import Rerun, _current, _tracing
 from ._native import Store, check_option, key_declaration
 from ._sendback import claim_failed
 from .errors import IdempotentJobError, OperationKeyError
@@ -183,18 +183,23 @@ class _Door:
             facts["message_group_id"] = message.group_id
         try:
             key = self.operation_key(message)
-            outcome = _current().perform_once(
-                self.protocol,
+            outcome = _tracing.perform(
+                "sqs",
                 self.job_type,
                 key,
-                body,
-                message.body,
-                message.message_id,
-                message.receive_count - 1,
-                self.job_type,
-                queue,
-                facts,
-                self.options.get("lookup"),
+                lambda: _current().perform_once(
+                    self.protocol,
+                    self.job_type,
+                    key,
+                    body,
+                    message.body,
+                    message.message_id,
+                    message.receive_count - 1,
+                    self.job_type,
+                    queue,
+                    facts,
+                    self.options.get("lookup"),
+                ),
             )
         except IdempotentJobError as error:
             # The core's rule of which claim errors send a delivery back (an outage, a

@@ -184,6 +184,48 @@ impl Outcome {
     }
 }
 
+/// `span_name(job_type)` → the name of a delivery's OpenTelemetry span
+/// (`telemetry::span_name`: `"idempotency <job type>"`).
+#[pyfunction]
+pub fn span_name(job_type: &str) -> String {
+    idempotent_job_core::telemetry::span_name(job_type)
+}
+
+/// `span_attributes(door, job_type, operation_key, outcome)` → the attributes dict of a
+/// delivery's OpenTelemetry span: the core's tracing vocabulary
+/// (`telemetry::span_attributes`); the key only as its hash.
+#[pyfunction]
+pub fn span_attributes<'py>(
+    py: Python<'py>,
+    door: &str,
+    job_type: &str,
+    operation_key: &str,
+    outcome: &Outcome,
+) -> PyResult<Bound<'py, PyDict>> {
+    use idempotent_job_core::telemetry::{self, AttrValue, Delivered};
+    let claim = outcome.claim.as_ref().map(|c| c.get());
+    let attributes = telemetry::span_attributes(&Delivered {
+        door,
+        job_type,
+        operation_key,
+        decision: outcome.decision,
+        replayed: outcome.replayed,
+        claim_kind: claim.map(|c| c.kind),
+        attempt: claim.map(|c| c.attempt),
+        duplicates: outcome.duplicates,
+        result_state: outcome.result_state,
+    });
+    let out = PyDict::new(py);
+    for (name, value) in attributes {
+        match value {
+            AttrValue::Text(v) => out.set_item(name, v)?,
+            AttrValue::Int(v) => out.set_item(name, v)?,
+            AttrValue::Bool(v) => out.set_item(name, v)?,
+        }
+    }
+    Ok(out)
+}
+
 impl Outcome {
     fn of(py: Python<'_>, o: CoreOutcome, value: Option<Py<PyAny>>) -> PyResult<Outcome> {
         let (value, replayed) = match (value, &o.result_json) {
