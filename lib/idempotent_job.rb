@@ -125,7 +125,7 @@ module IdempotentJob
     #   `store_result:` (true/false, default false: store the block's value for replays),
     #   `max_takeovers:` (Integer, default none: stale takeovers before the next is held),
     #   `wait:` (seconds, default none: how long to wait for a live claim; not with
-    #   `transaction:`)
+    #   `transaction:`); not `on_enqueue:` (perform_once pushes nothing: refused)
     # @yieldparam claim [Claim] the claim held
     # @return [Outcome] decision :ran (with the block's value), :completed (with the
     #   stored value when `replayed?`), :held, :given_up or :in_progress (with
@@ -219,7 +219,7 @@ module IdempotentJob
     # @param operation_key [String, Integer] the operation key as stored
     # @param as [Symbol] :done or :rerun
     # @return [Record] the record after the change
-    # @raise [Error] when the operation is not held or given up
+    # @raise [Error] when there is no record of the operation, or it is not held or given up
     # @raise [ConfigurationError] for another `as:`, or a job type that is not valid UTF-8
     # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises the queue's error
     #   after the record was released (enqueue the job again to run it)
@@ -227,10 +227,12 @@ module IdempotentJob
       job_type = job_type_text(job_type)
       resolution = Configuration.choice!("as", as, %i[done rerun])
       before = record(job_type, operation_key)
-      unless before && %i[held given_up].include?(before.status) &&
+      raise Error, "no record for #{job_type} operation #{operation_key.to_s.inspect}: nothing to resolve" unless before
+
+      unless %i[held given_up].include?(before.status) &&
              store.resolve(job_type.to_s, operation_key.to_s, resolution)
         raise Error, "#{job_type} operation #{operation_key.to_s.inspect} is not held or given up " \
-                     "(status: #{before&.status.inspect})"
+                     "(status: #{before.status.inspect})"
       end
       rerun(before) if resolution == :rerun
       record(job_type, operation_key)

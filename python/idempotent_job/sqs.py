@@ -33,7 +33,7 @@ from typing import Any, Callable
 from . import Rerun, _current, _tracing
 from ._native import Store, check_option, key_declaration
 from ._sendback import claim_failed
-from .errors import IdempotentJobError, OperationKeyError
+from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
 __all__ = ["Consumer", "Message", "batch_handler", "resender"]
 
@@ -232,7 +232,12 @@ class _Door:
         return "delete", 0.0
 
 
-def _door(handler: Callable, job_type: str, key: Any, options: dict) -> _Door:
+def _door(handler: Callable, job_type: str, key: Any, options: dict, door: str) -> _Door:
+    if "scope" in options:  # the core's table knows scope; this door's job_type is it
+        raise ConfigurationError(
+            f"{job_type}: {door} takes no scope option: job_type is the scope (the record's job "
+            f"type); pass job_type={options['scope']!r} instead"
+        )
     return _Door(handler, str(job_type), key, {k: v for k, v in options.items() if v is not None})
 
 
@@ -255,8 +260,9 @@ class Consumer:
         max_messages, wait_seconds: ``receive_message``'s batch size (1–10) and long poll.
         options: the core's job options (``lease``, ``on_stale``, ``on_mismatch``,
             ``lookup``, ``heartbeat``, ``max_run``, ``max_takeovers``, ``store_result``; default configure's).
+            No ``scope``: ``job_type`` is the record's job type.
 
-    Raises ``ConfigurationError`` (an unknown option or a bad value) and
+    Raises ``ConfigurationError`` (an unknown option, ``scope``, or a bad value) and
     ``OperationKeyError`` (a malformed key declaration) naming the job type.
     """
 
@@ -273,7 +279,7 @@ class Consumer:
         wait_seconds: int = 20,
         **options: Any,
     ) -> None:
-        self.door = _door(handler, job_type, key, options)
+        self.door = _door(handler, job_type, key, options, "Consumer")
         if client is None:
             import boto3
 
@@ -488,7 +494,7 @@ def batch_handler(
     visibility is set to the core's ``retry_after`` first. On a FIFO queue the records after
     a failed one are not run and reported as failures too (SQS keeps the group's order).
     ``job_type``, ``key`` and ``options``: as :class:`Consumer`'s."""
-    door = _door(handler, job_type, key, options)
+    door = _door(handler, job_type, key, options, "batch_handler")
 
     def handle(event: dict, context: Any = None) -> dict:
         failures: list[dict] = []

@@ -251,6 +251,11 @@ def test_key_declarations_are_checked_and_read_from_attributes(sqs, scenario):
         Consumer("u", print, job_type="SqsOrder", key="order_id", client=sqs)
     with pytest.raises(idempotent_job.ConfigurationError, match="leese"):
         Consumer("u", print, job_type="SqsOrder", key="body.order_id", client=sqs, leese=3)
+    # scope is a known option elsewhere (Celery, Sidekiq), but this door's job_type is the scope
+    with pytest.raises(idempotent_job.ConfigurationError, match="SqsOrder: Consumer takes no scope option"):
+        Consumer("u", print, job_type="SqsOrder", key="body.order_id", client=sqs, scope="Other")
+    with pytest.raises(idempotent_job.ConfigurationError, match="job_type is the scope"):
+        batch_handler(print, job_type="SqsOrder", key="body.order_id", scope="Other")
     url = _queue(sqs, scenario)
     attribute = {"OrderId": {"DataType": "String", "StringValue": f"{scenario}-A"}}
     for _ in range(2):

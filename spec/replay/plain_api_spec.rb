@@ -167,6 +167,9 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
       expect { charge(lease: 0.1) }.to raise_error(IdempotentJob::ConfigurationError, /at least 0.25 s/)
       expect { charge(lookup: :charged?) }.to raise_error(IdempotentJob::ConfigurationError, /must be callable/)
       expect { charge(scope: "x") }.to raise_error(IdempotentJob::ConfigurationError, /does not take :scope/)
+      expect { charge(on_enqueue: :skip_completed) }
+        .to raise_error(IdempotentJob::ConfigurationError, /PlainCharge: perform_once does not take on_enqueue: /)
+      expect(Effects.count).to eq(0)
       expect { IdempotentJob.perform_once("PlainCharge", 42) }.to raise_error(ArgumentError, /needs a block/)
     end
 

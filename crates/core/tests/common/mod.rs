@@ -117,6 +117,12 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
 /// `schema` (dropped first if a crashed run left it): its table, rows and statistics
 /// are the test's alone.
 pub fn store_in(schema: &str) -> Store {
+    store_in_through(schema, None)
+}
+
+/// [`store_in`] with the migrations applied only through version `last` when given
+/// (`Some(9)`: the table as V9 left it).
+pub fn store_in_through(schema: &str, last: Option<i32>) -> Store {
     let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
     store()
         .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
@@ -125,7 +131,9 @@ pub fn store_in(schema: &str) -> Store {
     config.schema = Some(schema.to_string());
     config.pool_size = 2;
     let store = Store::new(config).unwrap();
-    store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
+    store
+        .run(|pool, i| migrate::migrate_through(pool, i, last))
+        .unwrap();
     store
 }
 
