@@ -32,6 +32,7 @@ def provider():
     if trace.get_tracer_provider() is not tracer_provider:
         pytest.skip("another test set the global tracer provider first")
     yield tracer_provider
+    tracer_provider.shutdown()  # later modules' deliveries are not exported (nor kept in memory)
 
 
 @pytest.fixture(autouse=True)
