@@ -32,9 +32,7 @@ def guard_loop(prefix, thread, stop, counts):
     while not stop.is_set():
         if done and n % 4 == 3:
             key = done[n % len(done)]
-            conn.execute(
-                f"SELECT done FROM {TABLE} WHERE key = %s", (key,), prepare=True
-            ).fetchone()
+            conn.execute(f"SELECT done FROM {TABLE} WHERE key = %s", (key,), prepare=True).fetchone()
         else:
             key = f"{prefix}-{thread}-{n}"
             won = conn.execute(
@@ -82,10 +80,7 @@ def main():
     loop = door_loop if mode == "door" else guard_loop
     stop = threading.Event()
     counts = [0] * threads
-    workers = [
-        threading.Thread(target=loop, args=(prefix, t, stop, counts))
-        for t in range(threads)
-    ]
+    workers = [threading.Thread(target=loop, args=(prefix, t, stop, counts)) for t in range(threads)]
     started = time.monotonic()
     for w in workers:
         w.start()
