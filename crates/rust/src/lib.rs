@@ -450,10 +450,17 @@ impl Delivery {
         if self.request.delivery_id.is_none() {
             self.request.delivery_id = Some(uuid::Uuid::new_v4().to_string());
         }
-        let (json, digest) = (
-            self.payload.to_string(),
-            idempotent_job_core::canonical::digest(&self.payload),
-        );
+        // A payload built in Rust past the nesting limit, or holding a number no
+        // language reads alike, is refused before anything is claimed (judged without
+        // recursion; serde_json's own reader never builds one deeper than 128).
+        if let Some(problem) = idempotent_job_core::canonical::problem(&self.payload) {
+            return Err(PerformError::Core(Error::Config(format!(
+                "{}: the payload holds {problem}, which JSON cannot carry; the job was not run \
+                 and nothing was recorded",
+                self.request.job_type
+            ))));
+        }
+        let (json, digest) = idempotent_job_core::canonical::text_and_digest(&self.payload);
         self.request.args_json = Some(json);
         self.request.args_digest = Some(digest);
         let job = self.job.inner.clone();
@@ -496,10 +503,16 @@ impl Delivery {
                     let result = body(info).await;
                     return match result {
                         Ok(value) => {
-                            let json =
-                                job.protocol.options().store_result.then(|| {
-                                    serde_json::to_value(&value).map_err(|e| e.to_string())
-                                });
+                            let json = job.protocol.options().store_result.then(|| {
+                                serde_json::to_value(&value)
+                                    .map_err(|e| e.to_string())
+                                    .and_then(|json| match idempotent_job_core::canonical::problem(
+                                        &json,
+                                    ) {
+                                        Some(problem) => Err(problem),
+                                        None => Ok(json),
+                                    })
+                            });
                             let completion = driver
                                 .step(move |p, c, i, _, n| {
                                     let prepared = json.map(|json| {
