@@ -122,9 +122,9 @@ pub const KEY_WORDS: keys::Words = keys::Words {
 /// it, as [`to_json`]. Errors: the core's message for a value JSON cannot carry.
 fn key_value(value: &Bound<'_, PyAny>) -> Result<Value, String> {
     if let Ok(f) = value.cast::<PyFloat>() {
-        return Number::from_f64(f.value())
+        return canonical::float(f.value())
             .map(Value::Number)
-            .ok_or_else(|| keys::refused("a float", true, &KEY_WORDS));
+            .map_err(|what| keys::refused(&what, false, &KEY_WORDS));
     }
     to_json(value).map_err(|what| keys::refused(&what, false, &KEY_WORDS))
 }
