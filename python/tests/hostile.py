@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from pathlib import Path
 
-from conftest import ROOT
-
+ROOT = Path(__file__).resolve().parents[2]
 TABLE = json.loads((ROOT / "conformance" / "hostile.json").read_text())
 CASES = TABLE["cases"]
+BY_NAME = {case["name"]: case for case in CASES}
 NAMES = [case["name"] for case in CASES]
 
 FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
