@@ -1,43 +1,14 @@
 # frozen_string_literal: true
 
 require "spec_helper"
-require "bigdecimal"
+require_relative "../support/hostile_values"
 
-# The shared table of hostile values (conformance/hostile.json, issue 29), read by every
-# language's tests: each value as an operation key, a payload and a result through the
-# plain Ruby door. For each: the process survives (a crash fails the whole run), the body
-# runs at most once, a refusal is the library's error naming the job and the problem, and
-# a result that cannot be stored leaves the completion standing (a repeat does not run).
-module HostileValues
-  TABLE = JSON.parse(File.read(File.expand_path("../../conformance/hostile.json", __dir__)))
-
-  module_function
-
-  def cases
-    TABLE.fetch("cases")
-  end
-
-  FLOATS = { "NaN" => Float::NAN, "Infinity" => Float::INFINITY, "-Infinity" => -Float::INFINITY }.freeze
-  # How each `make` of the table builds its value, from the make's argument.
-  MAKERS = {
-    "nest" => ->(levels) { levels.times.reduce(1) { |inner, _| [inner] } },
-    "string_bytes" => ->(bytes) { "x" * bytes },
-    "bytes_hex" => ->(hex) { [hex].pack("H*").force_encoding(Encoding::UTF_8) },
-    "float" => ->(name) { FLOATS.fetch(name) },
-    "integer_digits" => ->(digits) { (10**digits) - 1 },
-    "decimal" => ->(text) { BigDecimal(text) },
-    "object" => ->(_) { Object.new }
-  }.freeze
-
-  # The case's value, built as the table says (see its "about").
-  def value(vector)
-    return JSON.parse(vector["json"]) if vector.key?("json")
-
-    name, argument = vector.fetch("make").first
-    MAKERS.fetch(name).call(argument)
-  end
-end
-
+# The shared table of hostile values (conformance/hostile.json, issue 29) through the
+# plain Ruby door: each value as an operation key, a payload and a result. For each: the
+# process survives (a crash fails the whole run), the body runs at most once, a refusal
+# is the library's error naming the job and the problem, and a result that cannot be
+# stored leaves the completion standing (a repeat does not run). The table's reader:
+# spec/support/hostile_values.rb.
 RSpec.describe "Hostile values through the plain Ruby door (conformance/hostile.json)", :faults do
   let(:runs) { [] }
 
