@@ -21,6 +21,15 @@ RSpec.describe "Hostile values through the plain Ruby door (conformance/hostile.
     e
   end
 
+  it "refuses facts holding a NUL character with ConfigurationError naming the job (jsonb cannot store it)" do
+    2.times do
+      expect { IdempotentJob.perform_once("HostileFacts", "f", facts: { "note" => "a\u0000b" }) { runs << :facts } }
+        .to raise_error(IdempotentJob::ConfigurationError, /\AHostileFacts: the facts hold a NUL character/)
+    end
+    expect(runs).to be_empty
+    expect(IdempotentJob.record("HostileFacts", "f")).to be_nil
+  end
+
   HostileValues.cases.each_with_index do |vector, i|
     describe vector["name"] do
       let(:value) { HostileValues.value(vector) }
