@@ -5,7 +5,6 @@ require_relative "idempotent_job/errors"
 require_relative "idempotent_job/dependency"
 require_relative "idempotent_job/native" # the core's tables (job options) are read as the files below load
 require_relative "idempotent_job/configuration"
-require_relative "idempotent_job/canonical_json"
 require_relative "idempotent_job/result_json"
 require_relative "idempotent_job/key"
 require_relative "idempotent_job/args_digest"

@@ -87,8 +87,8 @@ module IdempotentJob
     def written(delivery, what)
       refuse_json(delivery, what, "it holds #{Native::TOO_DEEP}") if Native.nested_too_deep?(delivery.public_send(what))
       yield
-    rescue JSON::GeneratorError, JSON::NestingError, EncodingError => e
-      refuse_json(delivery, what, "#{e.class}: #{e.message}")
+    rescue ArgsDigest::Unwritable => e
+      refuse_json(delivery, what, e.message)
     end
 
     def refuse_json(delivery, what, problem)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import Rerun, _current, _tracing
-from ._native import Store, check_option, key_declaration
+from ._native import TOO_DEEP, Store, check_option, key_declaration
 from ._sendback import claim_failed
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
@@ -50,7 +50,8 @@ class Message:
 
     ``body`` is the JSON-decoded body (the text when it is not JSON), ``attributes`` the
     system attributes (str values: ``ApproximateReceiveCount``, ``MessageGroupId``…),
-    ``message_attributes`` the producer's attributes (name → their string or binary value).
+    ``message_attributes`` the producer's attributes (name → their string or binary value),
+    ``unread`` why the body was not decoded as JSON (None when it was).
     """
 
     message_id: str
@@ -59,16 +60,20 @@ class Message:
     body: Any
     attributes: dict
     message_attributes: dict
+    unread: str | None = None
 
     @classmethod
     def of(cls, raw: dict) -> Message:
         """From a ``receive_message`` message (``MessageId``…) or a Lambda record (``messageId``…)."""
         lam = "messageId" in raw
         text = raw["body" if lam else "Body"]
+        unread = None
         try:
             body = json.loads(text)
-        except ValueError:
-            body = text
+        except RecursionError:  # a hostile body: never a crash of the consumer (issue 29)
+            body, unread = text, f"its body holds {TOO_DEEP} (Python's JSON reader gave up)"
+        except ValueError as error:  # not JSON, or an int longer than Python reads
+            body, unread = text, f"its body is not JSON Python reads: {error}"
         attributes = raw.get("messageAttributes" if lam else "MessageAttributes") or {}
         values = {
             name: a.get(
@@ -83,6 +88,7 @@ class Message:
             body,
             dict(raw.get("attributes" if lam else "Attributes") or {}),
             values,
+            unread,
         )
 
     @property
@@ -151,8 +157,9 @@ class _Door:
             elif isinstance(value, dict) and segment in value:
                 value = value[segment]
             else:
+                why = f" ({message.unread})" if source == "body" and message.unread else ""
                 raise OperationKeyError(
-                    f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}",
+                    f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}{why}",
                     job_class=self.job_type,
                     job_type=self.job_type,
                     declaration=self.key,

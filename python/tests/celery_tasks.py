@@ -183,3 +183,19 @@ def cross_order(scenario, order_id):
     (job type CrossOrder, key order_id): its body must not run after the Rust one did."""
     record_effect(scenario, str(order_id))
     return f"celery ran {order_id}"
+
+
+@app.task(
+    base=IdempotentTask,
+    idempotency_key=1,
+    idempotency_lease=LIVE_LEASE,
+    idempotency_store_result=True,
+)
+def hostile(scenario, key, payload, result_case):
+    """Issue 29's hostile values (conformance/hostile.json): `key` is the operation key,
+    `payload` rides along in the arguments, and the body returns the value of the table's
+    case named `result_case` (built here, in the pool child), or "done"."""
+    import hostile as table
+
+    record_effect(scenario, "hostile")
+    return "done" if result_case is None else table.value(table.BY_NAME[result_case])

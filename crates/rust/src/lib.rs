@@ -231,9 +231,12 @@ impl IdempotentJob {
 /// or object as its canonical JSON.
 ///
 /// Errors: [`Error::OperationKey`] naming `job_type` for null, a bool, a float, an empty
-/// value, or a key too long.
+/// value, a value nested deeper than the core's limit, or a key too long.
 pub fn operation_key(job_type: &str, value: impl Into<Value>) -> Result<String, Error> {
-    let problem = match keys::value_text(&value.into(), &KEY_WORDS) {
+    let value = value.into();
+    let text = keys::value_text(&value, &KEY_WORDS);
+    refuse_deep(value);
+    let problem = match text {
         Ok(text) => match keys::problem(job_type.as_bytes(), text.as_bytes()) {
             None => return Ok(text),
             Some(problem) => problem,
@@ -243,6 +246,15 @@ pub fn operation_key(job_type: &str, value: impl Into<Value>) -> Result<String, 
     Err(Error::OperationKey(format!(
         "{job_type}: operation key: {problem}; the job was not run and nothing was recorded"
     )))
+}
+
+/// Drops `value`, unless it nests deeper than the core's limit: then it is leaked, as
+/// serde_json's drop of a value recurses once per level and one built a million deep
+/// would overflow the stack (a value refused by the door must not crash the process).
+fn refuse_deep(value: Value) {
+    if idempotent_job_core::canonical::nested_too_deep(&value) {
+        std::mem::forget(value);
+    }
 }
 
 /// A composite operation key's text (a key declared as several parts, as Ruby's
@@ -559,14 +571,22 @@ impl Delivery {
         F: FnOnce(Claim) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        // A payload built in Rust past the nesting limit, or holding a number no
+        // language reads alike, is refused before anything is claimed (judged without
+        // recursion; serde_json's own reader never builds one deeper than 128).
+        if let Some(problem) = idempotent_job_core::canonical::problem(&self.payload) {
+            refuse_deep(std::mem::take(&mut self.payload));
+            return Err(PerformError::Core(Error::Config(format!(
+                "{}: the payload holds {problem}, which JSON cannot carry; the job was not run \
+                 and nothing was recorded",
+                self.request.job_type
+            ))));
+        }
         self.request.operation_key = self.key?;
         if self.request.delivery_id.is_none() {
             self.request.delivery_id = Some(uuid::Uuid::new_v4().to_string());
         }
-        let (json, digest) = (
-            self.payload.to_string(),
-            idempotent_job_core::canonical::digest(&self.payload),
-        );
+        let (json, digest) = idempotent_job_core::canonical::text_and_digest(&self.payload);
         self.request.args_json = Some(json);
         self.request.args_digest = Some(digest);
         let job = self.job.inner.clone();
@@ -609,10 +629,16 @@ impl Delivery {
                     let result = body(info).await;
                     return match result {
                         Ok(value) => {
-                            let json =
-                                job.protocol.options().store_result.then(|| {
-                                    serde_json::to_value(&value).map_err(|e| e.to_string())
-                                });
+                            let json = job.protocol.options().store_result.then(|| {
+                                serde_json::to_value(&value)
+                                    .map_err(|e| e.to_string())
+                                    .and_then(|json| match idempotent_job_core::canonical::problem(
+                                        &json,
+                                    ) {
+                                        Some(problem) => Err(problem),
+                                        None => Ok(json),
+                                    })
+                            });
                             let completion = driver
                                 .step(move |p, c, i, _, n| {
                                     let prepared = json.map(|json| {
@@ -660,7 +686,10 @@ fn short_type_name<E>() -> String {
 }
 
 fn replay<T: DeserializeOwned>(o: CoreOutcome, value: Option<T>) -> Outcome<T> {
-    let replayed = o.replayed();
+    // A replay carries the first run's value: a completion whose result was not stored
+    // (too large, unencodable) is a repeat without one, as in Ruby and Python.
+    let replayed =
+        o.replayed() && o.result_state == Some(idempotent_job_core::record::ResultState::Stored);
     let value = value.or_else(|| {
         o.result_json
             .as_deref()
