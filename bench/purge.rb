@@ -61,9 +61,10 @@ module IdempotentJobBench
       table = "#{schema(size)}.idempotent_job_records"
       @db.exec(<<~SQL, [size])
         INSERT INTO #{table} (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-                              args_digest, job_class, queue, args, completed_at, job_classes)
+                              args_digest, job_class, queue, args, first_claimed_at, completed_at, job_classes)
         SELECT 'BenchJob', h, 'completed', gen_random_uuid(), substr(h, 1, 24), 300, now(), h || h, 'BenchJob',
-               'default', jsonb_build_array(h), now() - interval '2 days' + i * interval '1 ms', ARRAY['BenchJob']
+               'default', jsonb_build_array(h), now() - interval '2 days' + i * interval '1 ms',
+               now() - interval '2 days' + i * interval '1 ms', ARRAY['BenchJob']
           FROM generate_series(1, $1::bigint) i, md5(i::text) h
       SQL
       @db.exec("VACUUM ANALYZE #{table}")

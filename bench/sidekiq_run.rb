@@ -102,14 +102,33 @@ module IdempotentJobBench
       log = File.join(@dir, "sidekiq-#{id}.log")
       server = server_reset
       before = @db.counters
+      updates_before = updates
       figures = work(mode, result, log)
       after = @db.counters
+      figures["hot"] = hot_ratio(updates_before, updates)
       figures["wal"] = after[:wal_bytes] - before[:wal_bytes]
       figures["commits"] = after[:writes] - before[:writes]
       figures["server_ms"] = server_ms if server
       check(mode, prefix, figures, log)
       say(mode, figures)
       figures
+    end
+
+    # Row updates of the gem's record table and the hand-written guard's (the mode that
+    # runs writes one of them), from the statistics the server keeps: sidekiq has exited
+    # when they are read after a run, so its connections have reported theirs.
+    # @return [Array(Integer, Integer)] rows updated, of which HOT (heap-only: no index entry)
+    def updates
+      row = @db.exec("SELECT /* bench-counter */ coalesce(sum(n_tup_upd), 0)::bigint AS upd, " \
+                     "coalesce(sum(n_tup_hot_upd), 0)::bigint AS hot FROM pg_stat_user_tables " \
+                     "WHERE relname IN ('idempotent_job_records', '#{SidekiqGuard::TABLE}')").first
+      [row["upd"].to_i, row["hot"].to_i]
+    end
+
+    # @return [Float, nil] the share of a run's row updates that were HOT (nil: none)
+    def hot_ratio(before, after)
+      updated = after[0] - before[0]
+      updated.positive? ? (after[1] - before[1]).to_f / updated : nil
     end
 
     # Starts pg_stat_statements afresh for a run ({ServerTimes#reset}).
@@ -131,7 +150,8 @@ module IdempotentJobBench
            "#{figures["effects"]}; #{figures["deferred"]} deferred; per operation #{per_op(figures, "wal").round} " \
            "WAL bytes, #{per_op(figures, "commits").round(2)} write commits; worker CPU " \
            "#{(figures["cpu"] * 1e6 / figures["jobs"]).round} µs per job, server execution " \
-           "#{(figures["server_ms"].to_f * 1e3 / @operations).round} µs per operation"
+           "#{(figures["server_ms"].to_f * 1e3 / @operations).round} µs per operation; HOT updates " \
+           "#{figures["hot"] ? "#{(figures["hot"] * 100).round} %" : "–"}"
     end
 
     # Queues every operation once and {DUPLICATES} of them a second time, each
@@ -296,6 +316,11 @@ module IdempotentJobBench
       return unless counted
 
       @results.add("sidekiq", subject, "wal_bytes_per_operation", wal, "bytes")
+      hot = list.filter_map { |f| f["hot"] }
+      return if hot.empty?
+
+      @results.add("sidekiq", subject, "hot_update_share", Stats.median(hot), "ratio",
+                   "n_tup_hot_upd / n_tup_upd of the run's table")
       @results.add("sidekiq", subject, "write_commits_per_operation", commits, "count")
     end
 

@@ -1,21 +1,19 @@
-//! One delivery through the core's claim protocol (`idempotent_job_core::protocol`):
-//! [`Protocol::begin`] with the GIL released, the body (and a declared lookup) called
-//! with the GIL held, then [`Protocol::complete`], [`Protocol::release`] or
-//! [`Protocol::keep`], again with the GIL released. Nothing of the protocol is decided
-//! here: this file only calls user code between the core's steps, turns the outcome
-//! into a Python object and logs the core's notes.
+//! One delivery through the core's driver ([`Protocol::perform`]): this file is its
+//! [`Host`] (the body and a declared lookup called with the GIL held, the core's
+//! statements run with it released), turns the outcome into a Python object and logs
+//! the core's notes. Nothing of the protocol is decided or sequenced here.
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::convert;
 use crate::gil::detached;
+use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::protocol::{
-    Claim as CoreClaim, ClaimInfo, DeliveryRequest, Direct, DoorWords, Level, LookupAnswer, Notes,
-    Outcome as CoreOutcome, Protocol, Step,
+    Body, ClaimInfo, DeliveryRequest, Direct, DoorWords, Host, Level, LookupAnswer, Notes,
+    Outcome as CoreOutcome, Protocol,
 };
-use idempotent_job_core::results::{self, ResultInput};
-use idempotent_job_core::store::Handles;
+use idempotent_job_core::store::PoolHandle;
 
 /// One job type's protocol: its options resolved and checked once (per Celery task
 /// class, per `perform_once` call), told in its door's words.
@@ -291,7 +289,7 @@ fn ask_lookup(py: Python<'_>, lookup: Option<&Bound<'_, PyAny>>, key: &str) -> L
 #[allow(clippy::too_many_arguments)]
 pub fn perform(
     py: Python<'_>,
-    pool: Handles,
+    pool: PoolHandle,
     asynchronous_completion: bool,
     max_result_bytes: usize,
     protocol: &Protocol,
@@ -301,110 +299,80 @@ pub fn perform(
 ) -> PyResult<Outcome> {
     let mut channel = Direct::new(pool, asynchronous_completion);
     let mut notes = Notes::new();
-    let result = drive(
-        py,
+    let mut host = PyHost { py, lookup, body };
+    let result = protocol.perform(
         &mut channel,
-        protocol,
-        max_result_bytes,
         &delivery,
-        lookup,
-        body,
+        max_result_bytes,
+        &mut host,
         &mut notes,
     );
     publish(py, protocol, &delivery, notes)?;
-    result
-}
-
-#[allow(clippy::too_many_arguments)]
-fn drive(
-    py: Python<'_>,
-    channel: &mut Direct,
-    protocol: &Protocol,
-    max_result_bytes: usize,
-    delivery: &DeliveryRequest,
-    lookup: Option<&Bound<'_, PyAny>>,
-    body: &Bound<'_, PyAny>,
-    notes: &mut Notes,
-) -> PyResult<Outcome> {
-    let mut step = detached(py, |i| protocol.begin(channel, i, delivery, notes))?;
-    loop {
-        step = match step {
-            Step::AskLookup(claim) => {
-                let answer = ask_lookup(py, lookup, &claim.info().operation_key);
-                detached(py, |i| {
-                    i.end_by(delivery.wait_until);
-                    protocol.after_lookup(channel, i, claim, answer, notes)
-                })?
-            }
-            // Asked to wait (`wait=`): the core waits for the live claim to end, then
-            // decides again (a completion replays, a release may run, still live: defer).
-            Step::InProgress(outcome) if outcome.wait_seconds.is_some() => {
-                detached(py, |i| protocol.wait(channel, i, delivery, notes))?
-            }
-            Step::Skip(outcome) | Step::InProgress(outcome) => {
-                return Outcome::of(py, outcome, None)
-            }
-            Step::Run(claim) => {
-                return run(py, channel, protocol, max_result_bytes, claim, body, notes)
-            }
-        }
-    }
-}
-
-/// Runs the body under `claim` (its heartbeat renewing the lease), then completes the
-/// claim with the body's value (stored when `store_result`); releases it when the body
-/// raised, keeps it when the worker is going away.
-fn run(
-    py: Python<'_>,
-    channel: &mut Direct,
-    protocol: &Protocol,
-    max_result_bytes: usize,
-    claim: CoreClaim,
-    body: &Bound<'_, PyAny>,
-    notes: &mut Notes,
-) -> PyResult<Outcome> {
-    let handle = Py::new(py, Claim::of(claim.info()))?;
-    match body.call1((handle.clone_ref(py),)) {
-        Ok(value) => {
-            // Encoded here, prepared by the core with the configured max_result_bytes
-            // (its checks, its result_state and its warning), as the Ruby binding does:
-            // a value JSON cannot carry is recorded as unencodable (not stored; the
-            // completion stands and a repeat does not run).
-            let encoded = protocol
-                .options()
-                .store_result
-                .then(|| convert::to_json(&value).map(|json| json.to_string()));
-            let prepared = encoded.as_ref().map(|encoded| {
-                let input = match encoded {
-                    Ok(json) => ResultInput::Json(json),
-                    Err(what) => ResultInput::Unencodable(what),
-                };
-                results::prepare(
-                    max_result_bytes,
-                    &claim.info().job_type,
-                    &claim.info().operation_key,
-                    input,
-                )
-            });
-            let completion = detached(py, |i| {
-                protocol.complete_prepared(channel, i, claim, prepared, notes)
-            })?;
-            let mut outcome = Outcome::of(py, completion.outcome, Some(value.unbind()))?;
+    let performed = result?;
+    match performed.value {
+        Some((value, handle)) => {
+            let mut outcome = Outcome::of(py, performed.outcome, Some(value.unbind()))?;
             outcome.claim = Some(handle);
             Ok(outcome)
         }
-        Err(err) => {
-            if is_crash(py, &err) {
-                protocol.keep(claim, notes);
-            } else {
-                let (class, message) = class_and_message(py, &err);
-                detached(py, |i| {
-                    protocol.release(channel, i, claim, &class, &message, notes);
-                    Ok(())
-                })?;
-            }
-            Err(err)
+        None => Outcome::of(py, performed.outcome, None),
+    }
+}
+
+/// Python's side of a delivery the core drives ([`Protocol::perform`]): the body, the
+/// lookup, and the GIL released around the core's statements.
+struct PyHost<'a, 'py> {
+    py: Python<'py>,
+    lookup: Option<&'a Bound<'py, PyAny>>,
+    body: &'a Bound<'py, PyAny>,
+}
+
+impl<'py> Host for PyHost<'_, 'py> {
+    /// The body's value and the claim handle it was given.
+    type Value = (Bound<'py, PyAny>, Py<Claim>);
+    type Raised = PyErr;
+
+    fn blocking<T: Send>(
+        &mut self,
+        call: impl FnOnce(&Interrupt<'_>) -> idempotent_job_core::error::Result<T> + Send,
+    ) -> PyResult<T> {
+        detached(self.py, call)
+    }
+
+    fn lookup(&mut self, operation_key: &str) -> LookupAnswer {
+        ask_lookup(self.py, self.lookup, operation_key)
+    }
+
+    fn body(&mut self, claim: &ClaimInfo) -> Body<Self::Value, PyErr> {
+        let py = self.py;
+        let handle = match Py::new(py, Claim::of(claim)) {
+            Ok(handle) => handle,
+            Err(err) => return raised(py, err),
+        };
+        match self.body.call1((handle.clone_ref(py),)) {
+            Ok(value) => Body::Returned((value, handle)),
+            Err(err) => raised(py, err),
         }
+    }
+
+    // Encoded here, prepared by the core with the configured max_result_bytes (its
+    // checks, its result_state and its warning), as the Ruby binding does: a value JSON
+    // cannot carry is recorded as unencodable (not stored; the completion stands and a
+    // repeat does not run).
+    fn encode(&mut self, value: &Self::Value) -> Result<String, String> {
+        convert::to_json(&value.0).map(|json| json.to_string())
+    }
+}
+
+/// What the body raised, in the core's terms: released, or kept when the worker is
+/// going away ([`is_crash`]).
+fn raised<V>(py: Python<'_>, err: PyErr) -> Body<V, PyErr> {
+    let (class, message) = class_and_message(py, &err);
+    Body::Raised {
+        crash: is_crash(py, &err),
+        raised: err,
+        class,
+        message,
     }
 }
 

@@ -16,7 +16,7 @@ use idempotent_job_core::error::Error;
 use idempotent_job_core::protocol::{JobOptions, Protocol};
 use idempotent_job_core::record::Field;
 use idempotent_job_core::records::{self, Resolution};
-use idempotent_job_core::store::{Handles, Store as CoreStore};
+use idempotent_job_core::store::{PoolHandle, Store as CoreStore};
 use idempotent_job_core::{keys, migrate, operations, options};
 
 /// The core's job options the Python package does not take, and why: a door-only
@@ -105,7 +105,7 @@ pub struct Store {
 }
 
 impl Store {
-    fn pool(&self) -> PyResult<Handles> {
+    fn pool(&self) -> PyResult<PoolHandle> {
         self.core.pool().map_err(crate::errors::to_py)
     }
 }

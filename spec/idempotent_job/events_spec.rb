@@ -36,8 +36,8 @@ RSpec.describe IdempotentJob::Events do
     deliver(job_hash(["p2"], klass: CapturePaymentJob, "idempotency_on_stale" => "skip")) # given_up
     deliver(job_hash([42, 9])) # mismatch (and skipped)
 
-    Effects.connection.exec("UPDATE idempotent_job_records SET completed_at = now() - interval '1 hour' " \
-                            "WHERE status = 'completed'")
+    Effects.connection.exec("UPDATE idempotent_job_records SET completed_at = now() - interval '1 hour', " \
+                            "first_claimed_at = now() - interval '1 hour' WHERE status = 'completed'")
     IdempotentJob.purge(older_than: 60) # purge_batch
 
     expected = %i[claimed completed skipped deferred released taken_over lookup held given_up mismatch purge_batch]

@@ -9,10 +9,10 @@ RSpec.describe "Purging finished records", :integration do
     Effects.connection.exec(<<~SQL)
       INSERT INTO idempotent_job_records
         (job_type, operation_key, status, claim_token, lease_seconds, lease_expires_at,
-         claimed_at, completed_at, given_up_at, held_at)
+         first_claimed_at, claimed_at, completed_at, given_up_at, held_at)
       SELECT 'Purge', 'k' || i,
              (ARRAY['completed', 'completed', 'given_up', 'held', 'claimed', 'released'])[i % 6 + 1],
-             gen_random_uuid(), 30, now() - interval '1 day', now() - interval '2 days',
+             gen_random_uuid(), 30, now() - interval '1 day', now() - interval '2 days', now() - interval '2 days',
              CASE WHEN i % 6 IN (0, 1) THEN now() - (CASE WHEN i % 12 < 6 THEN interval '2 days'
                                                          ELSE interval '1 minute' END) END,
              CASE WHEN i % 6 = 2 THEN now() - interval '2 days' END,

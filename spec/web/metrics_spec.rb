@@ -64,7 +64,8 @@ RSpec.describe "IdempotentJob::Web /metrics" do
 
   def backdate!(key)
     pg = PG.connect(SpecServices.database_url)
-    pg.exec_params("UPDATE idempotent_job_records SET completed_at = now() - interval '40 days' " \
+    pg.exec_params("UPDATE idempotent_job_records SET completed_at = now() - interval '40 days', " \
+                   "first_claimed_at = now() - interval '40 days' " \
                    "WHERE job_type = $1 AND operation_key = $2", [job_type, key])
     pg.close
   end

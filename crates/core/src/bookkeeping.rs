@@ -50,7 +50,7 @@ use crate::config::REPEATS_KEPT;
 use crate::conn::{Conn, Interrupt};
 use crate::error::{is_transient_state, Error, Result};
 use crate::pool::{backoff, checkout_live, finish_unless_lost, Lane, Pool};
-use crate::record::{ClaimKind, ClaimRequest, Decision, Outcome};
+use crate::record::{ClaimAnswer, ClaimKind, ClaimReply, ClaimRequest};
 use crate::sql::FLUSH_SQL;
 
 /// One repeated delivery to record.
@@ -77,7 +77,7 @@ pub struct Repeat {
 impl Repeat {
     /// The repeat of `req`'s delivery, answered `decision` at the database time `at`;
     /// `count`: see [`Repeat::count`].
-    pub fn new(req: &ClaimRequest, decision: &Decision, at: DateTime<Utc>, count: bool) -> Self {
+    pub fn new(req: &ClaimRequest, decision: &ClaimReply, at: DateTime<Utc>, count: bool) -> Self {
         Repeat {
             job_type: req.job_type.clone(),
             operation_key: req.operation_key.clone(),
@@ -89,7 +89,7 @@ impl Repeat {
             mismatch: decision.mismatch,
             replayed: matches!(
                 decision.outcome,
-                Outcome::Completed {
+                ClaimAnswer::Completed {
                     replay: Some(_),
                     ..
                 }
@@ -99,10 +99,14 @@ impl Repeat {
 
     /// The repeat of a delivery the claim statement ([`crate::sql::CLAIM_SQL`])
     /// decided (it counted itself): none for a first claim.
-    pub fn after_claim(req: &ClaimRequest, decision: &Decision, at: DateTime<Utc>) -> Option<Self> {
+    pub fn after_claim(
+        req: &ClaimRequest,
+        decision: &ClaimReply,
+        at: DateTime<Utc>,
+    ) -> Option<Self> {
         let first = matches!(
             decision.outcome,
-            Outcome::Claimed {
+            ClaimAnswer::Claimed {
                 kind: ClaimKind::First,
                 ..
             }

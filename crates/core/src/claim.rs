@@ -5,7 +5,7 @@
 //! deliveries of one operation are serialised by the database and each sees the
 //! outcome of the one before. All lease arithmetic uses the database's `now()`.
 //! Outside a transaction a delivery first looks ([`DELIVER_SQL`], [`deliver`]); the
-//! row becomes a [`Decision`] through [`decide`], the one place that reads it.
+//! row becomes a [`ClaimReply`] through [`decide`], the one place that reads it.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::{ToSql, Type};
@@ -15,9 +15,9 @@ use crate::bookkeeping::{Bookkeeper, Repeat};
 use crate::conn::{Conn, Interrupt};
 use crate::error::{Error, Result};
 use crate::pool::{with_fresh_conn, Lane};
-use crate::record::{check_request, decide, ClaimRequest, ClaimRow, Decision};
+use crate::record::{check_request, decide, ClaimReply, ClaimRequest, ClaimRow};
 use crate::sql::{CLAIM_SQL, DELIVER_SQL, SETTLED_LOOK_SQL};
-use crate::store::Handles;
+use crate::store::PoolHandle;
 
 /// [`CLAIM_SQL`]'s parameters $1–$11 for `req`, with `token` as $3.
 fn claim_params<'a>(
@@ -48,7 +48,7 @@ async fn claim_at(
     conn: &Conn,
     req: &ClaimRequest,
     token: Uuid,
-) -> Result<(Decision, DateTime<Utc>)> {
+) -> Result<(ClaimReply, DateTime<Utc>)> {
     check_request(req)?;
     crate::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
     let result = conn.query_own(CLAIM_SQL, &claim_params(req, &token)).await;
@@ -95,7 +95,11 @@ async fn claim_at(
 ///
 /// Errors: [`Error::Config`] for an empty/oversized key or a non-positive lease,
 /// [`Error::Connection`] / [`Error::Database`] from PostgreSQL.
-pub fn deliver(pool: &Handles, interrupt: &Interrupt<'_>, req: &ClaimRequest) -> Result<Decision> {
+pub fn deliver(
+    pool: &PoolHandle,
+    interrupt: &Interrupt<'_>,
+    req: &ClaimRequest,
+) -> Result<ClaimReply> {
     check_request(req)?;
     let books = pool.bookkeeper();
     // One token for every attempt: sent again on a fresh connection after its first
@@ -115,7 +119,7 @@ async fn look_or_claim(
     req: &ClaimRequest,
     token: Uuid,
     books: &Bookkeeper,
-) -> Result<(Decision, Option<Repeat>)> {
+) -> Result<(ClaimReply, Option<Repeat>)> {
     crate::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
     // DELIVER_SQL takes CLAIM_SQL's parameters but $10 (its $10 is CLAIM_SQL's $11).
     let params = claim_params(req, &token);
@@ -201,7 +205,7 @@ async fn read_only_answer(
     req: &ClaimRequest,
     books: &Bookkeeper,
     read_only: Error,
-) -> Result<(Decision, Option<Repeat>)> {
+) -> Result<(ClaimReply, Option<Repeat>)> {
     let rows = conn
         .query_own(
             SETTLED_LOOK_SQL,
@@ -251,7 +255,7 @@ pub async fn claim_noting(
     conn: &Conn,
     req: &ClaimRequest,
     token: Uuid,
-) -> Result<(Decision, Option<Repeat>)> {
+) -> Result<(ClaimReply, Option<Repeat>)> {
     let (decision, at) = claim_at(conn, req, token).await?;
     let repeat = Repeat::after_claim(req, &decision, at);
     Ok((decision, repeat))

@@ -313,7 +313,7 @@ impl Heartbeat {
     /// Starts renewing the claim `token` every [`interval_for`]`(lease_seconds)`
     /// (counted from the end of the last renewal), for at most `max_run_seconds` in
     /// total, on the process's one `timer` (renewals go through `pool`; see
-    /// `store::Handles::heartbeat`). Does not block and, once the timer runs, spawns
+    /// `store::PoolHandle::heartbeat`). Does not block and, once the timer runs, spawns
     /// nothing.
     pub fn start(
         timer: &Arc<Timer>,

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::pool::{with_conn, with_fresh_conn, Lane};
 use crate::record::Record;
 use crate::records::{self, PurgeBatch, PurgeCursor, Repeated, Resolution};
-use crate::store::Handles;
+use crate::store::PoolHandle;
 
 /// Runs `op` on a fresh connection of the main lane after writing this process's
 /// queued repeat bookkeeping, so a read sees the process's own repeats. When that
@@ -21,7 +21,7 @@ use crate::store::Handles;
 /// Errors: a bookkeeping error that is not retryable; `op`'s own (as
 /// [`with_fresh_conn`]).
 pub fn with_settled_conn<T>(
-    pool: &Handles,
+    pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     op: impl AsyncFn(&mut Conn) -> Result<T>,
 ) -> Result<T> {
@@ -37,7 +37,7 @@ pub fn with_settled_conn<T>(
 ///
 /// Errors: connection and database errors.
 pub fn find(
-    pool: &Handles,
+    pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     job_type: &str,
     operation_key: &str,
@@ -52,7 +52,7 @@ pub fn find(
 ///
 /// Errors: connection and database errors.
 pub fn held(
-    pool: &Handles,
+    pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     job_type: Option<&str>,
     limit: i64,
@@ -83,7 +83,7 @@ impl Resolution {
 ///
 /// Errors: connection and database errors.
 pub fn resolve(
-    pool: &Handles,
+    pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     job_type: &str,
     operation_key: &str,
@@ -100,7 +100,7 @@ pub fn resolve(
 ///
 /// Errors: [`Error::Config`] for a bad age or batch; connection and database errors.
 pub fn purge_batch(
-    pool: &Handles,
+    pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     older_than: f64,
     batch: i64,
@@ -116,7 +116,7 @@ pub fn purge_batch(
 ///
 /// Errors: connection and database errors.
 pub fn repeats(
-    pool: &Handles,
+    pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     since: DateTime<Utc>,
     job_type: Option<&str>,

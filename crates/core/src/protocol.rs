@@ -42,10 +42,12 @@
 
 mod channel;
 mod note;
+mod perform;
 
 pub use crate::record::ClaimKind;
 pub use channel::{Channel, Direct};
 pub use note::{Detail, DoorWords, Level, Note, NoteKind, Notes};
+pub use perform::{Body, Host, Performed};
 
 use std::time::{Duration, Instant};
 
@@ -750,7 +752,7 @@ impl Protocol {
         channel: &mut dyn Channel,
         interrupt: &Interrupt<'_>,
         delivery: &DeliveryRequest,
-        decided: record::Decision,
+        decided: record::ClaimReply,
         duration: f64,
         may_wait: bool,
         notes: &mut Notes,
@@ -767,7 +769,7 @@ impl Protocol {
             Step::Skip(outcome)
         };
         Ok(match decided.outcome {
-            record::Outcome::Claimed {
+            record::ClaimAnswer::Claimed {
                 token,
                 attempt,
                 kind,
@@ -799,7 +801,7 @@ impl Protocol {
                     }
                 }
             }
-            record::Outcome::InProgress {
+            record::ClaimAnswer::InProgress {
                 holder_delivery_id,
                 lease_remaining,
                 duplicates,
@@ -817,7 +819,7 @@ impl Protocol {
                 outcome.wait_seconds = Some(seconds);
                 Step::InProgress(outcome)
             }
-            record::Outcome::InProgress {
+            record::ClaimAnswer::InProgress {
                 holder_delivery_id,
                 lease_remaining,
                 duplicates,
@@ -846,7 +848,7 @@ impl Protocol {
                     wait_seconds: None,
                 })
             }
-            record::Outcome::Completed { duplicates, replay } => {
+            record::ClaimAnswer::Completed { duplicates, replay } => {
                 // A replay: the first run's stored result (V7), when its completion was
                 // asked to keep one (its state says whether it could).
                 let state = replay.as_ref().map(|r| r.state);
@@ -861,11 +863,13 @@ impl Protocol {
                 outcome.result_json = replay.and_then(|r| r.json);
                 Step::Skip(outcome)
             }
-            record::Outcome::Held { duplicates } => duplicate(Decision::Held, duplicates, notes),
-            record::Outcome::GivenUp { duplicates } => {
+            record::ClaimAnswer::Held { duplicates } => {
+                duplicate(Decision::Held, duplicates, notes)
+            }
+            record::ClaimAnswer::GivenUp { duplicates } => {
                 duplicate(Decision::GivenUp, duplicates, notes)
             }
-            record::Outcome::Refused { duplicates } => {
+            record::ClaimAnswer::Refused { duplicates } => {
                 duplicate(Decision::Refused, duplicates, notes)
             }
         })
@@ -875,14 +879,14 @@ impl Protocol {
     /// not win the claim ([`Error::PayloadMismatch`]).
     fn check_mismatch(
         &self,
-        decided: &record::Decision,
+        decided: &record::ClaimReply,
         delivery: &DeliveryRequest,
         notes: &mut Notes,
     ) -> Result<()> {
         if !decided.mismatch {
             return Ok(());
         }
-        let won = matches!(decided.outcome, record::Outcome::Claimed { .. });
+        let won = matches!(decided.outcome, record::ClaimAnswer::Claimed { .. });
         let refused = self.options.on_mismatch == OnMismatch::Raise && !won;
         notes.push(Note::delivery(NoteKind::Mismatch { refused }));
         if refused {

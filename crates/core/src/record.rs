@@ -1,6 +1,6 @@
 //! The idempotency record and the decision types: what a delivery asks for
 //! ([`ClaimRequest`], checked by [`check_request`]), what the claim statement answers
-//! ([`ClaimRow`], turned into a [`Decision`] by [`decide`], the one place that reads a
+//! ([`ClaimRow`], turned into a [`ClaimReply`] by [`decide`], the one place that reads a
 //! claim's outcome), the whole stored record ([`Record`], read by `FIND_SQL`), and a
 //! stored result ([`ResultState`], [`Replay`], [`PreparedResult`], checked by
 //! [`prepare`]). No I/O here.
@@ -186,27 +186,27 @@ impl ClaimKind {
     }
 }
 
-impl Outcome {
+impl ClaimAnswer {
     /// The outcome's name, as the Ruby layer and `repeat_facts` spell it.
     pub fn name(&self) -> &'static str {
         match self {
-            Outcome::Claimed { kind, .. } => match kind {
+            ClaimAnswer::Claimed { kind, .. } => match kind {
                 ClaimKind::First => "claimed",
                 ClaimKind::Retry => "retry",
                 ClaimKind::Takeover => "takeover",
             },
-            Outcome::Completed { .. } => "completed",
-            Outcome::InProgress { .. } => "in_progress",
-            Outcome::Held { .. } => "held",
-            Outcome::GivenUp { .. } => "given_up",
-            Outcome::Refused { .. } => "refused",
+            ClaimAnswer::Completed { .. } => "completed",
+            ClaimAnswer::InProgress { .. } => "in_progress",
+            ClaimAnswer::Held { .. } => "held",
+            ClaimAnswer::GivenUp { .. } => "given_up",
+            ClaimAnswer::Refused { .. } => "refused",
         }
     }
 }
 
 /// What a delivery should do, decided atomically by the claim statement.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub enum ClaimAnswer {
     /// Run the job. `token` must be presented to every fenced change.
     Claimed {
         token: Uuid,
@@ -243,8 +243,8 @@ pub enum Outcome {
 /// The claim's answer: the outcome, and whether this delivery's arguments differed
 /// from those of the operation's claim (a payload mismatch).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    pub outcome: Outcome,
+pub struct ClaimReply {
+    pub outcome: ClaimAnswer,
     pub mismatch: bool,
 }
 
@@ -312,9 +312,9 @@ pub struct ClaimRow {
     pub result_state: Option<String>,
 }
 
-/// Turns the row of [`CLAIM_SQL`](crate::sql::CLAIM_SQL) into the delivery's [`Decision`]: the one place
+/// Turns the row of [`CLAIM_SQL`](crate::sql::CLAIM_SQL) into the delivery's [`ClaimReply`]: the one place
 /// that reads a claim's outcome. `token` is the token the caller sent as $3.
-pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision> {
+pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<ClaimReply> {
     let ClaimRow {
         won,
         status,
@@ -335,7 +335,7 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision
             "retry" => ClaimKind::Retry,
             _ => ClaimKind::First,
         };
-        Outcome::Claimed {
+        ClaimAnswer::Claimed {
             token,
             attempt,
             kind,
@@ -343,19 +343,19 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision
         }
     } else {
         match status.as_str() {
-            "completed" => Outcome::Completed {
+            "completed" => ClaimAnswer::Completed {
                 duplicates,
                 replay: Replay::from_columns(result, result_state.as_deref())?,
             },
-            "held" => Outcome::Held { duplicates },
-            "given_up" => Outcome::GivenUp { duplicates },
-            "claimed" if lease_remaining > 0.0 => Outcome::InProgress {
+            "held" => ClaimAnswer::Held { duplicates },
+            "given_up" => ClaimAnswer::GivenUp { duplicates },
+            "claimed" if lease_remaining > 0.0 => ClaimAnswer::InProgress {
                 holder_delivery_id: delivery_id,
                 attempt,
                 lease_remaining,
                 duplicates,
             },
-            "claimed" | "released" => Outcome::Refused { duplicates },
+            "claimed" | "released" => ClaimAnswer::Refused { duplicates },
             other => {
                 return Err(Error::Database {
                     message: format!(
@@ -368,7 +368,7 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<Decision
             }
         }
     };
-    Ok(Decision { outcome, mismatch })
+    Ok(ClaimReply { outcome, mismatch })
 }
 
 /// What became of the result a completion was asked to store (`result_state`).

@@ -9,7 +9,10 @@ use tokio_postgres::Client;
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::record::{Record, FIND_SQL};
-use crate::sql::{COMPLETED_SQL, HELD_SQL, PURGE_SQL, REPEATS_SQL, RESOLVE_SQL};
+use crate::sql::{
+    COMPLETED_SQL, HELD_SQL, PURGE_PLAN_RESET_SQL, PURGE_PLAN_SQL, PURGE_SQL, REPEATS_SQL,
+    RESOLVE_SQL,
+};
 
 /// Reads one record, or `None` when the operation was never claimed. Sent like the
 /// claim (see [`Conn::query_own`]).
@@ -60,12 +63,13 @@ pub async fn held(
         .collect()
 }
 
-/// Where a purge stands: the retention-index key of the last record a batch took
-/// (finish time, job type, operation key). [`PurgeCursor::default`] is the start.
+/// Where a purge stands: the `first_claimed_at` index key (V10) of the last record a
+/// batch took (first claim time, job type, operation key). [`PurgeCursor::default`] is
+/// the start.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PurgeCursor {
-    /// The last record's finish time (`completed_at` or `given_up_at`); None at the start.
-    pub finished_at: Option<DateTime<Utc>>,
+    /// The last record's first claim time (`first_claimed_at`); None at the start.
+    pub first_claimed_at: Option<DateTime<Utc>>,
     /// The last record's job type ("" at the start).
     pub job_type: String,
     /// The last record's operation key ("" at the start).
@@ -86,7 +90,7 @@ pub struct PurgeBatch {
 }
 
 /// Deletes one batch of at most `batch` finished records older than
-/// `older_than_seconds`, after `after` in the retention index's order (see
+/// `older_than_seconds`, after `after` in the `first_claimed_at` index's order (see
 /// [`PURGE_SQL`]). A purge passes each batch's [`PurgeBatch::next`] to the next batch
 /// and stops when a batch picks fewer than `batch`: its time then grows with the number
 /// of records deleted, not with its square. Records skipped because a claim had them
@@ -104,30 +108,33 @@ pub async fn purge_batch(
             "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than_seconds} and {batch}"
         )));
     }
-    let start = after.finished_at.is_some();
+    let start = after.first_claimed_at.is_some();
     let job_type = start.then_some(after.job_type.as_str());
     let operation_key = start.then_some(after.operation_key.as_str());
+    client.batch_execute(PURGE_PLAN_SQL).await?;
     let row = client
         .query_typed(
             PURGE_SQL,
             &[
                 (&older_than_seconds, Type::FLOAT8),
                 (&batch, Type::INT8),
-                (&after.finished_at, Type::TIMESTAMPTZ),
+                (&after.first_claimed_at, Type::TIMESTAMPTZ),
                 (&job_type, Type::TEXT),
                 (&operation_key, Type::TEXT),
             ],
         )
-        .await?;
+        .await;
+    client.batch_execute(PURGE_PLAN_RESET_SQL).await?;
+    let row = row?;
     let row = row
         .first()
         .ok_or_else(|| Error::connection("the purge statement returned no row"))?;
     let deleted: i64 = row.try_get(0)?;
     let picked: i64 = row.try_get(1)?;
-    let finished_at: Option<DateTime<Utc>> = row.try_get(2)?;
-    let next = match finished_at {
+    let first_claimed_at: Option<DateTime<Utc>> = row.try_get(2)?;
+    let next = match first_claimed_at {
         Some(at) => PurgeCursor {
-            finished_at: Some(at),
+            first_claimed_at: Some(at),
             job_type: row.try_get(3)?,
             operation_key: row.try_get(4)?,
         },

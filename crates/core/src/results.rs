@@ -29,10 +29,10 @@ use crate::config::MAX_LEASE_SECONDS;
 use crate::conn::{drive, Interrupt};
 use crate::error::{Error, Result};
 use crate::pool::{with_fresh_conn, Lane};
-use crate::record::{check_request, ClaimRequest, Decision, Outcome};
+use crate::record::{check_request, ClaimAnswer, ClaimReply, ClaimRequest};
 pub use crate::record::{prepare, PreparedResult, Replay, ResultInput, ResultState};
 use crate::sql::{CHANNEL_SQL, WAIT_SQL};
-use crate::store::Handles;
+use crate::store::PoolHandle;
 
 /// Polling: the first pause between two looks, in seconds; each pause doubles up to
 /// [`POLL_MAX_SECONDS`].
@@ -65,10 +65,10 @@ impl WaitPath {
 /// [`wait`]'s answer: the delivery's decision once the wait ended, and how it waited.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Waited {
-    /// [`Outcome::Claimed`] (the holder released, or its lease ran out: the caller runs
-    /// the body), [`Outcome::Completed`] (replay), another duplicate outcome, or
-    /// [`Outcome::InProgress`] when `seconds` passed while the claim stayed live.
-    pub decision: Decision,
+    /// [`ClaimAnswer::Claimed`] (the holder released, or its lease ran out: the caller runs
+    /// the body), [`ClaimAnswer::Completed`] (replay), another duplicate outcome, or
+    /// [`ClaimAnswer::InProgress`] when `seconds` passed while the claim stayed live.
+    pub decision: ClaimReply,
     pub path: WaitPath,
 }
 
@@ -78,7 +78,7 @@ pub struct Waited {
 ///
 /// Errors: as [`wait_by`].
 pub fn wait(
-    pool: &Handles,
+    pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     req: &ClaimRequest,
     seconds: f64,
@@ -99,7 +99,7 @@ pub fn wait(
 /// Errors: [`Error::Config`] for a bad request or `seconds` not in
 /// [0, [`MAX_LEASE_SECONDS`]]; [`Error::Interrupted`]; connection/database errors.
 pub fn wait_by(
-    pool: &Handles,
+    pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     req: &ClaimRequest,
     seconds: f64,
@@ -148,7 +148,7 @@ pub fn wait_by(
         if !live {
             let decision = claim::deliver(pool, interrupt, req)?;
             // Another waiter (or delivery) claimed first: wait for that claim instead.
-            if matches!(decision.outcome, Outcome::InProgress { .. }) && now < until {
+            if matches!(decision.outcome, ClaimAnswer::InProgress { .. }) && now < until {
                 continue;
             }
             return Ok(Waited { decision, path });
@@ -156,14 +156,14 @@ pub fn wait_by(
         let row = look.expect("a live claim has a row");
         let lease_remaining: f64 = row.try_get("lease_remaining")?;
         if now >= until {
-            let outcome = Outcome::InProgress {
+            let outcome = ClaimAnswer::InProgress {
                 holder_delivery_id: row.try_get("jid")?,
                 attempt: row.try_get("attempts")?,
                 lease_remaining: lease_remaining.max(0.0),
                 duplicates: row.try_get("duplicates")?,
             };
             return Ok(Waited {
-                decision: Decision {
+                decision: ClaimReply {
                     outcome,
                     mismatch: false,
                 },

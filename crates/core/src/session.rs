@@ -34,9 +34,9 @@ use crate::conn::Interrupt;
 use crate::error::{Error, Result};
 use crate::fenced::{self, Fenced};
 use crate::pool::{checkout_live, Lane, Pooled};
-use crate::record::{self, ClaimRequest, Decision, PreparedResult};
+use crate::record::{self, ClaimReply, ClaimRequest, PreparedResult};
 use crate::sql;
-use crate::store::Handles;
+use crate::store::PoolHandle;
 use crate::values::{self, Param, Rows};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,7 +99,7 @@ impl Session {
     /// connection. The job's own statements ([`Session::query`], [`Session::execute`])
     /// are bounded by `statement_timeout` and, on a dead network, by the connection's
     /// `TCP_USER_TIMEOUT`, not by the deadline.
-    pub fn begin(pool: &Handles, interrupt: &Interrupt<'_>) -> Result<Session> {
+    pub fn begin(pool: &PoolHandle, interrupt: &Interrupt<'_>) -> Result<Session> {
         let until = Instant::now() + pool.deadline();
         let mut conn = checkout_live(pool, interrupt, Lane::Main, until)?;
         conn.run_until(interrupt, Some(until), async |c| {
@@ -128,7 +128,7 @@ impl Session {
         interrupt: &Interrupt<'_>,
         req: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<Decision> {
+    ) -> Result<ClaimReply> {
         record::check_request(req)?;
         if !(lock_timeout_seconds > 0.0 && lock_timeout_seconds <= MAX_PG_TIMEOUT_SECONDS) {
             return Err(Error::Config(format!(

@@ -257,22 +257,31 @@ SELECT EXISTS (SELECT 1
                 WHERE job_type = $1 AND operation_key = $2 AND status = 'completed')"#;
 
 /// Held operations, oldest first. Parameters: $1 job_type or NULL for all, $2 limit.
+/// Walks the index of records ever held (`held_at IS NOT NULL`, V10), filtering the
+/// status: a record resolved since keeps its `held_at`.
 pub const HELD_SQL: &str = r#"
 SELECT job_type, operation_key
   FROM idempotent_job_records
- WHERE status = 'held' AND ($1::text IS NULL OR job_type = $1)
+ WHERE held_at IS NOT NULL AND status = 'held' AND ($1::text IS NULL OR job_type = $1)
  ORDER BY held_at, job_type, operation_key
  LIMIT $2"#;
 
 /// Delete one batch of finished records (completed or given up) that finished more
-/// than $1 seconds ago, at most $2 of them, taken in the retention index's order
-/// (finish time, job type, operation key) after the key ($3 finish time, $4 job type,
-/// $5 operation key; all NULL for the first batch): keyset pagination, so a batch
-/// starts where the previous one ended and never reads the index entries of the
-/// records earlier batches deleted (dead until VACUUM). Rows locked by a claim in
+/// than $1 seconds ago, at most $2 of them, taken in the order (first claim time, job
+/// type, operation key) of the `first_claimed_at` index (V10) after the key ($3 first
+/// claim time, $4 job type, $5 operation key; all NULL for the first batch): keyset
+/// pagination, so a batch starts where the previous one ended and never reads the
+/// index entries of the records earlier batches deleted (dead until VACUUM). A record
+/// finishes after its first claim, so every record due is among those first claimed
+/// before the cutoff; the walk stops there and skips the unfinished and recently
+/// finished records it passes (each read once per purge). Rows locked by a claim in
 /// progress are skipped, never waited for; held and live or stale claims are never
 /// touched. Returns one row: deleted, picked (rows the batch locked), and the last
 /// picked key (NULLs when it picked none), the next batch's $3..$5.
+///
+/// The index's columns never change after the first claim, so a completion is a HOT
+/// update (no index entry written); the retention index V9 built on the finish time
+/// made every completion write index entries.
 ///
 /// The batch is deleted by primary key, not by row address (`ctid`): a row another
 /// transaction updated after this statement's snapshot (a duplicate's count, say) is
@@ -284,29 +293,40 @@ SELECT job_type, operation_key
 /// table when statistics said the batch was large).
 pub const PURGE_SQL: &str = r#"
 WITH doomed AS MATERIALIZED (
-  SELECT job_type, operation_key, coalesce(completed_at, given_up_at) AS finished_at
+  SELECT job_type, operation_key, first_claimed_at
     FROM idempotent_job_records
-   WHERE status IN ('completed', 'given_up')
-     AND coalesce(completed_at, given_up_at) < now() - make_interval(secs => $1)
-     AND (coalesce(completed_at, given_up_at), job_type, operation_key)
+   WHERE first_claimed_at < now() - make_interval(secs => $1)
+     AND (first_claimed_at, job_type, operation_key)
          > (coalesce($3, '-infinity'), coalesce($4, ''), coalesce($5, ''))
-   ORDER BY coalesce(completed_at, given_up_at), job_type, operation_key
+     AND status IN ('completed', 'given_up')
+     AND coalesce(completed_at, given_up_at) < now() - make_interval(secs => $1)
+   ORDER BY first_claimed_at, job_type, operation_key
    LIMIT $2
      FOR UPDATE SKIP LOCKED),
 gone AS (
   DELETE FROM idempotent_job_records r
-   USING unnest(ARRAY(SELECT job_type FROM doomed ORDER BY finished_at, job_type, operation_key),
-                ARRAY(SELECT operation_key FROM doomed ORDER BY finished_at, job_type, operation_key))
+   USING unnest(ARRAY(SELECT job_type FROM doomed ORDER BY first_claimed_at, job_type, operation_key),
+                ARRAY(SELECT operation_key FROM doomed ORDER BY first_claimed_at, job_type, operation_key))
          AS d (job_type, operation_key)
    WHERE r.job_type = d.job_type AND r.operation_key = d.operation_key
   RETURNING 1)
 SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM doomed) AS picked,
-       last.finished_at, last.job_type, last.operation_key
+       last.first_claimed_at, last.job_type, last.operation_key
   FROM (SELECT) AS one
-  LEFT JOIN (SELECT finished_at, job_type, operation_key
+  LEFT JOIN (SELECT first_claimed_at, job_type, operation_key
                FROM doomed
-              ORDER BY finished_at DESC, job_type DESC, operation_key DESC
+              ORDER BY first_claimed_at DESC, job_type DESC, operation_key DESC
               LIMIT 1) AS last ON true"#;
+
+/// Sent before [`PURGE_SQL`]: its batch must walk the `first_claimed_at` index in
+/// order. Statistics that expect few due records (none yet, or taken before a bulk
+/// load) make a bitmap scan and a sort look cheaper, and that reads every due record's
+/// entry in every batch (a purge's time growing with the square of the records it
+/// deletes); with sorting priced out the ordered index walk is the plan.
+pub const PURGE_PLAN_SQL: &str = "SET enable_sort = off";
+
+/// Sent after [`PURGE_SQL`] (whatever it answered): the connection's own setting again.
+pub const PURGE_PLAN_RESET_SQL: &str = "RESET enable_sort";
 
 /// Operations delivered more than once since $1 (optionally of job type $2), for the
 /// repeats report: their counts, first claim and repeat times, delivering classes, the

@@ -1,5 +1,5 @@
 //! The process's handles on one database: [`Store`] (a configuration, and the pool it
-//! builds in each process) and [`Handles`] (the pool with this process's repeat
+//! builds in each process) and [`PoolHandle`] (the pool with this process's repeat
 //! bookkeeping and its one lease-renewal timer).
 //!
 //! **Fork.** A forked child finds a different pid ([`Store::pool`]) and builds its
@@ -24,13 +24,13 @@ use crate::pool::Pool;
 /// repeated deliveries to record ([`Bookkeeper`]) and the one lease-renewal timer
 /// ([`Timer`]). Derefs to its [`Pool`]. Cheap to clone.
 #[derive(Clone)]
-pub struct Handles {
+pub struct PoolHandle {
     pool: Pool,
     bookkeeper: Arc<Bookkeeper>,
     heartbeats: Arc<Timer>,
 }
 
-impl Handles {
+impl PoolHandle {
     /// This process's one lease-renewal timer (see [`crate::heartbeat::Timer`]).
     pub fn heartbeats(&self) -> &Arc<Timer> {
         &self.heartbeats
@@ -63,7 +63,7 @@ impl Handles {
     }
 }
 
-impl Deref for Handles {
+impl Deref for PoolHandle {
     type Target = Pool;
     fn deref(&self) -> &Pool {
         &self.pool
@@ -74,7 +74,7 @@ struct Owned {
     pid: u32,
     /// Taken when dropped.
     runtime: Option<Runtime>,
-    pool: Handles,
+    pool: PoolHandle,
 }
 
 /// Clones of a pool that are no user of it: its owner's, and the repeat bookkeeping's
@@ -137,7 +137,7 @@ pub struct Store {
 }
 
 /// The pool in `owned` if this process built it (not one inherited through fork).
-fn of_this_process(owned: &Option<Owned>) -> Option<Handles> {
+fn of_this_process(owned: &Option<Owned>) -> Option<PoolHandle> {
     owned
         .as_ref()
         .filter(|o| o.pid == std::process::id())
@@ -166,7 +166,7 @@ impl Store {
     ///
     /// Errors: [`crate::error::Error::Config`] if the configuration cannot build a pool,
     /// [`crate::error::Error::Connection`] if the background runtime cannot start.
-    pub fn pool(&self) -> Result<Handles> {
+    pub fn pool(&self) -> Result<PoolHandle> {
         let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(pool) = of_this_process(&owned) {
             return Ok(pool);
@@ -186,7 +186,7 @@ impl Store {
     /// The pool of the current process if it was built already ([`Store::pool`] builds
     /// it), never building one: for work that only concerns a pool in use, such as
     /// writing its queued repeat bookkeeping.
-    pub fn built_pool(&self) -> Option<Handles> {
+    pub fn built_pool(&self) -> Option<PoolHandle> {
         of_this_process(&self.owned.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
@@ -194,7 +194,7 @@ impl Store {
         let (runtime, pool) = Pool::build(&self.config)?;
         Ok(Owned {
             pid: pool.pid(),
-            pool: Handles {
+            pool: PoolHandle {
                 pool,
                 bookkeeper: Default::default(),
                 heartbeats: Default::default(),

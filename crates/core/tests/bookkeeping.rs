@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use common::claim::{self, ClaimRequest, Decision, Outcome};
+use common::claim::{self, ClaimAnswer, ClaimReply, ClaimRequest};
 use idempotent_job_core::bookkeeping::Repeat;
 use idempotent_job_core::config::Config;
 use idempotent_job_core::error::Error;
@@ -179,7 +179,7 @@ fn a_duplicate_of_a_completed_operation_is_answered_by_a_read_only_server_and_it
         ..ClaimRequest::default()
     };
     let done = req("done");
-    let Outcome::Claimed { token, .. } = writable
+    let ClaimAnswer::Claimed { token, .. } = writable
         .run(|pool, i| claim::deliver(pool, i, &done))
         .unwrap()
         .outcome
@@ -200,8 +200,8 @@ fn a_duplicate_of_a_completed_operation_is_answered_by_a_read_only_server_and_it
     assert!(
         matches!(
             answer,
-            Ok(Decision {
-                outcome: Outcome::Completed { duplicates: 1, .. },
+            Ok(ClaimReply {
+                outcome: ClaimAnswer::Completed { duplicates: 1, .. },
                 ..
             })
         ),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::claim::{self, ClaimKind, ClaimRequest, Fenced, Outcome, Resolution};
+use common::claim::{self, ClaimAnswer, ClaimKind, ClaimRequest, Fenced, Resolution};
 use idempotent_job_core::config::{Config, REPEATS_KEPT};
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
@@ -71,12 +71,12 @@ fn unique(name: &str) -> String {
     format!("{name}-{}", uuid::Uuid::new_v4())
 }
 
-fn decide(store: &Store, req: &ClaimRequest) -> Result<claim::Decision, Error> {
+fn decide(store: &Store, req: &ClaimRequest) -> Result<claim::ClaimReply, Error> {
     let req = req.clone();
     store.run(|pool, i| claim::deliver(pool, i, &req))
 }
 
-fn claim(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
+fn claim(store: &Store, req: &ClaimRequest) -> Result<ClaimAnswer, Error> {
     decide(store, req).map(|d| d.outcome)
 }
 
@@ -123,9 +123,9 @@ fn release(store: &Store, req: &ClaimRequest, token: uuid::Uuid) -> Result<(), E
     })
 }
 
-fn token_of(outcome: Outcome) -> (uuid::Uuid, ClaimKind, i32) {
+fn token_of(outcome: ClaimAnswer) -> (uuid::Uuid, ClaimKind, i32) {
     match outcome {
-        Outcome::Claimed {
+        ClaimAnswer::Claimed {
             token,
             kind,
             attempt,
@@ -149,7 +149,7 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
     assert_eq!((kind, attempt), (ClaimKind::First, 1));
 
     match claim(&store, &req).unwrap() {
-        Outcome::InProgress {
+        ClaimAnswer::InProgress {
             lease_remaining,
             holder_delivery_id,
             duplicates,
@@ -172,7 +172,7 @@ fn first_delivery_claims_then_duplicates_are_turned_away(store: Store) {
         .unwrap();
     assert_eq!(
         claim(&store, &req).unwrap(),
-        Outcome::Completed {
+        ClaimAnswer::Completed {
             duplicates: 2,
             replay: None
         }
@@ -199,14 +199,14 @@ fn concurrent_deliveries_have_exactly_one_winner(store: Store) {
             })
         })
         .collect();
-    let outcomes: Vec<Outcome> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let outcomes: Vec<ClaimAnswer> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     let winners = outcomes
         .iter()
-        .filter(|o| matches!(o, Outcome::Claimed { .. }))
+        .filter(|o| matches!(o, ClaimAnswer::Claimed { .. }))
         .count();
     let waiting = outcomes
         .iter()
-        .filter(|o| matches!(o, Outcome::InProgress { .. }))
+        .filter(|o| matches!(o, ClaimAnswer::InProgress { .. }))
         .count();
     assert_eq!((winners, waiting), (1, 15), "{outcomes:?}");
 }
@@ -225,11 +225,11 @@ fn an_expired_lease_is_taken_over_once_and_fences_the_old_holder(store: Store) {
             std::thread::spawn(move || claim(&store, &req).unwrap())
         })
         .collect();
-    let outcomes: Vec<Outcome> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let outcomes: Vec<ClaimAnswer> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     let takeovers: Vec<_> = outcomes
         .iter()
         .filter_map(|o| match o {
-            Outcome::Claimed {
+            ClaimAnswer::Claimed {
                 token,
                 kind,
                 attempt,
@@ -254,7 +254,7 @@ fn an_expired_lease_is_taken_over_once_and_fences_the_old_holder(store: Store) {
     complete(&store, &req, new).unwrap();
     assert!(matches!(
         claim(&store, &req).unwrap(),
-        Outcome::Completed { .. }
+        ClaimAnswer::Completed { .. }
     ));
 }
 
@@ -298,7 +298,7 @@ fn a_record_keeps_only_its_latest_repeats(store: Store) {
     for _ in 0..3 {
         assert!(matches!(
             claim(&store, &req).unwrap(),
-            Outcome::Completed { .. }
+            ClaimAnswer::Completed { .. }
         ));
     }
     let by_bookkeeping = repeat_times(&store, &req);
@@ -338,7 +338,7 @@ fn the_first_claim_keeps_its_facts_and_repeats_never_change_them(store: Store) {
     again.facts_json = Some(r#"{"delivery":"again"}"#.into());
     assert!(matches!(
         claim(&store, &again).unwrap(),
-        Outcome::InProgress { .. }
+        ClaimAnswer::InProgress { .. }
     ));
     release(&store, &req, token).unwrap();
     let (token, kind, _) = token_of(claim(&store, &again).unwrap());
@@ -491,7 +491,7 @@ fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
     let other = request(&unique("abandon"), "2", 30.0);
     assert!(matches!(
         claim(&store, &other).unwrap(),
-        Outcome::Claimed { .. }
+        ClaimAnswer::Claimed { .. }
     ));
     assert!(
         started.elapsed() < Duration::from_secs(3),
@@ -514,7 +514,7 @@ fn a_different_payload_is_flagged_and_refused_when_asked(store: Store) {
     std::thread::sleep(Duration::from_millis(300));
     other.refuse_mismatch = true;
     let decision = decide(&store, &other).unwrap();
-    assert_eq!(decision.outcome, Outcome::Refused { duplicates: 3 });
+    assert_eq!(decision.outcome, ClaimAnswer::Refused { duplicates: 3 });
     assert!(matches!(
         fenced(&store, &req, Fenced::Complete, token),
         Ok(())
@@ -529,7 +529,7 @@ fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store) {
     fenced(&store, &held, Fenced::Hold, token).unwrap();
     assert_eq!(
         claim(&store, &held).unwrap(),
-        Outcome::Held { duplicates: 1 }
+        ClaimAnswer::Held { duplicates: 1 }
     );
     let listed = store
         .with_conn(async |c| claim::held(c, Some(&held.job_type), 10).await)
@@ -556,12 +556,12 @@ fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store) {
     fenced(&store, &skipped, Fenced::GiveUp, token).unwrap();
     assert_eq!(
         claim(&store, &skipped).unwrap(),
-        Outcome::GivenUp { duplicates: 1 }
+        ClaimAnswer::GivenUp { duplicates: 1 }
     );
     assert!(resolve(&skipped, Resolution::Done));
     assert!(matches!(
         claim(&store, &skipped).unwrap(),
-        Outcome::Completed { .. }
+        ClaimAnswer::Completed { .. }
     ));
     assert_eq!(find(&store, &skipped).resolution.as_deref(), Some("done"));
 }
@@ -592,7 +592,7 @@ fn a_heartbeat_keeps_a_long_claim_alive_and_stops_when_told(store: Store) {
     std::thread::sleep(Duration::from_millis(1800)); // three leases
     assert!(matches!(
         claim(&store, &req).unwrap(),
-        Outcome::InProgress { .. }
+        ClaimAnswer::InProgress { .. }
     ));
     let report = beat.stop();
     assert!(
@@ -666,7 +666,7 @@ fn named_statements_are_prepared_once_per_connection_and_reused() {
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     assert!(matches!(
         claim(&store, &req).unwrap(),
-        Outcome::InProgress { .. }
+        ClaimAnswer::InProgress { .. }
     ));
     complete(&store, &req, token).unwrap();
     find(&store, &req);
@@ -724,7 +724,7 @@ fn a_statement_the_server_forgot_names_the_setting_and_is_prepared_again_next_ti
     // No retry loop: the failed call raised; the next one prepares afresh.
     assert!(matches!(
         claim(&store, &req).unwrap(),
-        Outcome::InProgress { .. }
+        ClaimAnswer::InProgress { .. }
     ));
 }
 
@@ -820,7 +820,7 @@ fn an_idle_connection_the_server_terminated_is_replaced_at_checkout() {
     // The checkout reads the termination and connects afresh: no error reaches the caller.
     assert!(matches!(
         claim(&victim, &req).unwrap(),
-        Outcome::InProgress { .. }
+        ClaimAnswer::InProgress { .. }
     ));
 }
 

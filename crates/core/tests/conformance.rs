@@ -467,7 +467,8 @@ fn fenced_changes_by_the_statements_on_postgresql() {
         let sql = setup_sql.clone();
         let accepted = store
             .with_conn(async |c| {
-                let claim::Outcome::Claimed { token, .. } = claim::claim(c, &req).await?.outcome
+                let claim::ClaimAnswer::Claimed { token, .. } =
+                    claim::claim(c, &req).await?.outcome
                 else {
                     panic!("a fresh operation is claimed")
                 };

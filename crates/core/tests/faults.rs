@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use common::claim::{self, ClaimRequest, Fenced, Outcome};
+use common::claim::{self, ClaimAnswer, ClaimRequest, Fenced};
 use idempotent_job_core::config::Config;
 use idempotent_job_core::error::Error;
 use idempotent_job_core::migrate;
@@ -34,7 +34,7 @@ fn unique(name: &str) -> String {
 
 /// A claim as the Ruby layer sends it: one token, again on a fresh connection when
 /// its connection dies under it.
-fn claim_fresh(store: &Store, req: &ClaimRequest) -> Result<Outcome, Error> {
+fn claim_fresh(store: &Store, req: &ClaimRequest) -> Result<ClaimAnswer, Error> {
     let token = uuid::Uuid::new_v4();
     store
         .run(|pool, interrupt| {
@@ -54,7 +54,7 @@ fn claims_right_after_the_backends_were_killed_all_succeed_on_fresh_connections(
     let name = config.application_name.clone();
     let store = Store::new(config).unwrap();
     let job_type = unique("Killed");
-    let at_once = |prefix: &str, n: usize| -> Vec<Result<Outcome, Error>> {
+    let at_once = |prefix: &str, n: usize| -> Vec<Result<ClaimAnswer, Error>> {
         std::thread::scope(|scope| {
             let calls: Vec<_> = (0..n)
                 .map(|i| {
@@ -184,7 +184,7 @@ fn a_completion_gets_a_connection_while_claims_waiting_on_a_row_lock_hold_the_po
     let store = store_limited(2, 3.0, 2.0);
     let job_type = unique("Starved");
     let ran = request(&job_type, "ran");
-    let Outcome::Claimed { token, .. } = claim_fresh(&store, &ran).unwrap() else {
+    let ClaimAnswer::Claimed { token, .. } = claim_fresh(&store, &ran).unwrap() else {
         panic!("not claimed")
     };
     let locked = request(&job_type, "locked");
@@ -290,7 +290,7 @@ fn arguments_with_a_nul_are_stored_and_read_back_unchanged() {
     req.args_json = Some(args.into());
     let claimed = claim_fresh(&store, &req);
     assert!(
-        matches!(claimed, Ok(Outcome::Claimed { .. })),
+        matches!(claimed, Ok(ClaimAnswer::Claimed { .. })),
         "{claimed:?}"
     );
     let record = find_record(&store, &req).unwrap();

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use common::claim::{self, ClaimRequest, Outcome};
+use common::claim::{self, ClaimAnswer, ClaimRequest};
 use idempotent_job_core::heartbeat::Heartbeat;
 use idempotent_job_core::store::Store;
 
@@ -35,7 +35,7 @@ fn claims(store: &Store, job_type: &str, n: usize, lease: f64) -> Vec<(ClaimRequ
                 ..ClaimRequest::default()
             };
             let decision = store.run(|pool, i| claim::deliver(pool, i, &req)).unwrap();
-            let Outcome::Claimed { token, .. } = decision.outcome else {
+            let ClaimAnswer::Claimed { token, .. } = decision.outcome else {
                 panic!("expected a claim, got {decision:?}");
             };
             (req, token)

@@ -19,7 +19,7 @@ use idempotent_job_core::protocol::{
 };
 use idempotent_job_core::results::{self, ResultInput, ResultState};
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::{Handles, Store};
+use idempotent_job_core::store::{PoolHandle, Store};
 
 mod common;
 use common::StoreExt;
@@ -701,7 +701,7 @@ impl Channel for Flaky {
         i: &Interrupt<'_>,
         request: &ClaimRequest,
         lock: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<claim::ClaimReply> {
         self.inner.claim(i, request, lock)
     }
 
@@ -725,7 +725,7 @@ impl Channel for Flaky {
         false
     }
 
-    fn heartbeat_pool(&self) -> Option<&Handles> {
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
         self.inner.heartbeat_pool()
     }
 
@@ -1072,7 +1072,7 @@ impl Channel for Telling {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<claim::Decision> {
+    ) -> Result<claim::ClaimReply> {
         self.direct.claim(interrupt, request, lock_timeout_seconds)
     }
 
@@ -1097,7 +1097,7 @@ impl Channel for Telling {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         seconds: f64,
-    ) -> Result<Option<claim::Decision>> {
+    ) -> Result<Option<claim::ClaimReply>> {
         let _ = self.started.send(());
         self.direct.wait(interrupt, request, seconds)
     }
@@ -1106,7 +1106,7 @@ impl Channel for Telling {
         false
     }
 
-    fn heartbeat_pool(&self) -> Option<&Handles> {
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
         None
     }
 

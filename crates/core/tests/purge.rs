@@ -2,33 +2,10 @@
 //! its own (`Config::schema`), so its table, rows and statistics are its alone.
 
 mod common;
-use common::StoreExt;
+use common::{drop_schema, store_in, StoreExt};
 
 use common::claim;
-use idempotent_job_core::config::Config;
-use idempotent_job_core::migrate;
 use idempotent_job_core::store::Store;
-
-/// A migrated store whose record table lives in a fresh schema `schema`.
-fn store_in(schema: &str) -> Store {
-    let admin = common::store();
-    let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
-    admin
-        .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
-        .unwrap();
-    let mut config = Config::new(common::database_url());
-    config.schema = Some(schema.to_string());
-    config.pool_size = 2;
-    let store = Store::new(config).unwrap();
-    store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
-    store
-}
-
-/// Drops a test's schema (its table and rows), so later tests and suites never see them.
-fn drop_schema(schema: &str) {
-    let sql = format!("DROP SCHEMA {schema} CASCADE");
-    exec(&common::store(), &sql);
-}
 
 fn exec(store: &Store, sql: &str) {
     store
@@ -36,17 +13,17 @@ fn exec(store: &Store, sql: &str) {
         .unwrap();
 }
 
-/// `n` records of job type `job_type`: status `status`, finished `ago` ago
-/// (a PostgreSQL interval) when completed or given up.
+/// `n` records of job type `job_type`: status `status`, first claimed `ago` ago (a
+/// PostgreSQL interval) and, when completed or given up, finished then too.
 fn records(store: &Store, job_type: &str, n: i32, status: &str, ago: &str) {
     exec(
         store,
         &format!(
             "INSERT INTO idempotent_job_records
                (job_type, operation_key, status, claim_token, lease_seconds, lease_expires_at,
-                claimed_at, completed_at, given_up_at, held_at)
+                first_claimed_at, claimed_at, completed_at, given_up_at, held_at)
              SELECT '{job_type}', '{status}-{ago}-' || i, '{status}', gen_random_uuid(), 30,
-                    now(), now() - interval '{ago}',
+                    now(), now() - interval '{ago}', now() - interval '{ago}',
                     CASE WHEN '{status}' = 'completed' THEN now() - interval '{ago}' END,
                     CASE WHEN '{status}' = 'given_up' THEN now() - interval '{ago}' END,
                     CASE WHEN '{status}' = 'held' THEN now() - interval '{ago}' END
@@ -184,12 +161,12 @@ fn a_record_updated_after_the_batch_began_is_still_deleted() {
     drop_schema("ij_purge_race");
 }
 
-/// Index entries the retention index has returned to this connection's scans and not
+/// Index entries the purge's index (`first_claimed_at`, V10) has returned to this connection's scans and not
 /// yet reported (the pending part of `pg_stat_user_indexes.idx_tup_read`; none is
 /// reported inside a transaction, so two reads in one give what happened between).
 async fn index_entries_read(c: &tokio_postgres::Client) -> i64 {
     c.query_one(
-        "SELECT pg_stat_get_xact_tuples_returned('idempotent_job_records_retention_idx'::regclass)",
+        "SELECT pg_stat_get_xact_tuples_returned('idempotent_job_records_first_claimed_idx'::regclass)",
         &[],
     )
     .await
@@ -283,8 +260,9 @@ fn purge_probes_the_primary_key_whatever_the_statistics_say() {
     let plan: Vec<String> = store
         .with_conn(async |c| {
             c.batch_execute(&format!(
-                "SET search_path = ij_purge_plan; SET plan_cache_mode = force_generic_plan; \
+                "SET search_path = ij_purge_plan; SET plan_cache_mode = force_generic_plan; {}; \
                  PREPARE purge_plan(float8, int8, timestamptz, text, text) AS {}",
+                idempotent_job_core::sql::PURGE_PLAN_SQL,
                 claim::PURGE_SQL
             ))
             .await?;
@@ -308,8 +286,8 @@ fn purge_probes_the_primary_key_whatever_the_statistics_say() {
         "the batch's records are found by primary key:\n{plan}"
     );
     assert!(
-        plan.contains("idempotent_job_records_retention_idx"),
-        "picked by the retention index:\n{plan}"
+        plan.contains("idempotent_job_records_first_claimed_idx"),
+        "picked by the first_claimed_at index:\n{plan}"
     );
     drop_schema("ij_purge_plan");
 }

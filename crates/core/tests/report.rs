@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use common::claim::{self, ClaimRequest, Fenced, Outcome};
+use common::claim::{self, ClaimAnswer, ClaimRequest, Fenced};
 use idempotent_job_core::conn::Conn;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::report;
@@ -42,7 +42,7 @@ fn claim(store: &Store, req: &ClaimRequest) -> Uuid {
         .unwrap()
         .outcome
     {
-        Outcome::Claimed { token, .. } => token,
+        ClaimAnswer::Claimed { token, .. } => token,
         other => panic!("expected a claim, got {other:?}"),
     }
 }
@@ -252,6 +252,7 @@ fn metrics_count_each_status_claim_state_repeat_and_the_purge_backlog() {
         // repeats at three times (two of them within the hour) on two records.
         let sql = "UPDATE idempotent_job_records SET
              completed_at = CASE operation_key WHEN 'done-old' THEN now() - interval '2 hours' ELSE completed_at END,
+             first_claimed_at = CASE operation_key WHEN 'done-old' THEN now() - interval '2 hours' ELSE first_claimed_at END,
              held_at = CASE operation_key WHEN 'held' THEN now() - interval '90 seconds' ELSE held_at END,
              repeat_times = CASE operation_key
                  WHEN 'done-1' THEN ARRAY[now() - interval '3 hours', now() - interval '10 minutes']::timestamptz[]

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use common::claim::{self, ClaimRequest, Outcome};
+use common::claim::{self, ClaimAnswer, ClaimRequest};
 use common::{find_record, store, store_with};
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
@@ -28,7 +28,7 @@ fn request(job_type: &str, lease: f64) -> ClaimRequest {
     }
 }
 
-fn deliver(store: &Store, req: &ClaimRequest) -> Outcome {
+fn deliver(store: &Store, req: &ClaimRequest) -> ClaimAnswer {
     let req = req.clone();
     store
         .run(|pool, i| claim::deliver(pool, i, &req))
@@ -36,9 +36,9 @@ fn deliver(store: &Store, req: &ClaimRequest) -> Outcome {
         .outcome
 }
 
-fn token_of(outcome: Outcome) -> uuid::Uuid {
+fn token_of(outcome: ClaimAnswer) -> uuid::Uuid {
     match outcome {
-        Outcome::Claimed { token, .. } => token,
+        ClaimAnswer::Claimed { token, .. } => token,
         other => panic!("expected a claim, got {other:?}"),
     }
 }
@@ -62,9 +62,9 @@ fn complete(store: &Store, req: &ClaimRequest, token: uuid::Uuid, result: &Prepa
         .unwrap();
 }
 
-fn replay_of(outcome: Outcome) -> Option<Replay> {
+fn replay_of(outcome: ClaimAnswer) -> Option<Replay> {
     match outcome {
-        Outcome::Completed { replay, .. } => replay,
+        ClaimAnswer::Completed { replay, .. } => replay,
         other => panic!("expected completed, got {other:?}"),
     }
 }
@@ -252,7 +252,7 @@ fn a_wait_shorter_than_the_run_ends_in_progress_and_a_release_lets_the_waiter_cl
     for path in [WaitPath::Listen, WaitPath::Poll] {
         let waited = wait(&store, &req, 0.2, path);
         assert!(
-            matches!(waited.decision.outcome, Outcome::InProgress { lease_remaining, .. } if lease_remaining > 0.0),
+            matches!(waited.decision.outcome, ClaimAnswer::InProgress { lease_remaining, .. } if lease_remaining > 0.0),
             "{waited:?}"
         );
     }
@@ -267,7 +267,7 @@ fn a_wait_shorter_than_the_run_ends_in_progress_and_a_release_lets_the_waiter_cl
     assert!(
         matches!(
             waited.decision.outcome,
-            Outcome::Claimed {
+            ClaimAnswer::Claimed {
                 kind: claim::ClaimKind::Retry,
                 ..
             }
@@ -380,7 +380,10 @@ fn a_waiter_holds_no_pooled_connection_while_it_waits() {
         // While it waits, the pool's one connection serves other operations.
         for _ in 0..20 {
             let other = request("ResultsPoolFree", 30.0);
-            assert!(matches!(deliver(&shared, &other), Outcome::Claimed { .. }));
+            assert!(matches!(
+                deliver(&shared, &other),
+                ClaimAnswer::Claimed { .. }
+            ));
         }
         assert!(!waiter.is_finished());
         go.send(()).unwrap();

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use common::claim::{self, ClaimRequest, Fenced, Outcome};
+use common::claim::{self, ClaimAnswer, ClaimRequest, Fenced};
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
 use idempotent_job_core::pool::with_conn;
@@ -39,7 +39,7 @@ fn commit_together_or_not_at_all(store: Store) {
             for (req, commit) in [(&a, true), (&b, false)] {
                 let mut session = Session::begin(pool, i)?;
                 let token = match session.claim(i, req, 5.0)?.outcome {
-                    Outcome::Claimed { token, .. } => token,
+                    ClaimAnswer::Claimed { token, .. } => token,
                     other => panic!("{other:?}"),
                 };
                 let rows = session.query(
@@ -112,7 +112,7 @@ fn waits_for_the_open_transaction(store: Store) {
         let mut holder = Session::begin(pool, i)?;
         assert!(matches!(
             holder.claim(i, &first, 5.0)?.outcome,
-            Outcome::Claimed { .. }
+            ClaimAnswer::Claimed { .. }
         ));
         // While the holder's transaction is open, a second claim waits, then times out.
         let mut waiter = Session::begin(pool, i)?;
@@ -131,7 +131,7 @@ fn waits_for_the_open_transaction(store: Store) {
         next.rollback(i)?;
         Ok::<_, Error>(outcome)
     });
-    assert!(matches!(outcome.unwrap(), Outcome::Claimed { .. }));
+    assert!(matches!(outcome.unwrap(), ClaimAnswer::Claimed { .. }));
 }
 
 #[test]
@@ -177,7 +177,7 @@ fn run_first_claim(store: &Store, req: &ClaimRequest, work: Option<&str>) {
     store
         .run(|pool, i| {
             let mut session = Session::begin(pool, i)?;
-            let Outcome::Claimed { token, .. } = session.claim(i, &req, 5.0)?.outcome else {
+            let ClaimAnswer::Claimed { token, .. } = session.claim(i, &req, 5.0)?.outcome else {
                 panic!("expected a first claim");
             };
             if let Some(sql) = work {
@@ -227,7 +227,10 @@ fn a_repeat_met_in_a_transaction_records_its_facts_once_the_transaction_commits(
             .run(|pool, i| {
                 let mut session = Session::begin(pool, i)?;
                 let outcome = session.claim(i, &copy, 5.0)?.outcome;
-                assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+                assert!(
+                    matches!(outcome, ClaimAnswer::Completed { .. }),
+                    "{outcome:?}"
+                );
                 if commit {
                     session.commit(i)
                 } else {

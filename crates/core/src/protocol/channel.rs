@@ -9,9 +9,9 @@ use crate::conn::Interrupt;
 use crate::error::Result;
 use crate::fenced::{self, Fenced};
 use crate::pool::{with_fresh_conn, Lane};
-use crate::record::{ClaimRequest, Decision, PreparedResult};
+use crate::record::{ClaimReply, ClaimRequest, PreparedResult};
 use crate::session::Session;
-use crate::store::Handles;
+use crate::store::PoolHandle;
 
 use super::ClaimInfo;
 
@@ -28,7 +28,7 @@ pub trait Channel {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<Decision>;
+    ) -> Result<ClaimReply>;
 
     /// Applies a fenced change to `claim` (`text`: the error text of
     /// [`Fenced::Release`] / [`Fenced::Expire`]), with the body's prepared result when
@@ -89,7 +89,7 @@ pub trait Channel {
         _interrupt: &Interrupt<'_>,
         _request: &ClaimRequest,
         _seconds: f64,
-    ) -> Result<Option<Decision>> {
+    ) -> Result<Option<ClaimReply>> {
         Ok(None)
     }
 
@@ -98,7 +98,7 @@ pub trait Channel {
     fn transactional(&self) -> bool;
 
     /// The pool a claim's heartbeat renews through (`None` in a transaction).
-    fn heartbeat_pool(&self) -> Option<&Handles>;
+    fn heartbeat_pool(&self) -> Option<&PoolHandle>;
 
     /// Waits `pause` between two attempts of the completion, watching `interrupt`.
     ///
@@ -112,14 +112,14 @@ pub trait Channel {
 /// connection ([`Lane::Reserve`]).
 #[derive(Clone)]
 pub struct Direct {
-    pool: Handles,
+    pool: PoolHandle,
     asynchronous_completion: bool,
 }
 
 impl Direct {
     /// The channel of `pool`; `asynchronous_completion` (the setting) commits
     /// completions with `synchronous_commit = off` ([`Fenced::CompleteAsynchronously`]).
-    pub fn new(pool: Handles, asynchronous_completion: bool) -> Direct {
+    pub fn new(pool: PoolHandle, asynchronous_completion: bool) -> Direct {
         Direct {
             pool,
             asynchronous_completion,
@@ -133,7 +133,7 @@ impl Channel for Direct {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         _lock_timeout_seconds: f64,
-    ) -> Result<Decision> {
+    ) -> Result<ClaimReply> {
         claim::deliver(&self.pool, interrupt, request)
     }
 
@@ -176,7 +176,7 @@ impl Channel for Direct {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         seconds: f64,
-    ) -> Result<Option<Decision>> {
+    ) -> Result<Option<ClaimReply>> {
         crate::results::wait(&self.pool, interrupt, request, seconds).map(|w| Some(w.decision))
     }
 
@@ -184,7 +184,7 @@ impl Channel for Direct {
         false
     }
 
-    fn heartbeat_pool(&self) -> Option<&Handles> {
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
         Some(&self.pool)
     }
 
@@ -202,7 +202,7 @@ impl Channel for Session {
         interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<Decision> {
+    ) -> Result<ClaimReply> {
         Session::claim(self, interrupt, request, lock_timeout_seconds)
     }
 
@@ -230,7 +230,7 @@ impl Channel for Session {
         true
     }
 
-    fn heartbeat_pool(&self) -> Option<&Handles> {
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
         None
     }
 

@@ -7,7 +7,7 @@ use idempotent_job_core::conn::{Conn, Interrupt};
 use idempotent_job_core::error::Result as CoreResult;
 use idempotent_job_core::migrate;
 use idempotent_job_core::record::ClaimRequest;
-use idempotent_job_core::store::{Handles, Store};
+use idempotent_job_core::store::{PoolHandle, Store};
 use uuid::Uuid;
 
 /// The core's statements and record types under one name, with the conn-level
@@ -24,12 +24,12 @@ pub mod claim {
     use super::{Conn, CoreResult as Result, Uuid};
 
     /// Decides one delivery in one round trip ([`CLAIM_SQL`]) with a fresh token.
-    pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<Decision> {
+    pub async fn claim(conn: &Conn, req: &ClaimRequest) -> Result<ClaimReply> {
         claim_as(conn, req, Uuid::new_v4()).await
     }
 
     /// [`claim`] with the caller's fencing token.
-    pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<Decision> {
+    pub async fn claim_as(conn: &Conn, req: &ClaimRequest, token: Uuid) -> Result<ClaimReply> {
         Ok(claim_noting(conn, req, token).await?.0)
     }
 
@@ -71,13 +71,17 @@ pub mod claim {
 /// [`Interrupt`] wired to their runtime instead).
 pub trait StoreExt {
     /// Runs `f` with this process's handles on the calling thread, uninterruptibly.
-    fn run<T>(&self, f: impl FnOnce(&Handles, &Interrupt<'_>) -> CoreResult<T>) -> CoreResult<T>;
+    fn run<T>(&self, f: impl FnOnce(&PoolHandle, &Interrupt<'_>) -> CoreResult<T>)
+        -> CoreResult<T>;
     /// `pool::with_conn` on this process's pool, uninterruptibly.
     fn with_conn<T>(&self, op: impl AsyncFnOnce(&mut Conn) -> CoreResult<T>) -> CoreResult<T>;
 }
 
 impl StoreExt for Store {
-    fn run<T>(&self, f: impl FnOnce(&Handles, &Interrupt<'_>) -> CoreResult<T>) -> CoreResult<T> {
+    fn run<T>(
+        &self,
+        f: impl FnOnce(&PoolHandle, &Interrupt<'_>) -> CoreResult<T>,
+    ) -> CoreResult<T> {
         let pool = self.pool()?;
         f(&pool, &Interrupt::none())
     }
@@ -107,6 +111,38 @@ pub fn store_with(prepared: bool, pool_size: usize) -> Store {
     let store = Store::new(config).unwrap();
     store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
     store
+}
+
+/// A migrated store (2 connections) whose record table lives in a fresh schema
+/// `schema` (dropped first if a crashed run left it): its table, rows and statistics
+/// are the test's alone.
+pub fn store_in(schema: &str) -> Store {
+    store_in_through(schema, None)
+}
+
+/// [`store_in`] with the migrations applied only through version `last` when given
+/// (`Some(9)`: the table as V9 left it).
+pub fn store_in_through(schema: &str, last: Option<i32>) -> Store {
+    let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
+    store()
+        .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
+        .unwrap();
+    let mut config = Config::new(database_url());
+    config.schema = Some(schema.to_string());
+    config.pool_size = 2;
+    let store = Store::new(config).unwrap();
+    store
+        .run(|pool, i| migrate::migrate_through(pool, i, last))
+        .unwrap();
+    store
+}
+
+/// Drops a test's schema (its table and rows), so later tests and suites never see them.
+pub fn drop_schema(schema: &str) {
+    let sql = format!("DROP SCHEMA {schema} CASCADE");
+    store()
+        .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
+        .unwrap();
 }
 
 /// The record of `req`'s operation, if any.

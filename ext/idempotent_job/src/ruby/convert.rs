@@ -11,7 +11,9 @@ use uuid::Uuid;
 use super::errors::to_ruby;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::fenced::Fenced;
-use idempotent_job_core::record::{self, ClaimRequest, ClaimRow, Decision, Field, Outcome, Record};
+use idempotent_job_core::record::{
+    self, ClaimAnswer, ClaimReply, ClaimRequest, ClaimRow, Field, Record,
+};
 
 /// Results of the binding's functions: a Ruby exception as the error.
 pub type RbResult<T> = std::result::Result<T, magnus::Error>;
@@ -137,12 +139,12 @@ pub fn facts_json(ruby: &Ruby, facts: RHash) -> RbResult<String> {
 /// completed operation's `:result_json` (the stored result's JSON text, or nil) and
 /// `:result_state` (`:stored`, `:too_large`, `:unencodable`, or nil when its completion
 /// stored nothing).
-pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
+pub fn decision_hash(ruby: &Ruby, decision: ClaimReply) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.put(&keys::mismatch, decision.mismatch)?;
     let named = |name: &str| ruby.sym_new(name);
     match decision.outcome {
-        Outcome::Claimed {
+        ClaimAnswer::Claimed {
             token,
             attempt,
             kind,
@@ -153,7 +155,7 @@ pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
                 .put(&keys::attempt, attempt)?
                 .put(&keys::kind, named(kind.as_str()))?;
         }
-        Outcome::InProgress {
+        ClaimAnswer::InProgress {
             holder_delivery_id,
             attempt,
             lease_remaining,
@@ -165,7 +167,7 @@ pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
                 .put(&keys::lease_remaining, lease_remaining)?
                 .put(&keys::duplicates, duplicates)?;
         }
-        Outcome::Completed { duplicates, replay } => {
+        ClaimAnswer::Completed { duplicates, replay } => {
             out.put(&keys::decision, named("completed"))?
                 .put(&keys::duplicates, duplicates)?;
             if let Some(replay) = replay {
@@ -173,15 +175,15 @@ pub fn decision_hash(ruby: &Ruby, decision: Decision) -> RbResult<RHash> {
                     .put(&keys::result_state, named(replay.state.as_str()))?;
             }
         }
-        Outcome::Held { duplicates } => {
+        ClaimAnswer::Held { duplicates } => {
             out.put(&keys::decision, named("held"))?
                 .put(&keys::duplicates, duplicates)?;
         }
-        Outcome::GivenUp { duplicates } => {
+        ClaimAnswer::GivenUp { duplicates } => {
             out.put(&keys::decision, named("given_up"))?
                 .put(&keys::duplicates, duplicates)?;
         }
-        Outcome::Refused { duplicates } => {
+        ClaimAnswer::Refused { duplicates } => {
             out.put(&keys::decision, named("refused"))?
                 .put(&keys::duplicates, duplicates)?;
         }
@@ -218,14 +220,14 @@ pub fn decide(ruby: &Ruby, row: RHash, token: String, request: RHash) -> RbResul
     decision_hash(ruby, decision)
 }
 
-/// The [`Decision`] for a claim statement's row run by another driver (see [`decide`]),
+/// The [`ClaimReply`] for a claim statement's row run by another driver (see [`decide`]),
 /// and its request.
 pub fn decided(
     ruby: &Ruby,
     row: RHash,
     token: &str,
     request: RHash,
-) -> RbResult<(Decision, ClaimRequest)> {
+) -> RbResult<(ClaimReply, ClaimRequest)> {
     let sym = |key: &str| ruby.sym_new(key);
     let claim_row = ClaimRow {
         won: row.fetch(sym("won"))?,

@@ -35,7 +35,7 @@ use idempotent_job_core::protocol::{
 };
 use idempotent_job_core::record::{self, ClaimRequest};
 use idempotent_job_core::results::PreparedResult;
-use idempotent_job_core::store::Handles;
+use idempotent_job_core::store::PoolHandle;
 
 #[magnus::wrap(class = "IdempotentJob::Native::Protocol", free_immediately, size)]
 pub struct NativeProtocol(Protocol);
@@ -267,9 +267,9 @@ impl Channel for RubyChannel<'_> {
         _interrupt: &Interrupt<'_>,
         request: &ClaimRequest,
         lock_timeout_seconds: f64,
-    ) -> Result<record::Decision> {
+    ) -> Result<record::ClaimReply> {
         let ruby = self.ruby;
-        let asked = (|| -> RbResult<record::Decision> {
+        let asked = (|| -> RbResult<record::ClaimReply> {
             let hash = request_hash(ruby, request)?;
             let pair: RArray = self
                 .session
@@ -319,7 +319,7 @@ impl Channel for RubyChannel<'_> {
         true
     }
 
-    fn heartbeat_pool(&self) -> Option<&Handles> {
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
         None
     }
 

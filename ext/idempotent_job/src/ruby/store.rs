@@ -26,9 +26,9 @@ use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::report;
 use idempotent_job_core::results::{self, PreparedResult, ResultInput, ResultState};
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::{Handles, Store};
+use idempotent_job_core::store::{PoolHandle, Store};
 
-/// A purge cursor as Ruby holds it: `[finished_at microseconds since the epoch,
+/// A purge cursor as Ruby holds it: `[first claim time in microseconds since the epoch,
 /// job_type, operation_key]`.
 type RbPurgeCursor = (i64, String, String);
 
@@ -48,7 +48,7 @@ impl NativeStore {
     fn run<T>(
         &self,
         ruby: &Ruby,
-        op: impl FnOnce(&Handles, &Interrupt<'_>) -> Result<T>,
+        op: impl FnOnce(&PoolHandle, &Interrupt<'_>) -> Result<T>,
     ) -> RbResult<T> {
         let pool = self.0.pool().map_err(|e| to_ruby(ruby, e))?;
         without_gvl(ruby, |interrupt| op(&pool, interrupt))?.map_err(|e| to_ruby(ruby, e))
@@ -361,7 +361,7 @@ impl NativeStore {
 
     /// `purge_batch(older_than_seconds, batch, cursor)` → `[deleted, picked, cursor]`:
     /// one batch after `cursor` (nil at the start; else the cursor the previous batch
-    /// returned, `[finished_at microseconds since the epoch, job_type, operation_key]`).
+    /// returned, `[first claim time in microseconds since the epoch, job_type, operation_key]`).
     /// See the core's `records::purge_batch`: a purge is done when `picked < batch`.
     fn purge_batch(
         ruby: &Ruby,
@@ -373,7 +373,7 @@ impl NativeStore {
         let after = match cursor {
             None => records::PurgeCursor::default(),
             Some((micros, job_type, operation_key)) => records::PurgeCursor {
-                finished_at: Some(DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(
+                first_claimed_at: Some(DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(
                     || {
                         to_ruby(
                             ruby,
@@ -388,7 +388,7 @@ impl NativeStore {
         let done = rb_self.run(ruby, |pool, i| {
             operations::purge_batch(pool, i, older_than, batch, &after)
         })?;
-        let next = done.next.finished_at.map(|at| {
+        let next = done.next.first_claimed_at.map(|at| {
             (
                 at.timestamp_micros(),
                 done.next.job_type,

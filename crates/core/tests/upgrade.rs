@@ -1,0 +1,194 @@
+//! The upgrade to V10 (the HOT completion's indexes) on a live table: a V9 table with
+//! records in every state is migrated while deliveries run on it; every record
+//! decides as before, and no running delivery fails or runs twice. V10 changes indexes
+//! only (no column, no statement text an older worker sends), so an older worker's
+//! statements and a newer one's meet the same rows during a rolling deploy.
+
+mod common;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::claim::{self, ClaimAnswer, ClaimKind, ClaimRequest, Fenced};
+use common::{drop_schema, store_in_through, StoreExt};
+use idempotent_job_core::migrate;
+use idempotent_job_core::store::Store;
+use uuid::Uuid;
+
+fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
+    ClaimRequest {
+        job_type: job_type.into(),
+        operation_key: key.into(),
+        delivery_id: Some(format!("jid-{key}")),
+        lease_seconds: lease,
+        args_digest: Some("digest".into()),
+        job_class: Some(job_type.into()),
+        queue: Some("default".into()),
+        args_json: Some(format!("[{key:?}]")),
+        refuse_mismatch: false,
+        facts_json: None,
+    }
+}
+
+fn claim_one(store: &Store, req: &ClaimRequest) -> ClaimAnswer {
+    let req = req.clone();
+    store
+        .with_conn(async |c| claim::claim(c, &req).await)
+        .unwrap()
+        .outcome
+}
+
+fn token_of(answer: &ClaimAnswer) -> Uuid {
+    match answer {
+        ClaimAnswer::Claimed { token, .. } => *token,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+fn finish(store: &Store, req: &ClaimRequest, token: Uuid, change: Fenced) {
+    let (job_type, key) = (req.job_type.clone(), req.operation_key.clone());
+    store
+        .with_conn(async |c| claim::fenced(c, change, &job_type, &key, token, Some("boom")).await)
+        .unwrap();
+}
+
+fn indexes(store: &Store) -> Vec<String> {
+    store
+        .with_conn(async |c| {
+            Ok(c.query(
+                "SELECT indexname::text FROM pg_indexes \
+                 WHERE tablename = 'idempotent_job_records' AND schemaname = current_schema() \
+                 ORDER BY 1",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_v9_table_upgrades_under_running_deliveries_and_every_record_decides_as_before() {
+    let schema = "ij_upgrade_v10";
+    let store = store_in_through(schema, Some(9));
+    assert!(indexes(&store).contains(&"idempotent_job_records_retention_idx".to_string()));
+
+    // Records in every state, written on the V9 table.
+    let t = "UpgradeJob";
+    let completed = request(t, "completed", 30.0);
+    let token = token_of(&claim_one(&store, &completed));
+    finish(&store, &completed, token, Fenced::Complete);
+    claim_one(&store, &completed); // a repeat, counted
+    let live = request(t, "live", 300.0);
+    claim_one(&store, &live);
+    let stale = request(t, "stale", 0.05);
+    claim_one(&store, &stale);
+    let held = request(t, "held", 30.0);
+    let token = token_of(&claim_one(&store, &held));
+    finish(&store, &held, token, Fenced::Hold);
+    let given_up = request(t, "given-up", 30.0);
+    let token = token_of(&claim_one(&store, &given_up));
+    finish(&store, &given_up, token, Fenced::GiveUp);
+    let released = request(t, "released", 30.0);
+    let token = token_of(&claim_one(&store, &released));
+    finish(&store, &released, token, Fenced::Release);
+    std::thread::sleep(Duration::from_millis(100)); // the stale claim's lease ends
+
+    // Deliveries keep running (claim, complete, a duplicate) while V10 is applied.
+    let running = Arc::new(AtomicBool::new(true));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (running, store) = (running.clone(), store_in_through_existing(schema));
+            std::thread::spawn(move || {
+                let mut done = 0;
+                while running.load(Ordering::Relaxed) || done < 20 {
+                    let req = request("UpgradeLoad", &format!("w{w}-{done}"), 30.0);
+                    let token = token_of(&claim_one(&store, &req));
+                    finish(&store, &req, token, Fenced::Complete);
+                    match claim_one(&store, &req) {
+                        ClaimAnswer::Completed { .. } => {}
+                        other => panic!("a duplicate during the upgrade: {other:?}"),
+                    }
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let applied = store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
+    assert_eq!(applied, vec!["V10__hot_completion".to_string()]);
+    std::thread::sleep(Duration::from_millis(200));
+    running.store(false, Ordering::Relaxed);
+    let ran: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+
+    let now = indexes(&store);
+    assert!(
+        !now.contains(&"idempotent_job_records_retention_idx".to_string()),
+        "{now:?}"
+    );
+    assert!(
+        now.contains(&"idempotent_job_records_first_claimed_idx".to_string()),
+        "{now:?}"
+    );
+    let completed_load: i64 = store
+        .with_conn(async |c| {
+            Ok(c.query_one(
+                "SELECT count(*) FROM idempotent_job_records \
+                 WHERE job_type = 'UpgradeLoad' AND status = 'completed' AND attempts = 1 AND duplicates = 1",
+                &[],
+            )
+            .await?
+            .get(0))
+        })
+        .unwrap();
+    assert_eq!(
+        completed_load as usize, ran,
+        "each running delivery claimed once, completed, turned its copy away"
+    );
+
+    // Every record written on V9 decides as before.
+    assert!(matches!(
+        claim_one(&store, &completed),
+        ClaimAnswer::Completed { duplicates: 2, .. }
+    ));
+    assert!(matches!(
+        claim_one(&store, &live),
+        ClaimAnswer::InProgress { .. }
+    ));
+    assert!(matches!(
+        claim_one(&store, &stale),
+        ClaimAnswer::Claimed {
+            kind: ClaimKind::Takeover,
+            ..
+        }
+    ));
+    assert!(matches!(claim_one(&store, &held), ClaimAnswer::Held { .. }));
+    assert!(matches!(
+        claim_one(&store, &given_up),
+        ClaimAnswer::GivenUp { .. }
+    ));
+    assert!(matches!(
+        claim_one(&store, &released),
+        ClaimAnswer::Claimed {
+            kind: ClaimKind::Retry,
+            ..
+        }
+    ));
+    // The held operation is listed through V10's index of records ever held.
+    let listed = store
+        .with_conn(async |c| claim::held(c, Some(t), 10).await)
+        .unwrap();
+    assert_eq!(listed, vec![(t.to_string(), "held".to_string())]);
+    drop_schema(schema);
+}
+
+/// A second store on a schema another store already made (no migration of its own).
+fn store_in_through_existing(schema: &str) -> Store {
+    let mut config = idempotent_job_core::config::Config::new(common::database_url());
+    config.schema = Some(schema.to_string());
+    config.pool_size = 1;
+    Store::new(config).unwrap()
+}
