@@ -125,7 +125,7 @@ module IdempotentJob
     #   `store_result:` (true/false, default false: store the block's value for replays),
     #   `max_takeovers:` (Integer, default none: stale takeovers before the next is held),
     #   `wait:` (seconds, default none: how long to wait for a live claim; not with
-    #   `transaction:`)
+    #   `transaction:`); not `on_enqueue:` (perform_once pushes nothing: refused)
     # @yieldparam claim [Claim] the claim held
     # @return [Outcome] decision :ran (with the block's value), :completed (with the
     #   stored value when `replayed?`), :held, :given_up or :in_progress (with
@@ -191,18 +191,35 @@ module IdempotentJob
            .select { |r| r.status == :held }
     end
 
+    # Registers a rerun sender for what no door enqueues (a plain {perform_once} caller's
+    # own queue, an SQS consumer): {resolve} with `as: :rerun` calls the senders, latest
+    # first, with the released {Record} (job_type, operation_key, job_class, queue, args of
+    # the last claiming delivery) until one returns truthy (it sent the delivery again),
+    # then asks the loaded doors (Sidekiq, ActiveJob). Python's `idempotent_job.on_rerun`.
+    # @yieldparam record [Record] the record as it was held
+    # @yieldreturn [Boolean] whether this sender sent it
+    # @return [Proc] the sender
+    # @raise [ArgumentError] without a block
+    def on_rerun(&sender)
+      raise ArgumentError, "on_rerun needs a block" unless sender
+
+      @lock.synchronize { @rerun_senders = [*@rerun_senders, sender] }
+      sender
+    end
+
     # Settles a held (or given-up) operation.
     # * `as: :done` — the effect is known to have happened: the record becomes completed
     #   and later deliveries are skipped;
     # * `as: :rerun` — run it again: the record is released and the stored job (class,
-    #   arguments, queue of the last claiming delivery) is re-enqueued by the loaded door
-    #   of its kind; that delivery claims it as a retry and runs once (a plain operation,
-    #   with no door to enqueue it, runs at its next perform_once call).
+    #   arguments, queue of the last claiming delivery) is re-sent by the first sender
+    #   registered with {on_rerun} that takes it, else re-enqueued by the loaded door of
+    #   its kind; that delivery claims it as a retry and runs once (with neither, a
+    #   warning says it was only released: it runs at its next delivery or perform_once call).
     # @param job_type [String, Class] the job type (idempotency scope)
     # @param operation_key [String, Integer] the operation key as stored
     # @param as [Symbol] :done or :rerun
     # @return [Record] the record after the change
-    # @raise [Error] when the operation is not held or given up
+    # @raise [Error] when there is no record of the operation, or it is not held or given up
     # @raise [ConfigurationError] for another `as:`, or a job type that is not valid UTF-8
     # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises the queue's error
     #   after the record was released (enqueue the job again to run it)
@@ -210,10 +227,12 @@ module IdempotentJob
       job_type = job_type_text(job_type)
       resolution = Configuration.choice!("as", as, %i[done rerun])
       before = record(job_type, operation_key)
-      unless before && %i[held given_up].include?(before.status) &&
+      raise Error, "no record for #{job_type} operation #{operation_key.to_s.inspect}: nothing to resolve" unless before
+
+      unless %i[held given_up].include?(before.status) &&
              store.resolve(job_type.to_s, operation_key.to_s, resolution)
         raise Error, "#{job_type} operation #{operation_key.to_s.inspect} is not held or given up " \
-                     "(status: #{before&.status.inspect})"
+                     "(status: #{before.status.inspect})"
       end
       rerun(before) if resolution == :rerun
       record(job_type, operation_key)
@@ -363,11 +382,13 @@ module IdempotentJob
 
     def rerun(record)
       name = "#{record.job_type} operation #{record.operation_key.inspect}"
-      if Door.registered.any? { |door| door.rerun(record) }
+      senders = @lock.synchronize { (@rerun_senders || []).reverse }
+      if senders.any? { |sender| sender.call(record) } || Door.registered.any? { |door| door.rerun(record) }
         logger.warn("idempotent_job: #{name} resolved for a rerun: #{record.job_class} re-enqueued")
       else
-        logger.warn("idempotent_job: #{name} resolved for a rerun: released; no loaded door enqueues " \
-                    "#{record.job_class.inspect}, so its next delivery (or perform_once call) runs it")
+        logger.warn("idempotent_job: #{name} resolved for a rerun: released only; no sender registered with " \
+                    "IdempotentJob.on_rerun and no loaded door enqueues #{record.job_class.inspect}, so its " \
+                    "next delivery (or perform_once call) runs it")
       end
     end
   end

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -68,6 +69,11 @@ def charges(order_id: str) -> list[int]:
 def main() -> int:
     state = json.loads(STATE.read_text())
     orders = {letter: f"{state['run']}-{number}" for letter, number in (("o", 115), ("p", 116))}
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", PORT)) == 0:
+            raise SystemExit(
+                f"FAILED: port {PORT} is taken by another process: set DEMO_MOTO_PORT to a free port"
+            )
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-p", str(PORT), "-H", "127.0.0.1"],
         stdout=subprocess.DEVNULL,
@@ -90,6 +96,12 @@ def main() -> int:
                 return False
 
         wait_for(up, "moto_server")
+        # A port taken meanwhile: this moto_server exits, and another process answers in its place.
+        if server.poll() is not None:
+            raise SystemExit(
+                f"FAILED: moto_server exited (status {server.returncode}), yet port {PORT} answers: another "
+                f"process holds it; set DEMO_MOTO_PORT to a free port"
+            )
         url = sqs.create_queue(QueueName=f"demo-{state['run']}", Attributes={"VisibilityTimeout": "3"})[
             "QueueUrl"
         ]

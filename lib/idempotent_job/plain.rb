@@ -8,8 +8,9 @@ module IdempotentJob
   # It gives the {Protocol} the key as a value and the base {Door}: nothing is
   # deferred for the caller — an :in_progress outcome says when to come back.
   module Plain
-    # Options the plain API takes besides `lease:` (the same as a job's, unprefixed).
-    OPTIONS = (JobOptions::NAMES - %i[key scope lease]).freeze
+    # Options the plain API takes besides `lease:` (the same as a job's, unprefixed; not
+    # `on_enqueue:`, which decides a producer's push and perform_once pushes nothing).
+    OPTIONS = (JobOptions::NAMES - %i[key scope lease on_enqueue]).freeze
     # Every keyword perform_once takes, for the message naming one it does not take.
     TAKES = (%i[lease payload id deferrals facts job_class queue wait] + OPTIONS).freeze
 
@@ -49,6 +50,11 @@ module IdempotentJob
     private_class_method :checked_wait
 
     def self.checked(type, options)
+      if options.key?(:on_enqueue)
+        raise ConfigurationError, "#{type}: perform_once does not take on_enqueue: (it decides whether a " \
+                                  "Sidekiq or ActiveJob push of a completed operation is skipped; perform_once " \
+                                  "pushes nothing, and never runs the block of a completed operation again)"
+      end
       unknown = options.keys - OPTIONS
       if unknown.any?
         Native.not_taken(type, "perform_once", unknown.map(&:inspect).join(", "), unknown.first.to_s,

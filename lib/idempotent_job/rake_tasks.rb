@@ -96,7 +96,11 @@ namespace :idempotent_job do
         nil
       end
     end
-    record = IdempotentJob.resolve(job_type, key, as:)
+    begin
+      record = IdempotentJob.resolve(job_type, key, as:)
+    rescue IdempotentJob::Error => e # no record, not held: one line, no backtrace
+      abort "idempotent_job: #{e.message}"
+    end
     puts "idempotent_job: #{record.job_type} operation #{record.operation_key.inspect} resolved as #{as}: " \
          "now #{record.status}"
   end

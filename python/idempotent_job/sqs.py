@@ -25,16 +25,17 @@ import math
 import signal
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _current
+from . import Rerun, _current, _tracing
 from ._native import Store, check_option, key_declaration
 from ._sendback import claim_failed
-from .errors import IdempotentJobError, OperationKeyError
+from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
-__all__ = ["Consumer", "Message", "batch_handler"]
+__all__ = ["Consumer", "Message", "batch_handler", "resender"]
 
 logger = logging.getLogger("idempotent_job.sqs")
 
@@ -182,18 +183,23 @@ class _Door:
             facts["message_group_id"] = message.group_id
         try:
             key = self.operation_key(message)
-            outcome = _current().perform_once(
-                self.protocol,
+            outcome = _tracing.perform(
+                "sqs",
                 self.job_type,
                 key,
-                body,
-                message.body,
-                message.message_id,
-                message.receive_count - 1,
-                self.job_type,
-                queue,
-                facts,
-                self.options.get("lookup"),
+                lambda: _current().perform_once(
+                    self.protocol,
+                    self.job_type,
+                    key,
+                    body,
+                    message.body,
+                    message.message_id,
+                    message.receive_count - 1,
+                    self.job_type,
+                    queue,
+                    facts,
+                    self.options.get("lookup"),
+                ),
             )
         except IdempotentJobError as error:
             # The core's rule of which claim errors send a delivery back (an outage, a
@@ -226,7 +232,12 @@ class _Door:
         return "delete", 0.0
 
 
-def _door(handler: Callable, job_type: str, key: Any, options: dict) -> _Door:
+def _door(handler: Callable, job_type: str, key: Any, options: dict, door: str) -> _Door:
+    if "scope" in options:  # the core's table knows scope; this door's job_type is it
+        raise ConfigurationError(
+            f"{job_type}: {door} takes no scope option: job_type is the scope (the record's job "
+            f"type); pass job_type={options['scope']!r} instead"
+        )
     return _Door(handler, str(job_type), key, {k: v for k, v in options.items() if v is not None})
 
 
@@ -249,8 +260,9 @@ class Consumer:
         max_messages, wait_seconds: ``receive_message``'s batch size (1–10) and long poll.
         options: the core's job options (``lease``, ``on_stale``, ``on_mismatch``,
             ``lookup``, ``heartbeat``, ``max_run``, ``max_takeovers``, ``store_result``; default configure's).
+            No ``scope``: ``job_type`` is the record's job type.
 
-    Raises ``ConfigurationError`` (an unknown option or a bad value) and
+    Raises ``ConfigurationError`` (an unknown option, ``scope``, or a bad value) and
     ``OperationKeyError`` (a malformed key declaration) naming the job type.
     """
 
@@ -267,7 +279,7 @@ class Consumer:
         wait_seconds: int = 20,
         **options: Any,
     ) -> None:
-        self.door = _door(handler, job_type, key, options)
+        self.door = _door(handler, job_type, key, options, "Consumer")
         if client is None:
             import boto3
 
@@ -437,6 +449,40 @@ class Consumer:
                 logger.warning("%s: could not extend a message's visibility: %s", self.door.job_type, failure)
 
 
+def resender(client: Any = None, job_type: str | None = None) -> Callable[[Rerun], bool]:
+    """A rerun sender for SQS records, to register with ``idempotent_job.on_rerun``:
+    ``resolve(..., as_="rerun")`` then sends the released operation's stored message body
+    to its stored queue URL again (``send_message``; on a FIFO queue with the first
+    claim's message group and a fresh deduplication id, so SQS does not drop it as a copy
+    of the first). Takes records of ``job_type`` (default: any record whose first claim
+    was an SQS delivery, a ``message_id`` fact). Only the body is sent: a key read from
+    message attributes needs a sender of your own. ``client``: a boto3 SQS client
+    (default ``boto3.client("sqs")``, made on first use)."""
+    clients: list[Any] = [client]
+
+    def send(rerun: Rerun) -> bool:
+        facts = rerun.first_facts or {}
+        if rerun.queue is None:
+            return False
+        if rerun.job_type != job_type if job_type is not None else "message_id" not in facts:
+            return False
+        if clients[0] is None:
+            import boto3
+
+            clients[0] = boto3.client("sqs")
+        body = rerun.args if isinstance(rerun.args, str) else json.dumps(rerun.args)
+        extra = {}
+        if rerun.queue.endswith(".fifo"):
+            extra = {
+                "MessageGroupId": facts.get("message_group_id") or rerun.operation_key,
+                "MessageDeduplicationId": uuid.uuid4().hex,
+            }
+        clients[0].send_message(QueueUrl=rerun.queue, MessageBody=body, **extra)
+        return True
+
+    return send
+
+
 def batch_handler(
     handler: Callable, *, job_type: str, key: Any, client: Any = None, **options: Any
 ) -> Callable[[dict, Any], dict]:
@@ -448,7 +494,7 @@ def batch_handler(
     visibility is set to the core's ``retry_after`` first. On a FIFO queue the records after
     a failed one are not run and reported as failures too (SQS keeps the group's order).
     ``job_type``, ``key`` and ``options``: as :class:`Consumer`'s."""
-    door = _door(handler, job_type, key, options)
+    door = _door(handler, job_type, key, options, "batch_handler")
 
     def handle(event: dict, context: Any = None) -> dict:
         failures: list[dict] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -79,6 +80,9 @@ MOTO_PORT = int(os.environ.get("MOTO_PORT", "25458"))
 @pytest.fixture(scope="module")
 def sqs():
     """A boto3 SQS client of a moto_server started for the module (an emulator, not AWS)."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", MOTO_PORT)) == 0:
+            raise RuntimeError(f"port {MOTO_PORT} is taken by another process: set MOTO_PORT to a free port")
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-p", str(MOTO_PORT), "-H", "127.0.0.1"],
         stdout=subprocess.DEVNULL,
@@ -101,6 +105,12 @@ def sqs():
 
     try:
         eventually(up, "moto_server to answer", 30, 0.2)
+        # A port taken meanwhile: this moto_server exits, and another process answers in its place.
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"moto_server exited (status {process.returncode}) though port {MOTO_PORT} answers: another "
+                f"process holds it; set MOTO_PORT to a free port"
+            )
         yield client
     finally:
         process.terminate()

@@ -48,9 +48,13 @@ RSpec.describe "rake idempotent_job:held and idempotent_job:resolve", :integrati
     expect(rake("idempotent_job:held").first).to include("no held operations")
   end
 
-  it "fails clearly for an operation that is not held" do
+  it "fails with one line, no backtrace, for an operation with no record or one that is not held" do
     out, status = rake("idempotent_job:resolve[ChargeOrderJob,404,done]")
     expect(status).not_to be_success
-    expect(out).to include("is not held or given up (status: nil)")
+    expect(out).to eq(%(idempotent_job: no record for ChargeOrderJob operation "404": nothing to resolve\n))
+    claim("ChargeOrderJob", "405", "jid-405", 30)
+    out, status = rake("idempotent_job:resolve[ChargeOrderJob,405,done]")
+    expect(status).not_to be_success
+    expect(out).to eq(%(idempotent_job: ChargeOrderJob operation "405" is not held or given up (status: :claimed)\n))
   end
 end

@@ -94,7 +94,7 @@ RSpec.describe "The repeats report", :integration do
     out, status = Open3.capture2e({ "RUBYLIB" => File.join(root, "lib"), "RESTARTS" => restart.utc.iso8601,
                                     "CSV" => csv }, "rake", "idempotent_job:repeats[24]", chdir: dir)
     expect(status).to be_success, out
-    expect(out).to include('History "restart": completed, 1 repeats (redelivery/restart after 310.0 s near the ' \
+    expect(out).to include('History "restart": completed, 1 repeat (redelivery/restart after 310.0 s near the ' \
                            "restart at #{restart.utc.iso8601}, redelivery/restart after 330.0 s (deferred copy back))")
     expect(out).to include("#{orders} and #{stripe} both enqueue History for the same operation: 1 operation")
     expect(out).to match(/^History: 5 operations repeated 6 times — 1 concurrent copy, 1 queue retry, /)

@@ -172,9 +172,9 @@ module IdempotentJob
           operation.producers.size > 1
         notes << "delivered by #{operation.job_classes.size} job classes: #{operation.job_classes.join(", ")}" if
           operation.job_classes.size > 1
-        notes << "#{operation.mismatches} deliveries with different arguments (payload digest)" if
+        notes << "#{count(operation.mismatches, "delivery", "deliveries")} with different arguments (payload digest)" if
           operation.mismatches.to_i.positive?
-        notes << "#{operation.takeovers} stale claims taken over" if operation.takeovers.to_i.positive?
+        notes << "#{count(operation.takeovers, "stale claim")} taken over" if operation.takeovers.to_i.positive?
         notes << "held for a person" if operation.status == :held
         notes
       end
@@ -192,9 +192,12 @@ module IdempotentJob
       def operation_line(operation)
         repeats = operation.repeats.map { |r| repeat_text(r) }
         "#{operation.job_type} #{operation.operation_key.inspect}: #{operation.status}, " \
-          "#{operation.repeats.count { |r| !r.deferred_return }} repeats (#{repeats.join(", ")})" \
+          "#{count(operation.repeats.count { |r| !r.deferred_return }, "repeat")} (#{repeats.join(", ")})" \
           "#{"; #{operation.notes.join("; ")}" unless operation.notes.to_a.empty?}"
       end
+
+      # `number` and its noun, singular for one: "1 repeat", "2 repeats".
+      def count(number, one, many = "#{one}s") = "#{number} #{number.to_i == 1 ? one : many}"
 
       def summary_line(job_type, counts)
         causes = Classifier::CAUSES.filter_map do |c|
@@ -202,10 +205,12 @@ module IdempotentJob
         end
         extra = []
         extra << "#{counts[:near_restart]} near a restart" if counts[:near_restart].positive?
-        extra << "#{counts[:deferred_returns]} deferred copies back" if counts[:deferred_returns].positive?
+        extra << "#{count(counts[:deferred_returns], "deferred copy", "deferred copies")} back" if
+          counts[:deferred_returns].positive?
         extra << "#{counts[:several_producers]} enqueued by several producers" if counts[:several_producers].positive?
         extra << "#{counts[:replays]} replayed a stored result" if counts[:replays].positive?
-        "#{job_type}: #{counts[:operations]} operations repeated #{counts[:repeats]} times — #{causes.join(", ")}" \
+        "#{job_type}: #{count(counts[:operations], "operation")} repeated #{count(counts[:repeats], "time")} — " \
+          "#{causes.join(", ")}" \
           "#{"; #{extra.join(", ")}" unless extra.empty?}"
       end
     end

@@ -58,6 +58,15 @@ RSpec.describe IdempotentJob::Repeats::Report do
                              "producers")
   end
 
+  it "counts in the singular for one (1 repeat, 1 operation repeated 1 time, 1 stale claim)" do
+    row = { job_type: "EmailJob", operation_key: "9", status: :completed, takeovers: 1, mismatches: 1,
+            deliveries: [facts(0, "x", "claimed"), facts(0.01, "y", "in_progress"), facts(1.2, "y", deferrals: 1)] }
+    lines = described_class.new([row], restarts: []).lines
+    expect(lines[0]).to start_with('EmailJob "9": completed, 1 repeat (concurrent copy after 0.0 s, ')
+    expect(lines[0]).to end_with("; 1 delivery with different arguments (payload digest); 1 stale claim taken over")
+    expect(lines[1]).to eq("EmailJob: 1 operation repeated 1 time — 1 concurrent copy; 1 deferred copy back")
+  end
+
   it "exports one CSV row per repeat" do
     rows = CSV.parse(report.to_csv, headers: true)
     expect(rows.headers).to eq(described_class::CSV_HEADERS)
