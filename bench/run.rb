@@ -20,13 +20,14 @@ require_relative "purge"
 require_relative "targets"
 require_relative "celery_run"
 require_relative "door_runs"
+require_relative "ceiling"
 
 module IdempotentJobBench
   # Parses the options, runs the sections in order, prints the tables and writes
   # tmp/bench/results.csv and results.md.
   class CLI
     # Sections in the order they run.
-    SECTIONS = %w[first duplicate throughput growth sidekiq memory replay enqueue purge celery sqs rust].freeze
+    SECTIONS = %w[first duplicate throughput growth sidekiq ceiling memory replay enqueue purge celery sqs rust].freeze
 
     # Sizes of each section: full run, and --quick (a smoke run of a minute or so).
     PLANS = {
@@ -35,13 +36,13 @@ module IdempotentJobBench
               operations: 10_000, sidekiq_repeats: 3, memory_runs: 3, enqueue_batch: 50,
               purge_sizes: [100_000, 800_000], purge_loaded: 200_000,
               celery_operations: 5_000, celery_rounds: 3, sqs_operations: 100, sqs_rounds: 9, rust_operations: 2_000,
-              door_rounds: 5 },
+              door_rounds: 5, ceiling: [4, 16, 10.0, 3] },
       quick: { rounds: 4, batch: 5, threads: [1, 2, 5, 10, 25], seconds: 0.3, repeats: 1,
                sizes: [1_000, 100_000], growth_rounds: 4, operations: 1_000, sidekiq_repeats: 1,
                memory_runs: 1, enqueue_batch: 5,
                purge_sizes: [2_000, 16_000], purge_loaded: 4_000,
                celery_operations: 200, celery_rounds: 1, sqs_operations: 30, sqs_rounds: 1, rust_operations: 100,
-               door_rounds: 1 }
+               door_rounds: 1, ceiling: [2, 8, 2.0, 1] }
     }.freeze
 
     # @param argv [Array<String>] command-line arguments
@@ -110,6 +111,7 @@ module IdempotentJobBench
       when "sidekiq"
         SidekiqRun.new(db, @results, operations: p[:operations], repeats: p[:sidekiq_repeats], dir: @out).run
       when "memory" then Memory.new(db, @results, runs: p[:memory_runs]).run
+      when "ceiling" then Ceiling.new(db, @results, p[:ceiling]).run
       else run_operations_section(name, db, p)
       end
     end

@@ -5,7 +5,6 @@ require_relative "idempotent_job/errors"
 require_relative "idempotent_job/dependency"
 require_relative "idempotent_job/native" # the core's tables (job options) are read as the files below load
 require_relative "idempotent_job/configuration"
-require_relative "idempotent_job/canonical_json"
 require_relative "idempotent_job/result_json"
 require_relative "idempotent_job/key"
 require_relative "idempotent_job/args_digest"
@@ -191,13 +190,30 @@ module IdempotentJob
            .select { |r| r.status == :held }
     end
 
+    # Registers a rerun sender for what no door enqueues (a plain {perform_once} caller's
+    # own queue, an SQS consumer): {resolve} with `as: :rerun` calls the senders, latest
+    # first, with the released {Record} (job_type, operation_key, job_class, queue, args of
+    # the last claiming delivery) until one returns truthy (it sent the delivery again),
+    # then asks the loaded doors (Sidekiq, ActiveJob). Python's `idempotent_job.on_rerun`.
+    # @yieldparam record [Record] the record as it was held
+    # @yieldreturn [Boolean] whether this sender sent it
+    # @return [Proc] the sender
+    # @raise [ArgumentError] without a block
+    def on_rerun(&sender)
+      raise ArgumentError, "on_rerun needs a block" unless sender
+
+      @lock.synchronize { @rerun_senders = [*@rerun_senders, sender] }
+      sender
+    end
+
     # Settles a held (or given-up) operation.
     # * `as: :done` — the effect is known to have happened: the record becomes completed
     #   and later deliveries are skipped;
     # * `as: :rerun` — run it again: the record is released and the stored job (class,
-    #   arguments, queue of the last claiming delivery) is re-enqueued by the loaded door
-    #   of its kind; that delivery claims it as a retry and runs once (a plain operation,
-    #   with no door to enqueue it, runs at its next perform_once call).
+    #   arguments, queue of the last claiming delivery) is re-sent by the first sender
+    #   registered with {on_rerun} that takes it, else re-enqueued by the loaded door of
+    #   its kind; that delivery claims it as a retry and runs once (with neither, a
+    #   warning says it was only released: it runs at its next delivery or perform_once call).
     # @param job_type [String, Class] the job type (idempotency scope)
     # @param operation_key [String, Integer] the operation key as stored
     # @param as [Symbol] :done or :rerun
@@ -365,11 +381,13 @@ module IdempotentJob
 
     def rerun(record)
       name = "#{record.job_type} operation #{record.operation_key.inspect}"
-      if Door.registered.any? { |door| door.rerun(record) }
+      senders = @lock.synchronize { (@rerun_senders || []).reverse }
+      if senders.any? { |sender| sender.call(record) } || Door.registered.any? { |door| door.rerun(record) }
         logger.warn("idempotent_job: #{name} resolved for a rerun: #{record.job_class} re-enqueued")
       else
-        logger.warn("idempotent_job: #{name} resolved for a rerun: released; no loaded door enqueues " \
-                    "#{record.job_class.inspect}, so its next delivery (or perform_once call) runs it")
+        logger.warn("idempotent_job: #{name} resolved for a rerun: released only; no sender registered with " \
+                    "IdempotentJob.on_rerun and no loaded door enqueues #{record.job_class.inspect}, so its " \
+                    "next delivery (or perform_once call) runs it")
       end
     end
   end

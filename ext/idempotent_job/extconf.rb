@@ -16,13 +16,11 @@
 require "rbconfig"
 require "shellwords"
 require_relative "../../lib/idempotent_job/version"
+require_relative "../../lib/idempotent_job/gem_platform"
 
 # The oldest Rust that builds the extension: refinery 0.10's rust-version, the highest in
 # Cargo.lock (cargo refuses an older one); also ext/idempotent_job/Cargo.toml's rust-version.
 MSRV = "1.92"
-# The platforms and Ruby ABIs a precompiled gem is built for (`rake native:gem`).
-PLATFORM_GEMS = { "x86_64-linux" => ["3.1"] }.freeze
-
 def executable(name)
   return name if name.include?(File::SEPARATOR) && File.executable?(name)
 
@@ -37,10 +35,10 @@ def executable(name)
 end
 
 def stop_without_rust(problem)
-  local = Gem::Platform.local.to_s
+  local = IdempotentJob.gem_platform
   abi = RUBY_VERSION[/\A\d+\.\d+/]
-  prebuilt = PLATFORM_GEMS.map { |platform, abis| "#{platform} (Ruby #{abis.join(", ")})" }.join("; ")
-  fits = PLATFORM_GEMS.fetch(local, []).include?(abi)
+  prebuilt = IdempotentJob::PLATFORM_GEMS.map { |platform, abis| "#{platform} (Ruby #{abis.join(", ")})" }.join("; ")
+  fits = IdempotentJob::PLATFORM_GEMS.fetch(local, []).include?(abi)
   choice = if fits
              "or install the precompiled gem for this machine, which needs no Rust: " \
                "`gem install idempotent_job --platform #{local}` (Bundler: " \

@@ -1,32 +1,37 @@
 # frozen_string_literal: true
 
-require_relative "canonical_json"
-
 module IdempotentJob
   # The digest of a job's arguments stored with each claim, to notice a later delivery
-  # with the same operation key but different arguments (a payload mismatch). The digest
-  # is the core's (crates/core/src/canonical.rs, `canonical::digest`): hex SHA-256 of the
-  # canonical JSON, the same for a Python task's equal payload.
+  # with the same operation key but different arguments (a payload mismatch). The text
+  # and the digest are the core's (crates/core/src/canonical.rs: `canonical::digest`,
+  # hex SHA-256 of the canonical JSON), the same bytes for a Python task's equal payload
+  # and on every Ruby (the host's JSON never writes a canonical text: Ruby 3.3's writes
+  # floats differently from Ruby 3.1's).
   module ArgsDigest
+    # Raised (inside the gem) for a value JSON cannot carry; the caller words the
+    # library's error naming the job ({Protocol}: ConfigurationError).
+    class Unwritable < StandardError; end
+
     # @param args [Array] the job's arguments
-    # @return [String] hex SHA-256 of their canonical JSON: the core's
-    #   (Native.args_digest), or for arguments it does not take (a Bignum, a Hash key
-    #   that is not a String or Symbol) the core's hash of {CanonicalJson}'s text, which
-    #   writes the same bytes for everything else
+    # @return [String] hex SHA-256 of their canonical JSON (Native.args_digest)
+    # @raise [Unwritable] naming what JSON cannot carry (see {.json_and_digest})
     def self.of(args)
-      Native.args_digest(args) || Native.digest_text(CanonicalJson.generate(args))
+      json_and_digest(args).last
     end
 
-    # The arguments' JSON as stored with a claim (`JSON.generate`) and their digest
-    # ({.of}). For arguments that are Strings, Integers, true, false or nil (most jobs'
-    # arguments) that JSON text is already canonical: the core hashes it as it is
-    # (Native.digest_text: the same bytes, about 1 µs less than canonicalising again).
+    # The arguments' canonical JSON text as stored with a claim and its digest, both
+    # written by the core (Native.payload_json): Integers of any width (up to
+    # Native::MAX_INTEGER_DIGITS digits), Floats by the core's one rule (an integral
+    # Float as its Integer), Hash keys that are Strings, Symbols or Integers.
     # @param args [Array] the job's arguments
     # @return [Array(String, String)] the JSON text and the hex SHA-256 digest
-    # @raise [JSON::GeneratorError] for a value JSON cannot write (NaN)
+    # @raise [Unwritable] for a value JSON cannot carry (NaN or an infinity, a Time,
+    #   a BigDecimal, a String that is not UTF-8, nesting past Native::MAX_NESTING, an
+    #   Integer of more digits than Native::MAX_INTEGER_DIGITS), naming it
     def self.json_and_digest(args)
-      json = JSON.generate(args, max_nesting: Native::MAX_NESTING)
-      digest = args.all?(CanonicalJson::SCALAR) ? Native.digest_text(json) : of(args)
+      json, digest, problem = Native.payload_json(args)
+      raise Unwritable, "it holds #{problem}" if problem
+
       [json, digest]
     end
   end

@@ -53,10 +53,15 @@ module IdempotentJob
 
     # @return [String] the facts as a JSON object text (the claim request's `facts_json`),
     #   written by the native extension (`Native.facts_json`: Ruby's JSON is slow for
-    #   Float timestamps)
-    # @raise [JSON::GeneratorError] for a value JSON cannot write (NaN)
+    #   Float timestamps) by the rules of every value crossing the core (Integers of any
+    #   width, nesting at most Native::MAX_NESTING)
+    # @raise [ArgsDigest::Unwritable] for a value JSON cannot carry (NaN, a Time, a
+    #   String that is not UTF-8), naming it
     def facts_json
-      Native.facts_json(@facts)
+      json, problem = Native.facts_json(@facts)
+      raise ArgsDigest::Unwritable, "it holds #{problem}" if problem
+
+      json
     end
 
     private

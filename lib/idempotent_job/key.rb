@@ -1,8 +1,5 @@
 # frozen_string_literal: true
 
-require "json"
-require_relative "canonical_json"
-
 module IdempotentJob
   # Turns an `idempotency_key` declaration into the operation key of a delivery.
   #
@@ -20,13 +17,11 @@ module IdempotentJob
   # as Integers), so Hash key order and Symbol/String keys do not change the key and
   # composite parts cannot run together (`["a:b","c"]` and `["a","b:c"]` stay different).
   #
-  # These rules, and the messages refusing a value, are the core's
+  # These rules, the key's text and the messages refusing a value are the core's
   # (crates/core/src/keys.rs: `Native.key_text`, `Native.composite_key_text`,
-  # `Native.key_problem`, `Native.key_refused`), the same for the Python package. Only
-  # values the core's JSON cannot carry are handled here: an Integer beyond 64 bits (its
-  # decimal text), a String that is not UTF-8 (refused with the core's reason), a
-  # Hash/Array holding those or a non-String Hash key ({CanonicalJson}), anything else
-  # (a Time: refused).
+  # `Native.key_problem`), the same for the Python package: an Integer of any width as
+  # its decimal text, Strings by their bytes (which must be UTF-8), Integer Hash keys as
+  # their decimal text; a Time, NaN or a BigDecimal refused. Nothing is written here.
   class Key
     PARAMETER_KINDS = %i[req opt].freeze
     private_constant :PARAMETER_KINDS
@@ -118,7 +113,7 @@ module IdempotentJob
       return scalar_or_json(fetch(args, @paths.first), @paths.first) unless @composite
 
       values = @paths.map { |path| fetch(args, path) }
-      Native.composite_key_text(values) || composite_fallback(values)
+      Native.composite_key_text(values) || refuse_part(values)
     end
 
     private
@@ -210,91 +205,20 @@ module IdempotentJob
       end
     end
 
-    # The core's text for one value (Native.key_text), else why the core refuses it,
-    # else the gem's own handling of what the core's JSON cannot carry.
+    # The core's text for one value (Native.key_text), else the core's reason for
+    # refusing it (nil, a boolean, a Float, an empty value, a Time, bytes that are not
+    # UTF-8, nesting past the limit).
     def scalar_or_json(value, path)
-      Native.key_text(value) || refuse(value, path) || uncarried(value, path)
+      Native.key_text(value) || fail_value(path, Native.key_problem(value))
     end
 
-    # The core's reason for refusing a value (nil, true, a Float, an empty value).
-    def refuse(value, path)
-      problem = Native.key_problem(value)
-      fail_value(path, problem) if problem
-    end
-
-    # A value the core's JSON does not carry: a Bignum as its decimal text, a String
-    # that is not UTF-8 refused with the core's reason, a Hash/Array as canonical JSON
-    # by {CanonicalJson}; anything else refused.
-    def uncarried(value, path)
-      case value
-      when Integer then value.to_s
-      when String, Symbol
-        text = utf8_text(value.to_s, path)
-        Native.key_text(text) || refuse(text, path)
-      when Hash, Array
-        checked(value, path)
-        JSON.generate(normalized(value, path), max_nesting: Native::MAX_NESTING)
-      else unsupported(value, path)
+    # A composite key the core did not take: the first part's problem, named by its path.
+    def refuse_part(values)
+      values.each_with_index do |value, i|
+        problem = Native.key_problem(value)
+        fail_value(@paths[i], problem) if problem
       end
-    end
-
-    # A composite key the core did not take: each part's problem by the core, else
-    # the parts the core's JSON cannot carry handled as {#uncarried}.
-    def composite_fallback(values)
-      parts = values.each_with_index.map { |value, i| composite_part(value, @paths[i]) }
-      JSON.generate(parts.each_with_index.map { |part, i| part.is_a?(String) ? part : normalized(part, @paths[i]) },
-                    max_nesting: Native::MAX_NESTING)
-    end
-
-    # (Empty values never get here: the core refuses them first, {#refuse}.)
-    def scalar_text(value, path)
-      utf8_text(value.to_s, path)
-    end
-
-    # The String's bytes as UTF-8 (keys are byte for byte), or the core's reason why
-    # they are not UTF-8.
-    def utf8_text(text, path)
-      problem = Native.key_text_problem(text)
-      fail_value(path, problem) if problem
-      text.encoding == Encoding::UTF_8 ? text : text.dup.force_encoding(Encoding::UTF_8)
-    end
-
-    # Every String in a Hash/Array value (keys too) checked as {#utf8_text}.
-    def check_texts(value, path)
-      case value
-      when String then utf8_text(value, path)
-      when Array then value.each { |v| check_texts(v, path) }
-      when Hash then value.each { |k, v| check_texts(k.to_s, path) && check_texts(v, path) }
-      end
-    end
-
-    def composite_part(value, path)
-      refuse(value, path)
-      case value
-      when String, Symbol, Integer then scalar_text(value, path)
-      when Hash, Array then checked(value, path)
-      else unsupported(value, path)
-      end
-    end
-
-    # A Hash or Array value whose Strings are UTF-8 and whose nesting is within the
-    # core's limit (Native::MAX_NESTING; the core refused an empty one first).
-    def checked(value, path)
-      fail_value(path, Native.key_refused(Native::TOO_DEEP, false)) if Native.nested_too_deep?(value)
-      check_texts(value, path)
-      value
-    end
-
-    # The canonical form by the gem's Ruby normaliser, for a value the core's key rules
-    # (Native.key_text, used first) do not take: a Bignum, a Hash key that
-    # is not a String or Symbol (written as its String), or what no key can hold (a
-    # Time, a non-finite Float: refused here).
-    def normalized(value, path)
-      CanonicalJson.normalize(value) { |bad| unsupported(bad, path) }
-    end
-
-    def unsupported(value, path)
-      fail_value(path, Native.key_refused("a #{value.class}", value.is_a?(Float)))
+      fail_value(nil, "the core took no composite key of these parts") # not reached: a part is refused
     end
   end
 end

@@ -10,6 +10,7 @@
 # The extension maps its errors to the exception classes of errors.rb, which it looks up
 # once as it loads: they are defined first.
 require_relative "errors"
+require_relative "gem_platform"
 
 begin
   require_relative "#{RUBY_VERSION[/\A\d+\.\d+/]}/idempotent_job"
@@ -22,6 +23,7 @@ rescue LoadError => e
     raise LoadError, "idempotent_job's native extension could not be loaded (precompiled for Ruby " \
                      "#{RUBY_VERSION[/\A\d+\.\d+/]}: #{precompiled.message}; built at install: #{built.message}): " \
                      "in a checkout run `rake compile`; otherwise reinstall the gem, either the source gem " \
-                     "(needs Rust and libclang) or the platform gem for #{Gem::Platform.local} if one is published"
+                     "(needs Rust and libclang) or the platform gem for #{IdempotentJob.gem_platform} if one is " \
+                     "published"
   end
 end

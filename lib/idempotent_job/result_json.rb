@@ -31,13 +31,22 @@ module IdempotentJob
     # The first part of `value` that is not JSON, described with its path, or nil.
     def self.offence(value, path)
       case value
-      when nil, true, false, Integer, Symbol then nil
+      when nil, true, false, Symbol then nil
+      when Integer then integer_offence(value, path)
       when String then value.valid_encoding? ? nil : "the String at #{path} is not valid #{value.encoding}"
       when Float then value.finite? ? nil : "the Float #{value} at #{path} is not finite"
       when Array then value.each_with_index.lazy.filter_map { |v, i| offence(v, "#{path}[#{i}]") }.first
       when Hash then hash_offence(value, path)
       else "a #{value.class} at #{path} is not a JSON value (a stored result is a #{ALLOWED})"
       end
+    end
+
+    # An Integer wider than every language reads back (the core's MAX_INTEGER_DIGITS:
+    # Python's int_max_str_digits), described, or nil.
+    def self.integer_offence(value, path)
+      return nil if value.bit_length < 64 || value.abs.to_s.size <= Native::MAX_INTEGER_DIGITS
+
+      "the Integer at #{path} has more than #{Native::MAX_INTEGER_DIGITS} digits"
     end
 
     def self.hash_offence(hash, path)
@@ -51,6 +60,6 @@ module IdempotentJob
       end
       nil
     end
-    private_class_method :offence, :hash_offence
+    private_class_method :offence, :integer_offence, :hash_offence
   end
 end

@@ -7,6 +7,7 @@ require_relative "sidekiq/compat"
 require_relative "sidekiq/options"
 require_relative "sidekiq/door"
 require_relative "sidekiq/wrapped"
+require_relative "sidekiq/unwritable"
 require_relative "sidekiq/server_middleware"
 require_relative "sidekiq/client_middleware"
 

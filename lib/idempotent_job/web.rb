@@ -95,13 +95,28 @@ module IdempotentJob
     end
 
     # A 400 when the query or form cannot be parsed (a malformed %-escape, a nesting
-    # conflict, too many parameters), else nil.
+    # conflict, too many parameters), else nil. A parameter name that is not UTF-8 gets the
+    # words {Actions#check_params!} uses: Rack 2 cannot split such a name (an encoding error),
+    # Rack 3 hands it on to that check.
     def unparsable(request)
       request.params
       nil
     rescue *PARSE_ERRORS => e
-      [400, { "content-type" => "text/plain; charset=utf-8" },
-       ["Bad request: the query or form cannot be read: #{e.message.scrub.delete("\0")}.\n"]]
+      problem = if invalid_bytes?(e) then "a parameter name is not valid UTF-8"
+                else
+                  "the query or form cannot be read: #{e.message.scrub.delete("\0")}"
+                end
+      [400, { "content-type" => "text/plain; charset=utf-8" }, ["Bad request: #{problem}.\n"]]
+    end
+
+    # Whether ERROR (or what caused it) is Ruby's "invalid byte sequence" for a string.
+    def invalid_bytes?(error)
+      while error
+        return true if error.is_a?(EncodingError) || error.message.scrub.include?("invalid byte sequence")
+
+        error = error.cause
+      end
+      false
     end
 
     def forbidden(env)

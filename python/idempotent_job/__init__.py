@@ -20,9 +20,10 @@ import json
 import logging
 import threading
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _native, errors
+from . import _native, _tracing, errors
 from ._native import Claim, Outcome, Store
 from .errors import (
     ConfigurationError,
@@ -48,6 +49,8 @@ __all__ = [
     "perform_once",
     "held",
     "resolve",
+    "on_rerun",
+    "Rerun",
     "purge",
     "record",
     "operation_key",
@@ -236,19 +239,24 @@ def perform_once(
     }
     if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float))):
         raise ConfigurationError(f"{job_type}: wait must be a number of seconds (0 or more), got {wait!r}")
-    return store.perform_once(
-        store.protocol(job_type, options, "plain"),
+    return _tracing.perform(
+        "plain",
         job_type,
         key_text,
-        fn,
-        [] if payload is None else payload,
-        id or str(uuid.uuid4()),
-        deferrals,
-        job_class,
-        queue,
-        facts,
-        lookup,
-        wait,
+        lambda: store.perform_once(
+            store.protocol(job_type, options, "plain"),
+            job_type,
+            key_text,
+            fn,
+            [] if payload is None else payload,
+            id or str(uuid.uuid4()),
+            deferrals,
+            job_class,
+            queue,
+            facts,
+            lookup,
+            wait,
+        ),
     )
 
 
@@ -265,17 +273,93 @@ def held(job_type: str | None = None, limit: int = 100) -> list[tuple[str, str]]
     return _current().held(None if job_type is None else _job_type(job_type), limit)
 
 
+@dataclass(frozen=True)
+class Rerun:
+    """The stored delivery of an operation resolved with ``resolve(..., as_="rerun")``:
+    what its last claim stored, for a sender registered with :func:`on_rerun` to send
+    through its queue again. ``args`` is the payload (decoded JSON; None when none was
+    stored), ``first_facts`` the first claim's facts (a dict, or None)."""
+
+    job_type: str
+    operation_key: str
+    job_class: str | None
+    queue: str | None
+    args: Any
+    first_facts: dict | None
+
+
+_senders: list[Callable[[Rerun], Any]] = []
+_senders_lock = threading.Lock()
+
+
+def on_rerun(sender: Callable[[Rerun], Any]) -> Callable[[Rerun], Any]:
+    """Registers ``sender(rerun)``, asked by :func:`resolve` with ``as_="rerun"`` to send
+    the released operation's stored delivery (a :class:`Rerun`) through its queue again;
+    it returns True when it sent it, False (or None) when the delivery is not its kind.
+    Senders are asked latest first; the first that sends wins. The Celery door registers
+    one when ``idempotent_job.celery`` is imported (it sends the task by name);
+    ``idempotent_job.sqs.resender(client)`` makes one for an SQS queue; a plain
+    :func:`perform_once` caller registers its own. Usable as a decorator; returns
+    ``sender``."""
+    if not callable(sender):
+        raise ConfigurationError(f"on_rerun needs a callable sender, got {type(sender).__name__}")
+    with _senders_lock:
+        _senders.append(sender)
+    return sender
+
+
 def resolve(job_type: str, key: Any, as_: str = "done") -> bool:
     """Settles a held or given-up operation: ``as_="done"`` marks it completed (the effect
-    is known to have happened), ``as_="rerun"`` releases it for the next delivery.
-    ``key`` is the operation key as given to :func:`perform_once` (or its stored text).
-    Returns False when the operation is not held or given up.
+    is known to have happened); ``as_="rerun"`` releases it and re-sends its stored
+    delivery (the last claim's job class, queue and payload) through the first sender
+    registered with :func:`on_rerun` that takes it, latest first; that delivery claims the
+    operation as a retry and runs once. When no sender takes it, a WARNING on the
+    ``idempotent_job`` logger says the operation was only released (its next delivery or
+    :func:`perform_once` call runs it). ``key`` is the operation key as given to
+    :func:`perform_once` (or its stored text). Returns False when the operation is not
+    held or given up. One statement: the release and the stored delivery it answers.
 
     Raises:
         ConfigurationError: for another ``as_``, or a job type that is not valid UTF-8.
+        Whatever a sender raised, after the release (send the delivery again by hand).
     """
     job_type = _job_type(job_type)
-    return _current().resolve(job_type, Store.operation_key(job_type, key), as_)
+    key_text = Store.operation_key(job_type, key)
+    stored = _current().resolve(job_type, key_text, as_)
+    if stored is None:
+        return False
+    if as_ == "rerun":
+        _rerun(
+            Rerun(
+                job_type,
+                key_text,
+                stored["job_class"],
+                stored["queue"],
+                None if stored["args_json"] is None else json.loads(stored["args_json"]),
+                None if stored["first_facts_json"] is None else json.loads(stored["first_facts_json"]),
+            )
+        )
+    return True
+
+
+def _rerun(rerun: Rerun) -> None:
+    name = f"{rerun.job_type} operation {rerun.operation_key!r}"
+    with _senders_lock:
+        senders = list(reversed(_senders))
+    for sender in senders:
+        if sender(rerun):
+            logger.warning("idempotent_job: %s resolved for a rerun: re-sent by %s", name, _name_of(sender))
+            return
+    logger.warning(
+        "idempotent_job: %s resolved for a rerun: released only; no sender registered with "
+        "idempotent_job.on_rerun re-sends %r, so its next delivery (or perform_once call) runs it",
+        name,
+        rerun.job_class,
+    )
+
+
+def _name_of(sender: Callable) -> str:
+    return getattr(sender, "__qualname__", None) or type(sender).__name__
 
 
 def purge(older_than: float | None = None, batch: int = 1000) -> int:

@@ -17,15 +17,15 @@ import inspect
 import logging
 from typing import Any
 
-from celery import Task
+from celery import Task, current_app
 from celery.exceptions import Ignore, Retry
 
-from . import _current
+from . import Rerun, _current, _tracing, on_rerun
 from ._native import OPTION_NAMES, Store, check_option, key_declaration
 from ._sendback import claim_failed
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
-__all__ = ["IdempotentTask", "DEFERRALS_HEADER", "UNREACHABLE_HEADER", "ON_CLAIM_ERROR_SETTING"]
+__all__ = ["IdempotentTask", "send_rerun", "DEFERRALS_HEADER", "UNREACHABLE_HEADER", "ON_CLAIM_ERROR_SETTING"]
 
 logger = logging.getLogger("idempotent_job.celery")
 
@@ -270,7 +270,10 @@ class IdempotentTask(Task):
         deferrals = int(_header(request, DEFERRALS_HEADER) or 0)
         payload = list(args) + ([kwargs] if kwargs else [])
         delivery_info = getattr(request, "delivery_info", None) or {}
-        facts = {"task_id": request.id, "retries": request.retries or 0}
+        facts: dict[str, Any] = {"task_id": request.id, "retries": request.retries or 0}
+        if kwargs:
+            # The payload ends with the keyword arguments: a rerun sends them as such.
+            facts["kwargs"] = sorted(kwargs)
         if deferrals:
             facts["deferrals"] = deferrals
         unreachable = int(_header(request, UNREACHABLE_HEADER) or 0)
@@ -284,18 +287,23 @@ class IdempotentTask(Task):
 
         protocol = self._idempotency_protocol_of(self.name)
         try:
-            outcome = _current().perform_once(
-                protocol,
+            outcome = _tracing.perform(
+                "celery",
                 job_type,
                 key,
-                body,
-                payload,
-                request.id,
-                deferrals,
-                self.name,
-                delivery_info.get("routing_key"),
-                facts,
-                self._idempotency_lookup_fn,
+                lambda: _current().perform_once(
+                    protocol,
+                    job_type,
+                    key,
+                    body,
+                    payload,
+                    request.id,
+                    deferrals,
+                    self.name,
+                    delivery_info.get("routing_key"),
+                    facts,
+                    self._idempotency_lookup_fn,
+                ),
             )
         except IdempotentJobError as error:
             if (
@@ -379,6 +387,29 @@ class IdempotentTask(Task):
         )
         signature.apply_async()
         raise Retry(f"{reason}; back in {countdown:.1f} s", None, when=countdown)
+
+
+@on_rerun
+def send_rerun(rerun: Rerun) -> bool:
+    """The Celery door's rerun sender (registered with ``idempotent_job.on_rerun`` when
+    this module is imported): sends the stored delivery of an operation resolved with
+    ``resolve(..., as_="rerun")`` as a new task message through the current Celery app
+    (``send_task`` by the task's name, with the stored arguments, keyword arguments when
+    the first claim had them, on the stored routing key as its queue). Takes a record
+    whose first claim was this door's delivery (its ``task_id`` fact; the task need not be
+    registered here: a producer-only process sends by name); returns False for any other
+    record. Never finalizes the app's pending tasks."""
+    facts = rerun.first_facts or {}
+    name = rerun.job_class
+    if name is None or "task_id" not in facts:
+        return False
+    args = rerun.args if isinstance(rerun.args, list) else ([] if rerun.args is None else [rerun.args])
+    kwargs: dict[str, Any] = {}
+    names = facts.get("kwargs")
+    if names and args and isinstance(args[-1], dict) and sorted(args[-1]) == sorted(names):
+        args, kwargs = args[:-1], args[-1]
+    current_app.send_task(name, args=args, kwargs=kwargs, queue=rerun.queue)
+    return True
 
 
 _IGNORED = {

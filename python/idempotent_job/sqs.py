@@ -25,16 +25,17 @@ import math
 import signal
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _current
-from ._native import Store, check_option, key_declaration
+from . import Rerun, _current, _tracing
+from ._native import TOO_DEEP, Store, check_option, key_declaration
 from ._sendback import claim_failed
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
-__all__ = ["Consumer", "Message", "batch_handler"]
+__all__ = ["Consumer", "Message", "batch_handler", "resender"]
 
 logger = logging.getLogger("idempotent_job.sqs")
 
@@ -49,7 +50,8 @@ class Message:
 
     ``body`` is the JSON-decoded body (the text when it is not JSON), ``attributes`` the
     system attributes (str values: ``ApproximateReceiveCount``, ``MessageGroupId``…),
-    ``message_attributes`` the producer's attributes (name → their string or binary value).
+    ``message_attributes`` the producer's attributes (name → their string or binary value),
+    ``unread`` why the body was not decoded as JSON (None when it was).
     """
 
     message_id: str
@@ -58,16 +60,20 @@ class Message:
     body: Any
     attributes: dict
     message_attributes: dict
+    unread: str | None = None
 
     @classmethod
     def of(cls, raw: dict) -> Message:
         """From a ``receive_message`` message (``MessageId``…) or a Lambda record (``messageId``…)."""
         lam = "messageId" in raw
         text = raw["body" if lam else "Body"]
+        unread = None
         try:
             body = json.loads(text)
-        except ValueError:
-            body = text
+        except RecursionError:  # a hostile body: never a crash of the consumer (issue 29)
+            body, unread = text, f"its body holds {TOO_DEEP} (Python's JSON reader gave up)"
+        except ValueError as error:  # not JSON, or an int longer than Python reads
+            body, unread = text, f"its body is not JSON Python reads: {error}"
         attributes = raw.get("messageAttributes" if lam else "MessageAttributes") or {}
         values = {
             name: a.get(
@@ -82,6 +88,7 @@ class Message:
             body,
             dict(raw.get("attributes" if lam else "Attributes") or {}),
             values,
+            unread,
         )
 
     @property
@@ -150,8 +157,9 @@ class _Door:
             elif isinstance(value, dict) and segment in value:
                 value = value[segment]
             else:
+                why = f" ({message.unread})" if source == "body" and message.unread else ""
                 raise OperationKeyError(
-                    f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}",
+                    f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}{why}",
                     job_class=self.job_type,
                     job_type=self.job_type,
                     declaration=self.key,
@@ -182,18 +190,23 @@ class _Door:
             facts["message_group_id"] = message.group_id
         try:
             key = self.operation_key(message)
-            outcome = _current().perform_once(
-                self.protocol,
+            outcome = _tracing.perform(
+                "sqs",
                 self.job_type,
                 key,
-                body,
-                message.body,
-                message.message_id,
-                message.receive_count - 1,
-                self.job_type,
-                queue,
-                facts,
-                self.options.get("lookup"),
+                lambda: _current().perform_once(
+                    self.protocol,
+                    self.job_type,
+                    key,
+                    body,
+                    message.body,
+                    message.message_id,
+                    message.receive_count - 1,
+                    self.job_type,
+                    queue,
+                    facts,
+                    self.options.get("lookup"),
+                ),
             )
         except IdempotentJobError as error:
             # The core's rule of which claim errors send a delivery back (an outage, a
@@ -441,6 +454,40 @@ class Consumer:
                 failed = [{"Message": repr(error)}]
             for failure in failed:
                 logger.warning("%s: could not extend a message's visibility: %s", self.door.job_type, failure)
+
+
+def resender(client: Any = None, job_type: str | None = None) -> Callable[[Rerun], bool]:
+    """A rerun sender for SQS records, to register with ``idempotent_job.on_rerun``:
+    ``resolve(..., as_="rerun")`` then sends the released operation's stored message body
+    to its stored queue URL again (``send_message``; on a FIFO queue with the first
+    claim's message group and a fresh deduplication id, so SQS does not drop it as a copy
+    of the first). Takes records of ``job_type`` (default: any record whose first claim
+    was an SQS delivery, a ``message_id`` fact). Only the body is sent: a key read from
+    message attributes needs a sender of your own. ``client``: a boto3 SQS client
+    (default ``boto3.client("sqs")``, made on first use)."""
+    clients: list[Any] = [client]
+
+    def send(rerun: Rerun) -> bool:
+        facts = rerun.first_facts or {}
+        if rerun.queue is None:
+            return False
+        if rerun.job_type != job_type if job_type is not None else "message_id" not in facts:
+            return False
+        if clients[0] is None:
+            import boto3
+
+            clients[0] = boto3.client("sqs")
+        body = rerun.args if isinstance(rerun.args, str) else json.dumps(rerun.args)
+        extra = {}
+        if rerun.queue.endswith(".fifo"):
+            extra = {
+                "MessageGroupId": facts.get("message_group_id") or rerun.operation_key,
+                "MessageDeduplicationId": uuid.uuid4().hex,
+            }
+        clients[0].send_message(QueueUrl=rerun.queue, MessageBody=body, **extra)
+        return True
+
+    return send
 
 
 def batch_handler(

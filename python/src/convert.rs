@@ -8,12 +8,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
 
-/// A JSON value for a Python one: None, bool, int (64-bit), float (finite; an integral
-/// float becomes an integer, as in the Ruby gem's canonical JSON, so `2.0` and `2`
-/// agree), str, list/tuple, dict with str keys (sorted). Anything else, or lists and
-/// dicts nested deeper than the core's [`canonical::MAX_NESTING`] (refused before the
-/// conversion recurses further, so no value can exhaust the stack), is an error text
-/// naming what it holds.
+/// A JSON value for a Python one: None, bool, int (any width up to the core's
+/// [`canonical::MAX_INTEGER_DIGITS`] digits: its decimal text, as the Ruby gem's
+/// Integer), float (finite; the canonical text writes an integral float as the integer
+/// it equals, so `2.0` and `2` agree), str, list/tuple, dict with str or int keys (an
+/// int key as its decimal text, as `json.dumps` writes it). Anything else (a Decimal, a
+/// set, bytes, NaN), or lists and dicts nested deeper than the core's
+/// [`canonical::MAX_NESTING`] (refused before the conversion recurses further, so no
+/// value can exhaust the stack), is an error text naming what it holds.
 pub fn to_json(obj: &Bound<'_, PyAny>) -> Result<Value, String> {
     to_json_at(obj, 0)
 }
@@ -31,15 +33,9 @@ fn to_json_at(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
     } else if let Ok(b) = obj.cast::<PyBool>() {
         Ok(Value::Bool(b.is_true()))
     } else if obj.is_instance_of::<PyInt>() {
-        if let Ok(i) = obj.extract::<i64>() {
-            Ok(Value::from(i))
-        } else if let Ok(u) = obj.extract::<u64>() {
-            Ok(Value::from(u))
-        } else {
-            Err("an int beyond 64 bits".into())
-        }
+        int(obj).map(Value::Number)
     } else if let Ok(f) = obj.cast::<PyFloat>() {
-        float(f.value())
+        canonical::float(f.value()).map(Value::Number)
     } else if let Ok(s) = obj.cast::<PyString>() {
         Ok(Value::String(
             s.to_cow().map_err(|e| e.to_string())?.into_owned(),
@@ -58,13 +54,14 @@ fn to_json_at(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
     } else if let Ok(dict) = obj.cast::<PyDict>() {
         let mut map = Map::new();
         for (k, v) in dict.iter() {
-            let Ok(key) = k.cast::<PyString>() else {
+            let key = if let Ok(key) = k.cast::<PyString>() {
+                key.to_cow().map_err(|e| e.to_string())?.into_owned()
+            } else if k.is_instance_of::<PyInt>() && !k.is_instance_of::<PyBool>() {
+                int(&k)?.to_string()
+            } else {
                 return Err(format!("a dict key of type {}", type_name(&k)));
             };
-            map.insert(
-                key.to_cow().map_err(|e| e.to_string())?.into_owned(),
-                inner(&v)?,
-            );
+            map.insert(key, inner(&v)?);
         }
         Ok(Value::Object(map))
     } else {
@@ -72,18 +69,23 @@ fn to_json_at(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
     }
 }
 
-fn float(f: f64) -> Result<Value, String> {
-    if !f.is_finite() {
-        return Err(format!("the float {f} (JSON has no such number)"));
+/// An int as the core's number ([`canonical::integer`]: any width, by its decimal
+/// text). Errors: an int longer than Python converts to text (its `int_max_str_digits`)
+/// or than the core's [`canonical::MAX_INTEGER_DIGITS`].
+fn int(obj: &Bound<'_, PyAny>) -> Result<Number, String> {
+    if let Ok(i) = obj.extract::<i64>() {
+        return Ok(Number::from(i));
     }
-    // Within i64's range (Ruby's `to_i` goes further, into Bignum: beyond 2^63 the two
-    // may digest differently).
-    if f == f.trunc() && f.abs() < 9.2e18 {
-        return Ok(Value::from(f as i64));
+    if let Ok(u) = obj.extract::<u64>() {
+        return Ok(Number::from(u));
     }
-    Number::from_f64(f)
-        .map(Value::Number)
-        .ok_or_else(|| format!("the float {f}"))
+    let text = obj.str().map_err(|e| {
+        format!(
+            "an int too long to write as text ({e}; the core takes at most {} digits)",
+            canonical::MAX_INTEGER_DIGITS
+        )
+    })?;
+    canonical::integer(&text.to_cow().map_err(|e| e.to_string())?)
 }
 
 /// The name of a Python value's type, for messages.
@@ -120,9 +122,9 @@ pub const KEY_WORDS: keys::Words = keys::Words {
 /// it, as [`to_json`]. Errors: the core's message for a value JSON cannot carry.
 fn key_value(value: &Bound<'_, PyAny>) -> Result<Value, String> {
     if let Ok(f) = value.cast::<PyFloat>() {
-        return Number::from_f64(f.value())
+        return canonical::float(f.value())
             .map(Value::Number)
-            .ok_or_else(|| keys::refused("a float", true, &KEY_WORDS));
+            .map_err(|what| keys::refused(&what, false, &KEY_WORDS));
     }
     to_json(value).map_err(|what| keys::refused(&what, false, &KEY_WORDS))
 }

@@ -30,6 +30,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;
     m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
     m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(protocol::span_attributes, m)?)?;
+    m.add_function(wrap_pyfunction!(protocol::span_name, m)?)?;
+    m.add("TRACER_NAME", idempotent_job_core::telemetry::TRACER_NAME)?;
     m.add_function(wrap_pyfunction!(store::unreachable_delay, m)?)?;
     m.add_function(wrap_pyfunction!(store::claim_error_report, m)?)?;
     m.add(
@@ -47,6 +50,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         idempotent_job_core::config::DEFAULT_RETENTION_SECONDS,
     )?;
     m.add("SCHEMA_SQL", idempotent_job_core::migrate::schema_sql())?;
+    // The core's value limits: levels of nesting, an integer's digits, and how messages
+    // name a value over the nesting limit.
+    m.add("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
+    m.add(
+        "MAX_INTEGER_DIGITS",
+        idempotent_job_core::canonical::MAX_INTEGER_DIGITS,
+    )?;
+    m.add("TOO_DEEP", idempotent_job_core::canonical::too_deep())?;
     // The package's version: the Cargo workspace's, the one owner of it.
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -143,6 +143,13 @@ pub struct Outcome {
     /// The claim the body ran under, when it ran.
     #[pyo3(get)]
     pub claim: Option<Py<Claim>>,
+    /// What became of the result `store_result` asked to keep: "stored", "too_large"
+    /// (over `max_result_bytes`) or "unencodable" (not JSON, e.g. a datetime or an
+    /// `object()`): then not stored and a repeat replays nothing; None when no store was
+    /// requested. For "ran" this run's; for a repeat ("completed") the first run's (the
+    /// record's `result_state`). Ruby's `Outcome#result_state`.
+    #[pyo3(get)]
+    pub result_state: Option<&'static str>,
 }
 
 #[pymethods]
@@ -153,14 +160,68 @@ impl Outcome {
         self.decision == "ran"
     }
 
+    /// True when the result was stored (`result_state == "stored"`): for "ran" this run's
+    /// value, for a repeat the first run's; False when it was too large or not JSON
+    /// (`result_state` says which) or no store was requested. Ruby's `result_stored?`.
+    #[getter]
+    fn result_stored(&self) -> bool {
+        self.result_state == Some("stored")
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "Outcome(decision={:?}, retry_after={:?}, replayed={})",
+            "Outcome(decision={:?}, retry_after={:?}, replayed={}, result_state={})",
             self.decision,
             self.retry_after,
-            if self.replayed { "True" } else { "False" }
+            if self.replayed { "True" } else { "False" },
+            match self.result_state {
+                Some(state) => format!("{state:?}"),
+                None => "None".into(),
+            }
         )
     }
+}
+
+/// `span_name(job_type)` → the name of a delivery's OpenTelemetry span
+/// (`telemetry::span_name`: `"idempotency <job type>"`).
+#[pyfunction]
+pub fn span_name(job_type: &str) -> String {
+    idempotent_job_core::telemetry::span_name(job_type)
+}
+
+/// `span_attributes(door, job_type, operation_key, outcome)` → the attributes dict of a
+/// delivery's OpenTelemetry span: the core's tracing vocabulary
+/// (`telemetry::span_attributes`); the key only as its hash.
+#[pyfunction]
+pub fn span_attributes<'py>(
+    py: Python<'py>,
+    door: &str,
+    job_type: &str,
+    operation_key: &str,
+    outcome: &Outcome,
+) -> PyResult<Bound<'py, PyDict>> {
+    use idempotent_job_core::telemetry::{self, AttrValue, Delivered};
+    let claim = outcome.claim.as_ref().map(|c| c.get());
+    let attributes = telemetry::span_attributes(&Delivered {
+        door,
+        job_type,
+        operation_key,
+        decision: outcome.decision,
+        replayed: outcome.replayed,
+        claim_kind: claim.map(|c| c.kind),
+        attempt: claim.map(|c| c.attempt),
+        duplicates: outcome.duplicates,
+        result_state: outcome.result_state,
+    });
+    let out = PyDict::new(py);
+    for (name, value) in attributes {
+        match value {
+            AttrValue::Text(v) => out.set_item(name, v)?,
+            AttrValue::Int(v) => out.set_item(name, v)?,
+            AttrValue::Bool(v) => out.set_item(name, v)?,
+        }
+    }
+    Ok(out)
 }
 
 impl Outcome {
@@ -188,6 +249,7 @@ impl Outcome {
                 .as_ref()
                 .map(|c| Py::new(py, Claim::of(c)))
                 .transpose()?,
+            result_state: o.result_state.map(|s| s.as_str()),
         })
     }
 }

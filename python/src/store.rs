@@ -256,20 +256,32 @@ impl Store {
     }
 
     /// `resolve(job_type, operation_key, as_)`: `as_` is "done" (the effect happened:
-    /// completed) or "rerun" (released for the next delivery). Returns False when the
-    /// operation is not held or given up. Sent once (never repeated).
-    fn resolve(
+    /// completed) or "rerun" (released for the next delivery). Returns None when the
+    /// operation is not held or given up, else the stored delivery of its last claim (what
+    /// a rerun re-sends) as a dict: `job_class`, `queue`, `args_json` (JSON text),
+    /// `first_facts_json` (JSON object text), each str or None. Sent once (never
+    /// repeated).
+    fn resolve<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         job_type: String,
         operation_key: String,
         as_: &str,
-    ) -> PyResult<bool> {
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let resolution = Resolution::parse(as_).map_err(crate::errors::to_py)?;
         let pool = self.pool()?;
-        detached(py, move |i| {
-            operations::resolve(&pool, i, &job_type, &operation_key, resolution)
-        })
+        let stored = detached(py, move |i| {
+            operations::resolve_stored(&pool, i, &job_type, &operation_key, resolution)
+        })?;
+        let Some(stored) = stored else {
+            return Ok(None);
+        };
+        let out = PyDict::new(py);
+        out.set_item("job_class", stored.job_class)?;
+        out.set_item("queue", stored.queue)?;
+        out.set_item("args_json", stored.args_json)?;
+        out.set_item("first_facts_json", stored.first_facts_json)?;
+        Ok(Some(out))
     }
 
     /// `purge(older_than or None, batch)`: deletes finished (completed, given up)

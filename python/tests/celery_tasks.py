@@ -67,6 +67,29 @@ def charge_unguarded(scenario, order_id, hold=0.0):
     return _charge(scenario, order_id, hold)
 
 
+@app.task(
+    base=IdempotentTask,
+    idempotency_key="order_id",
+    idempotency_lease=LIVE_LEASE,
+    idempotency_store_result=False,
+)
+def charge_unstored(scenario, order_id, hold=0.0):
+    return _charge(scenario, order_id, hold)
+
+
+@app.task
+def after(value, scenario):
+    """A chain's next step: what the step before it returned (a replayed repeat: the first run's value)."""
+    record_effect(scenario, "after")
+    return {"after": value}
+
+
+@app.task
+def collect(values, scenario):
+    """A chord's body: the header's results, in order."""
+    return {"collected": values}
+
+
 def _killable(scenario: str, order_id: str, effect_first: bool) -> str:
     starts = record_start(scenario, order_id)
     if effect_first:
@@ -85,6 +108,14 @@ def killable_reclaim(scenario, order_id, effect_first):
 
 @app.task(base=IdempotentTask, idempotency_key=1, idempotency_lease=LEASE, idempotency_on_stale="hold")
 def killable_hold(scenario, order_id, effect_first):
+    return _killable(scenario, order_id, effect_first)
+
+
+@app.task(
+    base=IdempotentTask, idempotency_key="order_id", idempotency_lease=LEASE, idempotency_on_stale="hold"
+)
+def killable_hold_kw(scenario, order_id, effect_first):
+    # Called with keyword arguments: a rerun must send them as keywords again.
     return _killable(scenario, order_id, effect_first)
 
 
@@ -152,3 +183,19 @@ def cross_order(scenario, order_id):
     (job type CrossOrder, key order_id): its body must not run after the Rust one did."""
     record_effect(scenario, str(order_id))
     return f"celery ran {order_id}"
+
+
+@app.task(
+    base=IdempotentTask,
+    idempotency_key=1,
+    idempotency_lease=LIVE_LEASE,
+    idempotency_store_result=True,
+)
+def hostile(scenario, key, payload, result_case):
+    """Issue 29's hostile values (conformance/hostile.json): `key` is the operation key,
+    `payload` rides along in the arguments, and the body returns the value of the table's
+    case named `result_case` (built here, in the pool child), or "done"."""
+    import hostile as table
+
+    record_effect(scenario, "hostile")
+    return "done" if result_case is None else table.value(table.BY_NAME[result_case])

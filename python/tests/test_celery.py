@@ -200,6 +200,113 @@ def test_pool_child_sigkilled_after_the_effect(worker, scenario, task, expected)
     assert effects(scenario) == expected
 
 
+@pytest.mark.parametrize("task,kw", [("killable_hold", False), ("killable_hold_kw", True)])
+def test_a_held_operation_resolved_for_a_rerun_is_sent_again_and_runs_once(worker, scenario, task, kw):
+    # Held after its pool child died past the effect; resolve(as_="rerun") sends the task
+    # again by name (with its keyword arguments as keywords) and a worker runs it once
+    # more, as a retry. Control: without the door's sender the record stays released
+    # and nothing runs (the defect issue 34 reports).
+    task_ = getattr(worker, task)
+    args = (
+        ((), {"scenario": scenario, "order_id": scenario, "effect_first": True})
+        if kw
+        else (
+            (scenario, scenario, True),
+            {},
+        )
+    )
+    task_.apply_async(*args)
+    _kill_the_child(scenario, after_effect=True)
+    eventually(
+        lambda: (idempotent_job.record(task_.name, scenario) or {}).get("status") == "held",
+        "the stale claim to be held",
+        TIMEOUT,
+    )
+    assert idempotent_job.resolve(task_.name, scenario, as_="rerun") is True
+    eventually(
+        lambda: (idempotent_job.record(task_.name, scenario) or {}).get("status") == "completed",
+        "the rerun to complete",
+        TIMEOUT,
+    )
+    record = idempotent_job.record(task_.name, scenario)
+    assert (record["resolution"], record["last_claim"], record["takeovers"]) == ("rerun", "retry", 1)
+    assert effects(scenario) == 2  # the first run's (before the kill) and the rerun's
+
+
+def test_a_rerun_no_sender_takes_is_released_and_says_so(worker, scenario, caplog):
+    from idempotent_job import celery as door
+
+    task_ = worker.killable_hold
+    task_.apply_async((scenario, scenario, True))
+    _kill_the_child(scenario, after_effect=True)
+    eventually(
+        lambda: (idempotent_job.record(task_.name, scenario) or {}).get("status") == "held",
+        "the stale claim to be held",
+        TIMEOUT,
+    )
+    idempotent_job._senders.remove(door.send_rerun)
+    try:
+        with caplog.at_level("WARNING", logger="idempotent_job"):
+            assert idempotent_job.resolve(task_.name, scenario, as_="rerun") is True
+    finally:
+        idempotent_job.on_rerun(door.send_rerun)
+    assert "released only; no sender registered" in caplog.text
+    assert idempotent_job.record(task_.name, scenario)["status"] == "released"
+    assert effects(scenario) == 1
+
+
+def test_a_replayed_repeat_continues_its_chain_and_link_with_the_first_runs_value(worker, scenario):
+    # Issue 34: a repeat answered from the stored result must not break its chain: the next
+    # step gets the first run's value (its pid shows it is a replay, not a second run).
+    from celery import chain
+
+    first = chain(worker.charge.s(scenario, scenario), worker.after.s(scenario)).apply_async()
+    value = first.get(timeout=TIMEOUT)["after"]
+    assert value["charged"] == scenario
+    again = chain(worker.charge.s(scenario, scenario), worker.after.s(scenario)).apply_async()
+    assert again.get(timeout=TIMEOUT) == {"after": value}
+    linked = worker.charge.apply_async((scenario, scenario), link=worker.after.s(scenario))
+    assert linked.get(timeout=TIMEOUT) == value
+    eventually(lambda: effects(scenario, "after") == 3, "the linked step to run")
+    assert effects(scenario, scenario) == 1
+
+
+def test_a_deferred_copy_comes_back_and_continues_its_chain_with_the_value(worker, scenario):
+    # Two chains at once: one copy runs (2 s), the other meets the live claim, is sent
+    # back (signature_from_request keeps its chain) and replays the value when it returns.
+    from celery import chain
+
+    chains = [
+        chain(worker.charge.s(scenario, scenario, 2.0), worker.after.s(scenario)).apply_async()
+        for _ in range(2)
+    ]
+    results = [c.get(timeout=TIMEOUT) for c in chains]
+    assert results[0] == results[1] and results[0]["after"]["charged"] == scenario
+    assert effects(scenario, scenario) == 1 and effects(scenario, "after") == 2
+
+
+def test_a_chord_of_copies_gets_the_value_from_each(worker, scenario):
+    from celery import chord
+
+    header = [worker.charge.s(scenario, scenario, 1.0) for _ in range(3)]
+    result = chord(header)(worker.collect.s(scenario)).get(timeout=TIMEOUT)
+    values = result["collected"]
+    assert len(values) == 3 and all(v == values[0] for v in values) and values[0]["charged"] == scenario
+    assert effects(scenario, scenario) == 1
+
+
+def test_a_repeat_with_no_stored_result_continues_the_chain_with_none(worker, scenario):
+    # idempotency_store_result=False: the repeat completes with None, which is what the
+    # chain's next step receives (documented); the control with a stored result is above.
+    from celery import chain
+
+    first = chain(worker.charge_unstored.s(scenario, scenario), worker.after.s(scenario)).apply_async()
+    assert first.get(timeout=TIMEOUT)["after"]["charged"] == scenario
+    again = chain(worker.charge_unstored.s(scenario, scenario), worker.after.s(scenario)).apply_async()
+    assert again.get(timeout=TIMEOUT) == {"after": None}
+    assert effects(scenario, scenario) == 1
+
+
 @pytest.mark.parametrize("task", ["charge", "charge_unguarded"])
 def test_two_distinct_operations_both_run(worker, scenario, task):
     results = [getattr(worker, task).apply_async((scenario, f"{scenario}-{n}")) for n in (1, 2)]

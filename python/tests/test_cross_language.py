@@ -119,6 +119,22 @@ def test_rust_first_then_python_then_ruby_on_one_record(scenario):
     assert effects(scenario) == 0
 
 
+def test_wide_numbers_are_one_operation_across_languages(scenario):
+    # Issue 29 item 4: Ruby claims an operation keyed 2**70-and-more whose payload holds
+    # 2**64, the float 1e20 and -(2**100); Python delivers it with 10**20 (an int): one
+    # record, no mismatch (the core writes every number: integers of any width as their
+    # digits, an integral float as the integer it equals).
+    key = 2**70 + abs(hash(scenario)) % 10**6
+    assert ruby("CrossWide", str(key), [2**64, 1e20, {"w": -(2**100)}])["decision"] == "ran"
+    outcome = idempotent_job.perform_once(
+        "CrossWide", key, lambda c: None, payload=[2**64, 10**20, {"w": -(2**100)}], on_mismatch="raise"
+    )
+    assert outcome.decision == "completed"
+    record = idempotent_job.record("CrossWide", key)
+    assert record["operation_key"] == str(key)
+    assert record["mismatches"] == 0 and record["attempts"] == 1
+
+
 def test_a_different_payload_is_a_mismatch_across_languages(scenario):
     key = str(abs(hash(scenario)) % 10**12)
     assert ruby("CrossOrder", key, RUBY_PAYLOAD)["decision"] == "ran"
@@ -150,13 +166,17 @@ KEY_VALUES = [
     "café",
     [1, "a", 2.0],
     {"b": [1], "a": "x"},
+    2**64,
+    -(2**80),
+    {"n": 2**70, "f": 1e20},
 ]
-COMPOSITES = [[42, "dhl"], ["a:b", "c"], ["a", "b:c"], [{"z": 1, "a": 2.0}, 7, "x"]]
+COMPOSITES = [[42, "dhl"], ["a:b", "c"], ["a", "b:c"], [{"z": 1, "a": 2.0}, 7, "x"], [2**64, "x"]]
 PAYLOADS = [
     [],
     [42, 2.0, {"b": 1, "a": "x"}],
     ["é", "\u2028/\t", 1.5e-7, 0.0001, 123456.789, None, True, False],
     [{"nested": [1, {"z": 0.1, "a": -0.5}]}, 1e20, 12345678901234.5],
+    [2**64, -(2**100), 10**20, 1e23, 1.7976931348623157e308, -0.0, {"w": [2**70]}],
 ]
 
 

@@ -171,6 +171,37 @@ def test_sigkill_after_the_effect_under_hold(scenario, guard_name, expected):
         assert effects(scenario) == 1
 
 
+def test_a_held_operation_resolved_for_a_rerun_goes_to_the_registered_sender(scenario, caplog):
+    # A plain caller's queue is its own: the sender it registers gets the stored
+    # delivery (job class, queue, payload) and sends it; that delivery runs once, as a
+    # retry. Control: with no sender the call says the operation was only released.
+    _kill_after_start(scenario, "hold", True, "guarded")
+    assert _run_until_settled(scenario, "hold", True, "guarded").decision == "held"
+    sent = []
+    sender = idempotent_job.on_rerun(
+        lambda rerun: rerun.job_type == "PlainKillable" and not sent.append(rerun)
+    )
+    try:
+        assert idempotent_job.resolve("PlainKillable", scenario, as_="rerun") is True
+    finally:
+        idempotent_job._senders.remove(sender)
+    [rerun] = sent
+    assert (rerun.job_type, rerun.operation_key, rerun.args) == ("PlainKillable", scenario, [])
+    outcome = idempotent_job.perform_once(
+        "PlainKillable", rerun.operation_key, lambda c: record_effect(scenario, "1")
+    )
+    assert (outcome.decision, outcome.claim.kind) == ("ran", "retry")
+    assert effects(scenario) == 2
+
+    other = scenario + "-none"
+    _kill_after_start(other, "hold", True, "guarded")
+    assert _run_until_settled(other, "hold", True, "guarded").decision == "held"
+    with caplog.at_level("WARNING", logger="idempotent_job"):
+        assert idempotent_job.resolve("PlainKillable", other, as_="rerun") is True
+    assert "released only; no sender registered with idempotent_job.on_rerun" in caplog.text
+    assert idempotent_job.record("PlainKillable", other)["status"] == "released"
+
+
 def test_sigkill_after_the_effect_under_reclaim_is_the_documented_duplicate(scenario):
     _kill_after_start(scenario, "reclaim", True, "guarded")
     outcome = _run_until_settled(scenario, "reclaim", True, "guarded")

@@ -25,7 +25,23 @@ def test_a_repeat_replays_the_stored_result(scenario):
     assert again.decision == "completed"
     assert again.replayed
     assert again.value == {"charge_id": "ch_" + scenario}
+    assert (first.result_stored, again.result_stored, again.result_state) == (True, True, "stored")
     assert idempotent_job.record("PyReplay", scenario)["result_state"] == "stored"
+
+
+def test_a_value_json_cannot_carry_is_not_stored_and_the_outcomes_say_so(scenario):
+    # A datetime (which Celery itself serialises) or an object(): the completion stands,
+    # the value is not stored, and both the run and a repeat say why.
+    import datetime
+
+    first = idempotent_job.perform_once(
+        "PyUnencodable", scenario, lambda claim: datetime.datetime.now(), store_result=True
+    )
+    assert (first.decision, first.result_stored, first.result_state) == ("ran", False, "unencodable")
+    again = idempotent_job.perform_once("PyUnencodable", scenario, lambda claim: "not run", store_result=True)
+    assert (again.decision, again.value, again.replayed) == ("completed", None, False)
+    assert (again.result_stored, again.result_state) == (False, "unencodable")
+    assert idempotent_job.record("PyUnencodable", scenario)["result_state"] == "unencodable"
 
 
 def test_a_fresh_process_reads_the_same_value(scenario):
@@ -44,6 +60,7 @@ def test_without_store_result_a_repeat_has_no_value(scenario):
     idempotent_job.perform_once("PyNoStore", scenario, lambda claim: {"charge_id": "ch_1"})
     again = idempotent_job.perform_once("PyNoStore", scenario, lambda claim: "not run")
     assert again.decision == "completed" and not again.replayed and again.value is None
+    assert (again.result_stored, again.result_state) == (False, None)
 
 
 def test_a_waiter_gets_the_running_calls_value(scenario):
@@ -97,11 +114,14 @@ def test_a_result_over_max_result_bytes_is_not_stored_and_the_completion_stands(
             "PyTooLarge", scenario, lambda claim: "x" * 100, store_result=True
         )
         assert first.decision == "ran"
+        assert (first.result_stored, first.result_state) == (False, "too_large")
         record = idempotent_job.record("PyTooLarge", scenario)
         assert record["status"] == "completed" and record["result_state"] == "too_large"
         again = idempotent_job.perform_once(
             "PyTooLarge", scenario, lambda claim: "must not run", store_result=True
         )
         assert again.decision == "completed" and again.value is None
+        # The repeat says why it has no value (the outcome, not only a worker's log line).
+        assert (again.replayed, again.result_stored, again.result_state) == (False, False, "too_large")
     finally:
         idempotent_job.configure(database_url=os.environ["DATABASE_URL"])

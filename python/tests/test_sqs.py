@@ -22,7 +22,7 @@ from conftest import eventually
 from effects import effects, record_effect
 
 import idempotent_job
-from idempotent_job.sqs import Consumer, batch_handler
+from idempotent_job.sqs import Consumer, batch_handler, resender
 
 WORKER = Path(__file__).with_name("sqs_worker.py")
 
@@ -150,6 +150,41 @@ def test_a_consumer_killed_mid_body_comes_back_and_the_policy_decides(sqs, scena
         assert idempotent_job.record("SqsOrder", order)["status"] == "held"
     else:
         assert effects(scenario) == 2
+
+
+@pytest.mark.parametrize("fifo", [False, True])
+def test_a_held_message_resolved_for_a_rerun_is_sent_again_and_runs_once(sqs, scenario, fifo):
+    # Held after its consumer was SIGKILLed past the effect; with resender(sqs) registered,
+    # resolve(as_="rerun") sends the stored body to the queue again (FIFO: the first
+    # claim's group and a fresh deduplication id) and a consumer runs it once, as a retry.
+    url = _queue(sqs, scenario, visibility=3, fifo=fifo)
+    order = f"{scenario}-A"
+    extra = {"MessageGroupId": "g1", "MessageDeduplicationId": "d1"} if fifo else {}
+    _send(sqs, url, order, **extra)
+    first = Workers("door", url, scenario, 1, lease=3, on_stale="hold", effect_first=True, first_sleep=120)
+    eventually(lambda: effects(scenario) == 1, "the first run's effect")
+    first.stop(signal.SIGKILL)
+    _run(sqs, url, scenario, "door", lambda: _empty(sqs, url), 1, lease=3, on_stale="hold", effect_first=True)
+    assert idempotent_job.record("SqsOrder", order)["status"] == "held"
+    sender = idempotent_job.on_rerun(resender(sqs, "SqsOrder"))
+    try:
+        assert idempotent_job.resolve("SqsOrder", order, as_="rerun") is True
+    finally:
+        idempotent_job._senders.remove(sender)
+    again = _run(
+        sqs,
+        url,
+        scenario,
+        "door",
+        lambda: _empty(sqs, url) and effects(scenario) == 2,
+        1,
+        lease=3,
+        on_stale="hold",
+        effect_first=True,
+    )
+    assert len(again.starts()) == 1, again.lines
+    record = idempotent_job.record("SqsOrder", order)
+    assert (record["status"], record["resolution"], record["last_claim"]) == ("completed", "rerun", "retry")
 
 
 def test_a_raising_body_is_redelivered_and_runs_again(sqs, scenario):

@@ -43,9 +43,18 @@ RSpec.describe "Behind PgBouncer in transaction mode", :integration do
     sleep 0.3
   end
 
+  # An immediate shutdown, waited for (the next example binds the same port): SIGTERM up to
+  # PgBouncer 1.22; from 1.23 SIGTERM waits for every client to disconnect and SIGQUIT is it.
   after do
     pid = File.read(File.join(dir, "pgbouncer.pid")).to_i
-    Process.kill(:TERM, pid)
+    version = Gem::Version.new(`pgbouncer --version`[/PgBouncer (\d+(\.\d+)*)/, 1] || "0")
+    Process.kill(version >= Gem::Version.new("1.23") ? :QUIT : :TERM, pid)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+    while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      Process.kill(0, pid)
+      sleep 0.05
+    end
+    raise "pgbouncer (pid #{pid}) was still running 10 s after its shutdown signal"
   rescue Errno::ENOENT, Errno::ESRCH
     nil
   end

@@ -111,6 +111,46 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
     expect(IdempotentJob.perform_once("PlainHeld", 5, lease: 0.3) { :ran }).to have_attributes(value: :ran)
   end
 
+  it "a held plain operation resolved for a rerun goes to the sender registered with on_rerun" do
+    holder = Thread.new do # outlives its unrenewed lease: the next call finds a stale claim
+      IdempotentJob.perform_once("PlainRerun", 6, lease: 0.3, heartbeat: false, on_stale: :hold,
+                                                  job_class: "PlainRerun", queue: "mine", payload: [6]) { sleep 1 }
+    rescue IdempotentJob::LostClaimError => e
+      e
+    end
+    sleep 0.6
+    expect(IdempotentJob.perform_once("PlainRerun", 6, lease: 0.3, on_stale: :hold,
+                                                       queue: "mine", payload: [6]) { :no }.decision).to eq(:held)
+    holder.join
+    sent = []
+    IdempotentJob.on_rerun { |record| record.job_type == "PlainRerun" && (sent << record) }
+    IdempotentJob.resolve("PlainRerun", 6, as: :rerun)
+    expect(sent.map { |r| [r.operation_key, r.job_class, r.queue, r.args] }).to eq([["6", "PlainRerun", "mine", [6]]])
+    outcome = IdempotentJob.perform_once("PlainRerun", sent.first.operation_key, lease: 0.3) { :ran }
+    expect([outcome.value, outcome.claim.kind]).to eq(%i[ran retry])
+  ensure
+    IdempotentJob.instance_variable_set(:@rerun_senders, [])
+  end
+
+  it "a rerun of another language's record (a Celery task's name and queue) is not pushed to Sidekiq" do
+    key = SecureRandom.hex(4)
+    holder = Thread.new do
+      IdempotentJob.perform_once("tasks.charge", key, lease: 0.3, heartbeat: false, on_stale: :hold,
+                                                      job_class: "tasks.charge", queue: "celery") { sleep 1 }
+    rescue IdempotentJob::LostClaimError => e
+      e
+    end
+    sleep 0.6
+    held = IdempotentJob.perform_once("tasks.charge", key, lease: 0.3, on_stale: :hold, job_class: "tasks.charge",
+                                                           queue: "celery") { :no }
+    expect(held.decision).to eq(:held)
+    holder.join
+    IdempotentJob.resolve("tasks.charge", key, as: :rerun)
+    expect(Sidekiq::Queues.jobs_by_queue.values.flatten).to be_empty # control: "Tasks::Charge" would be pushed
+    ruby_named = IdempotentJob.record("tasks.charge", key).dup.tap { |r| r.job_class = "Tasks::Charge" }
+    expect(IdempotentJob::Sidekiq::Door.new.send(:sidekiq_job?, ruby_named)).to be(true)
+  end
+
   describe "bad input" do
     it "refuses a key over 2000 bytes with the job type, a NUL, nil and empty values, with OperationKeyError" do
       expect { charge("k" * 1990) }.to raise_error(IdempotentJob::OperationKeyError, /PlainCharge: .*2001 bytes/)

@@ -21,3 +21,4 @@ IdempotentJob.configure do |c|
   c.database_url = ENV["IDEMPOTENT_JOB_SPEC_WORKER_URL"] || ENV.fetch("DATABASE_URL")
   c.lease = 30
 end
+require_relative "hostile_values"

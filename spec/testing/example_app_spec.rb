@@ -8,8 +8,12 @@ require "open3"
 RSpec.describe "The examples/testing sample app" do
   let(:app) { File.join(SpecServices::ROOT, "examples", "testing") }
 
+  # A lockfile per Ruby ABI in tmp/: the host's Ruby and the testing root's (one checkout)
+  # resolve the app to other gem versions. BUNDLE_LOCKFILE is read by Bundler 2.6 and later
+  # (the root's 4.0); Debian 12's 2.3 ignores it and keeps examples/testing/Gemfile.lock.
   def run_app(env, *command)
-    Open3.capture2e(env, *command, chdir: app)
+    lockfile = File.join(SpecServices::ROOT, "tmp", "examples-testing-#{RUBY_VERSION[/\A\d+\.\d+/]}.Gemfile.lock")
+    Open3.capture2e({ "BUNDLE_LOCKFILE" => lockfile }.merge(env), *command, chdir: app)
   end
 
   before do

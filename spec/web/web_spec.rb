@@ -277,7 +277,7 @@ RSpec.describe IdempotentJob::Web do
         "/idempotency/repeats?hours=1%00" => "parameter \"hours\" contains a NUL",
         "/idempotency/repeats.csv?job_type=%FF" => "parameter \"job_type\" is not valid UTF-8",
         "/idempotency/takeovers?hours=%C0%80" => "parameter \"hours\" is not valid UTF-8",
-        "/idempotency/record?#{key}&%FF=1" => "cannot be read: invalid byte sequence in UTF-8"
+        "/idempotency/record?#{key}&%FF=1" => "a parameter name is not valid UTF-8"
       }.each do |url, message|
         get url
         expect(last_response.status).to eq(400), "#{url}: #{last_response.status}"

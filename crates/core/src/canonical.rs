@@ -9,18 +9,22 @@
 //! * strings: UTF-8 as is (no `\u` escapes for non-ASCII, `/` not escaped); `"` and `\`
 //!   escaped; control characters below U+0020 as `\b \f \n \r \t` or `\u00XX` (lower-case
 //!   hex);
-//! * numbers: integers as their decimal digits; a float with no fractional part as the
-//!   integer it equals (`1.0` is `1`, `1e20` is `100000000000000000000`: JSON producers in
-//!   other languages do not tell them apart); any other float as Ruby's `Float#to_s`
-//!   writes it: the shortest digits that round-trip, in fixed notation when the decimal
-//!   exponent is from -4 to 16 (`0.0001`, `123456.789`), else `d.ddde±XX` with at least
-//!   two exponent digits (`1.5e-07`, `1.0e-05`);
+//! * numbers: integers of any width (up to [`MAX_INTEGER_DIGITS`] digits: `2**64` is
+//!   `18446744073709551616`, in every language) as their decimal digits; a float with no
+//!   fractional part as the integer it exactly equals (`1.0` is `1`, `-0.0` is `0`, `1e20`
+//!   is `100000000000000000000`: JSON producers in other languages do not tell them
+//!   apart; but `1e23` is `99999999999999991611392`, the float's exact value, not
+//!   `10**23`); any other float as Ruby's `Float#to_s` writes it (on every Ruby: the
+//!   core writes it, not the host's JSON): the shortest digits that round-trip, in fixed
+//!   notation when the decimal exponent is from -4 to 16 (`0.0001`, `123456.789`), else
+//!   `d.ddde±XX` with at least two exponent digits (`1.5e-07`, `1.0e-05`). NaN and the
+//!   infinities are no JSON numbers: the bindings refuse them ([`float`], [`problem`]);
 //! * `true`, `false`, `null`.
 //!
 //! The payload digest stored with each claim ([`digest`]) is the hex SHA-256 of that
 //! text, so a Ruby job and a Python task with equal arguments store equal digests.
 
-use serde_json::Value;
+use serde_json::{Number, Value};
 use sha2::{Digest, Sha256};
 
 /// The most levels of nested arrays and objects a value crossing the core may hold (an
@@ -35,6 +39,101 @@ pub const MAX_NESTING: usize = 127;
 /// What a value over [`MAX_NESTING`] is called in messages ("… holds {this}").
 pub fn too_deep() -> String {
     format!("a value nested deeper than {MAX_NESTING} levels of arrays and objects")
+}
+
+/// The most decimal digits of an integer crossing the core (its sign not counted):
+/// Python's default limit on converting an int to and from text
+/// (`sys.get_int_max_str_digits()`), so an integer one language accepts every other
+/// language can read and write. A longer one is refused like any value JSON cannot
+/// carry ([`integer`]).
+pub const MAX_INTEGER_DIGITS: usize = 4300;
+
+/// A JSON number for a host integer given as its decimal text (an optional `-` and
+/// digits, as Ruby's `Integer#to_s` and Python's `str(int)` write it): the same number
+/// whatever its width, so `2**64` from Ruby and from Python is one value.
+///
+/// Errors: what the value is ("an integer of 5000 digits …") when it has more than
+/// [`MAX_INTEGER_DIGITS`] digits or is not such a text.
+pub fn integer(text: &str) -> Result<Number, String> {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("the integer text {text:?}"));
+    }
+    if digits.len() > MAX_INTEGER_DIGITS {
+        return Err(format!(
+            "an integer of {} digits (at most {MAX_INTEGER_DIGITS})",
+            digits.len()
+        ));
+    }
+    if let Ok(i) = text.parse::<i64>() {
+        return Ok(Number::from(i));
+    }
+    if let Ok(u) = text.parse::<u64>() {
+        return Ok(Number::from(u));
+    }
+    let trimmed = digits.trim_start_matches('0');
+    Ok(Number::from_string_unchecked(if text.starts_with('-') {
+        format!("-{trimmed}")
+    } else {
+        trimmed.to_owned()
+    }))
+}
+
+/// A JSON number for a host float: finite ones only (the canonical text writes an
+/// integral one as its integer).
+///
+/// Errors: what the value is ("the float NaN …") for NaN and the infinities, which JSON
+/// has no number for.
+pub fn float(f: f64) -> Result<Number, String> {
+    Number::from_f64(f).ok_or_else(|| format!("the float {f} (JSON has no such number)"))
+}
+
+/// Why `value` cannot cross the core, or None: nested deeper than [`MAX_NESTING`]
+/// ([`too_deep`]), or a number no language reads alike (an integer over
+/// [`MAX_INTEGER_DIGITS`] digits, a number text whose float is not finite, such as
+/// `1e400`). Walks the value without recursion, so any depth is judged in bounded
+/// stack: a door checks a value built in Rust with it before writing it.
+pub fn problem(value: &Value) -> Option<String> {
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            Value::Number(n) => {
+                if let Some(problem) = number_problem(n) {
+                    return Some(problem);
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        if depth + 1 > MAX_NESTING {
+            return Some(too_deep());
+        }
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    None
+}
+
+/// Why a number (as parsed or built) cannot cross the core, or None.
+fn number_problem(n: &Number) -> Option<String> {
+    let text = n.as_str();
+    if integer_literal(text) {
+        return integer(text).err();
+    }
+    match text.parse::<f64>() {
+        Ok(f) if f.is_finite() => None,
+        _ => Some(format!(
+            "the number {text} (beyond a float's range: no language reads it alike)"
+        )),
+    }
+}
+
+/// Whether a number's text is an integer literal (`-` and digits, no fraction or
+/// exponent).
+fn integer_literal(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Whether `value` holds more than [`MAX_NESTING`] levels of nested arrays and objects.
@@ -101,15 +200,7 @@ fn write(out: &mut String, value: &Value) {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                out.push_str(&i.to_string());
-            } else if let Some(u) = n.as_u64() {
-                out.push_str(&u.to_string());
-            } else {
-                out.push_str(&float(n.as_f64().unwrap_or(f64::NAN)));
-            }
-        }
+        Value::Number(n) => number(out, n),
         Value::String(s) => string(out, s),
         Value::Array(items) => {
             out.push('[');
@@ -144,9 +235,34 @@ fn string(out: &mut String, s: &str) {
     out.push_str(&serde_json::to_string(s).expect("a str always serializes"));
 }
 
+/// A number: an integer literal as its digits (any width; `-0` as `0`, leading zeros
+/// dropped), a finite float as [`float_text`]. A number text whose float is not finite
+/// (`1e400`, only from parsing JSON text; [`problem`] refuses it) is written as parsed.
+fn number(out: &mut String, n: &Number) {
+    let text = n.as_str();
+    if integer_literal(text) {
+        let (sign, digits) = match text.strip_prefix('-') {
+            Some(digits) => ("-", digits),
+            None => ("", text),
+        };
+        let digits = digits.trim_start_matches('0');
+        if digits.is_empty() {
+            out.push('0');
+        } else {
+            out.push_str(sign);
+            out.push_str(digits);
+        }
+        return;
+    }
+    match text.parse::<f64>() {
+        Ok(f) if f.is_finite() => out.push_str(&float_text(f)),
+        _ => out.push_str(text),
+    }
+}
+
 /// A finite float: integral ones as their exact integer digits, others as Ruby's
 /// `Float#to_s` writes them.
-fn float(f: f64) -> String {
+fn float_text(f: f64) -> String {
     if f == 0.0 {
         return "0".into(); // -0.0 too
     }
@@ -238,6 +354,37 @@ mod tests {
         for (value, expected) in table {
             assert_eq!(to_string(&value), expected, "{value:?}");
         }
+    }
+
+    #[test]
+    fn numbers_of_any_width_are_their_digits() {
+        let wide: Value = serde_json::from_str("[18446744073709551616, -340282366920938463463374607431768211456, 1e23, 1e20, -0, 2.50]").unwrap();
+        assert_eq!(
+            to_string(&wide),
+            "[18446744073709551616,-340282366920938463463374607431768211456,99999999999999991611392,100000000000000000000,0,2.5]"
+        );
+        assert_eq!(problem(&wide), None);
+        // A host's wide integer (its decimal text) is the parsed one.
+        let from_host = Value::Array(vec![Value::Number(
+            integer("18446744073709551616").unwrap(),
+        )]);
+        assert_eq!(to_string(&from_host), "[18446744073709551616]");
+        assert_eq!(integer("-5").unwrap(), Number::from(-5));
+        assert_eq!(
+            integer("18446744073709551615").unwrap(),
+            Number::from(u64::MAX)
+        );
+        let long = "9".repeat(MAX_INTEGER_DIGITS + 1);
+        assert!(integer(&long).unwrap_err().contains("4301 digits"));
+        assert!(integer(&"9".repeat(MAX_INTEGER_DIGITS)).is_ok());
+        let too_long: Value = serde_json::from_str(&format!("[{long}]")).unwrap();
+        assert!(problem(&too_long).unwrap().contains("4301 digits"));
+        let beyond: Value = serde_json::from_str("[1e400]").unwrap();
+        assert!(problem(&beyond).unwrap().contains("1e+400"));
+        assert!(float(f64::NAN).unwrap_err().contains("NaN"));
+        assert!(float(f64::INFINITY).unwrap_err().contains("inf"));
+        assert_eq!(to_string(&Value::Number(float(-0.0).unwrap())), "0");
+        assert_eq!(problem(&nested(MAX_NESTING + 1)), Some(too_deep()));
     }
 
     #[test]

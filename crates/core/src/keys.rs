@@ -133,6 +133,12 @@ fn checked<'a>(value: &'a Value, words: &Words) -> Result<&'a Value, String> {
         Value::String(s) if s.is_empty() => Err(format!("the value is an empty {}", words.string)),
         Value::Array(a) if a.is_empty() => Err(format!("the value is an empty {}", words.list)),
         Value::Object(o) if o.is_empty() => Err(format!("the value is an empty {}", words.map)),
+        // Deeper than the core's nesting limit, or a number no language reads alike
+        // (the bindings refuse these while converting; a value built in Rust gets here).
+        Value::Array(_) | Value::Object(_) | Value::Number(_) => match canonical::problem(value) {
+            Some(problem) => Err(format!("the value holds {problem}")),
+            None => Ok(value),
+        },
         _ => Ok(value),
     }
 }
@@ -155,7 +161,7 @@ pub fn value_text(value: &Value, words: &Words) -> Result<String, String> {
 /// Errors: as [`value_text`].
 pub fn part(value: &Value, words: &Words) -> Result<Value, String> {
     Ok(match checked(value, words)? {
-        Value::Number(n) => Value::String(n.to_string()),
+        Value::Number(_) => Value::String(canonical::to_string(value)),
         other => other.clone(),
     })
 }

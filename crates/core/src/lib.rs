@@ -38,6 +38,7 @@ pub mod results;
 pub mod schema;
 pub mod session;
 pub mod store;
+pub mod telemetry;
 pub mod tls;
 pub mod transitions;
 pub mod values;

@@ -94,6 +94,23 @@ pub fn resolve(
     })
 }
 
+/// [`resolve`], answering the stored delivery of the operation's last claim (what a
+/// rerun re-sends: [`records::StoredDelivery`]), or `None` when the operation is not
+/// held or given up. Sent once, as [`resolve`].
+///
+/// Errors: connection and database errors.
+pub fn resolve_stored(
+    pool: &PoolHandle,
+    interrupt: &Interrupt<'_>,
+    job_type: &str,
+    operation_key: &str,
+    resolution: Resolution,
+) -> Result<Option<records::StoredDelivery>> {
+    with_conn(pool, interrupt, async |c| {
+        records::resolve_stored(c, job_type, operation_key, resolution).await
+    })
+}
+
 /// One purge batch of finished records older than `older_than` seconds, after
 /// `after` (see [`records::purge_batch`]; a purge is over when a batch picks fewer
 /// than `batch`). Safe to send again: a fresh connection after a lost one.

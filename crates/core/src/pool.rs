@@ -271,13 +271,23 @@ impl Pool {
                 Some(until),
                 self.inner.get(),
             ),
-            Lane::Reserve => drive(&self.background, interrupt, None, Some(until), async {
-                tokio::select! {
-                    biased;
-                    object = self.inner.get() => object,
-                    object = self.reserve.get() => object,
-                }
-            }),
+            Lane::Reserve => {
+                // The reserve's checkout is a task of its own: when the pool answers
+                // first, the task still ends, and a reserve connection it was making
+                // goes back to the reserve, idle, for the next such call. Raced in place
+                // and dropped, a half-made reserve connection was closed every time the
+                // pool freed first: under load, a session opened and closed per
+                // completion (243 sessions in 2 s of 8 threads' deliveries).
+                let reserve = self.reserve.clone();
+                let mut reserved = self.background.spawn(async move { reserve.get().await });
+                drive(&self.background, interrupt, None, Some(until), async {
+                    tokio::select! {
+                        biased;
+                        object = self.inner.get() => object,
+                        joined = &mut reserved => joined.unwrap_or(Err(PoolError::Closed)),
+                    }
+                })
+            }
         };
         let object = got
             .map_err(|e| self.expired(e, checkout_deadline_error))?

@@ -261,17 +261,42 @@ pub fn check_request(req: &ClaimRequest) -> Result<()> {
         )));
     }
     if let Some(facts) = &req.facts_json {
-        if !matches!(
-            serde_json::from_str(facts),
-            Ok(serde_json::Value::Object(_))
-        ) {
+        let parsed = serde_json::from_str(facts);
+        let Ok(value @ serde_json::Value::Object(_)) = &parsed else {
             return Err(Error::Config(format!(
                 "the delivery facts of {} must be a JSON object text, got {facts:?}",
+                req.job_type
+            )));
+        };
+        if holds_nul(value) {
+            return Err(Error::Config(format!(
+                "{}: the facts hold a NUL character (U+0000), which PostgreSQL's jsonb cannot \
+                 store; the job was not run and nothing was recorded",
                 req.job_type
             )));
         }
     }
     Ok(())
+}
+
+/// Whether a string (or an object's key) inside `value` holds U+0000. Walks without
+/// recursion (a parsed value is at most 128 levels deep anyway).
+fn holds_nul(value: &serde_json::Value) -> bool {
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        match value {
+            serde_json::Value::String(s) if s.contains('\0') => return true,
+            serde_json::Value::Array(items) => stack.extend(items),
+            serde_json::Value::Object(map) => {
+                if map.keys().any(|k| k.contains('\0')) {
+                    return true;
+                }
+                stack.extend(map.values());
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 fn check_key(job_type: &str, operation_key: &str) -> Result<()> {

@@ -212,6 +212,58 @@ pub enum Resolution {
     Rerun,
 }
 
+/// The delivery a settled operation's last claim stored: what a rerun re-sends through
+/// its queue (each door translates it: Sidekiq pushes `job_class` with `args` on
+/// `queue`, Celery sends the task by name, a plain or SQS caller's hook re-sends it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredDelivery {
+    /// The job type (idempotency scope).
+    pub job_type: String,
+    /// The operation key as stored.
+    pub operation_key: String,
+    /// The last claiming delivery's job class (a Celery task's name), if it gave one.
+    pub job_class: Option<String>,
+    /// Its queue (Sidekiq queue, Celery routing key, SQS queue URL), if it gave one.
+    pub queue: Option<String>,
+    /// Its arguments (payload) as JSON text, if stored.
+    pub args_json: Option<String>,
+    /// The first claim's facts (a JSON object text), if any.
+    pub first_facts_json: Option<String>,
+}
+
+/// Settles a held or given-up operation. Returns the stored delivery of its last claim
+/// ([`StoredDelivery`]), or `None` when no such operation is held or given up (never
+/// claimed, or already settled). One statement ([`RESOLVE_SQL`]).
+pub async fn resolve_stored(
+    client: &Client,
+    job_type: &str,
+    operation_key: &str,
+    resolution: Resolution,
+) -> Result<Option<StoredDelivery>> {
+    let name = match resolution {
+        Resolution::Done => "done",
+        Resolution::Rerun => "rerun",
+    };
+    let rows = client
+        .query_typed(
+            RESOLVE_SQL,
+            &[
+                (&job_type, Type::TEXT),
+                (&operation_key, Type::TEXT),
+                (&name, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(rows.first().map(|row| StoredDelivery {
+        job_type: job_type.to_owned(),
+        operation_key: operation_key.to_owned(),
+        job_class: row.get("job_class"),
+        queue: row.get("queue"),
+        args_json: row.get("args"),
+        first_facts_json: row.get("first_facts"),
+    }))
+}
+
 /// Settles a held or given-up operation. Returns false when no such operation is
 /// held or given up (never claimed, or already settled).
 pub async fn resolve(
@@ -220,19 +272,7 @@ pub async fn resolve(
     operation_key: &str,
     resolution: Resolution,
 ) -> Result<bool> {
-    let name = match resolution {
-        Resolution::Done => "done",
-        Resolution::Rerun => "rerun",
-    };
-    let result = client
-        .execute_typed(
-            RESOLVE_SQL,
-            &[
-                (&job_type, Type::TEXT),
-                (&operation_key, Type::TEXT),
-                (&name, Type::TEXT),
-            ],
-        )
-        .await;
-    Ok(result? == 1)
+    Ok(resolve_stored(client, job_type, operation_key, resolution)
+        .await?
+        .is_some())
 }

@@ -343,15 +343,19 @@ SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatc
  ORDER BY job_type, first_claimed_at"#;
 
 /// Settle a held (or given-up) operation. $3 `done`: mark it completed; `rerun`: mark
-/// it released so the re-enqueued delivery claims it as a retry.
-/// Parameters: $1 job_type, $2 operation_key, $3 resolution.
+/// it released so the re-sent delivery claims it as a retry. Returns the stored
+/// delivery of the last claim (job class, queue, arguments as JSON text, the first
+/// claim's facts), what a rerun re-sends; no row when the operation was not held or
+/// given up. Parameters: $1 job_type, $2 operation_key, $3 resolution.
 pub const RESOLVE_SQL: &str = r#"
 UPDATE idempotent_job_records
    SET status = CASE WHEN $3 = 'done' THEN 'completed' ELSE 'released' END,
        completed_at = CASE WHEN $3 = 'done' THEN now() ELSE completed_at END,
        released_at = CASE WHEN $3 = 'done' THEN released_at ELSE now() END,
        resolution = $3, resolved_at = now(), updated_at = now()
- WHERE job_type = $1 AND operation_key = $2 AND status IN ('held', 'given_up')"#;
+ WHERE job_type = $1 AND operation_key = $2 AND status IN ('held', 'given_up')
+RETURNING job_class, queue, coalesce(args ->> 'idempotent_job:json', args::text) AS args,
+          first_facts::text AS first_facts"#;
 
 /// Applies one batch of repeats: $1 job types, $2 operation keys, $3 one JSON
 /// object per operation (same order): `dups` (duplicates to add), `mismatches`,

@@ -542,7 +542,26 @@ fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store) {
             .with_conn(async |c| claim::resolve(c, &req.job_type, &req.operation_key, how).await)
             .unwrap()
     };
-    assert!(resolve(&held, Resolution::Rerun));
+    // The rerun answers what the last claim stored: what a door re-sends.
+    let stored = {
+        let req = held.clone();
+        store
+            .with_conn(async |c| {
+                claim::resolve_stored(c, &req.job_type, &req.operation_key, Resolution::Rerun).await
+            })
+            .unwrap()
+    };
+    assert_eq!(
+        stored,
+        Some(claim::StoredDelivery {
+            job_type: held.job_type.clone(),
+            operation_key: "1".into(),
+            job_class: Some("ExampleJob".into()),
+            queue: Some("default".into()),
+            args_json: Some(r#"["1"]"#.into()),
+            first_facts_json: Some(r#"{"delivery": "d-1"}"#.into()),
+        })
+    );
     assert!(
         !resolve(&held, Resolution::Rerun),
         "only held or given-up operations resolve"

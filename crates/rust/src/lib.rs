@@ -25,15 +25,15 @@
 //! the caller's task. See docs/rust.md.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use idempotent_job_core::conn::Interrupt;
-use idempotent_job_core::keys;
 use idempotent_job_core::protocol::{
     DeliveryRequest, Direct, DoorWords, JobOptions, Level, Notes, Outcome as CoreOutcome, Protocol,
     Step,
 };
 use idempotent_job_core::store::Store;
+use idempotent_job_core::{keys, operations};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -44,6 +44,7 @@ pub use idempotent_job_core::protocol::{
     unreachable_delay, ClaimInfo as Claim, Decision, LookupAnswer, OnMismatch, OnStale,
 };
 pub use idempotent_job_core::record::ClaimKind;
+pub use idempotent_job_core::records::Resolution;
 
 /// How the key rules name Rust's values in their messages.
 const KEY_WORDS: keys::Words = keys::Words {
@@ -58,10 +59,34 @@ const KEY_WORDS: keys::Words = keys::Words {
     instead_of_float: "pass an integer or a string",
 };
 
-/// One configured database (a pool per process, built on first use). Cheap to clone.
+/// One configured database (a pool per process, built on first use). Cheap to clone
+/// (clones share the database and the rerun senders).
 #[derive(Clone)]
 pub struct IdempotentJob {
     store: Arc<Store>,
+    senders: Arc<RwLock<Vec<Sender>>>,
+}
+
+/// A rerun sender registered with [`IdempotentJob::on_rerun`].
+type Sender = Arc<dyn Fn(&Rerun) -> bool + Send + Sync>;
+
+/// The stored delivery of an operation resolved with [`Resolution::Rerun`]: what its last
+/// claim stored, for a sender ([`IdempotentJob::on_rerun`]) to send through its queue
+/// again. The same fields as Python's `idempotent_job.Rerun`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rerun {
+    /// The job type (idempotency scope).
+    pub job_type: String,
+    /// The operation key's text as stored.
+    pub operation_key: String,
+    /// The last claiming delivery's job class, if it gave one.
+    pub job_class: Option<String>,
+    /// Its queue (an SQS queue URL, a Sidekiq queue, a Celery routing key), if any.
+    pub queue: Option<String>,
+    /// Its payload ([`Delivery::payload`]), if stored.
+    pub args: Option<Value>,
+    /// The first claim's facts ([`Delivery::facts`]), if any.
+    pub first_facts: Option<Value>,
 }
 
 impl IdempotentJob {
@@ -72,7 +97,95 @@ impl IdempotentJob {
     pub fn configure(config: Config) -> Result<Self, Error> {
         Ok(IdempotentJob {
             store: Arc::new(Store::new(config)?),
+            senders: Arc::default(),
         })
+    }
+
+    /// The held operations (a stale claim under [`OnStale::Hold`], or a spent
+    /// `max_takeovers` budget), oldest first, as `(job_type, operation_key)`; only
+    /// `job_type`'s when given; at most `limit`. Read-only.
+    ///
+    /// Errors: connection and timeout errors.
+    pub async fn held(
+        &self,
+        job_type: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<(String, String)>, Error> {
+        let store = self.store.clone();
+        let job_type = job_type.map(str::to_owned);
+        blocking(move || {
+            let pool = store.pool()?;
+            operations::held(&pool, &Interrupt::none(), job_type.as_deref(), limit)
+        })
+        .await
+    }
+
+    /// Registers `sender`, asked by [`IdempotentJob::resolve`] with
+    /// [`Resolution::Rerun`] to send the released operation's stored delivery (a
+    /// [`Rerun`]) through its queue again; it returns true when it sent it (or queued it:
+    /// an async client is driven from a task the sender spawns or a channel it feeds),
+    /// false when the record is not its kind. Senders are asked latest first; the first
+    /// that sends wins. Python's `idempotent_job.on_rerun`.
+    pub fn on_rerun(&self, sender: impl Fn(&Rerun) -> bool + Send + Sync + 'static) {
+        self.senders
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::new(sender));
+    }
+
+    /// Settles a held or given-up operation: [`Resolution::Done`] marks it completed (the
+    /// effect is known to have happened); [`Resolution::Rerun`] releases it and hands its
+    /// stored delivery to the senders registered with [`IdempotentJob::on_rerun`], latest
+    /// first, until one sends it; that delivery claims the operation as a retry and runs
+    /// once. When no sender takes it a WARN line (target `idempotent_job`) says it was only
+    /// released (its next delivery runs it). `key` as given to [`Job::perform_once`].
+    /// Returns false when the operation is not held or given up. One statement, sent once.
+    ///
+    /// Errors: [`Error::OperationKey`] for a bad key; connection and database errors.
+    pub async fn resolve(
+        &self,
+        job_type: &str,
+        key: impl Into<Value>,
+        how: Resolution,
+    ) -> Result<bool, Error> {
+        let key = operation_key(job_type, key)?;
+        let store = self.store.clone();
+        let (job, k) = (job_type.to_owned(), key.clone());
+        let stored = blocking(move || {
+            let pool = store.pool()?;
+            operations::resolve_stored(&pool, &Interrupt::none(), &job, &k, how)
+        })
+        .await?;
+        let Some(stored) = stored else {
+            return Ok(false);
+        };
+        if how == Resolution::Rerun {
+            let json = |text: Option<String>| text.and_then(|t| serde_json::from_str(&t).ok());
+            let rerun = Rerun {
+                job_type: stored.job_type,
+                operation_key: stored.operation_key,
+                job_class: stored.job_class,
+                queue: stored.queue,
+                args: json(stored.args_json),
+                first_facts: json(stored.first_facts_json),
+            };
+            let senders: Vec<Sender> = self
+                .senders
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let name = format!("{} operation {:?}", rerun.job_type, rerun.operation_key);
+            if senders.iter().rev().any(|send| send(&rerun)) {
+                log::warn!(target: "idempotent_job", "idempotent_job: {name} resolved for a rerun: re-sent");
+            } else {
+                log::warn!(
+                    target: "idempotent_job",
+                    "idempotent_job: {name} resolved for a rerun: released only; no sender registered \
+                     with on_rerun re-sends it, so its next delivery runs it"
+                );
+            }
+        }
+        Ok(true)
     }
 
     /// Applies the pending migrations (the same as `rake idempotent_job:migrate` and
@@ -118,9 +231,12 @@ impl IdempotentJob {
 /// or object as its canonical JSON.
 ///
 /// Errors: [`Error::OperationKey`] naming `job_type` for null, a bool, a float, an empty
-/// value, or a key too long.
+/// value, a value nested deeper than the core's limit, or a key too long.
 pub fn operation_key(job_type: &str, value: impl Into<Value>) -> Result<String, Error> {
-    let problem = match keys::value_text(&value.into(), &KEY_WORDS) {
+    let value = value.into();
+    let text = keys::value_text(&value, &KEY_WORDS);
+    refuse_deep(value);
+    let problem = match text {
         Ok(text) => match keys::problem(job_type.as_bytes(), text.as_bytes()) {
             None => return Ok(text),
             Some(problem) => problem,
@@ -130,6 +246,15 @@ pub fn operation_key(job_type: &str, value: impl Into<Value>) -> Result<String, 
     Err(Error::OperationKey(format!(
         "{job_type}: operation key: {problem}; the job was not run and nothing was recorded"
     )))
+}
+
+/// Drops `value`, unless it nests deeper than the core's limit: then it is leaked, as
+/// serde_json's drop of a value recurses once per level and one built a million deep
+/// would overflow the stack (a value refused by the door must not crash the process).
+fn refuse_deep(value: Value) {
+    if idempotent_job_core::canonical::nested_too_deep(&value) {
+        std::mem::forget(value);
+    }
 }
 
 /// A composite operation key's text (a key declared as several parts, as Ruby's
@@ -446,14 +571,22 @@ impl Delivery {
         F: FnOnce(Claim) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        // A payload built in Rust past the nesting limit, or holding a number no
+        // language reads alike, is refused before anything is claimed (judged without
+        // recursion; serde_json's own reader never builds one deeper than 128).
+        if let Some(problem) = idempotent_job_core::canonical::problem(&self.payload) {
+            refuse_deep(std::mem::take(&mut self.payload));
+            return Err(PerformError::Core(Error::Config(format!(
+                "{}: the payload holds {problem}, which JSON cannot carry; the job was not run \
+                 and nothing was recorded",
+                self.request.job_type
+            ))));
+        }
         self.request.operation_key = self.key?;
         if self.request.delivery_id.is_none() {
             self.request.delivery_id = Some(uuid::Uuid::new_v4().to_string());
         }
-        let (json, digest) = (
-            self.payload.to_string(),
-            idempotent_job_core::canonical::digest(&self.payload),
-        );
+        let (json, digest) = idempotent_job_core::canonical::text_and_digest(&self.payload);
         self.request.args_json = Some(json);
         self.request.args_digest = Some(digest);
         let job = self.job.inner.clone();
@@ -496,10 +629,16 @@ impl Delivery {
                     let result = body(info).await;
                     return match result {
                         Ok(value) => {
-                            let json =
-                                job.protocol.options().store_result.then(|| {
-                                    serde_json::to_value(&value).map_err(|e| e.to_string())
-                                });
+                            let json = job.protocol.options().store_result.then(|| {
+                                serde_json::to_value(&value)
+                                    .map_err(|e| e.to_string())
+                                    .and_then(|json| match idempotent_job_core::canonical::problem(
+                                        &json,
+                                    ) {
+                                        Some(problem) => Err(problem),
+                                        None => Ok(json),
+                                    })
+                            });
                             let completion = driver
                                 .step(move |p, c, i, _, n| {
                                     let prepared = json.map(|json| {
@@ -547,7 +686,10 @@ fn short_type_name<E>() -> String {
 }
 
 fn replay<T: DeserializeOwned>(o: CoreOutcome, value: Option<T>) -> Outcome<T> {
-    let replayed = o.replayed();
+    // A replay carries the first run's value: a completion whose result was not stored
+    // (too large, unencodable) is a repeat without one, as in Ruby and Python.
+    let replayed =
+        o.replayed() && o.result_state == Some(idempotent_job_core::record::ResultState::Stored);
     let value = value.or_else(|| {
         o.result_json
             .as_deref()

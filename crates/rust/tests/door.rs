@@ -4,9 +4,12 @@
 //! counted in a table of their own, written by the body's own connection.
 
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idempotent_job_rust::{Config, Decision, IdempotentJob, LookupAnswer, OnStale};
+use idempotent_job_rust::{
+    ClaimKind, Config, Decision, IdempotentJob, LookupAnswer, OnStale, Rerun, Resolution,
+};
 
 fn url() -> String {
     std::env::var("DATABASE_URL").expect("DATABASE_URL (bin/services start)")
@@ -289,6 +292,80 @@ async fn a_killed_process_is_taken_over_under_reclaim() {
     let (s, decision) = killed_then_delivered("reclaim", OnStale::Reclaim).await;
     assert_eq!(decision, Decision::Ran);
     assert_eq!(effects(&s).await, 2); // the rare duplicate reclaim accepts
+}
+
+async fn status(job: &str, key: &str) -> String {
+    db().await
+        .query_one(
+            "SELECT status FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2",
+            &[&job, &key],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_held_operation_resolved_for_a_rerun_goes_to_the_registered_sender() {
+    // Held after its process was SIGKILLed past the effect; resolve(Rerun) hands the
+    // stored delivery to the sender the service registered, and that delivery runs once,
+    // as a retry. Control: with no sender the record is only released.
+    let (s, decision) = killed_then_delivered("hold", OnStale::Hold).await;
+    assert_eq!(decision, Decision::Held);
+    let jobs = jobs().await;
+    let held = jobs.held(Some("RustKilled"), 10_000).await.unwrap();
+    assert!(held.contains(&("RustKilled".to_string(), s.clone())));
+    let sent = Arc::new(Mutex::new(Vec::<Rerun>::new()));
+    let into = sent.clone();
+    let scope = s.clone();
+    jobs.on_rerun(move |rerun| {
+        rerun.operation_key == scope && {
+            into.lock().unwrap().push(rerun.clone());
+            true
+        }
+    });
+    assert!(jobs
+        .resolve("RustKilled", s.clone(), Resolution::Rerun)
+        .await
+        .unwrap());
+    assert!(!jobs
+        .resolve("RustKilled", s.clone(), Resolution::Rerun)
+        .await
+        .unwrap());
+    let rerun = sent
+        .lock()
+        .unwrap()
+        .pop()
+        .expect("the sender got the rerun");
+    assert_eq!(
+        (rerun.job_type.as_str(), rerun.operation_key.as_str()),
+        ("RustKilled", s.as_str())
+    );
+    let job = jobs
+        .job("RustKilled")
+        .lease(2.0)
+        .on_stale(OnStale::Hold)
+        .build()
+        .unwrap();
+    let s2 = s.clone();
+    let outcome = job
+        .perform_once(rerun.operation_key.clone(), |_| async move {
+            effect(&s2, "A").await;
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.decision, Decision::Ran);
+    assert_eq!(outcome.claim.unwrap().kind, ClaimKind::Retry);
+    assert_eq!(effects(&s).await, 2);
+
+    let (other, decision) = killed_then_delivered("hold", OnStale::Hold).await;
+    assert_eq!(decision, Decision::Held);
+    assert!(jobs
+        .resolve("RustKilled", other.clone(), Resolution::Rerun)
+        .await
+        .unwrap());
+    assert_eq!(status("RustKilled", &other).await, "released");
 }
 
 #[tokio::test]

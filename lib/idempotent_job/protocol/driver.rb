@@ -214,8 +214,8 @@ module IdempotentJob
         too_deep = Native.nested_too_deep?(delivery.public_send(what))
         refuse_json(delivery, what, "it holds #{Native::TOO_DEEP}") if too_deep
         yield
-      rescue JSON::GeneratorError, JSON::NestingError, EncodingError => e
-        refuse_json(delivery, what, "#{e.class}: #{e.message}")
+      rescue ArgsDigest::Unwritable => e
+        refuse_json(delivery, what, e.message)
       end
 
       def refuse_json(delivery, what, problem)

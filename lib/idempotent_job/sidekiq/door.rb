@@ -68,9 +68,12 @@ module IdempotentJob
         ::Sidekiq::Client.push(payload)
       end
 
+      # What a Ruby class name (with its namespaces) looks like.
+      CONSTANT_PATH = /\A(?:::)?[A-Z]\w*(?:::[A-Z]\w*)*\z/
+
       # Enqueues the stored job of a record resolved for a rerun when it is a Sidekiq
-      # job (an ActiveJob class: its door reruns it; a plain-API record, or no job
-      # class: nothing to enqueue).
+      # job (an ActiveJob class: its door reruns it; a plain-API record, no job class,
+      # or another language's record such as a Celery task's: nothing to enqueue).
       # @param record [Record]
       # @return [Boolean] whether it was enqueued here
       def rerun(record)
@@ -98,7 +101,9 @@ module IdempotentJob
         klass = Object.const_get(record.job_class)
         klass.is_a?(Class) && klass.include?(Compat.job_module)
       rescue NameError
-        !record.queue.nil?
+        # A name that cannot be a Ruby class (a Celery task's "tasks.charge") is another
+        # language's record: its own door re-sends it, never Sidekiq.
+        !record.queue.nil? && CONSTANT_PATH.match?(record.job_class)
       end
     end
   end

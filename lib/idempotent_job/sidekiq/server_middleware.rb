@@ -46,6 +46,9 @@ module IdempotentJob
 
         job_instance.class.include(IdempotentJob::Job) unless job_instance.is_a?(IdempotentJob::Job)
         Protocol.new(options, door: door_for(job_hash)).run(delivery(options, job_hash), host: job_instance, &).value
+      rescue OperationKeyError, ConfigurationError => e
+        Unwritable.keep(job_hash, e) # a refusal Sidekiq's retry could not write back is dead-lettered
+        raise
       end
 
       private

@@ -29,6 +29,17 @@ module IdempotentJob
         end
       end
 
+      # Makes JOB enqueue into CAPTURE instead of its adapter, and so every copy made of it:
+      # from ActiveJob 7.1 `retry_job` enqueues `dup` (which has none of the job's singleton
+      # methods), 6.1 the job itself.
+      # @param job [ActiveJob::Base]
+      # @param capture [Capture]
+      # @return [void]
+      def self.capture_enqueues(job, capture)
+        job.define_singleton_method(:queue_adapter) { capture }
+        job.define_singleton_method(:dup) { super().tap { |copy| ActiveJobSubject.capture_enqueues(copy, capture) } }
+      end
+
       # @return [Boolean] for an ActiveJob class
       def self.handles?(job)
         IdempotentJob::ActiveJob.job_class?(job)
@@ -67,7 +78,7 @@ module IdempotentJob
         capture = Capture.new
         run = lambda do
           IdempotentJob::ActiveJob.execute(payload) do |job|
-            job.define_singleton_method(:queue_adapter) { capture }
+            self.class.capture_enqueues(job, capture)
             job.define_singleton_method(:perform) { |*args| Probe.around { super(*args) } }
           end
         end

@@ -3,9 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use magnus::value::LazyId;
-use magnus::{
-    prelude::*, Float, Integer, IntoValue, RArray, RHash, RModule, RString, Ruby, Symbol, Value,
-};
+use magnus::{prelude::*, Float, Integer, IntoValue, RArray, RHash, RString, Ruby, Symbol, Value};
 use uuid::Uuid;
 
 use super::errors::to_ruby;
@@ -120,18 +118,18 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
     })
 }
 
-/// `Native.facts_json(facts)` → a delivery's facts Hash as a JSON object text (the
-/// claim request's `facts_json`), written here with serde_json: a fifth of what Ruby's
-/// `JSON.generate` costs for a Hash with Float timestamps. A value serde_json cannot
-/// take (a Bignum, NaN, another object) falls back to `JSON.generate`, which raises
-/// for what JSON cannot hold. The text is stored as `jsonb`, which keeps neither key
-/// order nor number spelling, so both writers store the same value.
-pub fn facts_json(ruby: &Ruby, facts: RHash) -> RbResult<String> {
-    if let Some(json) = json_of(facts.as_value()) {
-        return Ok(json.to_string());
+/// `Native.facts_json(facts)` → `[text, nil]`: a delivery's facts Hash as a JSON
+/// object text (the claim request's `facts_json`), written here with serde_json (a
+/// fifth of what Ruby's `JSON.generate` costs for a Hash with Float timestamps), by the
+/// rules of every value crossing the core ([`json_of`]: any Integer, the nesting
+/// limit); or `[nil, problem]`: what the facts hold that JSON cannot carry (NaN, a
+/// Time, a String that is not UTF-8, nesting past the limit), for the caller to
+/// refuse naming the job. The text is stored as `jsonb`.
+pub fn facts_json(facts: RHash) -> (Option<String>, Option<String>) {
+    match json_of(facts.as_value()) {
+        Ok(json) => (Some(json.to_string()), None),
+        Err(problem) => (None, Some(problem)),
     }
-    let generator: RModule = ruby.class_object().const_get("JSON")?;
-    generator.funcall("generate", (facts,))
 }
 
 /// A decision as a Hash: `:decision` (`:claimed`, `:completed`, `:in_progress`,
@@ -280,77 +278,173 @@ pub fn record_columns() -> Vec<&'static str> {
     Record::COLUMNS.to_vec()
 }
 
-/// A Ruby value as JSON data, or None when JSON cannot carry it faithfully: nil, true,
-/// false, an Integer within 64 bits, a finite Float, a String (as UTF-8; None when it
-/// is not valid in its encoding), a Symbol (its name), an Array, a Hash with String or
-/// Symbol keys (as strings) of such values. Anything else (a Time, a Proc, a
-/// non-finite Float, a Bignum) is None.
-pub fn json_of(value: Value) -> Option<serde_json::Value> {
-    json_at(value, 0)
+/// A Ruby value as JSON data for the core (its canonical JSON, digests, key rules):
+/// nil, true, false, an Integer of any width (up to the core's
+/// [`idempotent_job_core::canonical::MAX_INTEGER_DIGITS`] digits: its decimal text, as
+/// Python's int), a finite Float, a String (as UTF-8), a Symbol (its name), an Array,
+/// a Hash with String, Symbol or Integer keys (as strings: what `JSON.generate`
+/// writes) of such values.
+///
+/// Errors: what the value holds that JSON cannot carry faithfully ("a Time", "the
+/// float NaN …", "a String that is not valid UTF-8 …", Arrays and Hashes nested
+/// deeper than the core's [`idempotent_job_core::canonical::MAX_NESTING`]: refused
+/// before the conversion recurses further), for the caller to word.
+pub fn json_of(value: Value) -> std::result::Result<serde_json::Value, String> {
+    Converter::default().json(value, 0)
 }
 
-/// [`json_of`] at `depth` levels of arrays and hashes: None past the core's
-/// [`idempotent_job_core::canonical::MAX_NESTING`], before recursing further.
-fn json_at(value: Value, depth: usize) -> Option<serde_json::Value> {
-    use serde_json::Value as Json;
-    let inner = |v: Value| json_at(v, depth + 1);
-    let container = RArray::from_value(value).is_some() || RHash::from_value(value).is_some();
-    if container && depth >= idempotent_job_core::canonical::MAX_NESTING {
-        return None;
+/// A key value as JSON data for the core's key rules: as [`json_of`], but every String
+/// (inside Arrays and Hashes too) taken by its bytes, never transcoded (keys are byte
+/// for byte), which must be UTF-8.
+///
+/// Errors: the core's message for bytes that are not UTF-8
+/// ([`idempotent_job_core::keys::text_problem`]), else the core's refusal of what the
+/// value holds ([`idempotent_job_core::keys::refused`] in `words`).
+pub fn key_json_of(
+    value: Value,
+    words: &idempotent_job_core::keys::Words,
+) -> std::result::Result<serde_json::Value, String> {
+    let mut converter = Converter {
+        key_bytes: true,
+        text_problem: None,
+    };
+    converter.json(value, 0).map_err(|what| {
+        converter
+            .text_problem
+            .take()
+            .unwrap_or_else(|| idempotent_job_core::keys::refused(&what, false, words))
+    })
+}
+
+/// A Ruby value's class name, for messages.
+fn class_name(value: Value) -> String {
+    value.class().inspect()
+}
+
+/// An Integer as the core's number ([`idempotent_job_core::canonical::integer`]).
+fn integer(value: Integer) -> std::result::Result<serde_json::Number, String> {
+    if let Ok(i) = value.to_i64() {
+        return Ok(i.into());
     }
-    let ruby = Ruby::get_with(value);
-    if value.is_nil() {
-        return Some(Json::Null);
+    if let Ok(u) = value.to_u64() {
+        return Ok(u.into());
     }
-    if value.is_kind_of(ruby.class_true_class()) {
-        return Some(Json::Bool(true));
-    }
-    if value.is_kind_of(ruby.class_false_class()) {
-        return Some(Json::Bool(false));
-    }
-    if let Some(i) = Integer::from_value(value) {
-        return i.to_i64().ok().map(Json::from);
-    }
-    if let Some(f) = Float::from_value(value) {
-        return serde_json::Number::from_f64(f.to_f64()).map(Json::Number);
-    }
-    if let Some(s) = RString::from_value(value) {
-        return s.to_string().ok().map(Json::String);
-    }
-    if let Some(sym) = Symbol::from_value(value) {
-        return sym.name().ok().map(|n| Json::String(n.into_owned()));
-    }
-    if let Some(array) = RArray::from_value(value) {
-        return array
-            .into_iter()
-            .map(inner)
-            .collect::<Option<Vec<_>>>()
-            .map(Json::Array);
-    }
-    if let Some(hash) = RHash::from_value(value) {
-        let mut map = serde_json::Map::new();
-        let mut ok = true;
-        hash.foreach(|k: Value, v: Value| {
-            let key = match (RString::from_value(k), Symbol::from_value(k)) {
-                (Some(s), _) => s.to_string().ok(),
-                (_, Some(sym)) => sym.name().ok().map(|n| n.into_owned()),
-                _ => None,
+    let text: String = value
+        .funcall("to_s", ())
+        .map_err(|e| format!("an Integer ({e})"))?;
+    idempotent_job_core::canonical::integer(&text)
+}
+
+/// Converts Ruby values to JSON data ([`json_of`], [`key_json_of`]).
+#[derive(Default)]
+struct Converter {
+    /// Strings by their bytes (keys), not transcoded to UTF-8 (payloads, facts).
+    key_bytes: bool,
+    /// Why a String's bytes are not UTF-8, in key mode (the core's message).
+    text_problem: Option<String>,
+}
+
+impl Converter {
+    /// A String as UTF-8 text: by its bytes for a key, else transcoded from its
+    /// encoding when that is not UTF-8.
+    fn text(&mut self, s: RString) -> std::result::Result<String, String> {
+        if self.key_bytes {
+            // SAFETY: the slice is copied before any Ruby code runs again.
+            let bytes = unsafe { s.as_slice() };
+            return match std::str::from_utf8(bytes) {
+                Ok(text) => Ok(text.to_owned()),
+                Err(_) => {
+                    let problem = idempotent_job_core::keys::text_problem(bytes)
+                        .unwrap_or_else(|| "a String that is not valid UTF-8".into());
+                    self.text_problem = Some(problem.clone());
+                    Err(problem)
+                }
             };
-            match (key, inner(v)) {
-                (Some(key), Some(v)) => {
-                    map.insert(key, v);
-                    Ok(magnus::r_hash::ForEach::Continue)
-                }
-                _ => {
-                    ok = false;
-                    Ok(magnus::r_hash::ForEach::Stop)
-                }
-            }
-        })
-        .ok()?;
-        return ok.then_some(Json::Object(map));
+        }
+        s.to_string()
+            .map_err(|e| format!("a String that is not valid UTF-8 ({e})"))
     }
-    None
+
+    /// A Symbol's name.
+    fn symbol(sym: Symbol) -> std::result::Result<String, String> {
+        sym.name()
+            .map(|n| n.into_owned())
+            .map_err(|e| format!("a Symbol that is not valid UTF-8 ({e})"))
+    }
+
+    /// A Ruby value as JSON at `depth` levels of arrays and hashes: refused past the
+    /// core's [`idempotent_job_core::canonical::MAX_NESTING`], before recursing further.
+    fn json(
+        &mut self,
+        value: Value,
+        depth: usize,
+    ) -> std::result::Result<serde_json::Value, String> {
+        use serde_json::Value as Json;
+        let container = RArray::from_value(value).is_some() || RHash::from_value(value).is_some();
+        if container && depth >= idempotent_job_core::canonical::MAX_NESTING {
+            return Err(idempotent_job_core::canonical::too_deep());
+        }
+        let ruby = Ruby::get_with(value);
+        if value.is_nil() {
+            return Ok(Json::Null);
+        }
+        if value.is_kind_of(ruby.class_true_class()) {
+            return Ok(Json::Bool(true));
+        }
+        if value.is_kind_of(ruby.class_false_class()) {
+            return Ok(Json::Bool(false));
+        }
+        if let Some(i) = Integer::from_value(value) {
+            return integer(i).map(Json::Number);
+        }
+        if let Some(f) = Float::from_value(value) {
+            return idempotent_job_core::canonical::float(f.to_f64()).map(Json::Number);
+        }
+        if let Some(s) = RString::from_value(value) {
+            return self.text(s).map(Json::String);
+        }
+        if let Some(sym) = Symbol::from_value(value) {
+            return Self::symbol(sym).map(Json::String);
+        }
+        if let Some(array) = RArray::from_value(value) {
+            let mut items = Vec::with_capacity(array.len());
+            for item in array {
+                items.push(self.json(item, depth + 1)?);
+            }
+            return Ok(Json::Array(items));
+        }
+        if let Some(hash) = RHash::from_value(value) {
+            let mut map = serde_json::Map::new();
+            let mut failed = None;
+            hash.foreach(|k: Value, v: Value| {
+                let key = if let Some(s) = RString::from_value(k) {
+                    self.text(s)
+                } else if let Some(sym) = Symbol::from_value(k) {
+                    Self::symbol(sym)
+                } else if let Some(i) = Integer::from_value(k) {
+                    integer(i).map(|n| n.to_string())
+                } else {
+                    Err(format!("a Hash key of class {}", class_name(k)))
+                };
+                match key.and_then(|key| Ok((key, self.json(v, depth + 1)?))) {
+                    Ok((key, v)) => {
+                        map.insert(key, v);
+                        Ok(magnus::r_hash::ForEach::Continue)
+                    }
+                    Err(problem) => {
+                        failed = Some(problem);
+                        Ok(magnus::r_hash::ForEach::Stop)
+                    }
+                }
+            })
+            .map_err(|e| format!("a Hash that could not be read ({e})"))?;
+            return match failed {
+                Some(problem) => Err(problem),
+                None => Ok(Json::Object(map)),
+            };
+        }
+        Err(format!("a {}", class_name(value)))
+    }
 }
 
 /// Whether a Ruby value holds Arrays and Hashes nested deeper than the core's

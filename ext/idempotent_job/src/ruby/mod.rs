@@ -50,6 +50,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("unknown_setting", function!(options::unknown_setting, 3))?;
     native.define_module_function("canonical_json", function!(canonical_json, 1))?;
     native.define_module_function("args_digest", function!(args_digest, 1))?;
+    native.define_module_function("payload_json", function!(payload_json, 1))?;
     native.define_module_function("digest_text", function!(digest_text, 1))?;
     native.define_module_function("key_text", function!(key_text, 1))?;
     native.define_module_function(
@@ -62,6 +63,10 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
     native.const_set("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
+    native.const_set(
+        "MAX_INTEGER_DIGITS",
+        idempotent_job_core::canonical::MAX_INTEGER_DIGITS,
+    )?;
     native.const_set("TOO_DEEP", idempotent_job_core::canonical::too_deep())?;
     native.define_module_function("nested_too_deep?", function!(convert::nested_too_deep, 1))?;
     let retention = idempotent_job_core::config::DEFAULT_RETENTION_SECONDS;
@@ -116,18 +121,38 @@ fn key_text_problem(text: magnus::RString) -> Option<String> {
 }
 
 /// `Native.canonical_json(value)` → the core's canonical JSON of a Ruby value
-/// ([`idempotent_job_core::canonical`]), or nil when JSON cannot carry it as the core
-/// takes it ([`convert::json_of`]: a Time, a non-finite Float, a Bignum, a Hash key that
-/// is not a String or Symbol, a String that is not UTF-8).
+/// ([`idempotent_job_core::canonical`]), or nil when JSON cannot carry it
+/// ([`convert::json_of`]: a Time, a non-finite Float, an Integer over the core's digit
+/// limit, a Hash key that is not a String, Symbol or Integer, a String that is not
+/// UTF-8, nesting past the core's limit; [`payload_json`] says why).
 fn canonical_json(value: magnus::Value) -> Option<String> {
-    convert::json_of(value).map(|json| idempotent_job_core::canonical::to_string(&json))
+    convert::json_of(value)
+        .ok()
+        .map(|json| idempotent_job_core::canonical::to_string(&json))
 }
 
 /// `Native.args_digest(args)` → the payload digest of a Ruby value (the core's
 /// [`idempotent_job_core::canonical::digest`]: hex SHA-256 of its canonical JSON), or
-/// nil when JSON cannot carry it as the core takes it (see [`canonical_json`]).
+/// nil when JSON cannot carry it (see [`canonical_json`]).
 fn args_digest(value: magnus::Value) -> Option<String> {
-    convert::json_of(value).map(|json| idempotent_job_core::canonical::digest(&json))
+    convert::json_of(value)
+        .ok()
+        .map(|json| idempotent_job_core::canonical::digest(&json))
+}
+
+/// `Native.payload_json(args)` → `[text, digest, nil]`: the arguments' canonical JSON
+/// text and its digest as a claim stores them (`args_json`, `args_digest`: the core's
+/// [`idempotent_job_core::canonical::text_and_digest`], the same bytes in every language
+/// and on every Ruby), or `[nil, nil, problem]`: what the arguments hold that JSON cannot
+/// carry ("the float NaN …", "a Time", "an integer of 5000 digits …").
+fn payload_json(value: magnus::Value) -> (Option<String>, Option<String>, Option<String>) {
+    match convert::json_of(value) {
+        Ok(json) => {
+            let (text, digest) = idempotent_job_core::canonical::text_and_digest(&json);
+            (Some(text), Some(digest), None)
+        }
+        Err(problem) => (None, None, Some(problem)),
+    }
 }
 
 /// `Native.digest_text(text)` → hex SHA-256 of a String already in canonical JSON
@@ -151,46 +176,37 @@ const KEY_WORDS: idempotent_job_core::keys::Words = idempotent_job_core::keys::W
     instead_of_float: "pass an Integer or a String",
 };
 
-/// A key value as JSON: a String by its bytes (keys are byte for byte: never
-/// transcoded; None when they are not UTF-8), else [`convert::json_of`].
-fn key_json(value: magnus::Value) -> Option<serde_json::Value> {
-    if let Some(s) = magnus::RString::from_value(value) {
-        // SAFETY: the slice is copied before any Ruby code runs again.
-        let bytes = unsafe { s.as_slice() };
-        return std::str::from_utf8(bytes)
-            .ok()
-            .map(|t| serde_json::Value::String(t.to_owned()));
-    }
-    convert::json_of(value)
-}
-
 /// `Native.key_text(value)` → the operation key's text for one key value by the core's
-/// rules ([`idempotent_job_core::keys::value_text`]), or nil when the core refuses it
-/// ([`key_problem`] says why) or JSON cannot carry it (a Bignum, a Time, a String that
-/// is not UTF-8: the Ruby side decides).
+/// rules ([`idempotent_job_core::keys::value_text`]; Strings by their bytes, Integers of
+/// any width), or nil when it cannot be a key ([`key_problem`] says why).
 fn key_text(value: magnus::Value) -> Option<String> {
-    let json = key_json(value)?;
+    let json = convert::key_json_of(value, &KEY_WORDS).ok()?;
     idempotent_job_core::keys::value_text(&json, &KEY_WORDS).ok()
 }
 
 /// `Native.composite_key_text(values)` → a composite key's text by the core's rules
 /// ([`idempotent_job_core::keys::part`], [`idempotent_job_core::keys::composite_text`]),
-/// or nil as [`key_text`].
+/// or nil when a part cannot be a key ([`key_problem`] of that part says why).
 fn composite_key_text(values: magnus::RArray) -> Option<String> {
     let parts = values
         .into_iter()
         .map(|v| {
-            key_json(v).and_then(|json| idempotent_job_core::keys::part(&json, &KEY_WORDS).ok())
+            convert::key_json_of(v, &KEY_WORDS)
+                .ok()
+                .and_then(|json| idempotent_job_core::keys::part(&json, &KEY_WORDS).ok())
         })
         .collect::<Option<Vec<_>>>()?;
     Some(idempotent_job_core::keys::composite_text(parts))
 }
 
-/// `Native.key_problem(value)` → why the core refuses a key value (nil, a boolean, a
-/// Float, an empty value), or nil when it takes it or JSON cannot carry it.
+/// `Native.key_problem(value)` → why a value cannot be a key, in the core's words (nil,
+/// a boolean, a Float, an empty value, a Time, bytes that are not UTF-8, nesting past
+/// the limit), or nil when it can.
 fn key_problem(value: magnus::Value) -> Option<String> {
-    let json = key_json(value)?;
-    idempotent_job_core::keys::value_text(&json, &KEY_WORDS).err()
+    match convert::key_json_of(value, &KEY_WORDS) {
+        Ok(json) => idempotent_job_core::keys::value_text(&json, &KEY_WORDS).err(),
+        Err(problem) => Some(problem),
+    }
 }
 
 /// `Native.key_refused(what, float)` → the core's message for a value that cannot be a

@@ -41,7 +41,7 @@ pub fn job_option(
         return Ok(value);
     }
     // A value JSON cannot carry (a Proc, a Time) is refused by every other kind.
-    let json = json_of(value).unwrap_or_else(|| Json::Object(serde_json::Map::new()));
+    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
     let checked = options::check(&job, &prefix, &name, &json, Some(&value.inspect()))
         .map_err(|e| to_ruby(ruby, e))?;
     Ok(match (option.kind, checked) {

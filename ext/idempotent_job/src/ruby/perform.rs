@@ -472,15 +472,18 @@ fn written(
         return Ok(());
     };
     let facts = request.get(ruby.sym_new("facts"));
-    let payload_json = json_of(payload);
+    // A value the core cannot write goes to the handler, whose error names the problem.
+    let payload_json = json_of(payload).ok();
     let facts_json = match facts {
-        Some(facts) if !facts.is_nil() => json_of(facts).map(Some),
+        Some(facts) if !facts.is_nil() => json_of(facts).ok().map(Some),
         _ => Some(None),
     };
     match (payload_json, facts_json) {
         (Some(json), Some(facts)) => {
-            delivery.args_digest = Some(canonical::digest(&json));
-            delivery.args_json = Some(json.to_string());
+            // The canonical text and its digest, as `Native.payload_json` writes them.
+            let (text, digest) = canonical::text_and_digest(&json);
+            delivery.args_digest = Some(digest);
+            delivery.args_json = Some(text);
             delivery.facts_json = facts.map(|f| f.to_string());
         }
         _ => {

@@ -1,0 +1,95 @@
+"""The shared table of hostile values (conformance/hostile.json, issue 29) through a real
+`celery worker` (prefork pool, the `worker` fixture of test_celery): each value as the
+operation key and as a payload sent twice by a producer, and as the body's result
+(built in the pool child). For each: the pool child survives (no SIGSEGV in the log),
+the body runs at most once, a refusal is the library's error naming the task (raised at
+`delay` for a key, or as the task's failure), a result that cannot be stored leaves the
+completion standing. A value Celery's own JSON serializer cannot send (nesting deeper
+than Python's recursion limit, an int over int_max_str_digits, an object) never leaves
+the producer: kombu raises there, and the case is not a message to lose."""
+
+from __future__ import annotations
+
+import pytest
+from effects import _connect, effects
+from hostile import CASES, NAMES, value
+from kombu.exceptions import EncodeError
+from test_celery import TIMEOUT, worker  # noqa: F401 - the module's worker fixture
+
+import idempotent_job
+from idempotent_job import errors
+
+UNSENDABLE = (EncodeError, ValueError, TypeError, RecursionError)
+# The cases kombu's JSON cannot write (Python's recursion limit, int_max_str_digits, an
+# object); every other case reaches the worker.
+CANNOT_SEND = {
+    "a list nested 10,000 deep",
+    "a list nested 100,000 deep",
+    "an integer of 5,000 digits",
+    "an object JSON cannot carry",
+}
+
+
+def _deliver_twice(worker, case, scenario, use, args):  # noqa: F811 - the fixture
+    """Sends `args` twice; returns the library errors seen (at `delay` or as the task's
+    failure), or None when the producer could not send the value at all."""
+    refusals = []
+    for _ in range(2):
+        try:
+            result = worker.hostile.delay(scenario, *args)
+        except errors.IdempotentJobError as e:
+            refusals.append(e)
+            continue
+        except UNSENDABLE:
+            return None
+        try:
+            result.get(timeout=TIMEOUT)
+        except errors.IdempotentJobError as e:
+            refusals.append(e)
+    for e in refusals if case[use] == "refused" else []:
+        assert worker.hostile.name in str(e), str(e)
+        assert case["problem"].lower() in str(e).lower(), f"{case['name']} as {use}: {e}"
+    return refusals
+
+
+def _forget_key(job_type: str, key) -> None:
+    """Deletes the record an earlier run left for `key` (a value as a key is the same
+    operation in every run), so its first delivery here runs."""
+    from idempotent_job._native import Store
+
+    try:
+        text = Store.operation_key(job_type, key, False)
+    except errors.IdempotentJobError:
+        return  # a key the library refuses has no record
+    with _connect() as conn:
+        conn.execute(
+            "DELETE FROM idempotent_job_records WHERE job_type = %s AND operation_key = %s", (job_type, text)
+        )
+
+
+@pytest.mark.parametrize("case", CASES, ids=NAMES)
+def test_hostile_values_through_a_celery_worker(worker, scenario, case):  # noqa: F811 - the fixture
+    hostile = value(case)
+    _forget_key(worker.hostile.name, hostile)
+    for use, args in (("key", (hostile, None, None)), ("payload", (f"p-{scenario}", hostile, None))):
+        refusals = _deliver_twice(worker, case, f"{scenario}-{use}", use, args)
+        if refusals is None:
+            # Celery's serializer refused it in the producer: nothing was sent.
+            assert case["name"] in CANNOT_SEND, f"{case['name']} as {use}: not sent"
+            continue
+        runs = effects(f"{scenario}-{use}")
+        if case[use] == "refused":
+            assert len(refusals) == 2 and runs == 0, f"{case['name']} as {use}: {refusals}"
+        else:
+            assert refusals == [] and runs == 1, f"{case['name']} as {use}: {refusals}, {runs} runs"
+
+    # As the body's result, built in the pool child.
+    for _ in range(2):
+        worker.hostile.delay(f"{scenario}-result", f"r-{scenario}", None, case["name"]).get(
+            timeout=TIMEOUT, propagate=False
+        )
+    record = idempotent_job.record(worker.hostile.name, f"r-{scenario}")
+    assert record["status"] == "completed" and effects(f"{scenario}-result") == 1
+    assert (record["result_state"] == "stored") == (case["result"] == "stored"), record["result_state"]
+    log = worker.worker_log.read_text() if worker.worker_log.exists() else ""
+    assert "signal 11" not in log and "SIGSEGV" not in log

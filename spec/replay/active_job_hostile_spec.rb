@@ -1,0 +1,51 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require_relative "../support/active_job_jobs"
+require_relative "../support/hostile_values"
+
+# The protected job of the hostile-values table: argument 1 is the operation key,
+# argument 2 rides along as payload; the effect names argument 0.
+class AjHostileJob < ActiveJob::Base
+  include IdempotentJob::ActiveJob
+  idempotency key: 1, lease: 30
+
+  def perform(tag, _key, _payload)
+    Effects.record("AjHostileJob", tag)
+  end
+end
+
+# The shared table of hostile values (conformance/hostile.json, issue 29) through the
+# ActiveJob door: each case serialized by ActiveJob as an adapter enqueues it, then
+# executed twice as a worker does (ActiveJob::Base.execute), as the operation key and as a
+# payload. The body runs at most once; a refusal is the library's error naming the job and
+# the problem (raised into the adapter's retry); a value ActiveJob itself cannot serialize
+# (an object, nesting past Ruby's stack) never leaves the producer.
+RSpec.describe "Hostile values through the ActiveJob door (conformance/hostile.json)" do
+  HostileValues.cases.each_with_index do |vector, i|
+    it "#{vector["name"]}: key #{vector["key"]}, payload #{vector["payload"]}" do
+      value = HostileValues.value(vector)
+      { "key" => ["k#{i}", value, nil], "payload" => ["p#{i}", "p-#{i}", value] }.each do |use, args|
+        payload = begin
+          AjHostileJob.new(*args).serialize
+        rescue ActiveJob::SerializationError, SystemStackError
+          next # ActiveJob cannot enqueue it: nothing was sent
+        end
+        refusals = 2.times.filter_map do
+          ActiveJob::Base.execute(payload)
+          nil
+        rescue IdempotentJob::Error => e
+          e
+        end
+        if vector[use] == "refused"
+          expect(refusals.size).to eq(2), "#{vector["name"]} as #{use}"
+          expect(refusals.map(&:message)).to all(start_with("AjHostileJob").and(match(/#{vector["problem"]}/i)))
+          expect(Effects.count(args.first)).to eq(0)
+        else
+          expect(refusals).to be_empty, "#{vector["name"]} as #{use}: #{refusals.map(&:message)}"
+          expect(Effects.count(args.first)).to eq(1), "#{vector["name"]} as #{use}"
+        end
+      end
+    end
+  end
+end
