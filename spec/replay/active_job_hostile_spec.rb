@@ -22,6 +22,17 @@ end
 # the problem (raised into the adapter's retry); a value ActiveJob itself cannot serialize
 # (an object, nesting past Ruby's stack) never leaves the producer.
 RSpec.describe "Hostile values through the ActiveJob door (conformance/hostile.json)" do
+  # The table's answer for `use`, in ActiveJob's vocabulary: from 7.1 ActiveJob serializes
+  # a BigDecimal itself (its BigDecimalSerializer writes a JSON object), so as a payload
+  # the decimal reaches the core as JSON and runs; before, it passed through raw and the
+  # core refuses it. The key is computed from the deserialized arguments on every version.
+  def expected(vector, use)
+    serialized_itself = ::ActiveJob::Arguments.serialize([BigDecimal("1.1")]).first.is_a?(Hash)
+    return "runs" if use == "payload" && vector.dig("make", "decimal") && serialized_itself
+
+    vector[use]
+  end
+
   HostileValues.cases.each_with_index do |vector, i|
     it "#{vector["name"]}: key #{vector["key"]}, payload #{vector["payload"]}" do
       value = HostileValues.value(vector)
@@ -37,7 +48,7 @@ RSpec.describe "Hostile values through the ActiveJob door (conformance/hostile.j
         rescue IdempotentJob::Error => e
           e
         end
-        if vector[use] == "refused"
+        if expected(vector, use) == "refused"
           expect(refusals.size).to eq(2), "#{vector["name"]} as #{use}"
           expect(refusals.map(&:message)).to all(start_with("AjHostileJob").and(match(/#{vector["problem"]}/i)))
           expect(Effects.count(args.first)).to eq(0)

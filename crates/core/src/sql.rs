@@ -322,11 +322,13 @@ SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM doomed) AS 
 /// order. Statistics that expect few due records (none yet, or taken before a bulk
 /// load) make a bitmap scan and a sort look cheaper, and that reads every due record's
 /// entry in every batch (a purge's time growing with the square of the records it
-/// deletes); with sorting priced out the ordered index walk is the plan.
-pub const PURGE_PLAN_SQL: &str = "SET enable_sort = off";
+/// deletes); with sorting priced out the ordered index walk is the plan. Pricing it out
+/// lifts the plan's estimated cost past `jit_above_cost`, and JIT compilation then cost
+/// ≈260 ms per 50-record batch (bin/stress's purge stalled): JIT is off for it too.
+pub const PURGE_PLAN_SQL: &str = "SET enable_sort = off; SET jit = off";
 
-/// Sent after [`PURGE_SQL`] (whatever it answered): the connection's own setting again.
-pub const PURGE_PLAN_RESET_SQL: &str = "RESET enable_sort";
+/// Sent after [`PURGE_SQL`] (whatever it answered): the connection's own settings again.
+pub const PURGE_PLAN_RESET_SQL: &str = "RESET enable_sort; RESET jit";
 
 /// Operations delivered more than once since $1 (optionally of job type $2), for the
 /// repeats report: their counts, first claim and repeat times, delivering classes, the

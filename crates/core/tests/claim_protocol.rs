@@ -15,7 +15,7 @@ use idempotent_job_core::store::Store;
 mod common;
 use common::StoreExt;
 use common::{
-    counted, database_url, find_record, prepared_on_connection, runs_of, store, store_with,
+    counted, database_url, find_record, prepared_on_connection, request, runs_of, store, store_with,
 };
 
 /// Runs each protocol scenario twice: with the gem's statements sent as named
@@ -51,21 +51,6 @@ in_both_modes!(
     the_first_claim_keeps_its_facts_and_repeats_never_change_them,
     a_record_keeps_only_its_latest_repeats,
 );
-
-fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
-    ClaimRequest {
-        job_type: job_type.into(),
-        operation_key: key.into(),
-        delivery_id: Some(format!("jid-{key}")),
-        lease_seconds: lease,
-        args_digest: Some("digest-a".into()),
-        job_class: Some("ExampleJob".into()),
-        queue: Some("default".into()),
-        args_json: Some(format!("[{key:?}]")),
-        refuse_mismatch: false,
-        facts_json: Some(format!(r#"{{"delivery":"d-{key}"}}"#)),
-    }
-}
 
 fn unique(name: &str) -> String {
     format!("{name}-{}", uuid::Uuid::new_v4())

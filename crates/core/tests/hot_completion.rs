@@ -4,24 +4,9 @@
 //! (`pg_stat_get_xact_tuples_hot_updated`), in a schema of the test's own.
 
 mod common;
-use common::claim::{self, ClaimRequest, Fenced, PreparedResult};
-use common::{drop_schema, store_in, StoreExt};
+use common::claim::{self, Fenced, PreparedResult};
+use common::{drop_schema, request, store_in, StoreExt};
 use uuid::Uuid;
-
-fn request(key: &str) -> ClaimRequest {
-    ClaimRequest {
-        job_type: "HotJob".into(),
-        operation_key: key.into(),
-        delivery_id: Some(format!("jid-{key}")),
-        lease_seconds: 30.0,
-        args_digest: Some("digest".into()),
-        job_class: Some("HotJob".into()),
-        queue: Some("default".into()),
-        args_json: Some(format!("[{key:?}]")),
-        refuse_mismatch: false,
-        facts_json: Some(r#"{"delivery":"d"}"#.into()),
-    }
-}
 
 /// Claims and finishes `n` operations one after another in one transaction (so the
 /// server's per-transaction counters see them all), each finished by `finish`, and
@@ -32,7 +17,7 @@ fn updates(schema: &str, n: usize, finish: Fenced, result: Option<&PreparedResul
         .with_conn(async |c| {
             c.batch_execute("BEGIN").await?;
             for i in 0..n {
-                let req = request(&format!("op-{i}"));
+                let req = request("HotJob", &format!("op-{i}"), 30.0);
                 let token = Uuid::new_v4();
                 claim::claim_as(c, &req, token).await?;
                 claim::fenced_with_result(c, finish, "HotJob", &req.operation_key, token, None, result)

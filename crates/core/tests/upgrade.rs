@@ -10,25 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::claim::{self, ClaimAnswer, ClaimKind, ClaimRequest, Fenced};
-use common::{drop_schema, store_in_through, StoreExt};
+use common::{drop_schema, request, store_in_through, store_on, StoreExt};
 use idempotent_job_core::migrate;
 use idempotent_job_core::store::Store;
 use uuid::Uuid;
-
-fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
-    ClaimRequest {
-        job_type: job_type.into(),
-        operation_key: key.into(),
-        delivery_id: Some(format!("jid-{key}")),
-        lease_seconds: lease,
-        args_digest: Some("digest".into()),
-        job_class: Some(job_type.into()),
-        queue: Some("default".into()),
-        args_json: Some(format!("[{key:?}]")),
-        refuse_mismatch: false,
-        facts_json: None,
-    }
-}
 
 fn claim_one(store: &Store, req: &ClaimRequest) -> ClaimAnswer {
     let req = req.clone();
@@ -100,7 +85,7 @@ fn a_v9_table_upgrades_under_running_deliveries_and_every_record_decides_as_befo
     let running = Arc::new(AtomicBool::new(true));
     let workers: Vec<_> = (0..4)
         .map(|w| {
-            let (running, store) = (running.clone(), store_in_through_existing(schema));
+            let (running, store) = (running.clone(), store_on(schema, 1));
             std::thread::spawn(move || {
                 let mut done = 0;
                 while running.load(Ordering::Relaxed) || done < 20 {
@@ -183,12 +168,4 @@ fn a_v9_table_upgrades_under_running_deliveries_and_every_record_decides_as_befo
         .unwrap();
     assert_eq!(listed, vec![(t.to_string(), "held".to_string())]);
     drop_schema(schema);
-}
-
-/// A second store on a schema another store already made (no migration of its own).
-fn store_in_through_existing(schema: &str) -> Store {
-    let mut config = idempotent_job_core::config::Config::new(common::database_url());
-    config.schema = Some(schema.to_string());
-    config.pool_size = 1;
-    Store::new(config).unwrap()
 }

@@ -107,9 +107,16 @@ module IdempotentJob
         Delivery.new(job_type: options.scope, operation_key: key, payload:, job_class: @job.class.name,
                      queue: @job.queue_name, id: @job.job_id, deferrals:,
                      facts: { "job_id" => @job.job_id, "executions" => @job.executions,
-                              "enqueued_at" => @job.enqueued_at, "provider_job_id" => @job.provider_job_id,
+                              "enqueued_at" => enqueued_at, "provider_job_id" => @job.provider_job_id,
                               "deferrals" => deferrals,
                               "producer" => @job.idempotency_producer }.compact)
+      end
+
+      # The job's enqueue time as ISO 8601 text: ActiveJob 7.1+ gives a Time (6.1 the text
+      # it serialized), and facts hold JSON values only (a Time refused the delivery).
+      def enqueued_at
+        at = @job.enqueued_at
+        at.respond_to?(:utc) ? at.utc.iso8601(6) : at
       end
 
       def in_place?

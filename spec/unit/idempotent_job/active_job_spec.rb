@@ -167,6 +167,16 @@ RSpec.describe IdempotentJob::ActiveJob do
     end
   end
 
+  it "runs a job whose enqueued_at is a Time (ActiveJob 7.1+), keeping it as ISO 8601 text in the facts" do
+    job = AjChargeOrderJob.new(42, 100)
+    job.enqueued_at = Time.utc(2026, 12, 4, 22, 10, 6, 123_456) # what ActiveJob 7.1+ deserializes
+    job.perform_now
+    expect(Effects.count(42)).to eq(1)
+    stored = Effects.connection.exec("SELECT first_facts->>'enqueued_at' FROM idempotent_job_records " \
+                                     "WHERE job_type = 'AjChargeOrderJob' AND operation_key = '42'").getvalue(0, 0)
+    expect(stored).to eq("2026-12-04T22:10:06.123456Z")
+  end
+
   it "re-enqueues a held operation resolved with as: :rerun, with its arguments, on its queue" do
     SpecHooks.on(:after_effect) { raise Interrupt }
     expect { AjRefundOrderJob.perform_now(42, 100) }.to raise_error(Interrupt)

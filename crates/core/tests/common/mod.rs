@@ -127,14 +127,38 @@ pub fn store_in_through(schema: &str, last: Option<i32>) -> Store {
     store()
         .with_conn(async |c| Ok(c.batch_execute(&sql).await?))
         .unwrap();
-    let mut config = Config::new(database_url());
-    config.schema = Some(schema.to_string());
-    config.pool_size = 2;
-    let store = Store::new(config).unwrap();
+    let store = store_on(schema, 2);
     store
         .run(|pool, i| migrate::migrate_through(pool, i, last))
         .unwrap();
     store
+}
+
+/// A store of `pool_size` connections on the record table of `schema`, as it is (no
+/// migration of its own): a second process's view of a table another store made.
+pub fn store_on(schema: &str, pool_size: usize) -> Store {
+    let mut config = Config::new(database_url());
+    config.schema = Some(schema.to_string());
+    config.pool_size = pool_size;
+    Store::new(config).unwrap()
+}
+
+/// A delivery of `(job_type, key)` with a lease of `lease` seconds and everything a
+/// worker sends with it: a delivery id, the payload and its digest, job class, queue
+/// and facts (so a first claim writes every column it writes in production).
+pub fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
+    ClaimRequest {
+        job_type: job_type.into(),
+        operation_key: key.into(),
+        delivery_id: Some(format!("jid-{key}")),
+        lease_seconds: lease,
+        args_digest: Some("digest-a".into()),
+        job_class: Some("ExampleJob".into()),
+        queue: Some("default".into()),
+        args_json: Some(format!("[{key:?}]")),
+        refuse_mismatch: false,
+        facts_json: Some(format!(r#"{{"delivery":"d-{key}"}}"#)),
+    }
 }
 
 /// Drops a test's schema (its table and rows), so later tests and suites never see them.
