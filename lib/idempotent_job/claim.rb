@@ -10,8 +10,8 @@ module IdempotentJob
   # jid (String, the delivering job's id). {#in_doubt?} tells whether the lease is still
   # known to be this delivery's.
   Claim = Struct.new(:job_type, :operation_key, :token, :attempt, :kind, :jid, keyword_init: true) do
-    # @return [IdempotentJob::Native::Heartbeat, nil] the heartbeat renewing this claim's
-    #   lease while the body runs (set by {HeartbeatWatch.watch}); nil without one
+    # @return [IdempotentJob::Protocol::Driver::Beat, nil] the heartbeat renewing this
+    #   claim's lease while the body runs (set by {HeartbeatWatch.watch}); nil without one
     attr_accessor :heartbeat
 
     # Whether this delivery may no longer hold the operation: its heartbeat found the

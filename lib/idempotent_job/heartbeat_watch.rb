@@ -4,13 +4,12 @@ module IdempotentJob
   # Watches the lease heartbeats of the jobs running in this process from one
   # background thread, so a renewal that fails (a dead network, a read-only failover,
   # a table without heartbeat_at) is logged and published as a `heartbeat_failed`
-  # event while the job still runs, not only when it ends. The job itself can ask
-  # {Claim#in_doubt?}. Doors call {watch} when a heartbeat starts and {stop} instead
-  # of stopping the heartbeat themselves.
+  # event while the job still runs, not only when it ends. The thread sleeps in the
+  # core (`Native.heartbeat_alarm`, the GVL released) until the core's heartbeat timer
+  # tells it a renewal failed: no polling, no wake-up while renewals succeed. The job
+  # itself can ask {Claim#in_doubt?}. Doors call {watch} when a heartbeat starts and
+  # {stop} instead of stopping the heartbeat themselves.
   module HeartbeatWatch
-    # Seconds between two looks at the running heartbeats.
-    INTERVAL = 0.5
-
     @watched = {}
     @lock = Mutex.new
     @thread = nil
@@ -18,9 +17,9 @@ module IdempotentJob
 
     class << self
       # Starts watching a heartbeat and links it to its claim ({Claim#in_doubt?}).
-      # @param heartbeat [IdempotentJob::Native::Heartbeat] the running heartbeat
+      # @param heartbeat [Protocol::Driver::Beat] the running heartbeat
       # @param claim [Claim] the claim it renews
-      # @return [IdempotentJob::Native::Heartbeat] the heartbeat
+      # @return [Protocol::Driver::Beat] the heartbeat
       def watch(heartbeat, claim)
         claim.heartbeat = heartbeat
         @lock.synchronize do
@@ -31,7 +30,7 @@ module IdempotentJob
       end
 
       # Stops a heartbeat and its watch, reporting any failure not reported yet.
-      # @param heartbeat [IdempotentJob::Native::Heartbeat]
+      # @param heartbeat [Protocol::Driver::Beat]
       # @return [Hash] the heartbeat's final report (renewals, lost, max_run_reached,
       #   last_error, failures, since_confirmed, in_doubt)
       def stop(heartbeat)
@@ -50,8 +49,11 @@ module IdempotentJob
         @thread = Thread.new do
           Thread.current.name = "idempotent_job heartbeat watch"
           Thread.current.report_on_exception = false
+          rings = 0
           loop do
-            sleep INTERVAL
+            # Returns when a renewal failed since `rings` (at once the first time
+            # after a failure before the thread started, or in a forked child).
+            rings = Native.heartbeat_alarm(rings)
             look
           end
         end

@@ -181,6 +181,25 @@ RSpec.describe "IdempotentJob's native layer" do
     end
   end
 
+  # Under IDEMPOTENT_JOB_GC_STRESS=1 (bin/test's GC.stress step) the one native call of a
+  # delivery runs with a full GC at every allocation (seconds per delivery there): on the pool
+  # (heartbeat, stored result, its replay), in the gem's transaction, a stale claim's
+  # lookup.
+  it "runs a delivery in one native call on every channel, its callbacks included" do
+    key = "gc-#{SecureRandom.hex(4)}"
+    options = { payload: [1, { "a" => "b" }], store_result: true, heartbeat: true }
+    first = IdempotentJob.perform_once("NativeOneCall", key, **options) { |claim| { "k" => claim.operation_key } }
+    again = IdempotentJob.perform_once("NativeOneCall", key, **options) { 1 }
+    expect([first.decision, again.decision, again.replayed?,
+            again.value]).to eq([:ran, :completed, true, { "k" => key }])
+    tx = IdempotentJob.perform_once("NativeOneCallTx", key, transaction: true) { |_| :in_tx }
+    expect([tx.decision, tx.value]).to eq(%i[ran in_tx])
+    IdempotentJob.store.claim({ job_type: "NativeOneCallStale", operation_key: key, jid: "old", lease: 0.05 })
+    sleep 0.1
+    stale = IdempotentJob.perform_once("NativeOneCallStale", key, on_stale: :reclaim, lookup: ->(_) { :not_done }) { 2 }
+    expect([stale.decision, stale.value, stale.claim.kind]).to eq([:ran, 2, :takeover])
+  end
+
   it "gives the record one definition: IdempotentJob::Record's members are the native record's columns" do
     columns = IdempotentJob::Native.record_columns
     renamed = { "args_json" => :args, "result_json" => :result }

@@ -1,12 +1,17 @@
 # frozen_string_literal: true
 
 # IDEMPOTENT_JOB_GC_STRESS=1: every call into the native binding runs with
-# GC.stress on (a full GC at every allocation), so a Ruby object the binding holds
+# GC.stress on (a full GC at every allocation; the one call of a delivery,
+# `Native::Protocol#perform`, included), so a Ruby object the binding holds
 # without marking, or frees too early, crashes at once instead of once in a while.
 # bin/test runs spec/idempotent_job/native_spec.rb this way.
 module GCStress
+  # Calls that block for long (the heartbeat watch thread's sleep in the core): GC.stress
+  # is process-wide, and would stay on for everything else while they wait.
+  BLOCKING = %i[heartbeat_alarm].freeze
+
   def self.wrap(target)
-    names = target.instance_methods(false)
+    names = target.instance_methods(false) - BLOCKING
     target.prepend(Module.new do
       names.each do |name|
         define_method(name) do |*args, &block|
@@ -21,7 +26,8 @@ module GCStress
 
   def self.install!
     native = IdempotentJob::Native
-    targets = [native::Store, native::Store.singleton_class, native::Heartbeat, native::Transaction]
+    targets = [native::Store, native::Store.singleton_class, native::Protocol, native::HeartbeatReader,
+               native::Transaction]
     (targets + [native.singleton_class]).each { |t| wrap(t) }
   end
 end

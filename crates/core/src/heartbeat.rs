@@ -9,17 +9,19 @@
 //! one interval instead of hanging, renewals never pile up (the next waits for the
 //! last), and the report says the claim is in doubt as soon as a renewal failed or
 //! none was confirmed for two thirds of the lease, so the running job can learn that
-//! another delivery may take the operation over when the lease runs out.
+//! another delivery may take the operation over when the lease runs out. A failed
+//! renewal also rings the process's alarm ([`wait_for_alarm`]): a host that tells
+//! renewal failures while bodies run sleeps until then instead of polling.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::conn::Interrupt;
+use crate::conn::{drive, Interrupt};
 use crate::error::Error;
 use crate::fenced::{fenced, Fenced};
 use crate::pool::{with_fresh_conn_within, Lane, Pool};
@@ -227,6 +229,7 @@ impl Timer {
                 state.failures.fetch_add(1, Ordering::SeqCst);
                 state.failing.store(true, Ordering::SeqCst);
                 *state.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                alarm().ring();
             }
         }
         entry.renewing = false;
@@ -236,6 +239,99 @@ impl Timer {
             drop(schedule);
             self.wake.notify_one();
         }
+    }
+}
+
+/// The process's heartbeat alarm: the timer rings it whenever a renewal fails, so a
+/// host that tells renewal failures while bodies still run (the Ruby binding's watch
+/// thread) sleeps in [`wait_for_alarm`] until there is something to tell, instead of
+/// polling the running heartbeats. One per process: a forked child makes its own on
+/// first use (the parent's may have been in use by a thread that does not exist there).
+struct Alarm {
+    pid: u32,
+    rings: AtomicU64,
+    notify: Notify,
+}
+
+/// The current process's [`Alarm`] (null before first use). A published alarm is
+/// never freed: a waiter may still hold it (one small leak per fork that used one).
+static ALARM: AtomicPtr<Alarm> = AtomicPtr::new(std::ptr::null_mut());
+
+fn alarm() -> &'static Alarm {
+    let pid = std::process::id();
+    loop {
+        let current = ALARM.load(Ordering::Acquire);
+        // SAFETY: a non-null ALARM points to a leaked Box that is never freed.
+        if let Some(alarm) = unsafe { current.as_ref() } {
+            if alarm.pid == pid {
+                return alarm;
+            }
+        }
+        let fresh = Box::into_raw(Box::new(Alarm {
+            pid,
+            rings: AtomicU64::new(0),
+            notify: Notify::new(),
+        }));
+        match ALARM.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: just published; never freed from now on.
+            Ok(_) => return unsafe { &*fresh },
+            // Another thread published one first: ours was never shared.
+            // SAFETY: `fresh` came from Box::into_raw above and nobody else saw it.
+            Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+        }
+    }
+}
+
+impl Alarm {
+    fn ring(&self) {
+        self.rings.fetch_add(1, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+}
+
+/// How many renewals have failed in this process so far (the alarm's rings; a forked
+/// child counts from 0).
+pub fn alarm_rings() -> u64 {
+    alarm().rings.load(Ordering::SeqCst)
+}
+
+/// Blocks the calling thread until a lease renewal in this process fails after the
+/// `seen`-th ring ([`alarm_rings`]), or until `until` when given, then returns the
+/// rings so far (pass it back as `seen` next time: a failure while the caller looked
+/// is not missed; equal to `seen` when `until` came first). Returns at once when the
+/// rings already differ from `seen`.
+///
+/// Errors: [`Error::Interrupted`] when `interrupt`'s owner gives up (a Ruby thread
+/// killed or raised into); a connection error naming the cause when no runtime can
+/// be started to wait on.
+pub fn wait_for_alarm(
+    seen: u64,
+    until: Option<Instant>,
+    interrupt: &Interrupt<'_>,
+) -> crate::error::Result<u64> {
+    let alarm = alarm();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| {
+            Error::connection(format!("cannot start the heartbeat alarm's runtime: {e}"))
+        })?;
+    let waited = drive(&runtime, interrupt, None, until, async {
+        loop {
+            let notified = alarm.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the count is read: a ring in between wakes it.
+            notified.as_mut().enable();
+            let rings = alarm.rings.load(Ordering::SeqCst);
+            if rings != seen {
+                return rings;
+            }
+            notified.await;
+        }
+    });
+    match waited {
+        Err(Error::Timeout { .. }) => Ok(alarm.rings.load(Ordering::SeqCst)),
+        other => other,
     }
 }
 

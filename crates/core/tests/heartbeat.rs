@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use common::claim::{self, ClaimAnswer, ClaimRequest};
-use idempotent_job_core::heartbeat::Heartbeat;
+use idempotent_job_core::conn::Interrupt;
+use idempotent_job_core::heartbeat::{self, Heartbeat};
 use idempotent_job_core::store::Store;
 
 mod common;
-use common::store_with;
 use common::StoreExt;
+use common::{store_in, store_with};
 
 /// Waits until `done` holds, at most `bound` (then fails saying `what`).
 fn wait_until(what: &str, bound: Duration, mut done: impl FnMut() -> bool) {
@@ -177,4 +178,45 @@ fn a_shorter_lease_wakes_the_timer_early() {
     );
     assert_eq!(slow.report().renewals, 0);
     assert_eq!(pool.heartbeats().tasks(), 1);
+}
+
+#[test]
+fn a_failed_renewal_rings_the_alarm_a_host_waits_on() {
+    let schema = format!("alarm_{}", uuid::Uuid::new_v4().simple());
+    let store = store_in(&schema);
+    let pool = store.pool().unwrap();
+    let job_type = format!("HeartbeatAlarm-{}", uuid::Uuid::new_v4());
+    let claimed = claims(&store, &job_type, 1, 1.5);
+    let none = Interrupt::none();
+    let rings = heartbeat::alarm_rings();
+    // Nothing failed: a bounded wait ends with the rings unchanged.
+    let soon = Instant::now() + Duration::from_millis(50);
+    assert_eq!(
+        heartbeat::wait_for_alarm(rings, Some(soon), &none).unwrap(),
+        rings
+    );
+    // Renewals succeed: no ring while the claim is renewed twice.
+    let beat = pool.heartbeat(job_type.clone(), "0".into(), claimed[0].1, 1.5, 600.0);
+    wait_until("two renewals", Duration::from_secs(60), || {
+        beat.report().renewals >= 2
+    });
+    assert_eq!(
+        heartbeat::alarm_rings(),
+        rings,
+        "a renewal that succeeded rang"
+    );
+    // The table goes away: the next renewal fails (neither renewed nor lost) and rings;
+    // the waiter wakes without a bound (another test's failure could ring first: wait
+    // again until this heartbeat's failure is counted).
+    common::drop_schema(&schema);
+    let mut seen = rings;
+    let until = Instant::now() + Duration::from_secs(60);
+    while beat.report().failures == 0 {
+        assert!(Instant::now() < until, "no failed renewal within 60 s");
+        seen = heartbeat::wait_for_alarm(seen, Some(until), &none).unwrap();
+    }
+    assert!(seen > rings, "the failed renewal did not ring the alarm");
+    assert!(!beat.report().lost);
+    // Already rung past `rings`: a waiter that saw less returns at once.
+    assert!(heartbeat::wait_for_alarm(rings, None, &none).unwrap() > rings);
 }

@@ -58,7 +58,7 @@ module IdempotentJob
           @last = nil
         end
 
-        # @return [Hash] see `Native::Heartbeat#report`
+        # @return [Hash] see `Native::HeartbeatReader#report`
         def report = @reader.report
 
         # Keeps the report the core handed over when the body ended.
@@ -156,7 +156,7 @@ module IdempotentJob
 
       # The body ended: its heartbeat's last report (renewal failures since the last look
       # are told now).
-      # @param report [Hash] see `Native::Heartbeat#report`
+      # @param report [Hash] see `Native::HeartbeatReader#report`
       def stopped(report)
         @beat&.finish(report)
         stop_watching

@@ -1,13 +1,13 @@
-//! `IdempotentJob::Native::Heartbeat`: a running lease heartbeat (see
-//! `core::heartbeat`), started by `Store#heartbeat`.
+//! `IdempotentJob::Native::HeartbeatReader` (the heartbeat of a claim whose body runs;
+//! see `core::heartbeat`) and `Native.heartbeat_alarm` (what the gem's heartbeat watch
+//! thread sleeps in).
 
-use magnus::{method, prelude::*, RHash, RModule, Ruby};
+use magnus::{function, method, prelude::*, RHash, RModule, Ruby};
 
 use super::convert::{Out, RbResult};
-use idempotent_job_core::heartbeat::{Heartbeat, HeartbeatReader, HeartbeatReport};
-
-#[magnus::wrap(class = "IdempotentJob::Native::Heartbeat", free_immediately, size)]
-pub struct NativeHeartbeat(pub Heartbeat);
+use super::errors::to_ruby;
+use super::gvl::without_gvl;
+use idempotent_job_core::heartbeat::{wait_for_alarm, HeartbeatReader, HeartbeatReport};
 
 /// `IdempotentJob::Native::HeartbeatReader`: reads the heartbeat of a claim whose body
 /// runs (handed to the protocol handler's `watch` by `Native::Protocol#perform`).
@@ -19,14 +19,15 @@ pub struct NativeHeartbeat(pub Heartbeat);
 pub struct NativeHeartbeatReader(pub HeartbeatReader);
 
 impl NativeHeartbeatReader {
-    /// `report` → the Hash of `Native::Heartbeat#report` (it keeps answering after the
-    /// heartbeat stopped).
+    /// `report` → Hash `{renewals:, lost:, max_run_reached:, last_error:, failures:,
+    /// since_confirmed: (seconds), in_doubt:}` (it keeps answering after the heartbeat
+    /// stopped).
     fn report(ruby: &Ruby, rb_self: &Self) -> RbResult<RHash> {
         heartbeat_hash(ruby, rb_self.0.report())
     }
 }
 
-/// A heartbeat report as the Hash `stop` and `report` answer.
+/// A heartbeat report as the Hash `HeartbeatReader#report` answers.
 pub fn heartbeat_hash(ruby: &Ruby, r: HeartbeatReport) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.set("renewals", r.renewals)?
@@ -39,24 +40,19 @@ pub fn heartbeat_hash(ruby: &Ruby, r: HeartbeatReport) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
-impl NativeHeartbeat {
-    /// `stop` → Hash `{renewals:, lost:, max_run_reached:, last_error:, failures:,
-    /// since_confirmed: (seconds), in_doubt:}`; idempotent.
-    fn stop(ruby: &Ruby, rb_self: &Self) -> RbResult<RHash> {
-        heartbeat_hash(ruby, rb_self.0.stop())
-    }
-
-    /// `report` → the same Hash, without stopping.
-    fn report(ruby: &Ruby, rb_self: &Self) -> RbResult<RHash> {
-        heartbeat_hash(ruby, rb_self.0.report())
-    }
+/// `Native.heartbeat_alarm(seen)` → Integer: blocks the calling thread, the GVL
+/// released, until a lease renewal of this process fails after the `seen`-th (the
+/// core's heartbeat timer rings it: `core::heartbeat::wait_for_alarm`), then the count
+/// of failed renewals so far (at once when it already differs from `seen`). Never
+/// times out; Thread#kill, Thread#raise and Timeout interrupt it (their exception is
+/// raised). The gem's heartbeat watch thread sleeps here.
+fn heartbeat_alarm(ruby: &Ruby, seen: u64) -> RbResult<u64> {
+    without_gvl(ruby, |i| wait_for_alarm(seen, None, i))?.map_err(|e| to_ruby(ruby, e))
 }
 
 pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
-    let class = native.define_class("Heartbeat", ruby.class_object())?;
-    class.define_method("stop", method!(NativeHeartbeat::stop, 0))?;
-    class.define_method("report", method!(NativeHeartbeat::report, 0))?;
     let reader = native.define_class("HeartbeatReader", ruby.class_object())?;
     reader.define_method("report", method!(NativeHeartbeatReader::report, 0))?;
+    native.define_module_function("heartbeat_alarm", function!(heartbeat_alarm, 1))?;
     Ok(())
 }

@@ -11,7 +11,6 @@ use super::convert::{
 };
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
-use super::heartbeat::NativeHeartbeat;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::bookkeeping::Repeat;
 use idempotent_job_core::claim;
@@ -398,28 +397,6 @@ impl NativeStore {
         Ok((done.deleted, done.picked, next))
     }
 
-    /// `heartbeat(job_type, operation_key, token, lease_seconds, max_run_seconds)` →
-    /// a running `Heartbeat`. Does not block.
-    fn heartbeat(
-        ruby: &Ruby,
-        rb_self: &Self,
-        job_type: String,
-        operation_key: String,
-        token: String,
-        lease_seconds: f64,
-        max_run_seconds: f64,
-    ) -> RbResult<NativeHeartbeat> {
-        let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
-        let pool = rb_self.0.pool().map_err(|e| to_ruby(ruby, e))?;
-        Ok(NativeHeartbeat(pool.heartbeat(
-            job_type,
-            operation_key,
-            token,
-            lease_seconds,
-            max_run_seconds,
-        )))
-    }
-
     /// `settle_repeats` → true once this process's queued repeat bookkeeping is
     /// written (see `core::bookkeeping`); false, at once, when this process never used
     /// the store (nothing can be queued; no pool is built for it).
@@ -493,7 +470,6 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("find", method!(NativeStore::find, 2))?;
     class.define_method("held", method!(NativeStore::held, 2))?;
     class.define_method("resolve", method!(NativeStore::resolve, 3))?;
-    class.define_method("heartbeat", method!(NativeStore::heartbeat, 5))?;
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
     class.define_method("settle_repeats", method!(NativeStore::settle_repeats, 0))?;
     class.define_method("record_repeat", method!(NativeStore::record_repeat, 4))?;
