@@ -34,7 +34,7 @@ module IdempotentJob
     # @param job_class [String, #to_s, nil] the job class name to store
     # @param queue [String, nil] the queue name to store
     # @param id [String, #to_s, nil] the delivery's id
-    # @param deferrals [Integer] deferrals so far (drives the back-off of {Protocol::Deferral})
+    # @param deferrals [Integer] deferrals so far (drives the core's back-off, `Native.deferral_delay`)
     # @param facts [Hash] attempt facts; keys become Strings
     # @raise [ConfigurationError] for a job type that is not valid UTF-8
     def initialize(job_type:, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only

@@ -1,8 +1,6 @@
 # frozen_string_literal: true
 
 require_relative "protocol/narrator"
-require_relative "protocol/deferral"
-require_relative "protocol/completion"
 require_relative "protocol/driver"
 
 module IdempotentJob

@@ -3,8 +3,8 @@
 require "json"
 
 module IdempotentJob
-  # The JSON text of a body's return value for `store_result` (see
-  # {Protocol::Completion}): strictly JSON values, so that a replay gives back what was
+  # The JSON text of a body's return value for `store_result` (stored by the core's
+  # completion): strictly JSON values, so that a replay gives back what was
   # returned (as JSON reads it: String keys, Symbols as Strings). Anything else is not
   # encoded, and the reason goes to the core, which words the warning
   # (`Native::Store#prepare_result`); the completion stands either way.

@@ -232,10 +232,10 @@ RSpec.describe "Recording a completion" do
     expect { ChargeOrderJob.drain }.not_to raise_error
     SpecServices.configure_gem!
     expect(IdempotentJob.record("ChargeOrderJob", "42")).to have_attributes(status: :claimed)
-    attempts = IdempotentJob::Protocol::Completion::RETRY_DELAYS.size + 1
+    attempts = IdempotentJob::Native.completion_retry_delays.size + 1
     expect(log.string).to include("ran, but its completion could not be recorded after #{attempts} attempts")
     expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
-      .to be >= IdempotentJob::Protocol::Completion::RETRY_DELAYS.sum
+      .to be >= IdempotentJob::Native.completion_retry_delays.sum
     expect(Effects.count(42)).to eq(1)
   end
 end
