@@ -362,6 +362,7 @@ impl DeliveryRequest {
             args_json: self.args_json.clone(),
             refuse_mismatch: options.on_mismatch == OnMismatch::Raise,
             facts_json: self.facts_json.clone(),
+            returning: self.deferrals > 0,
         }
     }
 }

@@ -160,6 +160,12 @@ pub struct ClaimRequest {
     /// a JSON object text, kept by a first claim (`first_facts`) and stored with the
     /// operation's repeats (`repeat_facts`).
     pub facts_json: Option<String>,
+    /// A copy coming back: it met a live claim before (deferred, `deferrals` > 0) or
+    /// decides again after waiting for one. It was counted in `duplicates` (and
+    /// `mismatches`) when it first arrived and is not counted again; its return is
+    /// still a repeat (`repeat_times`, `repeat_facts`). False for a copy's first
+    /// arrival.
+    pub returning: bool,
 }
 
 /// How a won claim was obtained.

@@ -31,7 +31,10 @@ macro_rules! notify_channel {
 /// * `released` (the last holder's job raised), or `claimed` with an expired lease
 ///   (the holder may have died): take it over with the caller's token, `attempts`+1;
 /// * otherwise (`completed`, `held`, `given_up`, or `claimed` with a live lease):
-///   change nothing but `duplicates`+1 and `last_duplicate_at`.
+///   change nothing but `duplicates`+1 and `last_duplicate_at` — unless $12 is true
+///   (a copy coming back: deferred behind a live claim before, or deciding again
+///   after a wait), which was counted when it first arrived and is not counted again
+///   (`duplicates` and `mismatches` count copies, not their returns).
 ///
 /// Every repeat (any delivery after the first) appends its time to `repeat_times`
 /// (the last `repeats_kept!()` are kept) and its job class to `job_classes`, for the repeats report.
@@ -52,7 +55,8 @@ macro_rules! notify_channel {
 /// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
 /// $9 arguments (JSON text), $10 refuse mismatched payloads (bool), $11 the delivery's
 /// facts (JSON object text or NULL): a first claim keeps them as `first_facts` for the
-/// repeats report (a repeat's own facts are written off this path, by the bookkeeping).
+/// repeats report (a repeat's own facts are written off this path, by the bookkeeping),
+/// $12 a copy coming back (bool, [`crate::record::ClaimRequest::returning`]).
 pub const CLAIM_SQL: &str = concat!(
     r#"
 INSERT INTO idempotent_job_records AS r
@@ -83,9 +87,9 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             CASE WHEN d.take THEN excluded.job_class ELSE r.job_class END,
             CASE WHEN d.take THEN excluded.queue ELSE r.queue END,
             CASE WHEN d.take THEN excluded.args ELSE r.args END,
-            r.duplicates + (NOT d.take)::int,
-            CASE WHEN d.take THEN r.last_duplicate_at ELSE now() END,
-            r.mismatches + d.mismatch::int,
+            r.duplicates + (NOT d.take AND NOT $12)::int,
+            CASE WHEN d.take OR $12 THEN r.last_duplicate_at ELSE now() END,
+            r.mismatches + (d.mismatch AND NOT $12)::int,
             d.mismatch,
             (r.repeat_times || now())[greatest(1, cardinality(r.repeat_times) - ("#,
     repeats_kept!(),
@@ -119,7 +123,9 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 ///   [`CLAIM_SQL`].
 ///
 /// Parameters: as [`CLAIM_SQL`]'s $1–$9, then $10 the delivery's facts ([`CLAIM_SQL`]'s
-/// $11: kept by the first claim as `first_facts`; a duplicate does not read it).
+/// $11: kept by the first claim as `first_facts`; a duplicate does not read it). A
+/// duplicate's count ($12 of [`CLAIM_SQL`]: a copy coming back is not counted again) is
+/// the bookkeeping's.
 ///
 /// A look at a completed record also returns its stored result (`result`,
 /// `result_state`: see the stored results), so a replay costs no extra round trip.
