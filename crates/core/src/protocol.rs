@@ -333,6 +333,20 @@ pub struct DeliveryRequest {
     pub wait_until: Option<Instant>,
 }
 
+/// The reason a hold by the reclaim budget stores in `last_error` and tells in the
+/// `held` event and log line: `takeovers` stale takeovers of the operation, more than
+/// `max_takeovers`. Begins with [`crate::sql::RECLAIM_BUDGET_SPENT`] (what `/metrics`
+/// counts such holds by).
+pub fn reclaim_budget_reason(takeovers: i32, max_takeovers: i32) -> String {
+    format!(
+        concat!(
+            crate::sql::reclaim_budget_spent!(),
+            ": {} stale takeovers of this operation, max_takeovers {}"
+        ),
+        takeovers, max_takeovers
+    )
+}
+
 /// Seconds a call with `wait: N` may take beyond N before its body starts or it
 /// returns or raises ([`DeliveryRequest::bound_wait`]): the claim, the wait and the
 /// decision after it all end within N + this, even with PostgreSQL refusing or never
@@ -1244,12 +1258,7 @@ impl Protocol {
         self.options
             .max_takeovers
             .filter(|max| takeovers > *max)
-            .map(|max| {
-                format!(
-                    "the reclaim budget is spent: {takeovers} stale takeovers of this \
-                     operation, max_takeovers {max}"
-                )
-            })
+            .map(|max| reclaim_budget_reason(takeovers, max))
     }
 
     /// The job's `on_stale`, unless the reclaim budget is spent: then hold, whatever

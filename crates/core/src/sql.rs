@@ -25,6 +25,20 @@ macro_rules! notify_channel {
     };
 }
 
+/// How the reason a hold by the reclaim budget (`max_takeovers`) stores in `last_error`
+/// begins: written once here, for the protocol's text
+/// (`crate::protocol::reclaim_budget_reason`) and [`METRICS_SQL`]'s count of such holds.
+macro_rules! reclaim_budget_spent {
+    () => {
+        "the reclaim budget is spent"
+    };
+}
+pub(crate) use reclaim_budget_spent;
+
+/// How the reason a hold by the reclaim budget stores in `last_error` begins (the
+/// record of a body that kept killing its worker).
+pub const RECLAIM_BUDGET_SPENT: &str = reclaim_budget_spent!();
+
 /// Claim, or count a duplicate, in one statement.
 ///
 /// * no record: insert it as `claimed` with the caller's token (a first claim);
@@ -498,13 +512,15 @@ SELECT job_type FROM types WHERE job_type IS NOT NULL LIMIT $1"#;
 /// What `/metrics` reports per job type, read from the table in one statement (so
 /// every process answers the same), aggregated over the whole table: records by
 /// status; live and stale claims; the age in seconds of the oldest held operation (0
-/// when none is held); the repeated deliveries recorded in the last hour (each
+/// when none is held); the held operations the reclaim budget held (their
+/// `last_error` begins with [`RECLAIM_BUDGET_SPENT`]); the repeated deliveries recorded in the last hour (each
 /// record keeps its last 20 repeat times, so an operation counts at most 20) and the
 /// operations they belong to; and the purge backlog: finished records (completed or
 /// given up) that finished more than $1 seconds ago, the retention — what
 /// [`PURGE_SQL`] would delete with the same age. Parameters: $1
 /// retention in seconds.
-pub const METRICS_SQL: &str = r#"
+pub const METRICS_SQL: &str = concat!(
+    r#"
 SELECT job_type,
        count(*) FILTER (WHERE status = 'claimed') AS claimed,
        count(*) FILTER (WHERE status = 'completed') AS completed,
@@ -515,6 +531,10 @@ SELECT job_type,
        count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at <= now()) AS stale_claims,
        coalesce(extract(epoch FROM now() - min(held_at) FILTER (WHERE status = 'held')), 0)::float8
            AS oldest_held_seconds,
+       count(*) FILTER (WHERE status = 'held' AND starts_with(last_error, '"#,
+    reclaim_budget_spent!(),
+    r#"'))
+           AS held_by_reclaim_budget,
        coalesce(sum((SELECT count(*) FROM unnest(repeat_times) AS t(at)
                       WHERE t.at >= now() - interval '1 hour')), 0)::int8 AS repeats_last_hour,
        count(*) FILTER (WHERE repeat_times[cardinality(repeat_times)] >= now() - interval '1 hour')
@@ -524,7 +544,8 @@ SELECT job_type,
            AS purge_backlog
   FROM idempotent_job_records
  GROUP BY job_type
- ORDER BY job_type"#;
+ ORDER BY job_type"#
+);
 
 /// The distributed profile's migration lock ([`crate::config::Config::distributed`]:
 /// such servers have no advisory locks): one row, made before the first migration.
