@@ -237,6 +237,33 @@ def test_pool_child_sigkilled_after_the_effect(worker, scenario, task, expected)
     assert effects(scenario) == expected
 
 
+@pytest.mark.parametrize("task,budget", [("poison_budgeted", True), ("poison_unbudgeted", False)])
+def test_a_body_that_kills_its_pool_child_is_held_after_max_takeovers(worker, scenario, task, budget):
+    # Issue 34: a body that SIGKILLs its own pool child on each of its first two runs.
+    # Redelivered at once (acks_late, task_reject_on_worker_lost), each copy comes back
+    # until the killed claim's lease ends and takes it over. With
+    # idempotency_max_takeovers=1 the first run and one takeover run; the second stale
+    # claim is held for a person, saying why. Control without the budget: reclaimed
+    # again, the third run returns.
+    result = getattr(worker, task).apply_async((scenario, scenario))
+    job_type = getattr(worker, task).name
+    if not budget:
+        assert _get(worker, task, scenario, result) == "done"
+        assert (len(pids(scenario)["starts"]), effects(scenario)) == (3, 1)
+        return
+    held = eventually(
+        lambda: (r := idempotent_job.record(job_type, scenario)) and r["status"] == "held" and r,
+        "the poison operation to be held",
+        TIMEOUT,
+        explain=lambda: _explain(worker, task, scenario, result),
+    )
+    assert held["last_error"] == (
+        "the reclaim budget is spent: 2 stale takeovers of this operation, max_takeovers 1"
+    )
+    assert (held["attempts"], held["takeovers"]) == (3, 2)
+    assert (len(pids(scenario)["starts"]), effects(scenario)) == (2, 0)
+
+
 @pytest.mark.parametrize("task,kw", [("killable_hold", False), ("killable_hold_kw", True)])
 def test_a_held_operation_resolved_for_a_rerun_is_sent_again_and_runs_once(worker, scenario, task, kw):
     # Held after its pool child died past the effect; resolve(as_="rerun") sends the task
