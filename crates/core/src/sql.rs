@@ -27,7 +27,7 @@ macro_rules! notify_channel {
 
 /// How the reason a hold by the reclaim budget (`max_takeovers`) stores in `last_error`
 /// begins: written once here, for the protocol's text
-/// (`crate::protocol::reclaim_budget_reason`) and [`METRICS_SQL`]'s count of such holds.
+/// (the protocol's `reclaim_budget_reason`) and [`METRICS_SQL`]'s count of such holds.
 macro_rules! reclaim_budget_spent {
     () => {
         "the reclaim budget is spent"
@@ -70,7 +70,7 @@ pub const RECLAIM_BUDGET_SPENT: &str = reclaim_budget_spent!();
 /// $9 arguments (JSON text), $10 refuse mismatched payloads (bool), $11 the delivery's
 /// facts (JSON object text or NULL): a first claim keeps them as `first_facts` for the
 /// repeats report (a repeat's own facts are written off this path, by the bookkeeping),
-/// $12 a copy coming back (bool, [`crate::record::ClaimRequest::returning`]).
+/// $12 a copy coming back (bool, `ClaimRequest::returning`).
 pub const CLAIM_SQL: &str = concat!(
     r#"
 INSERT INTO idempotent_job_records AS r
