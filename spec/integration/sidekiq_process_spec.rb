@@ -56,8 +56,9 @@ RSpec.describe "A real Sidekiq process", :integration do
     expect([42, 43, 44, 45].map { |k| Effects.count(k) }).to eq([1, 1, 1, 1])
     records = [42, 43, 44, 45].map { |k| IdempotentJob.record("ChargeOrderJob", k) }
     expect(records.map(&:status)).to all(eq(:completed))
-    expect(records.map(&:duplicates)).to all(be >= 0)
-    expect(records.first.duplicates).to be >= 2
+    # Each copy counted once, however often it met a live claim and came back: 42's two
+    # re-enqueues, 43's second push of the same jid, 44's four concurrent copies.
+    expect(records.map(&:duplicates)).to eq([2, 1, 4, 0])
     expect(File.read(log)).not_to match(/ERROR|Error:/)
   end
 
