@@ -18,7 +18,7 @@ use idempotent_job_core::protocol::{
     LookupAnswer, Notes, OnMismatch, OnStale, Protocol, Step,
 };
 use idempotent_job_core::store::Store;
-use idempotent_job_core::transitions::{self as t, RecordState, Rules, StalePolicy, Status};
+use idempotent_job_core::transitions::{self as t, RecordState, Rules, Status};
 use serde_json::{json, Value};
 
 mod common;
@@ -199,8 +199,8 @@ fn pure_expectation(case: &Value) -> Value {
     let options = &case["options"];
     let mismatch = text(case, "payload") == "different";
     let rules = Rules {
-        on_stale: StalePolicy::parse(text(options, "on_stale")).unwrap(),
-        refuse_mismatch: text(options, "on_mismatch") == "raise",
+        on_stale: OnStale::parse("", text(options, "on_stale")).unwrap(),
+        on_mismatch: OnMismatch::parse("", text(options, "on_mismatch")).unwrap(),
         lookup: !options["lookup"].is_null(),
     };
     let state = record_state(record);
@@ -208,7 +208,7 @@ fn pure_expectation(case: &Value) -> Value {
         RecordState::Absent => Value::Null,
         RecordState::Present { status, .. } => json!(status.as_str()),
     };
-    let verdict = t::claim(state, mismatch, rules.refuse_mismatch);
+    let verdict = t::claim(state, mismatch, rules.on_mismatch);
     let claim = match verdict {
         t::ClaimVerdict::Take(taken) => json!(taken.as_str()),
         t::ClaimVerdict::Met(_) => Value::Null,
