@@ -6,6 +6,7 @@ builds its own pool after the fork."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from celery import Celery
@@ -122,6 +123,31 @@ def killable_hold_kw(scenario, order_id, effect_first):
 @app.task
 def killable_unguarded(scenario, order_id, effect_first):
     return _killable(scenario, order_id, effect_first)
+
+
+def _poison(scenario: str, order_id: str) -> str:
+    """A body that kills its own pool child (out of memory, a segfault in a C library) on
+    its first two runs, and returns on a third."""
+    if record_start(scenario, order_id) <= 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    record_effect(scenario, order_id)
+    return "done"
+
+
+@app.task(
+    base=IdempotentTask,
+    idempotency_key=1,
+    idempotency_lease=LEASE,
+    idempotency_on_stale="reclaim",
+    idempotency_max_takeovers=1,
+)
+def poison_budgeted(scenario, order_id):
+    return _poison(scenario, order_id)
+
+
+@app.task(base=IdempotentTask, idempotency_key=1, idempotency_lease=LEASE, idempotency_on_stale="reclaim")
+def poison_unbudgeted(scenario, order_id):
+    return _poison(scenario, order_id)
 
 
 @app.task(

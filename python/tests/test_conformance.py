@@ -83,7 +83,7 @@ SECTION = VECTORS["decisions"]
 KNOWN_DRIFT: dict[str, str] = {}
 
 
-def deliver(key: str, payload, options: dict) -> dict:
+def deliver(key: str, payload, options: dict, deferrals: int = 0) -> dict:
     asked = []
     ran = []
     lookup = options["lookup"]
@@ -102,6 +102,7 @@ def deliver(key: str, payload, options: dict) -> dict:
             on_mismatch=options["on_mismatch"],
             lookup=answer if lookup else None,
             heartbeat=False,
+            deferrals=deferrals,
         )
     except PayloadMismatchError:
         return {
@@ -145,7 +146,7 @@ def test_decision(case):
     if case["record"] != "absent":
         set_up(key, case["record"])
     payload = SECTION["payload_a"] if case["payload"] == "same" else SECTION["payload_b"]
-    got = deliver(key, payload, case["options"])
+    got = deliver(key, payload, case["options"], case.get("deferrals", 0))
     record = idempotent_job.record(JOB, key)
     got["status_after"] = record["status"] if record else None
     assert got == case["expect"]

@@ -76,9 +76,10 @@ RSpec.describe "the conformance vectors (Ruby door)" do
     section = vectors.fetch("decisions")
     job = "ConformanceJob"
 
-    def deliver(job, key, payload, options, lookup)
+    def deliver(job, key, payload, options, deferrals)
+      lookup = options["lookup"]
       opts = { payload:, on_stale: options["on_stale"].to_sym, on_mismatch: options["on_mismatch"].to_sym,
-               heartbeat: false }
+               heartbeat: false, deferrals: }
       asked = false
       if lookup
         opts[:lookup] = lambda { |_key|
@@ -112,7 +113,7 @@ RSpec.describe "the conformance vectors (Ruby door)" do
         key = "conformance-#{SecureRandom.uuid}"
         setup_record(section, job, key, c["record"]) unless c["record"] == "absent"
         payload = c["payload"] == "same" ? section["payload_a"] : section["payload_b"]
-        got = deliver(job, key, payload, c["options"], c["options"]["lookup"])
+        got = deliver(job, key, payload, c["options"], c.fetch("deferrals", 0))
         got["status_after"] = IdempotentJob.record(job, key)&.status&.to_s
         expect(got).to eq(c["expect"])
       end

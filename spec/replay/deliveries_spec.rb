@@ -60,7 +60,11 @@ RSpec.describe "Replaying deliveries of one operation" do
       expect(deferred.first).to include("jid" => job["jid"], "idempotency_deferrals" => 1)
       ChargeOrderJob.drain # the deferred delivery arrives later: the operation is completed
       expect(Effects.count(42)).to eq(1)
-      expect(record).to have_attributes(status: :completed, attempts: 1, duplicates: 2)
+      # One copy turned away, counted when it met the live claim; its return after the
+      # completion is the same copy (deferrals 1): a repeat, not a second duplicate.
+      expect(record).to have_attributes(status: :completed, attempts: 1, duplicates: 1)
+      expect(IdempotentJob.repeats(job_type: "ChargeOrderJob").first.repeats.map(&:deferred_return))
+        .to eq([false, true])
     end
 
     it "control threads: without the middleware both run the effect" do

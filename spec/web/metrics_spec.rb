@@ -46,15 +46,15 @@ RSpec.describe "IdempotentJob::Web /metrics" do
   end
 
   # The deliveries: 3 completed (one delivered twice more), 1 released after an
-  # error, 1 held and 1 given up after taking over a stale claim, 1 live and 1 stale claim, and
-  # one completion backdated past the retention.
+  # error, 1 held (by the reclaim budget, max_takeovers 0) and 1 given up after taking over
+  # a stale claim, 1 live and 1 stale claim, and one completion backdated past the retention.
   def script!
     3.times { |i| deliver(i + 1) }
     2.times { expect(deliver(1).decision).to eq(:completed) }
     expect { deliver(4) { raise "boom" } }.to raise_error(RuntimeError, "boom")
-    { 5 => :hold, 6 => :skip }.each do |key, policy|
+    { 5 => [{ max_takeovers: 0 }, :held], 6 => [{ on_stale: :skip }, :given_up] }.each do |key, (options, decision)|
       web_stale(job_type, key.to_s)
-      expect(deliver(key, on_stale: policy).decision).to eq(policy == :hold ? :held : :given_up)
+      expect(deliver(key, **options).decision).to eq(decision)
     end
     web_claim(job_type, "7")
     web_stale(job_type, "8")
@@ -82,6 +82,7 @@ RSpec.describe "IdempotentJob::Web /metrics" do
              count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at > now()) AS live,
              count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at <= now()) AS stale,
              extract(epoch FROM now() - min(held_at))::float8 AS held_age,
+             count(*) FILTER (WHERE status = 'held' AND last_error LIKE 'the reclaim budget is spent:%') AS budget,
              (SELECT count(*) FROM idempotent_job_records r, unnest(r.repeat_times) t
                WHERE r.job_type = $1 AND t > now() - interval '1 hour') AS repeats,
              count(*) FILTER (WHERE cardinality(repeat_times) > 0) AS repeated,
@@ -124,6 +125,7 @@ RSpec.describe "IdempotentJob::Web /metrics" do
       ["idempotent_job_records", { "status" => "given_up" }] => 1.0,
       ["idempotent_job_claims", { "state" => "live" }] => 1.0,
       ["idempotent_job_claims", { "state" => "stale" }] => 1.0,
+      ["idempotent_job_held_by_reclaim_budget", {}] => 1.0,
       # Operation 1 delivered twice more; 5 and 6 each taken over from a dead claim.
       ["idempotent_job_repeats_last_hour", {}] => 4.0,
       ["idempotent_job_repeated_operations_last_hour", {}] => 3.0,
@@ -132,7 +134,7 @@ RSpec.describe "IdempotentJob::Web /metrics" do
     expect(ours.except(["idempotent_job_oldest_held_age_seconds", {}])).to eq(expected)
     # The same figures as the table's own counts.
     expect(expected.values).to eq(table.values_at("claimed", "completed", "released", "held", "given_up", "live",
-                                                  "stale", "repeats", "repeated", "backlog"))
+                                                  "stale", "budget", "repeats", "repeated", "backlog"))
     held_age = ours.fetch(["idempotent_job_oldest_held_age_seconds", {}])
     expect(held_age).to be > 0
     expect(held_age).to be <= table["held_age"] # read a moment before the table's own figure

@@ -68,6 +68,10 @@ pub struct Repeat {
     /// Counters still to add (a duplicate answered read-only); false when the claim
     /// statement already counted it.
     pub count: bool,
+    /// A copy coming back ([`ClaimRequest::returning`]): counted when it first arrived,
+    /// so it adds no `duplicates` or `mismatches` (its time, class and facts are still
+    /// recorded).
+    pub returning: bool,
     /// This delivery's arguments differed from the claim's.
     pub mismatch: bool,
     /// Answered from a completion made with `store_result` (a replay: V7).
@@ -86,6 +90,7 @@ impl Repeat {
             decision: decision.outcome.name(),
             facts: req.facts_json.clone(),
             count,
+            returning: req.returning,
             mismatch: decision.mismatch,
             replayed: matches!(
                 decision.outcome,
@@ -95,6 +100,12 @@ impl Repeat {
                 }
             ),
         }
+    }
+
+    /// Whether this repeat adds one to `duplicates` (and its mismatch to
+    /// `mismatches`): a repeat the claim statement did not count, on its first arrival.
+    pub fn adds_duplicate(&self) -> bool {
+        self.count && !self.returning
     }
 
     /// The repeat of a delivery the claim statement ([`crate::sql::CLAIM_SQL`])
@@ -144,13 +155,16 @@ impl Pending {
     fn add(&mut self, r: Repeat) {
         let at = r.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         self.repeats += 1;
-        if r.count {
+        if r.adds_duplicate() {
             self.dups += 1;
             self.mismatches += i64::from(r.mismatch);
             self.last_mismatch = r.mismatch;
+            // The latest duplicate's time: RFC 3339 texts in UTC sort as text.
+            self.last_at = self.last_at.take().max(Some(at.clone()));
+        }
+        if r.count {
             self.times.push(at.clone());
             keep_latest(&mut self.times);
-            self.last_at = self.times.last().cloned();
             if let Some(class) = &r.job_class {
                 if !self.classes.contains(class) {
                     self.classes.push(class.clone());
@@ -184,7 +198,7 @@ impl Pending {
         }
         self.times.extend(newer.times);
         keep_latest(&mut self.times);
-        self.last_at = self.times.last().cloned();
+        self.last_at = self.last_at.take().max(newer.last_at);
         for class in newer.classes {
             if !self.classes.contains(&class) {
                 self.classes.push(class);
@@ -237,7 +251,8 @@ enum Written {
 #[derive(Default)]
 pub struct Bookkeeper {
     queue: Mutex<Queue>,
-    /// Queued or in-flight repeats per operation, of those still to count ([`Repeat::count`]).
+    /// Queued or in-flight repeats per operation, of those still to add to `duplicates`
+    /// ([`Repeat::adds_duplicate`]).
     unsettled: Mutex<HashMap<Key, usize>>,
     /// Every repeat queued or in a batch being written, counted or not: [`Bookkeeper::settle`]
     /// returns at once only when it is 0 (a facts-only repeat the writer has taken from the
@@ -256,7 +271,7 @@ impl Bookkeeper {
     /// [`MAX_QUEUED_OPERATIONS`] other operations are queued already.
     pub fn record(&self, repeat: Repeat) {
         let key = (repeat.job_type.clone(), repeat.operation_key.clone());
-        let count = repeat.count;
+        let count = repeat.adds_duplicate();
         {
             let mut queue = lock(&self.queue);
             if queue.len() >= MAX_QUEUED_OPERATIONS && !queue.contains_key(&key) {

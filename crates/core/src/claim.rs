@@ -19,11 +19,11 @@ use crate::record::{check_request, decide, ClaimReply, ClaimRequest, ClaimRow};
 use crate::sql::{CLAIM_SQL, DELIVER_SQL, SETTLED_LOOK_SQL};
 use crate::store::PoolHandle;
 
-/// [`CLAIM_SQL`]'s parameters $1–$11 for `req`, with `token` as $3.
+/// [`CLAIM_SQL`]'s parameters $1–$12 for `req`, with `token` as $3.
 fn claim_params<'a>(
     req: &'a ClaimRequest,
     token: &'a Uuid,
-) -> [(&'a (dyn ToSql + Sync), Type); 11] {
+) -> [(&'a (dyn ToSql + Sync), Type); 12] {
     [
         (&req.job_type, Type::TEXT),
         (&req.operation_key, Type::TEXT),
@@ -36,6 +36,7 @@ fn claim_params<'a>(
         (&req.args_json, Type::TEXT),
         (&req.refuse_mismatch, Type::BOOL),
         (&req.facts_json, Type::TEXT),
+        (&req.returning, Type::BOOL),
     ]
 }
 
@@ -87,8 +88,8 @@ async fn claim_at(
 /// ([`crate::bookkeeping`]). Otherwise (released, a stale claim, or a concurrent
 /// first claim that committed after the statement's snapshot) [`CLAIM_SQL`] decides,
 /// durably: a takeover or a retry is never decided by the look, and the race never
-/// yields a wrong answer. `duplicates` in a look's answer counts this delivery, those
-/// written, and this process's still queued (informative: a batch being written at
+/// yields a wrong answer. `duplicates` in a look's answer counts this delivery (not
+/// a copy coming back: [`ClaimRequest::returning`]), those written, and this process's still queued (informative: a batch being written at
 /// that moment may be missed or counted twice; the record's own count is exact).
 /// On a read-only server (SQLSTATE 25006) a duplicate of a completed, held or given-up
 /// operation is still answered, from a read (see [`SETTLED_LOOK_SQL`]).
@@ -121,10 +122,10 @@ async fn look_or_claim(
     books: &Bookkeeper,
 ) -> Result<(ClaimReply, Option<Repeat>)> {
     crate::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
-    // DELIVER_SQL takes CLAIM_SQL's parameters but $10 (its $10 is CLAIM_SQL's $11).
+    // DELIVER_SQL takes CLAIM_SQL's parameters $1–$9 and $11 (its $10).
     let params = claim_params(req, &token);
-    let (first, facts) = params.split_at(9);
-    let params = [first, &facts[1..]].concat();
+    let (first, rest) = params.split_at(9);
+    let params = [first, &rest[1..2]].concat();
     let rows = match conn.query_own(DELIVER_SQL, &params).await {
         Err(e) if e.sqlstate() == Some("25006") => {
             return read_only_answer(conn, req, books, e).await
@@ -164,8 +165,9 @@ async fn look_or_claim(
             let mismatch =
                 !inserted && matches!((&digest, &req.args_digest), (Some(a), Some(b)) if a != b);
             // Counted so far: what is written, what this process has still queued, and
-            // this delivery (a batch being written at this moment may be counted twice
-            // or not at all: the answer's count is informative, the record's is exact).
+            // this delivery unless it is a copy coming back, counted when it first
+            // arrived (a batch being written at this moment may be counted twice or not
+            // at all: the answer's count is informative, the record's is exact).
             let duplicates: i32 = row.try_get::<_, i32>("duplicates")?
                 + i32::try_from(books.pending(&req.job_type, &req.operation_key)).unwrap_or(0);
             let decision = decide(
@@ -175,7 +177,7 @@ async fn look_or_claim(
                     last_claim: "first".into(),
                     attempts: row.try_get("attempts")?,
                     delivery_id: row.try_get("jid")?,
-                    duplicates: duplicates + i32::from(!inserted),
+                    duplicates: duplicates + i32::from(!inserted && !req.returning),
                     mismatch,
                     lease_remaining,
                     takeovers: 0,
@@ -229,7 +231,7 @@ async fn read_only_answer(
             last_claim: "first".into(),
             attempts: row.try_get("attempts")?,
             delivery_id: row.try_get("jid")?,
-            duplicates: duplicates + 1,
+            duplicates: duplicates + i32::from(!req.returning),
             mismatch,
             lease_remaining: 0.0,
             takeovers: 0,

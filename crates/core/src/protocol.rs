@@ -45,6 +45,9 @@ mod note;
 mod perform;
 
 pub use crate::record::ClaimKind;
+/// The job options the decision table decides by, re-exported from it: one type for the
+/// running protocol and the model check.
+pub use crate::transitions::{OnMismatch, OnStale};
 pub use channel::{Channel, Direct};
 pub use note::{Detail, DoorWords, Level, Note, NoteKind, Notes};
 pub use perform::{Body, Host, Performed};
@@ -59,7 +62,7 @@ use crate::error::{Error, Result};
 use crate::fenced::Fenced;
 use crate::heartbeat::{Heartbeat, HeartbeatReader, HeartbeatReport};
 use crate::record::{self, ClaimRequest, PreparedResult, ResultInput, ResultState};
-use crate::transitions::{self, Answer, ClaimVerdict, Next, Rules, StalePolicy, Taken};
+use crate::transitions::{self, Answer, Next, Rules};
 
 /// Seconds before a deferred delivery's first return ([`deferral_delay`]).
 pub const DEFERRAL_FIRST_DELAY: f64 = 1.0;
@@ -74,77 +77,6 @@ pub const COMPLETION_RETRY_DELAYS: [f64; 6] = [0.05, 0.25, 1.0, 2.0, 4.0, 8.0];
 pub const ERROR_TEXT_LIMIT: usize = 1000;
 /// Shortest lease accepted, in seconds: below it a heartbeat cannot renew in time.
 pub const MIN_LEASE_SECONDS: f64 = crate::options::MIN_LEASE_SECONDS;
-
-/// What a delivery does with a stale claim (its holder's lease ran out: the holder may
-/// have died before or after its effect) when no lookup knows better.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnStale {
-    /// Run the body again (a rare duplicate if the holder had done the effect). Default.
-    #[default]
-    Reclaim,
-    /// Do not run; hold the operation for a person (`resolve`).
-    Hold,
-    /// Do not run; give the operation up (a rare miss).
-    Skip,
-}
-
-impl OnStale {
-    /// The option value's name: `"reclaim"`, `"hold"`, `"skip"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnStale::Reclaim => "reclaim",
-            OnStale::Hold => "hold",
-            OnStale::Skip => "skip",
-        }
-    }
-
-    /// Parses an option value.
-    ///
-    /// Errors: [`Error::Config`] naming `job` and the accepted values.
-    pub fn parse(job: &str, value: &str) -> Result<OnStale> {
-        match value {
-            "reclaim" => Ok(OnStale::Reclaim),
-            "hold" => Ok(OnStale::Hold),
-            "skip" => Ok(OnStale::Skip),
-            other => Err(Error::Config(format!(
-                "{job}: on_stale must be reclaim, hold or skip, got {other:?}"
-            ))),
-        }
-    }
-}
-
-/// What a delivery whose payload differs from its claim's (same operation key) does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnMismatch {
-    /// Note it (a warning and a `mismatch` event) and go on. Default.
-    #[default]
-    Log,
-    /// Also refuse the delivery ([`Error::PayloadMismatch`]) unless it won the claim.
-    Raise,
-}
-
-impl OnMismatch {
-    /// The option value's name: `"log"`, `"raise"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnMismatch::Log => "log",
-            OnMismatch::Raise => "raise",
-        }
-    }
-
-    /// Parses an option value.
-    ///
-    /// Errors: [`Error::Config`] naming `job` and the accepted values.
-    pub fn parse(job: &str, value: &str) -> Result<OnMismatch> {
-        match value {
-            "log" => Ok(OnMismatch::Log),
-            "raise" => Ok(OnMismatch::Raise),
-            other => Err(Error::Config(format!(
-                "{job}: on_mismatch must be log or raise, got {other:?}"
-            ))),
-        }
-    }
-}
 
 /// One job type's resolved protocol options (the binding resolves its language's
 /// declaration and the configured defaults into this, once per job class).
@@ -333,6 +265,20 @@ pub struct DeliveryRequest {
     pub wait_until: Option<Instant>,
 }
 
+/// The reason a hold by the reclaim budget stores in `last_error` and tells in the
+/// `held` event and log line: `takeovers` stale takeovers of the operation, more than
+/// `max_takeovers`. Begins with [`crate::sql::RECLAIM_BUDGET_SPENT`] (what `/metrics`
+/// counts such holds by).
+pub fn reclaim_budget_reason(takeovers: i32, max_takeovers: i32) -> String {
+    format!(
+        concat!(
+            crate::sql::reclaim_budget_spent!(),
+            ": {} stale takeovers of this operation, max_takeovers {}"
+        ),
+        takeovers, max_takeovers
+    )
+}
+
 /// Seconds a call with `wait: N` may take beyond N before its body starts or it
 /// returns or raises ([`DeliveryRequest::bound_wait`]): the claim, the wait and the
 /// decision after it all end within N + this, even with PostgreSQL refusing or never
@@ -362,6 +308,7 @@ impl DeliveryRequest {
             args_json: self.args_json.clone(),
             refuse_mismatch: options.on_mismatch == OnMismatch::Raise,
             facts_json: self.facts_json.clone(),
+            returning: self.deferrals > 0,
         }
     }
 }
@@ -763,7 +710,22 @@ impl Protocol {
         may_wait: bool,
         notes: &mut Notes,
     ) -> Result<Step> {
-        self.check_mismatch(&decided, delivery, notes)?;
+        let takeovers = match decided.outcome {
+            record::ClaimAnswer::Claimed { takeovers, .. } => takeovers,
+            _ => 0,
+        };
+        let next = transitions::next(
+            decided.outcome.verdict(),
+            decided.mismatch,
+            self.rules(takeovers),
+        );
+        if decided.mismatch || next == Next::RefuseMismatch {
+            let refused = next == Next::RefuseMismatch;
+            notes.push(Note::delivery(NoteKind::Mismatch { refused }));
+            if refused {
+                return Err(self.mismatch_refused(delivery));
+            }
+        }
         let duplicate = |decision: Decision, duplicates: i32, notes: &mut Notes| {
             notes.push(Note::delivery(NoteKind::Skipped {
                 decision,
@@ -774,13 +736,17 @@ impl Protocol {
             outcome.duplicates = Some(duplicates);
             Step::Skip(outcome)
         };
-        Ok(match decided.outcome {
-            record::ClaimAnswer::Claimed {
-                token,
-                attempt,
-                kind,
-                takeovers,
-            } => {
+        let answered = decided.outcome.name();
+        Ok(match (next, decided.outcome) {
+            (
+                Next::Run | Next::AskLookup | Next::Hold | Next::GiveUp,
+                record::ClaimAnswer::Claimed {
+                    token,
+                    attempt,
+                    kind,
+                    takeovers,
+                },
+            ) => {
                 let info = ClaimInfo {
                     job_type: delivery.job_type.clone(),
                     operation_key: delivery.operation_key.clone(),
@@ -792,27 +758,30 @@ impl Protocol {
                 notes.push(Note::claim(&info, NoteKind::Claimed { kind, duration }));
                 let claim = Claim::new(info, takeovers);
                 match kind {
-                    ClaimKind::First => self.run(channel, claim),
+                    ClaimKind::First => {}
                     ClaimKind::Retry => {
-                        notes.push(Note::claim(&claim.info, NoteKind::RetryClaimed));
-                        self.run(channel, claim)
+                        notes.push(Note::claim(&claim.info, NoteKind::RetryClaimed))
                     }
                     ClaimKind::Takeover => {
-                        notes.push(Note::claim(&claim.info, NoteKind::TakenOver));
-                        let verdict = ClaimVerdict::Take(Taken::Takeover);
-                        match transitions::next(verdict, false, self.rules(claim.takeovers)) {
-                            Next::AskLookup => Step::AskLookup(claim),
-                            next => self.stale_step(channel, interrupt, claim, next, notes)?,
-                        }
+                        notes.push(Note::claim(&claim.info, NoteKind::TakenOver))
                     }
                 }
+                match next {
+                    Next::AskLookup => Step::AskLookup(claim),
+                    Next::Run if kind != ClaimKind::Takeover => self.run(channel, claim),
+                    // A takeover without a lookup: the stale policy's step.
+                    next => self.stale_step(channel, interrupt, claim, next, notes)?,
+                }
             }
-            record::ClaimAnswer::InProgress {
-                holder_delivery_id,
-                lease_remaining,
-                duplicates,
-                ..
-            } if may_wait && delivery.wait_seconds.is_some() && channel.can_wait() => {
+            (
+                Next::Defer,
+                record::ClaimAnswer::InProgress {
+                    holder_delivery_id,
+                    lease_remaining,
+                    duplicates,
+                    ..
+                },
+            ) if may_wait && delivery.wait_seconds.is_some() && channel.can_wait() => {
                 let seconds = delivery.wait_seconds.unwrap_or(0.0);
                 notes.push(Note::delivery(NoteKind::Waiting {
                     holder: holder_delivery_id.clone(),
@@ -825,12 +794,15 @@ impl Protocol {
                 outcome.wait_seconds = Some(seconds);
                 Step::InProgress(outcome)
             }
-            record::ClaimAnswer::InProgress {
-                holder_delivery_id,
-                lease_remaining,
-                duplicates,
-                ..
-            } => {
+            (
+                Next::Defer,
+                record::ClaimAnswer::InProgress {
+                    holder_delivery_id,
+                    lease_remaining,
+                    duplicates,
+                    ..
+                },
+            ) => {
                 let delay = deferral_delay(
                     lease_remaining,
                     delivery.deferrals,
@@ -854,7 +826,7 @@ impl Protocol {
                     wait_seconds: None,
                 })
             }
-            record::ClaimAnswer::Completed { duplicates, replay } => {
+            (Next::Skip, record::ClaimAnswer::Completed { duplicates, replay }) => {
                 // A replay: the first run's stored result (V7), when its completion was
                 // asked to keep one (its state says whether it could).
                 let state = replay.as_ref().map(|r| r.state);
@@ -869,45 +841,39 @@ impl Protocol {
                 outcome.result_json = replay.and_then(|r| r.json);
                 Step::Skip(outcome)
             }
-            record::ClaimAnswer::Held { duplicates } => {
+            (Next::Skip, record::ClaimAnswer::Held { duplicates }) => {
                 duplicate(Decision::Held, duplicates, notes)
             }
-            record::ClaimAnswer::GivenUp { duplicates } => {
+            (Next::Skip, record::ClaimAnswer::GivenUp { duplicates }) => {
                 duplicate(Decision::GivenUp, duplicates, notes)
             }
-            record::ClaimAnswer::Refused { duplicates } => {
-                duplicate(Decision::Refused, duplicates, notes)
+            (next, _) => {
+                return Err(Error::Database {
+                    message: format!(
+                        "{}: the claim statement answered {answered} and the decision table \
+                         gives {next:?} for it, which this version of idempotent_job cannot \
+                         do (nothing ran)",
+                        note::describe(delivery, &self.words.id_label)
+                    ),
+                    sqlstate: "XX000".into(),
+                })
             }
         })
     }
 
-    /// Notes a payload mismatch; under [`OnMismatch::Raise`] refuses a delivery that did
-    /// not win the claim ([`Error::PayloadMismatch`]).
-    fn check_mismatch(
-        &self,
-        decided: &record::ClaimReply,
-        delivery: &DeliveryRequest,
-        notes: &mut Notes,
-    ) -> Result<()> {
-        if !decided.mismatch {
-            return Ok(());
+    /// The error of a delivery refused for its payload ([`Next::RefuseMismatch`]: it
+    /// differs from the claim's and [`OnMismatch::Raise`]; this delivery did not win).
+    fn mismatch_refused(&self, delivery: &DeliveryRequest) -> Error {
+        Error::PayloadMismatch {
+            job_type: delivery.job_type.clone(),
+            operation_key: delivery.operation_key.clone(),
+            message: format!(
+                "{} was delivered with arguments that differ from those of its claim \
+                 (same operation key, different payload); refused (on_mismatch: \
+                 raise), the job was not run",
+                note::describe(delivery, &self.words.id_label)
+            ),
         }
-        let won = matches!(decided.outcome, record::ClaimAnswer::Claimed { .. });
-        let refused = self.options.on_mismatch == OnMismatch::Raise && !won;
-        notes.push(Note::delivery(NoteKind::Mismatch { refused }));
-        if refused {
-            return Err(Error::PayloadMismatch {
-                job_type: delivery.job_type.clone(),
-                operation_key: delivery.operation_key.clone(),
-                message: format!(
-                    "{} was delivered with arguments that differ from those of its claim \
-                     (same operation key, different payload); refused (on_mismatch: \
-                     raise), the job was not run",
-                    note::describe(delivery, &self.words.id_label)
-                ),
-            });
-        }
-        Ok(())
     }
 
     /// Applies a stale claim's lookup answer: [`LookupAnswer::Done`] marks it
@@ -1238,7 +1204,7 @@ impl Protocol {
     fn rules(&self, takeovers: i32) -> Rules {
         Rules {
             on_stale: self.stale_policy(takeovers),
-            refuse_mismatch: self.options.on_mismatch == OnMismatch::Raise,
+            on_mismatch: self.options.on_mismatch,
             lookup: self.options.lookup.is_some(),
         }
     }
@@ -1249,25 +1215,16 @@ impl Protocol {
         self.options
             .max_takeovers
             .filter(|max| takeovers > *max)
-            .map(|max| {
-                format!(
-                    "the reclaim budget is spent: {takeovers} stale takeovers of this \
-                     operation, max_takeovers {max}"
-                )
-            })
+            .map(|max| reclaim_budget_reason(takeovers, max))
     }
 
     /// The job's `on_stale`, unless the reclaim budget is spent: then hold, whatever
     /// `on_stale` says.
-    fn stale_policy(&self, takeovers: i32) -> StalePolicy {
+    fn stale_policy(&self, takeovers: i32) -> OnStale {
         if self.budget_spent(takeovers).is_some() {
-            return StalePolicy::Hold;
+            return OnStale::Hold;
         }
-        match self.options.on_stale {
-            OnStale::Reclaim => StalePolicy::Reclaim,
-            OnStale::Hold => StalePolicy::Hold,
-            OnStale::Skip => StalePolicy::Skip,
-        }
+        self.options.on_stale
     }
 
     /// The decision table's step for a claim taken over whose lookup (if any) did not

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::config::{MAX_KEY_BYTES, MAX_LEASE_SECONDS};
 use crate::error::{Error, Result};
+use crate::transitions::{ClaimVerdict, Met};
 
 /// Defines the record once: each column of [`Record`] with its Rust type, the kind of
 /// value it is for other layers ([`Field`]) and its expression in [`FIND_SQL`]'s select
@@ -160,33 +161,32 @@ pub struct ClaimRequest {
     /// a JSON object text, kept by a first claim (`first_facts`) and stored with the
     /// operation's repeats (`repeat_facts`).
     pub facts_json: Option<String>,
+    /// A copy coming back: it met a live claim before (deferred, `deferrals` > 0) or
+    /// decides again after waiting for one. It was counted in `duplicates` (and
+    /// `mismatches`) when it first arrived and is not counted again; its return is
+    /// still a repeat (`repeat_times`, `repeat_facts`). False for a copy's first
+    /// arrival.
+    pub returning: bool,
 }
 
-/// How a won claim was obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimKind {
-    /// No record existed: the first delivery of this operation.
-    First,
-    /// The previous holder's job raised and released its claim (a Sidekiq retry), or a
-    /// person resolved a held operation for a rerun.
-    Retry,
-    /// The previous claim's lease had expired: its holder may have died. Its effect
-    /// may or may not have happened (a stale claim): the stale policy decides.
-    Takeover,
-}
-
-impl ClaimKind {
-    /// The name stored in `last_claim`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClaimKind::First => "first",
-            ClaimKind::Retry => "retry",
-            ClaimKind::Takeover => "takeover",
-        }
-    }
-}
+/// How a won claim was obtained (the decision table's type).
+pub use crate::transitions::ClaimKind;
 
 impl ClaimAnswer {
+    /// What the claim statement decided, in the decision table's terms
+    /// ([`crate::transitions::next`] takes it): a won claim and how, or what the
+    /// delivery met.
+    pub fn verdict(&self) -> ClaimVerdict {
+        match self {
+            ClaimAnswer::Claimed { kind, .. } => ClaimVerdict::Take(*kind),
+            ClaimAnswer::Completed { .. } => ClaimVerdict::Met(Met::Completed),
+            ClaimAnswer::Held { .. } => ClaimVerdict::Met(Met::Held),
+            ClaimAnswer::GivenUp { .. } => ClaimVerdict::Met(Met::GivenUp),
+            ClaimAnswer::InProgress { .. } => ClaimVerdict::Met(Met::Live),
+            ClaimAnswer::Refused { .. } => ClaimVerdict::Met(Met::Refused),
+        }
+    }
+
     /// The outcome's name, as the Ruby layer and `repeat_facts` spell it.
     pub fn name(&self) -> &'static str {
         match self {

@@ -125,6 +125,9 @@ pub struct JobTypeMetrics {
     pub stale_claims: i64,
     /// Seconds since the oldest held operation was held; 0 when none is.
     pub oldest_held_seconds: f64,
+    /// Held operations the reclaim budget (`max_takeovers`) held: bodies that kept
+    /// killing their worker.
+    pub held_by_reclaim_budget: i64,
     pub repeats_last_hour: i64,
     pub repeated_operations_last_hour: i64,
     pub purge_backlog: i64,
@@ -157,6 +160,7 @@ pub async fn metrics(client: &Client, retention_seconds: f64) -> Result<Vec<JobT
                 live_claims: row.try_get("live_claims")?,
                 stale_claims: row.try_get("stale_claims")?,
                 oldest_held_seconds: row.try_get("oldest_held_seconds")?,
+                held_by_reclaim_budget: row.try_get("held_by_reclaim_budget")?,
                 repeats_last_hour: row.try_get("repeats_last_hour")?,
                 repeated_operations_last_hour: row.try_get("repeated_operations_last_hour")?,
                 purge_backlog: row.try_get("purge_backlog")?,
@@ -166,7 +170,7 @@ pub async fn metrics(client: &Client, retention_seconds: f64) -> Result<Vec<JobT
 }
 
 /// The metric families of [`exposition`]: name, help text. Every one is a gauge.
-pub const METRIC_FAMILIES: [(&str, &str); 7] = [
+pub const METRIC_FAMILIES: [(&str, &str); 8] = [
     (
         "idempotent_job_records",
         "Idempotency records by job type and status.",
@@ -178,6 +182,10 @@ pub const METRIC_FAMILIES: [(&str, &str); 7] = [
     (
         "idempotent_job_oldest_held_age_seconds",
         "Seconds since the oldest held operation of the job type was held (0 when none is held).",
+    ),
+    (
+        "idempotent_job_held_by_reclaim_budget",
+        "Held operations of the job type that the reclaim budget (max_takeovers) held: bodies that kept killing their worker.",
     ),
     (
         "idempotent_job_repeats_last_hour",
@@ -236,6 +244,9 @@ pub fn exposition(rows: &[JobTypeMetrics], retention_seconds: f64) -> String {
                 }
                 "idempotent_job_oldest_held_age_seconds" => {
                     sample(String::new(), row.oldest_held_seconds.to_string())
+                }
+                "idempotent_job_held_by_reclaim_budget" => {
+                    sample(String::new(), row.held_by_reclaim_budget.to_string())
                 }
                 "idempotent_job_repeats_last_hour" => {
                     sample(String::new(), row.repeats_last_hour.to_string())

@@ -73,7 +73,8 @@ pub struct Waited {
 }
 
 /// Waits up to `seconds` for the live claim on `req`'s operation to end, then decides
-/// the delivery again ([`claim::deliver`]). LISTEN/NOTIFY when the pool's connections
+/// the delivery again ([`claim::deliver`]) as a copy coming back
+/// ([`ClaimRequest::returning`]: the live claim it met counted it already). LISTEN/NOTIFY when the pool's connections
 /// keep session state ([`crate::pool::Pool::session_state`]), else polling (see [`wait_by`]).
 ///
 /// Errors: as [`wait_by`].
@@ -113,6 +114,12 @@ pub fn wait_by(
         )));
     }
     let until = interrupt.bound(Instant::now() + Duration::from_secs_f64(seconds));
+    // The delivery met the live claim once (counted then): each decision after the
+    // wait is its return.
+    let again = ClaimRequest {
+        returning: true,
+        ..req.clone()
+    };
     let mut listener = match path {
         WaitPath::Listen => match Listener::open(pool, interrupt, req) {
             Ok(listener) => Some(listener),
@@ -146,7 +153,7 @@ pub fn wait_by(
         };
         let now = Instant::now();
         if !live {
-            let decision = claim::deliver(pool, interrupt, req)?;
+            let decision = claim::deliver(pool, interrupt, &again)?;
             // Another waiter (or delivery) claimed first: wait for that claim instead.
             if matches!(decision.outcome, ClaimAnswer::InProgress { .. }) && now < until {
                 continue;

@@ -25,13 +25,30 @@ macro_rules! notify_channel {
     };
 }
 
+/// How the reason a hold by the reclaim budget (`max_takeovers`) stores in `last_error`
+/// begins: written once here, for the protocol's text
+/// (the protocol's `reclaim_budget_reason`) and [`METRICS_SQL`]'s count of such holds.
+macro_rules! reclaim_budget_spent {
+    () => {
+        "the reclaim budget is spent"
+    };
+}
+pub(crate) use reclaim_budget_spent;
+
+/// How the reason a hold by the reclaim budget stores in `last_error` begins (the
+/// record of a body that kept killing its worker).
+pub const RECLAIM_BUDGET_SPENT: &str = reclaim_budget_spent!();
+
 /// Claim, or count a duplicate, in one statement.
 ///
 /// * no record: insert it as `claimed` with the caller's token (a first claim);
 /// * `released` (the last holder's job raised), or `claimed` with an expired lease
 ///   (the holder may have died): take it over with the caller's token, `attempts`+1;
 /// * otherwise (`completed`, `held`, `given_up`, or `claimed` with a live lease):
-///   change nothing but `duplicates`+1 and `last_duplicate_at`.
+///   change nothing but `duplicates`+1 and `last_duplicate_at` — unless $12 is true
+///   (a copy coming back: deferred behind a live claim before, or deciding again
+///   after a wait), which was counted when it first arrived and is not counted again
+///   (`duplicates` and `mismatches` count copies, not their returns).
 ///
 /// Every repeat (any delivery after the first) appends its time to `repeat_times`
 /// (the last `repeats_kept!()` are kept) and its job class to `job_classes`, for the repeats report.
@@ -52,7 +69,8 @@ macro_rules! notify_channel {
 /// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
 /// $9 arguments (JSON text), $10 refuse mismatched payloads (bool), $11 the delivery's
 /// facts (JSON object text or NULL): a first claim keeps them as `first_facts` for the
-/// repeats report (a repeat's own facts are written off this path, by the bookkeeping).
+/// repeats report (a repeat's own facts are written off this path, by the bookkeeping),
+/// $12 a copy coming back (bool, `ClaimRequest::returning`).
 pub const CLAIM_SQL: &str = concat!(
     r#"
 INSERT INTO idempotent_job_records AS r
@@ -83,9 +101,9 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             CASE WHEN d.take THEN excluded.job_class ELSE r.job_class END,
             CASE WHEN d.take THEN excluded.queue ELSE r.queue END,
             CASE WHEN d.take THEN excluded.args ELSE r.args END,
-            r.duplicates + (NOT d.take)::int,
-            CASE WHEN d.take THEN r.last_duplicate_at ELSE now() END,
-            r.mismatches + d.mismatch::int,
+            r.duplicates + (NOT d.take AND NOT $12)::int,
+            CASE WHEN d.take OR $12 THEN r.last_duplicate_at ELSE now() END,
+            r.mismatches + (d.mismatch AND NOT $12)::int,
             d.mismatch,
             (r.repeat_times || now())[greatest(1, cardinality(r.repeat_times) - ("#,
     repeats_kept!(),
@@ -119,7 +137,9 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 ///   [`CLAIM_SQL`].
 ///
 /// Parameters: as [`CLAIM_SQL`]'s $1–$9, then $10 the delivery's facts ([`CLAIM_SQL`]'s
-/// $11: kept by the first claim as `first_facts`; a duplicate does not read it).
+/// $11: kept by the first claim as `first_facts`; a duplicate does not read it). A
+/// duplicate's count ($12 of [`CLAIM_SQL`]: a copy coming back is not counted again) is
+/// the bookkeeping's.
 ///
 /// A look at a completed record also returns its stored result (`result`,
 /// `result_state`: see the stored results), so a replay costs no extra round trip.
@@ -492,13 +512,15 @@ SELECT job_type FROM types WHERE job_type IS NOT NULL LIMIT $1"#;
 /// What `/metrics` reports per job type, read from the table in one statement (so
 /// every process answers the same), aggregated over the whole table: records by
 /// status; live and stale claims; the age in seconds of the oldest held operation (0
-/// when none is held); the repeated deliveries recorded in the last hour (each
+/// when none is held); the held operations the reclaim budget held (their
+/// `last_error` begins with [`RECLAIM_BUDGET_SPENT`]); the repeated deliveries recorded in the last hour (each
 /// record keeps its last 20 repeat times, so an operation counts at most 20) and the
 /// operations they belong to; and the purge backlog: finished records (completed or
 /// given up) that finished more than $1 seconds ago, the retention — what
 /// [`PURGE_SQL`] would delete with the same age. Parameters: $1
 /// retention in seconds.
-pub const METRICS_SQL: &str = r#"
+pub const METRICS_SQL: &str = concat!(
+    r#"
 SELECT job_type,
        count(*) FILTER (WHERE status = 'claimed') AS claimed,
        count(*) FILTER (WHERE status = 'completed') AS completed,
@@ -509,6 +531,10 @@ SELECT job_type,
        count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at <= now()) AS stale_claims,
        coalesce(extract(epoch FROM now() - min(held_at) FILTER (WHERE status = 'held')), 0)::float8
            AS oldest_held_seconds,
+       count(*) FILTER (WHERE status = 'held' AND starts_with(last_error, '"#,
+    reclaim_budget_spent!(),
+    r#"'))
+           AS held_by_reclaim_budget,
        coalesce(sum((SELECT count(*) FROM unnest(repeat_times) AS t(at)
                       WHERE t.at >= now() - interval '1 hour')), 0)::int8 AS repeats_last_hour,
        count(*) FILTER (WHERE repeat_times[cardinality(repeat_times)] >= now() - interval '1 hour')
@@ -518,7 +544,8 @@ SELECT job_type,
            AS purge_backlog
   FROM idempotent_job_records
  GROUP BY job_type
- ORDER BY job_type"#;
+ ORDER BY job_type"#
+);
 
 /// The distributed profile's migration lock ([`crate::config::Config::distributed`]:
 /// such servers have no advisory locks): one row, made before the first migration.

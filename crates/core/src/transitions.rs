@@ -1,12 +1,15 @@
 //! The protocol's decision table as pure functions: the record's state × a delivery ×
 //! the job's options → what the claim statement does and what the delivery does next,
-//! and which fenced change the record accepts from which holder. No I/O, no clock, no
-//! strings: the model check (`tests/model.rs`) explores the protocol through these
-//! functions.
+//! and which fenced change the record accepts from which holder. No I/O, no clock: the
+//! model check (`tests/model.rs`) explores the protocol through these functions.
 //!
-//! The protocol's step after the claim statement is taken from these functions
-//! (`protocol.rs` calls [`next`] for a takeover, [`after_lookup`] for a lookup's answer
-//! and [`stale`] through them): the model check and the running core share one table.
+//! The running protocol decides through the same functions and types: `protocol.rs`
+//! turns the claim statement's answer into a [`ClaimVerdict`] and takes every step
+//! after it from [`next`] (run, ask the lookup, the stale policy, defer, skip, refuse a
+//! mismatch), a lookup's from [`after_lookup`]; the job options [`OnStale`] and
+//! [`OnMismatch`] and the claim's [`ClaimKind`] are defined here and re-exported by
+//! `protocol` and `record`. The model and the core share the table by construction.
+//!
 //! The statements compute the same rules inside PostgreSQL (SQL cannot call Rust:
 //! [`crate::sql::CLAIM_SQL`]'s `take`, the fenced statements' guards, `RESOLVE_SQL`):
 //! `tests/conformance.rs` runs every decision, fenced and resolve case of the
@@ -28,6 +31,8 @@
 //! is noted). A takeover asks the lookup when one is declared; otherwise, and when the
 //! lookup answers unknown, the stale policy decides: reclaim → run, hold → held,
 //! skip → given up.
+
+use crate::error::{Error, Result};
 
 /// The record's status column, as the core's statements write it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -73,62 +78,112 @@ pub enum RecordState {
     Present { status: Status, lease_expired: bool },
 }
 
-/// The stale-claim policy (`on_stale`), by its effect on a takeover.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum StalePolicy {
+/// What a delivery does with a stale claim (its holder's lease ran out: the holder may
+/// have died before or after its effect) when no lookup knows better: the job option
+/// `on_stale` (`protocol::JobOptions::on_stale`), by its effect on a takeover
+/// ([`stale`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum OnStale {
+    /// Run the body again (a rare duplicate if the holder had done the effect). Default.
+    #[default]
     Reclaim,
+    /// Do not run; hold the operation for a person (`resolve`).
     Hold,
+    /// Do not run; give the operation up (a rare miss).
     Skip,
 }
 
-impl StalePolicy {
-    /// `"reclaim"`, `"hold"`, `"skip"` (the option's values).
+impl OnStale {
+    /// The option value's name: `"reclaim"`, `"hold"`, `"skip"`.
     pub fn as_str(self) -> &'static str {
         match self {
-            StalePolicy::Reclaim => "reclaim",
-            StalePolicy::Hold => "hold",
-            StalePolicy::Skip => "skip",
+            OnStale::Reclaim => "reclaim",
+            OnStale::Hold => "hold",
+            OnStale::Skip => "skip",
         }
     }
 
-    /// The policy named `name`, or `None`.
-    pub fn parse(name: &str) -> Option<StalePolicy> {
-        [StalePolicy::Reclaim, StalePolicy::Hold, StalePolicy::Skip]
-            .into_iter()
-            .find(|p| p.as_str() == name)
+    /// Parses an option value.
+    ///
+    /// Errors: [`Error::Config`] naming `job` and the accepted values.
+    pub fn parse(job: &str, value: &str) -> Result<OnStale> {
+        match value {
+            "reclaim" => Ok(OnStale::Reclaim),
+            "hold" => Ok(OnStale::Hold),
+            "skip" => Ok(OnStale::Skip),
+            other => Err(Error::Config(format!(
+                "{job}: on_stale must be reclaim, hold or skip, got {other:?}"
+            ))),
+        }
     }
 }
 
-/// The options that decide: the stale policy, `on_mismatch: raise`, a declared lookup.
+/// What a delivery whose payload differs from its claim's (same operation key) does:
+/// the job option `on_mismatch` (`protocol::JobOptions::on_mismatch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OnMismatch {
+    /// Note it (a warning and a `mismatch` event) and go on. Default.
+    #[default]
+    Log,
+    /// Also refuse the delivery ([`Error::PayloadMismatch`]) unless it won the claim; it
+    /// never takes a released or stale claim ([`claim`]).
+    Raise,
+}
+
+impl OnMismatch {
+    /// The option value's name: `"log"`, `"raise"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnMismatch::Log => "log",
+            OnMismatch::Raise => "raise",
+        }
+    }
+
+    /// Parses an option value.
+    ///
+    /// Errors: [`Error::Config`] naming `job` and the accepted values.
+    pub fn parse(job: &str, value: &str) -> Result<OnMismatch> {
+        match value {
+            "log" => Ok(OnMismatch::Log),
+            "raise" => Ok(OnMismatch::Raise),
+            other => Err(Error::Config(format!(
+                "{job}: on_mismatch must be log or raise, got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// The options that decide: the stale policy, the mismatch rule, a declared lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rules {
-    pub on_stale: StalePolicy,
-    /// `on_mismatch: raise`: a delivery whose payload differs never takes a claim and
+    pub on_stale: OnStale,
+    /// [`OnMismatch::Raise`]: a delivery whose payload differs never takes a claim and
     /// is refused unless it won.
-    pub refuse_mismatch: bool,
+    pub on_mismatch: OnMismatch,
     /// A lookup is declared: a takeover asks it before the stale policy.
     pub lookup: bool,
 }
 
 /// How a claim was won (stored as `last_claim`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Taken {
-    /// No record existed.
+pub enum ClaimKind {
+    /// No record existed: the first delivery of this operation.
     First,
-    /// The record was released (the holder's body raised, or a person resolved it for a
-    /// rerun).
+    /// The previous holder's job raised and released its claim (a Sidekiq retry), or a
+    /// person resolved a held operation for a rerun.
     Retry,
-    /// The holder's lease had run out (a stale claim).
+    /// The previous claim's lease had expired: its holder may have died. Its effect
+    /// may or may not have happened (a stale claim): the stale policy decides.
     Takeover,
 }
 
-impl Taken {
-    /// `"first"`, `"retry"`, `"takeover"`.
+impl ClaimKind {
+    /// The name stored in `last_claim`: `"first"`, `"retry"`, `"takeover"`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Taken::First => "first",
-            Taken::Retry => "retry",
-            Taken::Takeover => "takeover",
+            ClaimKind::First => "first",
+            ClaimKind::Retry => "retry",
+            ClaimKind::Takeover => "takeover",
         }
     }
 }
@@ -137,7 +192,7 @@ impl Taken {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClaimVerdict {
     /// The delivery's token becomes the record's: status `claimed`, a fresh lease.
-    Take(Taken),
+    Take(ClaimKind),
     /// Nothing changes but the duplicate count; the delivery met this.
     Met(Met),
 }
@@ -157,20 +212,20 @@ pub enum Met {
 /// The claim statement's rule ([`crate::sql::CLAIM_SQL`]'s `take`): a delivery takes
 /// the claim when there is no record, or the record is released, or claimed with its
 /// lease run out — unless its payload differs (`mismatch`) and mismatches are refused.
-pub fn claim(state: RecordState, mismatch: bool, refuse_mismatch: bool) -> ClaimVerdict {
+pub fn claim(state: RecordState, mismatch: bool, on_mismatch: OnMismatch) -> ClaimVerdict {
     let (status, expired) = match state {
-        RecordState::Absent => return ClaimVerdict::Take(Taken::First),
+        RecordState::Absent => return ClaimVerdict::Take(ClaimKind::First),
         RecordState::Present {
             status,
             lease_expired,
         } => (status, lease_expired),
     };
     let takeable = status == Status::Released || (status == Status::Claimed && expired);
-    if takeable && !(mismatch && refuse_mismatch) {
+    if takeable && !(mismatch && on_mismatch == OnMismatch::Raise) {
         return ClaimVerdict::Take(if status == Status::Released {
-            Taken::Retry
+            ClaimKind::Retry
         } else {
-            Taken::Takeover
+            ClaimKind::Takeover
         });
     }
     ClaimVerdict::Met(match status {
@@ -213,17 +268,17 @@ pub enum Answer {
 }
 
 /// The stale policy's step for a claim taken over when no lookup knows better.
-pub fn stale(policy: StalePolicy) -> Next {
+pub fn stale(policy: OnStale) -> Next {
     match policy {
-        StalePolicy::Reclaim => Next::Run,
-        StalePolicy::Hold => Next::Hold,
-        StalePolicy::Skip => Next::GiveUp,
+        OnStale::Reclaim => Next::Run,
+        OnStale::Hold => Next::Hold,
+        OnStale::Skip => Next::GiveUp,
     }
 }
 
 /// The step after a lookup's answer: done → complete without running, not done → run,
 /// unknown → the stale policy.
-pub fn after_lookup(answer: Answer, policy: StalePolicy) -> Next {
+pub fn after_lookup(answer: Answer, policy: OnStale) -> Next {
     match answer {
         Answer::Done => Next::Complete,
         Answer::NotDone => Next::Run,
@@ -237,10 +292,12 @@ pub fn after_lookup(answer: Answer, policy: StalePolicy) -> Next {
 /// anything else is skipped.
 pub fn next(verdict: ClaimVerdict, mismatch: bool, rules: Rules) -> Next {
     match verdict {
-        ClaimVerdict::Take(Taken::First | Taken::Retry) => Next::Run,
-        ClaimVerdict::Take(Taken::Takeover) if rules.lookup => Next::AskLookup,
-        ClaimVerdict::Take(Taken::Takeover) => stale(rules.on_stale),
-        ClaimVerdict::Met(_) if mismatch && rules.refuse_mismatch => Next::RefuseMismatch,
+        ClaimVerdict::Take(ClaimKind::First | ClaimKind::Retry) => Next::Run,
+        ClaimVerdict::Take(ClaimKind::Takeover) if rules.lookup => Next::AskLookup,
+        ClaimVerdict::Take(ClaimKind::Takeover) => stale(rules.on_stale),
+        ClaimVerdict::Met(_) if mismatch && rules.on_mismatch == OnMismatch::Raise => {
+            Next::RefuseMismatch
+        }
         ClaimVerdict::Met(Met::Live) => Next::Defer,
         ClaimVerdict::Met(Met::Refused) => Next::RefuseMismatch,
         ClaimVerdict::Met(_) => Next::Skip,
@@ -248,7 +305,7 @@ pub fn next(verdict: ClaimVerdict, mismatch: bool, rules: Rules) -> Next {
 }
 
 /// A change only the claim's holder may make (the fenced statements of
-/// [`crate::fenced`]), and a person's resolve.
+/// `fenced`), and a person's resolve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Change {
     Complete,
@@ -309,14 +366,17 @@ mod tests {
             status: Status::Claimed,
             lease_expired: true,
         };
-        assert_eq!(claim(expired, true, true), ClaimVerdict::Met(Met::Refused));
         assert_eq!(
-            claim(expired, true, false),
-            ClaimVerdict::Take(Taken::Takeover)
+            claim(expired, true, OnMismatch::Raise),
+            ClaimVerdict::Met(Met::Refused)
+        );
+        assert_eq!(
+            claim(expired, true, OnMismatch::Log),
+            ClaimVerdict::Take(ClaimKind::Takeover)
         );
         let rules = Rules {
-            on_stale: StalePolicy::Reclaim,
-            refuse_mismatch: true,
+            on_stale: OnStale::Reclaim,
+            on_mismatch: OnMismatch::Raise,
             lookup: false,
         };
         assert_eq!(
@@ -324,7 +384,7 @@ mod tests {
             Next::RefuseMismatch
         );
         assert_eq!(
-            next(ClaimVerdict::Take(Taken::First), true, rules),
+            next(ClaimVerdict::Take(ClaimKind::First), true, rules),
             Next::Run
         );
     }

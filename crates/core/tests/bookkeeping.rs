@@ -59,6 +59,7 @@ fn duplicate(job_type: &str, key: &str) -> Repeat {
         decision: "completed",
         facts: None,
         count: true,
+        returning: false,
         mismatch: false,
         replayed: false,
     }

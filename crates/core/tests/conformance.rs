@@ -18,7 +18,7 @@ use idempotent_job_core::protocol::{
     LookupAnswer, Notes, OnMismatch, OnStale, Protocol, Step,
 };
 use idempotent_job_core::store::Store;
-use idempotent_job_core::transitions::{self as t, RecordState, Rules, StalePolicy, Status};
+use idempotent_job_core::transitions::{self as t, RecordState, Rules, Status};
 use serde_json::{json, Value};
 
 mod common;
@@ -189,13 +189,18 @@ fn lookup_answer(name: &str) -> t::Answer {
 
 /// What the pure decision table says a decision case ends with, in the vectors' terms
 /// (the body returns; the lease is 300 s; the record counted no earlier duplicate).
+/// The case's `deferrals` (absent: 0).
+fn case_deferrals(case: &Value) -> u32 {
+    case["deferrals"].as_u64().map_or(0, |n| n as u32)
+}
+
 fn pure_expectation(case: &Value) -> Value {
     let record = text(case, "record");
     let options = &case["options"];
     let mismatch = text(case, "payload") == "different";
     let rules = Rules {
-        on_stale: StalePolicy::parse(text(options, "on_stale")).unwrap(),
-        refuse_mismatch: text(options, "on_mismatch") == "raise",
+        on_stale: OnStale::parse("", text(options, "on_stale")).unwrap(),
+        on_mismatch: OnMismatch::parse("", text(options, "on_mismatch")).unwrap(),
         lookup: !options["lookup"].is_null(),
     };
     let state = record_state(record);
@@ -203,7 +208,7 @@ fn pure_expectation(case: &Value) -> Value {
         RecordState::Absent => Value::Null,
         RecordState::Present { status, .. } => json!(status.as_str()),
     };
-    let verdict = t::claim(state, mismatch, rules.refuse_mismatch);
+    let verdict = t::claim(state, mismatch, rules.on_mismatch);
     let claim = match verdict {
         t::ClaimVerdict::Take(taken) => json!(taken.as_str()),
         t::ClaimVerdict::Met(_) => Value::Null,
@@ -213,6 +218,9 @@ fn pure_expectation(case: &Value) -> Value {
     if lookup_asked {
         step = t::after_lookup(lookup_answer(text(options, "lookup")), rules.on_stale);
     }
+    // A copy coming back (deferrals > 0) was counted when it first arrived.
+    let deferrals = case_deferrals(case);
+    let duplicates = json!(i32::from(deferrals == 0));
     let mut e = json!({
         "decision": null, "error": null, "ran": false, "claim": claim,
         "lookup_asked": lookup_asked, "status_after": before, "duplicates": null,
@@ -232,8 +240,8 @@ fn pure_expectation(case: &Value) -> Value {
         t::Next::RefuseMismatch => e["error"] = json!("payload_mismatch"),
         t::Next::Defer => {
             e["decision"] = json!("in_progress");
-            e["duplicates"] = json!(1);
-            e["retry_after"] = json!(deferral_delay(300.0, 0, 1.0));
+            e["duplicates"] = duplicates;
+            e["retry_after"] = json!(deferral_delay(300.0, deferrals, 1.0));
         }
         t::Next::Skip => {
             let t::ClaimVerdict::Met(met) = verdict else {
@@ -246,7 +254,7 @@ fn pure_expectation(case: &Value) -> Value {
                 t::Met::Live => "in_progress",
                 t::Met::Refused => "refused",
             });
-            e["duplicates"] = json!(1);
+            e["duplicates"] = duplicates;
         }
         t::Next::AskLookup => unreachable!("the lookup was answered"),
     }
@@ -393,12 +401,11 @@ fn decisions_by_the_claim_statement_and_the_protocol_on_postgresql() {
             _ => &section["payload_b"],
         };
         let protocol = Protocol::new(JOB, job_options(case), DoorWords::default()).unwrap();
-        let mut got = deliver(
-            &store,
-            &protocol,
-            &delivery(&key, payload),
-            case["options"]["lookup"].as_str(),
-        );
+        let d = DeliveryRequest {
+            deferrals: case_deferrals(case),
+            ..delivery(&key, payload)
+        };
+        let mut got = deliver(&store, &protocol, &d, case["options"]["lookup"].as_str());
         got["status_after"] = status_of(&store, &key);
         if got != case["expect"] {
             failures.push(format!(

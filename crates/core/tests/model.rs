@@ -27,8 +27,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use idempotent_job_core::transitions::{
-    self as t, Answer, Change, ClaimVerdict, Met, Next, RecordState, Resolution, Rules,
-    StalePolicy, Status, Taken,
+    self as t, Answer, Change, ClaimKind, ClaimVerdict, Met, Next, OnMismatch, OnStale,
+    RecordState, Resolution, Rules, Status,
 };
 use stateright::{Checker, Model, Property};
 
@@ -162,11 +162,11 @@ enum Action {
 }
 
 impl Protocol {
-    fn new(on_stale: StalePolicy, lookup: bool, variant: Variant, budgets: Budgets) -> Protocol {
+    fn new(on_stale: OnStale, lookup: bool, variant: Variant, budgets: Budgets) -> Protocol {
         Protocol {
             rules: Rules {
                 on_stale,
-                refuse_mismatch: false,
+                on_mismatch: OnMismatch::Log,
                 lookup,
             },
             variant,
@@ -212,7 +212,7 @@ impl Protocol {
     }
 
     /// The worker's next phase after the protocol's step `next` under claim `token`.
-    fn phase_of(&self, s: &mut State, next: Next, token: u8, taken: Taken) -> Phase {
+    fn phase_of(&self, s: &mut State, next: Next, token: u8, taken: ClaimKind) -> Phase {
         let lease_left = self.budgets.lease;
         let settling = |change| Phase::Settling {
             token,
@@ -221,7 +221,7 @@ impl Protocol {
         };
         match next {
             Next::Run => {
-                if taken == Taken::Takeover {
+                if taken == ClaimKind::Takeover {
                     s.takeover_runs += 1;
                 }
                 Phase::Holding {
@@ -352,7 +352,7 @@ impl Model for Protocol {
             Action::Deliver(w) => {
                 s.ready -= 1;
                 let held_before = s.db.status == Some(Status::Held);
-                let verdict = t::claim(self.record_state(&s.db), false, false);
+                let verdict = t::claim(self.record_state(&s.db), false, OnMismatch::Log);
                 let next = t::next(verdict, false, self.rules);
                 match verdict {
                     ClaimVerdict::Take(taken) => {
@@ -413,7 +413,7 @@ impl Model for Protocol {
             Action::Lookup(w, answer) => {
                 let (token, _) = lease_of(&s.workers[w])?;
                 let next = t::after_lookup(answer, self.rules.on_stale);
-                s.workers[w] = self.phase_of(&mut s, next, token, Taken::Takeover);
+                s.workers[w] = self.phase_of(&mut s, next, token, ClaimKind::Takeover);
                 if let Some(lease) = lease_of(&last.workers[w]).map(|(_, l)| l) {
                     set_lease(&mut s.workers[w], lease);
                 }
@@ -490,7 +490,7 @@ impl Model for Protocol {
             Property::always(
                 "a crash after the effect costs at most what the stale policy says",
                 |m: &Protocol, s: &State| {
-                    let may_rerun = m.rules.on_stale == StalePolicy::Reclaim || m.rules.lookup;
+                    let may_rerun = m.rules.on_stale == OnStale::Reclaim || m.rules.lookup;
                     s.effects <= 1 + s.takeover_runs && (may_rerun || s.takeover_runs == 0)
                 },
             ),
@@ -605,9 +605,9 @@ fn budgets() -> Budgets {
 }
 
 /// Every option combination the decision depends on.
-fn configurations() -> Vec<(StalePolicy, bool)> {
+fn configurations() -> Vec<(OnStale, bool)> {
     let mut out = Vec::new();
-    for on_stale in [StalePolicy::Reclaim, StalePolicy::Hold, StalePolicy::Skip] {
+    for on_stale in [OnStale::Reclaim, OnStale::Hold, OnStale::Skip] {
         for lookup in [false, true] {
             out.push((on_stale, lookup));
         }
@@ -648,7 +648,7 @@ fn a_redelivered_operation_is_eventually_completed_held_or_given_up() {
 }
 
 /// The checker finds a counterexample to `property` in `variant` (under `on_stale`).
-fn finds(variant: Variant, on_stale: StalePolicy, lookup: bool, property: &'static str) {
+fn finds(variant: Variant, on_stale: OnStale, lookup: bool, property: &'static str) {
     let model = Protocol::new(on_stale, lookup, variant, BOUNDED);
     // One thread: breadth first in order, so the counterexample is a shortest one.
     let checker = model.checker().threads(1).spawn_bfs().join();
@@ -662,13 +662,13 @@ fn finds(variant: Variant, on_stale: StalePolicy, lookup: bool, property: &'stat
 fn a_completion_without_the_fencing_token_is_caught() {
     finds(
         Variant::UnfencedCompletion,
-        StalePolicy::Reclaim,
+        OnStale::Reclaim,
         false,
         "no completion by a holder whose claim was taken over",
     );
     finds(
         Variant::UnfencedCompletion,
-        StalePolicy::Reclaim,
+        OnStale::Reclaim,
         false,
         "a waiter never sees a value that was not stored",
     );
@@ -678,7 +678,7 @@ fn a_completion_without_the_fencing_token_is_caught() {
 fn a_takeover_of_a_live_lease_is_caught() {
     finds(
         Variant::TakeoverIgnoresLease,
-        StalePolicy::Reclaim,
+        OnStale::Reclaim,
         false,
         "at most one live claim",
     );
@@ -688,7 +688,7 @@ fn a_takeover_of_a_live_lease_is_caught() {
 fn a_held_record_taken_without_resolve_is_caught() {
     finds(
         Variant::HeldIsTakeable,
-        StalePolicy::Hold,
+        OnStale::Hold,
         false,
         "a held operation never runs until resolved",
     );
@@ -702,7 +702,7 @@ fn a_held_record_taken_without_resolve_is_caught() {
 fn an_effect_after_the_lease_ran_out_can_cost_more_than_the_policy_says() {
     finds(
         Variant::EffectIgnoresLease,
-        StalePolicy::Hold,
+        OnStale::Hold,
         false,
         "a crash after the effect costs at most what the stale policy says",
     );

@@ -60,6 +60,7 @@ in_both_modes!(
     a_waiting_delivery_decides_again_when_the_claim_ends,
     the_reclaim_budget_holds_the_operation_after_max_takeovers,
     a_spent_reclaim_budget_asks_the_lookup_first,
+    a_copy_is_counted_once_however_often_it_comes_back,
 );
 
 const JOB: &str = "ProtocolTestJob";
@@ -1338,4 +1339,146 @@ fn a_spent_reclaim_budget_asks_the_lookup_first(store: &Store) {
             .unwrap();
         assert_eq!(action(&step), want);
     }
+}
+
+/// `(duplicates, mismatches, repeats recorded)` of `delivery`'s record, its bookkeeping
+/// written first.
+fn counts(store: &Store, delivery: &DeliveryRequest) -> (i32, i32, i64) {
+    let record = find_record(store, &claim_request(delivery)).expect("a record");
+    let (job_type, key) = (delivery.job_type.clone(), delivery.operation_key.clone());
+    let repeats = store
+        .with_conn(async |c| {
+            let row = c
+                .query_one(
+                    "SELECT cardinality(repeat_times)::int8 FROM idempotent_job_records \
+                      WHERE job_type = $1 AND operation_key = $2",
+                    &[&job_type, &key],
+                )
+                .await?;
+            Ok(row.get::<_, i64>(0))
+        })
+        .unwrap();
+    (record.duplicates, record.mismatches, repeats)
+}
+
+/// Copy `n` of `delivery`'s operation (its own delivery id, payload digest `digest`)
+/// after `deferrals` deferrals.
+fn copy(delivery: &DeliveryRequest, n: usize, digest: &str, deferrals: u32) -> DeliveryRequest {
+    DeliveryRequest {
+        delivery_id: Some(format!("copy-{n}")),
+        args_digest: Some(digest.into()),
+        deferrals,
+        ..delivery.clone()
+    }
+}
+
+/// `duplicates` (and `mismatches`) count copies, not their returns: a copy deferred
+/// behind a live claim is counted when it first arrives, and neither its returns (on
+/// the look, on the claim statement in a transaction, after the claim completed) nor
+/// its decision after a wait count it again; every return is still a repeat
+/// (`repeat_times`). Control: without `returning`, the 4 copies below that come back
+/// 3 times each would count 16.
+fn a_copy_is_counted_once_however_often_it_comes_back(store: &Store) {
+    let protocol = storing();
+    let delivery = delivery("digest-a");
+    let holder = run_claim(begin(store, &protocol, &delivery).0);
+    // Four copies meet the live claim (one with another payload): each counted once.
+    for n in 0..4 {
+        let digest = if n == 0 { "digest-b" } else { "digest-a" };
+        let (step, _) = begin(store, &protocol, &copy(&delivery, n, digest, 0));
+        let Step::InProgress(outcome) = step.unwrap() else {
+            panic!("expected InProgress")
+        };
+        assert!(outcome.retry_after.is_some());
+    }
+    assert_eq!(counts(store, &delivery), (4, 1, 4));
+    // Each comes back twice while the claim is still live: deferred again, not counted.
+    for deferrals in 1..3 {
+        for n in 0..4 {
+            let digest = if n == 0 { "digest-b" } else { "digest-a" };
+            let returned = copy(&delivery, n, digest, deferrals);
+            let (step, _) = begin(store, &protocol, &returned);
+            let Step::InProgress(outcome) = step.unwrap() else {
+                panic!("expected InProgress")
+            };
+            assert_eq!(outcome.duplicates, Some(4), "a return is not counted");
+        }
+    }
+    assert_eq!(counts(store, &delivery), (4, 1, 12));
+    // In a transaction the claim statement itself decides: a return is not counted
+    // there either; a fifth copy is.
+    let i = Interrupt::none();
+    let pool = store.pool().unwrap();
+    for (n, deferrals, counted) in [(1, 3, 4), (4, 0, 5)] {
+        let mut session = Session::begin(&pool, &i).unwrap();
+        let step = protocol
+            .begin(
+                &mut session,
+                &i,
+                &copy(&delivery, n, "digest-a", deferrals),
+                &mut Notes::new(),
+            )
+            .unwrap();
+        let Step::InProgress(outcome) = step else {
+            panic!("expected InProgress")
+        };
+        assert_eq!(outcome.duplicates, Some(counted));
+        session.commit(&i).unwrap();
+    }
+    assert_eq!(counts(store, &delivery), (5, 1, 14));
+    // A sixth copy waits for the claim: counted when it meets it, not again when it
+    // decides after the completion (a replay).
+    let (started, told) = std::sync::mpsc::channel();
+    let waiting = DeliveryRequest {
+        wait_seconds: Some(30.0),
+        ..copy(&delivery, 5, "digest-a", 0)
+    };
+    let waiter = {
+        let protocol = protocol.clone();
+        let mut channel = Telling {
+            direct: direct(store),
+            started,
+        };
+        std::thread::spawn(move || {
+            let mut notes = Notes::new();
+            let first = protocol.begin(&mut channel, &Interrupt::none(), &waiting, &mut notes);
+            assert!(matches!(first, Ok(Step::InProgress(_))), "{first:?}");
+            let step = protocol.wait(&mut channel, &Interrupt::none(), &waiting, &mut notes);
+            step.map(skipped)
+        })
+    };
+    told.recv().unwrap();
+    let value = serde_json::json!({"charge_id": "ch_1"});
+    protocol
+        .complete(
+            &mut direct(store),
+            &i,
+            holder,
+            Some(&value),
+            DEFAULT_MAX_RESULT_BYTES,
+            &mut Notes::new(),
+        )
+        .unwrap();
+    let replayed = waiter.join().unwrap().unwrap();
+    assert!(replayed.replayed());
+    assert_eq!(replayed.duplicates, Some(6));
+    // The deferred copies come back after the completion: replays, not counted.
+    for n in 0..4 {
+        let outcome = skipped(
+            begin(store, &protocol, &copy(&delivery, n, "digest-a", 3))
+                .0
+                .unwrap(),
+        );
+        assert!(outcome.replayed());
+        assert_eq!(outcome.duplicates, Some(6));
+    }
+    assert_eq!(counts(store, &delivery), (6, 1, 20));
+    // A copy arriving now for the first time is a duplicate.
+    let late = skipped(
+        begin(store, &protocol, &copy(&delivery, 6, "digest-a", 0))
+            .0
+            .unwrap(),
+    );
+    assert_eq!(late.duplicates, Some(7));
+    assert_eq!(counts(store, &delivery).0, 7);
 }

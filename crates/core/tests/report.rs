@@ -9,6 +9,7 @@ use chrono::Utc;
 use common::claim::{self, ClaimAnswer, ClaimRequest, Fenced};
 use idempotent_job_core::conn::Conn;
 use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::protocol::reclaim_budget_reason;
 use idempotent_job_core::report;
 use idempotent_job_core::store::Store;
 use uuid::Uuid;
@@ -244,6 +245,15 @@ fn metrics_count_each_status_claim_state_repeat_and_the_purge_backlog() {
             _ => {}
         }
     }
+    // Held by the reclaim budget (the reason the protocol stores), and counted apart.
+    let budget = request(&job_type, "held-by-budget", 30.0);
+    let token = claim(&store, &budget);
+    let reason = reclaim_budget_reason(3, 2);
+    run(&store, async |c| {
+        let (job_type, key) = (&budget.job_type, &budget.operation_key);
+        claim::fenced(c, Fenced::Hold, job_type, key, token, Some(&reason)).await
+    })
+    .unwrap();
     claim(&store, &request(&job_type, "stale", 0.05));
     std::thread::sleep(Duration::from_millis(80));
     let jt = job_type.clone();
@@ -267,7 +277,8 @@ fn metrics_count_each_status_claim_state_repeat_and_the_purge_backlog() {
     let rows = run(&store, async |c| report::metrics(c, 3600.0).await).unwrap();
     let ours = rows.iter().find(|r| r.job_type == job_type).unwrap();
     // claimed (live + stale), completed, released, held, given_up
-    assert_eq!(ours.records, [2, 2, 1, 1, 1]);
+    assert_eq!(ours.records, [2, 2, 1, 2, 1]);
+    assert_eq!(ours.held_by_reclaim_budget, 1, "one of the two held");
     assert_eq!((ours.live_claims, ours.stale_claims), (1, 1));
     assert!(
         (90.0..120.0).contains(&ours.oldest_held_seconds),
@@ -287,7 +298,8 @@ fn metrics_count_each_status_claim_state_repeat_and_the_purge_backlog() {
     let text = report::exposition(std::slice::from_ref(ours), 3600.0);
     let label = job_type.replace('\\', r"\\").replace('"', r#"\""#);
     for line in [
-        format!("idempotent_job_records{{job_type=\"{label}\",status=\"held\"}} 1"),
+        format!("idempotent_job_records{{job_type=\"{label}\",status=\"held\"}} 2"),
+        format!("idempotent_job_held_by_reclaim_budget{{job_type=\"{label}\"}} 1"),
         format!("idempotent_job_claims{{job_type=\"{label}\",state=\"stale\"}} 1"),
         format!("idempotent_job_purge_backlog{{job_type=\"{label}\"}} 1"),
         "idempotent_job_retention_seconds 3600".to_string(),

@@ -45,6 +45,7 @@ fn a_dropped_store_stops_its_runtime_only_after_its_background_writer() {
         decision: "completed",
         facts: None,
         count: true,
+        returning: false,
         mismatch: false,
         replayed: false,
     });

@@ -43,6 +43,16 @@ impl JobBuilder {
         self.options.store_result = on;
         self
     }
+    /// The reclaim budget (default none): after `takeovers` stale takeovers of one
+    /// operation, the next stale claim asks the lookup (if declared) and, unless it
+    /// answers, holds the operation for a person whatever [`JobBuilder::on_stale`] says
+    /// (`last_error` says why), so a body that kills its process every time stops
+    /// looping.
+    pub fn max_takeovers(mut self, takeovers: u32) -> Self {
+        // Above i32::MAX: refused by the core's check in build() as out of range.
+        self.options.max_takeovers = Some(i32::try_from(takeovers).unwrap_or(-1));
+        self
+    }
     /// Declares a lookup: [`Delivery::lookup`]'s closure is asked after a takeover of a
     /// stale claim (`label` names it in log lines).
     pub fn lookup(mut self, label: impl Into<String>) -> Self {

@@ -136,7 +136,11 @@ async fn decisions() {
         };
         let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let asked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let delivery = job.delivery(key.clone()).payload(payload.clone());
+        let deferrals = case["deferrals"].as_u64().map_or(0, |n| n as u32);
+        let delivery = job
+            .delivery(key.clone())
+            .payload(payload.clone())
+            .deferrals(deferrals);
         let body = {
             let ran = ran.clone();
             move |_| async move {

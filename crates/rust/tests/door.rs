@@ -183,7 +183,8 @@ async fn bad_keys_and_options_are_refused_by_name() {
 
 // --- processes: the test binary runs itself as a child (IDEMPOTENT_JOB_CHILD set) ---
 
-/// A child process's delivery: `IDEMPOTENT_JOB_CHILD=scenario:job:sleep_ms:on_stale`.
+/// A child process's delivery:
+/// `IDEMPOTENT_JOB_CHILD=scenario:job:sleep_ms:on_stale[:max_takeovers]`.
 #[tokio::test]
 async fn child() {
     let Ok(spec) = std::env::var("IDEMPOTENT_JOB_CHILD") else {
@@ -199,13 +200,11 @@ async fn child() {
         "hold" => OnStale::Hold,
         _ => OnStale::Reclaim,
     };
-    let job = jobs()
-        .await
-        .job(job)
-        .lease(2.0)
-        .on_stale(policy)
-        .build()
-        .unwrap();
+    let mut job = jobs().await.job(job).lease(2.0).on_stale(policy);
+    if let Some(max) = parts.get(4) {
+        job = job.max_takeovers(max.parse().unwrap());
+    }
+    let job = job.build().unwrap();
     let outcome = job
         .perform_once(s.clone(), |_| async move {
             effect(&s, "A").await;
@@ -218,6 +217,11 @@ async fn child() {
 }
 
 fn spawn_child(s: &str, job: &str, sleep_ms: u64, policy: &str) -> std::process::Child {
+    spawn_child_with(s, job, sleep_ms, policy)
+}
+
+/// [`spawn_child`] with the child spec's policy part (`on_stale[:max_takeovers]`).
+fn spawn_child_with(s: &str, job: &str, sleep_ms: u64, policy: &str) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child", "--nocapture", "--test-threads=1"])
         .env(
@@ -409,4 +413,93 @@ async fn the_lookup_decides_after_a_takeover() {
         .unwrap();
     assert_eq!(outcome.decision, Decision::Completed);
     assert_eq!(effects(&s).await, 1);
+}
+
+/// One delivery of `s` in a child process (job RustPoison, lease 2 s, child spec
+/// `policy`) whose body never ends: SIGKILLed as soon as its effect is written, as a
+/// body that kills its worker (out of memory, a segfault). `None` when it was killed;
+/// else the decision the child printed (its body did not run).
+async fn poison_delivery(s: &str, policy: &str) -> Option<String> {
+    let before = effects(s).await;
+    let mut child = spawn_child_with(s, "RustPoison", 60_000, policy);
+    for _ in 0..600 {
+        if effects(s).await > before {
+            child.kill().unwrap(); // SIGKILL
+            child.wait().unwrap();
+            return None;
+        }
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            let out = String::from_utf8_lossy(&out.stdout).to_string();
+            // The test harness prints `test child ... ` before the child's own line.
+            let decision = out
+                .lines()
+                .find_map(|l| l.split_once("decision=").map(|(_, d)| d.trim()));
+            let decision = decision.unwrap_or_else(|| panic!("no decision printed: {out}"));
+            return Some(decision.to_string());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the child neither ran its body nor ended within 30 s");
+}
+
+/// Waits (at most 10 s) for the lease of `s`'s RustPoison claim to run out.
+async fn lease_ended(s: &str) {
+    for _ in 0..200 {
+        let ended: bool = db()
+            .await
+            .query_one(
+                "SELECT lease_expires_at <= now() FROM idempotent_job_records \
+                  WHERE job_type = 'RustPoison' AND operation_key = $1",
+                &[&s],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if ended {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the killed claim's lease never ran out");
+}
+
+#[tokio::test]
+async fn a_body_that_kills_its_process_every_time_is_held_after_max_takeovers() {
+    // Issue 34: under `reclaim` with max_takeovers(1), the first run and one takeover run
+    // (each SIGKILLed); the second stale claim is held for a person, with the reason.
+    // Control: without the budget the third delivery takes over and runs again.
+    jobs().await;
+    for (policy, budget) in [("reclaim:1", true), ("reclaim", false)] {
+        let s = scenario();
+        let mut decisions = Vec::new();
+        for _ in 0..3 {
+            decisions.push(poison_delivery(&s, policy).await);
+            if decisions.last().unwrap().is_none() {
+                lease_ended(&s).await;
+            }
+        }
+        if !budget {
+            assert_eq!(decisions, [None, None, None]);
+            assert_eq!(effects(&s).await, 3);
+            continue;
+        }
+        assert_eq!(decisions, [None, None, Some("held".to_string())]);
+        assert_eq!(effects(&s).await, 2);
+        assert_eq!(status("RustPoison", &s).await, "held");
+        let why: String = db()
+            .await
+            .query_one(
+                "SELECT last_error FROM idempotent_job_records \
+                  WHERE job_type = 'RustPoison' AND operation_key = $1",
+                &[&s],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            why.starts_with("the reclaim budget is spent: 2 stale takeovers"),
+            "{why}"
+        );
+    }
 }

@@ -198,7 +198,7 @@ module IdempotentJob
       def claim_params(request, token)
         [request[:job_type], request[:operation_key], token, request[:jid], request[:lease].to_s,
          request[:args_digest], request[:job_class], request[:queue], request[:args_json],
-         request[:refuse_mismatch] ? "true" : "false", request[:facts_json]]
+         request[:refuse_mismatch] ? "true" : "false", request[:facts_json], request[:returning] ? "true" : "false"]
       end
 
       # The claim row's values (text, or typed when the connection has a result type

@@ -158,6 +158,7 @@ pub fn request(job_type: &str, key: &str, lease: f64) -> ClaimRequest {
         args_json: Some(format!("[{key:?}]")),
         refuse_mismatch: false,
         facts_json: Some(format!(r#"{{"delivery":"d-{key}"}}"#)),
+        returning: false,
     }
 }
 

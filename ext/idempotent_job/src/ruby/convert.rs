@@ -43,6 +43,7 @@ mod keys {
         args_json,
         refuse_mismatch,
         facts_json,
+        returning,
         mismatch,
         decision,
         token,
@@ -96,7 +97,8 @@ impl<'r> Out<'r> {
 
 /// A claim request from a Hash with Symbol keys `job_type`, `operation_key`, `jid`,
 /// `lease` (seconds), `args_digest`, `job_class`, `queue`, `args_json`,
-/// `refuse_mismatch`, `facts_json` (the door's delivery facts: a JSON object text).
+/// `refuse_mismatch`, `facts_json` (the door's delivery facts: a JSON object text),
+/// `returning` (a copy coming back: not counted again in `duplicates`; default false).
 pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
     let id = |key: &LazyId| LazyId::get_inner_with(key, ruby);
     let get = |key: &LazyId| request.lookup::<_, Option<String>>(id(key));
@@ -115,6 +117,9 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
             .lookup::<_, Option<bool>>(id(&keys::refuse_mismatch))?
             .unwrap_or(false),
         facts_json: get(&keys::facts_json)?,
+        returning: request
+            .lookup::<_, Option<bool>>(id(&keys::returning))?
+            .unwrap_or(false),
     })
 }
 

@@ -118,7 +118,8 @@ pub(super) fn request_hash(ruby: &Ruby, req: &ClaimRequest) -> RbResult<RHash> {
         .set("queue", req.queue.clone())?
         .set("args_json", req.args_json.clone())?
         .set("refuse_mismatch", req.refuse_mismatch)?
-        .set("facts_json", req.facts_json.clone())?;
+        .set("facts_json", req.facts_json.clone())?
+        .set("returning", req.returning)?;
     Ok(out.hash)
 }
 
