@@ -13,6 +13,22 @@ module IdempotentJob
     OPTIONS = (JobOptions::NAMES - %i[key scope lease on_enqueue]).freeze
     # Every keyword perform_once takes, for the message naming one it does not take.
     TAKES = (%i[lease payload id deferrals facts job_class queue wait] + OPTIONS).freeze
+    # Job types whose value-key rules are kept (a {Key} per job type, parsed once).
+    KEYS_LIMIT = 1000
+    @keys = {}
+
+    # The operation key of a value given directly, by the {Key} of `type` (built once).
+    # @param type [String] the job type
+    # @param value [String, Symbol, Integer, Hash, Array]
+    # @return [String]
+    # @raise [OperationKeyError] as {Key.value_key}
+    def self.value_key(type, value)
+      key = @keys[type] ||= begin
+        @keys = {} if @keys.size >= KEYS_LIMIT
+        Key.new(type, 0, direct: true)
+      end
+      key.operation_key([value])
+    end
 
     # See {IdempotentJob.perform_once}.
     # @return [Outcome]
@@ -25,9 +41,9 @@ module IdempotentJob
       raise ConfigurationError, "perform_once: the job type must not be empty" if type.empty?
 
       options = JobOptions.cached(type, { lease:, **checked(type, options) })
-      key = Key.check!(type, Key.value_key(operation_key, type), job_name: type)
-      delivery = Delivery.new(job_type: type, operation_key: key, payload:, job_class: job_class || type, queue:,
-                              id: id || SecureRandom.uuid, deferrals:, facts:)
+      # The key's size and text are checked by the core's one call (Native::Protocol#perform).
+      delivery = Delivery.new(job_type: type, operation_key: value_key(type, operation_key), payload:,
+                              job_class: job_class || type, queue:, id: id || SecureRandom.uuid, deferrals:, facts:)
       Protocol.new(options, door: Door::PLAIN).run(delivery, wait: checked_wait(type, wait, options), &block)
     end
 

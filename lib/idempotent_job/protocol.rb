@@ -2,7 +2,6 @@
 
 require_relative "protocol/narrator"
 require_relative "protocol/deferral"
-require_relative "protocol/heartbeat"
 require_relative "protocol/completion"
 require_relative "protocol/driver"
 
@@ -63,6 +62,10 @@ module IdempotentJob
       raise ArgumentError, "Protocol#run needs a block" unless body
 
       narrator = Narrator.new(@door, delivery)
+      # The gem's own transaction is begun, committed or rolled back by the one native call.
+      return Driver.new(@options, @door, narrator, @strategy).run(request(delivery), host, wait, &body) if
+        @strategy == Transactional::Native
+
       @strategy.within do |session|
         Driver.new(@options, @door, narrator, session).run(request(delivery), host, wait, &body)
       end
@@ -70,30 +73,11 @@ module IdempotentJob
 
     private
 
-    # The claim request the native store reads (see Native::Store#claim).
-    # @raise [ConfigurationError] naming the job when the payload or the facts cannot be
-    #   written as JSON (nested deeper than Native::MAX_NESTING, not UTF-8, NaN): before
-    #   anything is claimed
+    # The claim request of `Native::Protocol#perform`: the delivery's fields, its
+    # payload and facts as they are (the core writes their JSON and digest).
     def request(delivery)
-      args_json, digest = written(delivery, "payload") { ArgsDigest.json_and_digest(delivery.payload) }
       { job_type: delivery.job_type, operation_key: delivery.operation_key, jid: delivery.id,
-        lease: @options.lease.to_f, args_digest: digest, job_class: delivery.job_class,
-        queue: delivery.queue, args_json:, refuse_mismatch: @options.on_mismatch == :raise,
-        facts_json: written(delivery, "facts") { delivery.facts_json } }
-    end
-
-    # The block's JSON of the delivery's `what` (its `payload` or `facts`), or the
-    # library's error naming the job and why JSON cannot carry it.
-    def written(delivery, what)
-      refuse_json(delivery, what, "it holds #{Native::TOO_DEEP}") if Native.nested_too_deep?(delivery.public_send(what))
-      yield
-    rescue ArgsDigest::Unwritable => e
-      refuse_json(delivery, what, e.message)
-    end
-
-    def refuse_json(delivery, what, problem)
-      raise ConfigurationError, "#{delivery.job_type}: the #{what} cannot be written as JSON (#{problem}); " \
-                                "the job was not run and nothing was recorded"
+        job_class: delivery.job_class, queue: delivery.queue, payload: delivery.payload, facts: delivery.facts }
     end
   end
 end

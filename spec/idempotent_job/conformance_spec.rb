@@ -107,22 +107,8 @@ RSpec.describe "the conformance vectors (Ruby door)" do
       conn&.close
     end
 
-    # Where the Ruby door's outcome still differs from the core's (found by these vectors,
-    # 2026-12-04): the field and why. An example with a known drift is pending: RSpec fails
-    # it the day the door agrees, so this list cannot outlive the drift.
-    known_drift = lambda do |c|
-      e = c["expect"]
-      if e["decision"] == "in_progress"
-        "Outcome#duplicates is nil for in_progress (the core counts the deferral: #{e["duplicates"]})"
-      elsif e["claim"] == "takeover" && !e["ran"] && !e["lookup_asked"]
-        "Outcome#claim is nil for a takeover the stale policy held or gave up (the core's outcome has it)"
-      end
-    end
-
     cases.call("decisions").each do |c|
       it c["name"] do
-        drift = known_drift.call(c)
-        pending(drift) if drift
         key = "conformance-#{SecureRandom.uuid}"
         setup_record(section, job, key, c["record"]) unless c["record"] == "absent"
         payload = c["payload"] == "same" ? section["payload_a"] : section["payload_b"]

@@ -88,7 +88,8 @@ RSpec.describe "Hostile values through a real Sidekiq process", :integration do
       expect(record.status).to eq(:completed)
       expect(record.result_state == :stored).to eq(vector["result"] == "stored"), vector["name"]
     end
-    expect(File.read(log)).not_to match(/SystemStackError|Segmentation fault|SIGSEGV/)
+    # Binary: Sidekiq 8 logs a job it cannot parse as its raw text, bytes that are not UTF-8 included.
+    expect(File.binread(log)).not_to match(/SystemStackError|Segmentation fault|SIGSEGV/n)
   end
 
   def wait_until(timeout)

@@ -66,15 +66,16 @@ RSpec.describe "IdempotentJob.perform_once (plain Ruby door)" do
 
   it "passes the delivery's facts to the claim request as facts_json, keeping the request's keys" do
     requests = []
-    # The core protocol's first call takes the claim request (see Protocol::Driver).
+    # The core protocol's one call takes the claim request (see Protocol::Driver).
     allow_any_instance_of(IdempotentJob::Native::Protocol).to(
-      receive(:begin).and_wrap_original do |begin_, store, request, deferrals|
-        (requests << request) && begin_.call(store, request, deferrals)
+      receive(:perform).and_wrap_original do |perform, store, channel, request, *rest|
+        (requests << request) && perform.call(store, channel, request, *rest)
       end
     )
     charge(facts: { receive_count: 2 }, id: "message-1")
+    # The payload and the facts go as they are: the core writes their JSON (stored: see below).
     expect(requests.first).to include(job_type: "PlainCharge", operation_key: "42", jid: "message-1",
-                                      args_json: "[42,1500]", facts_json: '{"receive_count":2}')
+                                      payload: [42, 1500], facts: { "receive_count" => 2 })
   end
 
   it "stores the facts as given: Float timestamps, nested values, a Bignum (JSON.generate's fallback); refuses NaN" do

@@ -369,6 +369,28 @@ impl Heartbeat {
 
     /// What the heartbeat saw so far.
     pub fn report(&self) -> HeartbeatReport {
+        self.reader().report()
+    }
+
+    /// A reader of this heartbeat's state for another thread (a host that tells
+    /// renewal failures while the body still runs); it keeps answering after the
+    /// heartbeat stopped.
+    pub fn reader(&self) -> HeartbeatReader {
+        HeartbeatReader {
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// Reads a [`Heartbeat`]'s state ([`HeartbeatReader::report`]) without owning it.
+#[derive(Debug, Clone)]
+pub struct HeartbeatReader {
+    state: Arc<HeartbeatState>,
+}
+
+impl HeartbeatReader {
+    /// What the heartbeat saw so far (see [`HeartbeatReport`]).
+    pub fn report(&self) -> HeartbeatReport {
         let state = &self.state;
         let since_confirmed = state
             .confirmed_at

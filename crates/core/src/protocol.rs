@@ -57,7 +57,7 @@ use crate::config::MAX_LEASE_SECONDS;
 use crate::conn::Interrupt;
 use crate::error::{Error, Result};
 use crate::fenced::Fenced;
-use crate::heartbeat::{Heartbeat, HeartbeatReport};
+use crate::heartbeat::{Heartbeat, HeartbeatReader, HeartbeatReport};
 use crate::record::{self, ClaimRequest, PreparedResult, ResultInput, ResultState};
 use crate::transitions::{self, Answer, ClaimVerdict, Next, Rules, StalePolicy, Taken};
 
@@ -453,6 +453,12 @@ impl Claim {
     /// without one (heartbeat off, a transaction, or not running the body yet).
     pub fn heartbeat_report(&self) -> Option<HeartbeatReport> {
         self.heartbeat.as_ref().map(Heartbeat::report)
+    }
+
+    /// A reader of the claim's heartbeat (see [`Claim::heartbeat_report`]), or `None`
+    /// without one.
+    pub fn heartbeat_reader(&self) -> Option<HeartbeatReader> {
+        self.heartbeat.as_ref().map(Heartbeat::reader)
     }
 
     /// Stops the heartbeat and notes what it found: a claim lost while the body ran

@@ -17,10 +17,10 @@ module IdempotentJob
       NATIVES_LIMIT = 1000
 
       class << self
-        # The native protocol of `options` told in `door`'s words.
+        # The native protocol of `options` told in `door`'s words (built once per pair).
         # @param options [JobOptions]
         # @param door [Door]
-        # @return [Array(Native::Protocol, Hash)] the protocol and the words it was built with
+        # @return [Native::Protocol]
         # @raise [ConfigurationError] for an option the core refuses
         def native(options, door)
           key = [door.id_label, door.defer_text, door.crash_text]
@@ -28,7 +28,7 @@ module IdempotentJob
           return found if found
 
           words = { id_label: key[0], defer_text: key[1], crash_text: key[2] }
-          built = [Native::Protocol.new(options.name, native_options(options), words), words]
+          built = Native::Protocol.new(options.name, native_options(options), words)
           @natives_lock.synchronize do
             natives = @natives.size >= NATIVES_LIMIT ? {}.compare_by_identity : @natives.dup
             natives[options] = (natives[options] || {}).merge(key => built)
@@ -48,117 +48,213 @@ module IdempotentJob
         end
       end
 
-      # A claim's heartbeat as {HeartbeatWatch} watches it: `report` while the body runs,
-      # `stop` when it ended (the core's notes about it kept for the driver to tell).
+      # A claim's heartbeat as {HeartbeatWatch} watches it: `report` while the body runs
+      # (the core's reader of it), `stop` when it ended (the core stops renewing and
+      # tells what it found in its notes).
       class Beat
-        # @return [Array] the core's notes from stopping
-        attr_reader :notes
-
-        # @param native_claim [Native::Claim]
-        # @param words [Hash] the door's words
-        def initialize(native_claim, words)
-          @native_claim = native_claim
-          @words = words
-          @notes = []
+        # @param reader [Native::HeartbeatReader]
+        def initialize(reader)
+          @reader = reader
           @last = nil
         end
 
         # @return [Hash] see `Native::Heartbeat#report`
-        def report
-          @last = @native_claim.heartbeat_report || @last
+        def report = @reader.report
+
+        # Keeps the report the core handed over when the body ended.
+        # @param report [Hash]
+        def finish(report)
+          @last = report
         end
 
-        # Stops renewing.
         # @return [Hash] the last report
-        def stop
-          last = report
-          @notes = @native_claim.stop_heartbeat(@words)
-          last
-        end
+        def stop = @last || @reader.report
       end
 
       # @param options [JobOptions]
       # @param door [Door]
       # @param narrator [Narrator]
-      # @param session [Transactional::Direct, Transactional::Native] where the statements go
+      # @param session [Transactional::Direct, Class<Transactional::Native>, Transactional::ActiveRecord]
+      #   where the statements go (the gem's own transaction is opened by the native call)
       def initialize(options, door, narrator, session)
         @options = options
         @door = door
         @narrator = narrator
-        @native, @words = self.class.native(options, door)
+        @native = self.class.native(options, door)
         @session = session
-        @transaction = session.is_a?(Transactional::Direct) ? nil : session
       end
 
-      # Runs the delivery.
+      # Runs the delivery in one native call (`Native::Protocol#perform`), which calls
+      # back this object for user code: {#lookup}, {#body}, {#encode}, {#tell}, {#watch}.
       # @param request [Hash] the claim request (see `Native::Store#claim`)
       # @param host [Object, nil] the object a lookup method is called on
       # @param wait [Float, nil] seconds to wait for a live claim to end (pool only)
       # @yieldparam claim [Claim]
       # @return [Outcome]
       # @raise see {Protocol#run}
-      def run(request, host, wait = nil, &)
-        deferrals = @narrator.delivery.deferrals
-        step, value, notes = wait ? waited(request, deferrals, wait) : call(:begin, request, deferrals)
-        return in_progress(value, notes) if step == :in_progress
+      def run(request, host, wait = nil, &body)
+        @host = host
+        @body = body
+        kind, value, notes = @native.perform(IdempotentJob.store, channel, request,
+                                             @narrator.delivery.deferrals, wait, self)
+        return in_progress(value, notes) if kind == :in_progress
 
         tell(notes)
-        return finish(step, value, nil) unless %i[run ask_lookup].include?(step)
-
-        claim = claim_of(value)
-        IdempotentJob.with_claim(claim) do
-          step, value = ask_lookup(value, claim, host) if step == :ask_lookup
-          next finish(step, value, claim) unless step == :run
-
-          result, result_state = execute(value, claim, &)
-          Outcome.new(:ran, value: result, claim:, result_state:)
+        case kind
+        when :ran then Outcome.new(:ran, value: value[0], claim: @claim, result_state: value[1])
+        when :error then raise_error(value)
+        else finish(value)
         end
+      ensure
+        stop_watching
+      end
+
+      # The lookup's answer for `operation_key` (called by the core for a stale claim
+      # under `on_stale: :lookup`): a Symbol of {JobOptions::LOOKUP_ANSWERS},
+      # `[:invalid, inspect]` or `[:raised, "Class: message"]` (the error kept as the
+      # LookupError's cause).
+      # @param operation_key [String]
+      # @return [Symbol, Array]
+      def lookup(operation_key)
+        lookup = @options.lookup
+        answer = if lookup.respond_to?(:call)
+                   lookup.call(operation_key)
+                 elsif @host.nil?
+                   raise ConfigurationError, "#{@options.name}: #{@options.lookup_label} needs the job object, " \
+                                             "none was given"
+                 else
+                   @host.public_send(lookup, operation_key)
+                 end
+        symbol = answer.respond_to?(:to_sym) ? answer.to_sym : nil
+        JobOptions::LOOKUP_ANSWERS.include?(symbol) ? symbol : [:invalid, answer.inspect]
+      rescue StandardError => e
+        @lookup_failure = e
+        [:raised, "#{e.class}: #{e.message}"]
+      end
+
+      # Runs the block under the claim (called by the core once it holds the claim).
+      # @param info [Hash] the claim (see `Native::Claim#info`)
+      # @param transaction [Native::Transaction, nil] the gem's transaction the body
+      #   writes through (`transaction: true`)
+      # @return [Array] `[:returned, value, store]` or `[:raised, exception, class name,
+      #   message, crash, store]` (crash: the door's rule, on the error or any of its
+      #   causes: the claim is kept; store: {IdempotentJob.store} now)
+      def body(info, transaction = nil)
+        @claim = claim = Claim.new(job_type: info[:job_type], operation_key: info[:operation_key],
+                                   token: info[:token], attempt: info[:attempt], kind: info[:kind],
+                                   jid: info[:jid])
+        @beat = HeartbeatWatch.watch(Beat.new(@reader), claim) if @reader
+        value = IdempotentJob.with_claim(claim) do
+          next @body.call(claim) unless transaction
+
+          IdempotentJob.with_transaction(IdempotentJob::Transaction.new(transaction)) { @body.call(claim) }
+        end
+        [:returned, value, current_store]
+      rescue Exception => e # rubocop:disable Lint/RescueException -- handed back; the core releases, then it is raised
+        [:raised, e, e.class.name.to_s, e.message.to_s, crash?(e), current_store]
+      end
+
+      # The body ended: its heartbeat's last report (renewal failures since the last look
+      # are told now).
+      # @param report [Hash] see `Native::Heartbeat#report`
+      def stopped(report)
+        @beat&.finish(report)
+        stop_watching
+      end
+
+      # The request's JSON texts when the core cannot write the payload or the facts
+      # itself (see `Native::Protocol#perform`).
+      # @return [Array(String, String, String)] args_json, args_digest, facts_json
+      # @raise [ConfigurationError] naming the job when JSON cannot carry them (nested
+      #   deeper than Native::MAX_NESTING, not UTF-8, NaN): before anything is claimed
+      def written
+        delivery = @narrator.delivery
+        args_json, digest = json_of(delivery, "payload") { ArgsDigest.json_and_digest(delivery.payload) }
+        [args_json, digest, json_of(delivery, "facts") { delivery.facts_json }]
+      end
+
+      # `[json, nil]` for a value to store, or `[nil, why JSON cannot carry it]`.
+      def encode(value) = ResultJson.encode(value)
+
+      # Raises the job's error for an operation key the core refuses (called by the core
+      # before anything is claimed).
+      # @param problem [String] the core's words for what is wrong with the key
+      # @raise [OperationKeyError] naming the job and the problem
+      def refuse_key(problem)
+        raise OperationKeyError.new("#{@options.name}: #{problem}; the job was not run and nothing was recorded",
+                                    job_class: @options.name, declaration: @options.key&.declaration)
+      end
+
+      # Keeps the body's heartbeat to watch while it runs (renewal failures told then).
+      # @param reader [Native::HeartbeatReader]
+      def watch(reader)
+        @reader = reader
       end
 
       private
 
-      # Begins a delivery that waits up to `seconds` for a live claim (the pool only:
-      # `perform_once` refuses `wait:` with a transaction): the core says it will wait
-      # (told at once), then waits and decides again.
-      def waited(request, deferrals, seconds)
-        step, value, notes = @native.begin_waiting(IdempotentJob.store, request, deferrals, seconds)
-        return [step, value, notes] unless step == :wait
+      # The channel `Native::Protocol#perform` sends the statements on: nil (the pool),
+      # the gem's transaction, or ActiveRecord's session.
+      def channel
+        return :transaction if @session == Transactional::Native
 
-        tell(notes)
-        @native.wait(IdempotentJob.store, request, deferrals, seconds)
+        @session.is_a?(Transactional::Direct) ? nil : @session
       end
 
-      # Calls the native protocol's `name` on this delivery's channel: the pool, the
-      # gem's transaction (`name_in`) or ActiveRecord's (`name_with`, whose statements
-      # the session sends through ActiveRecord's connection).
-      def call(name, *args)
-        case @session
-        when Transactional::Direct then @native.public_send(name, IdempotentJob.store, *args)
-        when Transactional::Native then @native.public_send(:"#{name}_in", @session.native, *args)
-        else @native.public_send(:"#{name}_with", @session, *args)
-        end
+      # The store now (configured anew while the body ran?), or nil when it cannot be had.
+      def current_store
+        IdempotentJob.store
+      rescue StandardError
+        nil
       end
 
-      def claim_of(native_claim)
-        info = native_claim.info
-        Claim.new(job_type: info[:job_type], operation_key: info[:operation_key], token: info[:token],
-                  attempt: info[:attempt], kind: info[:kind], jid: info[:jid])
+      # The block's JSON of the delivery's `what` (its `payload` or `facts`), or the
+      # library's error naming the job and why JSON cannot carry it.
+      def json_of(delivery, what)
+        too_deep = Native.nested_too_deep?(delivery.public_send(what))
+        refuse_json(delivery, what, "it holds #{Native::TOO_DEEP}") if too_deep
+        yield
+      rescue ArgsDigest::Unwritable => e
+        refuse_json(delivery, what, e.message)
       end
 
-      # A step that does not run the body: the outcome, or the error raised. A repeat
-      # of a completed operation whose completion stored a result replays it: its value
-      # (parsed from the stored JSON) and `replayed: true`.
-      def finish(step, value, claim)
-        raise value if step == :error
+      def refuse_json(delivery, what, problem)
+        raise ConfigurationError, "#{delivery.job_type}: the #{what} cannot be written as JSON (#{problem}); " \
+                                  "the job was not run and nothing was recorded"
+      end
 
+      def stop_watching
+        beat = @beat
+        @beat = nil
+        HeartbeatWatch.stop(beat) if beat
+      end
+
+      # The core's error or what the body raised; a failed lookup's own error is the
+      # LookupError's cause.
+      def raise_error(error)
+        raise error, cause: @lookup_failure if @lookup_failure && error.is_a?(LookupError)
+
+        raise error
+      end
+
+      # A delivery the body did not run for. A repeat of a completed operation whose
+      # completion stored a result replays it: its value (parsed from the stored JSON)
+      # and `replayed: true`.
+      def finish(value)
         result_state = value[:result_state]
         replayed = value[:decision] == :completed && !result_state.nil?
         stored = value[:result_json] && JSON.parse(value[:result_json], max_nesting: Native::MAX_NESTING)
-        Outcome.new(value[:decision], duplicates: value[:duplicates], claim:, value: stored, result_state:, replayed:)
+        Outcome.new(value[:decision], duplicates: value[:duplicates], claim: claim_of(value[:claim]),
+                                      value: stored, result_state:, replayed:)
+      end
+
+      def claim_of(info)
+        info && Claim.new(job_type: info[:job_type], operation_key: info[:operation_key], token: info[:token],
+                          attempt: info[:attempt], kind: info[:kind], jid: info[:jid])
       end
 
       def in_progress(value, notes)
-        outcome = Outcome.new(:in_progress, retry_after: value[:retry_after],
+        outcome = Outcome.new(:in_progress, retry_after: value[:retry_after], duplicates: value[:duplicates],
                                             lease_remaining: value[:lease_remaining], holder: value[:holder])
         deferred, before = notes.partition { |note| note[0] == :deferred }
         tell(before)
@@ -166,91 +262,6 @@ module IdempotentJob
         @door.defer(@narrator.delivery, outcome)
         tell(deferred)
         outcome
-      end
-
-      def ask_lookup(native_claim, claim, host)
-        answer, failure = lookup_answer(claim, host)
-        step, value, notes = call(:after_lookup, native_claim, answer)
-        tell(notes)
-        # The lookup's own error is the LookupError's cause.
-        raise value, cause: failure if step == :error && failure
-
-        [step, value]
-      end
-
-      # What the lookup answered, as the core takes it, and the error it raised (if any).
-      def lookup_answer(claim, host)
-        lookup = @options.lookup
-        answer = if lookup.respond_to?(:call)
-                   lookup.call(claim.operation_key)
-                 elsif host.nil?
-                   raise ConfigurationError, "#{@options.name}: #{@options.lookup_label} needs the job object, " \
-                                             "none was given"
-                 else
-                   host.public_send(lookup, claim.operation_key)
-                 end
-        symbol = answer.respond_to?(:to_sym) ? answer.to_sym : nil
-        [JobOptions::LOOKUP_ANSWERS.include?(symbol) ? symbol : [:invalid, answer.inspect], nil]
-      rescue StandardError => e
-        [[:raised, "#{e.class}: #{e.message}"], e]
-      end
-
-      # Runs the body under the claim, then completes (or releases when it raised).
-      def execute(native_claim, claim, &body)
-        return execute_in_transaction(native_claim, claim, &body) if @transaction
-
-        beat = native_claim.heartbeat? && HeartbeatWatch.watch(Beat.new(native_claim, @words), claim)
-        begin
-          result = begin
-            body.call(claim)
-          ensure
-            # Before the release or completion, and also on Thread#kill and throw (which
-            # skip rescue): a dead job's lease must run out.
-            stop_heartbeat(native_claim, beat)
-          end
-        rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised; the claim must not stay held
-          give_back(native_claim, e)
-          raise
-        end
-        completed(call(:complete, native_claim, prepared(claim, result)), result)
-      end
-
-      # The completion's answer told; `[the body's value, its stored result's state]`.
-      def completed(answer, result)
-        step, value, notes = answer
-        tell(notes)
-        raise value if step == :error
-
-        [result, value[:result_state]]
-      end
-
-      # `[json, state, warning]` for the completion (see `Native::Store#prepare_result`:
-      # the core checks size and JSON), or nil without `store_result`.
-      def prepared(claim, value)
-        return nil unless @options.store_result
-
-        json, reason = ResultJson.encode(value)
-        IdempotentJob.store.prepare_result(claim.job_type, claim.operation_key, json, reason)
-      end
-
-      def stop_heartbeat(native_claim, beat)
-        if beat
-          HeartbeatWatch.stop(beat)
-          tell(beat.notes)
-        else
-          tell(native_claim.stop_heartbeat(@words))
-        end
-      end
-
-      # The claim of a body that raised: kept after a crash (the door's rule, on the
-      # error or any of its causes), released otherwise.
-      def give_back(native_claim, error)
-        notes = if crash?(error)
-                  @native.keep(native_claim)
-                else
-                  @native.release(IdempotentJob.store, native_claim, error.class.name.to_s, error.message.to_s)
-                end
-        tell(notes)
       end
 
       def crash?(error)
@@ -264,14 +275,7 @@ module IdempotentJob
         false
       end
 
-      # In the gem's transaction: the body writes through its handle, the completion is
-      # written in the same transaction (once); a raising body rolls everything back.
-      def execute_in_transaction(native_claim, claim, &body)
-        IdempotentJob.with_transaction(@transaction.handle) do
-          result = body.call(claim)
-          completed(call(:complete, native_claim, prepared(claim, result)), result)
-        end
-      end
+      public
 
       # Tells the core's notes: events to their listeners, lines to the door's logger.
       def tell(notes)

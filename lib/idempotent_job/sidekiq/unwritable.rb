@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "base64"
+require "sidekiq/api" # Sidekiq::DeadSet: a Sidekiq 7+ server does not load it itself
 
 module IdempotentJob
   module Sidekiq

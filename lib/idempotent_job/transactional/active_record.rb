@@ -60,6 +60,22 @@ module IdempotentJob
       end
 
       # @param connection [ActiveRecord::ConnectionAdapters::PostgreSQLAdapter]
+      # The core's statement texts this session sends, asked of the extension once each
+      # (`:claim`, `[:fenced, change]`, `[:lock_timeout, seconds]`: see `Native.claim_sql`,
+      # `Native.fenced_sql`, `Native.lock_timeout_statements`).
+      @statements = {}
+
+      # @param which [Symbol, Array] see above
+      # @return [String, Array] the statement text (for :lock_timeout, the
+      #   `[set_sql, param, reset_sql]` triple)
+      def self.statements(which)
+        @statements[which] ||= case which
+                               in :claim then IdempotentJob.claim_sql
+                               in [:fenced, change] then IdempotentJob::Native.fenced_sql(change)
+                               in [:lock_timeout, seconds] then IdempotentJob::Native.lock_timeout_statements(seconds)
+                               end.freeze
+      end
+
       def initialize(connection)
         super()
         @connection = connection
@@ -78,7 +94,7 @@ module IdempotentJob
 
       # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its
       # transaction, and answers the statement's row for the core to decide on (the
-      # core protocol's channel: `Native::Protocol#begin_with`).
+      # core protocol's channel: `Native::Protocol#perform`).
       # @param request [Hash] see `Native::Store#claim`
       # @param lock_timeout [Numeric] seconds
       # @return [Array(Hash, String)] the claim row's values (typed) and the token sent
@@ -88,10 +104,10 @@ module IdempotentJob
         @connection.materialize_transactions if @connection.respond_to?(:materialize_transactions)
         token = SecureRandom.uuid
         raw = @connection.raw_connection
-        set_sql, param, reset_sql = IdempotentJob::Native.lock_timeout_statements(lock_timeout.to_f)
+        set_sql, param, reset_sql = self.class.statements([:lock_timeout, lock_timeout.to_f])
         row = translated(request) do
           raw.exec_params(set_sql, [param])
-          raw.exec_params(IdempotentJob.claim_sql, claim_params(request, token)).first.tap { raw.exec(reset_sql) }
+          raw.exec_params(self.class.statements(:claim), claim_params(request, token)).first.tap { raw.exec(reset_sql) }
         end
         @claimed = [typed(row), token, request, row["decided_at"]]
         [typed(row), token]
@@ -114,7 +130,7 @@ module IdempotentJob
         params << text if TEXT_CHANGES.include?(change)
         params.push(result&.[](0), result&.[](1)&.to_s) if change == :complete
         answer = translated(claim.to_h) do
-          @connection.raw_connection.exec_params(IdempotentJob::Native.fenced_sql(change), params)
+          @connection.raw_connection.exec_params(self.class.statements([:fenced, change]), params)
         end
         return true if answer.cmd_tuples == 1
 
@@ -124,7 +140,7 @@ module IdempotentJob
                     job_type: claim.job_type, operation_key: claim.operation_key)
       end
 
-      # {#fenced} for the core protocol's channel (`Native::Protocol#complete_with`…).
+      # {#fenced} for the core protocol's channel (`Native::Protocol#perform`).
       # @param change [Symbol]
       # @param job_type [String]
       # @param operation_key [String]

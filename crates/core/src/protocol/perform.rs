@@ -6,6 +6,7 @@
 use super::{Channel, ClaimInfo, DeliveryRequest, LookupAnswer, Notes, Outcome, Protocol, Step};
 use crate::conn::Interrupt;
 use crate::error::Result;
+use crate::heartbeat::HeartbeatReader;
 use crate::record::{self, ResultInput};
 
 /// What the user's body did ([`Host::body`]).
@@ -49,6 +50,17 @@ pub trait Host {
     /// The body's value for storing (called only when the job stores results): its JSON
     /// text, or why it has none (`Err("a Time at [\"at\"] is not a JSON value")`).
     fn encode(&mut self, value: &Self::Value) -> std::result::Result<String, String>;
+
+    /// Called before user code runs (the lookup, the body) and before a wait for a live
+    /// claim, with what happened so far, for a host that publishes notes as they come
+    /// (Ruby's event subscribers see a takeover before its body runs, a waiter is told
+    /// before it waits). A host may drain `notes`; by default they stay
+    /// for the end of [`Protocol::perform`].
+    fn tell(&mut self, _notes: &mut Notes) {}
+
+    /// Called before the body runs when its claim has a heartbeat: a host may watch
+    /// it (tell renewal failures while the body still runs).
+    fn watch(&mut self, _heartbeat: HeartbeatReader) {}
 }
 
 /// One delivery's end: the core's outcome and, when the body ran and returned, its value.
@@ -78,6 +90,7 @@ impl Protocol {
         loop {
             step = match step {
                 Step::AskLookup(claim) => {
+                    host.tell(notes);
                     let answer = host.lookup(&claim.info().operation_key);
                     host.blocking(|i| {
                         i.end_by(delivery.wait_until);
@@ -87,6 +100,7 @@ impl Protocol {
                 // Asked to wait (`wait=`): the core waits for the live claim to end, then
                 // decides again (a completion replays, a release may run, still live: defer).
                 Step::InProgress(outcome) if outcome.wait_seconds.is_some() => {
+                    host.tell(notes);
                     host.blocking(|i| self.wait(channel, i, delivery, notes))?
                 }
                 Step::Skip(outcome) | Step::InProgress(outcome) => {
@@ -95,7 +109,7 @@ impl Protocol {
                         value: None,
                     })
                 }
-                Step::Run(claim) => match host.body(claim.info()) {
+                Step::Run(claim) => match self.run_body(host, &claim, notes) {
                     Body::Returned(value) => {
                         let prepared = self.options.store_result.then(|| {
                             let encoded = host.encode(&value);
@@ -138,5 +152,20 @@ impl Protocol {
                 },
             }
         }
+    }
+
+    /// Tells the host what happened so far, hands it the claim's heartbeat, then runs
+    /// the user's body.
+    fn run_body<H: Host>(
+        &self,
+        host: &mut H,
+        claim: &super::Claim,
+        notes: &mut Notes,
+    ) -> Body<H::Value, H::Raised> {
+        host.tell(notes);
+        if let Some(heartbeat) = claim.heartbeat_reader() {
+            host.watch(heartbeat);
+        }
+        host.body(claim.info())
     }
 }

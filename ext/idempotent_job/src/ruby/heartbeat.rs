@@ -4,10 +4,27 @@
 use magnus::{method, prelude::*, RHash, RModule, Ruby};
 
 use super::convert::{Out, RbResult};
-use idempotent_job_core::heartbeat::{Heartbeat, HeartbeatReport};
+use idempotent_job_core::heartbeat::{Heartbeat, HeartbeatReader, HeartbeatReport};
 
 #[magnus::wrap(class = "IdempotentJob::Native::Heartbeat", free_immediately, size)]
 pub struct NativeHeartbeat(pub Heartbeat);
+
+/// `IdempotentJob::Native::HeartbeatReader`: reads the heartbeat of a claim whose body
+/// runs (handed to the protocol handler's `watch` by `Native::Protocol#perform`).
+#[magnus::wrap(
+    class = "IdempotentJob::Native::HeartbeatReader",
+    free_immediately,
+    size
+)]
+pub struct NativeHeartbeatReader(pub HeartbeatReader);
+
+impl NativeHeartbeatReader {
+    /// `report` → the Hash of `Native::Heartbeat#report` (it keeps answering after the
+    /// heartbeat stopped).
+    fn report(ruby: &Ruby, rb_self: &Self) -> RbResult<RHash> {
+        heartbeat_hash(ruby, rb_self.0.report())
+    }
+}
 
 /// A heartbeat report as the Hash `stop` and `report` answer.
 pub fn heartbeat_hash(ruby: &Ruby, r: HeartbeatReport) -> RbResult<RHash> {
@@ -39,5 +56,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     let class = native.define_class("Heartbeat", ruby.class_object())?;
     class.define_method("stop", method!(NativeHeartbeat::stop, 0))?;
     class.define_method("report", method!(NativeHeartbeat::report, 0))?;
+    let reader = native.define_class("HeartbeatReader", ruby.class_object())?;
+    reader.define_method("report", method!(NativeHeartbeatReader::report, 0))?;
     Ok(())
 }

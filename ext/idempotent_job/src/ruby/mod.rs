@@ -8,6 +8,7 @@ mod errors;
 mod gvl;
 mod heartbeat;
 mod options;
+mod perform;
 mod protocol;
 mod store;
 mod transaction;

@@ -45,7 +45,7 @@ impl NativeStore {
     }
 
     /// Runs one core call with this process's pool, with the GVL released.
-    fn run<T>(
+    pub(super) fn run<T>(
         &self,
         ruby: &Ruby,
         op: impl FnOnce(&PoolHandle, &Interrupt<'_>) -> Result<T>,

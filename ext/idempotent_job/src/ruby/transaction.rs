@@ -85,19 +85,30 @@ impl NativeTransaction {
         }
     }
 
-    /// Runs `op` on the open session with the GVL released, like `with_session`, and
-    /// hands back `op`'s own result (a core error included) for the caller to convert:
-    /// the protocol's calls tell their notes before raising.
-    pub fn with_session_raw<T>(
-        &self,
-        ruby: &Ruby,
-        op: impl FnOnce(&mut Session, &Interrupt<'_>) -> T,
-    ) -> RbResult<T> {
-        self.with_session(ruby, |session, interrupt| Ok(op(session, interrupt)))
+    /// Runs `op` (already without the GVL: a protocol statement) on the open session,
+    /// taken out of the mutex while it runs, so the body can use the same transaction
+    /// between two statements. An interrupted statement drops the session: its
+    /// connection is closed, never pooled, and PostgreSQL rolls the transaction back.
+    pub fn on_session<T>(&self, op: impl FnOnce(&mut Session) -> Result<T>) -> Result<T> {
+        let taken = self
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(mut session) = taken else {
+            return Err(Error::Config(
+                "this idempotent transaction has ended, or another thread is using it".into(),
+            ));
+        };
+        let done = op(&mut session);
+        if !matches!(done, Err(Error::Interrupted)) {
+            *self.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
+        }
+        done
     }
 
     /// Ends the transaction with `commit` or rollback.
-    fn finish(&self, ruby: &Ruby, commit: bool) -> RbResult<bool> {
+    pub(super) fn finish(&self, ruby: &Ruby, commit: bool) -> RbResult<bool> {
         let session = self
             .session
             .lock()

@@ -1,0 +1,167 @@
+//! Unit tests of the settings: defaults, validation, URL parameters, redaction.
+#[test]
+fn connection_defaults_are_the_configs_own() {
+    let rows = super::connection_defaults_json();
+    assert_eq!(rows["connect_timeout"], serde_json::json!(5));
+    assert_eq!(rows["deadline"], serde_json::json!(10));
+    assert_eq!(
+        rows["application_name"],
+        serde_json::json!("idempotent_job")
+    );
+    assert_eq!(rows["sslmode"], serde_json::Value::Null);
+    assert_eq!(
+        rows.as_object().unwrap().len(),
+        super::CONNECTION_SETTINGS.len()
+    );
+}
+
+use super::*;
+
+#[test]
+fn unknown_keys_are_rejected_by_name() {
+    let err = Config::from_json(r#"{"database_url":"postgres://h/db","pool_sise":3}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("pool_sise"), "{err}");
+}
+
+#[test]
+fn connection_settings_are_configs_fields() {
+    // serde lists the fields it expects when it meets an unknown one.
+    let err = Config::from_json(r#"{"zz":1}"#).unwrap_err().to_string();
+    let (_, expected) = err.split_once("expected one of ").unwrap();
+    let mut fields: Vec<&str> = expected
+        .split(", ")
+        .map(|f| f.trim_matches(|c: char| c == '`' || !c.is_ascii() || c.is_whitespace()))
+        .map(|f| f.split('`').next().unwrap())
+        .collect();
+    fields.sort_unstable();
+    let mut listed = CONNECTION_SETTINGS.to_vec();
+    listed.sort_unstable();
+    assert_eq!(fields, listed, "{err}");
+    let err =
+        crate::options::unknown_setting("leese", "leese", &["lease", "retention"]).to_string();
+    assert_eq!(
+        err,
+        "unknown idempotent_job setting leese (did you mean lease?) (known: lease, retention)"
+    );
+}
+
+#[test]
+fn bad_values_name_the_key() {
+    let err = Config::from_json(r#"{"database_url":"postgres://h/db","checkout_timeout":0}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("checkout_timeout"), "{err}");
+    let err = Config::from_json(r#"{"database_url":""}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("database_url is not set"), "{err}");
+}
+
+#[test]
+fn passwords_never_appear_in_messages_or_debug() {
+    for url in [
+        "postgres://app:s3cret-pw@db.example/app?sslmode=bogus",
+        "postgres://app:pa/s3cret-pw@db.example/app?port=x",
+        "host=h password=s3cret-pw port=notaport",
+        "host=h password = s3cret-pw port=notaport",
+        "host=h password='s3cret-pw x' port=notaport",
+        "postgres://app:s3cret-pw@db.example:99999/app",
+    ] {
+        let c = Config::new(url);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(!err.contains("s3cret-pw"), "{url}: {err}");
+        assert!(!format!("{c:?}").contains("s3cret-pw"), "{url}");
+        assert!(!describe_url(url).contains("s3cret-pw"), "{url}");
+    }
+}
+
+#[test]
+fn tls_parameters_come_from_the_url_or_the_settings() {
+    let mut c = Config::new(
+        "postgres://u@h/db?sslmode=verify-full&options=-c%20statement_timeout%3D5&sslrootcert=/ca.pem",
+    );
+    let tls = c.tls().unwrap();
+    assert_eq!(tls.mode, SslMode::VerifyFull);
+    assert_eq!(tls.rootcert, Some(PathBuf::from("/ca.pem")));
+    let pg = c.pg_config().unwrap();
+    assert_eq!(pg.get_options(), Some("-c statement_timeout=5"));
+    assert_eq!(pg.get_ssl_mode(), tokio_postgres::config::SslMode::Require);
+    c.sslmode = Some("disable".into());
+    assert_eq!(c.tls().unwrap().mode, SslMode::Disable);
+    c.sslmode = Some("verify-everything".into());
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("sslmode must be"));
+}
+
+#[test]
+fn a_key_value_sslmode_is_kept() {
+    let c = Config::new("host=h user=u sslmode=require");
+    assert_eq!(c.tls().unwrap().mode, SslMode::Require);
+    assert_eq!(
+        c.pg_config().unwrap().get_ssl_mode(),
+        tokio_postgres::config::SslMode::Require
+    );
+    let c = Config::new("host=h user=u sslmode=disable");
+    assert_eq!(c.tls().unwrap().mode, SslMode::Disable);
+}
+
+#[test]
+fn prepared_statements_default_to_on_and_must_be_a_boolean() {
+    let c = Config::from_json(r#"{"database_url":"postgres://h/db"}"#).unwrap();
+    assert!(c.prepared_statements);
+    assert!(Config::new("postgres://h/db").prepared_statements);
+    let c = Config::from_json(r#"{"database_url":"postgres://h/db","prepared_statements":false}"#)
+        .unwrap();
+    assert!(!c.prepared_statements);
+    assert!(format!("{c:?}").contains("prepared_statements: false"));
+    let err = Config::from_json(r#"{"database_url":"postgres://h/db","prepared_statements":"no"}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("invalid type"), "{err}");
+}
+
+#[test]
+fn a_url_with_a_wrong_scheme_says_so() {
+    let err = Config::from_json(r#"{"database_url":"postgress://u@h/db"}"#)
+        .and_then(|c| c.pg_config())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(r#"scheme "postgress""#), "{err}");
+    assert!(err.contains("postgres://"), "{err}");
+}
+
+#[test]
+fn the_deadline_defaults_to_ten_seconds_and_must_be_positive() {
+    let c = Config::from_json(r#"{"database_url":"postgres://h/db"}"#).unwrap();
+    assert_eq!(c.deadline, 10.0);
+    assert_eq!(
+        c.pg_config().unwrap().get_tcp_user_timeout(),
+        Some(&Duration::from_secs(10))
+    );
+    for bad in ["0", "-1", "3000000"] {
+        let err = Config::from_json(&format!(
+            r#"{{"database_url":"postgres://h/db","deadline":{bad}}}"#
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("deadline"), "{err}");
+    }
+}
+
+#[test]
+fn describes_urls_by_their_parts() {
+    assert_eq!(
+        describe_url("postgres://u:p@h:5/db?sslmode=disable"),
+        "postgres://u@h:5/db"
+    );
+    assert_eq!(
+        describe_url("host=h port=7 user=u password=p dbname=d"),
+        "postgres://u@h:7/d"
+    );
+    assert_eq!(describe_url("postgres://u:p@h:notaport/db"), "(unparsable)");
+}

@@ -1,0 +1,645 @@
+//! `IdempotentJob::Native::Protocol#perform`: one delivery in one native call. The
+//! core's driver ([`Protocol::perform`]) runs the whole protocol; this file is its
+//! [`Host`] for Ruby (statements with the GVL released, the lookup, the body, the
+//! result's JSON and the notes handed to a Ruby handler) and the one [`RbChannel`]
+//! enum over the three places a delivery's statements go.
+
+use std::cell::RefCell;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use magnus::{
+    typed_data::Obj, value::ReprValue, RArray, RHash, RString, Ruby, Symbol, TryConvert, Value,
+};
+
+use super::convert::{decided, json_of, RbResult};
+use super::errors::to_ruby;
+use super::gvl::without_gvl;
+use super::heartbeat::{heartbeat_hash, NativeHeartbeatReader};
+use super::protocol::{fenced_name, notes_array, outcome_hash, request_hash, NativeProtocol};
+use super::store::NativeStore;
+use super::transaction::NativeTransaction;
+use idempotent_job_core::canonical;
+use idempotent_job_core::conn::Interrupt;
+use idempotent_job_core::error::{Error, Result};
+use idempotent_job_core::fenced::Fenced;
+use idempotent_job_core::heartbeat::HeartbeatReader;
+use idempotent_job_core::keys;
+use idempotent_job_core::protocol::{
+    Body, Channel, ClaimInfo, DeliveryRequest, Direct, Host, LookupAnswer, Notes, Performed,
+};
+use idempotent_job_core::record::{ClaimReply, ClaimRequest, PreparedResult};
+use idempotent_job_core::session::Session;
+use idempotent_job_core::store::PoolHandle;
+
+/// Where a Ruby delivery's statements go.
+pub enum RbChannel<'a> {
+    /// The store's pool (no transaction): heartbeat, release, completion retries.
+    Pool(PoolChannel<'a>),
+    /// The gem's own transaction (`transaction: true`), shared with the body's handle.
+    Transaction(TxChannel<'a>),
+    /// A Ruby session whose statements go through another driver (ActiveRecord's).
+    Session(SessionChannel<'a>),
+}
+
+macro_rules! each_channel {
+    ($channel:expr, $c:ident => $call:expr) => {
+        match $channel {
+            RbChannel::Pool($c) => $call,
+            RbChannel::Transaction($c) => $call,
+            RbChannel::Session($c) => $call,
+        }
+    };
+}
+
+impl Channel for RbChannel<'_> {
+    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
+        each_channel!(self, c => c.claim(i, r, lock))
+    }
+
+    fn fenced_with_result(
+        &mut self,
+        i: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+        result: Option<&PreparedResult>,
+    ) -> Result<()> {
+        each_channel!(self, c => c.fenced_with_result(i, change, claim, text, result))
+    }
+
+    fn can_wait(&self) -> bool {
+        each_channel!(self, c => c.can_wait())
+    }
+
+    fn wait(
+        &mut self,
+        i: &Interrupt<'_>,
+        request: &ClaimRequest,
+        seconds: f64,
+    ) -> Result<Option<ClaimReply>> {
+        each_channel!(self, c => c.wait(i, request, seconds))
+    }
+
+    fn transactional(&self) -> bool {
+        each_channel!(self, c => c.transactional())
+    }
+
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
+        each_channel!(self, c => c.heartbeat_pool())
+    }
+
+    fn pause(&mut self, i: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        each_channel!(self, c => c.pause(i, pause))
+    }
+}
+
+/// The store's pool; a store configured anew while the body ran (`IdempotentJob.configure`)
+/// takes the statements after it (the completion, the release).
+pub struct PoolChannel<'a> {
+    direct: Direct,
+    next: &'a Mutex<Option<Direct>>,
+}
+
+impl PoolChannel<'_> {
+    fn current(&mut self) -> &mut Direct {
+        if let Some(next) = self.next.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            self.direct = next;
+        }
+        &mut self.direct
+    }
+}
+
+impl Channel for PoolChannel<'_> {
+    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
+        self.current().claim(i, r, lock)
+    }
+
+    fn fenced_with_result(
+        &mut self,
+        i: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+        result: Option<&PreparedResult>,
+    ) -> Result<()> {
+        self.current()
+            .fenced_with_result(i, change, claim, text, result)
+    }
+
+    fn can_wait(&self) -> bool {
+        self.direct.can_wait()
+    }
+
+    fn wait(
+        &mut self,
+        i: &Interrupt<'_>,
+        request: &ClaimRequest,
+        seconds: f64,
+    ) -> Result<Option<ClaimReply>> {
+        self.current().wait(i, request, seconds)
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
+        self.direct.heartbeat_pool()
+    }
+
+    fn pause(&mut self, i: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        self.current().pause(i, pause)
+    }
+}
+
+/// A native transaction's session, taken for one statement at a time (the body writes
+/// through the same transaction between them).
+pub struct TxChannel<'a>(&'a NativeTransaction);
+
+impl Channel for TxChannel<'_> {
+    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
+        self.0.on_session(|s| Channel::claim(s, i, r, lock))
+    }
+
+    fn fenced_with_result(
+        &mut self,
+        i: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+        result: Option<&PreparedResult>,
+    ) -> Result<()> {
+        self.0
+            .on_session(|s| Channel::fenced_with_result(s, i, change, claim, text, result))
+    }
+
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
+        None
+    }
+
+    fn pause(&mut self, _i: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        // Never reached: a transactional completion is written once.
+        std::thread::sleep(pause);
+        Ok(())
+    }
+}
+
+/// The error a [`SessionChannel`] call returns when Ruby raised: the Ruby exception
+/// itself is kept in the shared slot and raised instead.
+const RAISED_IN_RUBY: &str = "raised in the Ruby session";
+
+/// A [`Channel`] over a Ruby session (`Transactional::ActiveRecord`: ActiveRecord's
+/// connection, inside its transaction), called with the GVL held (its host never
+/// releases it). The session answers `claim_row(request, lock_timeout)` → `[row,
+/// token]` (the claim statement's typed row and the token it sent; the decision is the
+/// core's, [`decided`]) and `fenced_raw(change, job_type, operation_key, token, text[,
+/// [json, state]])`.
+pub struct SessionChannel<'a> {
+    session: Value,
+    raised: &'a RefCell<Option<magnus::Error>>,
+}
+
+// SAFETY: a SessionChannel is only used on the Ruby thread that made it, with the GVL
+// held: its host ([`RbHost::blocking`] with `release_gvl` false) runs every statement
+// on that thread, never on another one.
+unsafe impl Send for SessionChannel<'_> {}
+
+impl SessionChannel<'_> {
+    fn hold(&self, err: magnus::Error) -> Error {
+        *self.raised.borrow_mut() = Some(err);
+        Error::Panic(RAISED_IN_RUBY.into())
+    }
+
+    fn ruby() -> Ruby {
+        // SAFETY (see the Send impl): always on a Ruby thread with the GVL held.
+        Ruby::get().expect("a Ruby session is used on a Ruby thread")
+    }
+}
+
+impl Channel for SessionChannel<'_> {
+    fn claim(&mut self, _i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
+        let ruby = Self::ruby();
+        let asked = (|| -> RbResult<ClaimReply> {
+            let hash = request_hash(&ruby, r)?;
+            let pair: RArray = self.session.funcall("claim_row", (hash, lock))?;
+            let (row, token): (RHash, String) = (pair.entry(0)?, pair.entry(1)?);
+            Ok(decided(&ruby, row, &token, hash)?.0)
+        })();
+        asked.map_err(|e| self.hold(e))
+    }
+
+    fn fenced_with_result(
+        &mut self,
+        _i: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+        result: Option<&PreparedResult>,
+    ) -> Result<()> {
+        let ruby = Self::ruby();
+        let (name, job_type, key, token) = (
+            ruby.sym_new(fenced_name(change)),
+            claim.job_type.as_str(),
+            claim.operation_key.as_str(),
+            claim.token.to_string(),
+        );
+        let applied: RbResult<Value> = match result {
+            None => self
+                .session
+                .funcall("fenced_raw", (name, job_type, key, token, text)),
+            Some(result) => {
+                let pair = ruby.ary_new_capa(2);
+                pair.push(result.json.clone())
+                    .and_then(|()| pair.push(result.state.as_str()))
+                    .and_then(|()| {
+                        self.session
+                            .funcall("fenced_raw", (name, job_type, key, token, text, pair))
+                    })
+            }
+        };
+        applied.map(|_| ()).map_err(|e| self.hold(e))
+    }
+
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
+        None
+    }
+
+    fn pause(&mut self, _i: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        std::thread::sleep(pause);
+        Ok(())
+    }
+}
+
+/// Ruby's side of one delivery: the handler (`Protocol::Driver`) answers `lookup(key)`
+/// (a Symbol or a pair, see `NativeProtocol::lookup_answer`), `body(claim_hash,
+/// native_transaction_or_nil)` →
+/// `[:returned, value, store]` or `[:raised, exception, class_name, message, crash, store]`
+/// (`store`: `IdempotentJob.store` after the body, or nil),
+/// `encode(value)` → `[json_or_nil, why_not_or_nil]`, `tell(notes)`,
+/// `watch(heartbeat_reader)` (before the body) and `stopped(report)` (after it, with the
+/// heartbeat's last report), `written` (see [`written`]) and `refuse_key(problem)` (see
+/// [`checked_key`]).
+struct RbHost<'a> {
+    ruby: &'a Ruby,
+    handler: Value,
+    release_gvl: bool,
+    raised: &'a RefCell<Option<magnus::Error>>,
+    protocol: &'a NativeProtocol,
+    delivery: &'a DeliveryRequest,
+    /// The first error a `tell` or `watch` callback raised (raised after the call).
+    failed: Option<magnus::Error>,
+    /// The store the delivery began on, and where a newer one goes (see [`PoolChannel`]).
+    store: Value,
+    next_pool: &'a Mutex<Option<Direct>>,
+    /// The transaction the body writes through (`transaction: true`), handed to `body`.
+    transaction: Option<Value>,
+    /// The running body's heartbeat ([`Host::watch`]): its last report goes to the
+    /// handler's `stopped(report)` when the body ends.
+    heartbeat: Option<HeartbeatReader>,
+}
+
+impl RbHost<'_> {
+    fn core_error(&self, err: Error) -> magnus::Error {
+        if matches!(&err, Error::Panic(m) if m == RAISED_IN_RUBY) {
+            if let Some(raised) = self.raised.borrow_mut().take() {
+                return raised;
+            }
+        }
+        to_ruby(self.ruby, err)
+    }
+
+    /// The body's answer ends with `IdempotentJob.store` (nil when it cannot be had): a
+    /// store configured anew meanwhile takes the statements after the body.
+    fn follow_store(&mut self, store: Value) {
+        if store.is_nil() || store.equal(self.store).unwrap_or(false) {
+            return;
+        }
+        if let Ok(native) = <&NativeStore>::try_convert(store) {
+            if let Ok(direct) = NativeProtocol::direct(self.ruby, native) {
+                *self.next_pool.lock().unwrap_or_else(|p| p.into_inner()) = Some(direct);
+                self.store = store;
+            }
+        }
+    }
+
+    fn keep_failure(&mut self, err: magnus::Error) {
+        self.failed.get_or_insert(err);
+    }
+
+    /// Hands `notes` (drained) to the handler's `tell`.
+    fn publish(&mut self, notes: &mut Notes) {
+        if notes.is_empty() {
+            return;
+        }
+        let told = notes_array(self.ruby, notes, self.delivery, self.protocol.0.words())
+            .and_then(|array| self.handler.funcall::<_, _, Value>("tell", (array,)));
+        notes.clear();
+        if let Err(e) = told {
+            self.keep_failure(e);
+        }
+    }
+}
+
+impl Host for RbHost<'_> {
+    type Value = Value;
+    type Raised = magnus::Error;
+
+    fn blocking<T: Send>(
+        &mut self,
+        call: impl FnOnce(&Interrupt<'_>) -> Result<T> + Send,
+    ) -> std::result::Result<T, magnus::Error> {
+        let done = if self.release_gvl {
+            without_gvl(self.ruby, call)?
+        } else {
+            call(&Interrupt::none())
+        };
+        done.map_err(|e| self.core_error(e))
+    }
+
+    fn lookup(&mut self, operation_key: &str) -> LookupAnswer {
+        let asked = self
+            .handler
+            .funcall::<_, _, Value>("lookup", (operation_key,))
+            .and_then(|answer| NativeProtocol::lookup_answer(self.ruby, answer));
+        asked.unwrap_or_else(|e| LookupAnswer::Raised {
+            error: e.to_string(),
+        })
+    }
+
+    fn body(&mut self, claim: &ClaimInfo) -> Body<Value, magnus::Error> {
+        let ran = super::protocol::claim_hash(self.ruby, claim).and_then(|hash| {
+            self.handler
+                .funcall::<_, _, RArray>("body", (hash, self.transaction))
+        });
+        let answer = match ran {
+            Ok(answer) => {
+                if let Some(reader) = self.heartbeat.take() {
+                    let stopped = heartbeat_hash(self.ruby, reader.report()).and_then(|report| {
+                        self.handler.funcall::<_, _, Value>("stopped", (report,))
+                    });
+                    if let Err(e) = stopped {
+                        self.keep_failure(e);
+                    }
+                }
+                answer
+            }
+            // A jump with no exception to hand back (Thread#kill, throw): the thread is
+            // going away, so the claim is kept until its lease ends.
+            Err(jump) => {
+                return Body::Raised {
+                    raised: jump,
+                    class: String::new(),
+                    message: String::new(),
+                    crash: true,
+                }
+            }
+        };
+        if let Ok(store) = answer.entry::<Value>(-1) {
+            self.follow_store(store);
+        }
+        let read = (|| -> RbResult<Body<Value, magnus::Error>> {
+            if answer.entry::<magnus::Symbol>(0)?.name()? == "returned" {
+                return Ok(Body::Returned(answer.entry(1)?));
+            }
+            let exception: magnus::Exception = answer.entry(1)?;
+            Ok(Body::Raised {
+                raised: exception.into(),
+                class: answer.entry(2)?,
+                message: answer.entry(3)?,
+                crash: answer.entry(4)?,
+            })
+        })();
+        read.unwrap_or_else(|e| Body::Raised {
+            raised: e,
+            class: "TypeError".into(),
+            message: "the body's answer could not be read".into(),
+            crash: false,
+        })
+    }
+
+    fn encode(&mut self, value: &Value) -> std::result::Result<String, String> {
+        let pair = self
+            .handler
+            .funcall::<_, _, RArray>("encode", (*value,))
+            .and_then(|pair| {
+                Ok((
+                    pair.entry::<Option<String>>(0)?,
+                    pair.entry::<Option<String>>(1)?,
+                ))
+            });
+        match pair {
+            Ok((Some(json), _)) => Ok(json),
+            Ok((None, why)) => Err(why.unwrap_or_else(|| "no JSON text was given".into())),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn tell(&mut self, notes: &mut Notes) {
+        self.publish(notes);
+    }
+
+    fn watch(&mut self, heartbeat: HeartbeatReader) {
+        self.heartbeat = Some(heartbeat.clone());
+        let reader = NativeHeartbeatReader(heartbeat);
+        if let Err(e) = self.handler.funcall::<_, _, Value>("watch", (reader,)) {
+            self.keep_failure(e);
+        }
+    }
+}
+
+/// The payload's JSON text and digest and the facts' JSON text of a request Hash that
+/// carries the delivery's `payload:` (an Array) and `facts:` (a Hash) as Ruby values,
+/// written here (the core's canonical digest); a value the core cannot take as JSON
+/// (a Bignum, a non-String key, nested too deep, NaN…) is handed to the handler's
+/// `written` → `[args_json, args_digest, facts_json]`, which raises the job's error for
+/// what JSON cannot carry. A request with neither key is left as it came.
+fn written(
+    ruby: &Ruby,
+    request: RHash,
+    handler: Value,
+    delivery: &mut DeliveryRequest,
+) -> RbResult<()> {
+    let Some(payload) = request.get(ruby.sym_new("payload")) else {
+        return Ok(());
+    };
+    let facts = request.get(ruby.sym_new("facts"));
+    // A value the core cannot write goes to the handler, whose error names the problem.
+    let payload_json = json_of(payload).ok();
+    let facts_json = match facts {
+        Some(facts) if !facts.is_nil() => json_of(facts).ok().map(Some),
+        _ => Some(None),
+    };
+    match (payload_json, facts_json) {
+        (Some(json), Some(facts)) => {
+            // The canonical text and its digest, as `Native.payload_json` writes them.
+            let (text, digest) = canonical::text_and_digest(&json);
+            delivery.args_digest = Some(digest);
+            delivery.args_json = Some(text);
+            delivery.facts_json = facts.map(|f| f.to_string());
+        }
+        _ => {
+            let texts: RArray = handler.funcall("written", ())?;
+            delivery.args_json = texts.entry(0)?;
+            delivery.args_digest = texts.entry(1)?;
+            delivery.facts_json = texts.entry(2)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks the request's operation key by the core's rules ([`keys::problem`]: UTF-8,
+/// size, no NUL) before anything is claimed; a key the core refuses goes to the
+/// handler's `refuse_key(problem)`, which raises the job's `OperationKeyError`.
+fn checked_key(ruby: &Ruby, request: RHash, handler: Value) -> RbResult<()> {
+    let text = |key: &str| -> RbResult<RString> { request.fetch(ruby.sym_new(key)) };
+    let (job_type, operation_key) = (text("job_type")?, text("operation_key")?);
+    // SAFETY: the slices are read before any Ruby code runs again.
+    let problem = unsafe { keys::problem(job_type.as_slice(), operation_key.as_slice()) };
+    let Some(problem) = problem else {
+        return Ok(());
+    };
+    handler.funcall::<_, _, Value>("refuse_key", (problem.as_str(),))?;
+    Err(to_ruby(ruby, Error::OperationKey(problem)))
+}
+
+impl NativeProtocol {
+    /// `perform(store, channel, request, deferrals, wait, handler)` runs one delivery
+    /// (the claim, a wait, the lookup, the body, the completion or release) and answers
+    /// `[kind, value, notes]`: `[:ran, [body_value, result_state], notes]`,
+    /// `[:in_progress, outcome, notes]`, `[:decided, outcome, notes]` (not run: the
+    /// outcome Hash of a completed, held, given-up or refused delivery) or `[:error,
+    /// exception, notes]` (what the body raised after its claim was released or kept,
+    /// or the core's error). `channel`: nil (the store's pool), `:transaction` (the
+    /// gem's own transaction: begun here, committed after a delivery that did not fail,
+    /// rolled back otherwise; the body gets it as `body`'s second argument), or a Ruby
+    /// session (`Transactional::ActiveRecord`); `request`: the claim request
+    /// Hash of `Native::Store#claim`, with the delivery's `payload:` and `facts:` in
+    /// place of its JSON texts (see [`written`]); `wait`: seconds to wait for a live claim (pool
+    /// only) or nil; `handler`: see [`RbHost`]. Notes already handed to `handler.tell`
+    /// are not repeated. A jump with no exception (Thread#kill, throw) goes on at once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn perform(
+        ruby: &Ruby,
+        rb_self: &Self,
+        store_value: Value,
+        channel: Value,
+        request: RHash,
+        deferrals: u32,
+        wait: Option<f64>,
+        handler: Value,
+    ) -> RbResult<RArray> {
+        checked_key(ruby, request, handler)?;
+        let mut delivery = Self::delivery(ruby, request, deferrals, wait)?;
+        written(ruby, request, handler, &mut delivery)?;
+        let store = <&NativeStore>::try_convert(store_value)?;
+        let raised = RefCell::new(None);
+        let next_pool = Mutex::new(None);
+        // `:transaction`: the gem's own transaction, opened here and ended below.
+        let opened: Option<Obj<NativeTransaction>> = match Symbol::from_value(channel) {
+            Some(_) => {
+                let session = store.run(ruby, Session::begin)?;
+                Some(ruby.obj_wrap(NativeTransaction::new(session)))
+            }
+            None => None,
+        };
+        let mut rb_channel = if let Some(tx) = &opened {
+            RbChannel::Transaction(TxChannel(tx))
+        } else if channel.is_nil() {
+            RbChannel::Pool(PoolChannel {
+                direct: Self::direct(ruby, store)?,
+                next: &next_pool,
+            })
+        } else if let Ok(tx) = <&NativeTransaction>::try_convert(channel) {
+            RbChannel::Transaction(TxChannel(tx))
+        } else {
+            RbChannel::Session(SessionChannel {
+                session: channel,
+                raised: &raised,
+            })
+        };
+        let mut host = RbHost {
+            ruby,
+            handler,
+            release_gvl: !matches!(rb_channel, RbChannel::Session(_)),
+            raised: &raised,
+            protocol: rb_self,
+            delivery: &delivery,
+            failed: None,
+            store: store_value,
+            next_pool: &next_pool,
+            heartbeat: None,
+            transaction: opened.map(|tx| tx.as_value()),
+        };
+        let mut notes = Notes::new();
+        let max_result_bytes = store.0.config().max_result_bytes;
+        let performed = rb_self.0.perform(
+            &mut rb_channel,
+            &delivery,
+            max_result_bytes,
+            &mut host,
+            &mut notes,
+        );
+        let transaction = host.transaction;
+        if let Some(failed) = host.failed.take() {
+            return Err(failed);
+        }
+        // The gem's transaction commits what the delivery did (the claim, the body's
+        // writes, the completion) unless it failed; an error rolls everything back.
+        let performed = match (performed, transaction) {
+            (Ok(done), Some(tx)) => {
+                let tx = <&NativeTransaction>::try_convert(tx)?;
+                tx.finish(ruby, true).map(|_| done)
+            }
+            (Err(e), Some(tx)) => {
+                let tx = <&NativeTransaction>::try_convert(tx)?;
+                // A rollback that fails closes the connection instead: PostgreSQL rolls back.
+                let _ = tx.finish(ruby, false);
+                Err(e)
+            }
+            (done, None) => done,
+        };
+        let (kind, value): (&str, Value) = match performed {
+            Ok(Performed {
+                outcome,
+                value: Some(value),
+            }) => {
+                let pair = ruby.ary_new_capa(2);
+                pair.push(value)?;
+                match outcome.result_state {
+                    Some(state) => pair.push(ruby.sym_new(state.as_str()))?,
+                    None => pair.push(ruby.qnil())?,
+                }
+                ("ran", pair.as_value())
+            }
+            Ok(Performed { outcome, .. }) => {
+                let kind = if outcome.decision.as_str() == "in_progress" {
+                    "in_progress"
+                } else {
+                    "decided"
+                };
+                (kind, outcome_hash(ruby, &outcome)?.as_value())
+            }
+            Err(e) => match e.value() {
+                Some(exception) => ("error", exception),
+                None => {
+                    host.publish(&mut notes);
+                    return Err(e);
+                }
+            },
+        };
+        let out = ruby.ary_new_capa(3);
+        out.push(ruby.sym_new(kind))?;
+        out.push(value)?;
+        out.push(notes_array(ruby, &notes, &delivery, rb_self.0.words())?)?;
+        Ok(out)
+    }
+}
