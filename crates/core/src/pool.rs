@@ -271,23 +271,10 @@ impl Pool {
                 Some(until),
                 self.inner.get(),
             ),
-            Lane::Reserve => {
-                // The reserve's checkout is a task of its own: when the pool answers
-                // first, the task still ends, and a reserve connection it was making
-                // goes back to the reserve, idle, for the next such call. Raced in place
-                // and dropped, a half-made reserve connection was closed every time the
-                // pool freed first: under load, a session opened and closed per
-                // completion (243 sessions in 2 s of 8 threads' deliveries).
-                let reserve = self.reserve.clone();
-                let mut reserved = self.background.spawn(async move { reserve.get().await });
-                drive(&self.background, interrupt, None, Some(until), async {
-                    tokio::select! {
-                        biased;
-                        object = self.inner.get() => object,
-                        joined = &mut reserved => joined.unwrap_or(Err(PoolError::Closed)),
-                    }
-                })
-            }
+            Lane::Reserve => match self.checkout_at_once(interrupt, until) {
+                Some(got) => got,
+                None => self.race_reserve(interrupt, until),
+            },
         };
         let object = got
             .map_err(|e| self.expired(e, checkout_deadline_error))?
@@ -297,6 +284,60 @@ impl Pool {
             pool: self.clone(),
             finished: false,
             spoiled: false,
+        })
+    }
+
+    /// The reserve lane's first try: a pool connection when one is idle and a permit
+    /// free, taken without waiting (deadpool's zero `wait`: a semaphore `try_acquire`).
+    /// `None` when the pool would make the call wait, or has no idle connection: the
+    /// caller then races the pool against the reserve ([`Pool::race_reserve`]). Most
+    /// completions find a free connection, and so spawn no task.
+    fn checkout_at_once(
+        &self,
+        interrupt: &Interrupt<'_>,
+        until: Instant,
+    ) -> Option<Result<std::result::Result<Object<Manager>, PoolError<Error>>>> {
+        if self.inner.status().available == 0 {
+            return None;
+        }
+        let at_once = managed::Timeouts {
+            wait: Some(Duration::ZERO),
+            ..self.inner.timeouts()
+        };
+        let got = drive(
+            &self.background,
+            interrupt,
+            None,
+            Some(until),
+            self.inner.timeout_get(&at_once),
+        );
+        match got {
+            Ok(Err(PoolError::Timeout(managed::TimeoutType::Wait))) => None,
+            other => Some(other),
+        }
+    }
+
+    /// The pool or the reserve, whichever answers first, for [`Lane::Reserve`] when the
+    /// pool has no connection free at once.
+    fn race_reserve(
+        &self,
+        interrupt: &Interrupt<'_>,
+        until: Instant,
+    ) -> Result<std::result::Result<Object<Manager>, PoolError<Error>>> {
+        // The reserve's checkout is a task of its own: when the pool answers
+        // first, the task still ends, and a reserve connection it was making
+        // goes back to the reserve, idle, for the next such call. Raced in place
+        // and dropped, a half-made reserve connection was closed every time the
+        // pool freed first: under load, a session opened and closed per
+        // completion (243 sessions in 2 s of 8 threads' deliveries).
+        let reserve = self.reserve.clone();
+        let mut reserved = self.background.spawn(async move { reserve.get().await });
+        drive(&self.background, interrupt, None, Some(until), async {
+            tokio::select! {
+                biased;
+                object = self.inner.get() => object,
+                joined = &mut reserved => joined.unwrap_or(Err(PoolError::Closed)),
+            }
         })
     }
 

@@ -233,6 +233,44 @@ fn a_completion_gets_a_connection_while_claims_waiting_on_a_row_lock_hold_the_po
 }
 
 #[test]
+fn a_completion_with_a_pool_connection_free_opens_no_reserve_session() {
+    // The reserve lane takes an idle pool connection at once; before, it also started
+    // the reserve's checkout as a task, which opened the reserve's session every time
+    // the reserve had none idle (under load, after each drop).
+    let name = unique("at-once");
+    let mut config = Config::new(database_url());
+    config.application_name = name.clone();
+    config.pool_size = 4;
+    drop(store_with(true, 1)); // migrated
+    let store = Store::new(config).unwrap();
+    let job_type = unique("AtOnce");
+    for key in 0..20 {
+        let key = key.to_string();
+        let ClaimAnswer::Claimed { token, .. } =
+            claim_fresh(&store, &request(&job_type, &key)).unwrap()
+        else {
+            panic!("not claimed")
+        };
+        store
+            .run(|pool, interrupt| {
+                with_fresh_conn(pool, interrupt, Lane::Reserve, async |c| {
+                    claim::fenced(c, Fenced::Complete, &job_type, &key, token, None).await
+                })
+            })
+            .unwrap();
+    }
+    // Long enough for a reserve session started by the last completion to show.
+    std::thread::sleep(Duration::from_millis(500));
+    let sessions = Admin::new().int(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'"
+    ));
+    assert_eq!(
+        sessions, 1,
+        "20 claims and completions one after another need the pool's one connection"
+    );
+}
+
+#[test]
 fn a_table_that_lacks_columns_is_refused_before_the_first_claim() {
     let schema_name = format!("drift_{}", uuid::Uuid::new_v4().simple());
     let admin = Admin::new();

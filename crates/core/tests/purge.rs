@@ -294,3 +294,43 @@ fn purge_probes_the_primary_key_whatever_the_statistics_say() {
     );
     drop_schema("ij_purge_plan");
 }
+
+/// The connection's `enable_sort` and `jit`.
+async fn plan_settings(c: &tokio_postgres::Client) -> (String, String) {
+    let row = c
+        .query_one(
+            "SELECT current_setting('enable_sort'), current_setting('jit')",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[test]
+fn a_batch_leaves_the_connections_plan_settings_as_they_were_even_when_it_fails() {
+    let store = store_in("ij_purge_settings");
+    records(&store, "S", 30, "completed", "2 days");
+    let (after_batch, after_failure, deleted) = store
+        .with_conn(async |c| {
+            c.batch_execute("SET jit = on").await?;
+            let done = claim::purge_batch(c, 3600.0, 50, &claim::PurgeCursor::default()).await?;
+            let after_batch = plan_settings(c).await;
+            // A batch the server refuses (a read-only session: its DELETE fails, the
+            // plan settings are still allowed): the reset still runs.
+            c.batch_execute("SET default_transaction_read_only = on")
+                .await?;
+            let failed = claim::purge_batch(c, 0.0, 50, &claim::PurgeCursor::default()).await;
+            c.batch_execute("RESET default_transaction_read_only")
+                .await?;
+            let after_failure = plan_settings(c).await;
+            Ok((after_batch, (failed.is_err(), after_failure), done.deleted))
+        })
+        .unwrap();
+    assert_eq!(deleted, 30);
+    let on = ("on".to_string(), "on".to_string());
+    assert_eq!(after_batch, on, "the batch's plan settings were reset");
+    assert!(after_failure.0, "the read-only batch failed");
+    assert_eq!(after_failure.1, on, "reset after a failed batch too");
+    drop_schema("ij_purge_settings");
+}
