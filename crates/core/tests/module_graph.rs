@@ -5,7 +5,8 @@
 //! `super::m` reference outside `#[cfg(test)]` items (a module's `tests.rs` file is one)
 //! and plain `//` comments (doc comments count: a doc link is a dependency too), and
 //! maps each file to its top-level module (`src/protocol/channel.rs` belongs to
-//! `protocol`). `lib.rs` is the root and only declares the modules. Fails naming one cycle when the graph has one.
+//! `protocol`). `lib.rs` is the root and only declares the modules. Fails naming one
+//! cycle when the graph has one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
