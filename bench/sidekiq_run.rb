@@ -253,11 +253,12 @@ module IdempotentJobBench
       record(figures, runs)
       rows = MODES.keys.map { |mode| row(mode, figures, runs[mode]) }
       rows << ["sidekiq-unique-jobs 7.1.33, until_executed (issue 14, not re-run)", "–", Format.num(PEER_JOBS_PER_S),
-               "–", "–", "1.00×", "", "", "", "", "", "", ""]
+               "–", "–", "1.00×", "", "", "", "", "", "", "", ""]
       @results.table("sidekiq", title, ["worker", "drain s (median)", "jobs/s (median)", "× no guard",
                                         "× hand-written (drain)", "× peer", "effects run",
                                         "WAL B / operation", "write commits / operation", "worker CPU µs / job",
-                                        "server execution µs / operation", "each run (s)", "target"],
+                                        "server execution µs / operation", "HOT updates (median)", "each run (s)",
+                                        "target"],
                      rows, notes:)
     end
 
@@ -268,8 +269,15 @@ module IdempotentJobBench
        Format.ratio(figures[mode] / figures[:without]), HAND_CELLS.fetch(mode) { Format.ratio(figures[:hand_ratio]) },
        mode == :with ? Format.ratio(figures[:peer]) : "–", effects_text(list.last),
        guarded ? Format.num(wal) : "–", guarded ? Format.num(commits, 2) : "–",
-       *cpu_medians(list).map { Format.num(_1) },
+       *cpu_medians(list).map { Format.num(_1) }, hot_cell(list),
        list.map { |f| f["seconds"].round(2) }.join(" "), mode == :with ? verdicts(figures) : ""]
+    end
+
+    # @return [String] the median share of the run's row updates that were HOT
+    #   (`n_tup_hot_upd / n_tup_upd`), or "–" when the mode updated no row
+    def hot_cell(list)
+      hot = list.filter_map { |f| f["hot"] }
+      hot.empty? ? "–" : "#{(Stats.median(hot) * 100).round} %"
     end
 
     # The "× hand-written" cell of the modes other than the gem's.
