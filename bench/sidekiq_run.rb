@@ -108,7 +108,10 @@ module IdempotentJobBench
       figures["hot"] = hot_ratio(updates_before, updates)
       figures["wal"] = after[:wal_bytes] - before[:wal_bytes]
       figures["commits"] = after[:writes] - before[:writes]
-      figures["server_ms"] = server_ms if server
+      if server
+        figures["server_ms"] = server_ms
+        figures["statements"] = statements
+      end
       check(mode, prefix, figures, log)
       say(mode, figures)
       figures
@@ -142,6 +145,44 @@ module IdempotentJobBench
     def server_ms
       @db.exec("SELECT /* bench-counter */ coalesce(sum(total_exec_time), 0)::float8 FROM pg_stat_statements " \
                "WHERE query NOT LIKE '%bench-counter%' AND query NOT LIKE '%pg_stat_statements%'").getvalue(0, 0).to_f
+    end
+
+    # @return [Array<Array(String, Integer, Float)>] every statement since {#server_reset}
+    #   (the benchmark's own reads excluded): its text's first 90 characters, calls and
+    #   execution milliseconds
+    def statements
+      @db.exec("SELECT /* bench-counter */ query, calls, total_exec_time FROM pg_stat_statements " \
+               "WHERE query NOT LIKE '%bench-counter%' AND query NOT LIKE '%pg_stat_statements%'").map do |row|
+        [row["query"].gsub(/\s+/, " ")[0, 90], row["calls"].to_i, row["total_exec_time"].to_f]
+      end
+    end
+
+    # Adds a table of each guarded mode's statements, summed over its rounds: calls per
+    # operation, execution µs per call and per operation.
+    def statement_report(runs)
+      rows = %i[with hand].flat_map do |mode|
+        ops = @operations * runs[mode].size
+        statement_sums(runs[mode]).sort_by { |_, (_, ms)| -ms }.map do |q, (calls, ms)|
+          [LABELS[mode], q, Format.num(calls.to_f / ops, 3), Format.num(ms * 1e3 / calls), Format.num(ms * 1e3 / ops)]
+        end
+      end
+      @results.table("sidekiq", "5b. Server time per statement, the real Sidekiq runs (pg_stat_statements)",
+                     ["worker", "statement", "calls / operation", "execution µs / call", "execution µs / operation"],
+                     rows, notes: ["summed over each mode's rounds, divided by their operations " \
+                                   "(#{@operations} a round, duplicates included in their operation's figures)"])
+    end
+
+    # @return [Hash{String => Array(Integer, Float)}] calls and execution milliseconds per
+    #   statement text over a mode's runs
+    def statement_sums(list)
+      sums = Hash.new { |h, k| h[k] = [0, 0.0] }
+      list.each do |f|
+        f["statements"].to_a.each do |q, calls, ms|
+          sums[q][0] += calls
+          sums[q][1] += ms
+        end
+      end
+      sums
     end
 
     def say(mode, figures)
@@ -260,6 +301,7 @@ module IdempotentJobBench
                                         "server execution µs / operation", "HOT updates (median)", "each run (s)",
                                         "target"],
                      rows, notes:)
+      statement_report(runs)
     end
 
     def row(mode, figures, list)
