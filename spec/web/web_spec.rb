@@ -62,7 +62,7 @@ RSpec.describe IdempotentJob::Web do
       ensure
         IdempotentJob.unsubscribe(handle)
       end
-      why = "the reclaim budget is spent: 1 stale takeovers of this operation, max_takeovers 0"
+      why = "the reclaim budget is spent: 1 stale takeover of this operation, max_takeovers 0"
       expect(reasons).to eq([why])
       get "/idempotency/", job_type: job_type
       held, = last_response.body.split("<h2>Given up")
