@@ -20,6 +20,17 @@ pub fn to_json(obj: &Bound<'_, PyAny>) -> Result<Value, String> {
     to_json_at(obj, 0)
 }
 
+/// A str as UTF-8 text. Errors: what it is when it holds a lone surrogate (as
+/// `surrogateescape` decoding of foreign bytes leaves), which UTF-8 cannot encode, in the
+/// library's words rather than Python's codec message.
+fn text(s: &Bound<'_, PyString>) -> Result<String, String> {
+    s.to_cow().map(|t| t.into_owned()).map_err(|_| {
+        "a str that is not valid UTF-8 (a lone surrogate, as decoding foreign bytes with \
+         surrogateescape leaves)"
+            .to_string()
+    })
+}
+
 fn to_json_at(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
     let inner = |v: &Bound<'_, PyAny>| to_json_at(v, depth + 1);
     let container = obj.is_instance_of::<PyList>()
@@ -37,9 +48,7 @@ fn to_json_at(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
     } else if let Ok(f) = obj.cast::<PyFloat>() {
         canonical::float(f.value()).map(Value::Number)
     } else if let Ok(s) = obj.cast::<PyString>() {
-        Ok(Value::String(
-            s.to_cow().map_err(|e| e.to_string())?.into_owned(),
-        ))
+        Ok(Value::String(text(s)?))
     } else if let Ok(list) = obj.cast::<PyList>() {
         list.iter()
             .map(|v| inner(&v))
@@ -55,7 +64,7 @@ fn to_json_at(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
         let mut map = Map::new();
         for (k, v) in dict.iter() {
             let key = if let Ok(key) = k.cast::<PyString>() {
-                key.to_cow().map_err(|e| e.to_string())?.into_owned()
+                text(key)?
             } else if k.is_instance_of::<PyInt>() && !k.is_instance_of::<PyBool>() {
                 int(&k)?.to_string()
             } else {

@@ -57,7 +57,10 @@ KEY, CONFIG = errors.OperationKeyError, errors.ConfigurationError
 )
 def test_a_key_payload_or_facts_that_is_not_utf8_is_the_librarys_error_naming_the_job(scenario, call, error):
     runs: list[int] = []
-    with pytest.raises(error, match=r"^PyEnc: "):
+    with pytest.raises(error, match=r"^PyEnc: ") as raised:
         call(runs, scenario)
+    # Said in the library's words, not Python's codec message.
+    assert "is not valid UTF-8 (a lone surrogate" in str(raised.value), raised.value
+    assert "UnicodeEncodeError" not in str(raised.value), raised.value
     assert runs == []
     assert idempotent_job.record("PyEnc", scenario) is None

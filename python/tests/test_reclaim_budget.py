@@ -98,7 +98,7 @@ def test_the_held_line_says_why(scenario, caplog):
             "PoisonJob", scenario, lambda c: record_effect(scenario, "1"), lease=LEASE, max_takeovers=0
         )
     assert outcome.decision == "held" and effects(scenario) == 0
-    assert "held for a person: the reclaim budget is spent: 1 stale takeovers" in caplog.text
+    assert "held for a person: the reclaim budget is spent: 1 stale takeover of this operation" in caplog.text
 
 
 @pytest.mark.parametrize("value", [-1, 2.5, "2", True])

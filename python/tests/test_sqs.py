@@ -402,3 +402,48 @@ def test_a_failed_delete_does_not_stop_the_consumer_and_the_copy_is_not_run(sqs,
             actions += consumer.poll()
     assert actions == ["delete", "delete"] and effects(scenario) == 1
     assert "DeleteMessage failed (RuntimeError: SQS unreachable)" in caplog.text
+
+
+def test_a_claim_error_sends_the_message_back_and_it_runs_once_when_fixed(sqs, scenario, caplog):
+    # Issue 29 item 2 on the SQS door: a consumer whose database URL names a role that does
+    # not exist fails every claim before the body (28000). Each message is made visible
+    # again after the core's back-off (never deleted, never left for the redrive policy's
+    # count alone), the cause is an ERROR line at most once per interval, and once the URL
+    # is fixed every message runs once.
+    url = _queue(sqs, scenario, visibility=30)
+    orders = [f"{scenario}-{i}" for i in range(3)]
+    for order in orders:
+        _send(sqs, url, order)
+    base = os.environ["DATABASE_URL"]
+    wrong = base.replace("://postgres@", "://noloss_nobody@", 1)
+    assert wrong != base
+    consumer = Consumer(
+        url,
+        lambda message, claim: record_effect(scenario, claim.operation_key),
+        job_type="SqsOrder",
+        key="body.order_id",
+        client=sqs,
+        wait_seconds=1,
+    )
+    actions: list[str] = []
+    idempotent_job.configure(database_url=wrong)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="idempotent_job"):
+            deadline = time.monotonic() + 30
+            while len(actions) < len(orders):
+                assert time.monotonic() < deadline, actions
+                actions += consumer.poll()
+    finally:
+        idempotent_job.configure(database_url=base)
+    assert actions == ["defer"] * len(orders)
+    lines = [r for r in caplog.records if "could not be claimed" in r.getMessage()]
+    assert len(lines) == len(orders), [r.getMessage() for r in lines]
+    assert all("noloss_nobody" in r.getMessage() and "visible again" in r.getMessage() for r in lines)
+    assert len([r for r in lines if r.levelno == logging.ERROR]) <= 1
+    assert [effects(scenario, order) for order in orders] == [0] * len(orders)
+    deadline = time.monotonic() + 30
+    while not _empty(sqs, url):
+        assert time.monotonic() < deadline, actions
+        actions += consumer.poll()
+    assert actions[len(orders) :] == ["delete"] * len(orders)
+    assert [effects(scenario, order) for order in orders] == [1] * len(orders)

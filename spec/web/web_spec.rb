@@ -52,6 +52,23 @@ RSpec.describe IdempotentJob::Web do
       expect(body).not_to include("Read-only")
     end
 
+    # Issue 34 item 1: the page and the held event say why the reclaim budget held it.
+    it "shows why the reclaim budget held an operation, as the held event says it" do
+      web_stale(job_type, "5")
+      reasons = []
+      handle = IdempotentJob.subscribe(:held) { |_, payload| reasons << payload[:reason] }
+      begin
+        expect(IdempotentJob.perform_once(job_type, "5", max_takeovers: 0) { raise "ran" }.decision).to eq(:held)
+      ensure
+        IdempotentJob.unsubscribe(handle)
+      end
+      why = "the reclaim budget is spent: 1 stale takeover of this operation, max_takeovers 0"
+      expect(reasons).to eq([why])
+      get "/idempotency/", job_type: job_type
+      held, = last_response.body.split("<h2>Given up")
+      expect(held).to include("Held <span class=\"ij-count\">(1)", ">5</a>", why)
+    end
+
     it "says when nothing is held" do
       get "/idempotency", job_type: "NoSuchJob"
       expect(last_response.body).to include("No held operations.", "No given-up operations.")
