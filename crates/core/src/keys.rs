@@ -78,12 +78,8 @@ pub fn problem(job_type: &[u8], operation_key: &[u8]) -> Option<String> {
     if let Some(problem) = text_problem(operation_key) {
         return Some(problem);
     }
-    let size = job_type.len() + operation_key.len();
-    if size > MAX_KEY_BYTES {
-        return Some(format!(
-            "job type and operation key are {size} bytes together, more than {MAX_KEY_BYTES}: \
-             declare a narrower key (or hash a long one yourself)"
-        ));
+    if let Some(problem) = size_problem(job_type, operation_key) {
+        return Some(problem);
     }
     if operation_key.contains(&0) {
         return Some(
@@ -91,6 +87,19 @@ pub fn problem(job_type: &[u8], operation_key: &[u8]) -> Option<String> {
         );
     }
     None
+}
+
+/// What is wrong with the size of `job_type` and `operation_key` together, or `None`:
+/// the one key size check ([`MAX_KEY_BYTES`] bytes at most), for [`problem`] and the
+/// claim request's check. The message starts lower-case.
+pub fn size_problem(job_type: &[u8], operation_key: &[u8]) -> Option<String> {
+    let size = job_type.len() + operation_key.len();
+    (size > MAX_KEY_BYTES).then(|| {
+        format!(
+            "job type and operation key are {size} bytes together, more than {MAX_KEY_BYTES}: \
+             declare a narrower key (or hash a long one yourself)"
+        )
+    })
 }
 
 /// Why a value cannot be (part of) an operation key: `what` is the value as the host

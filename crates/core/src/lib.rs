@@ -4,13 +4,15 @@
 //! `tests/module_graph.rs` checks it): `error` (the one error type and the error
 //! table), `keys` (over `canonical`), `canonical`, `declaration` (key declarations),
 //! `values`, `tls`; `config` (every default and limit, over `tls`), `options` (over
-//! `config`); `sql` (every statement text); `record` (the record and decision types); `conn` (one connection
-//! and its I/O driver); `pool` (the pool, checkouts, retries on a fresh connection);
+//! `config`); `sql` (every statement text); `transitions` (the decision table, over
+//! `sql`); `record` (the record and decision types); `conn` (one connection and its I/O
+//! driver); `pool` (the pool, checkouts, retries on a fresh connection);
 //! `schema`; `fenced` (completion, release and the other fenced changes);
 //! `bookkeeping`, `heartbeat`; `store` (the store and its per-process handles);
 //! `claim` (deliver), `records`, `operations` (the operating calls both bindings
 //! make), `results` (wait), `session`, `migrate`, `report`;
-//! `protocol`; `job_settings` (job options from settings, over `protocol`).
+//! `protocol`; `job_settings` (job options from settings, over `protocol`), `telemetry`
+//! (span names and labels, over `protocol`).
 
 #[macro_use]
 pub mod sql;

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::config::{MAX_KEY_BYTES, MAX_LEASE_SECONDS};
+use crate::config::MAX_LEASE_SECONDS;
 use crate::error::{Error, Result};
 use crate::transitions::{ClaimVerdict, Met};
 
@@ -249,7 +249,7 @@ pub struct ClaimReply {
 }
 
 /// Checks a request before any statement: non-empty key and job type within
-/// [`MAX_KEY_BYTES`], a lease in (0, [`MAX_LEASE_SECONDS`]].
+/// [`MAX_KEY_BYTES`](crate::config::MAX_KEY_BYTES), a lease in (0, [`MAX_LEASE_SECONDS`]].
 ///
 /// Errors: [`Error::Config`] naming the job type.
 pub fn check_request(req: &ClaimRequest) -> Result<()> {
@@ -308,11 +308,10 @@ fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
             "the operation key of {job_type} must not be empty"
         )));
     }
-    if job_type.len() + operation_key.len() > MAX_KEY_BYTES {
+    if let Some(problem) = crate::keys::size_problem(job_type.as_bytes(), operation_key.as_bytes())
+    {
         return Err(Error::Config(format!(
-            "the operation key of {job_type} is {} bytes; job type and key together must \
-             stay under {MAX_KEY_BYTES} bytes (declare a narrower idempotency_key)",
-            operation_key.len()
+            "the operation key of {job_type}: {problem}"
         )));
     }
     Ok(())

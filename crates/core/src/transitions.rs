@@ -1,7 +1,7 @@
 //! The protocol's decision table as pure functions: the record's state × a delivery ×
 //! the job's options → what the claim statement does and what the delivery does next,
 //! and which fenced change the record accepts from which holder. No I/O, no clock: the
-//! model check (`tests/model.rs`) explores the protocol through these functions.
+//! model check (`tests/model/`) explores the protocol through these functions.
 //!
 //! The running protocol decides through the same functions and types: `protocol.rs`
 //! turns the claim statement's answer into a [`ClaimVerdict`] and takes every step

@@ -1,0 +1,75 @@
+//! The delays a door waits: the deferral's, the unreachable database's, the completion's
+//! retries, and the rate of a failing claim's log lines.
+
+use std::time::{Duration, Instant};
+
+/// Seconds before a deferred delivery's first return ([`deferral_delay`]).
+pub const DEFERRAL_FIRST_DELAY: f64 = 1.0;
+/// Growth of the deferral's delay per deferral already had ([`deferral_delay`]).
+pub const DEFERRAL_FACTOR: f64 = 2.0;
+/// Seconds waited before each new attempt of a failed completion outside a
+/// transaction: 7 attempts in all (each bounded by the deadline), 15.3 s of pauses,
+/// longer than a PostgreSQL restart takes.
+pub const COMPLETION_RETRY_DELAYS: [f64; 6] = [0.05, 0.25, 1.0, 2.0, 4.0, 8.0];
+
+/// The deferral's delay: seconds until a delivery that met a live claim comes back.
+/// Soon at first ([`DEFERRAL_FIRST_DELAY`]), doubling with each deferral the delivery
+/// already had, never later than the holder's lease end plus `margin_seconds`, so it
+/// is there when a dead holder's lease runs out. Coming back early is safe: the claim
+/// statement decides again.
+pub fn deferral_delay(lease_remaining: f64, deferrals: u32, margin_seconds: f64) -> f64 {
+    let latest = lease_remaining.max(0.0) + margin_seconds;
+    let backoff = DEFERRAL_FIRST_DELAY * DEFERRAL_FACTOR.powi(deferrals.min(30) as i32);
+    backoff.min(latest)
+}
+
+/// Longest delay, in seconds, before a delivery whose claim could not be made
+/// (PostgreSQL unreachable or a retryable error) comes back ([`unreachable_delay`]).
+pub const UNREACHABLE_MAX_DELAY: f64 = 60.0;
+
+/// Seconds until a delivery comes back after a retryable error before its body started
+/// (the claim could not be made or answered): the deferral's back-off
+/// ([`DEFERRAL_FIRST_DELAY`] doubling per such failure already had, `failures` counts
+/// them before this one) capped at [`UNREACHABLE_MAX_DELAY`]. For a door whose queue
+/// would otherwise drop the delivery (Celery acknowledges a failed task's message).
+pub fn unreachable_delay(failures: u32) -> f64 {
+    deferral_delay(UNREACHABLE_MAX_DELAY, failures, 0.0)
+}
+
+/// Seconds between two error log lines of a door for claims failing with the same
+/// cause ([`claim_error_report`]): a database down or misconfigured fails every
+/// delivery, and one line per interval names the cause without a line per message.
+pub const CLAIM_ERROR_LOG_INTERVAL: f64 = 60.0;
+
+/// Whether a door logs, now, the error line for a claim failing with `cause` (a
+/// short text naming the cause, e.g. the error's class and SQLSTATE): `Some(n)` the
+/// first time and then at most once per [`CLAIM_ERROR_LOG_INTERVAL`] per process,
+/// `n` counting the failures of that cause not logged since the last line; `None`
+/// otherwise (the door logs that delivery at debug level only).
+pub fn claim_error_report(cause: &str) -> Option<u64> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<String, (Instant, u64)>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let now = Instant::now();
+    let interval = Duration::from_secs_f64(CLAIM_ERROR_LOG_INTERVAL);
+    match seen.get_mut(cause) {
+        Some((last, skipped)) if now.duration_since(*last) < interval => {
+            *skipped += 1;
+            None
+        }
+        Some((last, skipped)) => {
+            let n = *skipped;
+            *last = now;
+            *skipped = 0;
+            Some(n)
+        }
+        None => {
+            seen.insert(cause.to_string(), (now, 0));
+            Some(0)
+        }
+    }
+}
