@@ -151,7 +151,7 @@ module IdempotentJob
         end
         [:returned, value, current_store]
       rescue Exception => e # rubocop:disable Lint/RescueException -- handed back; the core releases, then it is raised
-        [:raised, e, e.class.name.to_s, e.message.to_s, crash?(e), current_store]
+        [:raised, e, e.class.name.to_s, message_of(e), crash?(e), current_store]
       end
 
       # The body ended: its heartbeat's last report (renewal failures since the last look
@@ -221,6 +221,14 @@ module IdempotentJob
       def refuse_json(delivery, what, problem)
         raise ConfigurationError, "#{delivery.job_type}: the #{what} cannot be written as JSON (#{problem}); " \
                                   "the job was not run and nothing was recorded"
+      end
+
+      # The body's error's message for the release, or a note that it has none: an
+      # exception whose #message raises is still released and re-raised unchanged.
+      def message_of(error)
+        error.message.to_s
+      rescue Exception => e # rubocop:disable Lint/RescueException -- any error of #message itself
+        "(#message raised #{e.class})"
       end
 
       def stop_watching

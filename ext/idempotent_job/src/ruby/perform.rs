@@ -9,7 +9,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use magnus::{
-    typed_data::Obj, value::ReprValue, RArray, RHash, RString, Ruby, Symbol, TryConvert, Value,
+    error::{ErrorType, Tag},
+    typed_data::Obj,
+    value::ReprValue,
+    RArray, RHash, RString, Ruby, Symbol, TryConvert, Value,
 };
 
 use super::convert::{decided, json_of, RbResult};
@@ -392,16 +395,7 @@ impl Host for RbHost<'_> {
                 }
                 answer
             }
-            // A jump with no exception to hand back (Thread#kill, throw): the thread is
-            // going away, so the claim is kept until its lease ends.
-            Err(jump) => {
-                return Body::Raised {
-                    raised: jump,
-                    class: String::new(),
-                    message: String::new(),
-                    crash: true,
-                }
-            }
+            Err(left) => return left_body(left),
         };
         if let Ok(store) = answer.entry::<Value>(-1) {
             self.follow_store(store);
@@ -453,6 +447,42 @@ impl Host for RbHost<'_> {
         if let Err(e) = self.handler.funcall::<_, _, Value>("watch", (reader,)) {
             self.keep_failure(e);
         }
+    }
+}
+
+/// The body's end when `Driver#body` did not answer (it rescues every exception): a
+/// jump with no exception to hand back. Thread#kill (a fatal jump): the thread is going
+/// away, so the claim is kept until its lease ends (a crash). `throw` (Timeout.timeout
+/// without an error class on Ruby before 3.3 is one), `break` or a non-local `return`
+/// out of the body: the worker goes on, so the claim is released like a raising body's
+/// (a retry runs at once) and the jump goes on after the release. An exception (the
+/// handler itself failed) is released and re-raised the same way.
+fn left_body(left: magnus::Error) -> Body<Value, magnus::Error> {
+    let (class, message, crash) = match left.error_type() {
+        ErrorType::Jump(Tag::Fatal) => (String::new(), String::new(), true),
+        ErrorType::Jump(tag) => {
+            let word = match tag {
+                Tag::Throw => "throw",
+                Tag::Break => "break",
+                Tag::Return => "return",
+                Tag::Next => "next",
+                Tag::Retry => "retry",
+                Tag::Redo => "redo",
+                Tag::Raise | Tag::Fatal => "raise",
+            };
+            (
+                format!("({word})"),
+                format!("the body was left by `{word}`, with no exception"),
+                false,
+            )
+        }
+        _ => ("IdempotentJob::Error".to_string(), left.to_string(), false),
+    };
+    Body::Raised {
+        raised: left,
+        class,
+        message,
+        crash,
     }
 }
 
