@@ -169,6 +169,174 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
     end
   end
 
+  describe "interrupts while the gem logs" do
+    # A log device that blocks on the "waiting up to" line until the test lets it go.
+    let(:device) do
+      Class.new do
+        attr_reader :writing, :gate
+
+        def initialize
+          @writing = Queue.new
+          @gate = Queue.new
+        end
+
+        def write(line)
+          return unless line.include?("waiting up to")
+
+          @writing << true
+          @gate.pop
+        end
+
+        def close; end
+      end.new
+    end
+
+    it "Thread#raise landing in a ::Logger write before a wait: raised, not swallowed by Logger (no 60 s wait)" do
+      key = unique_key
+      inside = Queue.new
+      finish = Queue.new
+      holder = Thread.new do
+        IdempotentJob.perform_once("Attack::LogRaise", key) do
+          inside << true
+          finish.pop
+        end
+      end
+      inside.pop
+      IdempotentJob.configuration.logger = Logger.new(device)
+      waiter = Thread.new { IdempotentJob.perform_once("Attack::LogRaise", key, wait: 60) { runs << :waiter } }
+      waiter.report_on_exception = false
+      device.writing.pop
+      waiter.raise(ArgumentError, "while logging")
+      device.gate << true
+      expect { waiter.join(10) }.to raise_error(ArgumentError, "while logging")
+      finish << :done
+      expect(holder.join(10).value.decision).to eq(:ran)
+      expect(runs).to be_empty
+    end
+  end
+
+  describe "interrupts while a statement is in flight (GVL released)" do
+    # A claim kept by a crash whose short lease has run out: the next delivery's claim
+    # statement must take the row lock (held elsewhere by `with_row_locked`).
+    # Until one of the gem's statements waits on a row lock (at most 10 s).
+    def wait_for_lock_wait
+      conn = PG.connect(SpecServices.database_url)
+      waiting = lambda do
+        conn.exec("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' " \
+                  "AND wait_event_type = 'Lock'").getvalue(0, 0).to_i.positive?
+      end
+      50.times { waiting.call ? break : sleep(0.2) }
+      expect(waiting.call).to be(true)
+    ensure
+      conn&.close
+    end
+
+    def stale_record(job_type, key)
+      expect { IdempotentJob.perform_once(job_type, key, lease: 0.3) { raise Interrupt } }.to raise_error(Interrupt)
+      sleep 0.4
+    end
+
+    it "Thread#raise and Timeout reach a claim statement waiting on a row lock; the next delivery takes over" do
+      key = unique_key
+      stale_record("Attack::Locked", key)
+      with_row_locked("Attack::Locked", key) do
+        expect { Timeout.timeout(0.3) { IdempotentJob.perform_once("Attack::Locked", key) { runs << :timeout } } }
+          .to raise_error(Timeout::Error)
+        raised = Thread.new { IdempotentJob.perform_once("Attack::Locked", key) { runs << :raised } }
+        raised.report_on_exception = false
+        wait_for_lock_wait
+        raised.raise(ArgumentError, "stop claiming")
+        expect { raised.join(10) }.to raise_error(ArgumentError, "stop claiming")
+        expect(runs).to be_empty
+        # Both interrupted statements were cancelled (not left to claim once the lock ends).
+        expect(gem_statements_running(Effects.connection)).to eq(0)
+      end
+      expect(IdempotentJob.perform_once("Attack::Locked", key) { runs << :after }.decision).to eq(:ran)
+      expect(runs.size).to eq(1)
+      pool_still_serves
+    end
+
+    it "Thread#raise while the completion waits on a row lock: that error reaches the caller, the body never reruns" do
+      key = unique_key
+      lock_now = Queue.new
+      locked = Queue.new
+      unlock = Queue.new
+      locker = Thread.new do
+        lock_now.pop
+        with_row_locked("Attack::Completion", key) do
+          locked << true
+          unlock.pop
+        end
+      end
+      worker = Thread.new do
+        IdempotentJob.perform_once("Attack::Completion", key) do
+          runs << :ran
+          lock_now << true
+          locked.pop
+          :done
+        end
+      end
+      worker.report_on_exception = false
+      wait_for_lock_wait
+      worker.raise(ArgumentError, "during the completion")
+      expect { worker.join(10) }.to raise_error(ArgumentError, "during the completion")
+      unlock << true
+      expect(locker.join(10)).to eq(locker)
+      # The completion either landed or the claim waits for its lease: never a second run.
+      repeat = IdempotentJob.perform_once("Attack::Completion", key) { runs << :again }
+      expect(%i[completed in_progress]).to include(repeat.decision)
+      expect(runs.size).to eq(1)
+      pool_still_serves
+    end
+
+    %w[INT TERM].each do |signal|
+      it "SIG#{signal} to a process waiting (wait:) for a live claim ends it at once; the holder completes" do
+        key = unique_key
+        inside = Queue.new
+        finish = Queue.new
+        holder = Thread.new do
+          IdempotentJob.perform_once("Attack::Signal#{signal}", key) do
+            inside << true
+            finish.pop
+          end
+        end
+        inside.pop
+        # A fresh process (a fork would close the parent's connections when it exits).
+        reader, writer = IO.pipe
+        script = <<~RUBY
+          require "idempotent_job"
+          IdempotentJob.configure do |c|
+            c.database_url = ENV.fetch("DATABASE_URL")
+            # Not a ::Logger: Logger#add swallows any exception raised while it writes,
+            # a signal's included.
+            c.logger = Class.new do
+              %i[debug info warn error].each { |level| define_method(level) { |text| $stdout.puts(text) } }
+            end.new
+          end
+          $stdout.sync = true
+          IdempotentJob.perform_once(ARGV[0], ARGV[1], wait: 60) { exit!(3) }
+          exit!(4)
+        RUBY
+        pid = Process.spawn({ "DATABASE_URL" => SpecServices.database_url }, RbConfig.ruby, "-I",
+                            File.expand_path("../../lib", __dir__), "-e", script, "Attack::Signal#{signal}", key,
+                            out: writer, err: File::NULL)
+        writer.close
+        line = +""
+        line << reader.readpartial(4096) until line.include?("waiting up to") || !reader.wait_readable(10)
+        expect(line).to include("waiting up to")
+        Process.kill(signal, pid)
+        ended = Timeout.timeout(10) { Process.wait2(pid)[1] }
+        expect(ended.termsig).to eq(Signal.list.fetch(signal))
+        finish << :done
+        expect(holder.join(10).value.decision).to eq(:ran)
+        expect(status("Attack::Signal#{signal}", key)).to eq(:completed)
+      ensure
+        reader&.close
+        Process.kill(:KILL, pid) if pid && !ended
+      end
+    end
+  end
+
   describe "nesting, threads, fibers, fork, GC" do
     it "a nested delivery of the same operation does not run and does not wait for itself forever" do
       key = unique_key
@@ -178,6 +346,20 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       expect(outer.value).to eq(:in_progress)
       expect(runs).to be_empty
       expect(status("Attack::Nested", key)).to eq(:completed)
+    end
+
+    it "a nested delivery of the same operation with wait: answers in_progress at once (never waits for itself)" do
+      key = unique_key
+      outer = IdempotentJob.perform_once("Attack::NestedWait", key) do
+        IdempotentJob.perform_once("Attack::NestedOther", unique_key) do
+          Timeout.timeout(10, ArgumentError) do
+            IdempotentJob.perform_once("Attack::NestedWait", key, wait: 60) { runs << :inner }.decision
+          end
+        end
+      end
+      expect(outer.value.value).to eq(:in_progress)
+      expect(runs).to be_empty
+      expect(status("Attack::NestedWait", key)).to eq(:completed)
     end
 
     it "many threads on one operation: the body runs once, every thread ends" do
@@ -251,6 +433,25 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       end
       expect(runs.size).to eq(1)
       expect(status("Attack::Logger", key)).to eq(:completed)
+    end
+
+    it "a subscriber raising a non-StandardError under transaction: true: re-raised, the transaction ended" do
+      fatal = Class.new(Exception) # rubocop:disable Lint/InheritException -- what Events does not rescue
+      key = unique_key
+      handle = IdempotentJob.subscribe(:claimed) { raise fatal, "subscriber" }
+      begin
+        expect { IdempotentJob.perform_once("Attack::TxSubscriber", key, transaction: true) { runs << :ran } }
+          .to raise_error(fatal, "subscriber")
+      ensure
+        IdempotentJob::Events.unsubscribe(handle)
+      end
+      # Not left idle in transaction holding the record's row lock until a GC.
+      idle = Effects.connection.exec("SELECT count(*) FROM pg_stat_activity WHERE application_name = " \
+                                     "'idempotent_job' AND state LIKE 'idle in transaction%'").getvalue(0, 0).to_i
+      expect(idle).to eq(0)
+      repeat = IdempotentJob.perform_once("Attack::TxSubscriber", key, transaction: true) { runs << :again }
+      expect(repeat.decision).to eq(:completed)
+      expect(runs.size).to eq(1)
     end
 
     it "a body returning a cycle, a Proc or an IO with store_result: completed, not stored, not run again" do

@@ -441,6 +441,13 @@ impl Host for RbHost<'_> {
         self.publish(notes);
     }
 
+    /// What a `tell` raised before a wait (a signal, Thread#raise or Timeout landing in
+    /// an event subscriber or the logger, or their own non-StandardError): raised now,
+    /// not after waiting up to `wait:` seconds.
+    fn interrupted(&mut self) -> Option<magnus::Error> {
+        self.failed.take()
+    }
+
     fn watch(&mut self, heartbeat: HeartbeatReader) {
         self.heartbeat = Some(heartbeat.clone());
         let reader = NativeHeartbeatReader(heartbeat);
@@ -619,11 +626,10 @@ impl NativeProtocol {
             &mut notes,
         );
         let transaction = host.transaction;
-        if let Some(failed) = host.failed.take() {
-            return Err(failed);
-        }
         // The gem's transaction commits what the delivery did (the claim, the body's
-        // writes, the completion) unless it failed; an error rolls everything back.
+        // writes, the completion) unless it failed; an error rolls everything back. It
+        // is ended before a callback's error (a raising event subscriber or logger) is
+        // raised below: never left open, holding the record's row lock, until a GC.
         let performed = match (performed, transaction) {
             (Ok(done), Some(tx)) => {
                 let tx = <&NativeTransaction>::try_convert(tx)?;
@@ -637,6 +643,9 @@ impl NativeProtocol {
             }
             (done, None) => done,
         };
+        if let Some(failed) = host.failed.take() {
+            return Err(failed);
+        }
         let (kind, value): (&str, Value) = match performed {
             Ok(Performed {
                 outcome,
