@@ -54,6 +54,23 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       retried_at_once("Attack::Break", key)
     end
 
+    it "throw out of a lookup: the throw arrives (no LookupError), not run, the stale claim taken over later" do
+      key = unique_key
+      expect { IdempotentJob.perform_once("Attack::LookupThrow", key, lease: 0.3) { raise Interrupt } }
+        .to raise_error(Interrupt)
+      sleep 0.4 # the kept claim's lease runs out: the next delivery asks the lookup
+      thrown = lambda { |_key|
+        throw :out, :thrown
+      }
+      caught = catch(:out) do
+        IdempotentJob.perform_once("Attack::LookupThrow", key, lookup: thrown) { runs << :thrown }
+      end
+      expect(caught).to eq(:thrown)
+      expect(runs).to be_empty
+      expect(IdempotentJob.perform_once("Attack::LookupThrow", key) { runs << :after }.decision).to eq(:ran)
+      expect(runs.size).to eq(1)
+    end
+
     it "throw out of a transaction: true body: rolled back, nothing recorded, the pool serves" do
       key = unique_key
       catch(:out) { IdempotentJob.perform_once("Attack::TxThrow", key, transaction: true) { throw :out } }

@@ -373,8 +373,16 @@ impl Host for RbHost<'_> {
             .handler
             .funcall::<_, _, Value>("lookup", (operation_key,))
             .and_then(|answer| NativeProtocol::lookup_answer(self.ruby, answer));
-        asked.unwrap_or_else(|e| LookupAnswer::Raised {
-            error: e.to_string(),
+        asked.unwrap_or_else(|e| {
+            let error = e.to_string();
+            // `Driver#lookup` answers a StandardError itself: anything else left the lookup
+            // another way (a throw — Ruby 3.1's Timeout —, a signal, Thread#raise, exit).
+            // The core leaves the claim stale as for a failed lookup; that jump or error
+            // goes on after it, never turned into a LookupError.
+            if !e.is_kind_of(self.ruby.exception_standard_error()) {
+                self.keep_failure(e);
+            }
+            LookupAnswer::Raised { error }
         })
     }
 
