@@ -37,6 +37,25 @@ module IdempotentJob
           built
         end
 
+        # Whether a body running in this thread (or fiber) holds the claim of
+        # (`job_type`, `operation_key`), however deeply nested.
+        # @return [Boolean]
+        def held?(job_type, operation_key)
+          held = Thread.current[:idempotent_job_held]
+          !held.nil? && held.include?([job_type, operation_key])
+        end
+
+        # Runs the block with `claim` among the claims this thread's bodies hold.
+        # @param claim [Claim]
+        # @return [Object] the block's value
+        def holding(claim)
+          held = (Thread.current[:idempotent_job_held] ||= [])
+          held.push([claim.job_type, claim.operation_key])
+          yield
+        ensure
+          held&.pop
+        end
+
         private
 
         def native_options(options)
@@ -95,6 +114,8 @@ module IdempotentJob
       def run(request, host, wait = nil, &body)
         @host = host
         @body = body
+        # A delivery nested in the body of the same operation would wait for its own claim.
+        wait = nil if wait && Driver.held?(request[:job_type], request[:operation_key])
         kind, value, notes = @native.perform(IdempotentJob.store, channel, request,
                                              @narrator.delivery.deferrals, wait, self)
         return in_progress(value, notes) if kind == :in_progress
@@ -144,14 +165,16 @@ module IdempotentJob
                                    token: info[:token], attempt: info[:attempt], kind: info[:kind],
                                    jid: info[:jid])
         @beat = HeartbeatWatch.watch(Beat.new(@reader), claim) if @reader
-        value = IdempotentJob.with_claim(claim) do
-          next @body.call(claim) unless transaction
+        value = Driver.holding(claim) do
+          IdempotentJob.with_claim(claim) do
+            next @body.call(claim) unless transaction
 
-          IdempotentJob.with_transaction(IdempotentJob::Transaction.new(transaction)) { @body.call(claim) }
+            IdempotentJob.with_transaction(IdempotentJob::Transaction.new(transaction)) { @body.call(claim) }
+          end
         end
         [:returned, value, current_store]
       rescue Exception => e # rubocop:disable Lint/RescueException -- handed back; the core releases, then it is raised
-        [:raised, e, e.class.name.to_s, e.message.to_s, crash?(e), current_store]
+        [:raised, e, e.class.name.to_s, message_of(e), crash?(e), current_store]
       end
 
       # The body ended: its heartbeat's last report (renewal failures since the last look
@@ -221,6 +244,14 @@ module IdempotentJob
       def refuse_json(delivery, what, problem)
         raise ConfigurationError, "#{delivery.job_type}: the #{what} cannot be written as JSON (#{problem}); " \
                                   "the job was not run and nothing was recorded"
+      end
+
+      # The body's error's message for the release, or a note that it has none: an
+      # exception whose #message raises is still released and re-raised unchanged.
+      def message_of(error)
+        error.message.to_s
+      rescue Exception => e # rubocop:disable Lint/RescueException -- any error of #message itself
+        "(#message raised #{e.class})"
       end
 
       def stop_watching

@@ -17,13 +17,18 @@ module IdempotentJob
         @delivery = delivery
       end
 
-      # Logs `text` at `level` with the gem's prefix.
+      # Logs `text` at `level` with the gem's prefix. A ::Logger swallows any exception
+      # raised while it writes (`rescue Exception` in its device), so an interrupt that
+      # arrives meanwhile (a signal, Thread#raise, Timeout) is held until the line is
+      # written and raised then, instead of being lost.
       # @param level [Symbol] :info, :warn or :error
       # @param text [String]
       # @return [void]
       def say(level, text)
         out = @door.logger
-        return out.public_send(level) { "idempotent_job: #{text}" } if out.is_a?(::Logger)
+        if out.is_a?(::Logger)
+          return Thread.handle_interrupt(Object => :never) { out.public_send(level) { "idempotent_job: #{text}" } }
+        end
 
         out.public_send(level, "idempotent_job: #{text}")
       end

@@ -58,6 +58,14 @@ pub trait Host {
     /// for the end of [`Protocol::perform`].
     fn tell(&mut self, _notes: &mut Notes) {}
 
+    /// Asked after [`Host::tell`], before a wait for a live claim (no claim is held
+    /// then): an error a host callback raised meanwhile that must end the delivery now
+    /// (a signal or an interrupt that arrived while an event subscriber or the logger
+    /// ran) instead of after the wait. By default none.
+    fn interrupted(&mut self) -> Option<Self::Raised> {
+        None
+    }
+
     /// Called before the body runs when its claim has a heartbeat: a host may watch
     /// it (tell renewal failures while the body still runs).
     fn watch(&mut self, _heartbeat: HeartbeatReader) {}
@@ -101,6 +109,9 @@ impl Protocol {
                 // decides again (a completion replays, a release may run, still live: defer).
                 Step::InProgress(outcome) if outcome.wait_seconds.is_some() => {
                     host.tell(notes);
+                    if let Some(raised) = host.interrupted() {
+                        return Err(raised);
+                    }
                     host.blocking(|i| self.wait(channel, i, delivery, notes))?
                 }
                 Step::Skip(outcome) | Step::InProgress(outcome) => {

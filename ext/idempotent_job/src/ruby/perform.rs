@@ -9,7 +9,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use magnus::{
-    typed_data::Obj, value::ReprValue, RArray, RHash, RString, Ruby, Symbol, TryConvert, Value,
+    error::{ErrorType, Tag},
+    typed_data::Obj,
+    value::ReprValue,
+    RArray, RHash, RString, Ruby, Symbol, TryConvert, Value,
 };
 
 use super::convert::{decided, json_of, RbResult};
@@ -370,8 +373,16 @@ impl Host for RbHost<'_> {
             .handler
             .funcall::<_, _, Value>("lookup", (operation_key,))
             .and_then(|answer| NativeProtocol::lookup_answer(self.ruby, answer));
-        asked.unwrap_or_else(|e| LookupAnswer::Raised {
-            error: e.to_string(),
+        asked.unwrap_or_else(|e| {
+            let error = e.to_string();
+            // `Driver#lookup` answers a StandardError itself: anything else left the lookup
+            // another way (a throw — Ruby 3.1's Timeout —, a signal, Thread#raise, exit).
+            // The core leaves the claim stale as for a failed lookup; that jump or error
+            // goes on after it, never turned into a LookupError.
+            if !e.is_kind_of(self.ruby.exception_standard_error()) {
+                self.keep_failure(e);
+            }
+            LookupAnswer::Raised { error }
         })
     }
 
@@ -392,16 +403,7 @@ impl Host for RbHost<'_> {
                 }
                 answer
             }
-            // A jump with no exception to hand back (Thread#kill, throw): the thread is
-            // going away, so the claim is kept until its lease ends.
-            Err(jump) => {
-                return Body::Raised {
-                    raised: jump,
-                    class: String::new(),
-                    message: String::new(),
-                    crash: true,
-                }
-            }
+            Err(left) => return left_body(left),
         };
         if let Ok(store) = answer.entry::<Value>(-1) {
             self.follow_store(store);
@@ -447,12 +449,55 @@ impl Host for RbHost<'_> {
         self.publish(notes);
     }
 
+    /// What a `tell` raised before a wait (a signal, Thread#raise or Timeout landing in
+    /// an event subscriber or the logger, or their own non-StandardError): raised now,
+    /// not after waiting up to `wait:` seconds.
+    fn interrupted(&mut self) -> Option<magnus::Error> {
+        self.failed.take()
+    }
+
     fn watch(&mut self, heartbeat: HeartbeatReader) {
         self.heartbeat = Some(heartbeat.clone());
         let reader = NativeHeartbeatReader(heartbeat);
         if let Err(e) = self.handler.funcall::<_, _, Value>("watch", (reader,)) {
             self.keep_failure(e);
         }
+    }
+}
+
+/// The body's end when `Driver#body` did not answer (it rescues every exception): a
+/// jump with no exception to hand back. Thread#kill (a fatal jump): the thread is going
+/// away, so the claim is kept until its lease ends (a crash). `throw` (Timeout.timeout
+/// without an error class on Ruby before 3.3 is one), `break` or a non-local `return`
+/// out of the body: the worker goes on, so the claim is released like a raising body's
+/// (a retry runs at once) and the jump goes on after the release. An exception (the
+/// handler itself failed) is released and re-raised the same way.
+fn left_body(left: magnus::Error) -> Body<Value, magnus::Error> {
+    let (class, message, crash) = match left.error_type() {
+        ErrorType::Jump(Tag::Fatal) => (String::new(), String::new(), true),
+        ErrorType::Jump(tag) => {
+            let word = match tag {
+                Tag::Throw => "throw",
+                Tag::Break => "break",
+                Tag::Return => "return",
+                Tag::Next => "next",
+                Tag::Retry => "retry",
+                Tag::Redo => "redo",
+                Tag::Raise | Tag::Fatal => "raise",
+            };
+            (
+                format!("({word})"),
+                format!("the body was left by `{word}`, with no exception"),
+                false,
+            )
+        }
+        _ => ("IdempotentJob::Error".to_string(), left.to_string(), false),
+    };
+    Body::Raised {
+        raised: left,
+        class,
+        message,
+        crash,
     }
 }
 
@@ -589,11 +634,10 @@ impl NativeProtocol {
             &mut notes,
         );
         let transaction = host.transaction;
-        if let Some(failed) = host.failed.take() {
-            return Err(failed);
-        }
         // The gem's transaction commits what the delivery did (the claim, the body's
-        // writes, the completion) unless it failed; an error rolls everything back.
+        // writes, the completion) unless it failed; an error rolls everything back. It
+        // is ended before a callback's error (a raising event subscriber or logger) is
+        // raised below: never left open, holding the record's row lock, until a GC.
         let performed = match (performed, transaction) {
             (Ok(done), Some(tx)) => {
                 let tx = <&NativeTransaction>::try_convert(tx)?;
@@ -607,6 +651,9 @@ impl NativeProtocol {
             }
             (done, None) => done,
         };
+        if let Some(failed) = host.failed.take() {
+            return Err(failed);
+        }
         let (kind, value): (&str, Value) = match performed {
             Ok(Performed {
                 outcome,
