@@ -10,8 +10,7 @@ module IdempotentJob
   # The core protocol ({Protocol::Driver}) runs a delivery's steps over the session:
   # the pool's (Direct), the gem's transaction (Native: `Native::Transaction`), or
   # ActiveRecord's (its statements sent on ActiveRecord's connection: `claim_row`,
-  # `fenced_raw`). A session also answers `claim(request, lock_timeout)` → the decision
-  # Hash of `Native::Store#claim`, and `fenced(change, claim, text = nil)`.
+  # `fenced_raw`).
   module Transactional
     # @param flavour [Symbol, nil] {JobOptions#transaction}: nil, :native or :active_record
     # @return [Class] the strategy, answering `within { |session| … }`

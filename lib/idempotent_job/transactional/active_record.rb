@@ -81,17 +81,6 @@ module IdempotentJob
         @connection = connection
       end
 
-      # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its transaction.
-      # @param request [Hash] see `Native::Store#claim`
-      # @param lock_timeout [Numeric] seconds
-      # @return [Hash] the decision, from Native.decide
-      # @raise [LockTimeoutError] when another delivery held the operation past lock_timeout
-      # @raise [ConnectionError, TimeoutError, DatabaseError] as the native path
-      def claim(request, lock_timeout)
-        row, token = claim_row(request, lock_timeout)
-        IdempotentJob::Native.decide(row, token, request)
-      end
-
       # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its
       # transaction, and answers the statement's row for the core to decide on (the
       # core protocol's channel: `Native::Protocol#perform`).

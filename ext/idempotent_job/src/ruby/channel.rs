@@ -1,6 +1,6 @@
 //! The one [`RbChannel`] enum over the three places a Ruby delivery's statements go:
 //! the store's pool, the gem's own native transaction, and a Ruby session
-//! (ActiveRecord's connection). [`super::perform`] drives a delivery over it.
+//! (ActiveRecord's connection); `perform.rs` drives a delivery over it.
 
 use std::cell::RefCell;
 use std::sync::Mutex;

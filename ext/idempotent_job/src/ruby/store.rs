@@ -490,7 +490,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
 
 /// `[json_or_nil, state, warning_or_nil]` (what `prepare_result` returned) back into a
 /// [`PreparedResult`].
-pub fn prepared(ruby: &Ruby, result: RArray) -> RbResult<PreparedResult> {
+fn prepared(ruby: &Ruby, result: RArray) -> RbResult<PreparedResult> {
     let json: Option<String> = result.entry(0)?;
     let state: Symbol = result.entry(1)?;
     let warning: Option<String> = result.entry(2)?;
