@@ -144,6 +144,14 @@ module IdempotentJob
       end
       # rubocop:enable Metrics/ParameterLists
 
+      # Called by the core when the claim {#claim_row} just made was a first claim: there
+      # is no repeat to queue after the commit ({#record_repeat} then asks nothing of the
+      # extension).
+      # @return [nil]
+      def first_claim
+        @claimed = nil
+      end
+
       # Queues the claim's repeat facts (a duplicate, a retry or a takeover; nothing for a
       # first claim) for the asynchronous bookkeeping, as the native session does at
       # commit; skipped while the connection is still inside an outer transaction (the

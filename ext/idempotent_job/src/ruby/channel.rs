@@ -15,7 +15,9 @@ use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{Channel, ClaimInfo, Direct};
-use idempotent_job_core::record::{ClaimReply, ClaimRequest, PreparedResult};
+use idempotent_job_core::record::{
+    ClaimAnswer, ClaimKind, ClaimReply, ClaimRequest, PreparedResult,
+};
 use idempotent_job_core::store::PoolHandle;
 
 /// Where a Ruby delivery's statements go.
@@ -183,8 +185,8 @@ pub(super) const RAISED_IN_RUBY: &str = "raised in the Ruby session";
 /// connection, inside its transaction), called with the GVL held (its host never
 /// releases it). The session answers `claim_row(request, lock_timeout)` → `[row,
 /// token]` (the claim statement's typed row and the token it sent; the decision is the
-/// core's, [`decided`]) and `fenced_raw(change, job_type, operation_key, token, text[,
-/// [json, state]])`.
+/// core's, [`decided`]), `first_claim` (the claim just made was a first one) and
+/// `fenced_raw(change, job_type, operation_key, token, text[, [json, state]])`.
 pub struct SessionChannel<'a> {
     pub(super) session: Value,
     pub(super) raised: &'a RefCell<Option<magnus::Error>>,
@@ -214,7 +216,19 @@ impl Channel for SessionChannel<'_> {
             let hash = request_hash(&ruby, r)?;
             let pair: RArray = self.session.funcall("claim_row", (hash, lock))?;
             let (row, token): (RHash, String) = (pair.entry(0)?, pair.entry(1)?);
-            Ok(decided(&ruby, row, &token, hash)?.0)
+            let reply = decided(&ruby, row, &token, hash)?.0;
+            // A first claim has no repeat to record after ActiveRecord's commit: the
+            // session is told so, and asks nothing of the extension then.
+            if matches!(
+                reply.outcome,
+                ClaimAnswer::Claimed {
+                    kind: ClaimKind::First,
+                    ..
+                }
+            ) {
+                self.session.funcall::<_, _, Value>("first_claim", ())?;
+            }
+            Ok(reply)
         })();
         asked.map_err(|e| self.hold(e))
     }
