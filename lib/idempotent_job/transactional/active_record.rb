@@ -110,7 +110,7 @@ module IdempotentJob
       # @param change [Symbol]
       # @param claim [Claim]
       # @param text [String, nil]
-      # @param result [Array, nil] :complete's stored result (`Native::Store#prepare_result`:
+      # @param result [Array, nil] :complete's stored result (the core's prepared result:
       #   its JSON text and state are the completion's $4 and $5)
       # @return [true]
       # @raise [LostClaimError] when the claim is no longer held (with job_type, operation_key)
