@@ -1,8 +1,8 @@
 # frozen_string_literal: true
 
 module IdempotentJob
-  # How the {Protocol} talks to the database for one delivery: a strategy opens a
-  # session ({.for}), the session claims, applies fenced changes and runs the body.
+  # Where the {Protocol}'s statements for one delivery go: a strategy ({.for}) names
+  # the channel of the one native call (`Native::Protocol#perform`).
   # {Direct} uses the gem's pool statement by statement (heartbeat, release on error,
   # completion retried); {Native} and {ActiveRecord} put the claim, the body's writes
   # and the completion in one transaction (`transaction: true` / `:active_record`).
