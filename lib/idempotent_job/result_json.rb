@@ -7,7 +7,7 @@ module IdempotentJob
   # completion): strictly JSON values, so that a replay gives back what was
   # returned (as JSON reads it: String keys, Symbols as Strings). Anything else is not
   # encoded, and the reason goes to the core, which words the warning
-  # (`Native::Store#prepare_result`); the completion stands either way.
+  # (the core's `results::prepare`); the completion stands either way.
   module ResultJson
     # What a stored result may contain, for the reason text.
     ALLOWED = "Hash (String or Symbol keys), Array, String, Symbol, Integer, finite Float, true, false or nil"

@@ -1,8 +1,8 @@
 # frozen_string_literal: true
 
 module IdempotentJob
-  # How the {Protocol} talks to the database for one delivery: a strategy opens a
-  # session ({.for}), the session claims, applies fenced changes and runs the body.
+  # Where the {Protocol}'s statements for one delivery go: a strategy ({.for}) names
+  # the channel of the one native call (`Native::Protocol#perform`).
   # {Direct} uses the gem's pool statement by statement (heartbeat, release on error,
   # completion retried); {Native} and {ActiveRecord} put the claim, the body's writes
   # and the completion in one transaction (`transaction: true` / `:active_record`).
@@ -10,8 +10,7 @@ module IdempotentJob
   # The core protocol ({Protocol::Driver}) runs a delivery's steps over the session:
   # the pool's (Direct), the gem's transaction (Native: `Native::Transaction`), or
   # ActiveRecord's (its statements sent on ActiveRecord's connection: `claim_row`,
-  # `fenced_raw`). A session also answers `claim(request, lock_timeout)` → the decision
-  # Hash of `Native::Store#claim`, and `fenced(change, claim, text = nil)`.
+  # `fenced_raw`).
   module Transactional
     # @param flavour [Symbol, nil] {JobOptions#transaction}: nil, :native or :active_record
     # @return [Class] the strategy, answering `within { |session| … }`

@@ -51,23 +51,33 @@ RSpec.describe "Duplicate deliveries" do
     it "answers a duplicate that races the first claim's uncommitted insert from that claim's outcome" do
       [true, false].each do |commit|
         key = unique_key
-        tx = IdempotentJob.store.transaction
-        first = tx.claim(request(key, "j1"), 5.0)
-        expect(first).to include(decision: :claimed)
+        claimed = Queue.new
+        finish = Queue.new
+        # The first delivery's claim, uncommitted in its transaction while the body waits.
+        first = Thread.new do
+          IdempotentJob.perform_once("Dup", key, transaction: true, lease: 30) do |claim|
+            claimed << claim
+            raise "rolled back" unless finish.pop
+          end
+        rescue RuntimeError => e
+          e
+        end
+        expect(claimed.pop).to have_attributes(kind: :first, attempt: 1)
         racer = Thread.new { deliver(key, "j2") } # the look sees nothing; the claim waits on the insert
         sleep 0.3
         expect(racer).to be_alive
+        finish << commit # the body returns (completion, commit) or raises (rollback)
         if commit
-          tx.fenced(:complete, "Dup", key, first[:token], nil)
-          tx.commit
+          expect(first.value).to have_attributes(decision: :ran)
           expect(racer.value).to include(decision: :completed)
         else
-          tx.rollback
+          expect(first.value.message).to eq("rolled back")
           expect(racer.value).to include(decision: :claimed, kind: :first, attempt: 1)
         end
       ensure
         # A failed expectation must not leave the row and table locked for later examples.
-        tx.rollback if tx&.open?
+        finish&.<<(false) if first&.alive?
+        first&.join
       end
     end
 

@@ -194,7 +194,7 @@ RSpec.describe "IdempotentJob's native layer" do
             again.value]).to eq([:ran, :completed, true, { "k" => key }])
     tx = IdempotentJob.perform_once("NativeOneCallTx", key, transaction: true) { |_| :in_tx }
     expect([tx.decision, tx.value]).to eq(%i[ran in_tx])
-    IdempotentJob.store.claim({ job_type: "NativeOneCallStale", operation_key: key, jid: "old", lease: 0.05 })
+    RecordRows.claim({ job_type: "NativeOneCallStale", operation_key: key, jid: "old", lease: 0.05 })
     sleep 0.1
     stale = IdempotentJob.perform_once("NativeOneCallStale", key, on_stale: :reclaim, lookup: ->(_) { :not_done }) { 2 }
     expect([stale.decision, stale.value, stale.claim.kind]).to eq([:ran, 2, :takeover])

@@ -90,7 +90,7 @@ RSpec.describe "Reject at enqueue (on_enqueue: :skip_completed)", :integration d
         key = "#{state}-#{rand(1 << 40)}"
         unless state == :none
           token = claim("SkipCompletedJob", key, "first", 30).fetch(:token)
-          IdempotentJob.store.fenced(change, "SkipCompletedJob", key, token, change == :release ? "boom" : nil) if
+          RecordRows.fenced(change, "SkipCompletedJob", key, token, change == :release ? "boom" : nil) if
             change
         end
         key

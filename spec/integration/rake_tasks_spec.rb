@@ -21,7 +21,7 @@ RSpec.describe "rake idempotent_job:held and idempotent_job:resolve", :integrati
   def hold(job_type, key)
     claimed = claim(job_type, key, "jid-#{key}", 30, job_class: "ChargeOrderJob", queue: "default",
                                                      args_json: JSON.generate([key.to_i, 100]))
-    IdempotentJob.store.fenced(:hold, job_type, key, claimed[:token], nil)
+    RecordRows.fenced(:hold, job_type, key, claimed[:token])
   end
 
   it "lists held operations and settles them, as done or for a rerun" do

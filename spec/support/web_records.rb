@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
-# Seeds records in the states the operators' page shows, through the native store
-# (the same statements a delivery runs).
+# Seeds records in the states the operators' page shows, with the core's own
+# statements ({RecordRows}).
 module WebRecords
   def web_job_type(name = "WebSpecJob")
     "#{name}#{rand(1 << 30)}"
@@ -9,15 +9,15 @@ module WebRecords
 
   # A claim of `key` with the stored job a rerun re-enqueues.
   def web_claim(job_type, key, lease: 30, jid: "jid-#{key}", facts: nil)
-    IdempotentJob.store.claim({ job_type:, operation_key: key, jid:, lease: lease.to_f, job_class: "WebSpecJob",
-                                queue: "critical", args_json: JSON.generate([key]), args_digest: "d-#{key}",
-                                facts_json: facts && JSON.generate(facts) })
+    RecordRows.claim({ job_type:, operation_key: key, jid:, lease: lease.to_f, job_class: "WebSpecJob",
+                       queue: "critical", args_json: JSON.generate([key]), args_digest: "d-#{key}",
+                       facts_json: facts && JSON.generate(facts) })
   end
 
   # @param as [Symbol] :hold or :give_up
   def web_stopped(job_type, key, as: :hold)
     decision = web_claim(job_type, key)
-    IdempotentJob.store.fenced(as, job_type, key, decision[:token], nil)
+    RecordRows.fenced(as, job_type, key, decision[:token])
     IdempotentJob.record(job_type, key)
   end
 
@@ -33,7 +33,7 @@ module WebRecords
   # each a new enqueue by `again_by`.
   def web_repeated(job_type, key, repeats: 2, producer: "app/controllers/orders_controller.rb:42", again_by: producer)
     decision = web_claim(job_type, key, facts: { "jid" => "first-#{key}", "producer" => producer })
-    IdempotentJob.store.fenced(:complete, job_type, key, decision[:token], nil)
+    RecordRows.fenced(:complete, job_type, key, decision[:token])
     repeats.times { |i| web_claim(job_type, key, facts: { "jid" => "again-#{key}-#{i}", "producer" => again_by }) }
   end
 end

@@ -64,14 +64,14 @@ RSpec.describe "The operators' page in a browser", :browser do
     stopped = { %w[ChargeOrderJob 1042] => :hold, %w[ChargeOrderJob 1043] => :hold,
                 %w[RefundPaymentJob 77:EUR] => :hold, %w[SendInvoiceJob inv-2026-118] => :give_up }
     stopped.each_key do |type, key|
-      IdempotentJob.store.claim({ job_type: type, operation_key: key, jid: SecureRandom.hex(12), lease: 0.05,
-                                  job_class: type, queue: "default", args_json: JSON.generate([key]) })
+      RecordRows.claim({ job_type: type, operation_key: key, jid: SecureRandom.hex(12), lease: 0.05,
+                         job_class: type, queue: "default", args_json: JSON.generate([key]) })
     end
     sleep 0.12
     stopped.each do |(type, key), as|
-      taken = IdempotentJob.store.claim({ job_type: type, operation_key: key, jid: SecureRandom.hex(12), lease: 30.0,
-                                          job_class: type, queue: "default", args_json: JSON.generate([key]) })
-      IdempotentJob.store.fenced(as, type, key, taken[:token], nil)
+      taken = RecordRows.claim({ job_type: type, operation_key: key, jid: SecureRandom.hex(12), lease: 30.0,
+                                 job_class: type, queue: "default", args_json: JSON.generate([key]) })
+      RecordRows.fenced(as, type, key, taken[:token])
     end
     web_repeated("ChargeOrderJob", "1001", repeats: 3)
   end

@@ -144,7 +144,7 @@ RSpec.describe IdempotentJob::Web do
       expect(last_response.body).to include("Not resolved: it is released now, not held or given up.")
 
       decision = web_claim(job_type, "7") # the rerun's delivery claims, and is held again
-      IdempotentJob.store.fenced(:hold, job_type, "7", decision[:token], nil)
+      RecordRows.fenced(:hold, job_type, "7", decision[:token])
       resolve("7", as: "done", token:, claim_token: shown)
       expect(last_response.status).to eq(409)
       expect(last_response.body).to include("it changed since the confirmation page was shown")

@@ -547,7 +547,7 @@ SELECT job_type,
  ORDER BY job_type"#
 );
 
-/// The distributed profile's migration lock ([`crate::config::Config::distributed`]:
+/// The distributed profile's migration lock (`Config::distributed` in the config module:
 /// such servers have no advisory locks): one row, made before the first migration.
 pub const MIGRATION_LOCK_TABLE_SQL: &str =
     "CREATE TABLE IF NOT EXISTS idempotent_job_migration_lock \

@@ -1,12 +1,15 @@
-//! The core's modules form no import cycle: no module refers to another that refers
-//! back to it, directly or through others.
+//! No import cycle in the core (`crates/core/src`), the Ruby extension
+//! (`ext/idempotent_job/src/ruby`) or the Python one (`python/src`): no module refers
+//! to another that refers back to it, directly or through others.
 //!
-//! Reads `src/**/*.rs`, takes every `crate::m` and (in a top-level module's file)
-//! `super::m` reference outside `#[cfg(test)]` items (a module's `tests.rs` file is one)
-//! and plain `//` comments (doc comments count: a doc link is a dependency too), and
-//! maps each file to its top-level module (`src/protocol/channel.rs` belongs to
-//! `protocol`). `lib.rs` is the root and only declares the modules. Fails naming one
-//! cycle when the graph has one.
+//! Reads the directory's `**/*.rs`, takes every `crate::m`, `$crate::m` (a macro's
+//! body) and (in a child module's own file) `super::m` reference outside `#[cfg(test)]`
+//! items (a module's `tests.rs` file is one) and plain `//` comments (doc comments
+//! count: a doc link is a dependency too), and every invocation of a macro another
+//! module defines (a macro import: `#[macro_use]` brings no path), and maps each file
+//! to its child module (`src/protocol/channel.rs` belongs to `protocol`). The root
+//! (`lib.rs`, `mod.rs`) only declares the modules. Fails naming one cycle when the
+//! graph has one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -118,51 +121,103 @@ fn referenced(text: &str, prefix: &str) -> BTreeSet<String> {
     found
 }
 
-/// Each top-level module of `src` and the top-level modules it refers to.
-fn graph(src: &Path) -> Graph {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
-    // A module's `tests.rs` (`src/config/tests.rs`) is its `#[cfg(test)] mod tests;`.
-    files.retain(|f| !(f.ends_with("tests.rs") && f.parent() != Some(src)));
-    let modules: BTreeSet<String> = files
-        .iter()
-        .filter_map(|f| {
-            let relative = f.strip_prefix(src).unwrap();
-            let first = relative.components().next()?.as_os_str().to_str()?;
-            Some(first.trim_end_matches(".rs").to_string())
-        })
-        .filter(|m| m != "lib")
-        .collect();
-    let mut graph = Graph::new();
-    for file in &files {
-        let relative = file.strip_prefix(src).unwrap();
-        let top = relative
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_str()
-            .unwrap()
-            .trim_end_matches(".rs")
-            .to_string();
-        if top == "lib" {
-            continue;
+/// The macros `macro_rules!` defines in `text`.
+fn macros_defined(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("macro_rules!") {
+        rest = &rest[at + "macro_rules!".len()..];
+        let name: String = rest
+            .trim_start()
+            .chars()
+            .take_while(|&c| is_ident(c))
+            .collect();
+        if !name.is_empty() {
+            found.insert(name);
         }
-        let text = std::fs::read_to_string(file).unwrap();
-        let text = without_test_items(&without_plain_comments(&text));
-        let mut refs = referenced(&text, "crate::");
-        if relative.components().count() == 1 {
-            // `super::` of a top-level module's file is the crate root.
-            refs.extend(referenced(&text, "super::"));
+    }
+    found
+}
+
+/// Whether `text` invokes the macro `name` (`name!(`, `name! {`, `name![`), outside its
+/// own `macro_rules! name` line.
+fn invokes(text: &str, name: &str) -> bool {
+    let call = format!("{name}!");
+    text.match_indices(&call).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + call.len()..].trim_start().chars().next();
+        !before.is_some_and(|c| is_ident(c) || c == '$')
+            && !text[..at].trim_end().ends_with("macro_rules!")
+            && matches!(after, Some('(' | '{' | '['))
+    })
+}
+
+/// The module graph of the files of one module directory, given as (path relative to
+/// the directory, text). Each file belongs to the child module its path starts with
+/// (`protocol/channel.rs` to `protocol`); `root` (`lib.rs`, `mod.rs`) only declares
+/// the children and is left out. A child refers to another through
+/// `crate::{prefix}m` or `$crate::{prefix}m` (in a macro's body: an edge from the
+/// module that defines it), `super::m` (in a child's own file), or by invoking a macro
+/// the other defines with `macro_rules!` (a macro import, seen only as `name!(…)`).
+fn graph_of(files: &[(PathBuf, String)], root: &str, prefix: &str) -> Graph {
+    let top_of = |relative: &Path| -> String {
+        let first = relative.components().next().unwrap().as_os_str();
+        first.to_str().unwrap().trim_end_matches(".rs").to_string()
+    };
+    let root_module = root.trim_end_matches(".rs");
+    let texts: Vec<(String, usize, String)> = files
+        .iter()
+        .filter(|(relative, _)| top_of(relative) != root_module)
+        .map(|(relative, text)| {
+            let text = without_test_items(&without_plain_comments(text));
+            (top_of(relative), relative.components().count(), text)
+        })
+        .collect();
+    let modules: BTreeSet<String> = texts.iter().map(|(top, _, _)| top.clone()).collect();
+    let mut defined_in: BTreeMap<String, String> = BTreeMap::new();
+    for (top, _, text) in &texts {
+        for name in macros_defined(text) {
+            defined_in.insert(name, top.clone());
+        }
+    }
+    let mut graph = Graph::new();
+    for (top, depth, text) in &texts {
+        // A macro's `$crate::m` is the defining module's reference to `m`.
+        let paths = text.replace("$crate::", " crate::");
+        let mut refs = referenced(&paths, &format!("crate::{prefix}"));
+        if *depth == 1 {
+            // `super::` of a child's own file is the directory's module.
+            refs.extend(referenced(text, "super::"));
+        }
+        for (name, definer) in &defined_in {
+            if definer != top && invokes(text, name) {
+                refs.insert(definer.clone());
+            }
         }
         let edges = graph.entry(top.clone()).or_default();
         for r in refs {
-            if r != top && modules.contains(&r) {
+            if &r != top && modules.contains(&r) {
                 edges.insert(r);
             }
         }
     }
     graph
+}
+
+/// The graph of the module directory `dir` (see [`graph_of`]).
+fn graph(dir: &Path, root: &str, prefix: &str) -> Graph {
+    let mut paths = Vec::new();
+    rust_files(dir, &mut paths);
+    // A module's `tests.rs` (`src/config/tests.rs`) is its `#[cfg(test)] mod tests;`.
+    paths.retain(|f| !(f.ends_with("tests.rs") && f.parent() != Some(dir)));
+    let files: Vec<(PathBuf, String)> = paths
+        .iter()
+        .map(|f| {
+            let relative = f.strip_prefix(dir).unwrap().to_path_buf();
+            (relative, std::fs::read_to_string(f).unwrap())
+        })
+        .collect();
+    graph_of(&files, root, prefix)
 }
 
 /// One cycle of `graph`, as the modules along it (the first repeated at the end).
@@ -207,12 +262,9 @@ fn cycle(graph: &Graph) -> Option<Vec<String>> {
     None
 }
 
-#[test]
-fn the_core_has_no_import_cycle() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let graph = graph(&src);
-    assert!(graph.len() > 5, "modules found: {graph:?}");
-    if let Some(found) = cycle(&graph) {
+/// Fails naming a cycle of `graph` and the whole graph.
+fn assert_no_cycle(what: &str, graph: &Graph) {
+    if let Some(found) = cycle(graph) {
         let edges: Vec<String> = graph
             .iter()
             .map(|(m, to)| {
@@ -223,11 +275,67 @@ fn the_core_has_no_import_cycle() {
             })
             .collect();
         panic!(
-            "the core's modules import each other in a circle: {}\nthe module graph:\n{}",
+            "{what}'s modules import each other in a circle: {}\nthe module graph:\n{}",
             found.join(" -> "),
             edges.join("\n")
         );
     }
+}
+
+fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn the_core_has_no_import_cycle() {
+    let graph = graph(&repository().join("crates/core/src"), "lib.rs", "");
+    assert!(graph.len() > 5, "modules found: {graph:?}");
+    assert!(
+        graph["config"].contains("sql"),
+        "a macro import is an edge: {graph:?}"
+    );
+    assert_no_cycle("the core", &graph);
+}
+
+#[test]
+fn the_ruby_extension_has_no_import_cycle() {
+    // `src/lib.rs` declares only `ruby`; its children are the modules that matter.
+    let dir = repository().join("ext/idempotent_job/src/ruby");
+    let graph = graph(&dir, "mod.rs", "ruby::");
+    assert!(graph.len() > 5, "modules found: {graph:?}");
+    assert_no_cycle("the Ruby extension (ext/idempotent_job/src/ruby)", &graph);
+}
+
+#[test]
+fn the_python_extension_has_no_import_cycle() {
+    let graph = graph(&repository().join("python/src"), "lib.rs", "");
+    assert!(graph.len() > 3, "modules found: {graph:?}");
+    assert_no_cycle("the Python extension (python/src)", &graph);
+}
+
+#[test]
+fn a_macro_made_cycle_is_seen() {
+    let files = |b: &str| {
+        vec![
+            (
+                PathBuf::from("a.rs"),
+                "macro_rules! ping {\n    () => { $crate::b::pong() };\n}\n".to_string(),
+            ),
+            (PathBuf::from("b.rs"), b.to_string()),
+            (
+                PathBuf::from("lib.rs"),
+                "#[macro_use]\nmod a;\nmod b;\n".to_string(),
+            ),
+        ]
+    };
+    let with_use = graph_of(
+        &files("pub fn pong() {}\nfn f() { ping!() }\n"),
+        "lib.rs",
+        "",
+    );
+    assert_eq!(cycle(&with_use).unwrap().join(" -> "), "a -> b -> a");
+    let without = graph_of(&files("pub fn pong() {}\nfn ping() {}\n"), "lib.rs", "");
+    assert_eq!(cycle(&without), None, "{without:?}");
 }
 
 #[test]

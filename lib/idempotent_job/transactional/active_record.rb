@@ -81,17 +81,6 @@ module IdempotentJob
         @connection = connection
       end
 
-      # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its transaction.
-      # @param request [Hash] see `Native::Store#claim`
-      # @param lock_timeout [Numeric] seconds
-      # @return [Hash] the decision, from Native.decide
-      # @raise [LockTimeoutError] when another delivery held the operation past lock_timeout
-      # @raise [ConnectionError, TimeoutError, DatabaseError] as the native path
-      def claim(request, lock_timeout)
-        row, token = claim_row(request, lock_timeout)
-        IdempotentJob::Native.decide(row, token, request)
-      end
-
       # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its
       # transaction, and answers the statement's row for the core to decide on (the
       # core protocol's channel: `Native::Protocol#perform`).
@@ -121,7 +110,7 @@ module IdempotentJob
       # @param change [Symbol]
       # @param claim [Claim]
       # @param text [String, nil]
-      # @param result [Array, nil] :complete's stored result (`Native::Store#prepare_result`:
+      # @param result [Array, nil] :complete's stored result (the core's prepared result:
       #   its JSON text and state are the completion's $4 and $5)
       # @return [true]
       # @raise [LostClaimError] when the claim is no longer held (with job_type, operation_key)
@@ -154,6 +143,14 @@ module IdempotentJob
         fenced(change, IdempotentJob::Claim.new(job_type:, operation_key:, token:), text, result)
       end
       # rubocop:enable Metrics/ParameterLists
+
+      # Called by the core when the claim {#claim_row} just made was a first claim: there
+      # is no repeat to queue after the commit ({#record_repeat} then asks nothing of the
+      # extension).
+      # @return [nil]
+      def first_claim
+        @claimed = nil
+      end
 
       # Queues the claim's repeat facts (a duplicate, a retry or a takeover; nothing for a
       # first claim) for the asynchronous bookkeeping, as the native session does at

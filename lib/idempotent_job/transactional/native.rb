@@ -38,25 +38,6 @@ module IdempotentJob
         @native = native
         @handle = IdempotentJob::Transaction.new(native)
       end
-
-      # @param request [Hash] see `Native::Store#claim`
-      # @param lock_timeout [Numeric] seconds to wait for another delivery's transaction
-      # @return [Hash] the decision
-      # @raise [LockTimeoutError, ConnectionError, DatabaseError]
-      def claim(request, lock_timeout)
-        @native.claim(request, lock_timeout.to_f)
-      end
-
-      # Applies a fenced change inside the transaction.
-      # @param change [Symbol]
-      # @param claim [Claim]
-      # @param text [String, nil]
-      # @param result [Array, nil] :complete's stored result (`Native::Store#prepare_result`)
-      # @return [true]
-      # @raise [LostClaimError]
-      def fenced(change, claim, text = nil, result = nil)
-        @native.fenced_with_result(change, claim.job_type, claim.operation_key, claim.token, text, result)
-      end
     end
   end
 end

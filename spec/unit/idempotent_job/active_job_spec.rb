@@ -118,7 +118,7 @@ RSpec.describe IdempotentJob::ActiveJob do
         expect(data).to include("executions" => 1, "exception_executions" => { "[SpecDeclinedError]" => 1 })
       end
       expect(data["idempotency_deferrals"]).to eq(2)
-      IdempotentJob.store.fenced(:release, "AjRetryingJob", "42", token[:token], "gave it back")
+      RecordRows.fenced(:release, "AjRetryingJob", "42", token[:token], "gave it back")
 
       # Attempt 2 runs (the deferrals spent none of retry_on's 2 attempts), fails, and
       # only now does retry_on give up.

@@ -3,11 +3,10 @@
 require "spec_helper"
 require "securerandom"
 
+# The transactional strategies' errors, through the public one-call API
+# (`perform_once(transaction: true)` and `transaction: :active_record`).
 RSpec.describe IdempotentJob::Transactional do
-  let(:claim) do
-    IdempotentJob::Claim.new(job_type: "RefundJob", operation_key: "9", token: SecureRandom.uuid, attempt: 1,
-                             kind: :first, jid: "j")
-  end
+  let(:uuid) { /\h{8}-\h{4}-\h{4}-\h{4}-\h{12}/ }
 
   it "picks a strategy per transaction flavour" do
     expect([nil, :native, :active_record].map { |f| described_class.for(f) })
@@ -15,40 +14,45 @@ RSpec.describe IdempotentJob::Transactional do
   end
 
   it "raises the same LostClaimError, with job_type and operation_key, on the native and ActiveRecord paths" do
-    errors = [described_class::Native, described_class::ActiveRecord].map do |strategy|
-      strategy.within { |session| session.fenced(:complete, claim) }
+    # The body replaces its own claim's token in the same transaction: the completion's
+    # fenced statement then finds the claim no longer held.
+    steal = "UPDATE idempotent_job_records SET claim_token = gen_random_uuid() " \
+            "WHERE job_type = 'RefundJob' AND operation_key = $1"
+    bodies = {
+      true => ->(key) { IdempotentJob.current_transaction.exec(steal, [key]) },
+      active_record: ->(key) { ActiveRecord::Base.connection.raw_connection.exec_params(steal, [key]) }
+    }
+    errors = bodies.map do |flavour, body|
+      key = "9-#{SecureRandom.hex(4)}"
+      IdempotentJob.perform_once("RefundJob", key, transaction: flavour) { body.call(key) }
     rescue IdempotentJob::LostClaimError => e
       e
     end
     expect(errors.map(&:class)).to eq([IdempotentJob::LostClaimError] * 2)
-    expect(errors.map { |e| [e.job_type, e.operation_key] }).to eq([%w[RefundJob 9]] * 2)
-    expect(errors.map(&:message).uniq.size).to eq(1)
+    expect(errors.map { |e| [e.job_type, e.operation_key.sub(/-\h+\z/, "")] }).to eq([%w[RefundJob 9]] * 2)
+    expect(errors.map { |e| e.message.gsub(uuid, "TOKEN").gsub(/"9-\h+"/, '"9"') }.uniq.size).to eq(1)
   end
 
   it "raises PostgreSQL's errors on the ActiveRecord path as the gem's classes with their sqlstate" do
-    IdempotentJob::Transactional::ActiveRecord.within do |session|
-      request = { job_type: "RefundJob", operation_key: "9", lease: "not a number", args_digest: "d",
-                  args_json: "[]", refuse_mismatch: false }
-      expect { session.claim(request, 1) }.to raise_error(IdempotentJob::DatabaseError) { |e|
-        expect(e.sqlstate).to eq("22P02")
-        expect(e.retryable?).to be(false)
-        expect(e.message).to start_with('RefundJob operation "9": ')
-      }
+    ActiveRecord::Base.transaction do
+      # The claim statement cannot find the table on this search_path: 42P01.
+      ActiveRecord::Base.connection.execute("SET LOCAL search_path TO pg_catalog")
+      expect { IdempotentJob.perform_once("RefundJob", "9", transaction: :active_record) { :ran } }
+        .to raise_error(IdempotentJob::DatabaseError) { |e|
+          expect(e.sqlstate).to eq("42P01")
+          expect(e.retryable?).to be(false)
+          expect(e.message).to start_with('RefundJob operation "9": ')
+        }
       raise ActiveRecord::Rollback
     end
-  rescue IdempotentJob::Error => e
-    raise unless e.message.include?("rolled back")
   end
 
   it "raises a read-only server's answer (a failover in progress) as the native path does: retryable, 25006" do
-    request = { job_type: "RefundJob", operation_key: "9", jid: "j", lease: 30.0, args_digest: "d", args_json: "[]",
-                refuse_mismatch: false }
-    claim = ->(strategy) { strategy.within { |session| session.claim(request, 1) } }
     SpecServices.configure_gem!(database_url: "#{SpecServices.database_url}" \
                                               "?options=-c%20default_transaction_read_only%3Don")
     ActiveRecord::Base.connection.execute("SET default_transaction_read_only = on")
-    raised = [described_class::Native, described_class::ActiveRecord].map do |strategy|
-      claim.call(strategy)
+    raised = [true, :active_record].map do |flavour|
+      IdempotentJob.perform_once("RefundJob", "9", transaction: flavour) { :ran }
     rescue IdempotentJob::Error => e
       e
     end

@@ -2,6 +2,7 @@
 //! arguments into owned Rust values, runs the core with the GVL released, and maps
 //! core errors to the exception classes defined in `lib/idempotent_job/errors.rb`.
 
+mod channel;
 mod convert;
 mod declaration;
 mod errors;

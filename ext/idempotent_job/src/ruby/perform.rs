@@ -1,12 +1,11 @@
 //! `IdempotentJob::Native::Protocol#perform`: one delivery in one native call. The
 //! core's driver ([`Protocol::perform`]) runs the whole protocol; this file is its
 //! [`Host`] for Ruby (statements with the GVL released, the lookup, the body, the
-//! result's JSON and the notes handed to a Ruby handler) and the one [`RbChannel`]
-//! enum over the three places a delivery's statements go.
+//! result's JSON and the notes handed to a Ruby handler); the statements go to one
+//! [`RbChannel`] (`channel.rs`).
 
 use std::cell::RefCell;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use magnus::{
     error::{ErrorType, Tag},
@@ -15,272 +14,23 @@ use magnus::{
     RArray, RHash, RString, Ruby, Symbol, TryConvert, Value,
 };
 
-use super::convert::{decided, json_of, RbResult};
+use super::channel::{PoolChannel, RbChannel, SessionChannel, TxChannel, RAISED_IN_RUBY};
+use super::convert::{json_of, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::{heartbeat_hash, NativeHeartbeatReader};
-use super::protocol::{fenced_name, notes_array, outcome_hash, request_hash, NativeProtocol};
+use super::protocol::{notes_array, outcome_hash, NativeProtocol};
 use super::store::NativeStore;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::canonical;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
-use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::heartbeat::HeartbeatReader;
 use idempotent_job_core::keys;
 use idempotent_job_core::protocol::{
-    Body, Channel, ClaimInfo, DeliveryRequest, Direct, Host, LookupAnswer, Notes, Performed,
+    Body, ClaimInfo, DeliveryRequest, Direct, Host, LookupAnswer, Notes, Performed,
 };
-use idempotent_job_core::record::{ClaimReply, ClaimRequest, PreparedResult};
 use idempotent_job_core::session::Session;
-use idempotent_job_core::store::PoolHandle;
-
-/// Where a Ruby delivery's statements go.
-pub enum RbChannel<'a> {
-    /// The store's pool (no transaction): heartbeat, release, completion retries.
-    Pool(PoolChannel<'a>),
-    /// The gem's own transaction (`transaction: true`), shared with the body's handle.
-    Transaction(TxChannel<'a>),
-    /// A Ruby session whose statements go through another driver (ActiveRecord's).
-    Session(SessionChannel<'a>),
-}
-
-macro_rules! each_channel {
-    ($channel:expr, $c:ident => $call:expr) => {
-        match $channel {
-            RbChannel::Pool($c) => $call,
-            RbChannel::Transaction($c) => $call,
-            RbChannel::Session($c) => $call,
-        }
-    };
-}
-
-impl Channel for RbChannel<'_> {
-    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
-        each_channel!(self, c => c.claim(i, r, lock))
-    }
-
-    fn fenced_with_result(
-        &mut self,
-        i: &Interrupt<'_>,
-        change: Fenced,
-        claim: &ClaimInfo,
-        text: Option<&str>,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        each_channel!(self, c => c.fenced_with_result(i, change, claim, text, result))
-    }
-
-    fn can_wait(&self) -> bool {
-        each_channel!(self, c => c.can_wait())
-    }
-
-    fn wait(
-        &mut self,
-        i: &Interrupt<'_>,
-        request: &ClaimRequest,
-        seconds: f64,
-    ) -> Result<Option<ClaimReply>> {
-        each_channel!(self, c => c.wait(i, request, seconds))
-    }
-
-    fn transactional(&self) -> bool {
-        each_channel!(self, c => c.transactional())
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        each_channel!(self, c => c.heartbeat_pool())
-    }
-
-    fn pause(&mut self, i: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        each_channel!(self, c => c.pause(i, pause))
-    }
-}
-
-/// The store's pool; a store configured anew while the body ran (`IdempotentJob.configure`)
-/// takes the statements after it (the completion, the release).
-pub struct PoolChannel<'a> {
-    direct: Direct,
-    next: &'a Mutex<Option<Direct>>,
-}
-
-impl PoolChannel<'_> {
-    fn current(&mut self) -> &mut Direct {
-        if let Some(next) = self.next.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            self.direct = next;
-        }
-        &mut self.direct
-    }
-}
-
-impl Channel for PoolChannel<'_> {
-    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
-        self.current().claim(i, r, lock)
-    }
-
-    fn fenced_with_result(
-        &mut self,
-        i: &Interrupt<'_>,
-        change: Fenced,
-        claim: &ClaimInfo,
-        text: Option<&str>,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        self.current()
-            .fenced_with_result(i, change, claim, text, result)
-    }
-
-    fn can_wait(&self) -> bool {
-        self.direct.can_wait()
-    }
-
-    fn wait(
-        &mut self,
-        i: &Interrupt<'_>,
-        request: &ClaimRequest,
-        seconds: f64,
-    ) -> Result<Option<ClaimReply>> {
-        self.current().wait(i, request, seconds)
-    }
-
-    fn transactional(&self) -> bool {
-        false
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        self.direct.heartbeat_pool()
-    }
-
-    fn pause(&mut self, i: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        self.current().pause(i, pause)
-    }
-}
-
-/// A native transaction's session, taken for one statement at a time (the body writes
-/// through the same transaction between them).
-pub struct TxChannel<'a>(&'a NativeTransaction);
-
-impl Channel for TxChannel<'_> {
-    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
-        self.0.on_session(|s| Channel::claim(s, i, r, lock))
-    }
-
-    fn fenced_with_result(
-        &mut self,
-        i: &Interrupt<'_>,
-        change: Fenced,
-        claim: &ClaimInfo,
-        text: Option<&str>,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        self.0
-            .on_session(|s| Channel::fenced_with_result(s, i, change, claim, text, result))
-    }
-
-    fn transactional(&self) -> bool {
-        true
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        None
-    }
-
-    fn pause(&mut self, _i: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        // Never reached: a transactional completion is written once.
-        std::thread::sleep(pause);
-        Ok(())
-    }
-}
-
-/// The error a [`SessionChannel`] call returns when Ruby raised: the Ruby exception
-/// itself is kept in the shared slot and raised instead.
-const RAISED_IN_RUBY: &str = "raised in the Ruby session";
-
-/// A [`Channel`] over a Ruby session (`Transactional::ActiveRecord`: ActiveRecord's
-/// connection, inside its transaction), called with the GVL held (its host never
-/// releases it). The session answers `claim_row(request, lock_timeout)` → `[row,
-/// token]` (the claim statement's typed row and the token it sent; the decision is the
-/// core's, [`decided`]) and `fenced_raw(change, job_type, operation_key, token, text[,
-/// [json, state]])`.
-pub struct SessionChannel<'a> {
-    session: Value,
-    raised: &'a RefCell<Option<magnus::Error>>,
-}
-
-// SAFETY: a SessionChannel is only used on the Ruby thread that made it, with the GVL
-// held: its host ([`RbHost::blocking`] with `release_gvl` false) runs every statement
-// on that thread, never on another one.
-unsafe impl Send for SessionChannel<'_> {}
-
-impl SessionChannel<'_> {
-    fn hold(&self, err: magnus::Error) -> Error {
-        *self.raised.borrow_mut() = Some(err);
-        Error::Panic(RAISED_IN_RUBY.into())
-    }
-
-    fn ruby() -> Ruby {
-        // SAFETY (see the Send impl): always on a Ruby thread with the GVL held.
-        Ruby::get().expect("a Ruby session is used on a Ruby thread")
-    }
-}
-
-impl Channel for SessionChannel<'_> {
-    fn claim(&mut self, _i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
-        let ruby = Self::ruby();
-        let asked = (|| -> RbResult<ClaimReply> {
-            let hash = request_hash(&ruby, r)?;
-            let pair: RArray = self.session.funcall("claim_row", (hash, lock))?;
-            let (row, token): (RHash, String) = (pair.entry(0)?, pair.entry(1)?);
-            Ok(decided(&ruby, row, &token, hash)?.0)
-        })();
-        asked.map_err(|e| self.hold(e))
-    }
-
-    fn fenced_with_result(
-        &mut self,
-        _i: &Interrupt<'_>,
-        change: Fenced,
-        claim: &ClaimInfo,
-        text: Option<&str>,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        let ruby = Self::ruby();
-        let (name, job_type, key, token) = (
-            ruby.sym_new(fenced_name(change)),
-            claim.job_type.as_str(),
-            claim.operation_key.as_str(),
-            claim.token.to_string(),
-        );
-        let applied: RbResult<Value> = match result {
-            None => self
-                .session
-                .funcall("fenced_raw", (name, job_type, key, token, text)),
-            Some(result) => {
-                let pair = ruby.ary_new_capa(2);
-                pair.push(result.json.clone())
-                    .and_then(|()| pair.push(result.state.as_str()))
-                    .and_then(|()| {
-                        self.session
-                            .funcall("fenced_raw", (name, job_type, key, token, text, pair))
-                    })
-            }
-        };
-        applied.map(|_| ()).map_err(|e| self.hold(e))
-    }
-
-    fn transactional(&self) -> bool {
-        true
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        None
-    }
-
-    fn pause(&mut self, _i: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        std::thread::sleep(pause);
-        Ok(())
-    }
-}
 
 /// Ruby's side of one delivery: the handler (`Protocol::Driver`) answers `lookup(key)`
 /// (a Symbol or a pair, see `NativeProtocol::lookup_answer`), `body(claim_hash,

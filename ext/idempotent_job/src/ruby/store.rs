@@ -23,7 +23,7 @@ use idempotent_job_core::operations;
 use idempotent_job_core::pool::{with_fresh_conn, Lane};
 use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::report;
-use idempotent_job_core::results::{self, PreparedResult, ResultInput, ResultState};
+use idempotent_job_core::results;
 use idempotent_job_core::session::Session;
 use idempotent_job_core::store::{PoolHandle, Store};
 
@@ -94,34 +94,6 @@ impl NativeStore {
         token: String,
         text: Option<String>,
     ) -> RbResult<bool> {
-        Self::fenced_with_result(
-            ruby,
-            rb_self,
-            change,
-            job_type,
-            operation_key,
-            token,
-            text,
-            None,
-        )
-    }
-
-    /// `fenced_with_result(change, job_type, operation_key, token, text, result)`:
-    /// `fenced`, with `result` the completion's result to store, as `prepare_result`
-    /// returned it (nil: no store requested; written by the completion statement
-    /// itself). Returns true.
-    #[allow(clippy::too_many_arguments)]
-    fn fenced_with_result(
-        ruby: &Ruby,
-        rb_self: &Self,
-        change: Symbol,
-        job_type: String,
-        operation_key: String,
-        token: String,
-        text: Option<String>,
-        result: Option<RArray>,
-    ) -> RbResult<bool> {
-        let result = result.map(|r| prepared(ruby, r)).transpose()?;
         let change = match parse_fenced(ruby, change)? {
             Fenced::Complete if rb_self.0.config().asynchronous_completion => {
                 Fenced::CompleteAsynchronously
@@ -137,38 +109,11 @@ impl NativeStore {
                 &operation_key,
                 token,
                 text.as_deref(),
-                result.as_ref(),
+                None,
             )
             .await
         })?;
         Ok(true)
-    }
-
-    /// `prepare_result(job_type, operation_key, json, unencodable)` → `[json_or_nil,
-    /// state, warning_or_nil]`: the body's result checked for the completion (see
-    /// `core::results::prepare`: at most `max_result_bytes`, JSON jsonb holds). `json`
-    /// is the value's JSON text, or nil with `unencodable` saying why it has none.
-    /// `state` is `:stored`, `:too_large` or `:unencodable`. Sends nothing.
-    fn prepare_result(
-        ruby: &Ruby,
-        rb_self: &Self,
-        job_type: String,
-        operation_key: String,
-        json: Option<String>,
-        unencodable: Option<String>,
-    ) -> RbResult<RArray> {
-        let input = match (&json, &unencodable) {
-            (Some(json), _) => ResultInput::Json(json),
-            (None, Some(why)) => ResultInput::Unencodable(why),
-            (None, None) => ResultInput::Unencodable("no JSON text was given"),
-        };
-        let max = rb_self.0.config().max_result_bytes;
-        let prepared = results::prepare(max, &job_type, &operation_key, input);
-        let out = ruby.ary_new_capa(3);
-        out.push(prepared.json)?;
-        out.push(ruby.sym_new(prepared.state.as_str()))?;
-        out.push(prepared.warning)?;
-        Ok(out)
     }
 
     /// `wait(request, seconds)` → the decision Hash (as `claim` returns it) once the
@@ -461,11 +406,6 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_singleton_method("new", function!(NativeStore::new, 1))?;
     class.define_method("claim", method!(NativeStore::claim, 1))?;
     class.define_method("fenced", method!(NativeStore::fenced, 5))?;
-    class.define_method(
-        "fenced_with_result",
-        method!(NativeStore::fenced_with_result, 6),
-    )?;
-    class.define_method("prepare_result", method!(NativeStore::prepare_result, 4))?;
     class.define_method("wait", method!(NativeStore::wait, 2))?;
     class.define_method("find", method!(NativeStore::find, 2))?;
     class.define_method("held", method!(NativeStore::held, 2))?;
@@ -486,18 +426,4 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_method("completed", method!(NativeStore::completed, 2))?;
     class.define_method("metrics", method!(NativeStore::metrics, 1))?;
     Ok(())
-}
-
-/// `[json_or_nil, state, warning_or_nil]` (what `prepare_result` returned) back into a
-/// [`PreparedResult`].
-pub fn prepared(ruby: &Ruby, result: RArray) -> RbResult<PreparedResult> {
-    let json: Option<String> = result.entry(0)?;
-    let state: Symbol = result.entry(1)?;
-    let warning: Option<String> = result.entry(2)?;
-    let state = ResultState::parse(&state.name()?).map_err(|e| to_ruby(ruby, e))?;
-    Ok(PreparedResult {
-        json,
-        state,
-        warning,
-    })
 }

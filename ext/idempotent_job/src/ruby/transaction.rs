@@ -6,10 +6,10 @@ use std::sync::Mutex;
 
 use magnus::{
     encoding::EncodingCapable, method, prelude::*, r_string::RString, value::ReprValue, Float,
-    Integer, RArray, RHash, RModule, Ruby, Symbol, Value,
+    Integer, RArray, RModule, Ruby, Symbol, Value,
 };
 
-use super::convert::{claim_request, decision_hash, parse_fenced, parse_token, RbResult};
+use super::convert::RbResult;
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use idempotent_job_core::conn::Interrupt;
@@ -125,68 +125,6 @@ impl NativeTransaction {
             }
         };
         without_gvl(ruby, ending)?.map_err(|e| to_ruby(ruby, e))?;
-        Ok(true)
-    }
-
-    /// `claim(request, lock_timeout_seconds)` → the same Hash as `Store#claim`.
-    fn claim(ruby: &Ruby, rb_self: &Self, request: RHash, lock_timeout: f64) -> RbResult<RHash> {
-        let request = claim_request(ruby, request)?;
-        let decision = rb_self.with_session(ruby, |s, i| s.claim(i, &request, lock_timeout))?;
-        decision_hash(ruby, decision)
-    }
-
-    /// `fenced(change, job_type, operation_key, token, text)` → true.
-    fn fenced(
-        ruby: &Ruby,
-        rb_self: &Self,
-        change: Symbol,
-        job_type: String,
-        operation_key: String,
-        token: String,
-        text: Option<String>,
-    ) -> RbResult<bool> {
-        Self::fenced_with_result(
-            ruby,
-            rb_self,
-            change,
-            job_type,
-            operation_key,
-            token,
-            text,
-            None,
-        )
-    }
-
-    /// `fenced_with_result(change, job_type, operation_key, token, text, result)` →
-    /// true; `result` as `Store#fenced_with_result` takes it (the completion's stored
-    /// result, or nil).
-    #[allow(clippy::too_many_arguments)]
-    fn fenced_with_result(
-        ruby: &Ruby,
-        rb_self: &Self,
-        change: Symbol,
-        job_type: String,
-        operation_key: String,
-        token: String,
-        text: Option<String>,
-        result: Option<magnus::RArray>,
-    ) -> RbResult<bool> {
-        let result = result
-            .map(|r| super::store::prepared(ruby, r))
-            .transpose()?;
-        let change = parse_fenced(ruby, change)?;
-        let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
-        rb_self.with_session(ruby, |s, i| {
-            s.fenced_with_result(
-                i,
-                change,
-                &job_type,
-                &operation_key,
-                token,
-                text.as_deref(),
-                result.as_ref(),
-            )
-        })?;
         Ok(true)
     }
 
@@ -319,12 +257,6 @@ fn from_cell(ruby: &Ruby, cell: Cell) -> RbResult<Value> {
 
 pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     let class = native.define_class("Transaction", ruby.class_object())?;
-    class.define_method("claim", method!(NativeTransaction::claim, 2))?;
-    class.define_method("fenced", method!(NativeTransaction::fenced, 5))?;
-    class.define_method(
-        "fenced_with_result",
-        method!(NativeTransaction::fenced_with_result, 6),
-    )?;
     class.define_method("query", method!(NativeTransaction::query, 2))?;
     class.define_method("exec", method!(NativeTransaction::exec, 2))?;
     class.define_method("commit", method!(NativeTransaction::commit, 0))?;

@@ -16,7 +16,7 @@ RSpec.describe "a deferral's delay" do
   it "uses the configured defer_margin" do
     IdempotentJob.configure(defer_margin: 7)
     key = "margin-#{SecureRandom.hex(4)}"
-    IdempotentJob.store.claim({ job_type: "DeferMarginJob", operation_key: key, jid: "holder", lease: 20.0 })
+    RecordRows.claim({ job_type: "DeferMarginJob", operation_key: key, jid: "holder", lease: 20.0 })
     outcome = IdempotentJob.perform_once("DeferMarginJob", key, deferrals: 40) { raise "the holder's claim is live" }
     expect(outcome.decision).to eq(:in_progress)
     expect(outcome.retry_after).to be_within(0.5).of(outcome.lease_remaining + 7)
