@@ -429,7 +429,7 @@ impl ResultState {
             other => Err(Error::Database {
                 message: format!(
                     "an idempotency record has result_state {other:?}, which this version of \
-                     idempotent_job does not know (run the latest gem)"
+                     idempotent_job does not know (upgrade idempotent_job)"
                 ),
                 sqlstate: "XX000".into(),
             }),
