@@ -2,9 +2,9 @@
 
 module IdempotentJob
   # Base class of every exception the gem raises. Loaded before the native library,
-  # which raises these classes by name. Every class, its attributes and whether it is
-  # always retryable are checked against the core's error table
-  # (`Native.error_table_json`) by spec/idempotent_job/errors_spec.rb.
+  # which raises these classes by name. Every class, its attributes, whether it is
+  # always retryable and whether it sends a delivery back are checked against the core's
+  # error table (`Native.error_table_json`) by spec/idempotent_job/errors_spec.rb.
   #
   # @!attribute [r] sqlstate
   #   @return [String, nil] PostgreSQL's five-character SQLSTATE, when the database sent one
@@ -14,6 +14,15 @@ module IdempotentJob
     # @return [Boolean] whether retrying the same call later may succeed
     def retryable?
       false
+    end
+
+    # Whether a delivery whose claim failed with this error before its body ran goes back
+    # to its queue rather than failing (the core's rule, set by the native layer: any
+    # answer of the database or an outage, not a bad key or option); for an exception
+    # raised by Ruby code, {#retryable?}.
+    # @return [Boolean]
+    def sends_back?
+      @sends_back.nil? ? retryable? : @sends_back
     end
   end
 

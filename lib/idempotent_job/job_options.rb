@@ -131,6 +131,15 @@ module IdempotentJob
       @lookup.is_a?(Symbol) ? "lookup ##{@lookup}" : "lookup"
     end
 
+    # The options as the core reads them (`JobOptions::from_settings`, through
+    # `Native::Protocol.new`): every option of the table by name with its checked value,
+    # but the key (the door's) and the lookup, given as its label (nil: none).
+    # @return [Hash{Symbol => Object}]
+    def settings
+      (NAMES - HOST_CHECKED).to_h { |name| [name, instance_variable_get(:"@#{name}")] }
+                            .merge(lookup: @lookup && lookup_label)
+    end
+
     private
 
     def label(name)

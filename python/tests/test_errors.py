@@ -1,6 +1,7 @@
 """idempotent_job.errors against the core's one error table: every class the core names
 exists in the package, carries the table's attributes and says ``retryable`` as the table
-does, both when Python code raises it and when the native layer builds it."""
+does, both when Python code raises it and when the native layer builds it (which also says
+``sends_back`` as the table does)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 
 import pytest
 
+import idempotent_job
 from idempotent_job import _native, errors
 
 TABLE = json.loads(_native.error_table_json())
@@ -20,6 +22,8 @@ def _class(name: str) -> type:
 def test_the_classes_are_the_cores_table():
     names = {"IdempotentJobError" if e["name"] == "Error" else e["name"] for e in TABLE}
     assert set(errors.__all__) == names
+    for name in names:  # the package exports each as errors.py defines it
+        assert name in idempotent_job.__all__ and getattr(idempotent_job, name) is getattr(errors, name)
 
 
 @pytest.mark.parametrize("entry", TABLE, ids=[e["name"] for e in TABLE])
@@ -33,6 +37,7 @@ def test_each_class_has_the_tables_attributes_and_retryable_flag(entry):
     assert type(built) is cls
     if entry["always_retryable"]:
         assert built.retryable is True
+    assert built.sends_back is entry["sends_back"]
     for attribute in entry["attributes"]:
         if attribute in ("job_class", "declaration"):  # the key's own: set by the host
             assert attribute in cls.__doc__

@@ -5,9 +5,12 @@ require "json"
 
 # lib/idempotent_job/errors.rb against the core's one error table: every class the core
 # names exists under IdempotentJob, carries the table's attributes and says retryable?
-# as the table does, both when Ruby code raises it and when the native layer builds it.
+# as the table does, both when Ruby code raises it and when the native layer builds it
+# (which also says sends_back? as the table does); a class the table gives no attribute
+# of another's does not define it.
 RSpec.describe "IdempotentJob's error classes" do
   table = JSON.parse(IdempotentJob::Native.error_table_json)
+  all_attributes = table.flat_map { |entry| entry["attributes"] }.uniq
 
   it "are the core's table, one class per entry" do
     names = table.map { |entry| entry["name"] }
@@ -29,6 +32,10 @@ RSpec.describe "IdempotentJob's error classes" do
       built = IdempotentJob::Native.error_example(name)
       expect(built).to be_an_instance_of(klass)
       expect(built.retryable?).to be(true) if entry["always_retryable"]
+      expect(built.sends_back?).to be(entry["sends_back"])
+      (all_attributes - entry["attributes"]).each do |attribute|
+        expect(klass.method_defined?(attribute)).to be(false)
+      end
       core_set = entry["attributes"] - %w[job_class declaration] # the key's own are the host's
       core_set.each { |attribute| expect(built.public_send(attribute)).to be_a(String).and(satisfy(&:itself)) }
       entry["sqlstates"].reject { |s| s.include?("*") }.each do |sqlstate|

@@ -176,7 +176,7 @@ RSpec.describe "Transactional jobs (effects in the same database)" do
         IdempotentJob.current_transaction.query("SELECT $1::int4 AS n", ["not a number"])
       end
       expect { deliver(job_hash(["bad-bind", 1], klass: RecordPaymentJob)) }
-        .to raise_error(IdempotentJob::ConfigurationError, /cannot bind a String to a parameter of type int4/)
+        .to raise_error(IdempotentJob::ConfigurationError, /cannot bind a string to a parameter of type int4/)
       expect(IdempotentJob.record("RecordPaymentJob", "bad-bind")).to be_nil
     end
   end

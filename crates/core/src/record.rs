@@ -384,7 +384,8 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<ClaimRep
                 return Err(Error::Database {
                     message: format!(
                         "idempotency record {}/{} has status {other:?}, which this version of \
-                         idempotent_job does not know (run the latest migrations and gem)",
+                         idempotent_job does not know (apply the latest migrations and upgrade \
+                         idempotent_job)",
                         req.job_type, req.operation_key
                     ),
                     sqlstate: "XX000".into(),
@@ -427,7 +428,7 @@ impl ResultState {
             other => Err(Error::Database {
                 message: format!(
                     "an idempotency record has result_state {other:?}, which this version of \
-                     idempotent_job does not know (run the latest gem)"
+                     idempotent_job does not know (upgrade idempotent_job)"
                 ),
                 sqlstate: "XX000".into(),
             }),

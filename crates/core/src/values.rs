@@ -27,16 +27,17 @@ pub enum Param {
 }
 
 impl Param {
+    /// What the value is, in words of no host language (the messages reach every binding).
     fn kind(&self) -> &'static str {
         match self {
-            Param::Null => "nil",
+            Param::Null => "null",
             Param::Bool(_) => "a boolean",
-            Param::Int(_) => "an Integer",
-            Param::Float(_) => "a Float",
-            Param::Text(_) => "a String",
+            Param::Int(_) => "an integer",
+            Param::Float(_) => "a float",
+            Param::Text(_) => "a string",
             Param::Bytes(_) => "binary data",
-            Param::Json(_) => "a Hash/Array",
-            Param::Time(_) => "a Time",
+            Param::Json(_) => "JSON (an object or array)",
+            Param::Time(_) => "a time",
         }
     }
 }

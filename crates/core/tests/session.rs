@@ -83,7 +83,7 @@ fn statement_error(sql: &str, values: &[Param]) -> Error {
 fn a_bad_bind_names_the_type_and_suggests_a_cast() {
     let err = statement_error("SELECT $1::int4", &[Param::Text("nope".into())]);
     assert!(
-        matches!(err, Error::Config(ref m) if m.contains("cannot bind a String to a parameter of type int4")),
+        matches!(err, Error::Config(ref m) if m.contains("cannot bind a string to a parameter of type int4")),
         "{err:?}"
     );
 }

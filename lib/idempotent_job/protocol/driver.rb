@@ -28,7 +28,8 @@ module IdempotentJob
           return found if found
 
           words = { id_label: key[0], defer_text: key[1], crash_text: key[2] }
-          built = Native::Protocol.new(options.name, native_options(options), words)
+          built = Native::Protocol.new(options.name, options.settings, words,
+                                       IdempotentJob.configuration.defer_margin.to_f)
           @natives_lock.synchronize do
             natives = @natives.size >= NATIVES_LIMIT ? {}.compare_by_identity : @natives.dup
             natives[options] = (natives[options] || {}).merge(key => built)
@@ -54,16 +55,6 @@ module IdempotentJob
           yield
         ensure
           held&.pop
-        end
-
-        private
-
-        def native_options(options)
-          { lease: options.lease.to_f, on_stale: options.on_stale, on_mismatch: options.on_mismatch,
-            lookup: options.lookup ? options.lookup_label : nil, heartbeat: options.heartbeat ? true : false,
-            max_run: options.max_run.to_f, lock_timeout: options.lock_timeout.to_f,
-            defer_margin: IdempotentJob.configuration.defer_margin.to_f,
-            store_result: options.store_result ? true : false, max_takeovers: options.max_takeovers }
         end
       end
 

@@ -47,12 +47,17 @@ pub struct DeliveryRequest {
 /// `max_takeovers`. Begins with [`crate::sql::RECLAIM_BUDGET_SPENT`] (what `/metrics`
 /// counts such holds by).
 pub fn reclaim_budget_reason(takeovers: i32, max_takeovers: i32) -> String {
+    let noun = if takeovers == 1 {
+        "takeover"
+    } else {
+        "takeovers"
+    };
     format!(
         concat!(
             crate::sql::reclaim_budget_spent!(),
-            ": {} stale takeovers of this operation, max_takeovers {}"
+            ": {} stale {} of this operation, max_takeovers {}"
         ),
-        takeovers, max_takeovers
+        takeovers, noun, max_takeovers
     )
 }
 

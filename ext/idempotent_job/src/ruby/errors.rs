@@ -1,60 +1,25 @@
 //! Core errors → Ruby exceptions. The classes are defined in Ruby
-//! (`lib/idempotent_job/errors.rb`, loaded before the native library), looked up
-//! once when the library loads ([`init`]) and kept in statics.
+//! (`lib/idempotent_job/errors.rb`, loaded before the native library); [`init`] checks
+//! that every class of the core's table ([`ERROR_CLASSES`]) exists, and an error is
+//! raised as the class its [`Error::class_name`] names.
 
-use magnus::value::Lazy;
 use magnus::{prelude::*, Exception, ExceptionClass, IntoValue, RModule, Ruby, Value};
 
-use idempotent_job_core::error::{Error, Remedy};
+use idempotent_job_core::error::{Error, Remedy, ERROR_CLASSES};
 
-/// The class `IdempotentJob::<name>`; [`init`] has checked that it exists.
+/// The class `IdempotentJob::<name>`.
 fn lookup(ruby: &Ruby, name: &str) -> Result<ExceptionClass, magnus::Error> {
     let root: RModule = ruby.class_object().const_get("IdempotentJob")?;
     root.const_get(name)
 }
 
-macro_rules! classes {
-    ($($stat:ident => $name:literal),* $(,)?) => {
-        $(static $stat: Lazy<ExceptionClass> =
-            Lazy::new(|ruby| lookup(ruby, $name).expect(concat!("IdempotentJob::", $name)));)*
-
-        /// Looks every exception class up once; fails (instead of panicking later)
-        /// when `lib/idempotent_job/errors.rb` did not define one.
-        pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
-            $(lookup(ruby, $name)?; Lazy::force(&$stat, ruby);)*
-            Ok(())
-        }
-    };
-}
-
-classes! {
-    BASE => "Error",
-    CONFIGURATION => "ConfigurationError",
-    CONNECTION => "ConnectionError",
-    DATABASE => "DatabaseError",
-    LOST_CLAIM => "LostClaimError",
-    MIGRATION => "MigrationError",
-    OPERATION_KEY => "OperationKeyError",
-    LOCK_TIMEOUT => "LockTimeoutError",
-    TIMEOUT => "TimeoutError",
-    PAYLOAD_MISMATCH => "PayloadMismatchError",
-    LOOKUP => "LookupError",
-}
-
-fn class(err: &Error) -> &'static Lazy<ExceptionClass> {
-    match err {
-        Error::Config(_) => &CONFIGURATION,
-        Error::Connection { .. } => &CONNECTION,
-        Error::Database { .. } => &DATABASE,
-        Error::LostClaim { .. } => &LOST_CLAIM,
-        Error::Migration(_) => &MIGRATION,
-        Error::OperationKey(_) => &OPERATION_KEY,
-        Error::LockTimeout { .. } => &LOCK_TIMEOUT,
-        Error::Timeout { .. } => &TIMEOUT,
-        Error::PayloadMismatch { .. } => &PAYLOAD_MISMATCH,
-        Error::Lookup { .. } => &LOOKUP,
-        Error::Interrupted | Error::Panic(_) => &BASE,
+/// Checks that `lib/idempotent_job/errors.rb` defined every class of the core's table;
+/// fails (instead of at the first error raised) when one is missing.
+pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
+    for class in ERROR_CLASSES {
+        lookup(ruby, class.name)?;
     }
+    Ok(())
 }
 
 fn set<T: IntoValue>(exception: Exception, name: &str, value: T) -> Result<(), magnus::Error> {
@@ -71,11 +36,11 @@ fn remedy(remedy: Remedy) -> &'static str {
 }
 
 fn build(ruby: &Ruby, err: &Error) -> Result<Exception, magnus::Error> {
-    let exception: Exception = ruby
-        .get_inner(class(err))
-        .new_instance((err.worded(remedy),))?;
+    let exception: Exception =
+        lookup(ruby, err.class_name())?.new_instance((err.worded(remedy),))?;
     set(exception, "@sqlstate", err.sqlstate())?;
     set(exception, "@retryable", err.retryable())?;
+    set(exception, "@sends_back", err.sends_back())?;
     for (name, value) in err.attributes() {
         set(exception, &format!("@{name}"), value)?;
     }

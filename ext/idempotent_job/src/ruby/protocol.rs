@@ -13,15 +13,14 @@ use magnus::{
     Symbol, Value,
 };
 
-use super::convert::{claim_request, Out, RbResult};
+use super::convert::{claim_request, json_of, Out, RbResult};
 use super::errors::to_ruby;
 use super::store::NativeStore;
 use idempotent_job_core::error::Error;
 use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{
     deferral_delay, ClaimInfo, DeliveryRequest, Detail, Direct, DoorWords, JobOptions,
-    LookupAnswer, Notes, OnMismatch, OnStale, Outcome, Protocol, COMPLETION_RETRY_DELAYS,
-    ERROR_TEXT_LIMIT,
+    LookupAnswer, Notes, Outcome, Protocol, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
 };
 use idempotent_job_core::record::ClaimRequest;
 
@@ -154,41 +153,28 @@ fn door_words(ruby: &Ruby, words: RHash) -> RbResult<DoorWords> {
 }
 
 impl NativeProtocol {
-    /// `Protocol.new(job_name, options, words)`: options Hash `{lease:, on_stale:
-    /// (:reclaim, :hold, :skip), on_mismatch: (:log, :raise), lookup: (its label, or
-    /// nil), heartbeat:, max_run:, lock_timeout:, defer_margin:, store_result:,
-    /// max_takeovers: (Integer or nil)}` (seconds;
-    /// an absent one takes the core's default); words Hash
+    /// `Protocol.new(job_name, settings, words, defer_margin)`: `settings` a Hash of job
+    /// options by the core's table names (Symbol or String keys; the values `JobOptions`
+    /// checked: seconds, Symbols of a choice, booleans, nil for unset) with `lookup` the
+    /// lookup's label or nil, read by the core's [`JobOptions::from_settings`] (no name
+    /// is mapped here); `defer_margin` the configured setting in seconds; `words` Hash
     /// `{id_label:, defer_text:, crash_text:}` (the door's). Raises ConfigurationError
     /// for a bad value, naming the job.
-    fn new(ruby: &Ruby, job: String, options: RHash, words: RHash) -> RbResult<Self> {
-        let defaults = JobOptions::default();
-        let name = |key: &str| -> RbResult<Option<String>> {
-            fetch::<Symbol>(ruby, options, key)?
-                .map(|s| s.name().map(|n| n.to_string()))
-                .transpose()
+    fn new(
+        ruby: &Ruby,
+        job: String,
+        settings: RHash,
+        words: RHash,
+        defer_margin: f64,
+    ) -> RbResult<Self> {
+        let settings = json_of(settings.as_value())
+            .map_err(|what| config_error(ruby, format!("{job}: job options: {what}")))?;
+        let base = JobOptions {
+            defer_margin_seconds: defer_margin,
+            ..JobOptions::default()
         };
-        let err = |e| to_ruby(ruby, e);
-        let options = JobOptions {
-            lease_seconds: fetch(ruby, options, "lease")?.unwrap_or(defaults.lease_seconds),
-            on_stale: match name("on_stale")? {
-                Some(v) => OnStale::parse(&job, &v).map_err(err)?,
-                None => defaults.on_stale,
-            },
-            on_mismatch: match name("on_mismatch")? {
-                Some(v) => OnMismatch::parse(&job, &v).map_err(err)?,
-                None => defaults.on_mismatch,
-            },
-            lookup: fetch(ruby, options, "lookup")?,
-            heartbeat: fetch(ruby, options, "heartbeat")?.unwrap_or(defaults.heartbeat),
-            max_run_seconds: fetch(ruby, options, "max_run")?.unwrap_or(defaults.max_run_seconds),
-            lock_timeout_seconds: fetch(ruby, options, "lock_timeout")?
-                .unwrap_or(defaults.lock_timeout_seconds),
-            defer_margin_seconds: fetch(ruby, options, "defer_margin")?
-                .unwrap_or(defaults.defer_margin_seconds),
-            store_result: fetch(ruby, options, "store_result")?.unwrap_or(defaults.store_result),
-            max_takeovers: fetch(ruby, options, "max_takeovers")?,
-        };
+        let options =
+            JobOptions::from_settings(&job, "", &settings, base).map_err(|e| to_ruby(ruby, e))?;
         let words = door_words(ruby, words)?;
         Protocol::new(&job, options, words)
             .map(NativeProtocol)
@@ -273,7 +259,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
         function!(completion_retry_delays, 0),
     )?;
     let class = native.define_class("Protocol", ruby.class_object())?;
-    class.define_singleton_method("new", function!(NativeProtocol::new, 3))?;
+    class.define_singleton_method("new", function!(NativeProtocol::new, 4))?;
     class.define_method("perform", method!(NativeProtocol::perform, 6))?;
     Ok(())
 }
