@@ -242,8 +242,9 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
         conn.exec("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' " \
                   "AND wait_event_type = 'Lock'").getvalue(0, 0).to_i.positive?
       end
-      50.times { waiting.call ? break : sleep(0.2) }
-      expect(waiting.call).to be(true)
+      seen = false
+      50.times { (seen = waiting.call) ? break : sleep(0.2) }
+      expect(seen).to be(true)
     ensure
       conn&.close
     end
@@ -259,6 +260,9 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       with_row_locked("Attack::Locked", key) do
         expect { Timeout.timeout(0.3) { IdempotentJob.perform_once("Attack::Locked", key) { runs << :timeout } } }
           .to raise_error(Timeout::Error)
+        # The interrupted statement's cancel is sent in the background: until it lands, its
+        # lock wait would be taken for the next call's.
+        expect(gem_statements_running(Effects.connection)).to eq(0)
         raised = Thread.new { IdempotentJob.perform_once("Attack::Locked", key) { runs << :raised } }
         raised.report_on_exception = false
         wait_for_lock_wait

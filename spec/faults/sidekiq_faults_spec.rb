@@ -142,12 +142,14 @@ RSpec.describe "Connection faults under a real Sidekiq process", :faults do
       effects_before = lines("effects").size
       restored_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       @proxy.restore!
-      wait_for(30) { lines("effects").size > effects_before + 5 }
-      { outage_seconds: outage, deadline:,
+      # The circuit stays open at most 30 s (the core's CIRCUIT_MAX_OPEN_SECONDS) before it
+      # tries again: work must resume within that, whatever the machine's load.
+      resumed = wait_for(35) { lines("effects").size > effects_before + 5 }
+      { outage_seconds: outage, deadline:, resumed:,
         recovery_seconds: (Process.clock_gettime(Process::CLOCK_MONOTONIC) - restored_at).round(2) }
     end
     expect_nothing_lost_or_repeated(out)
-    expect(out[:recovery_seconds]).to be < 10
+    expect(out[:resumed]).to be(true), "no job ran within 35 s of the restore (#{out[:recovery_seconds]} s)"
     expect(out[:claims_over_1s]).to be_positive # claims did meet the dead network
     expect(out[:longest_claim]).to be <= deadline + 1
   end
