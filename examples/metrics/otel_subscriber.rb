@@ -1,33 +1,38 @@
 # frozen_string_literal: true
 
-# OpenTelemetry spans from idempotent_job's events: one span per event, named
-# `idempotent_job.<event>`, with the operation in its attributes. An event published
-# with a duration (claimed: the claim's round trip; completed: the body's run) becomes
-# a span of that length ending now; the others are instants. The span's parent is the
-# current span (the job's own span, when the queue's OpenTelemetry instrumentation
-# opened one).
+# OpenTelemetry spans from idempotent_job's events: one span per delivery (the
+# `delivered` event) and per push dropped at enqueue (`enqueue_skipped`), named and
+# labelled as the Python package's spans are (IdempotentJob::Telemetry: the core's
+# vocabulary): `idempotency.outcome` (ran, reclaimed, replayed, waited, skipped,
+# in_progress, held, given_up, refused, rejected_at_enqueue), the job type, a hash of the
+# operation key (never the key itself) and the door. Status OK for every outcome: a
+# repeat is not an error; only a delivery that raised is ERROR. The span lasts the
+# delivery and its parent is the current span (the job's own span, when the queue's
+# OpenTelemetry instrumentation opened one).
 class IdempotentJobSpans
-  # Payload keys copied to span attributes (as `idempotent_job.<key>`).
-  ATTRIBUTES = %i[job_type operation_key jid attempt kind decision answer deleted total door queue].freeze
-
   # @param tracer [OpenTelemetry::Trace::Tracer] e.g.
-  #   `OpenTelemetry.tracer_provider.tracer("idempotent_job")`
+  #   `OpenTelemetry.tracer_provider.tracer(IdempotentJob::Telemetry::TRACER_NAME)`
   def initialize(tracer)
     @tracer = tracer
   end
 
-  # @param name [Symbol] the event (IdempotentJob::Events::NAMES)
-  # @param payload [Hash] its payload
+  # @param _name [Symbol] :delivered or :enqueue_skipped
+  # @param payload [Hash] its payload (duration in seconds; error: a class name)
   # @return [void]
-  def call(name, payload)
+  def call(_name, payload)
     finish = Time.now
-    start = payload[:duration] ? finish - payload[:duration] : finish
-    attributes = payload.slice(*ATTRIBUTES).to_h { |key, value| ["idempotent_job.#{key}", value.to_s] }
-    span = @tracer.start_span("idempotent_job.#{name}", attributes:, start_timestamp: start, kind: :internal)
+    span = @tracer.start_span(IdempotentJob::Telemetry.span_name(payload),
+                              attributes: IdempotentJob::Telemetry.span_attributes(payload),
+                              start_timestamp: finish - payload.fetch(:duration, 0), kind: :internal)
+    span.status = if payload[:error]
+                    OpenTelemetry::Trace::Status.error(payload[:error])
+                  else
+                    OpenTelemetry::Trace::Status.ok
+                  end
     span.finish(end_timestamp: finish)
   end
 end
 
 # config/initializers/idempotent_job.rb (with the opentelemetry-sdk gem configured)
-spans = IdempotentJobSpans.new(OpenTelemetry.tracer_provider.tracer("idempotent_job"))
-IdempotentJob.subscribe { |name, payload| spans.call(name, payload) }
+spans = IdempotentJobSpans.new(OpenTelemetry.tracer_provider.tracer(IdempotentJob::Telemetry::TRACER_NAME))
+IdempotentJob.subscribe(:delivered, :enqueue_skipped) { |name, payload| spans.call(name, payload) }

@@ -45,6 +45,12 @@ module IdempotentJob
       "delivery"
     end
 
+    # The door's name in events and telemetry (`delivered`'s `door:`).
+    # @return [Symbol] :plain here; :sidekiq, :active_job in their doors
+    def name
+      :plain
+    end
+
     # Enqueues the stored job of a record resolved with `IdempotentJob.resolve(…, as: :rerun)`,
     # when it is this door's kind of job.
     # @param _record [Record] the record (job_class, args, queue of the last claiming delivery)

@@ -34,11 +34,21 @@ module IdempotentJob
     #   For :ran, this run's; for a replay, the first run's.
     attr_reader :result_state
 
+    # What the delivery came to, for telemetry (the core's labels, `Native::OUTCOMES`):
+    # :ran, :reclaimed (ran under a takeover of a stale claim), :replayed (a repeat
+    # answered with the stored result), :waited (a repeat that waited for the running
+    # call, `wait:`, and found it completed), :skipped (a repeat with no stored value),
+    # :in_progress, :held, :given_up, :refused. None of them is an error.
+    # @return [Symbol] one of `Native::OUTCOMES`
+    attr_reader :label
+
     # @param decision [Symbol] one of {DECISIONS}
+    # @param label [Symbol, nil] the core's label ({#label}); nil: the decision's own name
+    # @param waited [Boolean] the delivery waited for a live claim first ({#waited?})
     # @raise [ArgumentError] for another decision
     def initialize(decision, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only
                    value: nil, retry_after: nil, lease_remaining: nil, claim: nil, holder: nil,
-                   duplicates: nil, result_state: nil, replayed: false)
+                   duplicates: nil, result_state: nil, replayed: false, label: nil, waited: false)
       raise ArgumentError, "unknown decision #{decision.inspect}" unless DECISIONS.include?(decision)
 
       @decision = decision
@@ -50,6 +60,8 @@ module IdempotentJob
       @duplicates = duplicates
       @result_state = result_state
       @replayed = replayed ? true : false
+      @label = label || decision
+      @waited = waited ? true : false
       freeze
     end
 
@@ -68,6 +80,12 @@ module IdempotentJob
     #   stored value when {#result_stored?})
     def replayed?
       @replayed
+    end
+
+    # @return [Boolean] whether the delivery waited for a live claim to end (`wait:`)
+    #   before this outcome (then a completed operation is labelled :waited)
+    def waited?
+      @waited
     end
 
     # @return [Boolean] whether the result was stored: for :ran, this run's value; for a

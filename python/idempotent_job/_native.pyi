@@ -53,6 +53,9 @@ class Outcome:
     @property
     def replayed(self) -> bool: ...
     @property
+    def waited(self) -> bool:
+        """True when the delivery waited for a live claim to end (wait=) first."""
+    @property
     def claim(self) -> Claim | None: ...
     @property
     def ran(self) -> bool: ...

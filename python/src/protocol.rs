@@ -140,6 +140,11 @@ pub struct Outcome {
     /// True when `value` is the first run's stored result (a repeat).
     #[pyo3(get)]
     pub replayed: bool,
+    /// True when the delivery waited for a live claim to end (`wait=`) before this
+    /// outcome: a completed operation found after the wait is labelled "waited" on the
+    /// delivery's span.
+    #[pyo3(get)]
+    pub waited: bool,
     /// The claim the body ran under, when it ran.
     #[pyo3(get)]
     pub claim: Option<Py<Claim>>,
@@ -208,6 +213,7 @@ pub fn span_attributes<'py>(
         operation_key,
         decision: outcome.decision,
         replayed: outcome.replayed,
+        waited: outcome.waited,
         claim_kind: claim.map(|c| c.kind),
         attempt: claim.map(|c| c.attempt),
         duplicates: outcome.duplicates,
@@ -244,6 +250,7 @@ impl Outcome {
             holder: o.holder,
             duplicates: o.duplicates,
             replayed,
+            waited: o.waited,
             claim: o
                 .claim
                 .as_ref()
@@ -361,7 +368,14 @@ pub fn perform(
 ) -> PyResult<Outcome> {
     let mut channel = Direct::new(pool, asynchronous_completion);
     let mut notes = Notes::new();
-    let mut host = PyHost { py, lookup, body };
+    let mut host = PyHost {
+        py,
+        lookup,
+        body,
+        protocol,
+        delivery: &delivery,
+        failed: None,
+    };
     let result = protocol.perform(
         &mut channel,
         &delivery,
@@ -370,6 +384,9 @@ pub fn perform(
         &mut notes,
     );
     publish(py, protocol, &delivery, notes)?;
+    if let Some(failed) = host.failed.take() {
+        return Err(failed);
+    }
     let performed = result?;
     match performed.value {
         Some((value, handle)) => {
@@ -387,6 +404,11 @@ struct PyHost<'a, 'py> {
     py: Python<'py>,
     lookup: Option<&'a Bound<'py, PyAny>>,
     body: &'a Bound<'py, PyAny>,
+    protocol: &'a Protocol,
+    delivery: &'a DeliveryRequest,
+    /// What the logger raised while notes were told before user code or a wait (a
+    /// KeyboardInterrupt landing in a handler): raised before a wait, else at the end.
+    failed: Option<PyErr>,
 }
 
 impl<'py> Host for PyHost<'_, 'py> {
@@ -403,6 +425,20 @@ impl<'py> Host for PyHost<'_, 'py> {
 
     fn lookup(&mut self, operation_key: &str) -> LookupAnswer {
         ask_lookup(self.py, self.lookup, operation_key)
+    }
+
+    /// Logs what happened so far before user code runs or a wait begins (a waiter's
+    /// "waiting up to" line comes before its wait, a takeover's before its body), as the
+    /// Ruby binding does.
+    fn tell(&mut self, notes: &mut Notes) {
+        let told = std::mem::take(notes);
+        if let Err(err) = publish(self.py, self.protocol, self.delivery, told) {
+            self.failed.get_or_insert(err);
+        }
+    }
+
+    fn interrupted(&mut self) -> Option<PyErr> {
+        self.failed.take()
     }
 
     fn body(&mut self, claim: &ClaimInfo) -> Body<Self::Value, PyErr> {

@@ -5,9 +5,11 @@ cannot hold is not stored and the completion stands."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import subprocess
 import sys
-import time
+import threading
 
 import idempotent_job
 
@@ -63,9 +65,29 @@ def test_without_store_result_a_repeat_has_no_value(scenario):
     assert (again.result_stored, again.result_state) == (False, None)
 
 
-def test_a_waiter_gets_the_running_calls_value(scenario):
-    import threading
+@contextlib.contextmanager
+def _told(text):
+    """Yields an Event set when the ``idempotent_job`` logger says ``text`` (the core's
+    log line before a wait), so a test acts at that point rather than after a sleep."""
+    seen = threading.Event()
 
+    class Handler(logging.Handler):
+        def emit(self, record):
+            if text in record.getMessage():
+                seen.set()
+
+    logger, handler = logging.getLogger("idempotent_job"), Handler(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_a_waiter_gets_the_running_calls_value(scenario):
     started, finish, runs = threading.Event(), threading.Event(), []
 
     def holder_body(claim):
@@ -92,15 +114,15 @@ def test_a_waiter_gets_the_running_calls_value(scenario):
             )
         )
     )
-    waiter.start()
-    # Let the waiter meet the live claim and start waiting before the holder finishes
-    # (should it come later, it finds the completion at once: the same outcome).
-    time.sleep(0.5)
-    finish.set()
-    holder.join(30)
-    waiter.join(30)
-    assert short.decision == "in_progress"
-    assert waited[0].decision == "completed" and waited[0].replayed
+    with _told("waiting up to") as waiting:
+        waiter.start()
+        # The holder finishes only once the waiter met its live claim and waits.
+        assert waiting.wait(30)
+        finish.set()
+        holder.join(30)
+        waiter.join(30)
+    assert short.decision == "in_progress" and short.waited  # waited 0.2 s, still live
+    assert waited[0].decision == "completed" and waited[0].replayed and waited[0].waited
     assert waited[0].value == {"charge_id": "ch_w"}
     assert runs == ["holder"]
 

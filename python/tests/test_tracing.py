@@ -91,6 +91,38 @@ def test_a_live_claim_is_in_progress_and_ok_and_the_body_is_a_child(scenario, sp
     assert got["charge"].parent.span_id == outer.context.span_id
 
 
+def test_a_repeat_that_waited_for_the_running_call_is_waited(scenario, spans):
+    import threading
+
+    from test_results import _told
+
+    job = "PyTracedWait"
+    started, finish = threading.Event(), threading.Event()
+
+    def holder_body(claim):
+        started.set()
+        finish.wait(30)
+        return "done"
+
+    holder = threading.Thread(target=idempotent_job.perform_once, args=(job, scenario, holder_body))
+    holder.start()
+    assert started.wait(30)
+    waited = []
+    waiter = threading.Thread(
+        target=lambda: waited.append(idempotent_job.perform_once(job, scenario, lambda c: "never", wait=30))
+    )
+    with _told("waiting up to") as waiting:
+        waiter.start()
+        assert waiting.wait(30)  # the holder finishes only once the waiter waits
+        finish.set()
+        holder.join(30)
+        waiter.join(30)
+    assert waited[0].decision == "completed" and waited[0].waited
+    labels = sorted(s.attributes["idempotency.outcome"] for s in _ours(spans))
+    assert labels == ["ran", "waited"]
+    assert all(s.status.status_code == StatusCode.OK for s in _ours(spans))
+
+
 def test_held_and_reclaimed_are_ok_and_a_raising_body_is_an_error(scenario, spans):
     job = "PyTracedStale"
     # A stale claim: a body that exits the process is simulated by a claim whose lease

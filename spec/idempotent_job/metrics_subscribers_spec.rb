@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "spec_helper"
+require "digest"
 require "socket"
 
 # The two subscriber examples of docs/metrics.md (examples/metrics/*.rb, which the
@@ -43,7 +44,8 @@ RSpec.describe "The metrics subscriber examples (docs/metrics.md)" do
     deliver_twice
 
     lines = []
-    until %w[claimed completed skipped].all? { |name| lines.include?("idempotent_job.#{name}.#{job_type}:1|c") }
+    until %w[claimed completed skipped].all? { |name| lines.include?("idempotent_job.#{name}.#{job_type}:1|c") } &&
+          lines.count("idempotent_job.delivered.#{job_type}:1|c") == 2
       break unless collector.wait_readable(10)
 
       lines.concat(collector.recvfrom(65_535).first.split("\n"))
@@ -51,7 +53,8 @@ RSpec.describe "The metrics subscriber examples (docs/metrics.md)" do
     collector.close
     counters = lines.grep(/\|c\z/).grep(/\.#{job_type}:/)
     expect(counters).to eq(%W[idempotent_job.claimed.#{job_type}:1|c idempotent_job.completed.#{job_type}:1|c
-                              idempotent_job.skipped.#{job_type}:1|c])
+                              idempotent_job.delivered.#{job_type}:1|c idempotent_job.skipped.#{job_type}:1|c
+                              idempotent_job.delivered.#{job_type}:1|c])
     timers = lines.grep(/\|ms\z/)
     expect(timers.map { |l| l[/\A[^:]+/] }).to include("idempotent_job.claimed.#{job_type}.duration",
                                                        "idempotent_job.completed.#{job_type}.duration")
@@ -65,9 +68,12 @@ RSpec.describe "The metrics subscriber examples (docs/metrics.md)" do
     expect { deliver_twice }.not_to raise_error
   end
 
-  it "the OpenTelemetry example opens a span per event, lasting the event's duration" do
-    spans = []
-    span_class = Struct.new(:name, :attributes, :start, :kind, :finished) do
+  # The stand-in: the few OpenTelemetry API calls the example makes (start_span with
+  # attributes, start_timestamp and kind; status=; finish). The real SDK is not tested:
+  # no OpenTelemetry gem can be installed where the suite runs (RubyGems is unreachable
+  # and Debian packages none for Ruby); Python's spans run against the real SDK.
+  def stand_in_tracer(spans)
+    span_class = Struct.new(:name, :attributes, :start, :kind, :status, :finished) do
       def finish(end_timestamp:) = self.finished = end_timestamp
     end
     tracer = Object.new
@@ -77,16 +83,41 @@ RSpec.describe "The metrics subscriber examples (docs/metrics.md)" do
     provider = Object.new
     provider.define_singleton_method(:tracer) { |name| name == "idempotent_job" ? tracer : raise(ArgumentError) }
     stub_const("OpenTelemetry", Module.new)
+    stub_const("OpenTelemetry::Trace::Status", Module.new)
     OpenTelemetry.define_singleton_method(:tracer_provider) { provider }
+    OpenTelemetry::Trace::Status.define_singleton_method(:ok) { [:ok] }
+    OpenTelemetry::Trace::Status.define_singleton_method(:error) { |description| [:error, description] }
+  end
+
+  it "the OpenTelemetry example opens a span per delivery with its outcome, OK for repeats" do
+    spans = []
+    stand_in_tracer(spans)
     load File.join(root, "examples/metrics/otel_subscriber.rb")
     deliver_twice
+    expect { IdempotentJob.perform_once(job_type, 43) { raise ArgumentError, "declined" } }
+      .to raise_error(ArgumentError)
 
-    ours = spans.select { |s| s.attributes["idempotent_job.job_type"] == job_type }
-    expect(ours.map(&:name)).to eq(%w[idempotent_job.claimed idempotent_job.completed idempotent_job.skipped])
+    ours = spans.select { |s| s.attributes["idempotency.job_type"] == job_type }
+    expect(ours.map(&:name)).to eq(["idempotency #{job_type}"] * 3)
+    expect(ours.map { |s| s.attributes["idempotency.outcome"] }).to eq(["ran", "skipped", nil])
+    expect(ours.map(&:status)).to eq([[:ok], [:ok], [:error, "ArgumentError"]])
     expect(ours).to all(have_attributes(kind: :internal))
-    expect(ours.map { |s| s.attributes["idempotent_job.operation_key"] }).to eq(%w[42 42 42])
-    completed = ours[1]
-    expect(completed.finished - completed.start).to be >= 0.01 # the body's 10 ms
-    expect(ours[2].finished).to eq(ours[2].start) # skipped: an instant
+    expect(ours.map { |s| s.attributes["idempotency.door"] }).to eq(%w[plain plain plain])
+    # The key only as the core's hash (the same as Python's), never the key itself.
+    expect(ours[0].attributes["idempotency.key_hash"]).to eq(Digest::SHA256.hexdigest("#{job_type}\u000042")[0, 16])
+    expect(ours.flat_map { |s| s.attributes.values }).not_to include("42")
+    expect(ours[0].finished - ours[0].start).to be >= 0.01 # the body's 10 ms
+  end
+
+  it "labels every outcome from the core's list, a wait and a push dropped at enqueue included" do
+    expect(IdempotentJob::Telemetry::OUTCOMES).to eq(%i[ran reclaimed replayed waited skipped in_progress held
+                                                        given_up refused rejected_at_enqueue])
+    seen = []
+    handles << IdempotentJob::Events.subscribe(:delivered) { |_, payload| seen << payload }
+    IdempotentJob.perform_once(job_type, 44, store_result: true) { 1 }
+    IdempotentJob.perform_once(job_type, 44, store_result: true) { 2 }
+    expect(seen.map { |p| p[:outcome] }).to eq(%i[ran replayed])
+    expect(seen.last).to include(job_type:, operation_key: "44", door: :plain, error: nil)
+    expect(seen.last[:duration]).to be_a(Float)
   end
 end

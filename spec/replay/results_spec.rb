@@ -151,8 +151,10 @@ RSpec.describe "Stored results and replays" do
         waiter = Thread.new { charge(store_result: true, wait: 30) { raise "the waiter must not run" } }
         sleep(0.01) until logged.string.include?("waiting up to 30.0 s") || !waiter.alive?
         finish << true
-        expect(running.value).to have_attributes(decision: :ran)
-        expect(waiter.value).to have_attributes(decision: :completed, replayed?: true, value: { "charge_id" => "ch_w" })
+        expect(running.value).to have_attributes(decision: :ran, label: :ran, waited?: false)
+        expect(waiter.value).to have_attributes(decision: :completed, replayed?: true, value: { "charge_id" => "ch_w" },
+                                                waited?: true, label: :waited)
+        expect(charge { raise "not run" }).to have_attributes(label: :replayed, waited?: false)
       end
 
       it "a wait shorter than the run ends :in_progress, and the body never runs twice" do
@@ -162,7 +164,7 @@ RSpec.describe "Stored results and replays" do
         running = holder(started, finish) { runs << :holder and 1 }
         started.pop
         waited = charge(store_result: true, wait: 0.2) { runs << :waiter }
-        expect(waited).to have_attributes(decision: :in_progress, replayed?: false)
+        expect(waited).to have_attributes(decision: :in_progress, replayed?: false, waited?: true, label: :in_progress)
         expect(waited.lease_remaining).to be > 0
         finish << true
         running.join
@@ -178,7 +180,7 @@ RSpec.describe "Stored results and replays" do
         sleep(0.01) until logged.string.include?("waiting up to 30.0 s") || !waiter.alive?
         finish << true
         expect { running.join }.to raise_error(ArgumentError, "declined")
-        expect(waiter.value).to have_attributes(decision: :ran, value: "ran as retry")
+        expect(waiter.value).to have_attributes(decision: :ran, value: "ran as retry", waited?: true, label: :ran)
         expect(charge { raise "not run" }).to have_attributes(replayed?: true, value: "ran as retry")
       end
 

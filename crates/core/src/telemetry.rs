@@ -26,30 +26,47 @@ pub const ATTR_DUPLICATES: &str = "idempotency.duplicates";
 /// Attribute: whether a stored result was kept (`store_result`), when one was asked.
 pub const ATTR_RESULT_STORED: &str = "idempotency.result_stored";
 
-/// Every label [`outcome_label`] answers, in the order a delivery may meet them.
-pub const OUTCOMES: [&str; 8] = [
+/// The label of a producer's push dropped before it reached the queue because its
+/// operation is already completed (`on_enqueue: skip_completed`): not a delivery, but
+/// the same vocabulary, so a dashboard counts it beside the repeats.
+pub const REJECTED_AT_ENQUEUE: &str = "rejected_at_enqueue";
+
+/// Every label [`outcome_label`] answers, in the order a delivery may meet them, then
+/// [`REJECTED_AT_ENQUEUE`] (a producer's, not a delivery's). None is an error.
+pub const OUTCOMES: [&str; 10] = [
     "ran",
     "reclaimed",
     "replayed",
+    "waited",
     "skipped",
     "in_progress",
     "held",
     "given_up",
     "refused",
+    REJECTED_AT_ENQUEUE,
 ];
 
-/// The label of a delivery's outcome: `ran` (the body ran under a first or retry claim),
-/// `reclaimed` (it ran under a takeover of a stale claim), `replayed` (a repeat of a
-/// completed operation answered with the stored result), `skipped` (a repeat of a
-/// completed operation with no stored value), `in_progress` (a live claim: deferred),
-/// `held`, `given_up`, `refused` (a different payload under `on_mismatch: raise`).
-/// `decision` is [`crate::protocol::Decision::as_str`]'s name, `replayed` whether the
+/// The label of a delivery's outcome: `ran` (the body ran under a first or retry claim,
+/// after a wait too), `reclaimed` (it ran under a takeover of a stale claim),
+/// `replayed` (a repeat of a completed operation answered with the stored result),
+/// `waited` (a repeat that waited for the running call (`wait=`) and then found it
+/// completed), `skipped` (a repeat of a completed operation with no stored value),
+/// `in_progress` (a live claim: deferred, after a wait that ran out too), `held`,
+/// `given_up`, `refused` (a different payload under `on_mismatch: raise`).
+/// `decision` is `protocol::Decision::as_str`'s name, `replayed` whether the
 /// value is the first run's stored result, `claim_kind` the claim's
-/// [`crate::record::ClaimKind::as_str`] when the delivery claimed.
-pub fn outcome_label(decision: &str, replayed: bool, claim_kind: Option<&str>) -> &'static str {
+/// [`crate::record::ClaimKind::as_str`] when the delivery claimed, `waited` whether it
+/// waited for a live claim first (`protocol::Outcome::waited`).
+pub fn outcome_label(
+    decision: &str,
+    replayed: bool,
+    claim_kind: Option<&str>,
+    waited: bool,
+) -> &'static str {
     match decision {
         "ran" if claim_kind == Some("takeover") => "reclaimed",
         "ran" => "ran",
+        "completed" if waited => "waited",
         "completed" if replayed => "replayed",
         "completed" => "skipped",
         "in_progress" => "in_progress",
@@ -88,10 +105,12 @@ pub struct Delivered<'a> {
     pub job_type: &'a str,
     /// The operation key's text.
     pub operation_key: &'a str,
-    /// [`crate::protocol::Decision::as_str`]'s name.
+    /// `protocol::Decision::as_str`'s name.
     pub decision: &'a str,
     /// The value is the first run's stored result.
     pub replayed: bool,
+    /// The delivery waited for a live claim first (`protocol::Outcome::waited`).
+    pub waited: bool,
     /// The claim's kind name, when the delivery claimed.
     pub claim_kind: Option<&'a str>,
     /// The claim's attempt, when the delivery claimed.
@@ -113,7 +132,7 @@ pub fn span_attributes(d: &Delivered<'_>) -> Vec<(&'static str, AttrValue)> {
     let mut out = vec![
         (
             ATTR_OUTCOME,
-            AttrValue::Text(outcome_label(d.decision, d.replayed, d.claim_kind).into()),
+            AttrValue::Text(outcome_label(d.decision, d.replayed, d.claim_kind, d.waited).into()),
         ),
         (ATTR_JOB_TYPE, AttrValue::Text(d.job_type.into())),
         (
@@ -141,19 +160,23 @@ mod tests {
     #[test]
     fn every_decision_has_a_label_and_the_key_is_hashed_per_job_type() {
         let labels: Vec<_> = [
-            ("ran", false, Some("first")),
-            ("ran", false, Some("takeover")),
-            ("completed", true, None),
-            ("completed", false, None),
-            ("in_progress", false, None),
-            ("held", false, None),
-            ("given_up", false, None),
-            ("refused", false, None),
+            ("ran", false, Some("first"), false),
+            ("ran", false, Some("takeover"), false),
+            ("completed", true, None, false),
+            ("completed", true, None, true),
+            ("completed", false, None, false),
+            ("in_progress", false, None, false),
+            ("held", false, None, false),
+            ("given_up", false, None, false),
+            ("refused", false, None, false),
         ]
         .iter()
-        .map(|(d, r, k)| outcome_label(d, *r, *k))
+        .map(|(d, r, k, w)| outcome_label(d, *r, *k, *w))
+        .chain([REJECTED_AT_ENQUEUE])
         .collect();
         assert_eq!(labels, OUTCOMES);
+        assert_eq!(outcome_label("ran", false, Some("retry"), true), "ran");
+        assert_eq!(outcome_label("completed", false, None, true), "waited");
         assert_eq!(key_hash("A", "42").len(), 16);
         assert_ne!(key_hash("A", "42"), key_hash("B", "42"));
     }

@@ -70,6 +70,11 @@ module IdempotentJob
         "job_id"
       end
 
+      # @return [Symbol] :active_job (see {IdempotentJob::Door#name})
+      def name
+        :active_job
+      end
+
       # Re-enqueues an operation resolved with `IdempotentJob.resolve(…, as: :rerun)`
       # when its job class is an ActiveJob class: `perform_later` with the stored
       # (serialized) arguments on the stored queue.

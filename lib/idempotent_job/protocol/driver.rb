@@ -99,10 +99,24 @@ module IdempotentJob
       # @param request [Hash] the claim request (see `Native::Store#claim`)
       # @param host [Object, nil] the object a lookup method is called on
       # @param wait [Float, nil] seconds to wait for a live claim to end (pool only)
+      # Publishes the `delivered` event at the end, raising or not (see {#delivered}).
       # @yieldparam claim [Claim]
       # @return [Outcome]
       # @raise see {Protocol#run}
-      def run(request, host, wait = nil, &body)
+      def run(request, host, wait = nil, &)
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        begin
+          outcome = perform(request, host, wait, &)
+        rescue Exception => e # rubocop:disable Lint/RescueException -- told to subscribers, then raised unchanged
+          delivered(started, error: e)
+          raise
+        end
+        delivered(started, outcome:)
+        outcome
+      end
+
+      # The one native call of {#run} (same parameters, return value and errors).
+      def perform(request, host, wait, &body)
         @host = host
         @body = body
         # A delivery nested in the body of the same operation would wait for its own claim.
@@ -113,7 +127,8 @@ module IdempotentJob
 
         tell(notes)
         case kind
-        when :ran then Outcome.new(:ran, value: value[0], claim: @claim, result_state: value[1])
+        when :ran
+          Outcome.new(:ran, value: value[0], claim: @claim, result_state: value[1], label: value[2], waited: value[3])
         when :error then raise_error(value)
         else finish(value)
         end
@@ -245,6 +260,22 @@ module IdempotentJob
         "(#message raised #{e.class})"
       end
 
+      # Publishes `delivered` (one per delivery that reached the core, when listened):
+      # job_type, operation_key, key_hash (the core's hash of the key, for telemetry that
+      # must not carry the key), jid, door, duration (seconds, the whole delivery), and
+      # outcome (the core's label, {Outcome#label}) or error (the class name of what the
+      # delivery raised; outcome nil).
+      def delivered(started, outcome: nil, error: nil)
+        return unless Events.listened?(:delivered)
+
+        delivery = @narrator.delivery
+        Events.publish(:delivered, job_type: delivery.job_type, operation_key: delivery.operation_key,
+                                   key_hash: Native.key_hash(delivery.job_type, delivery.operation_key),
+                                   jid: delivery.id, door: @narrator.door.name, outcome: outcome&.label,
+                                   error: error&.class&.name,
+                                   duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+      end
+
       def stop_watching
         beat = @beat
         @beat = nil
@@ -267,7 +298,8 @@ module IdempotentJob
         replayed = value[:decision] == :completed && !result_state.nil?
         stored = value[:result_json] && JSON.parse(value[:result_json], max_nesting: Native::MAX_NESTING)
         Outcome.new(value[:decision], duplicates: value[:duplicates], claim: claim_of(value[:claim]),
-                                      value: stored, result_state:, replayed:)
+                                      value: stored, result_state:, replayed:, label: value[:label],
+                                      waited: value[:waited])
       end
 
       def claim_of(info)
@@ -277,7 +309,8 @@ module IdempotentJob
 
       def in_progress(value, notes)
         outcome = Outcome.new(:in_progress, retry_after: value[:retry_after], duplicates: value[:duplicates],
-                                            lease_remaining: value[:lease_remaining], holder: value[:holder])
+                                            lease_remaining: value[:lease_remaining], holder: value[:holder],
+                                            label: value[:label], waited: value[:waited])
         deferred, before = notes.partition { |note| note[0] == :deferred }
         tell(before)
         # Before the deferral is told: a door that cannot bring the delivery back raises.

@@ -30,6 +30,11 @@ module IdempotentJob
         "jid"
       end
 
+      # @return [Symbol] :sidekiq (see {IdempotentJob::Door#name})
+      def name
+        :sidekiq
+      end
+
       # @return [String]
       def defer_text
         "delivery deferred by"

@@ -197,6 +197,7 @@ impl Protocol {
                     result_json: None,
                     result_state: None,
                     wait_seconds: None,
+                    waited: false,
                 })
             }
             (Next::Skip, record::ClaimAnswer::Completed { duplicates, replay }) => {

@@ -159,6 +159,10 @@ pub struct Outcome {
     /// notes so far, then calls [`Protocol::wait`] (nothing was deferred; no
     /// `retry_after`). `None`: defer as usual.
     pub wait_seconds: Option<f64>,
+    /// The delivery waited for a live claim to end (`wait=`) before this outcome: a
+    /// completed operation replayed after the wait shows as `waited`
+    /// ([`crate::telemetry::outcome_label`]).
+    pub waited: bool,
 }
 
 impl Outcome {
@@ -173,7 +177,20 @@ impl Outcome {
             result_json: None,
             result_state: None,
             wait_seconds: None,
+            waited: false,
         }
+    }
+
+    /// The outcome's label for telemetry ([`crate::telemetry::outcome_label`]):
+    /// `ran`, `reclaimed`, `replayed`, `waited`, `skipped`, `in_progress`, `held`,
+    /// `given_up` or `refused`.
+    pub fn label(&self) -> &'static str {
+        crate::telemetry::outcome_label(
+            self.decision.as_str(),
+            self.replayed(),
+            self.claim.as_ref().map(|c| c.kind.as_str()),
+            self.waited,
+        )
     }
 
     /// Whether the body ran (and returned).

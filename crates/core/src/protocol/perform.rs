@@ -95,6 +95,7 @@ impl Protocol {
         notes: &mut Notes,
     ) -> std::result::Result<Performed<H::Value>, H::Raised> {
         let mut step = host.blocking(|i| self.begin(channel, i, delivery, notes))?;
+        let mut waited = false;
         loop {
             step = match step {
                 Step::AskLookup(claim) => {
@@ -112,13 +113,15 @@ impl Protocol {
                     if let Some(raised) = host.interrupted() {
                         return Err(raised);
                     }
+                    waited = true;
                     host.blocking(|i| self.wait(channel, i, delivery, notes))?
                 }
-                Step::Skip(outcome) | Step::InProgress(outcome) => {
+                Step::Skip(mut outcome) | Step::InProgress(mut outcome) => {
+                    outcome.waited = waited;
                     return Ok(Performed {
                         outcome,
                         value: None,
-                    })
+                    });
                 }
                 Step::Run(claim) => match self.run_body(host, &claim, notes) {
                     Body::Returned(value) => {
@@ -139,8 +142,10 @@ impl Protocol {
                         let completion = host.blocking(|i| {
                             self.complete_prepared(channel, i, claim, prepared, notes)
                         })?;
+                        let mut outcome = completion.outcome;
+                        outcome.waited = waited;
                         return Ok(Performed {
-                            outcome: completion.outcome,
+                            outcome,
                             value: Some(value),
                         });
                     }

@@ -14,7 +14,7 @@ mod protocol;
 mod store;
 mod transaction;
 
-use magnus::{function, Module, Ruby};
+use magnus::{function, value::ReprValue, Module, Ruby};
 
 pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     let root = ruby.define_module("IdempotentJob")?;
@@ -70,6 +70,35 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     )?;
     native.const_set("TOO_DEEP", idempotent_job_core::canonical::too_deep())?;
     native.define_module_function("nested_too_deep?", function!(convert::nested_too_deep, 1))?;
+    let outcomes = ruby.ary_new();
+    for label in idempotent_job_core::telemetry::OUTCOMES {
+        outcomes.push(ruby.sym_new(label))?;
+    }
+    outcomes.freeze();
+    native.const_set("OUTCOMES", outcomes)?;
+    native.const_set(
+        "REJECTED_AT_ENQUEUE",
+        ruby.sym_new(idempotent_job_core::telemetry::REJECTED_AT_ENQUEUE),
+    )?;
+    native.define_module_function("key_hash", function!(key_hash, 2))?;
+    native.define_module_function("span_name", function!(span_name, 1))?;
+    {
+        use idempotent_job_core::telemetry as t;
+        let attributes = ruby.hash_new();
+        for (name, attribute) in [
+            ("outcome", t::ATTR_OUTCOME),
+            ("job_type", t::ATTR_JOB_TYPE),
+            ("key_hash", t::ATTR_KEY_HASH),
+            ("door", t::ATTR_DOOR),
+            ("attempt", t::ATTR_ATTEMPT),
+            ("duplicates", t::ATTR_DUPLICATES),
+        ] {
+            attributes.aset(ruby.sym_new(name), attribute)?;
+        }
+        attributes.freeze();
+        native.const_set("SPAN_ATTRIBUTES", attributes)?;
+        native.const_set("TRACER_NAME", t::TRACER_NAME)?;
+    }
     let retention = idempotent_job_core::config::DEFAULT_RETENTION_SECONDS;
     if retention.fract() == 0.0 {
         native.const_set("DEFAULT_RETENTION", retention as i64)?;
@@ -81,6 +110,18 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     heartbeat::init(ruby, native)?;
     protocol::init(ruby, native)?;
     transaction::init(ruby, native)
+}
+
+/// `Native.key_hash(job_type, operation_key)` → the operation key as telemetry carries it
+/// (the core's `telemetry::key_hash`: 16 hex characters, never the raw key).
+fn key_hash(job_type: String, operation_key: String) -> String {
+    idempotent_job_core::telemetry::key_hash(&job_type, &operation_key)
+}
+
+/// `Native.span_name(job_type)` → the name of a delivery's span (the core's
+/// `telemetry::span_name`, as Python's spans are named).
+fn span_name(job_type: String) -> String {
+    idempotent_job_core::telemetry::span_name(&job_type)
 }
 
 fn describe_url(url: String) -> String {

@@ -309,7 +309,7 @@ fn checked_key(ruby: &Ruby, request: RHash, handler: Value) -> RbResult<()> {
 impl NativeProtocol {
     /// `perform(store, channel, request, deferrals, wait, handler)` runs one delivery
     /// (the claim, a wait, the lookup, the body, the completion or release) and answers
-    /// `[kind, value, notes]`: `[:ran, [body_value, result_state], notes]`,
+    /// `[kind, value, notes]`: `[:ran, [body_value, result_state, label, waited], notes]`,
     /// `[:in_progress, outcome, notes]`, `[:decided, outcome, notes]` (not run: the
     /// outcome Hash of a completed, held, given-up or refused delivery) or `[:error,
     /// exception, notes]` (what the body raised after its claim was released or kept,
@@ -409,13 +409,15 @@ impl NativeProtocol {
                 outcome,
                 value: Some(value),
             }) => {
-                let pair = ruby.ary_new_capa(2);
-                pair.push(value)?;
+                let ran = ruby.ary_new_capa(4);
+                ran.push(value)?;
                 match outcome.result_state {
-                    Some(state) => pair.push(ruby.sym_new(state.as_str()))?,
-                    None => pair.push(ruby.qnil())?,
+                    Some(state) => ran.push(ruby.sym_new(state.as_str()))?,
+                    None => ran.push(ruby.qnil())?,
                 }
-                ("ran", pair.as_value())
+                ran.push(ruby.sym_new(outcome.label()))?;
+                ran.push(outcome.waited)?;
+                ("ran", ran.as_value())
             }
             Ok(Performed { outcome, .. }) => {
                 let kind = if outcome.decision.as_str() == "in_progress" {

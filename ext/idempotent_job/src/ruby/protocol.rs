@@ -53,7 +53,9 @@ pub(super) fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
         .set("retry_after", outcome.retry_after)?
         .set("lease_remaining", outcome.lease_remaining)?
         .set("holder", outcome.holder.clone())?
-        .set("result_json", outcome.result_json.clone())?;
+        .set("result_json", outcome.result_json.clone())?
+        .set("waited", outcome.waited)?
+        .sym("label", outcome.label())?;
     match outcome.result_state {
         Some(state) => out.sym("result_state", state.as_str())?,
         None => out.set("result_state", ruby.qnil())?,
