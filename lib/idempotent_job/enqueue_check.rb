@@ -18,7 +18,7 @@ module IdempotentJob
     # Whether to drop this push. When it does, it logs one line (info) and publishes
     # the `enqueue_skipped` event (job_type, operation_key, job_class, queue, door,
     # duration: the lookup's round trip in seconds, outcome: :rejected_at_enqueue, the
-    # core's telemetry label, and key_hash, as on `delivered`).
+    # core's telemetry label, as on `delivered`).
     #
     # When the database cannot answer, the push goes ahead and a warning is logged:
     # the delivery is still decided by its claim, so nothing runs twice.
@@ -40,8 +40,7 @@ module IdempotentJob
                                  "completed: push to #{queue.inspect} dropped (on_enqueue: :skip_completed)")
       if Events.listened?(:enqueue_skipped)
         Events.publish(:enqueue_skipped, job_type: options.scope, operation_key:, job_class:, queue:, door:,
-                                         duration:, outcome: Native::REJECTED_AT_ENQUEUE,
-                                         key_hash: Native.key_hash(options.scope, operation_key))
+                                         duration:, outcome: Native::REJECTED_AT_ENQUEUE)
       end
       true
     rescue ConnectionError, TimeoutError, DatabaseError => e

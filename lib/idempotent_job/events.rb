@@ -8,7 +8,7 @@ module IdempotentJob
   # Names: enqueue_skipped (a producer's push of a completed operation dropped, see
   # {EnqueueCheck}), claimed, completed, skipped, deferred, taken_over, lookup, held, given_up,
   # released, lost_claim, heartbeat_failed, mismatch, purge_batch, result_not_stored, delivered
-  # (one per delivery, last: its outcome label or error, key_hash, door). Payload (a
+  # (one per delivery, last: its outcome label or error, door). Payload (a
   # Hash with Symbol keys):
   # job_type, operation_key, jid, attempt where they apply, duration (seconds) for
   # claimed (the claim's round trip) and completed (the body's run), and the event's

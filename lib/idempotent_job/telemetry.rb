@@ -23,14 +23,15 @@ module IdempotentJob
     end
 
     # The span's attributes: `idempotency.outcome` (absent when the delivery raised),
-    # `idempotency.job_type`, `idempotency.key_hash` (the core's hash of the operation
-    # key: never the raw key) and `idempotency.door`.
+    # `idempotency.job_type`, `idempotency.key_hash` (the core's hash of the job type and
+    # operation key, 16 hex characters, the same as Python's: never the raw key) and
+    # `idempotency.door`.
     # @param payload [Hash] a `delivered` or `enqueue_skipped` event's payload
     # @return [Hash{String => String}]
     def span_attributes(payload)
       names = Native::SPAN_ATTRIBUTES
       attributes = { names.fetch(:job_type) => payload[:job_type].to_s,
-                     names.fetch(:key_hash) => payload[:key_hash].to_s,
+                     names.fetch(:key_hash) => Native.key_hash(payload[:job_type].to_s, payload[:operation_key].to_s),
                      names.fetch(:door) => payload[:door].to_s }
       attributes[names.fetch(:outcome)] = payload[:outcome].to_s if payload[:outcome]
       attributes

@@ -261,8 +261,7 @@ module IdempotentJob
       end
 
       # Publishes `delivered` (one per delivery that reached the core, when listened):
-      # job_type, operation_key, key_hash (the core's hash of the key, for telemetry that
-      # must not carry the key), jid, door, duration (seconds, the whole delivery), and
+      # job_type, operation_key, jid, door, duration (seconds, the whole delivery), and
       # outcome (the core's label, {Outcome#label}) or error (the class name of what the
       # delivery raised; outcome nil).
       def delivered(started, outcome: nil, error: nil)
@@ -270,7 +269,6 @@ module IdempotentJob
 
         delivery = @narrator.delivery
         Events.publish(:delivered, job_type: delivery.job_type, operation_key: delivery.operation_key,
-                                   key_hash: Native.key_hash(delivery.job_type, delivery.operation_key),
                                    jid: delivery.id, door: @narrator.door.name, outcome: outcome&.label,
                                    error: error&.class&.name,
                                    duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
