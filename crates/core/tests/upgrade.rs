@@ -1,8 +1,9 @@
-//! The upgrade to V10 (the HOT completion's indexes) on a live table: a V9 table with
-//! records in every state is migrated while deliveries run on it; every record
-//! decides as before, and no running delivery fails or runs twice. V10 changes indexes
-//! only (no column, no statement text an older worker sends), so an older worker's
-//! statements and a newer one's meet the same rows during a rolling deploy.
+//! The upgrades to V10 (the HOT completion's indexes) and V11 (no CHECK constraints) on
+//! a live table: a table of the previous version with records in every state is
+//! migrated while deliveries run on it; every record decides as before, and no running
+//! delivery fails or runs twice. V10 changes indexes only and V11 constraints only (no
+//! column, no statement text an older worker sends), so an older worker's statements
+//! and a newer one's meet the same rows during a rolling deploy.
 
 mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,34 +55,54 @@ fn indexes(store: &Store) -> Vec<String> {
         .unwrap()
 }
 
-#[test]
-fn a_v9_table_upgrades_under_running_deliveries_and_every_record_decides_as_before() {
-    let schema = "ij_upgrade_v10";
-    let store = store_in_through(schema, Some(9));
-    assert!(indexes(&store).contains(&"idempotent_job_records_retention_idx".to_string()));
+fn check_constraints(store: &Store) -> Vec<String> {
+    store
+        .with_conn(async |c| {
+            Ok(c.query(
+                "SELECT conname::text FROM pg_constraint \
+                 WHERE conrelid = 'idempotent_job_records'::regclass AND contype = 'c' ORDER BY 1",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+        })
+        .unwrap()
+}
 
-    // Records in every state, written on the V9 table.
+/// Writes records in every state on `store`'s table, applies the migrations through
+/// `last` (None: all) while four threads keep delivering (claim, complete, a
+/// duplicate), checks that it applied exactly `expected`, that every running delivery
+/// claimed once, and that every record written before decides as before.
+fn upgrade_under_running_deliveries(
+    store: &Store,
+    schema: &str,
+    last: Option<i32>,
+    expected: &str,
+) {
+    // Records in every state, written on the older table.
     let t = "UpgradeJob";
     let completed = request(t, "completed", 30.0);
-    let token = token_of(&claim_one(&store, &completed));
-    finish(&store, &completed, token, Fenced::Complete);
-    claim_one(&store, &completed); // a repeat, counted
+    let token = token_of(&claim_one(store, &completed));
+    finish(store, &completed, token, Fenced::Complete);
+    claim_one(store, &completed); // a repeat, counted
     let live = request(t, "live", 300.0);
-    claim_one(&store, &live);
+    claim_one(store, &live);
     let stale = request(t, "stale", 0.05);
-    claim_one(&store, &stale);
+    claim_one(store, &stale);
     let held = request(t, "held", 30.0);
-    let token = token_of(&claim_one(&store, &held));
-    finish(&store, &held, token, Fenced::Hold);
+    let token = token_of(&claim_one(store, &held));
+    finish(store, &held, token, Fenced::Hold);
     let given_up = request(t, "given-up", 30.0);
-    let token = token_of(&claim_one(&store, &given_up));
-    finish(&store, &given_up, token, Fenced::GiveUp);
+    let token = token_of(&claim_one(store, &given_up));
+    finish(store, &given_up, token, Fenced::GiveUp);
     let released = request(t, "released", 30.0);
-    let token = token_of(&claim_one(&store, &released));
-    finish(&store, &released, token, Fenced::Release);
+    let token = token_of(&claim_one(store, &released));
+    finish(store, &released, token, Fenced::Release);
     std::thread::sleep(Duration::from_millis(100)); // the stale claim's lease ends
 
-    // Deliveries keep running (claim, complete, a duplicate) while V10 is applied.
+    // Deliveries keep running (claim, complete, a duplicate) while the migration runs.
     let running = Arc::new(AtomicBool::new(true));
     let workers: Vec<_> = (0..4)
         .map(|w| {
@@ -103,21 +124,14 @@ fn a_v9_table_upgrades_under_running_deliveries_and_every_record_decides_as_befo
         })
         .collect();
     std::thread::sleep(Duration::from_millis(200));
-    let applied = store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
-    assert_eq!(applied, vec!["V10__hot_completion".to_string()]);
+    let applied = store
+        .run(|pool, i| migrate::migrate_through(pool, i, last))
+        .unwrap();
+    assert_eq!(applied, vec![expected.to_string()]);
     std::thread::sleep(Duration::from_millis(200));
     running.store(false, Ordering::Relaxed);
     let ran: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
 
-    let now = indexes(&store);
-    assert!(
-        !now.contains(&"idempotent_job_records_retention_idx".to_string()),
-        "{now:?}"
-    );
-    assert!(
-        now.contains(&"idempotent_job_records_first_claimed_idx".to_string()),
-        "{now:?}"
-    );
     let completed_load: i64 = store
         .with_conn(async |c| {
             Ok(c.query_one(
@@ -134,29 +148,29 @@ fn a_v9_table_upgrades_under_running_deliveries_and_every_record_decides_as_befo
         "each running delivery claimed once, completed, turned its copy away"
     );
 
-    // Every record written on V9 decides as before.
+    // Every record written on the older table decides as before.
     assert!(matches!(
-        claim_one(&store, &completed),
+        claim_one(store, &completed),
         ClaimAnswer::Completed { duplicates: 2, .. }
     ));
     assert!(matches!(
-        claim_one(&store, &live),
+        claim_one(store, &live),
         ClaimAnswer::InProgress { .. }
     ));
     assert!(matches!(
-        claim_one(&store, &stale),
+        claim_one(store, &stale),
         ClaimAnswer::Claimed {
             kind: ClaimKind::Takeover,
             ..
         }
     ));
-    assert!(matches!(claim_one(&store, &held), ClaimAnswer::Held { .. }));
+    assert!(matches!(claim_one(store, &held), ClaimAnswer::Held { .. }));
     assert!(matches!(
-        claim_one(&store, &given_up),
+        claim_one(store, &given_up),
         ClaimAnswer::GivenUp { .. }
     ));
     assert!(matches!(
-        claim_one(&store, &released),
+        claim_one(store, &released),
         ClaimAnswer::Claimed {
             kind: ClaimKind::Retry,
             ..
@@ -167,5 +181,33 @@ fn a_v9_table_upgrades_under_running_deliveries_and_every_record_decides_as_befo
         .with_conn(async |c| claim::held(c, Some(t), 10).await)
         .unwrap();
     assert_eq!(listed, vec![(t.to_string(), "held".to_string())]);
+}
+
+#[test]
+fn a_v9_table_upgrades_under_running_deliveries_and_every_record_decides_as_before() {
+    let schema = "ij_upgrade_v10";
+    let store = store_in_through(schema, Some(9));
+    assert!(indexes(&store).contains(&"idempotent_job_records_retention_idx".to_string()));
+    upgrade_under_running_deliveries(&store, schema, Some(10), "V10__hot_completion");
+    let now = indexes(&store);
+    assert!(
+        !now.contains(&"idempotent_job_records_retention_idx".to_string()),
+        "{now:?}"
+    );
+    assert!(
+        now.contains(&"idempotent_job_records_first_claimed_idx".to_string()),
+        "{now:?}"
+    );
+    drop_schema(schema);
+}
+
+#[test]
+fn a_v10_table_loses_its_check_constraints_under_running_deliveries_and_every_record_decides_as_before(
+) {
+    let schema = "ij_upgrade_v11";
+    let store = store_in_through(schema, Some(10));
+    assert_eq!(check_constraints(&store).len(), 4);
+    upgrade_under_running_deliveries(&store, schema, None, "V11__no_check_constraints");
+    assert_eq!(check_constraints(&store), Vec::<String>::new());
     drop_schema(schema);
 }
