@@ -12,7 +12,9 @@ use serde_json::{Map, Number, Value};
 /// [`canonical::MAX_INTEGER_DIGITS`] digits: its decimal text, as the Ruby gem's
 /// Integer), float (finite; the canonical text writes an integral float as the integer
 /// it equals, so `2.0` and `2` agree), str, list/tuple, dict with str or int keys (an
-/// int key as its decimal text, as `json.dumps` writes it). Anything else (a Decimal, a
+/// int key as its decimal text, as `json.dumps` writes it; another key type, or an int
+/// and a str key of one text, is refused: [`canonical::map_key_refused`],
+/// [`canonical::insert_entry`]). Anything else (a Decimal, a
 /// set, bytes, NaN), or lists and dicts nested deeper than the core's
 /// [`canonical::MAX_NESTING`] (refused before the conversion recurses further, so no
 /// value can exhaust the stack), is an error text naming what it holds.
@@ -68,9 +70,9 @@ fn to_json_at(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
             } else if k.is_instance_of::<PyInt>() && !k.is_instance_of::<PyBool>() {
                 int(&k)?.to_string()
             } else {
-                return Err(format!("a dict key of type {}", type_name(&k)));
+                return Err(canonical::map_key_refused(&type_name(&k)));
             };
-            map.insert(key, inner(&v)?);
+            canonical::insert_entry(&mut map, key, inner(&v)?)?;
         }
         Ok(Value::Object(map))
     } else {

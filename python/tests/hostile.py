@@ -33,7 +33,30 @@ MAKERS = {
     "integer_digits": lambda digits: 10**digits - 1,
     "decimal": Decimal,
     "object": lambda _: object(),
+    "set": set,
+    "frozenset": frozenset,
+    "bytes": bytes.fromhex,
+    "bytearray": bytearray.fromhex,
+    "lone_surrogate": lambda hexed: chr(int(hexed, 16)),
+    "lone_surrogate_key": lambda hexed: {chr(int(hexed, 16)): 1},
+    "map_key": lambda kind: {MAP_KEYS[kind]: "v"},
+    "colliding_keys": lambda kind: {1: "a", "1": "b"},
 }
+# The map keys of the table's `map_key` cases, as Python writes them (no Symbol).
+MAP_KEYS = {"integer": 1, "float": 1.5, "list": (1, 2), "null": None, "boolean": True}
+
+
+def native(case: dict) -> bool:
+    """Whether Python has the case's value (a Ruby binary String or Symbol is not a
+    Python value)."""
+    if "json" in case:
+        return True
+    ((name, argument),) = case["make"].items()
+    if name == "map_key":
+        return argument in MAP_KEYS
+    if name == "colliding_keys":
+        return argument == "integer"
+    return name in MAKERS
 
 
 def value(case: dict):

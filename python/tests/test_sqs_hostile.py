@@ -31,6 +31,10 @@ def _raw_json(case: dict) -> str | None:
         return argument
     if name == "integer_digits":
         return "9" * argument
+    if name == "lone_surrogate":  # a lone surrogate escape, as any JSON writer may send it
+        return f'"\\u{argument}"'
+    if name == "lone_surrogate_key":
+        return f'{{"\\u{argument}": 1}}'
     return None
 
 

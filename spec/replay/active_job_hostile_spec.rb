@@ -29,11 +29,16 @@ RSpec.describe "Hostile values through the ActiveJob door (conformance/hostile.j
   def expected(vector, use)
     serialized_itself = ::ActiveJob::Arguments.serialize([BigDecimal("1.1")]).first.is_a?(Hash)
     return "runs" if use == "payload" && vector.dig("make", "decimal") && serialized_itself
+    # ActiveJob's own serializer writes {a: 1, "a" => 2} as one JSON object: the keys
+    # merge in the producer, and the job receives a Hash without the collision.
+    return "runs" if vector.dig("make", "colliding_keys") == "symbol"
 
     vector[use]
   end
 
   HostileValues.cases.each_with_index do |vector, i|
+    next unless HostileValues.native?(vector) # Python's frozenset, bytes, bytearray
+
     it "#{vector["name"]}: key #{vector["key"]}, payload #{vector["payload"]}" do
       value = HostileValues.value(vector)
       { "key" => ["k#{i}", value, nil], "payload" => ["p#{i}", "p-#{i}", value] }.each do |use, args|

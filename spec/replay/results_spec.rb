@@ -110,7 +110,7 @@ RSpec.describe "Stored results and replays" do
 
     {
       "too large" => [-> { "x" * 70_000 }, :too_large, "over max_result_bytes (65536)"],
-      "not JSON-encodable" => [-> { { "at" => Time.now } }, :unencodable, "a Time at $[\"at\"]"]
+      "not JSON-encodable" => [-> { { "at" => Time.now } }, :unencodable, "cannot be encoded as JSON (a Time)"]
     }.each do |what, (value, state, why)|
       it "completes a #{what} result without storing it: warned, an event, a repeat learns it and never runs" do
         runs = 0

@@ -2,6 +2,7 @@
 
 require "bigdecimal"
 require "json"
+require "set"
 
 # The shared table of hostile values (conformance/hostile.json, issue 29): its cases, each
 # case's value built in Ruby, and its JSON text as a producer in any language could put it
@@ -25,8 +26,35 @@ module HostileValues
     "float" => ->(name) { FLOATS.fetch(name) },
     "integer_digits" => ->(digits) { (10**digits) - 1 },
     "decimal" => ->(text) { BigDecimal(text) },
-    "object" => ->(_) { Object.new }
+    "object" => ->(_) { Object.new },
+    "set" => ->(items) { Set.new(items) },
+    # Ruby's bytes: a String in ASCII-8BIT (BINARY), as File.binread or pack give.
+    "binary_string" => ->(hex) { [hex].pack("H*") },
+    # A UTF-16 surrogate's three bytes, labelled UTF-8 (not valid UTF-8): what Ruby's
+    # JSON parser makes of a lone "\udc00" escape.
+    "lone_surrogate" => ->(hex) { surrogate(hex) },
+    "lone_surrogate_key" => ->(hex) { { surrogate(hex) => 1 } },
+    "map_key" => ->(kind) { { MAP_KEYS.fetch(kind) => "v" } },
+    "colliding_keys" => ->(kind) { { (kind == "symbol" ? :a : 1) => "a", (kind == "symbol" ? "a" : "1") => "b" } }
   }.freeze
+  # The map keys of the table's `map_key` cases, as Ruby writes them.
+  MAP_KEYS = { "integer" => 1, "symbol" => :a, "float" => 1.5, "list" => [1, 2], "null" => nil,
+               "boolean" => true }.freeze
+
+  # A lone UTF-16 surrogate (hex code point) as its three bytes, labelled UTF-8.
+  def surrogate(hex)
+    point = hex.to_i(16)
+    [0xE0 | (point >> 12), 0x80 | ((point >> 6) & 0x3F), 0x80 | (point & 0x3F)].pack("C*")
+                                                                               .force_encoding(Encoding::UTF_8)
+  end
+
+  # Whether Ruby has the case's value (Python's frozenset, bytes and bytearray are not
+  # Ruby values; a Ruby binary String is Ruby's bytes).
+  def native?(vector)
+    return true if vector.key?("json")
+
+    MAKERS.key?(vector.fetch("make").keys.first)
+  end
 
   # The case's value, built as the table says (see its "about").
   def value(vector)
@@ -48,6 +76,8 @@ module HostileValues
     when "string_bytes", "bytes_hex" then "\"#{value(vector)}\"".b
     when "float" then argument
     when "integer_digits" then "9" * argument
+    when "lone_surrogate" then %("\\u#{argument}")
+    when "lone_surrogate_key" then %({"\\u#{argument}":1})
     end
   end
 end

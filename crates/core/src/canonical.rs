@@ -41,6 +41,44 @@ pub fn too_deep() -> String {
     format!("a value nested deeper than {MAX_NESTING} levels of arrays and objects")
 }
 
+/// What a mapping key JSON cannot carry is called in messages ("… holds {this}"), for
+/// every binding alike: a JSON object's keys are text, so a Hash/dict key must be a
+/// string (a Ruby Symbol is its name) or an integer (its decimal text, as
+/// `JSON.generate` and `json.dumps` write it). A float, `nil`/`None`, a boolean, an
+/// Array/tuple or any object as a key is refused rather than written as some text
+/// (`JSON.generate` writes `{nil => 1}` as `{"":1}`, `json.dumps` as `{"null": 1}`:
+/// the languages would name two operations). `type_name` is the host's name of the
+/// key's class or type.
+pub fn map_key_refused(type_name: &str) -> String {
+    format!(
+        "a map key of type {type_name} (a Hash or dict key must be a string, a Symbol or an \
+         integer)"
+    )
+}
+
+/// Adds one converted entry of a host mapping to `map`. Errors: a key whose text is
+/// already there — two keys of one Hash/dict that write the same text (Ruby `{1 => …,
+/// "1" => …}` or `{:a => …, "a" => …}`, Python `{1: …, "1": …}`): keeping either value
+/// would depend on the mapping's insertion order, so two equal Hashes could name two
+/// operations, and the other value would be dropped unseen.
+pub fn insert_entry(
+    map: &mut serde_json::Map<String, Value>,
+    key: String,
+    value: Value,
+) -> Result<(), String> {
+    match map.entry(key) {
+        serde_json::map::Entry::Vacant(slot) => {
+            slot.insert(value);
+            Ok(())
+        }
+        serde_json::map::Entry::Occupied(slot) => Err(format!(
+            "a map with two keys written as {:?} (a string key and an integer or Symbol key \
+             of the same text)",
+            slot.key()
+        )),
+    }
+}
+
 /// The most decimal digits of an integer crossing the core (its sign not counted):
 /// Python's default limit on converting an int to and from text
 /// (`sys.get_int_max_str_digits()`), so an integer one language accepts every other

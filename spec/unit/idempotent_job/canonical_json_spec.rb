@@ -68,7 +68,7 @@ RSpec.describe "Canonical JSON: written by the core, in the form the gem has alw
       -Float::INFINITY => /the float -inf/,
       Time.at(0) => /a Time/,
       BigDecimal("1.5") => /a BigDecimal/,
-      { 1.5 => 2 } => /a Hash key of class Float/,
+      { 1.5 => 2 } => /a map key of type Float/,
       "\xFF".dup.force_encoding(Encoding::UTF_8) => /a String that is not valid UTF-8/,
       10**IdempotentJob::Native::MAX_INTEGER_DIGITS => /an integer of 4301 digits \(at most 4300\)/
     }.each do |value, problem|

@@ -137,6 +137,17 @@ pub fn facts_json(facts: RHash) -> (Option<String>, Option<String>) {
     }
 }
 
+/// `Native.value_json(value)` → `[text, nil]`: any Ruby value as JSON text by the rules
+/// of every value crossing the core ([`json_of`]: the core's map-key, integer, float
+/// and nesting rules), the text a stored result is (`ResultJson.encode`); or
+/// `[nil, problem]`: what the value holds that JSON cannot carry.
+pub fn value_json(value: Value) -> (Option<String>, Option<String>) {
+    match json_of(value) {
+        Ok(json) => (Some(json.to_string()), None),
+        Err(problem) => (None, Some(problem)),
+    }
+}
+
 /// A decision as a Hash: `:decision` (`:claimed`, `:completed`, `:in_progress`,
 /// `:held`, `:given_up`, `:refused`), `:mismatch`, and the decision's details; a
 /// completed operation's `:result_json` (the stored result's JSON text, or nil) and
@@ -366,8 +377,18 @@ impl Converter {
                 }
             };
         }
-        s.to_string()
-            .map_err(|e| format!("a String that is not valid UTF-8 ({e})"))
+        s.to_string().or_else(|e| {
+            // A binary (ASCII-8BIT) String is Ruby's bytes: judged by its bytes, as a key
+            // is, so "é".b is the text "é" in a key, a payload, facts and a result alike.
+            use magnus::encoding::EncodingCapable;
+            if s.enc_get() == Ruby::get_with(s).ascii8bit_encindex() {
+                // SAFETY: the slice is copied before any Ruby code runs again.
+                if let Ok(text) = std::str::from_utf8(unsafe { s.as_slice() }) {
+                    return Ok(text.to_owned());
+                }
+            }
+            Err(format!("a String that is not valid UTF-8 ({e})"))
+        })
     }
 
     /// A Symbol's name.
@@ -429,13 +450,16 @@ impl Converter {
                 } else if let Some(i) = Integer::from_value(k) {
                     integer(i).map(|n| n.to_string())
                 } else {
-                    Err(format!("a Hash key of class {}", class_name(k)))
+                    Err(idempotent_job_core::canonical::map_key_refused(
+                        &class_name(k),
+                    ))
                 };
-                match key.and_then(|key| Ok((key, self.json(v, depth + 1)?))) {
-                    Ok((key, v)) => {
-                        map.insert(key, v);
-                        Ok(magnus::r_hash::ForEach::Continue)
-                    }
+                let entry = key.and_then(|key| {
+                    let v = self.json(v, depth + 1)?;
+                    idempotent_job_core::canonical::insert_entry(&mut map, key, v)
+                });
+                match entry {
+                    Ok(()) => Ok(magnus::r_hash::ForEach::Continue),
                     Err(problem) => {
                         failed = Some(problem);
                         Ok(magnus::r_hash::ForEach::Stop)

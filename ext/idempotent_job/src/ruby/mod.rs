@@ -62,6 +62,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("key_problem", function!(key_problem, 1))?;
     native.define_module_function("key_refused", function!(key_refused, 2))?;
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
+    native.define_module_function("value_json", function!(convert::value_json, 1))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
     native.const_set("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
     native.const_set(
