@@ -63,9 +63,7 @@ def delivery(table, facts, job, digest_col, digest, classes):
     facts/job/classes (bool): write first_facts / the stored job / job_classes;
     digest_col, digest: the digest's column and its SQL expression. Returns text.
     """
-    job_class, queue, args = (
-        ("'ChargeJob'", "'default'", f"'{ARGS}'") if job else ("NULL",) * 3
-    )
+    job_class, queue, args = ("'ChargeJob'", "'default'", f"'{ARGS}'") if job else ("NULL",) * 3
     first_facts = f"'{FACTS}'::jsonb" if facts else "NULL::jsonb"
     job_classes = "ARRAY['ChargeJob']" if classes else "'{}'::text[]"
     returned = f"status, jid, attempts, duplicates, {digest_col}"
@@ -102,9 +100,7 @@ def scripts():
 
 def psql(url, sql):
     """Runs ``sql`` with psql on ``url``; returns its unaligned output (str)."""
-    out = subprocess.run(
-        ["psql", url, "-Atqc", sql], check=True, capture_output=True, text=True
-    )
+    out = subprocess.run(["psql", url, "-Atqc", sql], check=True, capture_output=True, text=True)
     return out.stdout.strip()
 
 
@@ -119,18 +115,12 @@ def pgbench(url, path, ops):
         capture_output=True,
         text=True,
     ).stdout
-    return next(
-        line.split()[3]
-        for line in out.splitlines()
-        if line.startswith("latency average")
-    )
+    return next(line.split()[3] for line in out.splitlines() if line.startswith("latency average"))
 
 
 def uptime():
     """The machine's ``uptime`` line (load averages), printed with every figure (str)."""
-    return subprocess.run(
-        ["uptime"], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    return subprocess.run(["uptime"], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def main():
@@ -151,9 +141,7 @@ def main():
         for name in VARIANTS:  # warm-up: prepares, fills the first pages
             pgbench(url, paths[name], 200)
         psql(url, "CHECKPOINT")
-        for (
-            name
-        ) in VARIANTS:  # each page touched once since the checkpoint: no FPIs below
+        for name in VARIANTS:  # each page touched once since the checkpoint: no FPIs below
             pgbench(url, paths[name], 200)
         psql(url, "SELECT pg_stat_statements_reset()")
         psql(url, "SELECT pg_stat_reset()")
@@ -168,13 +156,9 @@ def main():
                         f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{before}')::bigint",
                     )
                 )
-                print(
-                    f"round {r} {name:8} WAL/op {wal / (2 * ops):6.0f} B  latency {latency} ms"
-                )
+                print(f"round {r} {name:8} WAL/op {wal / (2 * ops):6.0f} B  latency {latency} ms")
     print(uptime())
-    print(
-        "--- per statement, every round: table | statement | calls | mean exec µs | WAL B | FPI"
-    )
+    print("--- per statement, every round: table | statement | calls | mean exec µs | WAL B | FPI")
     print(
         psql(
             url,
