@@ -22,6 +22,24 @@ RSpec.describe "Hostile values through the plain Ruby door (conformance/hostile.
     e
   end
 
+  # Delivers `job_type`/`key` twice with `options` carrying the hostile value as `use`
+  # ("payload" or "facts"): refused both times with ConfigurationError naming the job and
+  # nothing recorded, or run once then completed, as the table's `use` column says.
+  def delivered_with(vector, use, job_type, key, **options)
+    deliver = -> { IdempotentJob.perform_once(job_type, key, **options) { runs << use } }
+    return refused_twice(vector, job_type, key, deliver) if vector[use] == "refused"
+
+    expect(deliver.call.decision).to eq(:ran)
+    expect(deliver.call.decision).to eq(:completed)
+    expect(runs).to eq([use])
+  end
+
+  def refused_twice(vector, job_type, key, deliver)
+    2.times { expect(refusal(vector, job_type) { deliver.call }).to be_a(IdempotentJob::ConfigurationError) }
+    expect(runs).to be_empty
+    expect(IdempotentJob.record(job_type, key)).to be_nil
+  end
+
   it "refuses facts holding a NUL character with ConfigurationError naming the job (jsonb cannot store it)" do
     2.times do
       expect { IdempotentJob.perform_once("HostileFacts", "f", facts: { "note" => "a\u0000b" }) { runs << :facts } }
@@ -52,32 +70,12 @@ RSpec.describe "Hostile values through the plain Ruby door (conformance/hostile.
       end
 
       it "as a payload: #{vector["payload"]}" do
-        job_type = "HostilePayload#{i}"
-        deliver = -> { IdempotentJob.perform_once(job_type, "p-#{i}", payload: [value]) { runs << :payload } }
-        if vector["payload"] == "refused"
-          2.times { expect(refusal(vector, job_type) { deliver.call }).to be_a(IdempotentJob::ConfigurationError) }
-          expect(runs).to be_empty
-          expect(IdempotentJob.record(job_type, "p-#{i}")).to be_nil
-        else
-          expect(deliver.call.decision).to eq(:ran)
-          expect(deliver.call.decision).to eq(:completed)
-          expect(runs).to eq([:payload])
-        end
+        delivered_with(vector, "payload", "HostilePayload#{i}", "p-#{i}", payload: [value])
       end
 
       if vector.key?("facts")
         it "as facts: #{vector["facts"]}" do
-          job_type = "HostileFacts#{i}"
-          deliver = -> { IdempotentJob.perform_once(job_type, "f-#{i}", facts: { "v" => value }) { runs << :facts } }
-          if vector["facts"] == "refused"
-            2.times { expect(refusal(vector, job_type) { deliver.call }).to be_a(IdempotentJob::ConfigurationError) }
-            expect(runs).to be_empty
-            expect(IdempotentJob.record(job_type, "f-#{i}")).to be_nil
-          else
-            expect(deliver.call.decision).to eq(:ran)
-            expect(deliver.call.decision).to eq(:completed)
-            expect(runs).to eq([:facts])
-          end
+          delivered_with(vector, "facts", "HostileFacts#{i}", "f-#{i}", facts: { "v" => value })
         end
       end
 

@@ -38,37 +38,28 @@ fn finish(store: &Store, req: &ClaimRequest, token: Uuid, change: Fenced) {
         .unwrap();
 }
 
-fn indexes(store: &Store) -> Vec<String> {
+/// The first column of `sql`'s rows (a catalog query's names).
+fn names(store: &Store, sql: &str) -> Vec<String> {
     store
-        .with_conn(async |c| {
-            Ok(c.query(
-                "SELECT indexname::text FROM pg_indexes \
-                 WHERE tablename = 'idempotent_job_records' AND schemaname = current_schema() \
-                 ORDER BY 1",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
-        })
+        .with_conn(async |c| Ok(c.query(sql, &[]).await?.iter().map(|r| r.get(0)).collect()))
         .unwrap()
 }
 
+fn indexes(store: &Store) -> Vec<String> {
+    names(
+        store,
+        "SELECT indexname::text FROM pg_indexes \
+         WHERE tablename = 'idempotent_job_records' AND schemaname = current_schema() \
+         ORDER BY 1",
+    )
+}
+
 fn check_constraints(store: &Store) -> Vec<String> {
-    store
-        .with_conn(async |c| {
-            Ok(c.query(
-                "SELECT conname::text FROM pg_constraint \
-                 WHERE conrelid = 'idempotent_job_records'::regclass AND contype = 'c' ORDER BY 1",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
-        })
-        .unwrap()
+    names(
+        store,
+        "SELECT conname::text FROM pg_constraint \
+         WHERE conrelid = 'idempotent_job_records'::regclass AND contype = 'c' ORDER BY 1",
+    )
 }
 
 /// Writes records in every state on `store`'s table, applies the migrations through
