@@ -255,9 +255,11 @@ RSpec.describe "Stale claims" do
       SpecHooks.on(:inside) do |job|
         seen = [job.idempotency_key, job.idempotency_attempt, job.idempotency_claim.kind, IdempotentJob.current_claim]
       end
-      deliver(job_hash)
+      job = job_hash
+      deliver(job)
       expect(seen[0..2]).to eq(["42", 1, :first])
       expect(seen[3]).to have_attributes(job_type: "ChargeOrderJob", operation_key: "42")
+      expect(seen[3].delivery_id).to eq(job["jid"]).and eq(seen[3].jid)
       expect(IdempotentJob.current_claim).to be_nil
     end
   end
