@@ -21,6 +21,25 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
     expect(IdempotentJob.perform_once("Attack::After", unique_key) { :ok }.decision).to eq(:ran)
   end
 
+  # A thread holding a live claim on the operation until `release` is called; `release`
+  # returns the holder's outcome (the body ran and completed).
+  # @return [Proc] release
+  def live_holder(job_type, key)
+    inside = Queue.new
+    finish = Queue.new
+    holder = Thread.new do
+      IdempotentJob.perform_once(job_type, key) do
+        inside << true
+        finish.pop
+      end
+    end
+    inside.pop
+    lambda do
+      finish << :done
+      holder.join(10).value
+    end
+  end
+
   # A retry right after runs the body (the claim was released, not kept for its lease).
   def retried_at_once(job_type, key, **options)
     outcome = IdempotentJob.perform_once(job_type, key, **options) { runs << :retry }
@@ -154,15 +173,7 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
 
     it "Thread#raise and Thread#kill reach threads waiting (wait:) for a live claim; the holder completes" do
       key = unique_key
-      inside = Queue.new
-      finish = Queue.new
-      holder = Thread.new do
-        IdempotentJob.perform_once("Attack::Wait", key) do
-          inside << true
-          finish.pop
-        end
-      end
-      inside.pop
+      release = live_holder("Attack::Wait", key)
       waiting = Queue.new
       IdempotentJob.configuration.logger = Logger.new(StringIO.new).tap do |log|
         log.formatter = proc { |_, _, _, line|
@@ -178,8 +189,7 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       killed.kill
       expect { raised.join(10) }.to raise_error(ArgumentError, "stop waiting")
       expect(killed.join(10)).to eq(killed)
-      finish << :done
-      expect(holder.join(10).value.decision).to eq(:ran)
+      expect(release.call.decision).to eq(:ran)
       expect(runs).to be_empty
       expect(status("Attack::Wait", key)).to eq(:completed)
       pool_still_serves
@@ -210,15 +220,7 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
 
     it "Thread#raise landing in a ::Logger write before a wait: raised, not swallowed by Logger (no 60 s wait)" do
       key = unique_key
-      inside = Queue.new
-      finish = Queue.new
-      holder = Thread.new do
-        IdempotentJob.perform_once("Attack::LogRaise", key) do
-          inside << true
-          finish.pop
-        end
-      end
-      inside.pop
+      release = live_holder("Attack::LogRaise", key)
       IdempotentJob.configuration.logger = Logger.new(device)
       waiter = Thread.new { IdempotentJob.perform_once("Attack::LogRaise", key, wait: 60) { runs << :waiter } }
       waiter.report_on_exception = false
@@ -226,8 +228,7 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       waiter.raise(ArgumentError, "while logging")
       device.gate << true
       expect { waiter.join(10) }.to raise_error(ArgumentError, "while logging")
-      finish << :done
-      expect(holder.join(10).value.decision).to eq(:ran)
+      expect(release.call.decision).to eq(:ran)
       expect(runs).to be_empty
     end
   end
@@ -313,15 +314,7 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
     %w[INT TERM].each do |signal|
       it "SIG#{signal} to a process waiting (wait:) for a live claim ends it at once; the holder completes" do
         key = unique_key
-        inside = Queue.new
-        finish = Queue.new
-        holder = Thread.new do
-          IdempotentJob.perform_once("Attack::Signal#{signal}", key) do
-            inside << true
-            finish.pop
-          end
-        end
-        inside.pop
+        release = live_holder("Attack::Signal#{signal}", key)
         # A fresh process (a fork would close the parent's connections when it exits).
         reader, writer = IO.pipe
         script = <<~RUBY
@@ -348,8 +341,7 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
         Process.kill(signal, pid)
         ended = Timeout.timeout(10) { Process.wait2(pid)[1] }
         expect(ended.termsig).to eq(Signal.list.fetch(signal))
-        finish << :done
-        expect(holder.join(10).value.decision).to eq(:ran)
+        expect(release.call.decision).to eq(:ran)
         expect(status("Attack::Signal#{signal}", key)).to eq(:completed)
       ensure
         reader&.close
