@@ -12,7 +12,7 @@ use idempotent_job_core::config::DEFAULT_MAX_RESULT_BYTES;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::protocol::{
-    deferral_delay, unreachable_delay, Channel, Claim, ClaimInfo, ClaimKind, Decision,
+    deferral_delay, unreachable_delay, Channel, Claim, ClaimInfo, ClaimKind, Completion, Decision,
     DeliveryRequest, Detail, Direct, DoorWords, JobOptions, Level, LookupAnswer, Note, NoteKind,
     Notes, OnMismatch, OnStale, Outcome, Protocol, Step, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
     UNREACHABLE_MAX_DELAY,
@@ -103,6 +103,24 @@ fn begin(store: &Store, protocol: &Protocol, delivery: &DeliveryRequest) -> (Res
     let mut notes = Notes::new();
     let step = protocol.begin(&mut direct(store), &Interrupt::none(), delivery, &mut notes);
     (step, notes)
+}
+
+/// `protocol.complete` on the store's pool, uninterrupted, with the default result limit.
+fn complete(
+    store: &Store,
+    protocol: &Protocol,
+    claim: Claim,
+    result: Option<&serde_json::Value>,
+    notes: &mut Notes,
+) -> Result<Completion> {
+    protocol.complete(
+        &mut direct(store),
+        &Interrupt::none(),
+        claim,
+        result,
+        DEFAULT_MAX_RESULT_BYTES,
+        notes,
+    )
 }
 
 /// The step's name: what the binding does next.

@@ -10,16 +10,7 @@ pub(crate) fn a_completion_is_recorded_with_the_bodys_duration(store: &Store) {
     let info = claim.info().clone();
     let mut notes = Notes::new();
     let value = serde_json::json!({"charge_id": "ch_1"});
-    let done = protocol
-        .complete(
-            &mut direct(store),
-            &Interrupt::none(),
-            claim,
-            Some(&value),
-            DEFAULT_MAX_RESULT_BYTES,
-            &mut notes,
-        )
-        .unwrap();
+    let done = complete(store, &protocol, claim, Some(&value), &mut notes).unwrap();
     assert!(done.recorded);
     assert_eq!(done.attempts, 1);
     assert_eq!(done.outcome.decision, Decision::Ran);
@@ -261,14 +252,7 @@ pub(crate) fn a_completion_after_a_takeover_is_a_lost_claim(store: &Store) {
     let taker = run_claim(begin(store, &protocol, &delivery).0);
     assert_eq!(taker.info().kind, ClaimKind::Takeover);
     let mut notes = Notes::new();
-    let lost = protocol.complete(
-        &mut direct(store),
-        &Interrupt::none(),
-        slow,
-        None,
-        DEFAULT_MAX_RESULT_BYTES,
-        &mut notes,
-    );
+    let lost = complete(store, &protocol, slow, None, &mut notes);
     assert!(matches!(lost, Err(Error::LostClaim { .. })), "{lost:?}");
     assert_eq!(notes[0].event(), Some("lost_claim"));
     assert_eq!(
@@ -277,16 +261,7 @@ pub(crate) fn a_completion_after_a_takeover_is_a_lost_claim(store: &Store) {
     );
     assert_eq!(notes[0].level(), Some(Level::Error));
     // The taker's completion stands.
-    protocol
-        .complete(
-            &mut direct(store),
-            &Interrupt::none(),
-            taker,
-            None,
-            DEFAULT_MAX_RESULT_BYTES,
-            &mut notes,
-        )
-        .unwrap();
+    complete(store, &protocol, taker, None, &mut notes).unwrap();
     assert_eq!(status(store, &delivery), "completed");
 }
 

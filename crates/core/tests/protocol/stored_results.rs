@@ -32,16 +32,7 @@ pub(crate) fn a_stored_result_is_replayed_by_a_repeat(store: &Store) {
     let claim = run_claim(begin(store, &protocol, &delivery).0);
     let mut notes = Notes::new();
     let value = serde_json::json!({"charge_id": "ch_1", "amounts": [1500, 2.5]});
-    let done = protocol
-        .complete(
-            &mut direct(store),
-            &Interrupt::none(),
-            claim,
-            Some(&value),
-            DEFAULT_MAX_RESULT_BYTES,
-            &mut notes,
-        )
-        .unwrap();
+    let done = complete(store, &protocol, claim, Some(&value), &mut notes).unwrap();
     assert!(done.recorded);
     assert!(done.result_stored);
     assert_eq!(done.outcome.result_state, Some(ResultState::Stored));
@@ -128,16 +119,7 @@ pub(crate) fn without_store_result_nothing_is_stored_or_replayed(store: &Store) 
     let claim = run_claim(begin(store, &protocol, &delivery).0);
     let mut notes = Notes::new();
     let value = serde_json::json!("ch_1");
-    let done = protocol
-        .complete(
-            &mut direct(store),
-            &Interrupt::none(),
-            claim,
-            Some(&value),
-            DEFAULT_MAX_RESULT_BYTES,
-            &mut notes,
-        )
-        .unwrap();
+    let done = complete(store, &protocol, claim, Some(&value), &mut notes).unwrap();
     assert!(!done.result_stored);
     assert_eq!(done.outcome.result_state, None);
     assert_eq!(notes[0].details()[1], ("result_state", Detail::Null));

@@ -116,16 +116,7 @@ pub(crate) fn a_waiting_delivery_decides_again_when_the_claim_ends(store: &Store
     told.recv().unwrap();
     let value = serde_json::json!({"charge_id": "ch_9"});
     let mut notes = Notes::new();
-    protocol
-        .complete(
-            &mut direct(store),
-            &Interrupt::none(),
-            holder,
-            Some(&value),
-            DEFAULT_MAX_RESULT_BYTES,
-            &mut notes,
-        )
-        .unwrap();
+    complete(store, &protocol, holder, Some(&value), &mut notes).unwrap();
     let (outcome, notes) = waiter.join().unwrap();
     let outcome = outcome.unwrap();
     assert!(outcome.replayed());
