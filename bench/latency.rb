@@ -210,9 +210,9 @@ module IdempotentJobBench
                target(variant, figure, floor, trip)]
     end
 
-    # Issue 14's targets: first delivery, store calls ≤ 1.10× the floor, the middleware
+    # Issue 14's targets: first delivery, perform_once (the gem variant) ≤ 1.10× the floor, the middleware
     # ≤ 1.20×, the gem without a disk wait ≤ 1.20× its floor; duplicate, the
-    # middleware ≤ 1.30× one raw round trip (the store calls: one statement, ≤ 1.10×).
+    # middleware ≤ 1.30× one raw round trip (perform_once: one statement, ≤ 1.10×).
     TARGETS = { first: { gem: 1.10, middleware: 1.20, gem_nosync: 1.20 },
                 duplicate: { gem: 1.10, middleware: 1.30 } }.freeze
 

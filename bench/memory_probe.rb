@@ -33,10 +33,9 @@ module Probe
   end
 
   # @param key [String]
-  # @return [Hash] a claim request for a new operation
-  def self.request(key)
-    { job_type: "MemoryProbe", operation_key: key, jid: "j", lease: 300.0, args_digest: "d" * 64,
-      job_class: "MemoryProbe", queue: "default", args_json: JSON.generate([key]), refuse_mismatch: false }
+  # @return [Hash] the options of a delivery of a new operation (IdempotentJob.perform_once)
+  def self.options
+    { lease: 300.0, job_class: "MemoryProbe", queue: "default" }
   end
 end
 
@@ -51,14 +50,14 @@ if mode == "gem"
   stages << ["require \"idempotent_job\"", Probe.rss]
   IdempotentJob.configure(database_url: url, pool_size: pool, logger: Logger.new(File::NULL))
   stages << ["configure (nothing connects yet)", Probe.rss]
-  IdempotentJob.store.claim(Probe.request(SecureRandom.hex(16)))
+  IdempotentJob.perform_once("MemoryProbe", SecureRandom.hex(16), **Probe.options) { nil }
   stages << ["first claim: runtime + pool + 1 connection", Probe.rss]
   Array.new(pool) { IdempotentJob.store.transaction }.each(&:rollback)
   stages << ["#{pool} pooled connections open", Probe.rss]
   1000.times do
     key = SecureRandom.hex(16)
-    decision = IdempotentJob.store.claim(Probe.request(key))
-    IdempotentJob.store.fenced(:complete, "MemoryProbe", key, decision.fetch(:token), nil)
+    outcome = IdempotentJob.perform_once("MemoryProbe", key, payload: [key], **Probe.options) { nil }
+    raise "a new operation decided #{outcome.decision.inspect}" unless outcome.decision == :ran
   end
   stages << ["after 1000 deliveries (claim + completion)", Probe.rss]
   extension = Probe.mapped(/idempotent_job\.so/)

@@ -97,11 +97,15 @@ module IdempotentJobBench
     def loaded_run
       build(@loaded)
       claims = store(@loaded, pool_size: CLAIMERS)
-      CLAIMERS.times { claim(claims) } # connections open
       slice = @loaded >= 100_000 ? 2.0 : 0.25
       purger = store(@loaded)
       state = { phase: :without, deleted: 0, seconds: 0.0, cursor: nil, done: false }
-      samples = claiming(claims, state) { alternate(purger, state, slice) }
+      # The claimers deliver through IdempotentJob.perform_once on `claims` (Gem.using);
+      # the purger calls its own store.
+      samples = Gem.using(claims) do
+        CLAIMERS.times { claim } # connections open
+        claiming(state) { alternate(purger, state, slice) }
+      end
       raise "purge under load deleted #{state[:deleted]} of #{@loaded}" unless state[:deleted] == @loaded
 
       puts "   #{@loaded} records purged under #{CLAIMERS} claimers in #{state[:seconds].round(2)} s"
@@ -138,7 +142,7 @@ module IdempotentJobBench
     # Runs CLAIMERS threads claiming new operations until the block returns, each claim
     # filed under the phase (state[:phase]) it started in.
     # @return [Hash{Symbol => Array<Float>}] claim latencies (µs) by phase
-    def claiming(store, state)
+    def claiming(state)
       stop = false
       threads = Array.new(CLAIMERS) do
         Thread.new do
@@ -146,7 +150,7 @@ module IdempotentJobBench
           until stop
             phase = state[:phase]
             started = Clock.now
-            claim(store)
+            claim
             samples[phase] << ((Clock.now - started) * 1e6)
           end
           samples
@@ -159,12 +163,10 @@ module IdempotentJobBench
       end
     end
 
-    def claim(store)
-      delivery = Op.fresh
-      decision = store.claim(job_type: Variant::JOB_TYPE, operation_key: delivery.key, jid: delivery.jid,
-                             lease: Variant::LEASE, args_digest: delivery.digest, job_class: Variant::JOB_TYPE,
-                             queue: "default", args_json: delivery.args_json, refuse_mismatch: false)[:decision]
-      raise "a new claim decided #{decision.inspect}" unless decision == :claimed
+    # One delivery of a new operation through IdempotentJob.perform_once (see {Gem.using}).
+    def claim
+      decision = Gem.deliver(Op.fresh)
+      raise "a new delivery decided #{decision.inspect}" unless decision == :ran
     end
 
     def summary(samples)

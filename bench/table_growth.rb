@@ -7,10 +7,11 @@ module IdempotentJobBench
   # Section 4: claim latency as the record table grows. One schema per size, each
   # with the gem's own migrated table filled with completed records of realistic
   # width (random keys, a payload, a digest), so every size is measured in the same
-  # run: sizes are interleaved like the variants of {Latency}. Two claims are timed:
-  # a new operation (an insert into a random place of the index) and a duplicate of
-  # a random existing record (a random leaf and heap page); each also on a connection
-  # with synchronous_commit off, where no wait for the disk hides the table's share.
+  # run: sizes are interleaved like the variants of {Latency}. Two deliveries through
+  # IdempotentJob.perform_once (no-op body) are timed: a new operation (its claim, an
+  # insert into a random place of the index, and its completion) and a duplicate of a
+  # random existing record (the read-only look: a random leaf and heap page); each also
+  # on a store with synchronous_commit off, where no wait for the disk hides the table's share.
   class TableGrowth
     # What is timed: name => [connection, claim].
     KINDS = { new: %i[durable new], duplicate: %i[durable duplicate],
@@ -103,7 +104,8 @@ module IdempotentJobBench
     def measure(stores)
       samples = stores.keys.to_h { |n| [n, KINDS.keys.to_h { |k| [k, []] }] }
       rng = Random.new(4)
-      stores.each { |n, s| s.each_value { |store| 10.times { claim(store, Op.fresh, n, :new) } } } # connections open
+      # Connections open.
+      stores.each { |n, s| s.each_value { |store| Gem.using(store) { 10.times { claim(Op.fresh, n, :new) } } } }
       @rounds.times do
         stores.to_a.shuffle(random: rng).each { |n, s| round(s, n, samples[n], rng) }
       end
@@ -115,7 +117,7 @@ module IdempotentJobBench
       10.times do
         KINDS.each do |kind, (connection, claim)|
           delivery = claim == :new ? Op.fresh : Op.fresh(Digest::MD5.hexdigest(rng.rand(1..size).to_s))
-          samples[kind] << timed { claim(stores[connection], delivery, size, claim) }
+          Gem.using(stores[connection]) { samples[kind] << timed { claim(delivery, size, claim) } }
         end
       end
     end
@@ -130,11 +132,10 @@ module IdempotentJobBench
       (Clock.now - started) * 1e6
     end
 
-    def claim(store, delivery, size, kind)
-      decision = store.claim(job_type: Variant::JOB_TYPE, operation_key: delivery.key, jid: delivery.jid,
-                             lease: Variant::LEASE, args_digest: delivery.digest, job_class: Variant::JOB_TYPE,
-                             queue: "default", args_json: delivery.args_json, refuse_mismatch: false)[:decision]
-      expected = kind == :new ? :claimed : :completed
+    # One delivery through IdempotentJob.perform_once on the facade's store ({Gem.using}).
+    def claim(delivery, size, kind)
+      decision = Gem.deliver(delivery)
+      expected = kind == :new ? :ran : :completed
       raise "#{size} records: a #{kind} claim decided #{decision.inspect}" unless decision == expected
     end
 
@@ -146,7 +147,7 @@ module IdempotentJobBench
          *KINDS.keys.flat_map { |k| cells(f[k], base[k]) }, verdict(n, f, base)]
       end
       headers = ["records", "built in", *KINDS.keys.flat_map { |k| ["#{TITLES[k]} µs p50 / p99", "×"] }, "target"]
-      @results.table("growth", "4. Table growth: claim latency (gem, one connection) by records in the table",
+      @results.table("growth", "4. Table growth: delivery latency (gem, perform_once) by records in the table",
                      headers, rows, notes:)
     end
 

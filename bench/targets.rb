@@ -23,14 +23,14 @@ module IdempotentJobBench
 
     # Each target: its text, and how to read it from the records.
     ROWS = [
-      ["first delivery: store calls ≤ 1.10× the floor", [:ratio, "first", "gem", "ratio_p50_to_floor", :<=, 1.10]],
+      ["first delivery: perform_once ≤ 1.10× the floor", [:ratio, "first", "gem", "ratio_p50_to_floor", :<=, 1.10]],
       ["first delivery: middleware ≤ 1.20× the floor",
        [:ratio, "first", "middleware", "ratio_p50_to_floor", :<=, 1.20]],
       ["gem overhead with synchronous_commit off ≤ 1.20× its floor",
        [:ratio, "first", "gem_nosync", "ratio_p50_to_floor_nosync", :<=, 1.20]],
       ["duplicate: middleware ≤ 1.30× one raw round trip",
        [:ratio, "duplicate", "middleware", "ratio_p50_to_round_trip", :<=, 1.30]],
-      ["duplicate: store calls and middleware faster than the hand-written version", [:faster]],
+      ["duplicate: perform_once and middleware faster than the hand-written version", [:faster]],
       ["no re-planning: the gem's named statements, plans per call after warm-up ≈ 0", [:plans]],
       ["10 threads ≥ 1.0× raw pg", [:ratio, "throughput", "gem", "ratio_to_raw_10_threads", :>=, 1.0]],
       ["a real Sidekiq process, 10,000 operations + 30 % duplicates: worker side ≥ 1.2× " \
@@ -87,7 +87,7 @@ module IdempotentJobBench
       middleware = value("duplicate", "middleware", "p50")
       return nil unless hand && gem && middleware
 
-      shown = "store #{Format.num(gem)} µs, middleware #{Format.num(middleware)} µs, " \
+      shown = "perform_once #{Format.num(gem)} µs, middleware #{Format.num(middleware)} µs, " \
               "hand-written #{Format.num(hand)} µs"
       [text, shown, verdict(gem < hand && middleware < hand)]
     end

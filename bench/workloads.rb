@@ -48,6 +48,39 @@ module IdempotentJobBench
                                                        asynchronous_completion:)
       IdempotentJob::Native::Store.new(config.validate!.to_native_json)
     end
+
+    # Runs the block with the facade's store (IdempotentJob.store, the one
+    # IdempotentJob.perform_once delivers through) set to `store`, then puts the facade's
+    # own back: benchmark-only (it sets the facade's internals), so a variant delivers
+    # through the one-call API on a store of its own settings (schema, prepared
+    # statements, asynchronous completion). One swap at a time: the threads delivering
+    # meanwhile all use `store`.
+    # @param store [IdempotentJob::Native::Store, nil] nil: the facade's own, unchanged
+    # @return [Object] the block's value
+    def self.using(store)
+      return yield if store.nil?
+
+      lock = IdempotentJob.instance_variable_get(:@lock)
+      previous = lock.synchronize do
+        IdempotentJob.instance_variable_get(:@store).tap { IdempotentJob.instance_variable_set(:@store, store) }
+      end
+      begin
+        yield
+      ensure
+        lock.synchronize { IdempotentJob.instance_variable_set(:@store, previous) }
+      end
+    end
+
+    # One delivery of `delivery` (a benchmark job of type Variant::JOB_TYPE, its key its
+    # one argument) through IdempotentJob.perform_once with a no-op body, on the
+    # facade's store (see {.using}).
+    # @param delivery [Op]
+    # @return [Symbol] the outcome's decision (:ran for a new operation, :completed for a duplicate)
+    def self.deliver(delivery)
+      IdempotentJob.perform_once(Variant::JOB_TYPE, delivery.key, payload: [delivery.key], id: delivery.jid,
+                                                                  lease: Variant::LEASE, job_class: Variant::JOB_TYPE,
+                                                                  queue: "default") { nil }.decision
+    end
   end
 
   # A job class for the middleware variant (never enqueued): its key is its only argument.
@@ -210,40 +243,29 @@ module IdempotentJobBench
     end
   end
 
-  # The gem's native store, called as the middleware calls it:
-  # `IdempotentJob.store.claim` then `fenced(:complete, …)`.
+  # The gem's plain one-call API: `IdempotentJob.perform_once` around a no-op body
+  # (one native call: the read-only look, the claim, the body, the completion), on the
+  # facade's store or on a store of its own settings ({Gem.using}).
   class GemStore < Variant
     # @param store [IdempotentJob::Native::Store, nil] nil: the facade's (IdempotentJob.store)
     # @param name [Symbol]
     # @param label [String]
     # @param baseline [Symbol]
-    def initialize(store = nil, name: :gem, label: "gem: native store calls", baseline: :floor)
+    def initialize(store = nil, name: :gem, label: "gem: perform_once", baseline: :floor)
       super(name, label, baseline:)
       @store = store
     end
 
     # (see Floor#first)
     def first(delivery)
-      decision = store.claim(request(delivery))
-      expect!(decision[:decision] == :claimed, "claim decided #{decision[:decision].inspect}")
-      store.fenced(:complete, JOB_TYPE, delivery.key, decision[:token], nil)
+      decision = Gem.using(@store) { Gem.deliver(delivery) }
+      expect!(decision == :ran, "a first delivery decided #{decision.inspect}")
     end
 
     # (see Floor#duplicate)
     def duplicate(delivery)
-      decision = store.claim(request(delivery))
-      expect!(decision[:decision] == :completed, "a duplicate decided #{decision[:decision].inspect}")
-    end
-
-    private
-
-    def store
-      @store || IdempotentJob.store
-    end
-
-    def request(delivery)
-      { job_type: JOB_TYPE, operation_key: delivery.key, jid: delivery.jid, lease: LEASE, args_digest: delivery.digest,
-        job_class: JOB_TYPE, queue: "default", args_json: delivery.args_json, refuse_mismatch: false }
+      decision = Gem.using(@store) { Gem.deliver(delivery) }
+      expect!(decision == :completed, "a duplicate decided #{decision.inspect}")
     end
   end
 

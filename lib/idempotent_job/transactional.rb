@@ -26,6 +26,5 @@ module IdempotentJob
 end
 
 require_relative "transactional/direct"
-require_relative "transactional/session"
 require_relative "transactional/native"
 require_relative "transactional/active_record"

@@ -97,7 +97,7 @@ RSpec.describe "Fault probe findings", :faults do
     end
 
     it "keeps other database errors not retryable" do
-      expect { IdempotentJob.store.claim({ job_type: "J", operation_key: "k", lease: 1.0, args_json: "[1" }) }
+      expect { RecordRows.claim({ job_type: "J", operation_key: "k", lease: 1.0, args_json: "[1" }) }
         .to raise_error(IdempotentJob::DatabaseError) { |e| expect(e.retryable?).to be(false) }
     end
   end

@@ -16,7 +16,7 @@ RSpec.describe "IdempotentJob's native layer" do
     it "reports an unreachable database as a retryable ConnectionError without the password" do
       SpecServices.configure_gem!(database_url: "postgres://app:pa55-secret@127.0.0.1:1/app", connect_timeout: 2,
                                   deadline: 2)
-      expect { claim("T", "1", "j", 5.0) }.to raise_error(IdempotentJob::ConnectionError) do |e|
+      expect { deliver_once("T", "1", lease: 5.0) }.to raise_error(IdempotentJob::ConnectionError) do |e|
         expect(e).to be_retryable
         expect(e.message).not_to include("pa55-secret")
       end
@@ -24,7 +24,7 @@ RSpec.describe "IdempotentJob's native layer" do
 
     it "keeps PostgreSQL's SQLSTATE and says to migrate when the table is missing" do
       SpecServices.configure_gem!(database_url: "#{SpecServices.database_url}?options=-csearch_path%3Dnowhere")
-      expect { claim("T", "1", "j", 5.0) }.to raise_error(IdempotentJob::DatabaseError) do |e|
+      expect { deliver_once("T", "1", lease: 5.0) }.to raise_error(IdempotentJob::DatabaseError) do |e|
         expect(e.sqlstate).to eq("42P01")
         expect(e.message).to include("idempotent_job:migrate")
       end
@@ -66,12 +66,12 @@ RSpec.describe "IdempotentJob's native layer" do
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         expect do
           Timeout.timeout(0.3) do
-            claim("T", key, "j2", 30.0)
+            deliver_once("T", key)
           end
         end.to raise_error(Timeout::Error)
         expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 1.0
         # The pool's one connection still runs the orphaned statement: it was detached.
-        expect(claim("T", unique_key, "j3", 30.0)).to include(decision: :claimed)
+        expect(deliver_once("T", unique_key)).to have_attributes(decision: :ran)
       end
     end
 
@@ -79,9 +79,9 @@ RSpec.describe "IdempotentJob's native layer" do
       key = unique_key
       stale_claim("T", key)
       with_row_locked("T", key) do
-        raised = Thread.new { claim("T", key, "j2", 30.0) }
+        raised = Thread.new { deliver_once("T", key) }
         raised.report_on_exception = false
-        killed = Thread.new { claim("T", key, "j3", 30.0) }
+        killed = Thread.new { deliver_once("T", key) }
         sleep 0.3
         raised.raise(ArgumentError, "stop")
         killed.kill
@@ -94,7 +94,7 @@ RSpec.describe "IdempotentJob's native layer" do
       key = unique_key
       first = stale_claim("T", key)
       with_row_locked("T", key) do
-        expect { Timeout.timeout(0.2) { claim("T", key, "j2", 30.0) } }.to raise_error(Timeout::Error)
+        expect { Timeout.timeout(0.2) { deliver_once("T", key) } }.to raise_error(Timeout::Error)
         # An uncancelled statement would wait on the row lock held here.
         expect(gem_statements_running(Effects.connection)).to eq(0)
       end
@@ -115,13 +115,11 @@ RSpec.describe "IdempotentJob's native layer" do
       end
       outcomes = Array.new(100) do
         key = unique_key
-        decision = claim("Wake", key, "j", 30.0)
-        complete("Wake", key, decision[:token]) if decision[:decision] == :claimed
-        decision[:decision]
+        deliver_once("Wake", key).decision
       end
       stop = true
       waker.join
-      expect(outcomes.tally).to eq(claimed: 100) # a re-sent claim would find its own and be in_progress
+      expect(outcomes.tally).to eq(ran: 100) # a re-sent claim would find its own and be in_progress
     end
   end
 
@@ -131,7 +129,7 @@ RSpec.describe "IdempotentJob's native layer" do
       stale_claim("T", key)
       ticks = 0
       with_row_locked("T", key) do
-        waiter = Thread.new { Timeout.timeout(1) { claim("T", key, "j2", 30.0) } rescue nil } # rubocop:disable Style/RescueModifier
+        waiter = Thread.new { Timeout.timeout(1) { deliver_once("T", key) } rescue nil } # rubocop:disable Style/RescueModifier
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.5
         ticks += 1 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
         waiter.join
@@ -144,15 +142,16 @@ RSpec.describe "IdempotentJob's native layer" do
     # 20 children each building a runtime under GC.stress outlast the 10 s read timeout.
     it "gives a forked child its own runtime and pool; the parent keeps working (20 times)", :no_gc_stress do
       20.times do |i|
-        parent = claim("Fork", "parent-#{i}", "p", 30.0)
-        pid, reader = fork_worker do |pipe|
-          child = claim("Fork", "child-#{i}", "c", 30.0)
-          complete("Fork", "child-#{i}", child[:token])
-          pipe.puts(IdempotentJob.record("Fork", "child-#{i}").status)
+        # The parent's claim is held across the fork; its completion comes after.
+        parent = deliver_once("Fork", "parent-#{i}") do
+          pid, reader = fork_worker do |pipe|
+            deliver_once("Fork", "child-#{i}")
+            pipe.puts(IdempotentJob.record("Fork", "child-#{i}").status)
+          end
+          expect(read_line(reader, timeout: 10)).to eq("completed")
+          expect(wait_child(pid, timeout: 10)).to be_success
         end
-        expect(read_line(reader, timeout: 10)).to eq("completed")
-        expect(wait_child(pid, timeout: 10)).to be_success
-        expect(complete("Fork", "parent-#{i}", parent[:token])).to be(true)
+        expect([parent.decision, IdempotentJob.record("Fork", "parent-#{i}").status]).to eq(%i[ran completed])
       end
     end
 
@@ -167,9 +166,9 @@ RSpec.describe "IdempotentJob's native layer" do
       pid, reader = fork_worker do |pipe|
         handles.clear
         4.times { GC.start(full_mark: true, immediate_sweep: true) }
-        pipe.puts(claim("Fork", "after-gc", "c", 30.0)[:decision])
+        pipe.puts(deliver_once("Fork", "after-gc").decision)
       end
-      expect(read_line(reader, timeout: 20)).to eq("claimed")
+      expect(read_line(reader, timeout: 20)).to eq("ran")
       expect(wait_child(pid, timeout: 10)).to be_success
     end
   end

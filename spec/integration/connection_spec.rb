@@ -16,12 +16,12 @@ RSpec.describe "The connection layer", :integration do
     threads = Array.new(20) do |i|
       Thread.new do
         gate.pop
-        claim("First", "#{unique_key}-#{i}", "j", 30)[:decision]
+        deliver_once("First", "#{unique_key}-#{i}").decision
       end
     end
     20.times { gate << true }
     results = Timeout.timeout(20) { threads.map(&:value) }
-    expect(results).to all(eq(:claimed))
+    expect(results).to all(eq(:ran))
   end
 
   it "raises a retryable TimeoutError when the pool is exhausted past checkout_timeout, never hangs" do
@@ -32,7 +32,7 @@ RSpec.describe "The connection layer", :integration do
     with_row_locked("Pool", key) do
       threads = Array.new(5) do
         Thread.new do
-          claim("Pool", key, "j2", 30)
+          deliver_once("Pool", key)
         rescue IdempotentJob::Error => e
           errors << e
         end
@@ -51,7 +51,7 @@ RSpec.describe "The connection layer", :integration do
     accepted = Thread.new { Array.new(3) { silent.accept } }
     SpecServices.configure_gem!(database_url: "postgres://postgres@127.0.0.1:#{silent.addr[1]}/x", connect_timeout: 0.5)
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-    expect { claim("Silent", "1", "j", 30) }.to raise_error(IdempotentJob::TimeoutError, /connect_timeout/)
+    expect { deliver_once("Silent", "1") }.to raise_error(IdempotentJob::TimeoutError, /connect_timeout/)
     expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 3
   ensure
     accepted&.kill
@@ -63,7 +63,7 @@ RSpec.describe "The connection layer", :integration do
     key = unique_key
     stale_claim("Slow", key)
     with_row_locked("Slow", key) do
-      expect { claim("Slow", key, "j2", 30) }.to raise_error(IdempotentJob::TimeoutError) do |e|
+      expect { deliver_once("Slow", key) }.to raise_error(IdempotentJob::TimeoutError) do |e|
         expect(e.sqlstate).to eq("57014")
       end
     end
@@ -81,7 +81,7 @@ RSpec.describe "The connection layer", :integration do
     expect(IdempotentJob.configuration.inspect).to include("password=[REDACTED]")
     expect(IdempotentJob.configuration.inspect).not_to include("unused-by-trust")
     expect(IdempotentJob.migrate!).to include("V1__create_idempotent_job_records")
-    expect(claim("Schema", "1", "j", 30)[:decision]).to eq(:claimed)
+    expect(deliver_once("Schema", "1").decision).to eq(:ran)
     expect(admin.exec("SELECT count(*) FROM ij_custom.idempotent_job_records").getvalue(0, 0)).to eq("1")
   ensure
     admin&.exec("DROP SCHEMA IF EXISTS ij_custom CASCADE")

@@ -54,7 +54,7 @@ RSpec.describe "TLS", :integration do
     SpecServices.configure_gem!(database_url: "postgres://postgres@#{host}:#{port}/idempotent_job", connect_timeout: 3,
                                 **tls)
     IdempotentJob.migrate!
-    claim("Tls", "k-#{rand(1 << 30)}", "j", 30)[:decision]
+    deliver_once("Tls", "k-#{rand(1 << 30)}").decision
   end
 
   def encrypted?
@@ -66,14 +66,14 @@ RSpec.describe "TLS", :integration do
   end
 
   it "require encrypts without checking the certificate" do
-    expect(use(host: "127.0.0.1", sslmode: "require")).to eq(:claimed)
+    expect(use(host: "127.0.0.1", sslmode: "require")).to eq(:ran)
     expect(encrypted?).to be(true)
   end
 
   it "verify-full checks the chain and the host name; verify-ca only the chain" do
-    expect(use(host: "localhost", sslmode: "verify-full", sslrootcert: "#{certs}/ca.pem")).to eq(:claimed)
+    expect(use(host: "localhost", sslmode: "verify-full", sslrootcert: "#{certs}/ca.pem")).to eq(:ran)
     expect(encrypted?).to be(true)
-    expect(use(host: "127.0.0.1", sslmode: "verify-ca", sslrootcert: "#{certs}/ca.pem")).to eq(:claimed)
+    expect(use(host: "127.0.0.1", sslmode: "verify-ca", sslrootcert: "#{certs}/ca.pem")).to eq(:ran)
   end
 
   it "verify-full fails clearly for a host name the certificate does not name" do
@@ -92,7 +92,7 @@ RSpec.describe "TLS", :integration do
      "host=#{plain.host} port=#{plain.port} user=postgres dbname=idempotent_job sslmode=require"].each do |url|
       # Refused connections are retried until the deadline: 2 s, not the default 10.
       SpecServices.configure_gem!(database_url: url, connect_timeout: 2, deadline: 2)
-      expect { claim("Tls", "plain", "j", 30) }.to raise_error(IdempotentJob::ConnectionError, /TLS/)
+      expect { deliver_once("Tls", "plain") }.to raise_error(IdempotentJob::ConnectionError, /TLS/)
     end
   end
 
@@ -104,7 +104,7 @@ RSpec.describe "TLS", :integration do
     admin.exec("BEGIN")
     admin.exec_params("SELECT 1 FROM idempotent_job_records WHERE job_type = 'Tls' AND operation_key = $1 FOR UPDATE",
                       [key])
-    expect { Timeout.timeout(0.3) { claim("Tls", key, "j2", 30) } }.to raise_error(Timeout::Error)
+    expect { Timeout.timeout(0.3) { deliver_once("Tls", key) } }.to raise_error(Timeout::Error)
     # The cancel goes out over TLS; an uncancelled statement would wait on the row lock.
     expect(gem_statements_running(admin)).to eq(0)
   ensure

@@ -1,13 +1,28 @@
 # frozen_string_literal: true
 
-# Shorthands for driving the native store directly in specs.
+# Shorthands for records in a given state ({RecordRows}: the core's own statements
+# over the pg gem) and for one delivery through the public one-call API.
 module StoreHelpers
+  # A claim as one delivery's claim statement makes it, no body run: a fixture.
+  # @return [Hash] the decision (decision, token, attempt, kind, duplicates…)
   def claim(job_type, key, jid, lease, **extra)
-    IdempotentJob.store.claim({ job_type:, operation_key: key, jid:, lease: lease.to_f, **extra })
+    RecordRows.claim({ job_type:, operation_key: key, jid:, lease: lease.to_f, **extra })
   end
 
+  # Completes the claim `token` holds (a fixture: no result stored).
+  # @return [true]
+  # @raise [IdempotentJob::LostClaimError] when the claim is no longer held
   def complete(job_type, key, token)
-    IdempotentJob.store.fenced(:complete, job_type, key, token, nil)
+    RecordRows.fenced(:complete, job_type, key, token)
+  end
+
+  # One delivery through IdempotentJob.perform_once, on the gem's own pool (its one
+  # native call: the read-only look, the claim, the body, the completion).
+  # @param lease [Numeric] seconds
+  # @return [IdempotentJob::Outcome]
+  def deliver_once(job_type, key, lease: 30, **options, &body)
+    body ||= proc {}
+    IdempotentJob.perform_once(job_type, key, lease: lease.to_f, **options, &body)
   end
 
   # A claim whose lease has already run out: the next delivery cannot be answered by the

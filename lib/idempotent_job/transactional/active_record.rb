@@ -11,12 +11,9 @@ module IdempotentJob
     # same transaction. Errors of the gem's own statements are raised as the native
     # path raises them: the same classes, `sqlstate`, and LostClaimError's `job_type`
     # and `operation_key`.
-    class ActiveRecord < Session
+    class ActiveRecord
       # Parameters of the fenced changes that store a text ($4).
       TEXT_CHANGES = %i[release expire hold].freeze
-
-      # @return [nil] the body uses its models
-      def handle = nil
 
       # Runs the block in `ActiveRecord::Base.transaction`. Once that transaction has
       # committed (not merely joined an outer one), a repeat the claim met is handed to
@@ -77,14 +74,14 @@ module IdempotentJob
       end
 
       def initialize(connection)
-        super()
         @connection = connection
       end
 
       # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its
       # transaction, and answers the statement's row for the core to decide on (the
       # core protocol's channel: `Native::Protocol#perform`).
-      # @param request [Hash] see `Native::Store#claim`
+      # @param request [Hash] the claim request Hash (job_type, operation_key, jid, lease…:
+      #   see `claim_request` in ext/idempotent_job/src/ruby/convert.rs)
       # @param lock_timeout [Numeric] seconds
       # @return [Array(Hash, String)] the claim row's values (typed) and the token sent
       # @raise [LockTimeoutError] when another delivery held the operation past lock_timeout

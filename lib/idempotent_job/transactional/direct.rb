@@ -3,10 +3,10 @@
 module IdempotentJob
   module Transactional
     # The default strategy: each statement on a pooled connection of its own. The core
-    # protocol ({Protocol::Driver}, `Native::Protocol`) renews the lease while the body
-    # runs, releases the claim when it raises and retries the completion briefly when
-    # it cannot be written; this session only claims and applies fenced changes for
-    # callers that drive the steps themselves.
+    # protocol ({Protocol::Driver}, `Native::Protocol#perform` over the store's pool)
+    # renews the lease while the body runs, releases the claim when it raises and
+    # retries the completion briefly when it cannot be written; this session only says
+    # "the pool" to the driver.
     class Direct
       # Yields the (stateless) session.
       # @yieldparam session [Direct]
@@ -14,9 +14,6 @@ module IdempotentJob
       def self.within
         yield SESSION
       end
-
-      # @return [nil] no transaction handle
-      def handle = nil
 
       SESSION = new.freeze
       private_constant :SESSION

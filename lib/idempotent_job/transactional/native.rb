@@ -4,11 +4,12 @@ module IdempotentJob
   module Transactional
     # The native flavour (`transaction: true`): a transaction on a pooled connection
     # of the gem; the body writes through {IdempotentJob::Transaction}.
-    class Native < Session
+    # Protocol deliveries under `transaction: true` open it in their one native call
+    # (`Native::Protocol#perform`); {.within} serves callers outside a delivery
+    # (IdempotentJob::Testing).
+    class Native
       # @return [IdempotentJob::Transaction] the handle the job body writes through
       attr_reader :handle
-      # @return [IdempotentJob::Native::Transaction] the open transaction
-      attr_reader :native
 
       # Opens a transaction, yields the session, commits when the block returns and
       # rolls back when it raises.
@@ -34,8 +35,6 @@ module IdempotentJob
 
       # @param native [IdempotentJob::Native::Transaction]
       def initialize(native)
-        super()
-        @native = native
         @handle = IdempotentJob::Transaction.new(native)
       end
     end

@@ -95,15 +95,27 @@ pub trait Channel {
 
     /// Whether claim, body and completion share one transaction: then no heartbeat,
     /// no release (the rollback undoes the claim), and the completion is written once.
-    fn transactional(&self) -> bool;
+    /// The default is a transaction's (true): a channel over a pool overrides this,
+    /// [`Channel::heartbeat_pool`] and [`Channel::pause`] together (as [`Direct`] does).
+    fn transactional(&self) -> bool {
+        true
+    }
 
-    /// The pool a claim's heartbeat renews through (`None` in a transaction).
-    fn heartbeat_pool(&self) -> Option<&PoolHandle>;
+    /// The pool a claim's heartbeat renews through (`None`, the default: in a
+    /// transaction, which has no heartbeat).
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
+        None
+    }
 
     /// Waits `pause` between two attempts of the completion, watching `interrupt`.
+    /// The default (a transaction's) sleeps: never reached there, a transactional
+    /// completion being written once.
     ///
     /// Errors: [`crate::error::Error::Interrupted`].
-    fn pause(&mut self, interrupt: &Interrupt<'_>, pause: Duration) -> Result<()>;
+    fn pause(&mut self, _interrupt: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        std::thread::sleep(pause);
+        Ok(())
+    }
 }
 
 /// Each statement on a pooled connection of its own, sent again on a fresh
@@ -224,19 +236,5 @@ impl Channel for Session {
             text,
             result,
         )
-    }
-
-    fn transactional(&self) -> bool {
-        true
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        None
-    }
-
-    fn pause(&mut self, _interrupt: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        // Never reached: a transactional completion is written once.
-        std::thread::sleep(pause);
-        Ok(())
     }
 }

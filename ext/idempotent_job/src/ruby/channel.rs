@@ -161,20 +161,6 @@ impl Channel for TxChannel<'_> {
         self.0
             .on_session(|s| Channel::fenced_with_result(s, i, change, claim, text, result))
     }
-
-    fn transactional(&self) -> bool {
-        true
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        None
-    }
-
-    fn pause(&mut self, _i: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        // Never reached: a transactional completion is written once.
-        std::thread::sleep(pause);
-        Ok(())
-    }
 }
 
 /// The error a [`SessionChannel`] call returns when Ruby raised: the Ruby exception
@@ -263,18 +249,5 @@ impl Channel for SessionChannel<'_> {
             }
         };
         applied.map(|_| ()).map_err(|e| self.hold(e))
-    }
-
-    fn transactional(&self) -> bool {
-        true
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        None
-    }
-
-    fn pause(&mut self, _i: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        std::thread::sleep(pause);
-        Ok(())
     }
 }

@@ -317,7 +317,7 @@ impl NativeProtocol {
     /// gem's own transaction: begun here, committed after a delivery that did not fail,
     /// rolled back otherwise; the body gets it as `body`'s second argument), or a Ruby
     /// session (`Transactional::ActiveRecord`); `request`: the claim request
-    /// Hash of `Native::Store#claim`, with the delivery's `payload:` and `facts:` in
+    /// Hash (see `convert::claim_request`), with the delivery's `payload:` and `facts:` in
     /// place of its JSON texts (see [`written`]); `wait`: seconds to wait for a live claim (pool
     /// only) or nil; `handler`: see [`RbHost`]. Notes already handed to `handler.tell`
     /// are not repeated. A jump with no exception (Thread#kill, throw) goes on at once.

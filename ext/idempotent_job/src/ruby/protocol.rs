@@ -107,7 +107,7 @@ pub(super) fn notes_array(
     Ok(out)
 }
 
-/// A claim request as the Hash `Native::Store#claim` takes.
+/// A claim request as the Hash [`claim_request`] reads (`Native::Store#wait` takes).
 pub(super) fn request_hash(ruby: &Ruby, req: &ClaimRequest) -> RbResult<RHash> {
     let out = Out::new(ruby);
     out.set("job_type", req.job_type.as_str())?

@@ -6,18 +6,14 @@
 use chrono::{DateTime, Utc};
 use magnus::{function, method, prelude::*, RArray, RHash, RModule, Ruby, Symbol};
 
-use super::convert::{
-    claim_request, decided, decision_hash, parse_fenced, parse_token, record_hash, Out, RbResult,
-};
+use super::convert::{claim_request, decided, decision_hash, record_hash, Out, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::bookkeeping::Repeat;
-use idempotent_job_core::claim;
 use idempotent_job_core::config::Config;
 use idempotent_job_core::conn::{Conn, Interrupt};
 use idempotent_job_core::error::{Error, Result};
-use idempotent_job_core::fenced::{self, Fenced};
 use idempotent_job_core::migrate;
 use idempotent_job_core::operations;
 use idempotent_job_core::pool::{with_fresh_conn, Lane};
@@ -67,56 +63,13 @@ impl NativeStore {
         })
     }
 
-    /// `claim(request)`: see [`claim_request`] for the Hash; returns
-    /// [`decision_hash`].
-    fn claim(ruby: &Ruby, rb_self: &Self, request: RHash) -> RbResult<RHash> {
-        let request = claim_request(ruby, request)?;
-        let decision = rb_self.run(ruby, |pool, i| claim::deliver(pool, i, &request))?;
-        decision_hash(ruby, decision)
-    }
-
     /// `transaction` → an open `IdempotentJob::Native::Transaction` (BEGIN sent).
     fn transaction(ruby: &Ruby, rb_self: &Self) -> RbResult<NativeTransaction> {
         let session = rb_self.run(ruby, Session::begin)?;
         Ok(NativeTransaction::new(session))
     }
 
-    /// `fenced(change, job_type, operation_key, token, text)`: change is one of
-    /// `:complete`, `:release`, `:hold`, `:give_up`, `:expire`, `:renew`; `text` the
-    /// error text stored by `:release` / `:expire` (else nil). A completion made so
-    /// stores no result. Returns true.
-    fn fenced(
-        ruby: &Ruby,
-        rb_self: &Self,
-        change: Symbol,
-        job_type: String,
-        operation_key: String,
-        token: String,
-        text: Option<String>,
-    ) -> RbResult<bool> {
-        let change = match parse_fenced(ruby, change)? {
-            Fenced::Complete if rb_self.0.config().asynchronous_completion => {
-                Fenced::CompleteAsynchronously
-            }
-            other => other,
-        };
-        let token = parse_token(&token).map_err(|e| to_ruby(ruby, e))?;
-        rb_self.with_fresh_conn(ruby, Lane::Reserve, async |c| {
-            fenced::fenced_with_result(
-                c,
-                change,
-                &job_type,
-                &operation_key,
-                token,
-                text.as_deref(),
-                None,
-            )
-            .await
-        })?;
-        Ok(true)
-    }
-
-    /// `wait(request, seconds)` → the decision Hash (as `claim` returns it) once the
+    /// `wait(request, seconds)` → the decision Hash ([`decision_hash`]) once the
     /// live claim on the request's operation ended or `seconds` passed (then
     /// `:in_progress`), plus `:wait_path` (`:listen` or `:poll`). Holds no pooled
     /// connection while it waits (see `core::results::wait`).
@@ -404,8 +357,6 @@ impl NativeStore {
 pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     let class = native.define_class("Store", ruby.class_object())?;
     class.define_singleton_method("new", function!(NativeStore::new, 1))?;
-    class.define_method("claim", method!(NativeStore::claim, 1))?;
-    class.define_method("fenced", method!(NativeStore::fenced, 5))?;
     class.define_method("wait", method!(NativeStore::wait, 2))?;
     class.define_method("find", method!(NativeStore::find, 2))?;
     class.define_method("held", method!(NativeStore::held, 2))?;
