@@ -170,11 +170,7 @@ module IdempotentJob
     # @raise [ConnectionError, DatabaseError]
     def record(job_type, operation_key)
       job_type = job_type_text(job_type)
-      key = operation_key.to_s
-      problem = Native.key_text_problem(key)
-      raise OperationKeyError.new("#{job_type}: #{problem}", job_class: job_type.to_s) if problem
-
-      row = store.find(job_type.to_s, key)
+      row = store.find(job_type.to_s, Key.stored_text(job_type, operation_key))
       row && Record.from_row(row)
     end
 
@@ -196,7 +192,8 @@ module IdempotentJob
     # first, with the released {Record} (job_type, operation_key, job_class, queue, args of
     # the last claiming delivery) until one returns truthy (it sent the delivery again),
     # then asks the loaded doors (Sidekiq, ActiveJob). Python's `idempotent_job.on_rerun`.
-    # @yieldparam record [Record] the record as it was held
+    # @yieldparam record [Record] the released record (status :released), as the resolve
+    #   left it: job_class, queue and args of the last claiming delivery
     # @yieldreturn [Boolean] whether this sender sent it
     # @return [Proc] the sender
     # @raise [ArgumentError] without a block
@@ -207,7 +204,8 @@ module IdempotentJob
       sender
     end
 
-    # Settles a held (or given-up) operation.
+    # Settles a held (or given-up) operation, in one statement that both checks and
+    # changes the record (no other delivery or resolve can come between the two).
     # * `as: :done` — the effect is known to have happened: the record becomes completed
     #   and later deliveries are skipped;
     # * `as: :rerun` — run it again: the record is released and the stored job (class,
@@ -218,24 +216,21 @@ module IdempotentJob
     # @param job_type [String, Class] the job type (idempotency scope)
     # @param operation_key [String, Integer] the operation key as stored
     # @param as [Symbol] :done or :rerun
-    # @return [Record] the record after the change
+    # @return [Record] the record as the resolve left it (status :completed or :released;
+    #   what the statement answered, not a later read)
     # @raise [Error] when there is no record of the operation, or it is not held or given up
+    #   (the message names the status it has, read after the refusal)
+    # @raise [OperationKeyError] for a key that is not valid UTF-8
     # @raise [ConfigurationError] for another `as:`, or a job type that is not valid UTF-8
     # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises the queue's error
     #   after the record was released (enqueue the job again to run it)
     def resolve(job_type, operation_key, as:)
       job_type = job_type_text(job_type)
       resolution = Configuration.choice!("as", as, %i[done rerun])
-      before = record(job_type, operation_key)
-      raise Error, "no record for #{job_type} operation #{operation_key.to_s.inspect}: nothing to resolve" unless before
+      row = store.resolve(job_type.to_s, Key.stored_text(job_type, operation_key), resolution)
+      raise Error, unsettled(job_type, operation_key) unless row
 
-      unless %i[held given_up].include?(before.status) &&
-             store.resolve(job_type.to_s, operation_key.to_s, resolution)
-        raise Error, "#{job_type} operation #{operation_key.to_s.inspect} is not held or given up " \
-                     "(status: #{before.status.inspect})"
-      end
-      rerun(before) if resolution == :rerun
-      record(job_type, operation_key)
+      Record.from_row(row).tap { |resolved| rerun(resolved) if resolution == :rerun }
     end
 
     # Deletes finished records — completed, or given up — that finished more than
@@ -371,6 +366,13 @@ module IdempotentJob
     end
 
     private
+
+    # Why {resolve} changed nothing, worded from the record as it is now.
+    def unsettled(job_type, operation_key)
+      name = "#{job_type} operation #{operation_key.to_s.inspect}"
+      now = record(job_type, operation_key) or return "no record for #{name}: nothing to resolve"
+      "#{name} is not held or given up (status: #{now.status.inspect})"
+    end
 
     def with_thread_value(name, value)
       previous = Thread.current[name]

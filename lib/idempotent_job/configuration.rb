@@ -13,7 +13,7 @@ module IdempotentJob
   #     c.lease = 300
   #   end
   class Configuration
-    # The core's defaults of the connection settings (crates/core/src/config.rs
+    # The core's defaults of the connection settings (crates/core/src/config/settings.rs
     # `connection_defaults_json`), by name: the values below are read from it.
     CORE_DEFAULTS = JSON.parse(Native.connection_defaults_json).freeze
 

@@ -52,6 +52,21 @@ module IdempotentJob
                                     job_class: job_name, declaration:)
       end
 
+      # The text of an operation key as stored, for the calls that read or settle one
+      # record ({IdempotentJob.record}, {IdempotentJob.resolve}): checked only for what
+      # no record can hold (text that is not valid UTF-8).
+      # @param job_type [String] the job type, for the message
+      # @param operation_key [String, Integer] the operation key as stored ("42" for 42)
+      # @return [String]
+      # @raise [OperationKeyError] naming the job type and the problem
+      def stored_text(job_type, operation_key)
+        key = operation_key.to_s
+        problem = Native.key_text_problem(key)
+        raise OperationKeyError.new("#{job_type}: #{problem}", job_class: job_type.to_s) if problem
+
+        key
+      end
+
       # The operation key of a value given directly (the plain API): a String,
       # Symbol or Integer as is, a Hash or Array as canonical JSON — the rules of a
       # declared key's value.

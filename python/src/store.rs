@@ -11,8 +11,9 @@ use crate::convert;
 use crate::errors::config;
 use crate::gil::detached;
 use crate::protocol::{self, JobProtocol, Outcome};
-use idempotent_job_core::config::{self as core_config, Config, CONNECTION_SETTINGS};
+use idempotent_job_core::config::{Config, CONNECTION_SETTINGS};
 use idempotent_job_core::error::Error;
+use idempotent_job_core::job_settings::JobDefaults;
 use idempotent_job_core::protocol::{JobOptions, Protocol};
 use idempotent_job_core::record::Field;
 use idempotent_job_core::records::{self, Resolution};
@@ -22,19 +23,6 @@ use idempotent_job_core::{keys, migrate, operations, options};
 /// The core's job options the Python package does not take, and why: a door-only
 /// fact (what this binding implements), not a restatement of the table.
 pub const NOT_TAKEN: [&str; 3] = ["transaction", "lock_timeout", "on_enqueue"];
-
-/// The settings `configure` takes besides the connection's ([`CONNECTION_SETTINGS`]):
-/// each core option's `setting` (lease, on_stale, on_mismatch, heartbeat, max_run),
-/// then `defer_margin` and `retention`.
-fn job_settings() -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = options::JOB_OPTIONS
-        .iter()
-        .filter_map(|o| o.setting)
-        .filter(|s| !NOT_TAKEN.contains(s))
-        .collect();
-    names.extend(["defer_margin", "retention"]);
-    names
-}
 
 /// The job options the Python package takes, without a prefix, in the core's table
 /// order ([`options::JOB_OPTIONS`] less [`NOT_TAKEN`]).
@@ -75,18 +63,6 @@ pub fn check_option(
         return Err(options::unknown_among(job, prefix, name, &option_names()));
     }
     options::check(job, prefix, name, value, shown)
-}
-
-/// A setting's number of seconds: finite, at least `min`, at most the core's
-/// [`options::MAX_SECONDS`].
-fn setting_seconds(name: &str, value: &Value, min: f64) -> Result<f64, Error> {
-    match value.as_f64() {
-        Some(v) if v.is_finite() && v >= min && v <= options::MAX_SECONDS => Ok(v),
-        _ => Err(Error::Config(format!(
-            "{name} must be a number of seconds from {min} to {}, got {value}",
-            options::MAX_SECONDS
-        ))),
-    }
 }
 
 /// The default URL: `IDEMPOTENT_JOB_DATABASE_URL`, then `DATABASE_URL`.
@@ -157,7 +133,7 @@ impl Store {
 #[pymethods]
 impl Store {
     /// `Store(settings_json)`: a JSON object of `configure`'s keyword arguments: the job
-    /// defaults ([`job_settings`]: checked by the core's options table) and the
+    /// defaults ([`JobDefaults::from_settings`]: checked by the core's table) and the
     /// connection settings of the core's `Config` ([`CONNECTION_SETTINGS`]). Validates
     /// everything; connects lazily.
     ///
@@ -167,43 +143,18 @@ impl Store {
     fn new(settings_json: &str) -> PyResult<Self> {
         let parsed: Map<String, Value> =
             serde_json::from_str(settings_json).map_err(|e| config(format!("configure: {e}")))?;
-        let mut defaults = JobOptions::default();
-        let mut retention = core_config::DEFAULT_RETENTION_SECONDS;
-        let mut native = Map::new();
-        let settings = job_settings();
-        for (name, value) in parsed {
-            if value.is_null() {
-                continue;
-            }
-            let mut setting = || -> Result<(), Error> {
-                match name.as_str() {
-                    "retention" => retention = setting_seconds("retention", &value, 0.0)?,
-                    "defer_margin" => {
-                        defaults.defer_margin_seconds =
-                            setting_seconds("defer_margin", &value, 0.0)?
-                    }
-                    _ => {
-                        let checked = check_option("", "", &name, &value, None)?;
-                        defaults.apply("", &name, &checked)?
-                    }
-                }
-                Ok(())
-            };
-            if settings.contains(&name.as_str()) {
-                setting().map_err(crate::errors::to_py)?;
-            } else if CONNECTION_SETTINGS.contains(&name.as_str()) {
-                native.insert(name, value);
-            } else {
-                let mut known = CONNECTION_SETTINGS.to_vec();
-                known.extend(&settings);
-                return Err(crate::errors::to_py(options::unknown_setting(
-                    &name, &name, &known,
-                )));
-            }
+        let (defaults, mut native) =
+            JobDefaults::from_settings(parsed, &NOT_TAKEN).map_err(crate::errors::to_py)?;
+        if let Some(name) = native
+            .keys()
+            .find(|name| !CONNECTION_SETTINGS.contains(&name.as_str()))
+        {
+            let mut known = CONNECTION_SETTINGS.to_vec();
+            known.extend(JobDefaults::setting_names(&NOT_TAKEN));
+            return Err(crate::errors::to_py(options::unknown_setting(
+                name, name, &known,
+            )));
         }
-        defaults
-            .validate("configure")
-            .map_err(crate::errors::to_py)?;
         if !native.contains_key("database_url") {
             if let Some(url) = env_url() {
                 native.insert("database_url".into(), Value::String(url));
@@ -214,23 +165,28 @@ impl Store {
             .map_err(crate::errors::to_py)?;
         Ok(Store {
             core,
-            defaults,
-            retention,
+            defaults: defaults.options,
+            retention: defaults.retention_seconds,
         })
     }
 
-    /// The job defaults as a dict (lease, on_stale, on_mismatch, heartbeat, max_run,
-    /// defer_margin, retention).
+    /// The job defaults as a dict by setting name ([`JobDefaults::values`]: lease,
+    /// on_stale, on_mismatch, heartbeat, max_run, defer_margin, retention; seconds as
+    /// floats, policies as str).
     fn defaults<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let o = &self.defaults;
+        let defaults = JobDefaults {
+            options: self.defaults.clone(),
+            retention_seconds: self.retention,
+        };
         let d = PyDict::new(py);
-        d.set_item("lease", o.lease_seconds)?;
-        d.set_item("on_stale", o.on_stale.as_str())?;
-        d.set_item("on_mismatch", o.on_mismatch.as_str())?;
-        d.set_item("heartbeat", o.heartbeat)?;
-        d.set_item("max_run", o.max_run_seconds)?;
-        d.set_item("defer_margin", o.defer_margin_seconds)?;
-        d.set_item("retention", self.retention)?;
+        for (name, value) in defaults.values(&NOT_TAKEN) {
+            match value {
+                Value::Bool(b) => d.set_item(name, b)?,
+                Value::Number(n) => d.set_item(name, n.as_f64())?,
+                Value::String(text) => d.set_item(name, text)?,
+                _ => d.set_item(name, py.None())?,
+            }
+        }
         Ok(d)
     }
 

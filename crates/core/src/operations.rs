@@ -77,9 +77,11 @@ impl Resolution {
     }
 }
 
-/// Settles a held or given-up operation as `resolution`; false when it is neither
-/// (never claimed, or settled already). Sent once: a repeat after a lost answer would
-/// find it settled and answer false.
+/// Settles a held or given-up operation as `resolution`, answering its record after the
+/// change and the stored delivery of its last claim ([`records::Resolved`]), or `None`
+/// when it is neither held nor given up (never claimed, or settled already): the one
+/// statement decides, so nothing can change the record between a check and the change.
+/// Sent once: a repeat after a lost answer would find it settled and answer `None`.
 ///
 /// Errors: connection and database errors.
 pub fn resolve(
@@ -88,14 +90,14 @@ pub fn resolve(
     job_type: &str,
     operation_key: &str,
     resolution: Resolution,
-) -> Result<bool> {
+) -> Result<Option<records::Resolved>> {
     with_conn(pool, interrupt, async |c| {
-        records::resolve(c, job_type, operation_key, resolution).await
+        records::resolve_record(c, job_type, operation_key, resolution).await
     })
 }
 
-/// [`resolve`], answering the stored delivery of the operation's last claim (what a
-/// rerun re-sends: [`records::StoredDelivery`]), or `None` when the operation is not
+/// [`resolve`], answering only the stored delivery of the operation's last claim (what
+/// a rerun re-sends: [`records::StoredDelivery`]), or `None` when the operation is not
 /// held or given up. Sent once, as [`resolve`].
 ///
 /// Errors: connection and database errors.

@@ -15,9 +15,10 @@ use crate::transitions::{ClaimVerdict, Met};
 
 /// Defines the record once: each column of [`Record`] with its Rust type, the kind of
 /// value it is for other layers ([`Field`]) and its expression in [`FIND_SQL`]'s select
-/// list (named after the field). From that one list come the struct, [`FIND_SQL`], the
-/// row's conversion ([`Record::from_row`]), the column names ([`Record::COLUMNS`]) and
-/// the named values the Ruby layer converts ([`Record::fields`]).
+/// list (named after the field). From that one list come the struct, [`FIND_SQL`] and
+/// [`RESOLVE_SQL`] (the record after a resolve), the row's conversion
+/// ([`Record::from_row`]), the column names ([`Record::COLUMNS`]) and the named values
+/// the Ruby layer converts ([`Record::fields`]).
 macro_rules! record {
     (
         $(#[$meta:meta])*
@@ -27,6 +28,8 @@ macro_rules! record {
         }
         $(#[$find_doc:meta])*
         pub const FIND_SQL = SELECT ... $from:literal;
+        $(#[$resolve_doc:meta])*
+        pub const RESOLVE_SQL = [$change:expr] SELECT ... $settled:literal;
     ) => {
         $(#[$meta])*
         pub struct Record {
@@ -41,11 +44,19 @@ macro_rules! record {
             $from
         );
 
+        $(#[$resolve_doc])*
+        pub const RESOLVE_SQL: &str = concat!(
+            $change,
+            "SELECT ", $first_sql, " AS ", stringify!($first),
+            $(",\n       ", $sql, " AS ", stringify!($field),)*
+            $settled
+        );
+
         impl Record {
             /// The record's column names, in [`FIND_SQL`]'s order (its select list's names).
             pub const COLUMNS: &'static [&'static str] = &[stringify!($first), $(stringify!($field)),*];
 
-            /// A row of [`FIND_SQL`] as a record.
+            /// A row of [`FIND_SQL`] (or [`RESOLVE_SQL`]) as a record.
             ///
             /// Errors: a column missing or of another type ([`Error::Database`]).
             pub fn from_row(row: &Row) -> Result<Record> {
@@ -135,6 +146,13 @@ record! {
     }
     /// Read one record: [`Record`]'s columns. Parameters: $1 job_type, $2 operation_key.
     pub const FIND_SQL = SELECT ... "\n  FROM idempotent_job_records\n WHERE job_type = $1 AND operation_key = $2";
+    /// Settle a held (or given-up) operation (the change is `sql::resolve_update!`) and
+    /// answer its record after the change — [`Record`]'s columns — plus `first_facts` (the
+    /// first claim's facts as JSON object text): what a rerun re-sends is the stored
+    /// delivery of its last claim (job class, queue, arguments). No row when the
+    /// operation was not held or given up. Parameters: $1 job_type, $2 operation_key,
+    /// $3 resolution (`done` or `rerun`).
+    pub const RESOLVE_SQL = [resolve_update!()] SELECT ... ",\n       first_facts::text AS first_facts\n  FROM settled";
 }
 
 /// One delivery's request for a claim. Owned, so it can cross into a runtime

@@ -1,6 +1,7 @@
 //! Records, read and settled outside a delivery: find one, the completed check,
 //! held operations, resolve, purge (retention) and the repeats report. Each statement's
-//! text is in [`crate::sql`] (the record's read, `FIND_SQL`, in [`crate::record`]).
+//! text is in [`crate::sql`] (the record's read, `FIND_SQL`, and the resolve that answers
+//! the record, `RESOLVE_SQL`, in [`crate::record`]).
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::{ToSql, Type};
@@ -8,10 +9,9 @@ use tokio_postgres::Client;
 
 use crate::conn::Conn;
 use crate::error::{Error, Result};
-use crate::record::{Record, FIND_SQL};
+use crate::record::{Record, FIND_SQL, RESOLVE_SQL};
 use crate::sql::{
     COMPLETED_SQL, HELD_SQL, PURGE_PLAN_RESET_SQL, PURGE_PLAN_SQL, PURGE_SQL, REPEATS_SQL,
-    RESOLVE_SQL,
 };
 
 /// Reads one record, or `None` when the operation was never claimed. Sent like the
@@ -237,15 +237,30 @@ pub struct StoredDelivery {
     pub first_facts_json: Option<String>,
 }
 
-/// Settles a held or given-up operation. Returns the stored delivery of its last claim
-/// ([`StoredDelivery`]), or `None` when no such operation is held or given up (never
-/// claimed, or already settled). One statement ([`RESOLVE_SQL`]).
-pub async fn resolve_stored(
+/// What settling an operation answers, from the one statement that settled it
+/// ([`RESOLVE_SQL`]): the record after the change and the stored delivery of its last
+/// claim.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The record as the resolve left it (`completed` or `released`).
+    pub record: Record,
+    /// What a rerun re-sends.
+    pub delivery: StoredDelivery,
+}
+
+/// Settles a held or given-up operation. Returns its record after the change and the
+/// stored delivery of its last claim ([`Resolved`]), or `None` when no such operation is
+/// held or given up (never claimed, or settled already, or claimed since it was
+/// released): the statement's own `WHERE` decides, so two resolves of one operation (or a
+/// resolve and a delivery) never both see it settleable. One statement ([`RESOLVE_SQL`]).
+///
+/// Errors: connection/database errors.
+pub async fn resolve_record(
     client: &Client,
     job_type: &str,
     operation_key: &str,
     resolution: Resolution,
-) -> Result<Option<StoredDelivery>> {
+) -> Result<Option<Resolved>> {
     let name = match resolution {
         Resolution::Done => "done",
         Resolution::Rerun => "rerun",
@@ -260,25 +275,47 @@ pub async fn resolve_stored(
             ],
         )
         .await?;
-    Ok(rows.first().map(|row| StoredDelivery {
-        job_type: job_type.to_owned(),
-        operation_key: operation_key.to_owned(),
-        job_class: row.get("job_class"),
-        queue: row.get("queue"),
-        args_json: row.get("args"),
-        first_facts_json: row.get("first_facts"),
-    }))
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let record = Record::from_row(row)?;
+    let delivery = StoredDelivery {
+        job_type: record.job_type.clone(),
+        operation_key: record.operation_key.clone(),
+        job_class: record.job_class.clone(),
+        queue: record.queue.clone(),
+        args_json: record.args_json.clone(),
+        first_facts_json: row.try_get("first_facts")?,
+    };
+    Ok(Some(Resolved { record, delivery }))
+}
+
+/// [`resolve_record`], answering only the stored delivery (what a rerun re-sends), or
+/// `None` when the operation is not held or given up.
+///
+/// Errors: connection/database errors.
+pub async fn resolve_stored(
+    client: &Client,
+    job_type: &str,
+    operation_key: &str,
+    resolution: Resolution,
+) -> Result<Option<StoredDelivery>> {
+    Ok(resolve_record(client, job_type, operation_key, resolution)
+        .await?
+        .map(|resolved| resolved.delivery))
 }
 
 /// Settles a held or given-up operation. Returns false when no such operation is
 /// held or given up (never claimed, or already settled).
+///
+/// Errors: connection/database errors.
 pub async fn resolve(
     client: &Client,
     job_type: &str,
     operation_key: &str,
     resolution: Resolution,
 ) -> Result<bool> {
-    Ok(resolve_stored(client, job_type, operation_key, resolution)
+    Ok(resolve_record(client, job_type, operation_key, resolution)
         .await?
         .is_some())
 }

@@ -1,8 +1,8 @@
 //! Every SQL statement the core sends on the record table, one text per statement,
 //! shared by every path that sends it (the native pool, a transaction, the Ruby
 //! binding's ActiveRecord strategy, which asks for the text). The record's read
-//! (`FIND_SQL`) is generated with the record's columns in the `record` module; the
-//! schema's in `migrate`.
+//! (`FIND_SQL`) and the resolve (`RESOLVE_SQL`, over `resolve_update!`'s change) are
+//! generated with the record's columns in the `record` module; the schema's in `migrate`.
 //!
 //! Parameters are numbered as each constant's doc says; every statement on one
 //! operation takes $1 job_type and $2 operation_key.
@@ -364,20 +364,26 @@ SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatc
    AND ($2::text IS NULL OR job_type = $2)
  ORDER BY job_type, first_claimed_at"#;
 
-/// Settle a held (or given-up) operation. $3 `done`: mark it completed; `rerun`: mark
-/// it released so the re-sent delivery claims it as a retry. Returns the stored
-/// delivery of the last claim (job class, queue, arguments as JSON text, the first
-/// claim's facts), what a rerun re-sends; no row when the operation was not held or
-/// given up. Parameters: $1 job_type, $2 operation_key, $3 resolution.
-pub const RESOLVE_SQL: &str = r#"
+/// The change of `record::RESOLVE_SQL` (which answers the record after it, with the
+/// record's own select list): settle a held (or given-up) operation. $3 `done`: mark it
+/// completed; `rerun`: mark it released so the re-sent delivery claims it as a retry.
+/// The one test of which statuses settle is its `WHERE`: no row when the operation was
+/// not held or given up when the update met it. Parameters: $1 job_type,
+/// $2 operation_key, $3 resolution. A macro so the record's statement can `concat!` it.
+macro_rules! resolve_update {
+    () => {
+        r#"
+WITH settled AS (
 UPDATE idempotent_job_records
    SET status = CASE WHEN $3 = 'done' THEN 'completed' ELSE 'released' END,
        completed_at = CASE WHEN $3 = 'done' THEN now() ELSE completed_at END,
        released_at = CASE WHEN $3 = 'done' THEN released_at ELSE now() END,
        resolution = $3, resolved_at = now(), updated_at = now()
  WHERE job_type = $1 AND operation_key = $2 AND status IN ('held', 'given_up')
-RETURNING job_class, queue, coalesce(args ->> 'idempotent_job:json', args::text) AS args,
-          first_facts::text AS first_facts"#;
+RETURNING *)
+"#
+    };
+}
 
 /// Applies one batch of repeats: $1 job types, $2 operation keys, $3 one JSON
 /// object per operation (same order): `dups` (duplicates to add), `mismatches`,

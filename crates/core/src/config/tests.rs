@@ -16,6 +16,9 @@ fn connection_defaults_are_the_configs_own() {
 }
 
 use super::*;
+use crate::tls::SslMode;
+use std::path::PathBuf;
+use std::time::Duration;
 
 #[test]
 fn unknown_keys_are_rejected_by_name() {

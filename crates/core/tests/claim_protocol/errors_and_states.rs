@@ -174,7 +174,26 @@ pub(crate) fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store
         claim(&store, &skipped).unwrap(),
         ClaimAnswer::GivenUp { duplicates: 1 }
     );
-    assert!(resolve(&skipped, Resolution::Done));
+    // The resolve answers the record its one statement left: what a read finds after it
+    // (the queued repeat bookkeeping of the duplicate above written first).
+    find(&store, &skipped);
+    let resolved = {
+        let req = skipped.clone();
+        store
+            .with_conn(async |c| {
+                claim::resolve_record(c, &req.job_type, &req.operation_key, Resolution::Done).await
+            })
+            .unwrap()
+            .expect("a given-up operation resolves")
+    };
+    let found = find(&store, &skipped);
+    assert_eq!(resolved.record.status, "completed");
+    assert_eq!(
+        format!("{:?}", resolved.record.fields().collect::<Vec<_>>()),
+        format!("{:?}", found.fields().collect::<Vec<_>>())
+    );
+    assert_eq!(resolved.delivery.args_json, found.args_json);
+    assert!(!resolve(&skipped, Resolution::Done), "settled already");
     assert!(matches!(
         claim(&store, &skipped).unwrap(),
         ClaimAnswer::Completed { .. }

@@ -109,20 +109,25 @@ impl NativeStore {
         })
     }
 
-    /// `resolve(job_type, operation_key, as)`: as is `:done` or `:rerun`. Returns false
-    /// when the operation is not held or given up. Never sent twice: a repeat after a
-    /// lost answer would find the operation settled and answer false.
+    /// `resolve(job_type, operation_key, as)`: as is `:done` or `:rerun`. Settles the
+    /// operation in one statement (the core's `operations::resolve`, whose `WHERE` is the
+    /// one test of which statuses settle) and returns the record after the change (a
+    /// Hash as `find` returns it: status `:completed` or `:released`, and the last
+    /// claim's job_class, queue and args_json a rerun re-sends), or nil when the
+    /// operation was not held or given up when the statement met it. Never sent twice: a
+    /// repeat after a lost answer would find the operation settled and answer nil.
     fn resolve(
         ruby: &Ruby,
         rb_self: &Self,
         job_type: String,
         operation_key: String,
         resolution: Symbol,
-    ) -> RbResult<bool> {
+    ) -> RbResult<Option<RHash>> {
         let resolution = Resolution::parse(&resolution.name()?).map_err(|e| to_ruby(ruby, e))?;
-        rb_self.run(ruby, |pool, i| {
+        let resolved = rb_self.run(ruby, |pool, i| {
             operations::resolve(pool, i, &job_type, &operation_key, resolution)
-        })
+        })?;
+        resolved.map(|r| record_hash(ruby, r.record)).transpose()
     }
 
     /// `repeats(since_epoch_seconds, job_type_or_nil)` → Array of Hashes: job_type,
