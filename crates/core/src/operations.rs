@@ -81,7 +81,8 @@ impl Resolution {
 /// (never claimed, or settled already). Sent once: a repeat after a lost answer would
 /// find it settled and answer false.
 ///
-/// Errors: connection and database errors.
+/// Errors: [`crate::error::Error::Config`] for a rerun of a record without a stored job
+/// (see [`records::resolve_stored`]); connection and database errors.
 pub fn resolve(
     pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
@@ -98,7 +99,8 @@ pub fn resolve(
 /// rerun re-sends: [`records::StoredDelivery`]), or `None` when the operation is not
 /// held or given up. Sent once, as [`resolve`].
 ///
-/// Errors: connection and database errors.
+/// Errors: [`crate::error::Error::Config`] for a rerun of a record without a stored job
+/// (see [`records::resolve_stored`]); connection and database errors.
 pub fn resolve_stored(
     pool: &PoolHandle,
     interrupt: &Interrupt<'_>,

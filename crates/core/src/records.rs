@@ -10,8 +10,8 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::record::{Record, FIND_SQL};
 use crate::sql::{
-    COMPLETED_SQL, HELD_SQL, PURGE_PLAN_RESET_SQL, PURGE_PLAN_SQL, PURGE_SQL, REPEATS_SQL,
-    RESOLVE_SQL,
+    COMPLETED_SQL, HELD_SQL, NO_STORED_JOB_SQL, PURGE_PLAN_RESET_SQL, PURGE_PLAN_SQL, PURGE_SQL,
+    REPEATS_SQL, RESOLVE_SQL,
 };
 
 /// Reads one record, or `None` when the operation was never claimed. Sent like the
@@ -239,7 +239,13 @@ pub struct StoredDelivery {
 
 /// Settles a held or given-up operation. Returns the stored delivery of its last claim
 /// ([`StoredDelivery`]), or `None` when no such operation is held or given up (never
-/// claimed, or already settled). One statement ([`RESOLVE_SQL`]).
+/// claimed, or already settled). One statement ([`RESOLVE_SQL`]); a rerun that settled
+/// nothing reads once more ([`NO_STORED_JOB_SQL`]) for its error.
+///
+/// Errors: [`Error::Config`] for a rerun of a record that holds no stored job (its job
+/// class and arguments are written by the takeover a hold or a give-up follows, V12;
+/// a record held by hand has none): the record stays as it was; connection and
+/// database errors.
 pub async fn resolve_stored(
     client: &Client,
     job_type: &str,
@@ -260,6 +266,24 @@ pub async fn resolve_stored(
             ],
         )
         .await?;
+    if rows.is_empty() && resolution == Resolution::Rerun {
+        let missing = client
+            .query_typed(
+                NO_STORED_JOB_SQL,
+                &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+            )
+            .await?;
+        if let Some(row) = missing.first() {
+            let status: String = row.try_get(0)?;
+            return Err(Error::Config(format!(
+                "cannot rerun {job_type} operation {operation_key:?}: the record ({status}) \
+                 holds no stored job (no job class and no arguments: a record is held or given \
+                 up by the delivery that took its stale claim over, which stores its job; this \
+                 one was not), so there is nothing to re-send; it stays {status} (resolve it as \
+                 done once its effect is known to have happened)"
+            )));
+        }
+    }
     Ok(rows.first().map(|row| StoredDelivery {
         job_type: job_type.to_owned(),
         operation_key: operation_key.to_owned(),
