@@ -136,10 +136,10 @@ module IdempotentJobBench
        false]
     end
 
-    # DELIVER_SQL's $1–$10: CLAIM_SQL's $1–$9, then the delivery's facts (none: the gem
+    # DELIVER_SQL's $1–$8: CLAIM_SQL's $1–$7, then the delivery's facts (none: the gem
     # variant's request sends none either).
     def deliver_params(delivery, token)
-      claim_params(delivery, token)[0, 9] << nil
+      claim_params(delivery, token)[0, 7] << nil
     end
 
     def expect!(condition, what)

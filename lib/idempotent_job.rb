@@ -221,7 +221,8 @@ module IdempotentJob
     # @raise [Error] when there is no record of the operation, or it is not held or given up
     #   (the message names the status it has, read after the refusal)
     # @raise [OperationKeyError] for a key that is not valid UTF-8
-    # @raise [ConfigurationError] for another `as:`, or a job type that is not valid UTF-8
+    # @raise [ConfigurationError] for another `as:`, a job type that is not valid UTF-8, or a
+    #   rerun of a record with no stored job (held without the takeover that stores it)
     # @raise [ConnectionError, DatabaseError]; a failed re-enqueue raises the queue's error
     #   after the record was released (enqueue the job again to run it)
     def resolve(job_type, operation_key, as:)

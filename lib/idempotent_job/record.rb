@@ -14,7 +14,8 @@ module IdempotentJob
   # duplicates (Integer, deliveries turned away), lease_seconds (Float),
   # lease_expired (Boolean, by the database clock), last_error (String, why the last
   # claim was released), args_digest (String), job_class, queue (String) and args
-  # (Array) of the last claiming delivery, mismatches (Integer, deliveries whose
+  # (Array) of the last delivery that took the operation over (the stored job a rerun
+  # re-sends; nil when no delivery took it over), mismatches (Integer, deliveries whose
   # arguments differed), last_mismatch (Boolean), resolution ("done"/"rerun"),
   # first_claimed_at, claimed_at, lease_expires_at, completed_at, released_at,
   # last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at,

@@ -320,7 +320,9 @@ def resolve(job_type: str, key: Any, as_: str = "done") -> bool:
     held or given up. One statement: the release and the stored delivery it answers.
 
     Raises:
-        ConfigurationError: for another ``as_``, or a job type that is not valid UTF-8.
+        ConfigurationError: for another ``as_``, a job type that is not valid UTF-8, or a
+            rerun of a record that holds no stored job (held without a takeover, which
+            is what stores it; the record stays as it was).
         Whatever a sender raised, after the release (send the delivery again by hand).
     """
     job_type = _job_type(job_type)

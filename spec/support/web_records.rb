@@ -14,8 +14,12 @@ module WebRecords
                        facts_json: facts && JSON.generate(facts) })
   end
 
+  # Held or given up as the protocol does it: by the delivery that took the stale claim
+  # over, whose claim stored its job (what a rerun re-enqueues; a first claim stores none).
   # @param as [Symbol] :hold or :give_up
   def web_stopped(job_type, key, as: :hold)
+    first = web_claim(job_type, key)
+    RecordRows.fenced(:expire, job_type, key, first[:token], "stale")
     decision = web_claim(job_type, key)
     RecordRows.fenced(as, job_type, key, decision[:token])
     IdempotentJob.record(job_type, key)

@@ -189,7 +189,8 @@ RSpec.describe IdempotentJob::Web do
       expect(decisions.uniq - %i[claimed held in_progress]).to eq([])
       expect(decisions).to include(:held, :in_progress)
       record = IdempotentJob.record(job_type, "7")
-      expect(record).to have_attributes(status: :claimed, last_claim: :retry, attempts: 2, resolution: "rerun")
+      # Attempts: the first claim, the takeover that held it (web_stopped), the rerun's retry.
+      expect(record).to have_attributes(status: :claimed, last_claim: :retry, attempts: 3, resolution: "rerun")
       expect(record.jid).to start_with("racer-")
     end
 
@@ -205,7 +206,8 @@ RSpec.describe IdempotentJob::Web do
         end
       end.map(&:value)
       expect(statuses.sort).to eq([302, 409])
-      expect(IdempotentJob.record(job_type, "8")).to have_attributes(status: :completed, attempts: 1)
+      # Attempts: the first claim and the takeover that held it (web_stopped); resolving adds none.
+      expect(IdempotentJob.record(job_type, "8")).to have_attributes(status: :completed, attempts: 2)
     end
   end
 

@@ -122,10 +122,9 @@ async fn look_or_claim(
     books: &Bookkeeper,
 ) -> Result<(ClaimReply, Option<Repeat>)> {
     crate::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
-    // DELIVER_SQL takes CLAIM_SQL's parameters $1–$9 and $11 (its $10).
+    // DELIVER_SQL takes CLAIM_SQL's parameters $1–$7 and $11 (its $8).
     let params = claim_params(req, &token);
-    let (first, rest) = params.split_at(9);
-    let params = [first, &rest[1..2]].concat();
+    let params = [&params[..7], &params[10..11]].concat();
     let rows = match conn.query_own(DELIVER_SQL, &params).await {
         Err(e) if e.sqlstate() == Some("25006") => {
             return read_only_answer(conn, req, books, e).await

@@ -83,7 +83,8 @@ impl Resolution {
 /// statement decides, so nothing can change the record between a check and the change.
 /// Sent once: a repeat after a lost answer would find it settled and answer `None`.
 ///
-/// Errors: connection and database errors.
+/// Errors: [`crate::error::Error::Config`] for a rerun of a record without a stored job
+/// (see [`records::resolve_stored`]); connection and database errors.
 pub fn resolve(
     pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
@@ -100,7 +101,8 @@ pub fn resolve(
 /// a rerun re-sends: [`records::StoredDelivery`]), or `None` when the operation is not
 /// held or given up. Sent once, as [`resolve`].
 ///
-/// Errors: connection and database errors.
+/// Errors: [`crate::error::Error::Config`] for a rerun of a record without a stored job
+/// (see [`records::resolve_stored`]); connection and database errors.
 pub fn resolve_stored(
     pool: &PoolHandle,
     interrupt: &Interrupt<'_>,

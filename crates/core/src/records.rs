@@ -11,7 +11,8 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::record::{Record, FIND_SQL, RESOLVE_SQL};
 use crate::sql::{
-    COMPLETED_SQL, HELD_SQL, PURGE_PLAN_RESET_SQL, PURGE_PLAN_SQL, PURGE_SQL, REPEATS_SQL,
+    COMPLETED_SQL, HELD_SQL, NO_STORED_JOB_SQL, PURGE_PLAN_RESET_SQL, PURGE_PLAN_SQL, PURGE_SQL,
+    REPEATS_SQL,
 };
 
 /// Reads one record, or `None` when the operation was never claimed. Sent like the
@@ -252,9 +253,12 @@ pub struct Resolved {
 /// stored delivery of its last claim ([`Resolved`]), or `None` when no such operation is
 /// held or given up (never claimed, or settled already, or claimed since it was
 /// released): the statement's own `WHERE` decides, so two resolves of one operation (or a
-/// resolve and a delivery) never both see it settleable. One statement ([`RESOLVE_SQL`]).
+/// resolve and a delivery) never both see it settleable. One statement ([`RESOLVE_SQL`]);
+/// a rerun that settled nothing reads once more ([`NO_STORED_JOB_SQL`]) for its error.
 ///
-/// Errors: connection/database errors.
+/// Errors: [`Error::Config`] for a rerun of a record that holds no stored job (its job
+/// class and arguments are written by the takeover a hold or a give-up follows; a record
+/// held by hand has none): the record stays as it was; connection and database errors.
 pub async fn resolve_record(
     client: &Client,
     job_type: &str,
@@ -275,6 +279,24 @@ pub async fn resolve_record(
             ],
         )
         .await?;
+    if rows.is_empty() && resolution == Resolution::Rerun {
+        let missing = client
+            .query_typed(
+                NO_STORED_JOB_SQL,
+                &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+            )
+            .await?;
+        if let Some(row) = missing.first() {
+            let status: String = row.try_get(0)?;
+            return Err(Error::Config(format!(
+                "cannot rerun {job_type} operation {operation_key:?}: the record ({status}) \
+                 holds no stored job (no job class and no arguments: a record is held or given \
+                 up by the delivery that took its stale claim over, which stores its job; this \
+                 one was not), so there is nothing to re-send; it stays {status} (resolve it as \
+                 done once its effect is known to have happened)"
+            )));
+        }
+    }
     let Some(row) = rows.first() else {
         return Ok(None);
     };
@@ -293,7 +315,7 @@ pub async fn resolve_record(
 /// [`resolve_record`], answering only the stored delivery (what a rerun re-sends), or
 /// `None` when the operation is not held or given up.
 ///
-/// Errors: connection/database errors.
+/// Errors: as [`resolve_record`].
 pub async fn resolve_stored(
     client: &Client,
     job_type: &str,

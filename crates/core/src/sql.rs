@@ -50,6 +50,13 @@ pub const RECLAIM_BUDGET_SPENT: &str = reclaim_budget_spent!();
 ///   after a wait), which was counted when it first arrived and is not counted again
 ///   (`duplicates` and `mismatches` count copies, not their returns).
 ///
+/// **The stored job** (`job_class`, `queue`, `args`: what `resolve(as: :rerun)`
+/// re-sends) is written only by a takeover (a stale claim taken over), the one claim a
+/// hold or a give-up follows (`transitions::next`): a first claim and a retry do not
+/// write it (V12; before, every claim did, ≈67 bytes of WAL per first claim for a
+/// feature only held operations use). A first claim keeps its job class in
+/// `job_classes` (the repeats report).
+///
 /// Every repeat (any delivery after the first) appends its time to `repeat_times`
 /// (the last `repeats_kept!()` are kept) and its job class to `job_classes`, for the repeats report.
 ///
@@ -67,7 +74,8 @@ pub const RECLAIM_BUDGET_SPENT: &str = reclaim_budget_spent!();
 /// see the stored results), NULL when its completion stored none.
 /// Parameters: $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
 /// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
-/// $9 arguments (JSON text), $10 refuse mismatched payloads (bool), $11 the delivery's
+/// $9 arguments (JSON text; $8 and $9 are written by a takeover only), $10 refuse
+/// mismatched payloads (bool), $11 the delivery's
 /// facts (JSON object text or NULL): a first claim keeps them as `first_facts` for the
 /// repeats report (a repeat's own facts are written off this path, by the bookkeeping),
 /// $12 a copy coming back (bool, `ClaimRequest::returning`).
@@ -75,12 +83,9 @@ pub const CLAIM_SQL: &str = concat!(
     r#"
 INSERT INTO idempotent_job_records AS r
     (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-     args_digest, job_class, queue, args, job_classes, first_facts)
+     args_digest, job_classes, first_facts)
 VALUES ($1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
-        $6, $7, $8,
-        CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
-             ELSE $9::jsonb END,
-        array_remove(ARRAY[$7], NULL), $11::jsonb)
+        $6, array_remove(ARRAY[$7::text], NULL), $11::jsonb)
 ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (status, claim_token, jid, attempts, takeovers, last_claim, claimed_at,
      lease_seconds, lease_expires_at, args_digest, job_class, queue, args,
@@ -98,9 +103,14 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             CASE WHEN d.take THEN excluded.lease_seconds ELSE r.lease_seconds END,
             CASE WHEN d.take THEN excluded.lease_expires_at ELSE r.lease_expires_at END,
             CASE WHEN d.take THEN excluded.args_digest ELSE r.args_digest END,
-            CASE WHEN d.take THEN excluded.job_class ELSE r.job_class END,
-            CASE WHEN d.take THEN excluded.queue ELSE r.queue END,
-            CASE WHEN d.take THEN excluded.args ELSE r.args END,
+            -- The stored job (V12): written by a takeover only, the claim a hold or a
+            -- give-up follows; a first claim and a retry leave it as it is.
+            CASE WHEN d.takeover THEN $7::text ELSE r.job_class END,
+            CASE WHEN d.takeover THEN $8::text ELSE r.queue END,
+            CASE WHEN NOT d.takeover THEN r.args
+                 WHEN strpos($9::text, '\u0000') > 0
+                 THEN jsonb_build_object('idempotent_job:json', $9::text)
+                 ELSE $9::text::jsonb END,
             r.duplicates + (NOT d.take AND NOT $12)::int,
             CASE WHEN d.take OR $12 THEN r.last_duplicate_at ELSE now() END,
             r.mismatches + (d.mismatch AND NOT $12)::int,
@@ -108,15 +118,18 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             (r.repeat_times || now())[greatest(1, cardinality(r.repeat_times) - ("#,
     repeats_kept!(),
     r#" - 2)):],
-            CASE WHEN excluded.job_class IS NULL OR excluded.job_class = ANY (r.job_classes)
-                 THEN r.job_classes ELSE r.job_classes || excluded.job_class END,
+            CASE WHEN $7::text IS NULL OR $7::text = ANY (r.job_classes)
+                 THEN r.job_classes ELSE r.job_classes || $7::text END,
             now()
-       FROM (SELECT m.mismatch,
-                    NOT (m.mismatch AND $10)
-                    AND (r.status = 'released'
-                         OR (r.status = 'claimed' AND r.lease_expires_at <= now())) AS take
-               FROM (SELECT r.args_digest IS NOT NULL
-                            AND r.args_digest <> excluded.args_digest AS mismatch) AS m) AS d)
+       FROM (SELECT t.mismatch, t.take, t.take AND r.status = 'claimed' AS takeover
+               FROM (SELECT m.mismatch,
+                            NOT (m.mismatch AND $10)
+                            AND (r.status = 'released'
+                                 OR (r.status = 'claimed' AND r.lease_expires_at <= now()))
+                            AS take
+                       FROM (SELECT r.args_digest IS NOT NULL
+                                    AND r.args_digest <> excluded.args_digest AS mismatch)
+                            AS m) AS t) AS d)
 RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
           r.duplicates, r.last_mismatch AS mismatch, r.takeovers,
           EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_remaining,
@@ -129,15 +142,16 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 /// record and, only when there is none, the first claim's insert, in one round trip.
 ///
 /// * no record: inserts it as `claimed` with the caller's token, exactly as
-///   [`CLAIM_SQL`] would (`inserted` is true): a first claim, durable;
+///   [`CLAIM_SQL`] would (`inserted` is true; no stored job): a first claim, durable;
 /// * a record: returns its state (`inserted` false) and writes nothing, so the
 ///   statement assigns no transaction id and commits without a WAL flush;
 /// * no row at all: a concurrent first claim inserted the record after this
 ///   statement's snapshot (`ON CONFLICT DO NOTHING` waited for it): the caller asks
 ///   [`CLAIM_SQL`].
 ///
-/// Parameters: as [`CLAIM_SQL`]'s $1–$9, then $10 the delivery's facts ([`CLAIM_SQL`]'s
-/// $11: kept by the first claim as `first_facts`; a duplicate does not read it). A
+/// Parameters: as [`CLAIM_SQL`]'s $1–$7 (a first claim stores no job: V12), then $8 the
+/// delivery's facts ([`CLAIM_SQL`]'s $11: kept by the first claim as `first_facts`; a
+/// duplicate does not read it). A
 /// duplicate's count ($12 of [`CLAIM_SQL`]: a copy coming back is not counted again) is
 /// the bookkeeping's.
 ///
@@ -154,12 +168,9 @@ WITH look AS (
 first AS (
     INSERT INTO idempotent_job_records
         (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-         args_digest, job_class, queue, args, job_classes, first_facts)
+         args_digest, job_classes, first_facts)
     SELECT $1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
-           $6, $7, $8,
-           CASE WHEN strpos($9, '\u0000') > 0 THEN jsonb_build_object('idempotent_job:json', $9)
-                ELSE $9::jsonb END,
-           array_remove(ARRAY[$7::text], NULL), $10::jsonb
+           $6, array_remove(ARRAY[$7::text], NULL), $8::jsonb
      WHERE NOT EXISTS (SELECT 1 FROM look)
     ON CONFLICT (job_type, operation_key) DO NOTHING
     RETURNING status, jid, attempts, duplicates, args_digest, lease_expires_at)
@@ -368,8 +379,11 @@ SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatc
 /// record's own select list): settle a held (or given-up) operation. $3 `done`: mark it
 /// completed; `rerun`: mark it released so the re-sent delivery claims it as a retry.
 /// The one test of which statuses settle is its `WHERE`: no row when the operation was
-/// not held or given up when the update met it. Parameters: $1 job_type,
-/// $2 operation_key, $3 resolution. A macro so the record's statement can `concat!` it.
+/// not held or given up when the update met it. A rerun needs the stored job (written
+/// by the takeover a hold or a give-up follows: [`CLAIM_SQL`]); a record without one (no
+/// job class and no arguments) is not settled by a rerun, and [`NO_STORED_JOB_SQL`]
+/// tells that case apart. Parameters: $1 job_type, $2 operation_key, $3 resolution.
+/// A macro so the record's statement can `concat!` it.
 macro_rules! resolve_update {
     () => {
         r#"
@@ -380,10 +394,21 @@ UPDATE idempotent_job_records
        released_at = CASE WHEN $3 = 'done' THEN released_at ELSE now() END,
        resolution = $3, resolved_at = now(), updated_at = now()
  WHERE job_type = $1 AND operation_key = $2 AND status IN ('held', 'given_up')
+   AND ($3 = 'done' OR job_class IS NOT NULL OR args IS NOT NULL)
 RETURNING *)
 "#
     };
 }
+
+/// Whether a held or given-up operation has no stored job (no job class and no
+/// arguments), so [`RESOLVE_SQL`] cannot rerun it: read only after a rerun settled
+/// nothing, for its error. Returns a row when so. Parameters: $1 job_type,
+/// $2 operation_key.
+pub const NO_STORED_JOB_SQL: &str = r#"
+SELECT status
+  FROM idempotent_job_records
+ WHERE job_type = $1 AND operation_key = $2 AND status IN ('held', 'given_up')
+   AND job_class IS NULL AND args IS NULL"#;
 
 /// Applies one batch of repeats: $1 job types, $2 operation keys, $3 one JSON
 /// object per operation (same order): `dups` (duplicates to add), `mismatches`,

@@ -538,6 +538,11 @@ fn resolve_by_the_pure_table_and_by_the_statement_on_postgresql() {
         let sql = setup_sql.clone();
         let resolved = store
             .with_conn(async |c| {
+                // Made by a takeover, as every held or given-up record is: the claim
+                // that stores the delivery's job, which a rerun needs (V12).
+                let token = uuid::Uuid::new_v4();
+                claim::claim_as(c, &req, token).await?;
+                claim::fenced(c, claim::Fenced::Expire, JOB, &key, token, Some("stale")).await?;
                 claim::claim(c, &req).await?;
                 let changed = c
                     .execute(

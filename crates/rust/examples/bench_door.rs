@@ -48,8 +48,6 @@ async fn floor(db: &tokio_postgres::Client, keys: &[String], complete: bool) -> 
                 t.clone(),
                 t.clone(),
                 t.clone(),
-                t.clone(),
-                t.clone(),
             ],
         )
         .await
@@ -62,7 +60,6 @@ async fn floor(db: &tokio_postgres::Client, keys: &[String], complete: bool) -> 
     for key in keys {
         let token = uuid::Uuid::new_v4();
         let jid = token.to_string();
-        let args = "[]".to_string();
         let digest = idempotent_job_core::canonical::digest(&serde_json::json!([]));
         let row = db
             .query_one(
@@ -75,8 +72,6 @@ async fn floor(db: &tokio_postgres::Client, keys: &[String], complete: bool) -> 
                     &300.0f64,
                     &digest,
                     &JOB,
-                    &None::<String>,
-                    &args,
                     &None::<String>,
                 ],
             )

@@ -144,7 +144,9 @@ impl IdempotentJob {
     /// released (its next delivery runs it). `key` as given to [`Job::perform_once`].
     /// Returns false when the operation is not held or given up. One statement, sent once.
     ///
-    /// Errors: [`Error::OperationKey`] for a bad key; connection and database errors.
+    /// Errors: [`Error::OperationKey`] for a bad key; [`Error::Config`] for a rerun of a
+    /// record with no stored job (held without the takeover that stores it; it stays
+    /// held); connection and database errors.
     pub async fn resolve(
         &self,
         job_type: &str,

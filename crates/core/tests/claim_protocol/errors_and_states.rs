@@ -121,8 +121,13 @@ pub(crate) fn a_different_payload_is_flagged_and_refused_when_asked(store: Store
 }
 
 pub(crate) fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store) {
+    // Held as the protocol holds: by the delivery that took a stale claim over, which
+    // stores its job (what a rerun re-sends; a first claim stores none, V12).
     let held = request(&unique("held"), "1", 30.0);
     let (token, _, _) = token_of(claim(&store, &held).unwrap());
+    fenced(&store, &held, Fenced::Expire, token).unwrap();
+    let (token, kind, _) = token_of(claim(&store, &held).unwrap());
+    assert_eq!(kind, ClaimKind::Takeover);
     fenced(&store, &held, Fenced::Hold, token).unwrap();
     assert_eq!(
         claim(&store, &held).unwrap(),
@@ -164,10 +169,12 @@ pub(crate) fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store
         "only held or given-up operations resolve"
     );
     let (again, kind, attempt) = token_of(claim(&store, &held).unwrap());
-    assert_eq!((kind, attempt), (ClaimKind::Retry, 2));
+    assert_eq!((kind, attempt), (ClaimKind::Retry, 3));
     complete(&store, &held, again).unwrap();
 
     let skipped = request(&unique("given-up"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &skipped).unwrap());
+    fenced(&store, &skipped, Fenced::Expire, token).unwrap();
     let (token, _, _) = token_of(claim(&store, &skipped).unwrap());
     fenced(&store, &skipped, Fenced::GiveUp, token).unwrap();
     assert_eq!(

@@ -55,6 +55,8 @@ in_both_modes!(
     completion_and_release_repeat_safely_for_their_own_token,
     the_first_claim_keeps_its_facts_and_repeats_never_change_them,
     a_record_keeps_only_its_latest_repeats,
+    a_first_delivery_writes_no_column_it_does_not_need,
+    a_rerun_of_a_record_without_a_stored_job_is_refused,
 );
 
 fn unique(name: &str) -> String {
@@ -314,6 +316,95 @@ fn first_facts(store: &Store, req: &ClaimRequest) -> Option<String> {
             Ok(row.try_get(0)?)
         })
         .unwrap()
+}
+
+/// The columns of `req`'s record that hold a value a first delivery with no repeat
+/// does not need (V12): the stored job (rerun), the stored result, the repeats', errors'
+/// and resolutions' columns; read back from the row.
+fn unneeded_values(store: &Store, req: &ClaimRequest) -> Vec<String> {
+    let req = req.clone();
+    store
+        .with_conn(async |c| {
+            let row = c
+                .query_one(
+                    "SELECT array_remove(ARRAY[
+                        CASE WHEN job_class IS NOT NULL THEN 'job_class' END,
+                        CASE WHEN queue IS NOT NULL THEN 'queue' END,
+                        CASE WHEN args IS NOT NULL THEN 'args' END,
+                        CASE WHEN result IS NOT NULL THEN 'result' END,
+                        CASE WHEN result_state IS NOT NULL THEN 'result_state' END,
+                        CASE WHEN cardinality(repeat_times) > 0 THEN 'repeat_times' END,
+                        CASE WHEN repeat_facts <> '[]' THEN 'repeat_facts' END,
+                        CASE WHEN duplicates <> 0 THEN 'duplicates' END,
+                        CASE WHEN last_duplicate_at IS NOT NULL THEN 'last_duplicate_at' END,
+                        CASE WHEN mismatches <> 0 OR last_mismatch THEN 'mismatches' END,
+                        CASE WHEN last_error IS NOT NULL THEN 'last_error' END,
+                        CASE WHEN released_at IS NOT NULL THEN 'released_at' END,
+                        CASE WHEN heartbeat_at IS NOT NULL THEN 'heartbeat_at' END,
+                        CASE WHEN held_at IS NOT NULL THEN 'held_at' END,
+                        CASE WHEN given_up_at IS NOT NULL THEN 'given_up_at' END,
+                        CASE WHEN resolution IS NOT NULL THEN 'resolution' END,
+                        CASE WHEN resolved_at IS NOT NULL THEN 'resolved_at' END], NULL)
+                       FROM idempotent_job_records
+                      WHERE job_type = $1 AND operation_key = $2",
+                    &[&req.job_type, &req.operation_key],
+                )
+                .await?;
+            Ok(row.try_get(0)?)
+        })
+        .unwrap()
+}
+
+fn a_first_delivery_writes_no_column_it_does_not_need(store: Store) {
+    let job_type = unique("narrow");
+    // A first claim through the look (DELIVER_SQL), then its completion.
+    let req = request(&job_type, "1", 30.0);
+    let (token, kind, _) = token_of(claim(&store, &req).unwrap());
+    assert_eq!(kind, ClaimKind::First);
+    assert_eq!(unneeded_values(&store, &req), Vec::<String>::new());
+    complete(&store, &req, token).unwrap();
+    assert_eq!(unneeded_values(&store, &req), Vec::<String>::new());
+    // It keeps what mismatch detection and the repeats report need.
+    assert_eq!(find(&store, &req).args_digest.as_deref(), Some("digest-a"));
+    assert_eq!(
+        first_facts(&store, &req),
+        Some(r#"{"delivery": "d-1"}"#.into())
+    );
+
+    // A first claim through CLAIM_SQL (a transactional session's) writes none either.
+    let direct = request(&job_type, "2", 30.0);
+    let sent = direct.clone();
+    store
+        .with_conn(async |c| claim::claim(c, &sent).await)
+        .unwrap();
+    assert_eq!(unneeded_values(&store, &direct), Vec::<String>::new());
+}
+
+fn a_rerun_of_a_record_without_a_stored_job_is_refused(store: Store) {
+    // Held without a takeover (by hand: the protocol holds only after one), so no
+    // delivery stored its job.
+    let req = request(&unique("no-stored-job"), "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &req).unwrap());
+    fenced(&store, &req, Fenced::Hold, token).unwrap();
+    let resolve = |how| {
+        let req = req.clone();
+        store.with_conn(async |c| {
+            claim::resolve_stored(c, &req.job_type, &req.operation_key, how).await
+        })
+    };
+    match resolve(Resolution::Rerun) {
+        Err(Error::Config(message)) => assert!(
+            message.contains(&format!(
+                "cannot rerun {} operation \"1\": the record (held) holds no stored job",
+                req.job_type
+            )),
+            "{message}"
+        ),
+        other => panic!("expected a refused rerun, got {other:?}"),
+    }
+    assert_eq!(find(&store, &req).status, "held", "the record stays held");
+    assert!(resolve(Resolution::Done).unwrap().is_some());
+    assert_eq!(find(&store, &req).status, "completed");
 }
 
 fn the_first_claim_keeps_its_facts_and_repeats_never_change_them(store: Store) {
