@@ -80,10 +80,10 @@ RSpec.describe "IdempotentJob.resolve racing other threads" do
       true
     end
     resolved = IdempotentJob.resolve(job_type, "8", as: :rerun)
-    expect(resolved).to have_attributes(status: :released, resolution: "rerun", attempts: 1)
+    expect(resolved).to have_attributes(status: :released, resolution: "rerun", attempts: 2)
     expect(sent.map { |r| [r.status, r.job_class, r.queue, r.args] })
       .to eq([[:released, "WebSpecJob", "critical", ["8"]]])
-    expect(IdempotentJob.record(job_type, "8")).to have_attributes(status: :claimed, last_claim: :retry, attempts: 2)
+    expect(IdempotentJob.record(job_type, "8")).to have_attributes(status: :claimed, last_claim: :retry, attempts: 3)
     finish << true
     expect(rerun_delivery.value).to have_attributes(decision: :ran)
     expect(IdempotentJob.record(job_type, "8")).to have_attributes(status: :completed, resolution: "rerun")
