@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "spec_helper"
+require_relative "../support/web_records"
 require_relative "support/fault_proxy"
 require_relative "support/probe_jobs"
 
@@ -14,6 +15,9 @@ RSpec.describe "Fault probe findings", :faults do
     it "runs the job once and keeps the arguments, NULs included" do
       args = [7, "a\u0000b", { "nested" => ["\u0000"] }]
       job = job_hash(args.first(2), klass: NoteJob).merge("args" => args)
+      # A dead worker's stale claim first: the delivery that takes it over stores its job
+      # (a first claim stores none), NULs and all.
+      web_stale("NoteJob", "7")
       2.times { deliver(job, klass: NoteJob) }
       expect(Effects.count("7:1")).to eq(1)
       record = IdempotentJob.record("NoteJob", 7)

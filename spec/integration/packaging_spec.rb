@@ -42,23 +42,23 @@ RSpec.describe "The packaged gems", :integration do
     SpecServices.database_url.sub(%r{/[^/?]+(\?|\z)}, "/#{name}\\1")
   end
 
-  it "the source gem builds, installs with an extension compiled by cargo, loads from the install and claims" do
+  it "the source gem builds, installs with an extension compiled by cargo, loads from the install and runs a delivery" do
     # Sharing cargo's build directory with the checkout keeps this quick (the gem's own
     # crate is still compiled from the installed sources); CI's smoke run builds cold.
     target = ENV.fetch("CARGO_TARGET_DIR", File.join(root, "target"))
     out = package_smoke("source", env: { "CARGO_TARGET_DIR" => target })
     home = File.join(smoke, "source", "home")
     expect(out).to match(%r{^source gem: loaded #{Regexp.escape(home)}/\S+/idempotent_job\.#{dlext}$})
-    expect(out).to include("source gem: claimed\n")
+    expect(out).to include("source gem: ran\n")
     expect(out).to match(/^source gem: installed footprint [\d.]+ MB/)
   end
 
-  it "the platform gem holds this Ruby's build and no Rust, and installs and claims with no cargo on PATH" do
+  it "the platform gem holds this Ruby's build and no Rust, and installs and runs a delivery with no cargo on PATH" do
     out = package_smoke("platform")
     home = File.join(smoke, "platform", "home")
     expect(out).to include("platform gem: loaded #{home}/gems/idempotent_job-#{IdempotentJob::VERSION}-#{platform}/" \
                            "lib/idempotent_job/#{abi}/idempotent_job.#{dlext}\n")
-    expect(out).to include("platform gem: claimed\n")
+    expect(out).to include("platform gem: ran\n")
     expect(out).to match(/^platform gem: installed footprint [\d.]+ MB/)
 
     spec = Gem::Package.new(File.join(pkg, "idempotent_job-#{IdempotentJob::VERSION}-#{platform}.gem")).spec
