@@ -53,7 +53,7 @@ module IdempotentJob
         # @return [Boolean]
         def held?(job_type, operation_key)
           held = Thread.current[:idempotent_job_held]
-          !held.nil? && held.include?([job_type, operation_key])
+          !held.nil? && held.any? { |claim| claim.job_type == job_type && claim.operation_key == operation_key }
         end
 
         # Runs the block with `claim` among the claims this thread's bodies hold.
@@ -61,7 +61,7 @@ module IdempotentJob
         # @return [Object] the block's value
         def holding(claim)
           held = (Thread.current[:idempotent_job_held] ||= [])
-          held.push([claim.job_type, claim.operation_key])
+          held.push(claim)
           yield
         ensure
           held&.pop
