@@ -1,6 +1,5 @@
 # frozen_string_literal: true
 
-require_relative "protocol/narrator"
 require_relative "protocol/driver"
 
 module IdempotentJob
@@ -59,13 +58,12 @@ module IdempotentJob
     def run(delivery, host: nil, wait: nil, &body)
       raise ArgumentError, "Protocol#run needs a block" unless body
 
-      narrator = Narrator.new(@door, delivery)
       # The gem's own transaction is begun, committed or rolled back by the one native call.
-      return Driver.new(@options, @door, narrator, @strategy).run(request(delivery), host, wait, &body) if
+      return Driver.new(@options, @door, delivery, @strategy).run(request(delivery), host, wait, &body) if
         @strategy == Transactional::Native
 
       @strategy.within do |session|
-        Driver.new(@options, @door, narrator, session).run(request(delivery), host, wait, &body)
+        Driver.new(@options, @door, delivery, session).run(request(delivery), host, wait, &body)
       end
     end
 

@@ -10,7 +10,9 @@ module IdempotentJob
     # (`transaction: true`) and ActiveRecord's (`transaction: :active_record`). Internal.
     class Driver
       # Native protocols, by job options (the cached, frozen JobOptions object) and then
-      # by door words (built once each).
+      # by door class: `[id_label, defer_text, crash_text, protocol]`, rebuilt when a
+      # door's words differ from the ones kept (compared without building a key per
+      # delivery).
       @natives = {}.compare_by_identity
       @natives_lock = Mutex.new
       # Most job options kept (per-push overrides add option sets).
@@ -23,19 +25,27 @@ module IdempotentJob
         # @return [Native::Protocol]
         # @raise [ConfigurationError] for an option the core refuses
         def native(options, door)
-          key = [door.id_label, door.defer_text, door.crash_text]
-          found = @natives[options]&.[](key)
-          return found if found
+          found = @natives[options]&.[](door.class)
+          return found[3] if found && same_words?(found, door)
 
-          words = { id_label: key[0], defer_text: key[1], crash_text: key[2] }
-          built = Native::Protocol.new(options.name, options.settings, words,
+          words = [door.id_label, door.defer_text, door.crash_text].freeze
+          built = Native::Protocol.new(options.name, options.settings,
+                                       { id_label: words[0], defer_text: words[1], crash_text: words[2] },
                                        IdempotentJob.configuration.defer_margin.to_f)
           @natives_lock.synchronize do
             natives = @natives.size >= NATIVES_LIMIT ? {}.compare_by_identity : @natives.dup
-            natives[options] = (natives[options] || {}).merge(key => built)
+            natives[options] = (natives[options] || {}).merge(door.class => [*words, built].freeze)
             @natives = natives
           end
           built
+        end
+
+        # Whether the words kept in `found` are `door`'s.
+        # @param found [Array] `[id_label, defer_text, crash_text, protocol]`
+        # @param door [Door]
+        # @return [Boolean]
+        def same_words?(found, door)
+          found[0] == door.id_label && found[1] == door.defer_text && found[2] == door.crash_text
         end
 
         # Whether a body running in this thread (or fiber) holds the claim of
@@ -43,7 +53,7 @@ module IdempotentJob
         # @return [Boolean]
         def held?(job_type, operation_key)
           held = Thread.current[:idempotent_job_held]
-          !held.nil? && held.include?([job_type, operation_key])
+          !held.nil? && held.any? { |claim| claim.job_type == job_type && claim.operation_key == operation_key }
         end
 
         # Runs the block with `claim` among the claims this thread's bodies hold.
@@ -51,7 +61,7 @@ module IdempotentJob
         # @return [Object] the block's value
         def holding(claim)
           held = (Thread.current[:idempotent_job_held] ||= [])
-          held.push([claim.job_type, claim.operation_key])
+          held.push(claim)
           yield
         ensure
           held&.pop
@@ -83,13 +93,13 @@ module IdempotentJob
 
       # @param options [JobOptions]
       # @param door [Door]
-      # @param narrator [Narrator]
+      # @param delivery [Delivery] the delivery run (its log lines go to the door's logger)
       # @param session [Transactional::Direct, Class<Transactional::Native>, Transactional::ActiveRecord]
       #   where the statements go (the gem's own transaction is opened by the native call)
-      def initialize(options, door, narrator, session)
+      def initialize(options, door, delivery, session)
         @options = options
         @door = door
-        @narrator = narrator
+        @delivery = delivery
         @native = self.class.native(options, door)
         @session = session
       end
@@ -122,7 +132,7 @@ module IdempotentJob
         # A delivery nested in the body of the same operation would wait for its own claim.
         wait = nil if wait && Driver.held?(request[:job_type], request[:operation_key])
         kind, value, notes = @native.perform(IdempotentJob.store, channel, request,
-                                             @narrator.delivery.deferrals, wait, self)
+                                             @delivery.deferrals, wait, self)
         return in_progress(value, notes) if kind == :in_progress
 
         tell(notes)
@@ -197,7 +207,7 @@ module IdempotentJob
       # @raise [ConfigurationError] naming the job when JSON cannot carry them (nested
       #   deeper than Native::MAX_NESTING, not UTF-8, NaN): before anything is claimed
       def written
-        delivery = @narrator.delivery
+        delivery = @delivery
         args_json, digest = json_of(delivery, "payload") { ArgsDigest.json_and_digest(delivery.payload) }
         [args_json, digest, json_of(delivery, "facts") { delivery.facts_json }]
       end
@@ -267,9 +277,9 @@ module IdempotentJob
       def delivered(started, outcome: nil, error: nil)
         return unless Events.listened?(:delivered)
 
-        delivery = @narrator.delivery
+        delivery = @delivery
         Events.publish(:delivered, job_type: delivery.job_type, operation_key: delivery.operation_key,
-                                   jid: delivery.id, door: @narrator.door.name, outcome: outcome&.label,
+                                   jid: delivery.id, door: @door.name, outcome: outcome&.label,
                                    error: error&.class&.name,
                                    duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
       end
@@ -312,7 +322,7 @@ module IdempotentJob
         deferred, before = notes.partition { |note| note[0] == :deferred }
         tell(before)
         # Before the deferral is told: a door that cannot bring the delivery back raises.
-        @door.defer(@narrator.delivery, outcome)
+        @door.defer(@delivery, outcome)
         tell(deferred)
         outcome
       end
@@ -332,15 +342,35 @@ module IdempotentJob
 
       # Tells the core's notes: events to their listeners, lines to the door's logger.
       def tell(notes)
-        delivery = @narrator.delivery
+        delivery = @delivery
         notes.each do |event, details, level, text, attempt|
           if event && Events.listened?(event)
             payload = { job_type: delivery.job_type, operation_key: delivery.operation_key, jid: delivery.id }
             payload[:attempt] = attempt if attempt
             Events.publish(event, payload.merge!(details))
           end
-          @narrator.say(level, text) if level
+          say(level, text) if level
         end
+      end
+
+      private
+
+      # Interrupts held while a ::Logger writes (see {#say}).
+      HOLD_INTERRUPTS = { Object => :never }.freeze
+
+      # Logs `text` at `level` with the gem's prefix through the door's logger. A
+      # ::Logger swallows any exception raised while it writes (`rescue Exception` in its
+      # device), so an interrupt that arrives meanwhile (a signal, Thread#raise, Timeout)
+      # is held until the line is written and raised then, instead of being lost.
+      # @param level [Symbol] :info, :warn or :error
+      # @param text [String] the core's words (job type, operation key, delivery id)
+      # @return [void]
+      def say(level, text)
+        out = @door.logger
+        return Thread.handle_interrupt(HOLD_INTERRUPTS) { out.public_send(level) { "idempotent_job: #{text}" } } if
+          out.is_a?(::Logger)
+
+        out.public_send(level, "idempotent_job: #{text}")
       end
     end
   end

@@ -46,25 +46,40 @@ pub(super) fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
+/// The outcome Hash `perform` answers for a delivery the body did not run: `decision`
+/// and `label` (Symbols) always; `duplicates`, `retry_after`, `lease_remaining`,
+/// `holder`, `result_json`, `result_state` and `claim` (see [`claim_hash`]) only when
+/// the core's outcome has them, `waited` only when true (an absent key reads as nil).
 pub(super) fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
+    // Only the entries the outcome has: a duplicate's Hash keeps 4 entries instead of
+    // 10, so Ruby stores it as a small array table (no separate hash table allocated).
     let out = Out::new(ruby);
     out.sym("decision", outcome.decision.as_str())?
-        .set("duplicates", outcome.duplicates)?
-        .set("retry_after", outcome.retry_after)?
-        .set("lease_remaining", outcome.lease_remaining)?
-        .set("holder", outcome.holder.clone())?
-        .set("result_json", outcome.result_json.clone())?
-        .set("waited", outcome.waited)?
         .sym("label", outcome.label())?;
-    match outcome.result_state {
-        Some(state) => out.sym("result_state", state.as_str())?,
-        None => out.set("result_state", ruby.qnil())?,
-    };
-    let claim: Value = match &outcome.claim {
-        Some(info) => claim_hash(ruby, info)?.as_value(),
-        None => ruby.qnil().as_value(),
-    };
-    out.set("claim", claim)?;
+    if let Some(duplicates) = outcome.duplicates {
+        out.set("duplicates", duplicates)?;
+    }
+    if let Some(retry_after) = outcome.retry_after {
+        out.set("retry_after", retry_after)?;
+    }
+    if let Some(lease_remaining) = outcome.lease_remaining {
+        out.set("lease_remaining", lease_remaining)?;
+    }
+    if let Some(holder) = &outcome.holder {
+        out.set("holder", holder.as_str())?;
+    }
+    if let Some(json) = &outcome.result_json {
+        out.set("result_json", json.as_str())?;
+    }
+    if outcome.waited {
+        out.set("waited", true)?;
+    }
+    if let Some(state) = outcome.result_state {
+        out.sym("result_state", state.as_str())?;
+    }
+    if let Some(info) = &outcome.claim {
+        out.set("claim", claim_hash(ruby, info)?)?;
+    }
     Ok(out.hash)
 }
 
