@@ -130,6 +130,80 @@ fn a_batch_locks_its_rows_in_key_order_whatever_order_they_were_queued_in() {
     assert_eq!(duplicates(&other, &job_type, "b"), 1);
 }
 
+/// A repeat of `key` at `at` by `job_class`, with the delivery facts `{"n": n}`.
+fn repeat_at(
+    job_type: &str,
+    key: &str,
+    at: chrono::DateTime<Utc>,
+    job_class: &str,
+    n: u32,
+) -> Repeat {
+    Repeat {
+        at,
+        job_class: Some(job_class.into()),
+        facts: Some(format!("{{\"n\": {n}}}")),
+        ..duplicate(job_type, key)
+    }
+}
+
+#[test]
+fn batches_keep_the_latest_repeat_times_in_order_and_the_latest_facts_whatever_order_they_arrive_in(
+) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let store = store_named(&unique("latest-repeats"));
+    let job_type = unique("LatestRepeats");
+    claim_all(&store, &job_type, &["a"]);
+    let start = Utc::now();
+    let at = |s: i64| start + chrono::Duration::seconds(s);
+    // A first batch: 15 repeats at even seconds (facts 0..14); then a batch whose times
+    // fall between them (another process's, written after): odd seconds (facts 100..109),
+    // by a second class.
+    let first: Vec<_> = (0..15)
+        .map(|k| repeat_at(&job_type, "a", at(2 * k), "BookkeepingJob", k as u32))
+        .collect();
+    let second: Vec<_> = (0..10)
+        .map(|k| repeat_at(&job_type, "a", at(2 * k + 1), "OtherJob", 100 + k as u32))
+        .collect();
+    for batch in [first, second] {
+        store
+            .run(|pool, i| {
+                for r in batch.clone() {
+                    pool.bookkeeper().record(r);
+                }
+                pool.bookkeeper().settle(pool, i)
+            })
+            .unwrap();
+    }
+    let admin = Admin::new();
+    let row = |expr: &str| {
+        admin.text(&format!(
+            "SELECT ({expr})::text FROM idempotent_job_records \
+              WHERE job_type = '{job_type}' AND operation_key = 'a'"
+        ))
+    };
+    assert_eq!(duplicates(&admin, &job_type, "a"), 25);
+    // The 20 latest of the 25 times (seconds 5..20, then 22..28 even), in time order.
+    let times = row(
+        "(SELECT string_agg(round(extract(epoch FROM t - $$START$$::timestamptz))::text, ',' \
+                 ORDER BY n) FROM unnest(repeat_times) WITH ORDINALITY AS x(t, n))"
+            .replace("START", &start.to_rfc3339())
+            .as_str(),
+    );
+    let mut all: Vec<i64> = (0..15)
+        .map(|k| 2 * k)
+        .chain((0..10).map(|k| 2 * k + 1))
+        .collect();
+    all.sort();
+    let expected: Vec<String> = all[5..].iter().map(|s| s.to_string()).collect();
+    assert_eq!(times, expected.join(","));
+    // The 20 latest facts in arrival order: the first batch's last 10, then the second's.
+    let facts = row("(SELECT string_agg(e -> 'facts' ->> 'n', ',' ORDER BY n) \
+            FROM jsonb_array_elements(repeat_facts) WITH ORDINALITY AS x(e, n))");
+    let expected: Vec<String> = (5..15).chain(100..110).map(|n| n.to_string()).collect();
+    assert_eq!(facts, expected.join(","));
+    assert_eq!(row("job_classes"), "{BookkeepingJob,OtherJob}");
+}
+
 #[test]
 fn a_batch_rolled_back_by_a_deadlock_is_written_again_not_dropped() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

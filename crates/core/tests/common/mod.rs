@@ -266,6 +266,14 @@ impl Admin {
             .get(0)
     }
 
+    /// The first column of `sql`'s one row, a text.
+    pub fn text(&self, sql: &str) -> String {
+        self.runtime
+            .block_on(self.client.query_one(sql, &[]))
+            .unwrap()
+            .get(0)
+    }
+
     /// The first column of `sql`'s one row (an int8), `$1` bound to `param`.
     pub fn count(&self, sql: &str, param: &str) -> i64 {
         self.runtime
