@@ -42,7 +42,7 @@ RSpec.describe "The packaged gems", :integration do
     SpecServices.database_url.sub(%r{/[^/?]+(\?|\z)}, "/#{name}\\1")
   end
 
-  it "the source gem builds, installs with an extension compiled by cargo, loads from the install and runs a delivery" do
+  it "the source gem builds, installs with an extension built by cargo, loads from the install and runs a delivery" do
     # Sharing cargo's build directory with the checkout keeps this quick (the gem's own
     # crate is still compiled from the installed sources); CI's smoke run builds cold.
     target = ENV.fetch("CARGO_TARGET_DIR", File.join(root, "target"))
