@@ -60,7 +60,7 @@ module IdempotentJob
     # @param env [Hash] the Rack environment (PATH_INFO relative to the mount point)
     # @return [Array] a Rack response: 200 page, 302 after a resolve, 403 for a POST
     #   without a valid CSRF token, 404/405 for an unknown route, 409 for a resolve the
-    #   record no longer allows
+    #   record does not allow (see {Actions})
     def call(env)
       request = ::Rack::Request.new(env)
       bad = unparsable(request) and return bad

@@ -117,6 +117,21 @@ RSpec.describe IdempotentJob::Web do
       expect(pushed).to include("class" => "WebSpecJob", "args" => ["8"])
     end
 
+    # A record held by hand (no takeover stored its job): the core refuses the rerun, and the
+    # page says why (409), as for any resolve it cannot make, instead of failing with a 500.
+    it "refuses (409) a rerun of a record with no stored job, naming the operation; it stays held" do
+      first = web_claim(job_type, "6")
+      RecordRows.fenced(:hold, job_type, "6", first[:token])
+      expect(IdempotentJob.record(job_type, "6")).to have_attributes(status: :held, job_class: nil, args: nil)
+      resolve("6", as: "rerun", token: confirm_token("6", as: "rerun"))
+
+      expect(last_response.status).to eq(409)
+      expect(CGI.unescapeHTML(last_response.body)).to include(
+        "Not resolved: cannot rerun #{job_type} operation \"6\"", "holds no stored job"
+      )
+      expect(IdempotentJob.record(job_type, "6")).to have_attributes(status: :held, resolution: nil)
+    end
+
     it "refuses a POST without the token, with another token, or without a session (403), changing nothing" do
       web_stopped(job_type, "7")
       confirm_token("7")

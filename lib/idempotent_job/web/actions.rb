@@ -6,7 +6,8 @@ module IdempotentJob
     # Sidekiq Web tab): reads through the public API and {Records}, renders with a
     # {View}, and answers one of
     # * `[:html, status, body]` — a page (200; 400 for bad input, 404, 405, 409 when
-    #   the record no longer allows the resolve asked for);
+    #   the record does not allow the resolve asked for: no longer held or given up, or a
+    #   rerun of a record with no stored job);
     # * `[:redirect, location]` — after a resolve, to the record's page;
     # * `[:csv, filename, body]` — the repeats report as CSV.
     class Actions
@@ -112,8 +113,13 @@ module IdempotentJob
         IdempotentJob.resolve(found.job_type, found.operation_key, as: resolution.to_sym)
         [:redirect, view.url("/record", job_type: found.job_type, operation_key: found.operation_key,
                                         resolved: resolution)]
-      rescue IdempotentJob::ConfigurationError
-        raise
+      rescue IdempotentJob::ConfigurationError => e
+        # The core refuses a rerun of a record with no stored job and leaves it as it was: a
+        # resolve the record does not allow (409, with its buttons), not a bad request.
+        now = IdempotentJob.record(found.job_type, found.operation_key)
+        raise unless now && SETTLEABLE.include?(now.status)
+
+        conflict(now, e.message)
       rescue IdempotentJob::Error => e
         conflict(IdempotentJob.record(found.job_type, found.operation_key) || found, e.message)
       end
