@@ -106,7 +106,7 @@ module IdempotentJob
 
       # Runs the delivery in one native call (`Native::Protocol#perform`), which calls
       # back this object for user code: {#lookup}, {#body}, {#encode}, {#tell}, {#watch}.
-      # @param request [Hash] the claim request (see `Native::Store#claim`)
+      # @param request [Hash] the claim request (see `claim_request` in ext/idempotent_job/src/ruby/convert.rs)
       # @param host [Object, nil] the object a lookup method is called on
       # @param wait [Float, nil] seconds to wait for a live claim to end (pool only)
       # Publishes the `delivered` event at the end, raising or not (see {#delivered}).
