@@ -216,7 +216,8 @@ impl Store {
     /// operation is not held or given up, else the stored delivery of its last claim (what
     /// a rerun re-sends) as a dict: `job_class`, `queue`, `args_json` (JSON text),
     /// `first_facts_json` (JSON object text), each str or None. Sent once (never
-    /// repeated).
+    /// repeated). ConfigurationError for a rerun of a record that holds no stored job (it
+    /// stays as it was).
     fn resolve<'py>(
         &self,
         py: Python<'py>,

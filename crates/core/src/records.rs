@@ -327,10 +327,12 @@ pub async fn resolve_stored(
         .map(|resolved| resolved.delivery))
 }
 
-/// Settles a held or given-up operation. Returns false when no such operation is
-/// held or given up (never claimed, or already settled).
+/// Settles a held or given-up operation ([`resolve_record`], answering only whether it
+/// did). Returns false when no such operation is held or given up (never claimed, or
+/// already settled).
 ///
-/// Errors: connection/database errors.
+/// Errors: as [`resolve_record`] ([`Error::Config`] for a rerun of a record that holds no
+/// stored job); connection/database errors.
 pub async fn resolve(
     client: &Client,
     job_type: &str,

@@ -116,6 +116,8 @@ impl NativeStore {
     /// claim's job_class, queue and args_json a rerun re-sends), or nil when the
     /// operation was not held or given up when the statement met it. Never sent twice: a
     /// repeat after a lost answer would find the operation settled and answer nil.
+    /// Raises `ConfigurationError` for a rerun of a record that holds no stored job (it
+    /// stays as it was), `ConnectionError`/`DatabaseError` as every call.
     fn resolve(
         ruby: &Ruby,
         rb_self: &Self,
