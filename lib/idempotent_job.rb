@@ -113,13 +113,15 @@ module IdempotentJob
     #   key at most 2000 bytes, no NUL character
     # @param lease [Numeric, nil] seconds (at least {JobOptions::MIN_LEASE}); nil: the configured lease
     # @param payload [Array, Object] what the operation carries: digested to notice a
-    #   mismatch, stored for `resolve(as: :rerun)`
+    #   mismatch; stored when this delivery takes a stale claim over, for `resolve(as: :rerun)`
     # @param id [String, nil] this delivery's id (a message id); nil: a new UUID
     # @param deferrals [Integer] times this delivery met a live claim before (e.g. an SQS
     #   receive count minus one): {Outcome#retry_after} grows with it
     # @param facts [Hash] facts of this attempt, stored with the claim where the record keeps them
-    # @param job_class [String, nil] stored with the claim (default the job type)
-    # @param queue [String, nil] stored with the claim
+    # @param job_class [String, nil] the job class a rerun sends (default the job type): stored
+    #   when this delivery takes a stale claim over (the claim a hold follows); every
+    #   delivery's is listed in the repeats report
+    # @param queue [String, nil] the queue a rerun sends to, stored with `job_class`
     # @param options [Hash] `on_stale:`, `on_mismatch:`, `lookup:` (callable: key → :done,
     #   :not_done, :unknown), `heartbeat:`, `max_run:`, `transaction:`, `lock_timeout:`,
     #   `store_result:` (true/false, default false: store the block's value for replays),

@@ -14,11 +14,13 @@ module IdempotentJob
     attr_reader :job_type
     # @return [String] the operation key, as stored
     attr_reader :operation_key
-    # @return [Array] the payload: digested to notice a mismatch, stored for `resolve(as: :rerun)`
+    # @return [Array] the payload: digested to notice a mismatch, stored by a takeover of a
+    #   stale claim for `resolve(as: :rerun)`
     attr_reader :payload
-    # @return [String, nil] the job class name stored with the claim (what a rerun enqueues)
+    # @return [String, nil] the job class name a rerun enqueues (stored by a takeover of a
+    #   stale claim; every delivery's is listed in the repeats report)
     attr_reader :job_class
-    # @return [String, nil] the queue stored with the claim
+    # @return [String, nil] the queue a rerun enqueues on (stored with the job class)
     attr_reader :queue
     # @return [String, nil] this delivery's id (a jid, a job_id, a message id)
     attr_reader :id

@@ -200,7 +200,9 @@ def perform_once(
             fresh UUID.
         deferrals: how many times this delivery already met a live claim (for
             ``retry_after``'s back-off).
-        job_class, queue: stored on the record (for the web page and ``resolve`` reruns).
+        job_class, queue: what a ``resolve`` rerun sends, stored on the record (with the
+            payload) when this delivery takes a stale claim over; ``job_class`` is also
+            listed in the repeats report.
         facts: a dict of JSON values about this delivery, kept for the repeats report.
 
     Returns:

@@ -122,8 +122,9 @@ record! {
         args_digest: Option<String> => OptText = "args_digest",
         job_class: Option<String> => OptText = "job_class",
         queue: Option<String> => OptText = "queue",
-        /// The claiming delivery's arguments as JSON text (unwrapped when the claim
-        /// had to wrap them).
+        /// The arguments of the delivery that last took a stale claim over, as JSON text
+        /// (unwrapped when the claim had to wrap them): with `job_class` and `queue`, the
+        /// stored job a rerun re-sends; `None` when no delivery took the operation over.
         args_json: Option<String> => OptText = "coalesce(args ->> 'idempotent_job:json', args::text)",
         mismatches: i32 => Int = "mismatches",
         last_mismatch: bool => Bool = "last_mismatch",
