@@ -247,6 +247,25 @@ RSpec.describe "Stale claims" do
       expect { IdempotentJob.resolve("ChargeOrderJob", "42", as: :maybe) }
         .to raise_error(IdempotentJob::ConfigurationError)
     end
+
+    # A record held by hand (no takeover stored its job): the rerun is refused before
+    # anything is sent, the record stays held, and resolving it as done still works.
+    it "resolve refuses a rerun of a record with no stored job, naming the operation" do
+      first = claim("ChargeOrderJob", "43", "jid-43", 30, job_class: "ChargeOrderJob", queue: "default",
+                                                          args_json: "[43,1500]", args_digest: "d")
+      RecordRows.fenced(:hold, "ChargeOrderJob", "43", first[:token])
+      sent = []
+      IdempotentJob.on_rerun { |r| sent << r }
+      ChargeOrderJob.jobs.clear
+      expect { IdempotentJob.resolve("ChargeOrderJob", 43, as: :rerun) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\Acannot rerun ChargeOrderJob operation "43": the record \(held\) holds no stored job/)
+      expect([sent, ChargeOrderJob.jobs]).to eq([[], []])
+      expect(record("43")).to have_attributes(status: :held, resolution: nil, job_class: nil, args: nil)
+      expect(IdempotentJob.resolve("ChargeOrderJob", 43, as: :done)).to have_attributes(status: :completed)
+    ensure
+      IdempotentJob.instance_variable_set(:@rerun_senders, [])
+    end
   end
 
   describe "inside perform" do
