@@ -53,9 +53,9 @@ pub const RECLAIM_BUDGET_SPENT: &str = reclaim_budget_spent!();
 /// **The stored job** (`job_class`, `queue`, `args`: what `resolve(as: :rerun)`
 /// re-sends) is written only by a takeover (a stale claim taken over), the one claim a
 /// hold or a give-up follows (`transitions::next`): a first claim and a retry do not
-/// write it (V12; before, every claim did, ≈67 bytes of WAL per first claim for a
-/// feature only held operations use). A first claim keeps its job class in
-/// `job_classes` (the repeats report).
+/// write it (issue 31, on the V11 schema: no migration; before, every claim did, ≈67
+/// bytes of WAL per first claim for a feature only held operations use). A first claim
+/// keeps its job class in `job_classes` (the repeats report).
 ///
 /// Every repeat (any delivery after the first) appends its time to `repeat_times`
 /// (the last `repeats_kept!()` are kept) and its job class to `job_classes`, for the repeats report.
@@ -103,7 +103,7 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             CASE WHEN d.take THEN excluded.lease_seconds ELSE r.lease_seconds END,
             CASE WHEN d.take THEN excluded.lease_expires_at ELSE r.lease_expires_at END,
             CASE WHEN d.take THEN excluded.args_digest ELSE r.args_digest END,
-            -- The stored job (V12): written by a takeover only, the claim a hold or a
+            -- The stored job (issue 31): written by a takeover only, the claim a hold or a
             -- give-up follows; a first claim and a retry leave it as it is.
             CASE WHEN d.takeover THEN $7::text ELSE r.job_class END,
             CASE WHEN d.takeover THEN $8::text ELSE r.queue END,
@@ -149,7 +149,7 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 ///   statement's snapshot (`ON CONFLICT DO NOTHING` waited for it): the caller asks
 ///   [`CLAIM_SQL`].
 ///
-/// Parameters: as [`CLAIM_SQL`]'s $1–$7 (a first claim stores no job: V12), then $8 the
+/// Parameters: as [`CLAIM_SQL`]'s $1–$7 (a first claim stores no job: issue 31), then $8 the
 /// delivery's facts ([`CLAIM_SQL`]'s $11: kept by the first claim as `first_facts`; a
 /// duplicate does not read it). A
 /// duplicate's count ($12 of [`CLAIM_SQL`]: a copy coming back is not counted again) is

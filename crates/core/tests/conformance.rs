@@ -539,7 +539,7 @@ fn resolve_by_the_pure_table_and_by_the_statement_on_postgresql() {
         let resolved = store
             .with_conn(async |c| {
                 // Made by a takeover, as every held or given-up record is: the claim
-                // that stores the delivery's job, which a rerun needs (V12).
+                // that stores the delivery's job, which a rerun needs (issue 31).
                 let token = uuid::Uuid::new_v4();
                 claim::claim_as(c, &req, token).await?;
                 claim::fenced(c, claim::Fenced::Expire, JOB, &key, token, Some("stale")).await?;

@@ -46,7 +46,7 @@ fn claim_fresh(store: &Store, req: &ClaimRequest) -> Result<ClaimAnswer, Error> 
 }
 
 /// A first claim of `req`, its lease ended ([`Fenced::Expire`]), then `req`'s takeover:
-/// the claim that stores the delivery's job (V12; a first claim stores none).
+/// the claim that stores the delivery's job (issue 31; a first claim stores none).
 fn claim_taking_over(store: &Store, req: &ClaimRequest) -> Result<ClaimAnswer, Error> {
     if let ClaimAnswer::Claimed { token, .. } = claim_fresh(store, req)? {
         let (job, key) = (req.job_type.clone(), req.operation_key.clone());

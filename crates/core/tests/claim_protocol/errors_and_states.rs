@@ -122,7 +122,7 @@ pub(crate) fn a_different_payload_is_flagged_and_refused_when_asked(store: Store
 
 pub(crate) fn hold_and_give_up_stop_later_deliveries_until_resolved(store: Store) {
     // Held as the protocol holds: by the delivery that took a stale claim over, which
-    // stores its job (what a rerun re-sends; a first claim stores none, V12).
+    // stores its job (what a rerun re-sends; a first claim stores none, issue 31).
     let held = request(&unique("held"), "1", 30.0);
     let (token, _, _) = token_of(claim(&store, &held).unwrap());
     fenced(&store, &held, Fenced::Expire, token).unwrap();

@@ -319,7 +319,7 @@ fn first_facts(store: &Store, req: &ClaimRequest) -> Option<String> {
 }
 
 /// The columns of `req`'s record that hold a value a first delivery with no repeat
-/// does not need (V12): the stored job (rerun), the stored result, the repeats', errors'
+/// does not need (issue 31): the stored job (rerun), the stored result, the repeats', errors'
 /// and resolutions' columns; read back from the row.
 fn unneeded_values(store: &Store, req: &ClaimRequest) -> Vec<String> {
     let req = req.clone();

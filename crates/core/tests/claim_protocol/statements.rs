@@ -173,7 +173,7 @@ pub(crate) fn an_idle_connection_the_server_terminated_is_replaced_at_checkout()
 pub(crate) fn the_record_is_defined_once_its_select_list_names_every_field_of_the_struct() {
     let store = store_with(true, 1);
     let req = request(&unique("columns"), "1", 30.0);
-    // Through a takeover, the claim that stores the delivery's job (V12), so every
+    // Through a takeover, the claim that stores the delivery's job (issue 31), so every
     // field has a value to read.
     let (token, _, _) = token_of(claim(&store, &req).unwrap());
     fenced(&store, &req, Fenced::Expire, token).unwrap();
