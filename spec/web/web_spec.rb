@@ -245,6 +245,21 @@ RSpec.describe IdempotentJob::Web do
       expect(last_response.body).not_to include("Resolve as done</a>")
     end
 
+    # Only a takeover of a stale claim stores the job (class, queue, arguments): a record no
+    # delivery took over has none, and its page says so instead of "on default" and "null".
+    it "shows the stored job of a record taken over, and says a record without one has none" do
+      web_claim(job_type, "order-3")
+      get "/idempotency/record", job_type:, operation_key: "order-3"
+      body = last_response.body
+      expect(body).to include("jid-order-3", "none stored")
+      expect(body).not_to include(" on default", ">null<")
+
+      web_stopped(job_type, "order-4")
+      get "/idempotency/record", job_type:, operation_key: "order-4"
+      expect(last_response.body).to include("WebSpecJob on critical", "[&quot;order-4&quot;]")
+      expect(last_response.body).not_to include("none stored")
+    end
+
     it "answers 404 for a record never claimed and 400 for a bad search" do
       get "/idempotency/record", job_type:, operation_key: "nope"
       expect(last_response.status).to eq(404)
