@@ -123,7 +123,10 @@ RSpec.describe IdempotentJob::Web do
       first = web_claim(job_type, "6")
       RecordRows.fenced(:hold, job_type, "6", first[:token])
       expect(IdempotentJob.record(job_type, "6")).to have_attributes(status: :held, job_class: nil, args: nil)
-      resolve("6", as: "rerun", token: confirm_token("6", as: "rerun"))
+      token = confirm_token("6", as: "rerun")
+      expect(last_response.body).to include("holds no stored job", "a rerun will be refused")
+      expect(last_response.body).not_to include("is enqueued again")
+      resolve("6", as: "rerun", token:)
 
       expect(last_response.status).to eq(409)
       expect(CGI.unescapeHTML(last_response.body)).to include(
