@@ -123,6 +123,9 @@ RSpec.describe IdempotentJob::Web do
       first = web_claim(job_type, "6")
       RecordRows.fenced(:hold, job_type, "6", first[:token])
       expect(IdempotentJob.record(job_type, "6")).to have_attributes(status: :held, job_class: nil, args: nil)
+      get "/idempotency/", job_type: job_type
+      expect(last_response.body).to include("jid-6", "no stored job")
+      expect(last_response.body).not_to include(" on default")
       token = confirm_token("6", as: "rerun")
       expect(last_response.body).to include("holds no stored job", "a rerun will be refused")
       expect(last_response.body).not_to include("is enqueued again")
