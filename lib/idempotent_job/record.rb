@@ -46,5 +46,13 @@ module IdempotentJob
     def completed?
       status == :completed
     end
+
+    # Whether the record holds a stored job (a job class or arguments: what a rerun
+    # re-sends, written only by a delivery that took a stale claim over). The core
+    # refuses `resolve(as: :rerun)` of a record without one (`NO_STORED_JOB_SQL`).
+    # @return [Boolean]
+    def stored_job?
+      !(job_class.nil? && args.nil?)
+    end
   end
 end
