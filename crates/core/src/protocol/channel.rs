@@ -95,11 +95,11 @@ pub trait Channel {
 
     /// Whether claim, body and completion share one transaction: then no heartbeat,
     /// no release (the rollback undoes the claim), and the completion is written once.
-    /// The default is a transaction's (true): a channel over a pool overrides this,
-    /// [`Channel::heartbeat_pool`] and [`Channel::pause`] together (as [`Direct`] does).
-    fn transactional(&self) -> bool {
-        true
-    }
+    /// Every channel says so itself (no default: a pool channel that forgot would lose
+    /// its heartbeat and release); a channel over a pool also overrides
+    /// [`Channel::heartbeat_pool`] and [`Channel::pause`] (as [`Direct`] does), whose
+    /// defaults are a transaction's.
+    fn transactional(&self) -> bool;
 
     /// The pool a claim's heartbeat renews through (`None`, the default: in a
     /// transaction, which has no heartbeat).
@@ -209,6 +209,10 @@ impl Channel for Direct {
 /// for another delivery's transaction; the binding commits ([`Session::commit`]) after
 /// [`super::Protocol::complete`], or rolls back when the body raised.
 impl Channel for Session {
+    fn transactional(&self) -> bool {
+        true
+    }
+
     fn claim(
         &mut self,
         interrupt: &Interrupt<'_>,

@@ -146,6 +146,10 @@ impl Channel for PoolChannel<'_> {
 pub struct TxChannel<'a>(pub(super) &'a NativeTransaction);
 
 impl Channel for TxChannel<'_> {
+    fn transactional(&self) -> bool {
+        true
+    }
+
     fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
         self.0.on_session(|s| Channel::claim(s, i, r, lock))
     }
@@ -196,6 +200,10 @@ impl SessionChannel<'_> {
 }
 
 impl Channel for SessionChannel<'_> {
+    fn transactional(&self) -> bool {
+        true
+    }
+
     fn claim(&mut self, _i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
         let ruby = Self::ruby();
         let asked = (|| -> RbResult<ClaimReply> {
