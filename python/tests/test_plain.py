@@ -202,6 +202,33 @@ def test_a_held_operation_resolved_for_a_rerun_goes_to_the_registered_sender(sce
     assert idempotent_job.record("PlainKillable", other)["status"] == "released"
 
 
+def test_a_rerun_of_a_record_with_no_stored_job_is_refused_and_it_stays_held(scenario):
+    # Only the delivery that takes a stale claim over stores its job (what a rerun
+    # re-sends); a record held by other means (here by hand, after a first delivery)
+    # has none: the rerun is refused naming the operation, nothing is sent, the record
+    # stays held, and resolving it as done still works.
+    idempotent_job.perform_once("PlainHeldByHand", scenario, lambda c: None)
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as c:
+        c.execute(
+            "UPDATE idempotent_job_records SET status = 'held', held_at = now() "
+            "WHERE job_type = 'PlainHeldByHand' AND operation_key = %s",
+            (scenario,),
+        )
+    sent = []
+    sender = idempotent_job.on_rerun(lambda rerun: not sent.append(rerun))
+    try:
+        with pytest.raises(
+            errors.ConfigurationError, match=f'cannot rerun PlainHeldByHand operation "{scenario}"'
+        ):
+            idempotent_job.resolve("PlainHeldByHand", scenario, as_="rerun")
+    finally:
+        idempotent_job._senders.remove(sender)
+    assert sent == []
+    assert idempotent_job.record("PlainHeldByHand", scenario)["status"] == "held"
+    assert idempotent_job.resolve("PlainHeldByHand", scenario, as_="done") is True
+    assert idempotent_job.record("PlainHeldByHand", scenario)["status"] == "completed"
+
+
 def test_sigkill_after_the_effect_under_reclaim_is_the_documented_duplicate(scenario):
     _kill_after_start(scenario, "reclaim", True, "guarded")
     outcome = _run_until_settled(scenario, "reclaim", True, "guarded")
