@@ -418,7 +418,14 @@ fn old_and_new_workers_side_by_side_decide_every_record_and_rerun_its_stored_job
         ClaimAnswer::InProgress { .. }
     ));
     finish(&store, &old_first, old_token, Fenced::Expire);
-    let taken = claim_one(&store, &old_first);
+    // The taker's job differs from the first claim's, so the rerun shows which one the
+    // takeover stored.
+    let taker = ClaimRequest {
+        job_class: Some("RollingJobV2".into()),
+        args_json: Some(r#"["taker"]"#.into()),
+        ..old_first.clone()
+    };
+    let taken = claim_one(&store, &taker);
     assert!(matches!(
         taken,
         ClaimAnswer::Claimed {
@@ -427,7 +434,8 @@ fn old_and_new_workers_side_by_side_decide_every_record_and_rerun_its_stored_job
         }
     ));
     finish(&store, &old_first, token_of(&taken), Fenced::Hold);
-    assert_eq!(rerun(&store, &old_first), Some(the_job(&old_first)));
+    assert_ne!(the_job(&taker), the_job(&old_first));
+    assert_eq!(rerun(&store, &old_first), Some(the_job(&taker)));
 
     // A new worker's first claim stores none; an old worker meets it as a live claim,
     // takes it over when stale (storing its job, as it always did) and holds it; a new
