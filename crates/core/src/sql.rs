@@ -39,6 +39,28 @@ pub(crate) use reclaim_budget_spent;
 /// record of a body that kept killing its worker).
 pub const RECLAIM_BUDGET_SPENT: &str = reclaim_budget_spent!();
 
+/// The columns a first claim inserts: the one list [`CLAIM_SQL`] and [`DELIVER_SQL`] share.
+macro_rules! first_claim_columns {
+    () => {
+        "(job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
+     args_digest, job_classes, first_facts)"
+    };
+}
+
+/// The values a first claim inserts into [`first_claim_columns!`], with the delivery's
+/// facts as `$facts` (the one parameter the two claim statements number differently:
+/// [`CLAIM_SQL`]'s $11, [`DELIVER_SQL`]'s $8); $1–$7 are the same in both.
+macro_rules! first_claim_values {
+    ($facts:literal) => {
+        concat!(
+            "$1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
+        $6, array_remove(ARRAY[$7::text], NULL), ",
+            $facts,
+            "::jsonb"
+        )
+    };
+}
+
 /// Claim, or count a duplicate, in one statement.
 ///
 /// * no record: insert it as `claimed` with the caller's token (a first claim);
@@ -82,10 +104,11 @@ pub const RECLAIM_BUDGET_SPENT: &str = reclaim_budget_spent!();
 pub const CLAIM_SQL: &str = concat!(
     r#"
 INSERT INTO idempotent_job_records AS r
-    (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-     args_digest, job_classes, first_facts)
-VALUES ($1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
-        $6, array_remove(ARRAY[$7::text], NULL), $11::jsonb)
+    "#,
+    first_claim_columns!(),
+    "\nVALUES (",
+    first_claim_values!("$11"),
+    r#")
 ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (status, claim_token, jid, attempts, takeovers, last_claim, claimed_at,
      lease_seconds, lease_expires_at, args_digest, job_class, queue, args,
@@ -157,7 +180,8 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 ///
 /// A look at a completed record also returns its stored result (`result`,
 /// `result_state`: see the stored results), so a replay costs no extra round trip.
-pub const DELIVER_SQL: &str = r#"
+pub const DELIVER_SQL: &str = concat!(
+    r#"
 WITH look AS (
     SELECT status, jid, attempts, duplicates, args_digest, lease_expires_at,
            claim_token = $3 AS mine, last_claim,
@@ -167,10 +191,11 @@ WITH look AS (
      WHERE job_type = $1 AND operation_key = $2),
 first AS (
     INSERT INTO idempotent_job_records
-        (job_type, operation_key, status, claim_token, jid, lease_seconds, lease_expires_at,
-         args_digest, job_classes, first_facts)
-    SELECT $1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
-           $6, array_remove(ARRAY[$7::text], NULL), $8::jsonb
+    "#,
+    first_claim_columns!(),
+    "\n    SELECT ",
+    first_claim_values!("$8"),
+    r#"
      WHERE NOT EXISTS (SELECT 1 FROM look)
     ON CONFLICT (job_type, operation_key) DO NOTHING
     RETURNING status, jid, attempts, duplicates, args_digest, lease_expires_at)
@@ -182,7 +207,8 @@ SELECT true AS inserted, true AS mine, 'first' AS last_claim, status, jid, attem
 UNION ALL
 SELECT false, mine, last_claim, status, jid, attempts, duplicates, args_digest,
        EXTRACT(EPOCH FROM lease_expires_at - now())::float8, now(), result, result_state
-  FROM look"#;
+  FROM look"#
+);
 
 /// The settled state of one operation, read without writing (a read-only server),
 /// with a completed record's stored result (a replay, V7). Parameters: $1 job_type,
