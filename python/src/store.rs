@@ -76,8 +76,8 @@ fn env_url() -> Option<String> {
 #[pyclass(frozen, module = "idempotent_job._native")]
 pub struct Store {
     core: CoreStore,
-    defaults: JobOptions,
-    retention: f64,
+    /// The job defaults and the retention, as the core parsed them from `configure`.
+    defaults: JobDefaults,
 }
 
 impl Store {
@@ -96,7 +96,7 @@ impl Store {
         prefix: &str,
         options: &Bound<'_, PyDict>,
     ) -> PyResult<JobOptions> {
-        let mut resolved = self.defaults.clone();
+        let mut resolved = self.defaults.options.clone();
         for (name, value) in options.iter() {
             let name: String = name.extract()?;
             if value.is_none() {
@@ -163,23 +163,15 @@ impl Store {
         let core = Config::from_json(&Value::Object(native).to_string())
             .and_then(CoreStore::new)
             .map_err(crate::errors::to_py)?;
-        Ok(Store {
-            core,
-            defaults: defaults.options,
-            retention: defaults.retention_seconds,
-        })
+        Ok(Store { core, defaults })
     }
 
     /// The job defaults as a dict by setting name ([`JobDefaults::values`]: lease,
     /// on_stale, on_mismatch, heartbeat, max_run, defer_margin, retention; seconds as
     /// floats, policies as str).
     fn defaults<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let defaults = JobDefaults {
-            options: self.defaults.clone(),
-            retention_seconds: self.retention,
-        };
         let d = PyDict::new(py);
-        for (name, value) in defaults.values(&NOT_TAKEN) {
+        for (name, value) in self.defaults.values(&NOT_TAKEN) {
             match value {
                 Value::Bool(b) => d.set_item(name, b)?,
                 Value::Number(n) => d.set_item(name, n.as_f64())?,
@@ -246,7 +238,7 @@ impl Store {
     /// batches of `batch`; returns how many went.
     #[pyo3(signature = (older_than, batch))]
     fn purge(&self, py: Python<'_>, older_than: Option<f64>, batch: i64) -> PyResult<u64> {
-        let older_than = older_than.unwrap_or(self.retention);
+        let older_than = older_than.unwrap_or(self.defaults.retention_seconds);
         let mut total = 0;
         // Keyset batches: each starts after the last record the previous one took, and
         // the purge ends with the first batch that picks fewer records than its size.
