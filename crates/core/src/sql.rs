@@ -401,18 +401,28 @@ SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatc
    AND ($2::text IS NULL OR job_type = $2)
  ORDER BY job_type, first_claimed_at"#;
 
+/// Whether a record holds a stored job (a job class or arguments: what a rerun re-sends,
+/// written by the takeover a hold or a give-up follows: [`CLAIM_SQL`]), as an SQL
+/// condition: the one statement of the rule, read by the resolve's change and by
+/// [`NO_STORED_JOB_SQL`].
+macro_rules! holds_stored_job {
+    () => {
+        "(job_class IS NOT NULL OR args IS NOT NULL)"
+    };
+}
+
 /// The change of `record::RESOLVE_SQL` (which answers the record after it, with the
 /// record's own select list): settle a held (or given-up) operation. $3 `done`: mark it
 /// completed; `rerun`: mark it released so the re-sent delivery claims it as a retry.
 /// The one test of which statuses settle is its `WHERE`: no row when the operation was
-/// not held or given up when the update met it. A rerun needs the stored job (written
-/// by the takeover a hold or a give-up follows: [`CLAIM_SQL`]); a record without one (no
-/// job class and no arguments) is not settled by a rerun, and [`NO_STORED_JOB_SQL`]
-/// tells that case apart. Parameters: $1 job_type, $2 operation_key, $3 resolution.
-/// A macro so the record's statement can `concat!` it.
+/// not held or given up when the update met it. A rerun needs the stored job
+/// ([`holds_stored_job!`]); a record without one is not settled by a rerun, and
+/// [`NO_STORED_JOB_SQL`] tells that case apart. Parameters: $1 job_type, $2 operation_key,
+/// $3 resolution. A macro so the record's statement can `concat!` it.
 macro_rules! resolve_update {
     () => {
-        r#"
+        concat!(
+            r#"
 WITH settled AS (
 UPDATE idempotent_job_records
    SET status = CASE WHEN $3 = 'done' THEN 'completed' ELSE 'released' END,
@@ -420,21 +430,26 @@ UPDATE idempotent_job_records
        released_at = CASE WHEN $3 = 'done' THEN released_at ELSE now() END,
        resolution = $3, resolved_at = now(), updated_at = now()
  WHERE job_type = $1 AND operation_key = $2 AND status IN ('held', 'given_up')
-   AND ($3 = 'done' OR job_class IS NOT NULL OR args IS NOT NULL)
+   AND ($3 = 'done' OR "#,
+            holds_stored_job!(),
+            r#")
 RETURNING *)
 "#
+        )
     };
 }
 
-/// Whether a held or given-up operation has no stored job (no job class and no
-/// arguments), so [`RESOLVE_SQL`] cannot rerun it: read only after a rerun settled
-/// nothing, for its error. Returns a row when so. Parameters: $1 job_type,
-/// $2 operation_key.
-pub const NO_STORED_JOB_SQL: &str = r#"
+/// Whether a held or given-up operation has no stored job ([`holds_stored_job!`]), so
+/// `record::RESOLVE_SQL` cannot rerun it: read only after a rerun settled nothing, for
+/// its error. Returns a row when so. Parameters: $1 job_type, $2 operation_key.
+pub const NO_STORED_JOB_SQL: &str = concat!(
+    r#"
 SELECT status
   FROM idempotent_job_records
  WHERE job_type = $1 AND operation_key = $2 AND status IN ('held', 'given_up')
-   AND job_class IS NULL AND args IS NULL"#;
+   AND NOT "#,
+    holds_stored_job!()
+);
 
 /// Applies one batch of repeats: $1 job types, $2 operation keys, $3 one JSON
 /// object per operation (same order): `dups` (duplicates to add), `mismatches`,
