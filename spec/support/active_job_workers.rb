@@ -221,9 +221,15 @@ module ActiveJobWorkers
       "(in process)"
     end
 
+    # Each example gets a fresh adapter (with_adapter) whose pool is shut down at its
+    # end, waiting for the running jobs: nothing of one example (a lingering body, a
+    # scheduled re-enqueue) runs in the next one or moves its PendingJobs count.
     def around
       PendingJobs.reset!
       yield
+    ensure
+      adapter = ActiveJob::Base.queue_adapter
+      adapter.shutdown(wait: true) if adapter.respond_to?(:shutdown)
     end
 
     def start(_env = {}) = nil
@@ -237,9 +243,13 @@ module ActiveJobWorkers
       ActiveJob::Base.queue_adapter.enqueue(job)
     end
 
-    # Copies delivered at the same moment, each from its own thread.
+    # Copies of one message (same job_id) delivered at the same moment, each from its own
+    # thread. Each thread enqueues its own copy: ActiveJob's job instance is not
+    # thread-safe (its lazy queue_name, evaluated by two serializers at once, raised
+    # TypeError in CI).
     def deliver_at_once(job, copies)
-      Array.new(copies) { Thread.new { deliver(job) } }.each(&:join)
+      data = job.serialize
+      Array.new(copies) { Thread.new { deliver(ActiveJob::Base.deserialize(data)) } }.each(&:join)
     end
 
     # A forked worker performs the job and is SIGKILLed when it reaches `point`.
