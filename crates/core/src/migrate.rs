@@ -126,11 +126,14 @@ async fn run(conn: &mut Conn, last: Option<i32>) -> Result<Vec<String>> {
         .collect())
 }
 
-/// The schema SQL of every embedded migration, in order, for teams that apply
-/// migrations with their own tools.
+/// The schema SQL of every embedded migration in version order (V1, V2, … V11: the
+/// runner holds them in file-name order, where V10 sorts before V1), for teams that
+/// apply migrations with their own tools (`psql -f`). Reads nothing.
 pub fn schema_sql() -> String {
+    let mut ordered = migrations::runner().get_migrations().clone();
+    ordered.sort_by_key(|m| m.version());
     let mut out = String::new();
-    for m in migrations::runner().get_migrations() {
+    for m in ordered {
         out.push_str(&format!(
             "-- {m}\n{}\n",
             m.sql().unwrap_or_default().trim_end()

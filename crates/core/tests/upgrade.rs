@@ -470,3 +470,40 @@ fn old_and_new_workers_side_by_side_decide_every_record_and_rerun_its_stored_job
     ));
     drop_schema(schema);
 }
+
+/// The columns (name, type, nullability, default) and index definitions of the record
+/// table in `schema`.
+fn table_shape(admin: &common::Admin, schema: &str) -> String {
+    admin.text(&format!(
+        "SELECT string_agg(line, E'\\n' ORDER BY line) FROM ( \
+           SELECT format('%s %s %s %s', column_name, data_type, is_nullable, column_default) AS line \
+           FROM information_schema.columns \
+           WHERE table_schema = '{schema}' AND table_name = 'idempotent_job_records' \
+           UNION ALL \
+           SELECT replace(indexdef, '{schema}.', '') FROM pg_indexes \
+           WHERE schemaname = '{schema}' AND tablename = 'idempotent_job_records') lines"
+    ))
+}
+
+/// `schema_sql()` (what `rake idempotent_job:sql` and Python's `SCHEMA_SQL` print for
+/// teams that apply migrations with their own tools) run as one script on an empty
+/// schema makes the table the migration runner makes. Its migrations came out in
+/// file-name order (V10 and V11 before V1) and the script failed on a table that did
+/// not exist yet.
+#[test]
+fn the_schema_script_applied_by_hand_makes_the_table_the_runner_makes() {
+    let migrated = store_in_through("schema_by_runner", None);
+    let admin = common::Admin::new();
+    admin.exec(
+        "DROP SCHEMA IF EXISTS schema_by_hand CASCADE; CREATE SCHEMA schema_by_hand; \
+         SET search_path TO schema_by_hand",
+    );
+    admin.exec(&migrate::schema_sql());
+    admin.exec("RESET search_path");
+    let by_hand = table_shape(&admin, "schema_by_hand");
+    assert!(by_hand.contains("operation_key"), "{by_hand}");
+    assert_eq!(by_hand, table_shape(&admin, "schema_by_runner"));
+    drop(migrated);
+    drop_schema("schema_by_runner");
+    drop_schema("schema_by_hand");
+}
