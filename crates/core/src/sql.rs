@@ -401,8 +401,9 @@ SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatc
 
 /// Whether a record holds a stored job (a job class or arguments: what a rerun re-sends,
 /// written by the takeover a hold or a give-up follows: [`CLAIM_SQL`]), as an SQL
-/// condition: the one statement of the rule, read by the resolve's change and by
-/// [`NO_STORED_JOB_SQL`].
+/// condition: the one statement of the rule, read by the resolve's change, by
+/// [`NO_STORED_JOB_SQL`] and by the record's `stored_job` field (`record::FIND_SQL`, what
+/// both bindings show).
 macro_rules! holds_stored_job {
     () => {
         "(job_class IS NOT NULL OR args IS NOT NULL)"
