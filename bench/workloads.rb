@@ -131,15 +131,10 @@ module IdempotentJobBench
 
     private
 
-    def claim_params(delivery, token)
-      [JOB_TYPE, delivery.key, token, delivery.jid, LEASE, delivery.digest, JOB_TYPE, "default", delivery.args_json,
-       false]
-    end
-
-    # DELIVER_SQL's $1–$8: CLAIM_SQL's $1–$7, then the delivery's facts (none: the gem
-    # variant's request sends none either).
+    # DELIVER_SQL's $1–$8 (the first-claim insert's, numbered as CLAIM_SQL's $1–$8): the
+    # delivery's facts last (none: the gem variant's request sends none either).
     def deliver_params(delivery, token)
-      claim_params(delivery, token)[0, 7] << nil
+      [JOB_TYPE, delivery.key, token, delivery.jid, LEASE, delivery.digest, JOB_TYPE, nil]
     end
 
     def expect!(condition, what)

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "json"
+require "json" # the native layer parses a record's args and result with JSON.parse
 require_relative "native"
 
 module IdempotentJob
@@ -15,31 +15,23 @@ module IdempotentJob
   # lease_expired (Boolean, by the database clock), last_error (String, why the last
   # claim was released), args_digest (String), job_class, queue (String) and args
   # (Array) of the last delivery that took the operation over (the stored job a rerun
-  # re-sends; nil when no delivery took it over), mismatches (Integer, deliveries whose
-  # arguments differed), last_mismatch (Boolean), resolution ("done"/"rerun"),
-  # first_claimed_at, claimed_at, lease_expires_at, completed_at, released_at,
-  # last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at, updated_at,
-  # result (the stored result, parsed from its JSON; nil when none is stored) and
-  # result_state (:stored, :too_large, :unencodable; nil when no store was requested).
+  # re-sends; nil when no delivery took it over), stored_job (Boolean, whether the record
+  # holds that job: the core's one rule, see {#stored_job?}), job_classes (Array of
+  # String, every job class that delivered the operation), mismatches (Integer,
+  # deliveries whose arguments differed), last_mismatch (Boolean), resolution
+  # ("done"/"rerun"), first_claimed_at, claimed_at, lease_expires_at, completed_at,
+  # released_at, last_duplicate_at, heartbeat_at, held_at, given_up_at, resolved_at,
+  # updated_at, result (the stored result, parsed from its JSON; nil when none is stored)
+  # and result_state (:stored, :too_large, :unencodable; nil when no store was requested).
   #
-  # The members are the native layer's record columns (`Native.record_columns`, from the
-  # one definition of the record in the Rust core: its SQL, its struct and its
-  # conversion), with `args_json` read as `args` and `result_json` as `result`.
-  # Columns read under another member name (their JSON text parsed).
-  RECORD_RENAMES = { "args_json" => :args, "result_json" => :result }.freeze
-  private_constant :RECORD_RENAMES
-  Record = Struct.new(
-    *Native.record_columns.map { |column| RECORD_RENAMES.fetch(column, column.to_sym) },
-    keyword_init: true
-  ) do
-    # @param row [Hash] the native layer's row (arguments and result as JSON text in
-    #   :args_json and :result_json)
+  # The members and their values are the native layer's record (`Native.record_fields`,
+  # from the one definition of the record in the Rust core: its SQL, its struct, its
+  # field names and kinds, which the Python binding's record dict has too).
+  Record = Struct.new(*Native.record_fields.map(&:to_sym), keyword_init: true) do
+    # @param row [Hash] the native layer's record (`Native::Store#find`, `#resolve`)
     # @return [Record]
     def self.from_row(row)
-      args_json = row.delete(:args_json)
-      result_json = row.delete(:result_json)
-      parse = ->(json) { json && JSON.parse(json, max_nesting: Native::MAX_NESTING) }
-      new(**row, args: parse.call(args_json), result: parse.call(result_json), result_state: row[:result_state]&.to_sym)
+      new(**row)
     end
 
     # @return [Boolean] whether the operation's effect is recorded as done
@@ -47,12 +39,13 @@ module IdempotentJob
       status == :completed
     end
 
-    # Whether the record holds a stored job (a job class or arguments: what a rerun
-    # re-sends, written only by a delivery that took a stale claim over). The core
-    # refuses `resolve(as: :rerun)` of a record without one (`NO_STORED_JOB_SQL`).
+    # Whether the record holds a stored job (what a rerun re-sends, written only by a
+    # delivery that took a stale claim over): the core's `stored_job`, read with the
+    # record by the rule the core's resolve also applies (it refuses
+    # `resolve(as: :rerun)` of a record without one).
     # @return [Boolean]
     def stored_job?
-      !(job_class.nil? && args.nil?)
+      stored_job
     end
   end
 end

@@ -374,8 +374,10 @@ def purge(older_than: float | None = None, batch: int = 1000) -> int:
 
 
 def record(job_type: str, key: Any) -> dict | None:
-    """The idempotency record of ``(job_type, key)`` as a dict of its columns (times in
-    epoch seconds), or None when the operation was never claimed. Read-only.
+    """The idempotency record of ``(job_type, key)`` as a dict of the core's record fields
+    (the Ruby ``IdempotentJob::Record``'s members: times in epoch seconds, ``args`` and
+    ``result`` decoded JSON, ``job_classes`` a list, ``stored_job`` whether a rerun has a job
+    to re-send), or None when the operation was never claimed. Read-only.
     ConfigurationError for a job type that is not valid UTF-8."""
     job_type = _job_type(job_type)
     return _current().find(job_type, Store.operation_key(job_type, key))

@@ -257,9 +257,11 @@ impl Store {
         }
     }
 
-    /// `find(job_type, operation_key)` → dict of the record's columns (str, int, float
-    /// epoch seconds for times, None), or None when never claimed. Writes this
-    /// process's queued repeat bookkeeping first.
+    /// `find(job_type, operation_key)` → dict of the core's record fields
+    /// (`Record::fields`: the Ruby Record's members too), by kind: str, int, float, bool,
+    /// float epoch seconds for times, a list of str (job_classes), parsed JSON (args,
+    /// result), None for NULL; or None when never claimed. Writes this process's queued
+    /// repeat bookkeeping first.
     fn find<'py>(
         &self,
         py: Python<'py>,
@@ -410,11 +412,15 @@ impl Store {
     }
 }
 
+/// A record field's value (its [`Field`] kind) as a Python object.
 fn field_value(py: Python<'_>, field: Field<'_>) -> PyResult<Py<PyAny>> {
     let epoch = |t: &chrono::DateTime<chrono::Utc>| t.timestamp_micros() as f64 / 1e6;
     Ok(match field {
         Field::Text(v) | Field::Name(v) => v.into_pyobject(py)?.into_any().unbind(),
-        Field::OptText(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Field::OptText(v) | Field::OptName(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Field::Texts(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Field::Json(None) => py.None(),
+        Field::Json(Some(text)) => py.import("json")?.call_method1("loads", (text,))?.unbind(),
         Field::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
         Field::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
         Field::Bool(v) => pyo3::types::PyBool::new(py, *v)

@@ -88,6 +88,31 @@ def test_python_first_then_ruby(scenario):
     assert effects(scenario) == 1
 
 
+RUBY_RECORD = """
+require "idempotent_job"
+require "json"
+IdempotentJob.configure(database_url: ENV.fetch("DATABASE_URL"))
+record = IdempotentJob.record(ARGV[0], ARGV[1])
+puts JSON.generate(record.to_h.transform_values { |v| v.is_a?(Time) ? v.to_f : v })
+"""
+
+
+def test_ruby_and_python_read_a_record_with_the_same_fields_and_values(scenario):
+    # Both bindings convert the core's one Record: the same names, the same values
+    # (times as epoch seconds, Ruby's Symbols as text), stored_job and job_classes included.
+    key = str(abs(hash(scenario)) % 10**12)
+    assert ruby("CrossOrder", key, RUBY_PAYLOAD)["decision"] == "ran"
+    from_ruby = json.loads(ruby_script(RUBY_RECORD, "CrossOrder", key).strip().splitlines()[-1])
+    from_python = idempotent_job.record("CrossOrder", int(key))
+    assert list(from_ruby) == list(from_python)
+    for name, value in from_python.items():
+        if isinstance(value, float):
+            assert from_ruby[name] == pytest.approx(value, abs=1e-3), name
+        else:
+            assert from_ruby[name] == value, name
+    assert from_python["stored_job"] is False and from_python["job_classes"] == ["CrossOrder"]
+
+
 def rust(job_type: str, key: str, payload, seconds: float = 0) -> subprocess.Popen:
     """The Rust door's example (crates/rust/examples/perform_once.rs, built by `cargo test`)."""
     binary = ROOT / "target" / "debug" / "examples" / "perform_once"

@@ -229,6 +229,47 @@ def test_a_rerun_of_a_record_with_no_stored_job_is_refused_and_it_stays_held(sce
     assert idempotent_job.record("PlainHeldByHand", scenario)["status"] == "completed"
 
 
+def test_the_record_dict_has_the_cores_fields_stored_job_and_job_classes_included(scenario):
+    # The record's fields are the core's (its Record: the Ruby Record has the same
+    # members): `stored_job` is the core's one rule (what a rerun needs: only a takeover
+    # stores the job), `job_classes` every class that delivered the operation, `args`
+    # and `result` parsed from their JSON.
+    def exits(claim):
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        idempotent_job.perform_once("PlainStoredJob", scenario, exits, lease=0.25, job_class="FirstJob")
+    record = idempotent_job.record("PlainStoredJob", scenario)
+    assert (record["stored_job"], record["job_class"], record["args"], record["job_classes"]) == (
+        False,
+        None,
+        None,
+        ["FirstJob"],
+    )
+    time.sleep(0.35)
+    outcome = idempotent_job.perform_once(
+        "PlainStoredJob",
+        scenario,
+        lambda c: {"taken": c.kind},
+        on_stale="reclaim",
+        job_class="TakerJob",
+        queue="critical",
+        payload=[1, {"a": "b"}],
+        store_result=True,
+    )
+    assert (outcome.decision, outcome.claim.kind) == ("ran", "takeover")
+    record = idempotent_job.record("PlainStoredJob", scenario)
+    assert (record["stored_job"], record["job_class"], record["queue"], record["args"]) == (
+        True,
+        "TakerJob",
+        "critical",
+        [1, {"a": "b"}],
+    )
+    assert record["job_classes"] == ["FirstJob", "TakerJob"]
+    assert (record["result"], record["result_state"]) == ({"taken": "takeover"}, "stored")
+    assert "args_json" not in record and "result_json" not in record
+
+
 def test_sigkill_after_the_effect_under_reclaim_is_the_documented_duplicate(scenario):
     _kill_after_start(scenario, "reclaim", True, "guarded")
     outcome = _run_until_settled(scenario, "reclaim", True, "guarded")

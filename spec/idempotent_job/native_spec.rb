@@ -199,10 +199,8 @@ RSpec.describe "IdempotentJob's native layer" do
     expect([stale.decision, stale.value, stale.claim.kind]).to eq([:ran, 2, :takeover])
   end
 
-  it "gives the record one definition: IdempotentJob::Record's members are the native record's columns" do
-    columns = IdempotentJob::Native.record_columns
-    renamed = { "args_json" => :args, "result_json" => :result }
-    expect(IdempotentJob::Record.members).to eq(columns.map { |c| renamed.fetch(c, c.to_sym) })
+  it "gives the record one definition: IdempotentJob::Record's members are the native record's fields" do
+    expect(IdempotentJob::Record.members).to eq(IdempotentJob::Native.record_fields.map(&:to_sym))
     IdempotentJob.perform_once("NativeColumnsSpec", "k-1", payload: [1, "a"]) { :done }
     record = IdempotentJob.record("NativeColumnsSpec", "k-1")
     expect(record.to_h.keys).to eq(IdempotentJob::Record.members)
@@ -211,5 +209,26 @@ RSpec.describe "IdempotentJob's native layer" do
                                       lease_expired: false)
     expect(record.args_digest).to eq(IdempotentJob::Native.args_digest([1, "a"]))
     expect(record.completed_at).to be_a(Time)
+  end
+
+  it "reads stored_job and job_classes from the core's record (its one rule of a stored job)" do
+    key = "sj-#{SecureRandom.hex(4)}"
+    RecordRows.claim({ job_type: "NativeStoredJob", operation_key: key, jid: "old", lease: 0.05,
+                       job_class: "FirstJob" })
+    first = IdempotentJob.record("NativeStoredJob", key)
+    expect(first.to_h).to include(stored_job: false, job_class: nil, args: nil, job_classes: ["FirstJob"])
+    expect(first.stored_job?).to be(false)
+    sleep 0.1
+    taken = IdempotentJob.perform_once("NativeStoredJob", key, on_stale: :reclaim, job_class: "TakerJob",
+                                                               queue: "critical", payload: [1, { "a" => "b" }],
+                                                               store_result: true) do |claim|
+      { "kind" => claim.kind.to_s }
+    end
+    expect([taken.decision, taken.claim.kind]).to eq(%i[ran takeover])
+    record = IdempotentJob.record("NativeStoredJob", key)
+    expect(record.to_h).to include(stored_job: true, job_class: "TakerJob", queue: "critical",
+                                   args: [1, { "a" => "b" }], job_classes: %w[FirstJob TakerJob],
+                                   result: { "kind" => "takeover" }, result_state: :stored)
+    expect(record.stored_job?).to be(true)
   end
 end

@@ -19,7 +19,12 @@ use crate::record::{check_request, decide, ClaimReply, ClaimRequest, ClaimRow};
 use crate::sql::{CLAIM_SQL, DELIVER_SQL, SETTLED_LOOK_SQL};
 use crate::store::PoolHandle;
 
-/// [`CLAIM_SQL`]'s parameters $1–$12 for `req`, with `token` as $3.
+/// How many of [`claim_params`]' values the first-claim insert takes ($1–$8, numbered
+/// alike in [`CLAIM_SQL`] and [`DELIVER_SQL`]): all of [`DELIVER_SQL`]'s parameters.
+const FIRST_CLAIM_PARAMS: usize = 8;
+
+/// [`CLAIM_SQL`]'s parameters $1–$12 for `req`, with `token` as $3; the first
+/// [`FIRST_CLAIM_PARAMS`] are [`DELIVER_SQL`]'s.
 fn claim_params<'a>(
     req: &'a ClaimRequest,
     token: &'a Uuid,
@@ -32,10 +37,10 @@ fn claim_params<'a>(
         (&req.lease_seconds, Type::FLOAT8),
         (&req.args_digest, Type::TEXT),
         (&req.job_class, Type::TEXT),
+        (&req.facts_json, Type::TEXT),
         (&req.queue, Type::TEXT),
         (&req.args_json, Type::TEXT),
         (&req.refuse_mismatch, Type::BOOL),
-        (&req.facts_json, Type::TEXT),
         (&req.returning, Type::BOOL),
     ]
 }
@@ -122,10 +127,11 @@ async fn look_or_claim(
     books: &Bookkeeper,
 ) -> Result<(ClaimReply, Option<Repeat>)> {
     crate::schema::ensure(conn, &req.job_type, &req.operation_key).await?;
-    // DELIVER_SQL takes CLAIM_SQL's parameters $1–$7 and $11 (its $8).
     let params = claim_params(req, &token);
-    let params = [&params[..7], &params[10..11]].concat();
-    let rows = match conn.query_own(DELIVER_SQL, &params).await {
+    let rows = match conn
+        .query_own(DELIVER_SQL, &params[..FIRST_CLAIM_PARAMS])
+        .await
+    {
         Err(e) if e.sqlstate() == Some("25006") => {
             return read_only_answer(conn, req, books, e).await
         }

@@ -47,17 +47,14 @@ macro_rules! first_claim_columns {
     };
 }
 
-/// The values a first claim inserts into [`first_claim_columns!`], with the delivery's
-/// facts as `$facts` (the one parameter the two claim statements number differently:
-/// [`CLAIM_SQL`]'s $11, [`DELIVER_SQL`]'s $8); $1–$7 are the same in both.
+/// The values a first claim inserts into [`first_claim_columns!`]: parameters $1–$8,
+/// numbered alike in [`CLAIM_SQL`] and [`DELIVER_SQL`] ($1 job_type, $2 operation_key,
+/// $3 claim_token, $4 jid, $5 lease in seconds, $6 args_digest, $7 job_class, $8 the
+/// delivery's facts), so one parameter list's first eight serve both statements.
 macro_rules! first_claim_values {
-    ($facts:literal) => {
-        concat!(
-            "$1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
-        $6, array_remove(ARRAY[$7::text], NULL), ",
-            $facts,
-            "::jsonb"
-        )
+    () => {
+        "$1, $2, 'claimed', $3, $4, $5, now() + make_interval(secs => $5),
+        $6, array_remove(ARRAY[$7::text], NULL), $8::jsonb"
     };
 }
 
@@ -83,7 +80,7 @@ macro_rules! first_claim_values {
 /// (the last `repeats_kept!()` are kept) and its job class to `job_classes`, for the repeats report.
 ///
 /// A delivery whose argument digest differs from the claim's is a payload mismatch:
-/// it is counted in `mismatches` and flagged in `last_mismatch`; when $10 is true
+/// it is counted in `mismatches` and flagged in `last_mismatch`; when $11 is true
 /// (`idempotency_on_mismatch: :raise`) such a delivery never takes a claim over.
 ///
 /// `jsonb` cannot hold the character U+0000: arguments whose JSON text contains the
@@ -94,20 +91,21 @@ macro_rules! first_claim_values {
 /// `won` in the result tells the caller whether its token is now the record's;
 /// `result` and `result_state` are the stored result of a completed record (a replay:
 /// see the stored results), NULL when its completion stored none.
-/// Parameters: $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
-/// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 queue,
-/// $9 arguments (JSON text; $8 and $9 are written by a takeover only), $10 refuse
-/// mismatched payloads (bool), $11 the delivery's
-/// facts (JSON object text or NULL): a first claim keeps them as `first_facts` for the
-/// repeats report (a repeat's own facts are written off this path, by the bookkeeping),
-/// $12 a copy coming back (bool, `ClaimRequest::returning`).
+/// Parameters: $1–$8 those of the first-claim insert ([`first_claim_values!`], shared with
+/// [`DELIVER_SQL`]): $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
+/// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 the delivery's facts
+/// (JSON object text or NULL: a first claim keeps them as `first_facts` for the repeats
+/// report; a repeat's own facts are written off this path, by the bookkeeping); then
+/// $9 queue, $10 arguments (JSON text; $9 and $10 are written by a takeover only),
+/// $11 refuse mismatched payloads (bool), $12 a copy coming back (bool,
+/// `ClaimRequest::returning`).
 pub const CLAIM_SQL: &str = concat!(
     r#"
 INSERT INTO idempotent_job_records AS r
     "#,
     first_claim_columns!(),
     "\nVALUES (",
-    first_claim_values!("$11"),
+    first_claim_values!(),
     r#")
 ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (status, claim_token, jid, attempts, takeovers, last_claim, claimed_at,
@@ -129,11 +127,11 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             -- The stored job (issue 31): written by a takeover only, the claim a hold or a
             -- give-up follows; a first claim and a retry leave it as it is.
             CASE WHEN d.takeover THEN $7::text ELSE r.job_class END,
-            CASE WHEN d.takeover THEN $8::text ELSE r.queue END,
+            CASE WHEN d.takeover THEN $9::text ELSE r.queue END,
             CASE WHEN NOT d.takeover THEN r.args
-                 WHEN strpos($9::text, '\u0000') > 0
-                 THEN jsonb_build_object('idempotent_job:json', $9::text)
-                 ELSE $9::text::jsonb END,
+                 WHEN strpos($10::text, '\u0000') > 0
+                 THEN jsonb_build_object('idempotent_job:json', $10::text)
+                 ELSE $10::text::jsonb END,
             r.duplicates + (NOT d.take AND NOT $12)::int,
             CASE WHEN d.take OR $12 THEN r.last_duplicate_at ELSE now() END,
             r.mismatches + (d.mismatch AND NOT $12)::int,
@@ -146,7 +144,7 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
             now()
        FROM (SELECT t.mismatch, t.take, t.take AND r.status = 'claimed' AS takeover
                FROM (SELECT m.mismatch,
-                            NOT (m.mismatch AND $10)
+                            NOT (m.mismatch AND $11)
                             AND (r.status = 'released'
                                  OR (r.status = 'claimed' AND r.lease_expires_at <= now()))
                             AS take
@@ -172,9 +170,9 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 ///   statement's snapshot (`ON CONFLICT DO NOTHING` waited for it): the caller asks
 ///   [`CLAIM_SQL`].
 ///
-/// Parameters: as [`CLAIM_SQL`]'s $1–$7 (a first claim stores no job: issue 31), then $8 the
-/// delivery's facts ([`CLAIM_SQL`]'s $11: kept by the first claim as `first_facts`; a
-/// duplicate does not read it). A
+/// Parameters: [`CLAIM_SQL`]'s $1–$8, the first-claim insert's ([`first_claim_values!`]:
+/// $8 the delivery's facts, kept by the first claim as `first_facts`; a duplicate does not
+/// read them; a first claim stores no job: issue 31). A
 /// duplicate's count ($12 of [`CLAIM_SQL`]: a copy coming back is not counted again) is
 /// the bookkeeping's.
 ///
@@ -194,7 +192,7 @@ first AS (
     "#,
     first_claim_columns!(),
     "\n    SELECT ",
-    first_claim_values!("$8"),
+    first_claim_values!(),
     r#"
      WHERE NOT EXISTS (SELECT 1 FROM look)
     ON CONFLICT (job_type, operation_key) DO NOTHING
@@ -403,8 +401,9 @@ SELECT job_type, operation_key, status, attempts, takeovers, duplicates, mismatc
 
 /// Whether a record holds a stored job (a job class or arguments: what a rerun re-sends,
 /// written by the takeover a hold or a give-up follows: [`CLAIM_SQL`]), as an SQL
-/// condition: the one statement of the rule, read by the resolve's change and by
-/// [`NO_STORED_JOB_SQL`].
+/// condition: the one statement of the rule, read by the resolve's change, by
+/// [`NO_STORED_JOB_SQL`] and by the record's `stored_job` field (`record::FIND_SQL`, what
+/// both bindings show).
 macro_rules! holds_stored_job {
     () => {
         "(job_class IS NOT NULL OR args IS NOT NULL)"

@@ -10,13 +10,16 @@ module IdempotentJob
     # (`transaction: true`) and ActiveRecord's (`transaction: :active_record`). Internal.
     class Driver
       # Native protocols, by job options (the cached, frozen JobOptions object) and then
-      # by door class: `[id_label, defer_text, crash_text, protocol]`, rebuilt when a
-      # door's words differ from the ones kept (compared without building a key per
-      # delivery).
+      # by door class: a few `[id_label, defer_text, crash_text, protocol]` entries, one
+      # per set of words the door class used (an ActiveJob class alternates waiting in
+      # place and re-enqueueing, two defer_texts: each keeps its protocol), found by
+      # comparing the words (no key built per delivery).
       @natives = {}.compare_by_identity
       @natives_lock = Mutex.new
       # Most job options kept (per-push overrides add option sets).
       NATIVES_LIMIT = 1000
+      # Most sets of words kept per job options and door class (the oldest goes).
+      WORDS_LIMIT = 4
 
       class << self
         # The native protocol of `options` told in `door`'s words (built once per pair).
@@ -25,27 +28,39 @@ module IdempotentJob
         # @return [Native::Protocol]
         # @raise [ConfigurationError] for an option the core refuses
         def native(options, door)
-          found = @natives[options]&.[](door.class)
-          return found[3] if found && same_words?(found, door)
+          found = @natives[options]&.[](door.class)&.find { |entry| same_words?(entry, door) }
+          return found[3] if found
 
           words = [door.id_label, door.defer_text, door.crash_text].freeze
           built = Native::Protocol.new(options.name, options.settings,
                                        { id_label: words[0], defer_text: words[1], crash_text: words[2] },
                                        IdempotentJob.configuration.defer_margin.to_f)
-          @natives_lock.synchronize do
-            natives = @natives.size >= NATIVES_LIMIT ? {}.compare_by_identity : @natives.dup
-            natives[options] = (natives[options] || {}).merge(door.class => [*words, built].freeze)
-            @natives = natives
-          end
+          keep(options, door.class, [*words, built].freeze)
           built
         end
 
-        # Whether the words kept in `found` are `door`'s.
-        # @param found [Array] `[id_label, defer_text, crash_text, protocol]`
+        # Adds `entry` to the protocols kept for `options` and `door_class` (a new map
+        # each time: readers never lock).
+        # @param options [JobOptions]
+        # @param door_class [Class]
+        # @param entry [Array] `[id_label, defer_text, crash_text, protocol]`
+        # @return [void]
+        def keep(options, door_class, entry)
+          @natives_lock.synchronize do
+            natives = @natives.size >= NATIVES_LIMIT ? {}.compare_by_identity : @natives.dup
+            by_door = natives[options] || {}
+            kept = (by_door[door_class] || []).last(WORDS_LIMIT - 1)
+            natives[options] = by_door.merge(door_class => [*kept, entry].freeze)
+            @natives = natives
+          end
+        end
+
+        # Whether the words kept in `entry` are `door`'s.
+        # @param entry [Array] `[id_label, defer_text, crash_text, protocol]`
         # @param door [Door]
         # @return [Boolean]
-        def same_words?(found, door)
-          found[0] == door.id_label && found[1] == door.defer_text && found[2] == door.crash_text
+        def same_words?(entry, door)
+          entry[0] == door.id_label && entry[1] == door.defer_text && entry[2] == door.crash_text
         end
 
         # Whether a body running in this thread (or fiber) holds the claim of

@@ -189,10 +189,12 @@ module IdempotentJob
         end
       end
 
+      # The claim statement's parameters in its numbering (the core's CLAIM_SQL: $1–$8 the
+      # first-claim insert's, then queue, arguments, refuse_mismatch, returning).
       def claim_params(request, token)
         [request[:job_type], request[:operation_key], token, request[:jid], request[:lease].to_s,
-         request[:args_digest], request[:job_class], request[:queue], request[:args_json],
-         request[:refuse_mismatch] ? "true" : "false", request[:facts_json], request[:returning] ? "true" : "false"]
+         request[:args_digest], request[:job_class], request[:facts_json], request[:queue], request[:args_json],
+         request[:refuse_mismatch] ? "true" : "false", request[:returning] ? "true" : "false"]
       end
 
       # The claim row's values (text, or typed when the connection has a result type

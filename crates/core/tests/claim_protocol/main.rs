@@ -57,6 +57,7 @@ in_both_modes!(
     a_record_keeps_only_its_latest_repeats,
     a_first_delivery_writes_no_column_it_does_not_need,
     a_rerun_of_a_record_without_a_stored_job_is_refused,
+    the_record_tells_whether_it_holds_a_stored_job_by_the_resolves_rule,
 );
 
 fn unique(name: &str) -> String {
@@ -405,6 +406,49 @@ fn a_rerun_of_a_record_without_a_stored_job_is_refused(store: Store) {
     assert_eq!(find(&store, &req).status, "held", "the record stays held");
     assert!(resolve(Resolution::Done).unwrap().is_some());
     assert_eq!(find(&store, &req).status, "completed");
+}
+
+fn the_record_tells_whether_it_holds_a_stored_job_by_the_resolves_rule(store: Store) {
+    // The record's `stored_job` (what both bindings show) is the rule the resolve
+    // applies (`holds_stored_job!`): false after a first claim, whose rerun is refused;
+    // true after a takeover (the claim that stores the job), whose rerun settles it.
+    let job_type = unique("stored-job-field");
+    let resolve = |req: &ClaimRequest, how| {
+        let req = req.clone();
+        store.with_conn(async |c| {
+            claim::resolve_stored(c, &req.job_type, &req.operation_key, how).await
+        })
+    };
+    let first = request(&job_type, "1", 30.0);
+    let (token, _, _) = token_of(claim(&store, &first).unwrap());
+    let record = find(&store, &first);
+    assert!(!record.stored_job);
+    assert_eq!(record.job_classes, ["ExampleJob"]);
+    fenced(&store, &first, Fenced::Hold, token).unwrap();
+    assert!(matches!(
+        resolve(&first, Resolution::Rerun),
+        Err(Error::Config(_))
+    ));
+
+    let taken = request(&job_type, "2", 30.0);
+    let (token, _, _) = token_of(claim(&store, &taken).unwrap());
+    fenced(&store, &taken, Fenced::Expire, token).unwrap();
+    let mut taker = taken.clone();
+    taker.job_class = Some("TakerJob".into());
+    let (token, kind, _) = token_of(claim(&store, &taker).unwrap());
+    assert_eq!(kind, ClaimKind::Takeover);
+    let record = find(&store, &taken);
+    assert!(record.stored_job);
+    assert_eq!(record.job_classes, ["ExampleJob", "TakerJob"]);
+    fenced(&store, &taken, Fenced::Hold, token).unwrap();
+    let resolved = store
+        .with_conn(async |c| {
+            claim::resolve_record(c, &taken.job_type, &taken.operation_key, Resolution::Rerun).await
+        })
+        .unwrap()
+        .expect("a held record with a stored job is settled by a rerun");
+    assert!(resolved.record.stored_job);
+    assert_eq!(resolved.record.status, "released");
 }
 
 fn the_first_claim_keeps_its_facts_and_repeats_never_change_them(store: Store) {

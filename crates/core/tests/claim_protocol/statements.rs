@@ -183,7 +183,8 @@ pub(crate) fn the_record_is_defined_once_its_select_list_names_every_field_of_th
     // FIND_SQL's select list names each expression after its field, in the struct's
     // order, and every table column it reads is one the schema check knows.
     let names: Vec<&str> = record.fields().map(|(name, _)| name).collect();
-    assert_eq!(names, claim::Record::COLUMNS);
+    assert_eq!(names, claim::Record::NAMES);
+    assert_eq!(claim::Record::NAMES.len(), claim::Record::COLUMNS.len());
     let mut at = 0;
     for name in claim::Record::COLUMNS {
         let found = claim::FIND_SQL[at..]
@@ -191,7 +192,7 @@ pub(crate) fn the_record_is_defined_once_its_select_list_names_every_field_of_th
             .unwrap_or_else(|| panic!("{name} after byte {at} of {}", claim::FIND_SQL));
         at += found + 1;
         let column = name.strip_suffix("_json").unwrap_or(name);
-        let computed = ["lease_expired"].contains(name);
+        let computed = ["lease_expired", "stored_job"].contains(name);
         assert!(
             computed || idempotent_job_core::schema::COLUMNS.contains(&column),
             "{name}"
@@ -199,6 +200,15 @@ pub(crate) fn the_record_is_defined_once_its_select_list_names_every_field_of_th
     }
     assert_eq!(record.status, "completed");
     assert_eq!(record.args_json.as_deref(), Some(r#"["1"]"#));
+    assert!(record.stored_job);
+    // The bindings' names: the column's own, or the one it is declared `as`.
+    let renamed: Vec<(&str, &str)> = claim::Record::COLUMNS
+        .iter()
+        .zip(claim::Record::NAMES)
+        .filter(|(column, name)| column != name)
+        .map(|(column, name)| (*column, *name))
+        .collect();
+    assert_eq!(renamed, [("args_json", "args"), ("result_json", "result")]);
 }
 
 /// Holds the row lock of `req`'s record in another session for `hold`, from a thread of

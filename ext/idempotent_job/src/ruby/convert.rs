@@ -269,15 +269,24 @@ pub fn fenced_sql(ruby: &Ruby, change: Symbol) -> RbResult<&'static str> {
     Ok(parse_fenced(ruby, change)?.sql())
 }
 
-/// A record as a Hash with Symbol keys, one per [`Record::COLUMNS`]: status and
-/// last_claim as Symbols, the claim token as a String, times as Time, NULL as nil.
+/// A record as a Hash with Symbol keys, one per [`Record::NAMES`] (the core's names for
+/// the bindings): status, last_claim and result_state as Symbols, the claim token as a
+/// String, times as Time, job_classes as an Array of String, args and result parsed from
+/// their JSON text (`JSON.parse`, nested at most the core's
+/// [`idempotent_job_core::canonical::MAX_NESTING`]), NULL as nil.
 pub fn record_hash(ruby: &Ruby, r: Record) -> RbResult<RHash> {
     let out = Out::new(ruby);
     for (name, field) in r.fields() {
         match field {
             Field::Name(v) => out.sym(name, v)?,
+            Field::OptName(v) => match v {
+                Some(v) => out.sym(name, v)?,
+                None => out.set(name, ruby.qnil())?,
+            },
             Field::Text(v) => out.set(name, v.as_str())?,
             Field::OptText(v) => out.set(name, v.as_deref())?,
+            Field::Texts(v) => out.set(name, ruby.ary_from_iter(v.iter().map(String::as_str)))?,
+            Field::Json(v) => out.set(name, parsed_json(ruby, v.as_deref())?)?,
             Field::Int(v) => out.set(name, *v)?,
             Field::Float(v) => out.set(name, *v)?,
             Field::Bool(v) => out.set(name, *v)?,
@@ -289,9 +298,25 @@ pub fn record_hash(ruby: &Ruby, r: Record) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
-/// `Native.record_columns`: the record's column names, as [`record_hash`]'s keys.
-pub fn record_columns() -> Vec<&'static str> {
-    Record::COLUMNS.to_vec()
+/// JSON text as Ruby data (`JSON.parse`, nested at most the core's `MAX_NESTING`); nil
+/// for none.
+fn parsed_json(ruby: &Ruby, text: Option<&str>) -> RbResult<Value> {
+    let Some(text) = text else {
+        return Ok(ruby.qnil().as_value());
+    };
+    let json: magnus::RModule = ruby.class_object().const_get("JSON")?;
+    let options = ruby.hash_new();
+    options.aset(
+        ruby.sym_new("max_nesting"),
+        idempotent_job_core::canonical::MAX_NESTING,
+    )?;
+    json.funcall("parse", (text, magnus::KwArgs(options)))
+}
+
+/// `Native.record_fields`: the record's field names ([`Record::NAMES`]), as
+/// [`record_hash`]'s keys: the members of the Ruby Record.
+pub fn record_fields() -> Vec<&'static str> {
+    Record::NAMES.to_vec()
 }
 
 /// A Ruby value as JSON data for the core (its canonical JSON, digests, key rules):

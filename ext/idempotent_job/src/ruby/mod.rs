@@ -40,7 +40,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("server_error", function!(errors::server_error, 2))?;
     native.define_module_function("error_table_json", function!(errors::error_table_json, 0))?;
     native.define_module_function("error_example", function!(errors::error_example, 1))?;
-    native.define_module_function("record_columns", function!(convert::record_columns, 0))?;
+    native.define_module_function("record_fields", function!(convert::record_fields, 0))?;
     native.define_module_function("job_options_json", function!(options::job_options_json, 0))?;
     native.define_module_function(
         "connection_defaults_json",
