@@ -21,7 +21,7 @@
 //!
 //! A repeat whose claim ran in a transaction is queued by the native call that made
 //! the claim, while that transaction is still open: at its commit (the native
-//! session, [`crate::session::Session::commit`]), or when the delivery's one native
+//! session's `Session::commit`), or when the delivery's one native
 //! call ends without an error (a transaction on another driver, Ruby's ActiveRecord:
 //! it commits right after). Its row is locked until the transaction ends, so the
 //! batches skip it until then.

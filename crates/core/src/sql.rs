@@ -468,7 +468,7 @@ SELECT status
 /// wait on each other in a cycle (no deadlock, SQLSTATE 40P01, is possible). The
 /// statement returns the operations it left out because their row was locked (their
 /// record exists, so `b` skipped it): the caller keeps them queued and sends them again
-/// later ([`crate::bookkeeping`]). An operation with no record (purged)
+/// later (the repeat bookkeeping's writer). An operation with no record (purged)
 /// is neither written nor returned.
 ///
 /// **Cheap per row.** The usual repeat appends: its times come after the record's last
