@@ -529,7 +529,8 @@ UPDATE idempotent_job_records AS r
  WHERE r.job_type = b.job_type AND r.operation_key = b.operation_key)
 SELECT k.job_type, k.operation_key
   FROM k
- WHERE NOT EXISTS (SELECT 1 FROM b
+ WHERE (SELECT count(*) FROM b) < (SELECT count(*) FROM k)
+   AND NOT EXISTS (SELECT 1 FROM b
                     WHERE b.job_type = k.job_type AND b.operation_key = k.operation_key)
    AND EXISTS (SELECT 1 FROM idempotent_job_records AS r
                 WHERE r.job_type = k.job_type AND r.operation_key = k.operation_key)"#

@@ -113,6 +113,8 @@ fn a_batch_skips_a_row_another_transaction_holds_and_writes_it_once_released() {
             store.run(|pool, i| {
                 pool.bookkeeper().record(duplicate(&job_type, "b"));
                 pool.bookkeeper().record(duplicate(&job_type, "a"));
+                // No record (purged, say): nothing to write, nothing kept.
+                pool.bookkeeper().record(duplicate(&job_type, "gone"));
                 pool.bookkeeper().settle(pool, i)
             })
         });
@@ -134,6 +136,11 @@ fn a_batch_skips_a_row_another_transaction_holds_and_writes_it_once_released() {
         books.pending(&job_type, "a"),
         1,
         "the skipped repeat is still queued"
+    );
+    assert_eq!(
+        books.pending(&job_type, "gone"),
+        0,
+        "a repeat of no record is not kept"
     );
     other.try_exec("COMMIT").unwrap();
     store
