@@ -467,8 +467,9 @@ SELECT status
 /// never waits on an application's transaction, and batches of many processes never
 /// wait on each other in a cycle (no deadlock, SQLSTATE 40P01, is possible). The
 /// statement returns the operations it left out because their row was locked (their
-/// record exists, so `b` skipped it): the caller keeps them queued and sends them again
-/// later (the repeat bookkeeping's writer). An operation with no record (purged)
+/// record exists, so `b` skipped it; looked for only when `b` has fewer rows than the
+/// batch, a one-time filter, so a batch that locked every row pays two counts of its
+/// CTEs): the caller keeps them queued and sends them again later (the repeat bookkeeping's writer). An operation with no record (purged)
 /// is neither written nor returned.
 ///
 /// **Cheap per row.** The usual repeat appends: its times come after the record's last
