@@ -43,7 +43,7 @@ module RecordRows
     pg = connection
     session = IdempotentJob::Transactional::ActiveRecord.new(Connection.new(pg))
     row, token = pg.transaction { session.claim_row(request, 5) }
-    session.record_repeat
+    IdempotentJob.store.record_repeat(row, token, request, row[:decided_at])
     IdempotentJob::Native.decide(row, token, request)
   end
 

@@ -9,12 +9,22 @@
 //! (retries, takeovers, a duplicate that raced the first claim) already counted
 //! themselves durably; only their `repeat_facts` entry is queued.
 //!
-//! Concurrency: batches of many processes meet the same rows. Each batch locks its
-//! rows in one order, `(job_type, operation_key)` ([`FLUSH_SQL`]), so batches never
-//! deadlock one another; a batch PostgreSQL still refuses with a transient error (a
-//! deadlock with a job's own transaction, a serialization failure, a read-only
-//! server in a failover, a lock or statement timeout) was rolled back and is kept
+//! Concurrency: batches of many processes meet the same rows, and a job's open
+//! transaction (the ActiveRecord or native transaction modes) holds its record's row
+//! until it ends. A batch never waits for a row lock: [`FLUSH_SQL`] skips the rows
+//! another transaction holds right now and names them; their repeats stay queued and
+//! are sent again on a later batch ([`LOCKED_ROW_PATIENCE`] at most). So the writer
+//! never waits on an application's transaction, and batches never deadlock. A batch
+//! PostgreSQL still refuses with a transient error (a serialization failure, a
+//! read-only server in a failover, a statement timeout) was rolled back and is kept
 //! and written again, merged with what was queued since, never dropped.
+//!
+//! A repeat whose claim ran in a transaction is queued by the native call that made
+//! the claim, while that transaction is still open: at its commit (the native
+//! session's `Session::commit`), or when the delivery's one native
+//! call ends without an error (a transaction on another driver, Ruby's ActiveRecord:
+//! it commits right after). Its row is locked until the transaction ends, so the
+//! batches skip it until then.
 //!
 //! What can be lost (telemetry only, never a decision: the decision is the record's
 //! status and claim token, which only the durable claim and fenced statements
@@ -24,6 +34,8 @@
 //!   (measured: docs/design.md, "Repeat bookkeeping: what a crash can lose");
 //! * a PostgreSQL crash loses the batches committed within `wal_writer_delay`
 //!   (200 ms by default) before it;
+//! * a repeat whose row stays locked by other transactions for longer than
+//!   [`LOCKED_ROW_PATIENCE`] is dropped and counted ([`Bookkeeper::dropped`]);
 //! * a batch whose connection is lost (or whose deadline passes) after it was sent
 //!   is dropped: it may have been written, and sending it again could count it
 //!   twice; so is a batch refused for good (no record table), and a repeat of a new
@@ -131,6 +143,12 @@ type Key = (String, String);
 /// How long the background writer gathers repeats before writing them as one batch.
 pub const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// How long the repeats of an operation whose row other transactions keep locked
+/// ([`FLUSH_SQL`] skips it) stay queued, sent again on later batches, before they are
+/// dropped and counted ([`Bookkeeper::dropped`]): a job's transaction open that long, or
+/// one left idle in a transaction.
+pub const LOCKED_ROW_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Most operations with repeats queued at once. Past it (a database refusing every
 /// batch for long, e.g. read-only through a long failover, while duplicates of more
 /// operations arrive) a repeat of an operation not yet queued is dropped and counted
@@ -149,6 +167,9 @@ struct Pending {
     times: Vec<String>,
     classes: Vec<String>,
     facts: VecDeque<Value>,
+    /// When a batch first found the operation's row locked ([`FLUSH_SQL`] skipped it),
+    /// if one did.
+    locked_since: Option<Instant>,
 }
 
 impl Pending {
@@ -190,6 +211,7 @@ impl Pending {
 
     /// Adds `newer` (queued after `self`) to `self`.
     fn absorb(&mut self, newer: Pending) {
+        self.locked_since = self.locked_since.or(newer.locked_since);
         self.repeats += newer.repeats;
         self.dups += newer.dups;
         self.mismatches += newer.mismatches;
@@ -235,6 +257,10 @@ type Queue = BTreeMap<Key, Pending>;
 enum Written {
     /// Written (or nothing was queued).
     Done,
+    /// Written, but for the operations whose row another transaction held: back in
+    /// the queue, ahead of what was queued meanwhile, to be sent again later (those
+    /// kept locked past [`LOCKED_ROW_PATIENCE`] were dropped and counted).
+    Skipped,
     /// Not written, and known not to be: no connection was had, or PostgreSQL
     /// refused it with a transient error (a deadlock, a serialization failure, a
     /// read-only server, a lock or statement timeout, out of resources) and rolled it
@@ -309,10 +335,13 @@ impl Bookkeeper {
     }
 
     /// Writes everything queued now, on the calling thread, after any batch in
-    /// flight. A batch PostgreSQL refused with a transient error (a deadlock, a
-    /// serialization failure, a read-only server…), or that found no connection, is
-    /// kept and written again after [`backoff`], within the pool's
-    /// deadline.
+    /// flight. A batch PostgreSQL refused with a transient error (a serialization
+    /// failure, a read-only server…), or that found no connection, is kept and written
+    /// again after [`backoff`], within the pool's deadline; so are the operations whose
+    /// row another transaction holds (a batch never waits for a row lock: see
+    /// [`FLUSH_SQL`]). Those still locked when the deadline leaves no room stay queued
+    /// for the background writer, and `settle` returns `Ok` (their transaction may be
+    /// the caller's own).
     ///
     /// Errors: the last transient error when the deadline leaves no room (the
     /// repeats stay queued: the background writer goes on trying); a batch refused
@@ -327,18 +356,18 @@ impl Bookkeeper {
         let _writing = pool.block_on_background(interrupt, self.writing.lock())?;
         let mut failures = 0;
         loop {
-            match self.write(pool, interrupt, until) {
+            let last = match self.write(pool, interrupt, until) {
                 Written::Done => return Ok(()),
                 Written::Dropped(e) => return Err(e),
-                Written::Requeued(e) => {
-                    failures += 1;
-                    let wait = backoff(failures);
-                    if Instant::now() + wait >= until {
-                        return Err(e);
-                    }
-                    pool.pause(interrupt, wait)?;
-                }
+                Written::Skipped => Ok(()),
+                Written::Requeued(e) => Err(e),
+            };
+            failures += 1;
+            let wait = backoff(failures);
+            if Instant::now() + wait >= until {
+                return last;
             }
+            pool.pause(interrupt, wait)?;
         }
     }
 
@@ -353,14 +382,14 @@ impl Bookkeeper {
     /// Takes the queue and writes it as one batch, before `until`. Called with
     /// `writing` held.
     fn write(&self, pool: &Pool, interrupt: &Interrupt<'_>, until: Instant) -> Written {
-        let batch = std::mem::take(&mut *lock(&self.queue));
+        let mut batch = std::mem::take(&mut *lock(&self.queue));
         if batch.is_empty() {
             return Written::Done;
         }
         let (job_types, keys, docs) = batch_params(&batch);
         let sent = checkout_live(pool, interrupt, Lane::Main, until).map(|mut pooled| {
             let result = pooled.run_until(interrupt, Some(until), async |c: &mut Conn| {
-                c.execute_own(
+                c.query_own(
                     FLUSH_SQL,
                     &[
                         (&job_types, Type::TEXT_ARRAY),
@@ -373,16 +402,37 @@ impl Bookkeeper {
             finish_unless_lost(pooled, &result);
             result
         });
-        let failed = match sent {
-            Ok(Ok(_)) => None,
+        let (failed, locked) = match sent {
+            Ok(Ok(rows)) => (None, locked_keys(&rows)),
             // Nothing was sent, or PostgreSQL rolled the batch back: keep it.
             Err(e) => return self.requeue(batch, e),
             Ok(Err(e)) if rolled_back(&e) => return self.requeue(batch, e),
-            Ok(Err(e)) => Some(e),
+            Ok(Err(e)) => (Some(e), Vec::new()),
         };
+        let mut kept = Queue::new();
+        let mut expired = 0;
+        for key in locked {
+            let Some(mut pending) = batch.remove(&key) else {
+                continue;
+            };
+            let since = *pending.locked_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < LOCKED_ROW_PATIENCE {
+                kept.insert(key, pending);
+            } else {
+                // Dropped below with the written ones (counted as dropped).
+                expired += pending.repeats;
+                batch.insert(key, pending);
+            }
+        }
+        let skipped = !kept.is_empty();
+        if skipped {
+            self.put_back(kept);
+        }
         let repeats: usize = batch.values().map(|p| p.repeats).sum();
         if failed.is_some() {
             self.dropped.fetch_add(repeats as u64, Ordering::SeqCst);
+        } else {
+            self.dropped.fetch_add(expired as u64, Ordering::SeqCst);
         }
         let mut unsettled = lock(&self.unsettled);
         for (key, p) in &batch {
@@ -395,13 +445,20 @@ impl Bookkeeper {
         }
         self.outstanding.fetch_sub(repeats, Ordering::SeqCst);
         match failed {
+            None if skipped => Written::Skipped,
             None => Written::Done,
             Some(e) => Written::Dropped(e),
         }
     }
 
     /// Puts an unwritten batch back, ahead of the repeats queued since.
-    fn requeue(&self, mut batch: Queue, err: Error) -> Written {
+    fn requeue(&self, batch: Queue, err: Error) -> Written {
+        self.put_back(batch);
+        Written::Requeued(err)
+    }
+
+    /// Puts unwritten repeats back, ahead of the repeats queued since.
+    fn put_back(&self, mut batch: Queue) {
         let mut queue = lock(&self.queue);
         for (key, newer) in std::mem::take(&mut *queue) {
             match batch.entry(key) {
@@ -412,13 +469,12 @@ impl Bookkeeper {
             }
         }
         *queue = batch;
-        Written::Requeued(err)
     }
 
     /// The background writer: wakes on [`Bookkeeper::record`], writes what is queued
     /// (repeats queued while a batch is written go in the next one), forever. A batch
-    /// kept after a transient error is written again after [`backoff`]
-    /// (20 ms, doubling, at most 1 s). Runs on the pool's background runtime; each
+    /// kept after a transient error, or the repeats of rows another transaction held,
+    /// are written again after [`backoff`] (20 ms, doubling, at most 1 s). Runs on the pool's background runtime; each
     /// batch on one of its blocking threads.
     pub async fn run(pool: Pool, this: std::sync::Arc<Bookkeeper>) {
         let mut failures = 0;
@@ -439,11 +495,18 @@ impl Bookkeeper {
             .await;
             drop(writing);
             failures = match written {
-                Ok(Written::Requeued(_)) => failures + 1,
+                Ok(Written::Requeued(_) | Written::Skipped) => failures + 1,
                 _ => 0,
             };
         }
     }
+}
+
+/// The operations [`FLUSH_SQL`] left out because another transaction held their row.
+fn locked_keys(rows: &[tokio_postgres::Row]) -> Vec<Key> {
+    rows.iter()
+        .filter_map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?)))
+        .collect()
 }
 
 /// Whether PostgreSQL answered `err` and rolled the statement back with it, for a

@@ -459,12 +459,17 @@ SELECT status
 /// never a scan of the table). Committed asynchronously (`synchronous_commit = off`
 /// for this statement's transaction).
 ///
-/// **One lock order.** `b` takes the batch's row locks first, in the order of
-/// `(job_type, operation_key)` (`ORDER BY … FOR NO KEY UPDATE`: PostgreSQL sorts,
-/// then locks each row as it passes), carrying each operation's batch entry along, and
-/// the update touches only rows it returned. Every batch of every process locks in that
-/// one order, so two batches never wait on each other in a cycle (the deadlocks, SQLSTATE
-/// 40P01, of batches that met the same rows in different orders).
+/// **Never waits for a row lock.** `b` locks the batch's rows with `SKIP LOCKED`: a row
+/// another transaction holds right now (a job's open transaction that claimed it, in the
+/// ActiveRecord or native transaction modes; another process's batch; a claim statement)
+/// is left out, not waited for, and the update touches only rows `b` returned. So a batch
+/// never waits on an application's transaction, and batches of many processes never
+/// wait on each other in a cycle (no deadlock, SQLSTATE 40P01, is possible). The
+/// statement returns the operations it left out because their row was locked (their
+/// record exists, so `b` skipped it; looked for only when `b` has fewer rows than the
+/// batch, a one-time filter, so a batch that locked every row pays two counts of its
+/// CTEs): the caller keeps them queued and sends them again later (the repeat bookkeeping's writer). An operation with no record (purged)
+/// is neither written nor returned.
 ///
 /// **Cheap per row.** The usual repeat appends: its times come after the record's last
 /// one, its classes are known already, and the arrays are under the bound. Those cases
@@ -476,16 +481,19 @@ SELECT status
 /// unnest/sort/`jsonb_agg` of every array for every row); same WAL.
 pub const FLUSH_SQL: &str = concat!(
     r#"
-WITH b AS MATERIALIZED (
+WITH k AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS k(job_type, operation_key, doc)),
+b AS MATERIALIZED (
     SELECT r.job_type, r.operation_key, d.*
-      FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS k(job_type, operation_key, doc)
+      FROM k
       JOIN idempotent_job_records AS r
         ON r.job_type = k.job_type AND r.operation_key = k.operation_key,
            jsonb_to_record(k.doc) AS d(dups int, mismatches int, last_mismatch bool,
                                        last_at timestamptz, times timestamptz[],
                                        classes text[], facts jsonb)
      ORDER BY r.job_type, r.operation_key
-       FOR NO KEY UPDATE OF r)
+       FOR NO KEY UPDATE OF r SKIP LOCKED),
+written AS (
 UPDATE idempotent_job_records AS r
    SET duplicates = r.duplicates + b.dups,
        last_duplicate_at = CASE WHEN b.dups > 0 THEN greatest(r.last_duplicate_at, b.last_at)
@@ -518,7 +526,14 @@ UPDATE idempotent_job_records AS r
     r#" + 1 to last]') END,
        updated_at = greatest(r.updated_at, b.last_at)
   FROM b, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
- WHERE r.job_type = b.job_type AND r.operation_key = b.operation_key"#
+ WHERE r.job_type = b.job_type AND r.operation_key = b.operation_key)
+SELECT k.job_type, k.operation_key
+  FROM k
+ WHERE (SELECT count(*) FROM b) < (SELECT count(*) FROM k)
+   AND NOT EXISTS (SELECT 1 FROM b
+                    WHERE b.job_type = k.job_type AND b.operation_key = k.operation_key)
+   AND EXISTS (SELECT 1 FROM idempotent_job_records AS r
+                WHERE r.job_type = k.job_type AND r.operation_key = k.operation_key)"#
 );
 
 /// The record's LISTEN channel name (`notify_channel!`). Parameters: $1 job_type,

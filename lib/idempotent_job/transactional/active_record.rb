@@ -15,9 +15,13 @@ module IdempotentJob
       # Parameters of the fenced changes that store a text ($4).
       TEXT_CHANGES = %i[release expire hold].freeze
 
-      # Runs the block in `ActiveRecord::Base.transaction`. Once that transaction has
-      # committed (not merely joined an outer one), a repeat the claim met is handed to
-      # the asynchronous repeat bookkeeping ({#record_repeat}).
+      # Runs the block in `ActiveRecord::Base.transaction`. A repeat the claim met (a
+      # duplicate, a retry, a takeover) is queued for the asynchronous repeat bookkeeping
+      # by the delivery's native call itself, when it ends without an error and this
+      # transaction is the outermost one (not one joining an outer transaction, whose
+      # rollback would undo the claim: then nothing is queued); the bookkeeping's batches
+      # skip the record's row while this transaction holds it, and write it once it
+      # committed (docs/design.md, "Repeat bookkeeping").
       # @yieldparam session [ActiveRecord]
       # @return [Object] the block's value
       # @raise [ConfigurationError] when ActiveRecord is not loaded
@@ -28,11 +32,10 @@ module IdempotentJob
         end
 
         finished = false
-        session = nil
         result = with_connection do |connection|
+          outermost = !connection.transaction_open?
           connection.transaction do
-            session = new(connection)
-            value = yield session
+            value = yield new(connection, outermost:)
             finished = true
             value
           end
@@ -41,7 +44,6 @@ module IdempotentJob
           raise Error, "the idempotent transaction was rolled back (ActiveRecord::Rollback): nothing was " \
                        "recorded, the delivery fails so it is retried"
         end
-        session.record_repeat
         result
       end
 
@@ -56,7 +58,6 @@ module IdempotentJob
         yield ::ActiveRecord::Base.connection
       end
 
-      # @param connection [ActiveRecord::ConnectionAdapters::PostgreSQLAdapter]
       # The core's statement texts this session sends, asked of the extension once each
       # (`:claim`, `[:fenced, change]`, `[:lock_timeout, seconds]`: see `Native.claim_sql`,
       # `Native.fenced_sql`, `Native.lock_timeout_statements`).
@@ -73,9 +74,20 @@ module IdempotentJob
                                end.freeze
       end
 
-      def initialize(connection)
+      # @param connection [ActiveRecord::ConnectionAdapters::PostgreSQLAdapter]
+      # @param outermost [Boolean] whether {.within} opened the transaction (false: it
+      #   joined an outer one)
+      def initialize(connection, outermost: true)
         @connection = connection
+        @outermost = outermost
       end
+
+      # Asked by the core's channel (`Native::Protocol#perform`) when the claim was a
+      # repeat: whether its bookkeeping may be queued when the delivery ends (true: the
+      # transaction commits right after; false: an outer transaction goes on, and may
+      # roll the claim back).
+      # @return [Boolean]
+      def outermost? = @outermost
 
       # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its
       # transaction, and answers the statement's row for the core to decide on (the
@@ -83,7 +95,8 @@ module IdempotentJob
       # @param request [Hash] the claim request Hash (job_type, operation_key, jid, lease…:
       #   see `claim_request` in ext/idempotent_job/src/ruby/convert.rs)
       # @param lock_timeout [Numeric] seconds
-      # @return [Array(Hash, String)] the claim row's values (typed) and the token sent
+      # @return [Array(Hash, String)] the claim row's values (typed; `decided_at` in Float
+      #   epoch seconds) and the token sent
       # @raise [LockTimeoutError] when another delivery held the operation past lock_timeout
       # @raise [ConnectionError, TimeoutError, DatabaseError] as the native path
       def claim_row(request, lock_timeout)
@@ -95,7 +108,6 @@ module IdempotentJob
           raw.exec_params(set_sql, [param])
           raw.exec_params(self.class.statements(:claim), claim_params(request, token)).first.tap { raw.exec(reset_sql) }
         end
-        @claimed = [typed(row), token, request, row["decided_at"]]
         [typed(row), token]
       rescue LockTimeoutError => e
         subject = "#{request[:job_type]} operation #{request[:operation_key].inspect}: "
@@ -141,28 +153,6 @@ module IdempotentJob
       end
       # rubocop:enable Metrics/ParameterLists
 
-      # Called by the core when the claim {#claim_row} just made was a first claim: there
-      # is no repeat to queue after the commit ({#record_repeat} then asks nothing of the
-      # extension).
-      # @return [nil]
-      def first_claim
-        @claimed = nil
-      end
-
-      # Queues the claim's repeat facts (a duplicate, a retry or a takeover; nothing for a
-      # first claim) for the asynchronous bookkeeping, as the native session does at
-      # commit; skipped while the connection is still inside an outer transaction (the
-      # bookkeeping must not wait on its row lock, and a rollback would undo the claim).
-      # @return [Boolean] whether a repeat was queued
-      def record_repeat
-        return false unless @claimed && !@connection.transaction_open?
-
-        row, token, request, decided_at = @claimed
-        @claimed = nil
-        at = decided_at.is_a?(Time) ? decided_at : Time.parse(decided_at.to_s)
-        IdempotentJob.store.record_repeat(row, token, request, at.to_f)
-      end
-
       private
 
       # PostgreSQL's errors on the gem's statements → the exceptions the native path
@@ -204,7 +194,13 @@ module IdempotentJob
           attempts: Integer(row["attempts"]), jid: row["jid"], duplicates: Integer(row["duplicates"]),
           mismatch: boolean(row["mismatch"]), lease_remaining: Float(row["lease_remaining"]),
           takeovers: Integer(row["takeovers"] || 0),
-          result: row["result"], result_state: row["result_state"] }
+          result: row["result"], result_state: row["result_state"], decided_at: epoch(row["decided_at"]) }
+      end
+
+      # The claim's `decided_at` (a Time with a result type map, a text without) in
+      # Float epoch seconds.
+      def epoch(value)
+        (value.is_a?(Time) ? value : Time.parse(value.to_s)).to_f
       end
 
       def boolean(value)

@@ -6,18 +6,18 @@ use std::cell::RefCell;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use magnus::{value::ReprValue, RArray, RHash, Ruby, Value};
 
 use super::convert::{decided, RbResult};
 use super::protocol::{fenced_name, request_hash};
 use super::transaction::NativeTransaction;
+use idempotent_job_core::bookkeeping::Repeat;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{Channel, ClaimInfo, Direct};
-use idempotent_job_core::record::{
-    ClaimAnswer, ClaimKind, ClaimReply, ClaimRequest, PreparedResult,
-};
+use idempotent_job_core::record::{ClaimReply, ClaimRequest, PreparedResult};
 use idempotent_job_core::store::PoolHandle;
 
 /// Where a Ruby delivery's statements go.
@@ -174,12 +174,18 @@ pub(super) const RAISED_IN_RUBY: &str = "raised in the Ruby session";
 /// A [`Channel`] over a Ruby session (`Transactional::ActiveRecord`: ActiveRecord's
 /// connection, inside its transaction), called with the GVL held (its host never
 /// releases it). The session answers `claim_row(request, lock_timeout)` → `[row,
-/// token]` (the claim statement's typed row and the token it sent; the decision is the
-/// core's, [`decided`]), `first_claim` (the claim just made was a first one) and
+/// token]` (the claim statement's typed row, with its `decided_at` in Float epoch
+/// seconds, and the token it sent; the decision is the core's, [`decided`]),
+/// `outermost?` (asked after a repeat's claim: false when the session joined an outer
+/// transaction, whose rollback would undo the claim: its repeat is then not queued) and
 /// `fenced_raw(change, job_type, operation_key, token, text[, [json, state]])`.
 pub struct SessionChannel<'a> {
     pub(super) session: Value,
     pub(super) raised: &'a RefCell<Option<magnus::Error>>,
+    /// The repeat bookkeeping (`repeat_facts`) of the claim, when it was a repeat (a
+    /// duplicate, a retry, a takeover): queued by `perform` once the delivery ended
+    /// without an error (see `NativeProtocol::perform`), not here, inside the claim.
+    pub(super) repeat: Option<Repeat>,
 }
 
 // SAFETY: a SessionChannel is only used on the Ruby thread that made it, with the GVL
@@ -210,17 +216,14 @@ impl Channel for SessionChannel<'_> {
             let hash = request_hash(&ruby, r)?;
             let pair: RArray = self.session.funcall("claim_row", (hash, lock))?;
             let (row, token): (RHash, String) = (pair.entry(0)?, pair.entry(1)?);
+            let decided_at: Option<f64> = row.lookup(ruby.sym_new("decided_at"))?;
             let reply = decided(&ruby, row, &token, hash)?.0;
-            // A first claim has no repeat to record after ActiveRecord's commit: the
-            // session is told so, and asks nothing of the extension then.
-            if matches!(
-                reply.outcome,
-                ClaimAnswer::Claimed {
-                    kind: ClaimKind::First,
-                    ..
-                }
-            ) {
-                self.session.funcall::<_, _, Value>("first_claim", ())?;
+            let at = decided_at
+                .and_then(|seconds| DateTime::<Utc>::from_timestamp_micros((seconds * 1e6) as i64))
+                .unwrap_or_else(Utc::now);
+            self.repeat = Repeat::after_claim(r, &reply, at);
+            if self.repeat.is_some() && !self.session.funcall::<_, _, bool>("outermost?", ())? {
+                self.repeat = None;
             }
             Ok(reply)
         })();

@@ -359,6 +359,7 @@ impl NativeProtocol {
             RbChannel::Session(SessionChannel {
                 session: channel,
                 raised: &raised,
+                repeat: None,
             })
         };
         let mut host = RbHost {
@@ -401,6 +402,16 @@ impl NativeProtocol {
             }
             (done, None) => done,
         };
+        // A repeat claimed on another driver's transaction (ActiveRecord's) is queued for
+        // the bookkeeping now, in this call, when the delivery did not fail (its
+        // transaction commits right after; one that failed rolls back, and its claim with
+        // it): the batches skip the record's row while that transaction holds it
+        // (`FLUSH_SQL`), so the writer never waits on it.
+        if let (Ok(_), RbChannel::Session(session)) = (&performed, &mut rb_channel) {
+            if let (Some(repeat), Ok(pool)) = (session.repeat.take(), store.0.pool()) {
+                pool.bookkeeper().record(repeat);
+            }
+        }
         if let Some(failed) = host.failed.take() {
             return Err(failed);
         }

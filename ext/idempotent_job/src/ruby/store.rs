@@ -330,9 +330,10 @@ impl NativeStore {
     }
 
     /// `record_repeat(row, token, request, decided_at)` → true when queued: the repeat
-    /// bookkeeping (`repeat_facts`) of a claim another driver decided (ActiveRecord's
-    /// connection; called once its transaction committed, so the background writer never
-    /// waits on its row lock). `row`, `token`, `request`: as `Native.decide` takes them;
+    /// bookkeeping (`repeat_facts`) of a claim another driver decided outside a
+    /// delivery's native call (a delivery on ActiveRecord's transaction has its repeat
+    /// queued by `Native::Protocol#perform` itself; the specs' own claim statements use
+    /// this). `row`, `token`, `request`: as `Native.decide` takes them;
     /// `decided_at`: the claim statement's `decided_at` in Float epoch seconds. False for
     /// a first claim (nothing to record). Writes nothing itself: the bookkeeping does,
     /// asynchronously.
