@@ -177,9 +177,7 @@ module IdempotentJob
       #   message, crash, store]` (crash: the door's rule, on the error or any of its
       #   causes: the claim is kept; store: {IdempotentJob.store} now)
       def body(info, transaction = nil)
-        @claim = claim = Claim.new(job_type: info[:job_type], operation_key: info[:operation_key],
-                                   token: info[:token], attempt: info[:attempt], kind: info[:kind],
-                                   jid: info[:jid])
+        @claim = claim = Claim.new(**info)
         @beat = HeartbeatWatch.watch(Beat.new(@reader), claim) if @reader
         value = Driver.holding(claim) do
           IdempotentJob.with_claim(claim) do
@@ -220,8 +218,7 @@ module IdempotentJob
       # @param problem [String] the core's words for what is wrong with the key
       # @raise [OperationKeyError] naming the job and the problem
       def refuse_key(problem)
-        raise OperationKeyError.new("#{@options.name}: #{problem}; the job was not run and nothing was recorded",
-                                    job_class: @options.name, declaration: @options.key&.declaration)
+        Key.refuse!(@options.name, problem, @options.key&.declaration)
       end
 
       # Keeps the body's heartbeat to watch while it runs (renewal failures told then).
@@ -305,14 +302,10 @@ module IdempotentJob
         result_state = value[:result_state]
         replayed = value[:decision] == :completed && !result_state.nil?
         stored = value[:result_json] && JSON.parse(value[:result_json], max_nesting: Native::MAX_NESTING)
-        Outcome.new(value[:decision], duplicates: value[:duplicates], claim: claim_of(value[:claim]),
+        claim = value[:claim]
+        Outcome.new(value[:decision], duplicates: value[:duplicates], claim: claim && Claim.new(**claim),
                                       value: stored, result_state:, replayed:, label: value[:label],
                                       waited: value[:waited])
-      end
-
-      def claim_of(info)
-        info && Claim.new(job_type: info[:job_type], operation_key: info[:operation_key], token: info[:token],
-                          attempt: info[:attempt], kind: info[:kind], jid: info[:jid])
       end
 
       def in_progress(value, notes)

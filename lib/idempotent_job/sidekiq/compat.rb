@@ -9,9 +9,6 @@ module IdempotentJob
     module Compat
       # The running Sidekiq's version.
       VERSION = Gem::Version.new(::Sidekiq::VERSION)
-      # Versions the door is written for: 6.4 (run in CI) to 8.x (read from source),
-      # checked when the door is required ({Dependency.require!}).
-      SUPPORTED = Dependency::SIDEKIQ.requirement
       # Class names of Sidekiq's ActiveJob wrapper: the adapter's before 8.0, Sidekiq's own from 8.0.
       ACTIVE_JOB_WRAPPERS = %w[ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper Sidekiq::ActiveJob::Wrapper].freeze
       # Timestamps above this are milliseconds since the epoch (Sidekiq 8), below it seconds.

@@ -14,8 +14,8 @@ module IdempotentJob
       KEYS = JobOptions::NAMES.to_h { |name| [name, "idempotency_#{name}"] }.freeze
       # The job hash keys, in {KEYS} order.
       HASH_KEYS = KEYS.values.freeze
-      # Prefix of the option names, for messages.
-      PREFIX = "idempotency_"
+      # Prefix of the option names ({JobOptions::PREFIX}).
+      PREFIX = JobOptions::PREFIX
       # Keys with the prefix that the gem itself writes into a payload ({Door::DEFERRALS},
       # {Producer::KEY}): accepted in a job hash, refused in a declaration.
       PAYLOAD_KEYS = %w[idempotency_deferrals idempotency_producer].freeze
@@ -78,11 +78,7 @@ module IdempotentJob
         # @return [void]
         # @raise [ConfigurationError] naming the job, the option and the known ones
         def check_push!(job_class, job_hash)
-          job_hash.each_key do |key|
-            next if !key.is_a?(String) || !key.start_with?(PREFIX) || KNOWN_HASH_KEYS.key?(key)
-
-            JobOptions.check_names!(job_class.to_s, [key.delete_prefix(PREFIX)], prefix: PREFIX)
-          end
+          JobOptions.check_payload!(job_class.to_s, job_hash, KNOWN_HASH_KEYS)
         end
 
         private

@@ -70,18 +70,12 @@ module IdempotentJob
       # The attempt's facts, timestamps in seconds whatever the Sidekiq version (frozen,
       # String keys, no nil: the Delivery keeps it as it is).
       def facts(job_hash)
-        facts = { "jid" => job_hash["jid"] }
-        fact(facts, "retry_count", job_hash["retry_count"])
-        fact(facts, "enqueued_at", Compat.seconds(job_hash["enqueued_at"]))
-        fact(facts, "created_at", Compat.seconds(job_hash["created_at"]))
-        fact(facts, "deferrals", job_hash[Door::DEFERRALS])
-        fact(facts, "producer", job_hash[Producer::KEY])
-        facts.delete("jid") if facts["jid"].nil?
+        facts = { "jid" => job_hash["jid"], "retry_count" => job_hash["retry_count"],
+                  "enqueued_at" => Compat.seconds(job_hash["enqueued_at"]),
+                  "created_at" => Compat.seconds(job_hash["created_at"]),
+                  "deferrals" => job_hash[Door::DEFERRALS], "producer" => job_hash[Producer::KEY] }
+        facts.compact!
         facts.freeze
-      end
-
-      def fact(facts, name, value)
-        facts[name] = value unless value.nil?
       end
     end
   end
