@@ -53,9 +53,9 @@ module IdempotentJob
           raise ConfigurationError, "#{name}: idempotency needs key: the operation key, a perform parameter " \
                                     "name (key: :order_id), an argument index, a dotted path or an Array of those"
         end
-        JobOptions.check_names!(name, options.keys)
         values = { key:, **options }.freeze
-        # Everything but the key (and a lookup defined further down) can be checked now.
+        # Everything but the key (and a lookup defined further down) can be checked now,
+        # the names first.
         JobOptions.new(self, values.merge(key: nil, lookup: nil))
         self.idempotency_values = values
         Key.new(self, key) if idempotency_perform_defined?
