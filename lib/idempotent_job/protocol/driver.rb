@@ -68,29 +68,6 @@ module IdempotentJob
         end
       end
 
-      # A claim's heartbeat as {HeartbeatWatch} watches it: `report` while the body runs
-      # (the core's reader of it), `stop` when it ended (the core stops renewing and
-      # tells what it found in its notes).
-      class Beat
-        # @param reader [Native::HeartbeatReader]
-        def initialize(reader)
-          @reader = reader
-          @last = nil
-        end
-
-        # @return [Hash] see `Native::HeartbeatReader#report`
-        def report = @reader.report
-
-        # Keeps the report the core handed over when the body ended.
-        # @param report [Hash]
-        def finish(report)
-          @last = report
-        end
-
-        # @return [Hash] the last report
-        def stop = @last || @reader.report
-      end
-
       # @param options [JobOptions]
       # @param door [Door]
       # @param delivery [Delivery] the delivery run (its log lines go to the door's logger)
@@ -178,7 +155,7 @@ module IdempotentJob
       #   causes: the claim is kept; store: {IdempotentJob.store} now)
       def body(info, transaction = nil)
         @claim = claim = Claim.new(**info)
-        @beat = HeartbeatWatch.watch(Beat.new(@reader), claim) if @reader
+        @beat = HeartbeatWatch.watch(@reader, claim) if @reader
         value = Driver.holding(claim) do
           IdempotentJob.with_claim(claim) do
             next @body.call(claim) unless transaction
@@ -195,8 +172,7 @@ module IdempotentJob
       # are told now).
       # @param report [Hash] see `Native::HeartbeatReader#report`
       def stopped(report)
-        @beat&.finish(report)
-        stop_watching
+        stop_watching(report)
       end
 
       # The request's JSON texts when the core cannot write the payload or the facts
@@ -281,10 +257,10 @@ module IdempotentJob
                                    duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
       end
 
-      def stop_watching
+      def stop_watching(report = nil)
         beat = @beat
         @beat = nil
-        HeartbeatWatch.stop(beat) if beat
+        HeartbeatWatch.stop(beat, report) if beat
       end
 
       # The core's error or what the body raised; a failed lookup's own error is the
