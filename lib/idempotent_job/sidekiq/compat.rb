@@ -3,7 +3,7 @@
 module IdempotentJob
   module Sidekiq
     # Everything that differs between the Sidekiq versions the door supports (6.4
-    # through 8.x), in one place: the job module's name, concurrency, logger, the
+    # through 8.x), in one place: the job module's name, concurrency, the
     # ActiveJob wrapper's class name, 8.0's millisecond timestamps and the test modes
     # (`sidekiq/testing` before 8.1, `Sidekiq.testing!` from 8.1). Only public API.
     module Compat
@@ -28,11 +28,6 @@ module IdempotentJob
         if ::Sidekiq.respond_to?(:default_configuration) then ::Sidekiq.default_configuration[:concurrency]
         elsif ::Sidekiq.respond_to?(:options) then ::Sidekiq.options[:concurrency]
         end
-      end
-
-      # @return [Logger] Sidekiq's logger
-      def logger
-        ::Sidekiq.logger
       end
 
       # @param job_hash [Hash] a payload

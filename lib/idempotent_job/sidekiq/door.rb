@@ -83,7 +83,7 @@ module IdempotentJob
 
       # @return [Logger, nil] Sidekiq's logger, the gem's default when none is configured
       def host_logger
-        Compat.logger
+        ::Sidekiq.logger
       end
 
       # @return [Integer, nil] the server's concurrency (sizes the pool)
