@@ -14,12 +14,6 @@ module IdempotentJob
     # {IdempotentJob::ActiveJob#serialize}); any other is refused when it is deserialized.
     SERIALIZED_KEYS = ["idempotency_deferrals", "idempotency_lease", Producer::KEY].freeze
 
-    # Options `idempotency` accepts besides `key:` (as the Sidekiq door's, unprefixed).
-    OPTIONS = (JobOptions::NAMES - [:key]).freeze
-    # ActiveJob versions supported (checked when this file is required; see
-    # {Dependency::ACTIVE_JOB}).
-    SUPPORTED = Dependency::ACTIVE_JOB.requirement
-
     # `perform_now` of a repeat returns the first run's stored value (`store_result:`): an
     # around_perform callback cannot change what `perform_now` returns, so the door
     # leaves the replay on the job ({Performer}) and this takes it from there.
@@ -40,15 +34,15 @@ module IdempotentJob
       # @param key [Symbol, String, Integer, Array] the operation key declaration, as
       #   the Sidekiq door's `idempotency_key`: a `perform` parameter name, an argument
       #   index, a dotted path ("payload.order.id") or an Array of those
-      # @param options [Hash] any of {OPTIONS}: `scope:` (String, the job type; default
-      #   the class name), `lease:` (seconds), `on_stale:` (:reclaim, :hold, :skip),
-      #   `on_mismatch:` (:log, :raise), `lookup:` (a method name), `heartbeat:`
-      #   (Boolean), `max_run:` (seconds), `transaction:` (true/:native,
-      #   :active_record), `lock_timeout:` (seconds), `store_result:` (Boolean: keep the
-      #   body's value for replays), `on_enqueue:` (:push, or :skip_completed:
-      #   perform_later of a completed operation enqueues nothing and returns false),
-      #   `max_takeovers:` (Integer: stale takeovers before the next is held); unset ones take
-      #   {IdempotentJob.configuration}'s defaults at first use
+      # @param options [Hash] any other option of {JobOptions::NAMES} (the core's table):
+      #   `scope:` (String, the job type; default the class name), `lease:` (seconds),
+      #   `on_stale:` (:reclaim, :hold, :skip), `on_mismatch:` (:log, :raise), `lookup:`
+      #   (a method name), `heartbeat:` (Boolean), `max_run:` (seconds), `transaction:`
+      #   (true/:native, :active_record), `lock_timeout:` (seconds), `store_result:`
+      #   (Boolean: keep the body's value for replays), `on_enqueue:` (:push, or
+      #   :skip_completed: perform_later of a completed operation enqueues nothing and
+      #   returns false), `max_takeovers:` (Integer: stale takeovers before the next is
+      #   held); unset ones take {IdempotentJob.configuration}'s defaults at first use
       # @return [Hash] the declaration
       # @raise [ConfigurationError] for a missing key, an unknown option or a bad value,
       #   naming the job
@@ -59,9 +53,9 @@ module IdempotentJob
           raise ConfigurationError, "#{name}: idempotency needs key: the operation key, a perform parameter " \
                                     "name (key: :order_id), an argument index, a dotted path or an Array of those"
         end
-        JobOptions.check_names!(name, options.keys)
         values = { key:, **options }.freeze
-        # Everything but the key (and a lookup defined further down) can be checked now.
+        # Everything but the key (and a lookup defined further down) can be checked now,
+        # the names first.
         JobOptions.new(self, values.merge(key: nil, lookup: nil))
         self.idempotency_values = values
         Key.new(self, key) if idempotency_perform_defined?
@@ -205,11 +199,7 @@ module IdempotentJob
     #   (a misspelled option added by a producer), naming it and the nearest option:
     #   the delivery fails into its adapter's retry before anything is claimed
     def deserialize(job_data)
-      job_data.each_key do |key|
-        next if !key.is_a?(String) || !key.start_with?("idempotency_") || ActiveJobDoor::SERIALIZED_KEYS.include?(key)
-
-        JobOptions.check_names!(job_data["job_class"].to_s, [key.delete_prefix("idempotency_")],
-                                prefix: "idempotency_")
+      JobOptions.check_payload!(job_data["job_class"].to_s, job_data, ActiveJobDoor::SERIALIZED_KEYS) do |key|
         raise ConfigurationError, "#{job_data["job_class"]}: #{key} in a serialized job is not taken: " \
                                   "declare it with `idempotency` on the job class"
       end

@@ -11,7 +11,7 @@ module IdempotentJob
   # API's `jid:`; {#delivery_id} is the same under the core's and Python's name). {#in_doubt?}
   # tells whether the lease is still known to be this delivery's.
   Claim = Struct.new(:job_type, :operation_key, :token, :attempt, :kind, :jid, keyword_init: true) do
-    # @return [IdempotentJob::Protocol::Driver::Beat, nil] the heartbeat renewing this
+    # @return [IdempotentJob::Native::HeartbeatReader, nil] the heartbeat renewing this
     #   claim's lease while the body runs (set by {HeartbeatWatch.watch}); nil without one
     attr_accessor :heartbeat
 

@@ -70,6 +70,17 @@ module IdempotentJob
       nil
     end
 
+    private
+
+    # Fails a delivery {#defer} could not bring back, rather than lose it.
+    # @param delivery [Delivery]
+    # @param problem [String] what went wrong
+    # @raise [Error] always, naming the job type, the operation key, the delivery's id and the problem
+    def not_deferred!(delivery, problem)
+      raise Error, "#{delivery.job_type} operation #{delivery.operation_key.inspect} " \
+                   "(#{id_label} #{delivery.id}): #{problem}"
+    end
+
     @registered = []
     @registry_lock = Mutex.new
 

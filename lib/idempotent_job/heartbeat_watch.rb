@@ -17,9 +17,9 @@ module IdempotentJob
 
     class << self
       # Starts watching a heartbeat and links it to its claim ({Claim#in_doubt?}).
-      # @param heartbeat [Protocol::Driver::Beat] the running heartbeat
+      # @param heartbeat [Native::HeartbeatReader] the core's reader of the running heartbeat
       # @param claim [Claim] the claim it renews
-      # @return [Protocol::Driver::Beat] the heartbeat
+      # @return [Native::HeartbeatReader] the heartbeat
       def watch(heartbeat, claim)
         claim.heartbeat = heartbeat
         @lock.synchronize do
@@ -29,12 +29,14 @@ module IdempotentJob
         heartbeat
       end
 
-      # Stops a heartbeat and its watch, reporting any failure not reported yet.
-      # @param heartbeat [Protocol::Driver::Beat]
+      # Stops watching a heartbeat whose body ended, reporting any failure not reported yet.
+      # @param heartbeat [Native::HeartbeatReader]
+      # @param report [Hash, nil] the final report the core handed over when it stopped
+      #   renewing (nil: read it now)
       # @return [Hash] the heartbeat's final report (renewals, lost, max_run_reached,
       #   last_error, failures, since_confirmed, in_doubt)
-      def stop(heartbeat)
-        report = heartbeat.stop
+      def stop(heartbeat, report = nil)
+        report ||= heartbeat.report
         claim, seen = @lock.synchronize { @watched.delete(heartbeat) }
         announce(claim, report, seen) if claim
         report

@@ -23,6 +23,8 @@ module IdempotentJob
     # Options the Ruby side checks itself: the key declaration ({Key}) and the lookup
     # (a method of the job class or a callable).
     HOST_CHECKED = %i[key lookup].freeze
+    # How a payload, `sidekiq_options` and messages spell an option (`idempotency_lease`).
+    PREFIX = "idempotency_"
     # Shortest lease accepted, in seconds ({Configuration::MIN_LEASE}).
     MIN_LEASE = Configuration::MIN_LEASE
     # Most option sets cached per configuration (per-push overrides add entries).
@@ -68,6 +70,25 @@ module IdempotentJob
       def check_names!(job_name, names, prefix: "")
         names.each do |name|
           Native.job_option(job_name.to_s, prefix, name.to_s, nil) unless TABLE.key?(name.to_sym)
+        end
+      end
+
+      # Refuses a {PREFIX}ed key of a payload (a Sidekiq job hash, a serialized ActiveJob
+      # job) that names no option and is not one the gem writes itself: a misspelled
+      # option is an error, not a default silently applied. A scan of the payload's keys.
+      # @param job_name [String] the job, for the message
+      # @param payload [Hash] the payload
+      # @param carried [#include?] the prefixed keys the door takes as they are
+      # @yieldparam key [String] a prefixed key naming an option (the door decides whether
+      #   its payloads may carry one)
+      # @return [void]
+      # @raise [ConfigurationError] naming the job, the key as written, the nearest option and every option
+      def check_payload!(job_name, payload, carried)
+        payload.each_key do |key|
+          next if !key.is_a?(String) || !key.start_with?(PREFIX) || carried.include?(key)
+
+          check_names!(job_name, [key.delete_prefix(PREFIX)], prefix: PREFIX)
+          yield key if block_given?
         end
       end
     end
@@ -129,6 +150,15 @@ module IdempotentJob
     # @return [String] the lookup's name in messages ("lookup #find_charge", "lookup")
     def lookup_label
       @lookup.is_a?(Symbol) ? "lookup ##{@lookup}" : "lookup"
+    end
+
+    # The operation key of a producer's arguments, checked by the core's rules at
+    # enqueue ({Key.check!}); a worker's delivery is checked by its one native call.
+    # @param args [Array] the job's arguments (ActiveJob's with GlobalIDs as their URIs)
+    # @return [String]
+    # @raise [OperationKeyError] naming the job and the problem
+    def checked_key(args)
+      Key.check!(@scope, @key.operation_key(args), job_name: @name, declaration: @key.declaration)
     end
 
     # The options as the core reads them (`JobOptions::from_settings`, through

@@ -48,6 +48,15 @@ module IdempotentJob
         problem = Native.operation_key_problem(job_type, operation_key)
         return operation_key unless problem
 
+        refuse!(job_name, problem, declaration)
+      end
+
+      # Raises the error of an operation key the core refuses.
+      # @param job_name [String] the job
+      # @param problem [String] the core's words for what is wrong with the key
+      # @param declaration [Object, nil] the key declaration, for the error's attribute
+      # @raise [OperationKeyError] always, naming the job and the problem
+      def refuse!(job_name, problem, declaration = nil)
         raise OperationKeyError.new("#{job_name}: #{problem}; the job was not run and nothing was recorded",
                                     job_class: job_name, declaration:)
       end

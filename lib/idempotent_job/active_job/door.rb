@@ -55,9 +55,8 @@ module IdempotentJob
         @job.executions -= 1 if @job.executions.to_i.positive?
         return if Performer.deferring(@job) { @job.retry_job(wait: outcome.retry_after) }
 
-        raise Error, "#{delivery.job_type} operation #{delivery.operation_key.inspect} (job_id #{delivery.id}): " \
-                     "its deferred copy was not enqueued (an enqueue callback halted retry_job), so this " \
-                     "delivery fails instead of being lost"
+        not_deferred!(delivery, "its deferred copy was not enqueued (an enqueue callback halted retry_job), so " \
+                                "this delivery fails instead of being lost")
       end
 
       # @return [String]

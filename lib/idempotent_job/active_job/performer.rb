@@ -29,21 +29,10 @@ module IdempotentJob
           options = job.class.idempotency_options
           return unless options
 
-          key = key_of(options, job)
+          key = options.checked_key(Arguments.keyable(job.arguments))
           throw :abort if EnqueueCheck.drop?(options, key, door: :active_job, job_class: job.class.name,
                                                            queue: job.queue_name)
           job.idempotency_producer ||= Producer.current
-        end
-
-        # The checked operation key of a job: its declaration applied to the
-        # arguments, within the record's limits ({Key.check!}: 2000 bytes, no NUL).
-        # @param options [JobOptions]
-        # @param job [ActiveJob::Base]
-        # @return [String]
-        # @raise [OperationKeyError] naming the job and the problem
-        def key_of(options, job)
-          Key.check!(options.scope, Arguments.operation_key(options.key, job.arguments),
-                     job_name: options.name, declaration: options.key.declaration)
         end
 
         # Runs the block (a `retry_job`) with the job marked as being deferred on this

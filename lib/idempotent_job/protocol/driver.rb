@@ -83,29 +83,6 @@ module IdempotentJob
         end
       end
 
-      # A claim's heartbeat as {HeartbeatWatch} watches it: `report` while the body runs
-      # (the core's reader of it), `stop` when it ended (the core stops renewing and
-      # tells what it found in its notes).
-      class Beat
-        # @param reader [Native::HeartbeatReader]
-        def initialize(reader)
-          @reader = reader
-          @last = nil
-        end
-
-        # @return [Hash] see `Native::HeartbeatReader#report`
-        def report = @reader.report
-
-        # Keeps the report the core handed over when the body ended.
-        # @param report [Hash]
-        def finish(report)
-          @last = report
-        end
-
-        # @return [Hash] the last report
-        def stop = @last || @reader.report
-      end
-
       # @param options [JobOptions]
       # @param door [Door]
       # @param delivery [Delivery] the delivery run (its log lines go to the door's logger)
@@ -192,10 +169,8 @@ module IdempotentJob
       #   message, crash, store]` (crash: the door's rule, on the error or any of its
       #   causes: the claim is kept; store: {IdempotentJob.store} now)
       def body(info, transaction = nil)
-        @claim = claim = Claim.new(job_type: info[:job_type], operation_key: info[:operation_key],
-                                   token: info[:token], attempt: info[:attempt], kind: info[:kind],
-                                   jid: info[:jid])
-        @beat = HeartbeatWatch.watch(Beat.new(@reader), claim) if @reader
+        @claim = claim = Claim.new(**info)
+        @beat = HeartbeatWatch.watch(@reader, claim) if @reader
         value = Driver.holding(claim) do
           IdempotentJob.with_claim(claim) do
             next @body.call(claim) unless transaction
@@ -212,8 +187,7 @@ module IdempotentJob
       # are told now).
       # @param report [Hash] see `Native::HeartbeatReader#report`
       def stopped(report)
-        @beat&.finish(report)
-        stop_watching
+        stop_watching(report)
       end
 
       # The request's JSON texts when the core cannot write the payload or the facts
@@ -235,8 +209,7 @@ module IdempotentJob
       # @param problem [String] the core's words for what is wrong with the key
       # @raise [OperationKeyError] naming the job and the problem
       def refuse_key(problem)
-        raise OperationKeyError.new("#{@options.name}: #{problem}; the job was not run and nothing was recorded",
-                                    job_class: @options.name, declaration: @options.key&.declaration)
+        Key.refuse!(@options.name, problem, @options.key&.declaration)
       end
 
       # Keeps the body's heartbeat to watch while it runs (renewal failures told then).
@@ -299,10 +272,10 @@ module IdempotentJob
                                    duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
       end
 
-      def stop_watching
+      def stop_watching(report = nil)
         beat = @beat
         @beat = nil
-        HeartbeatWatch.stop(beat) if beat
+        HeartbeatWatch.stop(beat, report) if beat
       end
 
       # The core's error or what the body raised; a failed lookup's own error is the
@@ -320,14 +293,10 @@ module IdempotentJob
         result_state = value[:result_state]
         replayed = value[:decision] == :completed && !result_state.nil?
         stored = value[:result_json] && JSON.parse(value[:result_json], max_nesting: Native::MAX_NESTING)
-        Outcome.new(value[:decision], duplicates: value[:duplicates], claim: claim_of(value[:claim]),
+        claim = value[:claim]
+        Outcome.new(value[:decision], duplicates: value[:duplicates], claim: claim && Claim.new(**claim),
                                       value: stored, result_state:, replayed:, label: value[:label],
                                       waited: value[:waited])
-      end
-
-      def claim_of(info)
-        info && Claim.new(job_type: info[:job_type], operation_key: info[:operation_key], token: info[:token],
-                          attempt: info[:attempt], kind: info[:kind], jid: info[:jid])
       end
 
       def in_progress(value, notes)

@@ -35,8 +35,7 @@ module IdempotentJob
         Options.check_push!(job_class, job)
         options = Options.resolve(job_class, job)
         if options
-          key = Key.check!(options.scope, options.key.operation_key(job["args"]), job_name: options.name,
-                                                                                  declaration: options.key.declaration)
+          key = options.checked_key(job["args"])
           return nil if EnqueueCheck.drop?(options, key, door: :sidekiq, job_class: job_class.name, queue:)
 
           Producer.stamp(job)

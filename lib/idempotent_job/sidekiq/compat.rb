@@ -3,15 +3,12 @@
 module IdempotentJob
   module Sidekiq
     # Everything that differs between the Sidekiq versions the door supports (6.4
-    # through 8.x), in one place: the job module's name, concurrency, logger, the
+    # through 8.x), in one place: the job module's name, concurrency, the
     # ActiveJob wrapper's class name, 8.0's millisecond timestamps and the test modes
     # (`sidekiq/testing` before 8.1, `Sidekiq.testing!` from 8.1). Only public API.
     module Compat
       # The running Sidekiq's version.
       VERSION = Gem::Version.new(::Sidekiq::VERSION)
-      # Versions the door is written for: 6.4 (run in CI) to 8.x (read from source),
-      # checked when the door is required ({Dependency.require!}).
-      SUPPORTED = Dependency::SIDEKIQ.requirement
       # Class names of Sidekiq's ActiveJob wrapper: the adapter's before 8.0, Sidekiq's own from 8.0.
       ACTIVE_JOB_WRAPPERS = %w[ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper Sidekiq::ActiveJob::Wrapper].freeze
       # Timestamps above this are milliseconds since the epoch (Sidekiq 8), below it seconds.
@@ -31,11 +28,6 @@ module IdempotentJob
         if ::Sidekiq.respond_to?(:default_configuration) then ::Sidekiq.default_configuration[:concurrency]
         elsif ::Sidekiq.respond_to?(:options) then ::Sidekiq.options[:concurrency]
         end
-      end
-
-      # @return [Logger] Sidekiq's logger
-      def logger
-        ::Sidekiq.logger
       end
 
       # @param job_hash [Hash] a payload

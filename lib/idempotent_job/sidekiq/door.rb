@@ -49,16 +49,10 @@ module IdempotentJob
       def defer(delivery, outcome)
         raise ArgumentError, "#{self.class} needs the job hash to defer" unless @job_hash
 
-        if inline?
-          raise Error, "#{delivery.job_type} operation #{delivery.operation_key.inspect} (jid #{delivery.id}) is in " \
-                       "progress under jid #{outcome.holder}; inline testing cannot defer it"
-        end
+        not_deferred!(delivery, "in progress under jid #{outcome.holder}; inline testing cannot defer it") if inline?
         copy = @job_hash.merge("at" => Time.now.to_f + outcome.retry_after, DEFERRALS => delivery.deferrals + 1)
-        return if push(copy)
-
         # A client middleware that stops the push would lose the delivery: fail it instead.
-        raise Error, "#{delivery.job_type} operation #{delivery.operation_key.inspect} (jid #{delivery.id}): the " \
-                     "deferred copy was not pushed"
+        not_deferred!(delivery, "the deferred copy was not pushed") unless push(copy)
       end
 
       # @return [Boolean] whether Sidekiq's inline testing mode is on (nothing can be deferred)
@@ -89,7 +83,7 @@ module IdempotentJob
 
       # @return [Logger, nil] Sidekiq's logger, the gem's default when none is configured
       def host_logger
-        Compat.logger
+        ::Sidekiq.logger
       end
 
       # @return [Integer, nil] the server's concurrency (sizes the pool)

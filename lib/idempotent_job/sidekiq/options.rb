@@ -5,27 +5,25 @@ module IdempotentJob
     # Reads a Sidekiq job's idempotency options: from the job hash (where Sidekiq
     # merges `sidekiq_options` at enqueue, and `set(...)` overrides them per push), else
     # from the class. The values are resolved and validated once per class and values
-    # ({JobOptions.cached}); the last resolution of each class is remembered with what
-    # it was read from (the class's options object, the job hash's option values, the
-    # settings), so the next delivery of that class compares one Array instead of
-    # reading each option again.
+    # ({JobOptions.cached}); the last resolution of each class is remembered with the
+    # values it was built from and the settings, so the next delivery of that class
+    # compares one Array instead of building and looking up a Hash.
     module Options
       # Option names in the job hash, by {JobOptions::NAMES}.
       KEYS = JobOptions::NAMES.to_h { |name| [name, "idempotency_#{name}"] }.freeze
       # The job hash keys, in {KEYS} order.
       HASH_KEYS = KEYS.values.freeze
-      # Prefix of the option names, for messages.
-      PREFIX = "idempotency_"
+      # Prefix of the option names ({JobOptions::PREFIX}).
+      PREFIX = JobOptions::PREFIX
       # Keys with the prefix that the gem itself writes into a payload ({Door::DEFERRALS},
       # {Producer::KEY}): accepted in a job hash, refused in a declaration.
       PAYLOAD_KEYS = %w[idempotency_deferrals idempotency_producer].freeze
       # Every prefixed key a job hash may carry (as a Hash, for a fast `key?`).
       KNOWN_HASH_KEYS = (HASH_KEYS + PAYLOAD_KEYS).to_h { |key| [key, true] }.freeze
-      # One class's last resolution: the class's sidekiq_options Hash (by identity), the
-      # job hash's option values (in {HASH_KEYS} order), the keys absent from the job
-      # hash whose value came from the class, the keys present with nil, the settings
-      # (by identity), and the options (nil: not an idempotent job).
-      Memo = Struct.new(:declared, :given, :absent, :present_nil, :config, :options)
+      # One class's last resolution: the option values read (the job hash's, else the
+      # class's, in {HASH_KEYS} order), the settings (by identity), and the options (nil:
+      # not an idempotent job).
+      Memo = Struct.new(:read, :config, :options)
 
       @memo = {}
       @memo_lock = Mutex.new
@@ -38,13 +36,15 @@ module IdempotentJob
         # @raise [ConfigurationError] for a bad lease, scope, policy, heartbeat or lookup
         def resolve(job_class, job_hash)
           declared = job_class.respond_to?(:get_sidekiq_options) ? job_class.get_sidekiq_options : nil
-          given = job_hash.values_at(*HASH_KEYS)
+          values = HASH_KEYS.map { |key| job_hash.fetch(key) { declared&.[](key) } }
           config = IdempotentJob.configuration
           memo = @memo[job_class]
-          return memo.options if memo && same?(memo, declared, given, config, job_hash)
+          return memo.options if memo && memo.config.equal?(config) && memo.read == values
 
-          options = build(job_class, job_hash, declared)
-          remember(job_class, job_hash, Memo.new(declared, given.freeze, nil, nil, config, options))
+          given = KEYS.keys.zip(values).to_h.compact
+          options = given.key?(:key) ? JobOptions.cached(job_class, given, prefix: PREFIX) : nil
+          memo = Memo.new(values.freeze, config, options).freeze
+          @memo_lock.synchronize { @memo = @memo.merge(job_class => memo) }
           options
         end
 
@@ -78,39 +78,7 @@ module IdempotentJob
         # @return [void]
         # @raise [ConfigurationError] naming the job, the option and the known ones
         def check_push!(job_class, job_hash)
-          job_hash.each_key do |key|
-            next if !key.is_a?(String) || !key.start_with?(PREFIX) || KNOWN_HASH_KEYS.key?(key)
-
-            JobOptions.check_names!(job_class.to_s, [key.delete_prefix(PREFIX)], prefix: PREFIX)
-          end
-        end
-
-        private
-
-        def same?(memo, declared, given, config, job_hash)
-          memo.declared.equal?(declared) && memo.config.equal?(config) && memo.given == given &&
-            memo.absent.none? { |key| job_hash.key?(key) } && memo.present_nil.all? { |key| job_hash.key?(key) }
-        end
-
-        def build(job_class, job_hash, declared)
-          values = {}
-          KEYS.each do |name, key|
-            value = job_hash.fetch(key) { declared&.[](key) }
-            values[name] = value unless value.nil?
-          end
-          values.key?(:key) ? JobOptions.cached(job_class, values, prefix: PREFIX) : nil
-        end
-
-        # Keys whose job hash value is nil: absent (the class's value counts) or present
-        # with nil (the default counts) — the memo holds only while each stays so.
-        def remember(job_class, job_hash, memo)
-          nil_keys = HASH_KEYS.each_index.select { |i| memo.given[i].nil? && !memo.declared&.[](HASH_KEYS[i]).nil? }
-                              .map { |i| HASH_KEYS[i] }
-          present_nil, absent = nil_keys.partition { |key| job_hash.key?(key) }
-          memo.present_nil = present_nil.freeze
-          memo.absent = absent.freeze
-          memo.freeze
-          @memo_lock.synchronize { @memo = @memo.merge(job_class => memo) }
+          JobOptions.check_payload!(job_class.to_s, job_hash, KNOWN_HASH_KEYS)
         end
       end
 

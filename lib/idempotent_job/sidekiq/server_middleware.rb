@@ -3,19 +3,12 @@
 module IdempotentJob
   module Sidekiq
     # Server middleware: runs each delivery of a job that declares `idempotency_key`
-    # through the claim protocol ({IdempotentJob::Protocol}) before its body.
-    #
-    # * first delivery, or a retry after the body raised: run the body, then mark the
-    #   record completed;
-    # * already completed, held or given up: do not run; the record's `duplicates` counts it;
-    # * claimed by another delivery whose lease is live: do not run now; a copy is pushed
-    #   back to arrive soon (1 s, then doubling with each deferral) and never later than
-    #   that lease's end, so it is never lost;
-    # * claimed, lease expired (a stale claim): take it over, ask `idempotency_lookup`,
-    #   then apply the stale policy (:reclaim runs the body, :hold holds, :skip gives up).
-    # While the body runs a heartbeat renews the lease. If the body raises, the claim is
-    # released and the exception re-raised (Sidekiq's retry runs it again), except on
-    # Sidekiq::Shutdown, where the claim is kept for the lease to decide.
+    # through the claim protocol ({IdempotentJob::Protocol}: what runs, what does not,
+    # the stale policy, the heartbeat) before its body. In Sidekiq's words: a delivery
+    # that meets a live claim is pushed back as a scheduled copy (1 s, then doubling
+    # with each deferral, never later than that lease's end), a body that raises goes
+    # to Sidekiq's retry after its claim is released, and on Sidekiq::Shutdown the
+    # claim is kept for the lease to decide.
     #
     # A payload from Sidekiq's ActiveJob adapter (the `wrapped` key) is left to the
     # ActiveJob door, which claims it once under the ActiveJob class; declaring
@@ -70,18 +63,12 @@ module IdempotentJob
       # The attempt's facts, timestamps in seconds whatever the Sidekiq version (frozen,
       # String keys, no nil: the Delivery keeps it as it is).
       def facts(job_hash)
-        facts = { "jid" => job_hash["jid"] }
-        fact(facts, "retry_count", job_hash["retry_count"])
-        fact(facts, "enqueued_at", Compat.seconds(job_hash["enqueued_at"]))
-        fact(facts, "created_at", Compat.seconds(job_hash["created_at"]))
-        fact(facts, "deferrals", job_hash[Door::DEFERRALS])
-        fact(facts, "producer", job_hash[Producer::KEY])
-        facts.delete("jid") if facts["jid"].nil?
+        facts = { "jid" => job_hash["jid"], "retry_count" => job_hash["retry_count"],
+                  "enqueued_at" => Compat.seconds(job_hash["enqueued_at"]),
+                  "created_at" => Compat.seconds(job_hash["created_at"]),
+                  "deferrals" => job_hash[Door::DEFERRALS], "producer" => job_hash[Producer::KEY] }
+        facts.compact!
         facts.freeze
-      end
-
-      def fact(facts, name, value)
-        facts[name] = value unless value.nil?
       end
     end
   end
