@@ -544,6 +544,43 @@ pub struct RepeatedOperation {
     pub repeats: Vec<Repeat>,
 }
 
+impl Repeat {
+    /// The repeat as a JSON object: `at`, `after_claim`, `after_enqueue`, `restart`
+    /// (epoch seconds / seconds, or null), `id`, `producer`, `first_producer`,
+    /// `decision` (text or null), `cause` ([`Cause::name`]), `retry_count` (integer or
+    /// null), `live_claim`, `deferred_return` (booleans): the Python package's dict,
+    /// the Ruby Struct's members.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "at": self.at, "id": self.id, "cause": self.cause.name(),
+            "after_claim": self.after_claim, "after_enqueue": self.after_enqueue,
+            "retry_count": self.retry_count, "producer": self.producer,
+            "first_producer": self.first_producer, "live_claim": self.live_claim,
+            "deferred_return": self.deferred_return, "restart": self.restart,
+            "decision": self.decision,
+        })
+    }
+}
+
+impl RepeatedOperation {
+    /// The operation as a JSON object: `job_type`, `operation_key`, `status` (text),
+    /// `attempts`, `takeovers`, `duplicates`, `mismatches`, `replays` (integers),
+    /// `first_claimed_at`, `completed_at` (epoch seconds or null), `producers`,
+    /// `job_classes` (arrays of text) and `repeats` (arrival order, [`Repeat::to_json`]).
+    pub fn to_json(&self) -> Value {
+        let r = &self.row;
+        serde_json::json!({
+            "job_type": r.job_type, "operation_key": r.operation_key, "status": r.status,
+            "attempts": r.attempts, "takeovers": r.takeovers, "duplicates": r.duplicates,
+            "mismatches": r.mismatches, "replays": self.replays,
+            "first_claimed_at": epoch(&r.first_claimed_at),
+            "completed_at": r.completed_at.as_ref().map(epoch),
+            "producers": self.producers, "job_classes": r.job_classes,
+            "repeats": self.repeats.iter().map(Repeat::to_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
 /// The report's operations from the report SQL's rows (see [`crate::operations::repeats`]),
 /// each repeat classified; `restarts` (epoch seconds) and `restart_window` (seconds) as
 /// [`classify`] takes them.
