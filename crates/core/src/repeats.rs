@@ -11,6 +11,12 @@
 //! * `retry_count` (integer, Sidekiq: absent before the queue's first retry),
 //!   `executions` (integer, ActiveJob: 1 on the first run, 2 on the first retry),
 //!   `retries` (integer, Celery: 0 on the first run, 1 on the first retry);
+//! * `receive_count` (integer, the SQS door: SQS's ApproximateReceiveCount, 1 on the
+//!   first receive): it counts every receive of a message, whatever brought it back (its
+//!   visibility timeout ran out after the body raised or its consumer died, or the door
+//!   made it visible again after deferring it behind a live claim), so it is not read as
+//!   a retry count; a later receive of a message id is told by what its previous
+//!   receive was answered: see [`sqs_return`];
 //! * `enqueued_at` / `created_at` (epoch seconds; Sidekiq 8's integer milliseconds and
 //!   ActiveJob's ISO 8601 text are read as such too);
 //! * `deferrals` (integer): how many times the library deferred this copy already;
@@ -38,8 +44,9 @@
 //!   came after the completion (one that came before overlapped the claim: a concurrent
 //!   copy, as a transactional claim's copies waiting on its row lock are).
 //!
-//! A copy the library deferred that comes back (same id, `deferrals` above 0) is not a
-//! new repeat: it keeps the cause of its id's first arrival, with `deferred_return`.
+//! A copy the library deferred that comes back (same id, `deferrals` above 0, or a later
+//! SQS receive of a message whose previous receive met a live claim) is not a new
+//! repeat: it keeps the cause of its id's first arrival, with `deferred_return`.
 
 use std::collections::HashMap;
 
@@ -237,6 +244,25 @@ fn retries(facts: &Facts) -> i64 {
 
 /// Answered "in progress", or answered "completed" (or recorded without facts, as a
 /// transactional claim's copies are) although it arrived before the completion.
+/// What a later receive of an SQS message (same id, a higher `receive_count`) is, from
+/// what its previous receive was answered: after `in_progress` the door deferred it
+/// (made it visible again after `retry_after`), so it is that deferred copy back
+/// (`Some(true)`); after a won claim answered `claimed` again, the claim was released
+/// (the body raised and the door left the message): the queue's retry (`Some(false)`).
+/// Anything else (a takeover of the dead consumer's claim, meeting it live, a
+/// completion) is left to the general rules (`None`): a redelivery.
+pub fn sqs_return(facts: &Facts, earlier: &Facts) -> Option<bool> {
+    let count = |f: &Facts| f.get("receive_count").and_then(Value::as_i64);
+    match (count(facts), count(earlier)) {
+        (Some(now), Some(before)) if now > before => match (decision(earlier), decision(facts)) {
+            (Some("in_progress"), _) => Some(true),
+            (Some(won), Some("claimed")) if WON.contains(&won) => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 fn live_claim(facts: &Facts, at: Option<f64>, completed_at: Option<f64>) -> bool {
     let answered_completed = match facts.get("decision") {
         None => true,
@@ -298,9 +324,10 @@ pub fn classify(
                 false,
             )
         } else if let Some((earlier, first_cause)) = earlier {
-            if retries(facts) > retries(earlier) {
+            let sqs = sqs_return(facts, earlier);
+            if retries(facts) > retries(earlier) || sqs == Some(false) {
                 (Cause::QueueRetry, false)
-            } else if integer(facts.get("deferrals")) > 0 {
+            } else if integer(facts.get("deferrals")) > 0 || sqs == Some(true) {
                 (first_cause.unwrap_or(Cause::ConcurrentCopy), true)
             } else {
                 (Cause::Redelivery, false)
@@ -726,6 +753,61 @@ mod tests {
         assert_eq!(
             r.iter().map(|r| r.deferred_return).collect::<Vec<_>>(),
             [false, true]
+        );
+    }
+
+    fn sqs(at: f64, receives: i64, decision: &str) -> Facts {
+        json!({"at": T0 + at, "message_id": "m", "receive_count": receives, "decision": decision})
+            .as_object()
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn reads_sqs_receives_by_what_the_previous_receive_was_answered() {
+        // A consumer killed in the body: the message back after its visibility timeout
+        // meets the dead claim (deferred), comes back, and takes the stale claim over.
+        let killed = [
+            sqs(0.0, 1, "claimed"),
+            sqs(3.0, 2, "in_progress"),
+            sqs(5.0, 3, "in_progress"),
+            sqs(7.0, 4, "takeover"),
+        ];
+        let r = classify(&killed, None, &[], 120.0);
+        assert_eq!(
+            r.iter().map(|r| r.cause).collect::<Vec<_>>(),
+            [Cause::Redelivery; 3]
+        );
+        assert_eq!(
+            r.iter().map(|r| r.deferred_return).collect::<Vec<_>>(),
+            [false, true, true]
+        );
+        // A raising body: the message left, received again, claims the released claim.
+        let raised = [sqs(0.0, 1, "claimed"), sqs(2.0, 2, "claimed")];
+        assert_eq!(causes(&raised), [Cause::QueueRetry]);
+        // Its consumer died past the lease: the next receive takes over at once.
+        let taken = [sqs(0.0, 1, "claimed"), sqs(9.0, 2, "takeover")];
+        assert_eq!(causes(&taken), [Cause::Redelivery]);
+        // Two sends of one body: another message id, deferred behind the live claim, back
+        // to find the completion.
+        let mut copy = [sqs(0.01, 1, "in_progress"), sqs(2.0, 2, "completed")];
+        for c in &mut copy {
+            c.insert("message_id".into(), "m2".into());
+        }
+        let r = classify(
+            &[&[sqs(0.0, 1, "claimed")][..], &copy].concat(),
+            None,
+            &[],
+            120.0,
+        );
+        assert_eq!(
+            r.iter()
+                .map(|r| (r.cause, r.deferred_return))
+                .collect::<Vec<_>>(),
+            [
+                (Cause::ConcurrentCopy, false),
+                (Cause::ConcurrentCopy, true)
+            ]
         );
     }
 

@@ -17,6 +17,9 @@ module IdempotentJob
     # * "retry_count" (Integer, Sidekiq: absent before the queue's first retry),
     #   "executions" (Integer, ActiveJob: 1 on the first run, 2 on the first retry) or
     #   "retries" (Integer, Celery: 0 on the first run, 1 on the first retry);
+    # * "receive_count" (Integer, the Python SQS door: SQS's count of receives, not a
+    #   retry count; a later receive is read by its previous receive's answer: after
+    #   "in_progress" the deferred copy back, after a run a new "claimed" the queue's retry);
     # * "enqueued_at" / "created_at" (Float epoch seconds; Sidekiq 8's integer
     #   milliseconds and ActiveJob's ISO 8601 text are read as such too);
     # * "deferrals" (Integer): how many times the gem deferred this copy already;
@@ -30,8 +33,8 @@ module IdempotentJob
     # a takeover of an expired lease; `restart` names the deploy/restart it follows within
     # the window), :re_enqueue_same_producer / :re_enqueue_other_producer / :re_enqueue
     # (another delivery after the claim ended), :unknown (no facts recorded). A copy the
-    # gem deferred that comes back keeps its first arrival's cause, with
-    # `deferred_return: true`.
+    # gem deferred that comes back (deferrals above 0, or SQS's next receive after
+    # "in_progress") keeps its first arrival's cause, with `deferred_return: true`.
     module Classifier
       # Every cause, in report order (the core's).
       CAUSES = Native.repeat_causes.map(&:first).freeze
