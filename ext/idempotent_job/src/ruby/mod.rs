@@ -76,6 +76,11 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.define_module_function("value_json", function!(convert::value_json, 1))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
+    // Epoch values at or above this are milliseconds (Sidekiq 8's timestamps).
+    native.const_set(
+        "MILLISECONDS_FROM",
+        idempotent_job_core::repeats::MILLISECONDS_FROM as i64,
+    )?;
     native.const_set("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
     native.const_set(
         "MAX_INTEGER_DIGITS",
