@@ -218,6 +218,10 @@ def test_a_raising_body_is_redelivered_and_runs_again(sqs, scenario):
     workers = _run(sqs, url, scenario, "door", lambda: _empty(sqs, url), 1, raise_first=True)
     assert [s["receives"] for s in workers.starts()] == [1, 2]
     assert effects(scenario) == 1 and workers.actions() == ["leave", "delete"]
+    # The repeats report: the second receive claimed the released claim, the queue's retry.
+    key = idempotent_job.operation_key(f"{scenario}-A", "SqsOrder")
+    (op,) = [op for op in idempotent_job.repeats(job_type="SqsOrder") if op["operation_key"] == key]
+    assert [(r["cause"], r["deferred_return"]) for r in op["repeats"]] == [("queue_retry", False)]
 
 
 def test_sigterm_during_a_batch_finishes_the_running_body_and_returns_the_rest(sqs, scenario):
