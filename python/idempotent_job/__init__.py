@@ -15,10 +15,12 @@ run. See python/README.md.
 from __future__ import annotations
 
 import atexit
+import datetime
 import inspect
 import json
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -53,6 +55,7 @@ __all__ = [
     "Rerun",
     "purge",
     "record",
+    "repeats",
     "operation_key",
     "Claim",
     "Outcome",
@@ -381,6 +384,60 @@ def record(job_type: str, key: Any) -> dict | None:
     ConfigurationError for a job type that is not valid UTF-8."""
     job_type = _job_type(job_type)
     return _current().find(job_type, Store.operation_key(job_type, key))
+
+
+def _epoch(value: Any, name: str) -> float:
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            raise ConfigurationError(
+                f"repeats: {name} must be a timezone-aware datetime or epoch seconds, got {value!r}"
+            )
+        return value.timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigurationError(f"repeats: {name} must be a datetime or epoch seconds, got {value!r}")
+
+
+def repeats(
+    since: Any = None,
+    job_type: str | None = None,
+    restarts: Any = (),
+    restart_window: float = 120,
+) -> list[dict]:
+    """Operations delivered more than once since ``since``, each repeat classified from the
+    facts recorded with it, by the core's rules (the Ruby gem's ``IdempotentJob.repeats``,
+    same parameters and causes; docs/repeats.md). Reads ``idempotent_job_records``;
+    writes nothing but this process's queued repeat bookkeeping.
+
+    Args:
+        since: a timezone-aware ``datetime`` or epoch seconds; default 24 hours ago.
+        job_type: only this job type (None: every one).
+        restarts: deploy/restart times (datetimes or epoch seconds) a redelivery is
+            matched to.
+        restart_window: seconds after a restart within which a redelivery is matched to it.
+
+    Returns:
+        One dict per operation, oldest first claim first per job type: ``job_type``,
+        ``operation_key``, ``status`` (str), ``attempts``, ``takeovers``, ``duplicates``,
+        ``mismatches``, ``replays`` (int), ``first_claimed_at``, ``completed_at`` (epoch
+        seconds, or None), ``producers``, ``job_classes`` (lists of str) and ``repeats``:
+        a list (arrival order) of dicts with ``cause`` ("concurrent_copy",
+        "queue_retry", "redelivery", "re_enqueue_same_producer",
+        "re_enqueue_other_producer", "re_enqueue", "unknown"), ``at`` (epoch seconds),
+        ``id`` (the delivery id), ``after_claim``, ``after_enqueue`` (seconds, or None),
+        ``retry_count``, ``producer``, ``first_producer``, ``live_claim``,
+        ``deferred_return`` (a deferred copy back: not a new repeat), ``restart`` (the
+        matched restart, epoch seconds, or None) and ``decision``.
+
+    Raises:
+        ConfigurationError: for a ``since``/``restarts`` that is not a time, a negative
+        ``restart_window`` or a job type that is not valid UTF-8. ConnectionError,
+        DatabaseError: as every call.
+    """
+    since_s = time.time() - 86_400 if since is None else _epoch(since, "since")
+    times = [_epoch(t, "restarts") for t in restarts]
+    job = None if job_type is None else _job_type(job_type)
+    return json.loads(_current().repeats(since_s, job, times, float(restart_window)))
 
 
 @atexit.register

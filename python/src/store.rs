@@ -18,7 +18,7 @@ use idempotent_job_core::protocol::{JobOptions, Protocol};
 use idempotent_job_core::record::Field;
 use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::store::{PoolHandle, Store as CoreStore};
-use idempotent_job_core::{keys, migrate, operations, options};
+use idempotent_job_core::{keys, migrate, operations, options, repeats};
 
 /// The core's job options the Python package does not take, and why: a door-only
 /// fact (what this binding implements), not a restatement of the table.
@@ -280,6 +280,44 @@ impl Store {
             out.set_item(name, field_value(py, field)?)?;
         }
         Ok(Some(out))
+    }
+
+    /// `repeats(since, job_type or None, restarts, restart_window)` → JSON array text:
+    /// operations repeated at or after `since` (epoch seconds), each with its repeats
+    /// classified by the core ([`idempotent_job_core::repeats::operations`]; each
+    /// element is [`idempotent_job_core::repeats::RepeatedOperation::to_json`]);
+    /// `restarts` are deploy/restart times (epoch seconds), `restart_window` seconds.
+    /// Reads `idempotent_job_records` (writes this process's queued bookkeeping first).
+    /// ConfigurationError for a `since` out of range or a negative window.
+    fn repeats(
+        &self,
+        py: Python<'_>,
+        since: f64,
+        job_type: Option<String>,
+        restarts: Vec<f64>,
+        restart_window: f64,
+    ) -> PyResult<String> {
+        repeats::check_window(restart_window).map_err(crate::errors::to_py)?;
+        let since = (since.is_finite())
+            .then(|| chrono::DateTime::<chrono::Utc>::from_timestamp_micros((since * 1e6) as i64))
+            .flatten()
+            .ok_or_else(|| {
+                crate::errors::to_py(Error::Config(format!(
+                    "since must be epoch seconds in range, got {since}"
+                )))
+            })?;
+        let pool = self.pool()?;
+        let rows = detached(py, move |i| {
+            operations::repeats(&pool, i, since, job_type.as_deref())
+        })?;
+        let ops =
+            repeats::operations(rows, &restarts, restart_window).map_err(crate::errors::to_py)?;
+        Ok(serde_json::Value::Array(
+            ops.iter()
+                .map(repeats::RepeatedOperation::to_json)
+                .collect(),
+        )
+        .to_string())
     }
 
     /// Writes this process's queued repeat bookkeeping (duplicate counts); a no-op when

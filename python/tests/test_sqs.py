@@ -152,6 +152,31 @@ def test_a_consumer_killed_mid_body_comes_back_and_the_policy_decides(sqs, scena
         assert effects(scenario) == 2
 
 
+def test_a_killed_consumers_message_back_is_one_redelivery_in_the_repeats_report(sqs, scenario):
+    # Bin/demo's scenario (p). Visibility 1 s, lease 8 s: SIGKILLed before the keeper's first
+    # beat (lease/3) extends its visibility, the message comes back within a second, meets the
+    # dead consumer's live claim (the door defers it), comes back (SQS counts each receive)
+    # and takes the stale claim over once the lease has run out. The repeats report reads
+    # that as one redelivery, its later receives as the deferred copy back.
+    url = _queue(sqs, scenario, visibility=1)
+    order = f"{scenario}-A"
+    since = time.time() - 5
+    _send(sqs, url, order)
+    first = Workers("door", url, scenario, 1, lease=8, effect_first=True, first_sleep=120)
+    eventually(lambda: effects(scenario) == 1, "the first run's effect")
+    first.stop(signal.SIGKILL)
+    _run(sqs, url, scenario, "door", lambda: _empty(sqs, url), 1, lease=8)
+    key = idempotent_job.operation_key(order, "SqsOrder")
+    (op,) = [
+        op for op in idempotent_job.repeats(since=since, job_type="SqsOrder") if op["operation_key"] == key
+    ]
+    repeats = op["repeats"]
+    assert (repeats[0]["decision"], repeats[-1]["decision"]) == ("in_progress", "takeover"), repeats
+    assert {r["id"] for r in repeats} == {r["id"] for r in repeats[:1]}  # one message, received again
+    assert [r["cause"] for r in repeats] == ["redelivery"] * len(repeats), repeats
+    assert [r["deferred_return"] for r in repeats] == [False] + [True] * (len(repeats) - 1), repeats
+
+
 @pytest.mark.parametrize("fifo", [False, True])
 def test_a_held_message_resolved_for_a_rerun_is_sent_again_and_runs_once(sqs, scenario, fifo):
     # Held after its consumer was SIGKILLed past the effect; with resender(sqs) registered,
@@ -193,6 +218,10 @@ def test_a_raising_body_is_redelivered_and_runs_again(sqs, scenario):
     workers = _run(sqs, url, scenario, "door", lambda: _empty(sqs, url), 1, raise_first=True)
     assert [s["receives"] for s in workers.starts()] == [1, 2]
     assert effects(scenario) == 1 and workers.actions() == ["leave", "delete"]
+    # The repeats report: the second receive claimed the released claim, the queue's retry.
+    key = idempotent_job.operation_key(f"{scenario}-A", "SqsOrder")
+    (op,) = [op for op in idempotent_job.repeats(job_type="SqsOrder") if op["operation_key"] == key]
+    assert [(r["cause"], r["deferred_return"]) for r in op["repeats"]] == [("queue_retry", False)]
 
 
 def test_sigterm_during_a_batch_finishes_the_running_body_and_returns_the_rest(sqs, scenario):

@@ -35,6 +35,7 @@ pub mod pool;
 pub mod protocol;
 pub mod record;
 pub mod records;
+pub mod repeats;
 pub mod report;
 pub mod results;
 pub mod schema;

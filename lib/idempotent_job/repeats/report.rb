@@ -27,9 +27,6 @@ module IdempotentJob
       CSV_HEADERS = %w[job_type operation_key status at cause delivery_id retry_count after_claim_s after_enqueue_s
                        live_claim deferred_return producer first_producer restart_at].freeze
 
-      # Claim-statement decisions of a won claim that is not a takeover.
-      CLAIMED = %w[claimed first retry].freeze
-
       # @return [Array<Operation>]
       attr_reader :operations
 
@@ -37,38 +34,30 @@ module IdempotentJob
       # its deliveries from the first claim (`first_facts`; its delivery id is also the
       # record's when it was claimed once) and the repeat elements of `repeat_facts`; a
       # record kept before repeat facts existed has only its repeat times (read as
-      # repeats without facts).
+      # repeats without facts). The core reads them (`Native.repeat_row_deliveries`).
       # @param row [Hash] the native row (`first_facts_json`, `repeat_facts_json`: JSON text)
       # @return [Hash] the row with :deliveries
+      # @raise [ConfigurationError] for JSON text that does not parse (a damaged record)
       def self.row(row)
-        elements = JSON.parse(row[:repeat_facts_json] || "[]")
-        elements = row[:repeat_times].map { |t| { "at" => t } } if elements.empty?
-        first = row[:first_facts_json] ? JSON.parse(row[:first_facts_json]) : {}
-        first["jid"] ||= row[:jid] if row[:attempts] == 1
-        row.merge(deliveries: deliveries(first_claimed_at: row[:first_claimed_at], first_facts: first,
-                                         repeat_facts: elements))
+        deliveries = Native.repeat_row_deliveries(
+          "#{row[:job_type]} #{row[:operation_key].inspect}", row[:first_claimed_at].to_f, row[:first_facts_json],
+          row[:repeat_facts_json] || "[]", row[:repeat_times].to_a.map(&:to_f), (row[:jid] if row[:attempts] == 1)
+        )
+        row.merge(deliveries: JSON.parse(deliveries))
       end
 
       # An operation's deliveries as {Classifier} reads them, from what the record keeps:
       # the first claim (its time, and its facts when known) and the repeats' elements
       # (`{"at", "job_class", "decision", "facts"}`, put in time order; an element
-      # without a decision has no facts).
+      # without a decision has no facts). The core's rule (`Native.repeat_deliveries`).
       # @param first_claimed_at [Time]
       # @param first_facts [Hash, nil] the first delivery's door facts
       # @param repeat_facts [Array<Hash>] the record's repeat elements
       # @return [Array<Hash{String => Object}>] fact Hashes with "at" (epoch seconds) and
       #   "decision" ("claimed" for a first claim or a retry's, "takeover" kept)
       def self.deliveries(first_claimed_at:, first_facts:, repeat_facts:)
-        first = (first_facts || {}).merge("at" => first_claimed_at.to_f, "decision" => "claimed")
-        [first] + repeat_facts.sort_by { |element| Classifier.seconds(element["at"]) || 0.0 }.map do |element|
-          at = { "at" => Classifier.seconds(element["at"]) }
-          next at unless element.key?("decision")
-
-          decision = element["decision"].to_s
-          decision = "claimed" if CLAIMED.include?(decision)
-          replayed = element["replayed"] ? { "replayed" => true } : {}
-          (element["facts"] || {}).merge(at, "job_class" => element["job_class"], "decision" => decision, **replayed)
-        end
+        JSON.parse(Native.repeat_deliveries(first_claimed_at.to_f, first_facts && JSON.generate(first_facts),
+                                            JSON.generate(repeat_facts)))
       end
 
       # @param rows [Array<Hash>] per operation: :job_type, :operation_key, :status,

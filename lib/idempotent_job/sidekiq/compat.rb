@@ -11,8 +11,9 @@ module IdempotentJob
       VERSION = Gem::Version.new(::Sidekiq::VERSION)
       # Class names of Sidekiq's ActiveJob wrapper: the adapter's before 8.0, Sidekiq's own from 8.0.
       ACTIVE_JOB_WRAPPERS = %w[ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper Sidekiq::ActiveJob::Wrapper].freeze
-      # Timestamps above this are milliseconds since the epoch (Sidekiq 8), below it seconds.
-      MILLISECONDS_FROM = 100_000_000_000
+      # Timestamps at or above this are milliseconds since the epoch (Sidekiq 8), below it
+      # seconds: the core's rule (the repeats report reads recorded times by it too).
+      MILLISECONDS_FROM = Native::MILLISECONDS_FROM
 
       module_function
 

@@ -11,6 +11,7 @@ mod heartbeat;
 mod options;
 mod perform;
 mod protocol;
+mod repeats;
 mod store;
 mod transaction;
 
@@ -31,6 +32,17 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("raise_lock_timeout", function!(raise_lock_timeout, 4))?;
     native.define_module_function("deliver_sql", function!(deliver_sql, 0))?;
     native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
+    native.define_module_function("classify_repeats", function!(repeats::classify_repeats, 4))?;
+    native.define_module_function(
+        "repeat_deliveries",
+        function!(repeats::repeat_deliveries, 3),
+    )?;
+    native.define_module_function(
+        "repeat_row_deliveries",
+        function!(repeats::repeat_row_deliveries, 6),
+    )?;
+    native.define_module_function("epoch_seconds", function!(repeats::epoch_seconds, 1))?;
+    native.define_module_function("repeat_causes", function!(repeats::repeat_causes, 0))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
     native.define_module_function("database_url_params", function!(database_url_params, 1))?;
     native.define_module_function("operation_key_problem", function!(operation_key_problem, 2))?;
@@ -64,6 +76,11 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.define_module_function("value_json", function!(convert::value_json, 1))?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
+    // Epoch values at or above this are milliseconds (Sidekiq 8's timestamps).
+    native.const_set(
+        "MILLISECONDS_FROM",
+        idempotent_job_core::repeats::MILLISECONDS_FROM as i64,
+    )?;
     native.const_set("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
     native.const_set(
         "MAX_INTEGER_DIGITS",
