@@ -147,39 +147,44 @@ module IdempotentJobBench
                "WHERE query NOT LIKE '%bench-counter%' AND query NOT LIKE '%pg_stat_statements%'").getvalue(0, 0).to_f
     end
 
-    # @return [Array<Array(String, Integer, Float)>] every statement since {#server_reset}
-    #   (the benchmark's own reads excluded): its text's first 90 characters, calls and
-    #   execution milliseconds
+    # @return [Array<Array(String, Integer, Float, Integer)>] every statement since
+    #   {#server_reset} (the benchmark's own reads excluded): its text's first 90
+    #   characters, calls, execution milliseconds and WAL bytes (its own records; the
+    #   commit record is not counted there)
     def statements
-      @db.exec("SELECT /* bench-counter */ query, calls, total_exec_time FROM pg_stat_statements " \
+      @db.exec("SELECT /* bench-counter */ query, calls, total_exec_time, wal_bytes FROM pg_stat_statements " \
                "WHERE query NOT LIKE '%bench-counter%' AND query NOT LIKE '%pg_stat_statements%'").map do |row|
-        [row["query"].gsub(/\s+/, " ")[0, 90], row["calls"].to_i, row["total_exec_time"].to_f]
+        [row["query"].gsub(/\s+/, " ")[0, 90], row["calls"].to_i, row["total_exec_time"].to_f, row["wal_bytes"].to_i]
       end
     end
 
     # Adds a table of each guarded mode's statements, summed over its rounds: calls per
-    # operation, execution µs per call and per operation.
+    # operation, execution µs per call and per operation, WAL bytes per call and per operation.
     def statement_report(runs)
       rows = %i[with hand].flat_map do |mode|
         ops = @operations * runs[mode].size
-        statement_sums(runs[mode]).sort_by { |_, (_, ms)| -ms }.map do |q, (calls, ms)|
-          [LABELS[mode], q, Format.num(calls.to_f / ops, 3), Format.num(ms * 1e3 / calls), Format.num(ms * 1e3 / ops)]
+        statement_sums(runs[mode]).sort_by { |_, (_, ms)| -ms }.map do |q, (calls, ms, wal)|
+          [LABELS[mode], q, Format.num(calls.to_f / ops, 3), Format.num(ms * 1e3 / calls), Format.num(ms * 1e3 / ops),
+           Format.num(wal.to_f / calls), Format.num(wal.to_f / ops)]
         end
       end
-      @results.table("sidekiq", "5b. Server time per statement, the real Sidekiq runs (pg_stat_statements)",
-                     ["worker", "statement", "calls / operation", "execution µs / call", "execution µs / operation"],
+      @results.table("sidekiq", "5b. Server time and WAL per statement, the real Sidekiq runs (pg_stat_statements)",
+                     ["worker", "statement", "calls / operation", "execution µs / call", "execution µs / operation",
+                      "WAL B / call", "WAL B / operation"],
                      rows, notes: ["summed over each mode's rounds, divided by their operations " \
-                                   "(#{@operations} a round, duplicates included in their operation's figures)"])
+                                   "(#{@operations} a round, duplicates included in their operation's figures); " \
+                                   "WAL: the statement's own records (commit records, ≈ 34 B each, not counted)"])
     end
 
-    # @return [Hash{String => Array(Integer, Float)}] calls and execution milliseconds per
-    #   statement text over a mode's runs
+    # @return [Hash{String => Array(Integer, Float, Integer)}] calls, execution milliseconds
+    #   and WAL bytes per statement text over a mode's runs
     def statement_sums(list)
-      sums = Hash.new { |h, k| h[k] = [0, 0.0] }
+      sums = Hash.new { |h, k| h[k] = [0, 0.0, 0] }
       list.each do |f|
-        f["statements"].to_a.each do |q, calls, ms|
+        f["statements"].to_a.each do |q, calls, ms, wal|
           sums[q][0] += calls
           sums[q][1] += ms
+          sums[q][2] += wal.to_i
         end
       end
       sums
