@@ -59,6 +59,7 @@ module IdempotentJobBench
     def once(variant, prefix)
       language, mode = variant.split("_")
       before = snapshot
+      since = @db.server_now
       workers = Array.new(@processes) do |i|
         command = worker(language, mode, "#{prefix}-#{i}")
         IO.popen(command)
@@ -71,32 +72,22 @@ module IdempotentJobBench
         JSON.parse(out.lines.last)
       end
       ops = figures.sum { |f| f["ops"] }
-      [ops / Stats.median(figures.map { |f| f["seconds"] }), costs(before, snapshot, ops)]
+      [ops / Stats.median(figures.map { |f| f["seconds"] }), costs(before, snapshot(since), ops)]
     end
 
-    # The counters a variant's cost is measured with, read once its workers' sessions have
-    # ended (so their backends' CPU time is the postmaster's, counted once), after
-    # pg_stat_statements is reset for the next variant.
+    # The counters a variant's cost is measured with, read once the sessions its workers
+    # opened since `since` have ended (so their backends' CPU time is the postmaster's,
+    # counted once); pg_stat_statements is reset for the next variant.
     # @return [Hash] :worker_cpu (seconds, the worker processes this one waited for),
     #   :server_cpu (seconds, {Database#server_cpu_seconds}), :wal_bytes, :writes,
     #   :statements (pg_stat_statements since the last snapshot: text => [calls, ms, WAL bytes])
-    def snapshot
-      wait_for_sessions
+    def snapshot(since = nil)
+      raise "ceiling: the workers' sessions did not end" if since && !@db.wait_for_sessions(since)
+
       times = Process.times
       counters = @db.counters
       { worker_cpu: times.cutime + times.cstime, server_cpu: @db.server_cpu_seconds,
         wal_bytes: counters[:wal_bytes], writes: counters[:writes], statements: statements_and_reset }
-    end
-
-    # Waits (at most 10 s) until no session but the benchmark's own is connected.
-    def wait_for_sessions
-      100.times do
-        others = @db.exec("SELECT /* bench-counter */ count(*) FROM pg_stat_activity " \
-                          "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()").getvalue(0, 0).to_i
-        return if others.zero?
-
-        sleep 0.1
-      end
     end
 
     # @return [Hash{String => Array(Integer, Float, Integer)}] each statement's calls,

@@ -257,6 +257,27 @@ module IdempotentJobBench
       (ticks + own[11..14].sum(&:to_i)).to_f / Etc.sysconf(Etc::SC_CLK_TCK)
     end
 
+    # @return [String] the server's clock now (for {#wait_for_sessions})
+    def server_now
+      exec("SELECT /* bench-counter */ clock_timestamp()::text").getvalue(0, 0)
+    end
+
+    # Waits (at most 10 s) until every session opened since `since` has ended, so their
+    # CPU time has moved to the postmaster's ({#server_cpu_seconds} counts it once). The
+    # benchmark's own sessions, opened before, are not waited for.
+    # @param since [String] a server time ({#server_now}) taken before the run started
+    # @return [Boolean] false when some session was still open after 10 s
+    def wait_for_sessions(since)
+      100.times do
+        open = exec("SELECT /* bench-counter */ count(*) FROM pg_stat_activity WHERE backend_type = " \
+                    "'client backend' AND backend_start >= $1::timestamptz", [since]).getvalue(0, 0).to_i
+        return true if open.zero?
+
+        sleep 0.1
+      end
+      false
+    end
+
     # @param sql [String]
     # @param params [Array]
     # @return [PG::Result] the statement run on the admin connection
