@@ -6,18 +6,24 @@
 #   ruby bench/ceiling_worker.rb door|guard PREFIX THREADS SECONDS
 #
 # Every fourth delivery repeats an operation the thread finished earlier. door:
-# IdempotentJob.perform_once (a pool of THREADS connections); guard: a hand-written pg
+# IdempotentJob.perform_once (a pool of THREADS connections, no log lines); guard: a hand-written pg
 # guard on bench_ceiling_guard, one connection per thread, durable commits.
 
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "json"
+require "logger"
 require "pg"
 require "idempotent_job"
 
 mode, prefix, threads, seconds = ARGV
 threads = Integer(threads)
 seconds = Float(seconds)
-IdempotentJob.configure(database_url: ENV.fetch("DATABASE_URL"), pool_size: threads) if mode == "door"
+# The door's info lines (one per turned-away duplicate) are silenced, as bench/run.rb
+# silences them and as the Python door's are by default (logging's WARNING level): a
+# guard writes no log line either.
+if mode == "door"
+  IdempotentJob.configure(database_url: ENV.fetch("DATABASE_URL"), pool_size: threads, logger: Logger.new(File::NULL))
+end
 
 GUARD_SQL = {
   "claim" => "INSERT INTO bench_ceiling_guard (key, token, lease_until) VALUES ($1, gen_random_uuid(), " \

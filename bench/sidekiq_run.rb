@@ -4,6 +4,7 @@ require "sidekiq/api"
 require_relative "workloads"
 require_relative "server_times"
 require_relative "sidekiq_guard"
+require_relative "sidekiq_statements"
 
 module IdempotentJobBench
   # Section 5: a real `sidekiq` process (Debian's, on the real Redis, durable
@@ -19,6 +20,8 @@ module IdempotentJobBench
   # run their effect again (what a guard prevents). WAL bytes (insert position) and
   # durable commits (transaction ids assigned) are counted over each run.
   class SidekiqRun
+    include SidekiqStatements
+
     # Worker threads of each process (the same in every mode).
     CONCURRENCY = 10
     # Duplicate pushes per operation, as a fraction of the operations.
@@ -93,28 +96,46 @@ module IdempotentJobBench
     end
 
     # @return [Hash] the run's figures (sidekiq_boot.rb's, with "wal" and "commits": WAL
-    #   bytes and transaction ids over the run)
+    #   bytes and transaction ids over the run, "server_cpu": PostgreSQL's CPU seconds, or
+    #   nil where it cannot be read)
     def once(mode, id)
       prefix = "r#{Process.pid}-#{id}-"
       enqueue(prefix)
       result = File.join(@dir, "sidekiq-#{id}.json")
       FileUtils.rm_f(result)
       log = File.join(@dir, "sidekiq-#{id}.log")
+      figures = measured { work(mode, result, log) }
+      check(mode, prefix, figures, log)
+      say(mode, figures)
+      figures
+    end
+
+    # Runs the block (one sidekiq run) and adds the server's counters over it to the
+    # figures the block returns.
+    # @return [Hash] the block's figures with "server_cpu", "hot", "wal", "commits" and,
+    #   with pg_stat_statements, "server_ms" and "statements"
+    def measured
       server = server_reset
       before = @db.counters
       updates_before = updates
-      figures = work(mode, result, log)
+      since = @db.server_now
+      cpu_before = @db.server_cpu_seconds
+      figures = yield
+      figures["server_cpu"] = server_cpu(since, cpu_before)
       after = @db.counters
       figures["hot"] = hot_ratio(updates_before, updates)
       figures["wal"] = after[:wal_bytes] - before[:wal_bytes]
       figures["commits"] = after[:writes] - before[:writes]
-      if server
-        figures["server_ms"] = server_ms
-        figures["statements"] = statements
-      end
-      check(mode, prefix, figures, log)
-      say(mode, figures)
+      figures.merge!("server_ms" => server_ms, "statements" => statements) if server
       figures
+    end
+
+    # @return [Float, nil] PostgreSQL's CPU seconds since `cpu_before`, once the sessions
+    #   opened since `since` (sidekiq's) have ended; nil when not measurable
+    def server_cpu(since, cpu_before)
+      return nil unless cpu_before && @db.wait_for_sessions(since)
+
+      @db.server_cpu_seconds - cpu_before
     end
 
     # Row updates of the gem's record table and the hand-written guard's (the mode that
@@ -147,52 +168,30 @@ module IdempotentJobBench
                "WHERE query NOT LIKE '%bench-counter%' AND query NOT LIKE '%pg_stat_statements%'").getvalue(0, 0).to_f
     end
 
-    # @return [Array<Array(String, Integer, Float)>] every statement since {#server_reset}
-    #   (the benchmark's own reads excluded): its text's first 90 characters, calls and
-    #   execution milliseconds
+    # @return [Array<Array(String, Integer, Float, Integer)>] every statement since
+    #   {#server_reset} (the benchmark's own reads excluded): its text's first 90
+    #   characters, calls, execution milliseconds and WAL bytes (its own records; the
+    #   commit record is not counted there)
     def statements
-      @db.exec("SELECT /* bench-counter */ query, calls, total_exec_time FROM pg_stat_statements " \
+      @db.exec("SELECT /* bench-counter */ query, calls, total_exec_time, wal_bytes FROM pg_stat_statements " \
                "WHERE query NOT LIKE '%bench-counter%' AND query NOT LIKE '%pg_stat_statements%'").map do |row|
-        [row["query"].gsub(/\s+/, " ")[0, 90], row["calls"].to_i, row["total_exec_time"].to_f]
+        [row["query"].gsub(/\s+/, " ")[0, 90], row["calls"].to_i, row["total_exec_time"].to_f, row["wal_bytes"].to_i]
       end
-    end
-
-    # Adds a table of each guarded mode's statements, summed over its rounds: calls per
-    # operation, execution µs per call and per operation.
-    def statement_report(runs)
-      rows = %i[with hand].flat_map do |mode|
-        ops = @operations * runs[mode].size
-        statement_sums(runs[mode]).sort_by { |_, (_, ms)| -ms }.map do |q, (calls, ms)|
-          [LABELS[mode], q, Format.num(calls.to_f / ops, 3), Format.num(ms * 1e3 / calls), Format.num(ms * 1e3 / ops)]
-        end
-      end
-      @results.table("sidekiq", "5b. Server time per statement, the real Sidekiq runs (pg_stat_statements)",
-                     ["worker", "statement", "calls / operation", "execution µs / call", "execution µs / operation"],
-                     rows, notes: ["summed over each mode's rounds, divided by their operations " \
-                                   "(#{@operations} a round, duplicates included in their operation's figures)"])
-    end
-
-    # @return [Hash{String => Array(Integer, Float)}] calls and execution milliseconds per
-    #   statement text over a mode's runs
-    def statement_sums(list)
-      sums = Hash.new { |h, k| h[k] = [0, 0.0] }
-      list.each do |f|
-        f["statements"].to_a.each do |q, calls, ms|
-          sums[q][0] += calls
-          sums[q][1] += ms
-        end
-      end
-      sums
     end
 
     def say(mode, figures)
       puts "   #{LABELS[mode]}: #{figures["jobs"]} jobs (#{@operations} operations + #{@duplicates} duplicates) " \
            "in #{figures["seconds"].round(2)} s, #{(figures["jobs"] / figures["seconds"]).round} jobs/s; effects run " \
-           "#{figures["effects"]}; #{figures["deferred"]} deferred; per operation #{per_op(figures, "wal").round} " \
-           "WAL bytes, #{per_op(figures, "commits").round(2)} write commits; worker CPU " \
-           "#{(figures["cpu"] * 1e6 / figures["jobs"]).round} µs per job, server execution " \
-           "#{(figures["server_ms"].to_f * 1e3 / @operations).round} µs per operation; HOT updates " \
-           "#{figures["hot"] ? "#{(figures["hot"] * 100).round} %" : "–"}"
+           "#{figures["effects"]}; #{figures["deferred"]} deferred; #{costs_text(figures)}"
+    end
+
+    # @return [String] a run's costs per operation and per job, for the progress lines
+    def costs_text(figures)
+      "per operation #{per_op(figures, "wal").round} WAL bytes, #{per_op(figures, "commits").round(2)} write " \
+        "commits; worker CPU #{(figures["cpu"] * 1e6 / figures["jobs"]).round} µs per job, server execution " \
+        "#{(figures["server_ms"].to_f * 1e3 / @operations).round} µs per operation, PostgreSQL CPU " \
+        "#{Format.num(figures["server_cpu"] && (figures["server_cpu"] * 1e6 / @operations))} µs per operation; " \
+        "HOT updates #{figures["hot"] ? "#{(figures["hot"] * 100).round} %" : "–"}"
     end
 
     # Queues every operation once and {DUPLICATES} of them a second time, each
@@ -294,11 +293,12 @@ module IdempotentJobBench
       record(figures, runs)
       rows = MODES.keys.map { |mode| row(mode, figures, runs[mode]) }
       rows << ["sidekiq-unique-jobs 7.1.33, until_executed (issue 14, not re-run)", "–", Format.num(PEER_JOBS_PER_S),
-               "–", "–", "1.00×", "", "", "", "", "", "", "", ""]
+               "–", "–", "1.00×", "", "", "", "", "", "", "", "", ""]
       @results.table("sidekiq", title, ["worker", "drain s (median)", "jobs/s (median)", "× no guard",
                                         "× hand-written (drain)", "× peer", "effects run",
                                         "WAL B / operation", "write commits / operation", "worker CPU µs / job",
-                                        "server execution µs / operation", "HOT updates (median)", "each run (s)",
+                                        "server execution µs / operation", "PostgreSQL CPU µs / operation",
+                                        "HOT updates (median)", "each run (s)",
                                         "target"],
                      rows, notes:)
       statement_report(runs)
@@ -336,7 +336,8 @@ module IdempotentJobBench
     #   per operation of a mode's runs
     def cpu_medians(list)
       [Stats.median(list.map { |f| f["cpu"].to_f * 1e6 / f["jobs"] }),
-       Stats.median(list.map { |f| f["server_ms"].to_f * 1e3 / @operations })]
+       Stats.median(list.map { |f| f["server_ms"].to_f * 1e3 / @operations }),
+       Stats.median(list.filter_map { |f| f["server_cpu"] && (f["server_cpu"] * 1e6 / @operations) })]
     end
 
     def verdicts(figures)
@@ -360,9 +361,11 @@ module IdempotentJobBench
       @results.add("sidekiq", subject, "jobs_per_s", rate, "1/s",
                    "runs: #{list.map { |f| (f["jobs"] / f["seconds"]).round }.join(" ")}")
       @results.add("sidekiq", subject, "drain_seconds", seconds, "s")
-      cpu, server = cpu_medians(list)
+      cpu, server, server_cpu = cpu_medians(list)
       @results.add("sidekiq", subject, "worker_cpu_per_job", cpu, "us", "the sidekiq process's CPU time, every thread")
       @results.add("sidekiq", subject, "server_exec_per_operation", server, "us", "pg_stat_statements total_exec_time")
+      @results.add("sidekiq", subject, "server_cpu_per_operation", server_cpu, "us",
+                   "every PostgreSQL process's CPU time, process start to exit")
       return unless counted
 
       @results.add("sidekiq", subject, "wal_bytes_per_operation", wal, "bytes")
@@ -402,7 +405,9 @@ module IdempotentJobBench
        "WAL B / write commits per operation: WAL insert position and transaction ids assigned over the run " \
        "(process start to exit), divided by the #{@operations} operations; worker CPU: the sidekiq process's " \
        "CPU time (every thread) from the first job's start to the last one's end, per job; server execution: " \
-       "pg_stat_statements' total_exec_time of the run (parse, plan and commit excluded) per operation; " \
+       "pg_stat_statements' total_exec_time of the run (parse, plan, executor start-up and commit excluded) " \
+       "per operation; PostgreSQL CPU: every server process's user + system time (/proc, the sessions' once " \
+       "they ended), process start to exit, per operation; " \
        "medians of the runs.",
        "× peer: against sidekiq-unique-jobs 7.1.33 (until_executed) on the same workload, #{PEER_JOBS_PER_S.round} " \
        "jobs/s worker side, measured for issue 14 on a quiet machine of this kind; that gem is not installable " \

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "csv"
+require "etc"
 require "fileutils"
 require "json"
 require "uri"
@@ -238,6 +239,45 @@ module IdempotentJobBench
       { statements: statement_calls, writes: row["next_xid"].to_i, wal_bytes: row["wal"].to_i }
     end
 
+    # CPU time of the whole PostgreSQL server on this machine so far: the postmaster's own,
+    # its live children's (backends, WAL writer, checkpointer, ...) and the exited
+    # children it reaped (a backend's time moves to the postmaster's when its session
+    # ends). Read from /proc through the data directory's postmaster.pid.
+    # @return [Float, nil] seconds of user + system CPU, nil when the server is not a
+    #   local process this user can read (another machine, no /proc, no privilege)
+    def server_cpu_seconds
+      postmaster = postmaster_pid
+      return nil unless postmaster
+
+      ticks = Dir.glob("/proc/[0-9]*/stat").sum do |path|
+        fields = proc_stat(path)
+        fields && fields[1].to_i == postmaster ? fields[11].to_i + fields[12].to_i : 0
+      end
+      own = proc_stat("/proc/#{postmaster}/stat") or return nil
+      (ticks + own[11..14].sum(&:to_i)).to_f / Etc.sysconf(Etc::SC_CLK_TCK)
+    end
+
+    # @return [String] the server's clock now (for {#wait_for_sessions})
+    def server_now
+      exec("SELECT /* bench-counter */ clock_timestamp()::text").getvalue(0, 0)
+    end
+
+    # Waits (at most 10 s) until every session opened since `since` has ended, so their
+    # CPU time has moved to the postmaster's ({#server_cpu_seconds} counts it once). The
+    # benchmark's own sessions, opened before, are not waited for.
+    # @param since [String] a server time ({#server_now}) taken before the run started
+    # @return [Boolean] false when some session was still open after 10 s
+    def wait_for_sessions(since)
+      100.times do
+        open = exec("SELECT /* bench-counter */ count(*) FROM pg_stat_activity WHERE backend_type = " \
+                    "'client backend' AND backend_start >= $1::timestamptz", [since]).getvalue(0, 0).to_i
+        return true if open.zero?
+
+        sleep 0.1
+      end
+      false
+    end
+
     # @param sql [String]
     # @param params [Array]
     # @return [PG::Result] the statement run on the admin connection
@@ -254,6 +294,25 @@ module IdempotentJobBench
     end
 
     private
+
+    # @return [Integer, nil] the postmaster's process id (first line of postmaster.pid)
+    def postmaster_pid
+      return @postmaster_pid if defined?(@postmaster_pid)
+
+      dir = @admin.exec("SELECT /* bench-counter */ current_setting('data_directory')").getvalue(0, 0)
+      @postmaster_pid = Integer(File.foreach(File.join(dir, "postmaster.pid")).first)
+    rescue PG::Error, SystemCallError, ArgumentError
+      @postmaster_pid = nil
+    end
+
+    # @return [Array<String>, nil] a /proc/PID/stat's fields after the command name (state
+    #   first: [1] is the parent's pid, [11]/[12] utime/stime, [13]/[14] the reaped
+    #   children's), nil when the process has gone
+    def proc_stat(path)
+      File.read(path).split(") ", 2).last.split
+    rescue SystemCallError
+      nil
+    end
 
     def statement_calls
       return nil unless @statements
