@@ -242,8 +242,6 @@ fn retries(facts: &Facts) -> i64 {
     (integer(facts.get("executions")) - 1).max(0)
 }
 
-/// Answered "in progress", or answered "completed" (or recorded without facts, as a
-/// transactional claim's copies are) although it arrived before the completion.
 /// What a later receive of an SQS message (same id, a higher `receive_count`) is, from
 /// what its previous receive was answered: after `in_progress` the door deferred it
 /// (made it visible again after `retry_after`), so it is that deferred copy back
@@ -263,6 +261,9 @@ pub fn sqs_return(facts: &Facts, earlier: &Facts) -> Option<bool> {
     }
 }
 
+/// Whether the delivery met a live claim: answered "in progress", or answered
+/// "completed" (or recorded without facts, as a transactional claim's copies are)
+/// although it arrived (`at`) before the completion (`completed_at`), epoch seconds.
 fn live_claim(facts: &Facts, at: Option<f64>, completed_at: Option<f64>) -> bool {
     let answered_completed = match facts.get("decision") {
         None => true,
@@ -650,6 +651,8 @@ pub fn operations(
         .collect()
 }
 
+/// Checks a repeats report's `restart_window` (seconds) before any row is read.
+///
 /// Errors: [`Error::Config`] unless `restart_window` is a finite number of seconds, 0 or more.
 pub fn check_window(restart_window: f64) -> Result<()> {
     if restart_window.is_finite() && restart_window >= 0.0 {
