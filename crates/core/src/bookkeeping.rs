@@ -43,7 +43,8 @@
 //!   counts them.
 //!
 //! Within one process, reads see their own repeats: [`Bookkeeper::settle`] writes
-//! what is queued (and waits for a batch in flight) before `find`/`repeats` read, and
+//! what is queued (and waits for a batch in flight) before `find`/`repeats` read
+//! (all but the `repeat_facts` entries of rows another transaction holds right now), and
 //! a delivery whose operation still has a repeat queued settles first, so sequential
 //! deliveries of one operation count exactly.
 
@@ -259,8 +260,9 @@ enum Written {
     Done,
     /// Written, but for the operations whose row another transaction held: back in
     /// the queue, ahead of what was queued meanwhile, to be sent again later (those
-    /// kept locked past [`LOCKED_ROW_PATIENCE`] were dropped and counted).
-    Skipped,
+    /// kept locked past [`LOCKED_ROW_PATIENCE`] were dropped and counted). `counted`:
+    /// some of them still add to `duplicates` (not only `repeat_facts` entries).
+    Skipped { counted: bool },
     /// Not written, and known not to be: no connection was had, or PostgreSQL
     /// refused it with a transient error (a deadlock, a serialization failure, a
     /// read-only server, a lock or statement timeout, out of resources) and rolled it
@@ -339,9 +341,12 @@ impl Bookkeeper {
     /// failure, a read-only server…), or that found no connection, is kept and written
     /// again after [`backoff`], within the pool's deadline; so are the operations whose
     /// row another transaction holds (a batch never waits for a row lock: see
-    /// [`FLUSH_SQL`]). Those still locked when the deadline leaves no room stay queued
-    /// for the background writer, and `settle` returns `Ok` (their transaction may be
-    /// the caller's own).
+    /// [`FLUSH_SQL`]) while some of them still add to `duplicates`. Repeats that only
+    /// add a `repeat_facts` entry (the claim statement counted them: an ActiveRecord
+    /// delivery's, whose transaction may be the caller's own) are not waited for: once
+    /// only they are left, `settle` returns `Ok` and the background writer sends them
+    /// when their row is free. Counted ones still locked when the deadline leaves no
+    /// room stay queued for the background writer, and `settle` returns `Ok`.
     ///
     /// Errors: the last transient error when the deadline leaves no room (the
     /// repeats stay queued: the background writer goes on trying); a batch refused
@@ -359,7 +364,11 @@ impl Bookkeeper {
             let last = match self.write(pool, interrupt, until) {
                 Written::Done => return Ok(()),
                 Written::Dropped(e) => return Err(e),
-                Written::Skipped => Ok(()),
+                // Only `repeat_facts` entries left, of rows another transaction holds
+                // (likely the caller's own, an ActiveRecord delivery's): the counts a
+                // read needs are written; the background writer sends them later.
+                Written::Skipped { counted: false } => return Ok(()),
+                Written::Skipped { counted: true } => Ok(()),
                 Written::Requeued(e) => Err(e),
             };
             failures += 1;
@@ -425,6 +434,7 @@ impl Bookkeeper {
             }
         }
         let skipped = !kept.is_empty();
+        let counted = kept.values().any(|p| p.dups > 0);
         if skipped {
             self.put_back(kept);
         }
@@ -445,7 +455,7 @@ impl Bookkeeper {
         }
         self.outstanding.fetch_sub(repeats, Ordering::SeqCst);
         match failed {
-            None if skipped => Written::Skipped,
+            None if skipped => Written::Skipped { counted },
             None => Written::Done,
             Some(e) => Written::Dropped(e),
         }
@@ -495,7 +505,7 @@ impl Bookkeeper {
             .await;
             drop(writing);
             failures = match written {
-                Ok(Written::Requeued(_) | Written::Skipped) => failures + 1,
+                Ok(Written::Requeued(_) | Written::Skipped { .. }) => failures + 1,
                 _ => 0,
             };
         }

@@ -219,7 +219,9 @@ impl Channel for SessionChannel<'_> {
             let decided_at: Option<f64> = row.lookup(ruby.sym_new("decided_at"))?;
             let reply = decided(&ruby, row, &token, hash)?.0;
             let at = decided_at
-                .and_then(|seconds| DateTime::<Utc>::from_timestamp_micros((seconds * 1e6) as i64))
+                .and_then(|seconds| {
+                    DateTime::<Utc>::from_timestamp_micros((seconds * 1e6).round() as i64)
+                })
                 .unwrap_or_else(Utc::now);
             self.repeat = Repeat::after_claim(r, &reply, at);
             if self.repeat.is_some() && !self.session.funcall::<_, _, bool>("outermost?", ())? {

@@ -403,11 +403,15 @@ impl NativeProtocol {
             (done, None) => done,
         };
         // A repeat claimed on another driver's transaction (ActiveRecord's) is queued for
-        // the bookkeeping now, in this call, when the delivery did not fail (its
-        // transaction commits right after; one that failed rolls back, and its claim with
-        // it): the batches skip the record's row while that transaction holds it
-        // (`FLUSH_SQL`), so the writer never waits on it.
-        if let (Ok(_), RbChannel::Session(session)) = (&performed, &mut rb_channel) {
+        // the bookkeeping now, in this call, when the delivery did not fail and no
+        // callback raised (an event subscriber's or a logger's error is raised below,
+        // inside that transaction, which then rolls back with the claim's counting; a
+        // delivery that ends well commits right after): the batches skip the record's
+        // row while that transaction holds it (`FLUSH_SQL`), so the writer never waits
+        // on it.
+        if let (Ok(_), None, RbChannel::Session(session)) =
+            (&performed, &host.failed, &mut rb_channel)
+        {
             if let (Some(repeat), Ok(pool)) = (session.repeat.take(), store.0.pool()) {
                 pool.bookkeeper().record(repeat);
             }
