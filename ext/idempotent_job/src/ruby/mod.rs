@@ -127,7 +127,27 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     store::init(ruby, native)?;
     heartbeat::init(ruby, native)?;
     protocol::init(ruby, native)?;
-    transaction::init(ruby, native)
+    transaction::init(ruby, native)?;
+    resolve_wrapped_classes(ruby);
+    Ok(())
+}
+
+/// Looks up the Ruby class of every wrapped type once, now, while the extension loads
+/// (one thread, before any Ruby code can wrap an object).
+///
+/// magnus finds a wrapped type's class lazily, on the first object wrapped: a `Lazy`
+/// whose initialisation (`Object.const_get(name)`, a Ruby call at whose end Ruby may
+/// switch threads) runs inside a `OnceLock`. Left to the first deliveries of a
+/// multi-threaded worker, a thread switched out there holds the `OnceLock`, and the next
+/// thread wrapping the same type (`Protocol.new`, the `HeartbeatReader` handed to
+/// `watch`, a `Transaction`) waits on it holding the GVL: every thread of the process
+/// froze for good (a Sidekiq process once started 6 jobs and finished none).
+fn resolve_wrapped_classes(ruby: &Ruby) {
+    use magnus::TypedData;
+    store::NativeStore::class(ruby);
+    heartbeat::NativeHeartbeatReader::class(ruby);
+    protocol::NativeProtocol::class(ruby);
+    transaction::NativeTransaction::class(ruby);
 }
 
 /// `Native.key_hash(job_type, operation_key)` → the operation key as telemetry carries it
