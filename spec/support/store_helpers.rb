@@ -51,6 +51,20 @@ module StoreHelpers
     count.call
   end
 
+  # Waits (up to `within` seconds) until `count` of the gem's statements wait on a lock
+  # on the server `connection` talks to: the calls are blocked in their claim.
+  # @return [Integer] how many wait when it returns
+  def await_gem_statements_on_lock(connection, count, within: 30)
+    waiting = lambda do
+      connection.exec("SELECT pg_stat_clear_snapshot()")
+      connection.exec("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' " \
+                      "AND wait_event_type = 'Lock'").getvalue(0, 0).to_i
+    end
+    give_up = Process.clock_gettime(Process::CLOCK_MONOTONIC) + within
+    sleep 0.02 until waiting.call >= count || Process.clock_gettime(Process::CLOCK_MONOTONIC) > give_up
+    waiting.call
+  end
+
   # Holds the row lock of a record in another session, so a claim of it blocks.
   def with_row_locked(job_type, key)
     conn = PG.connect(SpecServices.database_url)
