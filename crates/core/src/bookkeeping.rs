@@ -150,6 +150,13 @@ pub const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 /// one left idle in a transaction.
 pub const LOCKED_ROW_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// How long [`Bookkeeper::settle`] keeps sending the repeats that only add a
+/// `repeat_facts` entry (the claim statement counted them) while another transaction
+/// holds their row: long enough for another delivery's short transaction to commit, short
+/// when that transaction is the caller's own (an ActiveRecord delivery's event subscriber
+/// calling `find`), which no wait can outlast. The background writer sends them later.
+pub const FACTS_ONLY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Most operations with repeats queued at once. Past it (a database refusing every
 /// batch for long, e.g. read-only through a long failover, while duplicates of more
 /// operations arrive) a repeat of an operation not yet queued is dropped and counted
@@ -343,10 +350,11 @@ impl Bookkeeper {
     /// row another transaction holds (a batch never waits for a row lock: see
     /// [`FLUSH_SQL`]) while some of them still add to `duplicates`. Repeats that only
     /// add a `repeat_facts` entry (the claim statement counted them: an ActiveRecord
-    /// delivery's, whose transaction may be the caller's own) are not waited for: once
-    /// only they are left, `settle` returns `Ok` and the background writer sends them
-    /// when their row is free. Counted ones still locked when the deadline leaves no
-    /// room stay queued for the background writer, and `settle` returns `Ok`.
+    /// delivery's, whose transaction may be the caller's own) are sent again for
+    /// [`FACTS_ONLY_PATIENCE`] at most: once only they are left past it, `settle` returns
+    /// `Ok` and the background writer sends them when their row is free. Counted ones
+    /// still locked when the deadline leaves no room stay queued for the background
+    /// writer, and `settle` returns `Ok`.
     ///
     /// Errors: the last transient error when the deadline leaves no room (the
     /// repeats stay queued: the background writer goes on trying); a batch refused
@@ -357,23 +365,25 @@ impl Bookkeeper {
         if self.outstanding.load(Ordering::SeqCst) == 0 {
             return Ok(());
         }
-        let until = Instant::now() + pool.deadline();
+        let started = Instant::now();
+        let until = started + pool.deadline();
+        let facts_until = (started + FACTS_ONLY_PATIENCE).min(until);
         let _writing = pool.block_on_background(interrupt, self.writing.lock())?;
         let mut failures = 0;
         loop {
-            let last = match self.write(pool, interrupt, until) {
+            let (last, by) = match self.write(pool, interrupt, until) {
                 Written::Done => return Ok(()),
                 Written::Dropped(e) => return Err(e),
                 // Only `repeat_facts` entries left, of rows another transaction holds
-                // (likely the caller's own, an ActiveRecord delivery's): the counts a
-                // read needs are written; the background writer sends them later.
-                Written::Skipped { counted: false } => return Ok(()),
-                Written::Skipped { counted: true } => Ok(()),
-                Written::Requeued(e) => Err(e),
+                // (perhaps the caller's own, an ActiveRecord delivery's): the counts a
+                // read needs are written; waited for a moment only.
+                Written::Skipped { counted: false } => (Ok(()), facts_until),
+                Written::Skipped { counted: true } => (Ok(()), until),
+                Written::Requeued(e) => (Err(e), until),
             };
             failures += 1;
             let wait = backoff(failures);
-            if Instant::now() + wait >= until {
+            if Instant::now() + wait >= by {
                 return last;
             }
             pool.pause(interrupt, wait)?;
