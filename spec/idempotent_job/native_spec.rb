@@ -75,10 +75,12 @@ RSpec.describe "IdempotentJob's native layer" do
       end
     end
 
-    # Left out of the GC.stress run (bin/test's gc-stress step) for now: there, with two
-    # calls blocked, the raise is sometimes lost and the call runs on to its deadline
-    # (TimeoutError after 10 s; found 2026-12-05, also on c3ea721, under investigation).
-    it "Thread#raise and Thread#kill reach a thread blocked in a claim", :no_gc_stress do
+    # Under GC.stress (on process-wide while the two calls block: a full GC at every
+    # allocation) this thread's polling of pg_stat_activity once took longer than the
+    # calls' 10 s deadline, so the raise and the kill came after both had ended with
+    # TimeoutError: the deadline is GCStress.bound(10) here, so they are still blocked.
+    it "Thread#raise and Thread#kill reach a thread blocked in a claim" do
+      SpecServices.configure_gem!(deadline: GCStress.bound(10))
       key = unique_key
       stale_claim("T", key)
       with_row_locked("T", key) do
@@ -86,8 +88,8 @@ RSpec.describe "IdempotentJob's native layer" do
         raised.report_on_exception = false
         killed = Thread.new { deliver_once("T", key) }
         # Both blocked in their claim (a fixed sleep was too short under GC.stress, where
-        # the raise then came before the call blocked: a different path, see the note
-        # of 2026-12-05 on an interrupt lost there).
+        # the raise then came before the call blocked, e.g. inside the check of a job
+        # option: see the example above).
         expect(await_gem_statements_on_lock(Effects.connection, 2)).to eq(2)
         raised.raise(ArgumentError, "stop")
         killed.kill
@@ -96,6 +98,32 @@ RSpec.describe "IdempotentJob's native layer" do
         expect { raised.join(GCStress.bound(2)) }.to raise_error(ArgumentError, "stop")
         expect(killed.join(GCStress.bound(2))).to eq(killed)
       end
+    end
+
+    # Ruby delivers another thread's interrupt at a method call: here inside `inspect`,
+    # which the native check of a job option calls (GC.stress once made that call slow
+    # enough for a Thread#raise to land there, where the extension used to swallow it).
+    it "Thread#raise delivered while a job option's value is checked reaches the caller" do
+      caller_thread = Thread.current
+      lease = Object.new
+      lease.define_singleton_method(:inspect) do
+        Thread.new { caller_thread.raise(ArgumentError, "stop") }.join
+        "a lease"
+      end
+      expect { IdempotentJob.perform_once("T", unique_key, lease:) { nil } }.to raise_error(ArgumentError, "stop")
+    end
+
+    # The same at the call of the handler's `encode` (the body's value for store_result),
+    # which used to become only a warning's words: the thread carried on.
+    it "Thread#raise delivered while a body's value is encoded reaches the caller; the completion stands" do
+      caller_thread = Thread.current
+      allow(IdempotentJob::ResultJson).to receive(:encode).and_wrap_original do |encode, value|
+        Thread.new { caller_thread.raise(ArgumentError, "stop") }.join
+        encode.call(value)
+      end
+      key = unique_key
+      expect { IdempotentJob.perform_once("T", key, store_result: true) { 42 } }.to raise_error(ArgumentError, "stop")
+      expect(IdempotentJob.record("T", key)).to have_attributes(status: :completed)
     end
 
     it "cancels the interrupted statement: nothing runs on, and the record is untouched", :no_gc_stress do

@@ -357,9 +357,40 @@ pub fn key_json_of(
     })
 }
 
-/// A Ruby value's class name, for messages.
+/// A Ruby value's class name, for messages: read by the VM (`rb_obj_classname`), never
+/// by a Ruby method. A method call is where Ruby delivers another thread's interrupt
+/// (Thread#raise, Thread#kill, Timeout) to this thread: raised inside a conversion
+/// whose failure only becomes a message, it would be lost (see [`inspect`]).
 fn class_name(value: Value) -> String {
-    value.class().inspect()
+    // SAFETY: the name is copied before any Ruby code runs again.
+    unsafe { value.classname() }.into_owned()
+}
+
+/// `value.inspect` for a message, or the exception it raised. The exception is never
+/// replaced by a stand-in text (as magnus's `Value::inspect` does): `inspect` is a
+/// Ruby method call, where Ruby delivers a pending interrupt of this thread
+/// (Thread#raise, Thread#kill, Timeout), which must reach the caller, not vanish. A
+/// value with no `inspect` (a BasicObject) is shown by the VM (`#<Class:0x…>`).
+pub fn inspect(value: Value) -> RbResult<String> {
+    use magnus::rb_sys::{protect, AsRawValue, FromRawValue};
+    let shown = if value.respond_to("inspect", true)? {
+        // SAFETY: `rb_inspect` is called with the GVL; a raise is caught by protect.
+        protect(|| unsafe { rb_sys::rb_inspect(value.as_raw()) })?
+    } else {
+        // SAFETY: `rb_any_to_s` is called with the GVL and calls no Ruby method.
+        unsafe { rb_sys::rb_any_to_s(value.as_raw()) }
+    };
+    // SAFETY: `shown` is a live VALUE, just returned.
+    let shown = RString::from_value(unsafe { Value::from_raw(shown) }).ok_or_else(|| {
+        magnus::Error::new(
+            Ruby::get_with(value).exception_type_error(),
+            "inspect did not return a String",
+        )
+    })?;
+    // SAFETY: the text is copied before any Ruby code runs again.
+    Ok(shown
+        .to_string()
+        .unwrap_or_else(|_| unsafe { shown.to_string_lossy() }.into_owned()))
 }
 
 /// An Integer as the core's number ([`idempotent_job_core::canonical::integer`]).
@@ -370,8 +401,16 @@ fn integer(value: Integer) -> std::result::Result<serde_json::Number, String> {
     if let Ok(u) = value.to_u64() {
         return Ok(u.into());
     }
-    let text: String = value
-        .funcall("to_s", ())
+    // A Bignum's digits from the VM (`rb_big2str`), not by calling `to_s` (see
+    // [`class_name`]: an interrupt delivered there would become this message).
+    use magnus::rb_sys::{protect, AsRawValue, FromRawValue};
+    // SAFETY: called with the GVL; a raise (no memory) is caught by protect; the answer
+    // is a live VALUE.
+    let digits = protect(|| unsafe { rb_sys::rb_big2str(value.as_raw(), 10) })
+        .map_err(|e| format!("an Integer ({e})"))?;
+    let text = RString::from_value(unsafe { Value::from_raw(digits) })
+        .ok_or_else(|| "an Integer".to_string())?
+        .to_string()
         .map_err(|e| format!("an Integer ({e})"))?;
     idempotent_job_core::canonical::integer(&text)
 }

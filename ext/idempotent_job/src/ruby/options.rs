@@ -5,7 +5,7 @@
 use magnus::{prelude::*, Ruby, Value};
 use serde_json::Value as Json;
 
-use super::convert::{json_of, RbResult};
+use super::convert::{inspect, json_of, RbResult};
 use super::errors::to_ruby;
 use idempotent_job_core::options::{self, Kind};
 
@@ -40,10 +40,13 @@ pub fn job_option(
     if matches!(option.kind, Kind::Key | Kind::Method) || value.is_nil() {
         return Ok(value);
     }
-    // A value JSON cannot carry (a Proc, a Time) is refused by every other kind.
+    // A value JSON cannot carry (a Proc, a Time) is refused by every other kind. No Ruby
+    // method runs in `json_of` (an interrupt delivered there would be lost with its
+    // refusal); `inspect` runs one, and what it raises goes on (Thread#raise, Timeout).
     let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
-    let checked = options::check(&job, &prefix, &name, &json, Some(&value.inspect()))
-        .map_err(|e| to_ruby(ruby, e))?;
+    let shown = inspect(value)?;
+    let checked =
+        options::check(&job, &prefix, &name, &json, Some(&shown)).map_err(|e| to_ruby(ruby, e))?;
     Ok(match (option.kind, checked) {
         (_, Json::Null) => ruby.qnil().as_value(),
         (Kind::Choice { .. } | Kind::Flavour { .. }, Json::String(s)) => {

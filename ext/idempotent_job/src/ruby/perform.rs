@@ -48,7 +48,8 @@ struct RbHost<'a> {
     raised: &'a RefCell<Option<magnus::Error>>,
     protocol: &'a NativeProtocol,
     delivery: &'a DeliveryRequest,
-    /// The first error a `tell` or `watch` callback raised (raised after the call).
+    /// The first error a `tell`, `watch`, `stopped` or `encode` callback raised (raised
+    /// after the call).
     failed: Option<magnus::Error>,
     /// The store the delivery began on, and where a newer one goes (see [`PoolChannel`]).
     store: Value,
@@ -191,7 +192,15 @@ impl Host for RbHost<'_> {
         match pair {
             Ok((Some(json), _)) => Ok(json),
             Ok((None, why)) => Err(why.unwrap_or_else(|| "no JSON text was given".into())),
-            Err(e) => Err(e.to_string()),
+            // `encode` answers a refusal itself and never raises: what left it is an
+            // interrupt Ruby delivered at one of its method calls (Thread#raise, Thread#kill,
+            // Timeout) or a broken handler. It goes on after the call, like a `tell`'s,
+            // never only worded as a refusal (the thread would carry on as if nothing came).
+            Err(e) => {
+                let why = e.to_string();
+                self.keep_failure(e);
+                Err(why)
+            }
         }
     }
 
