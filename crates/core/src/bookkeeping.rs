@@ -44,7 +44,8 @@
 //!
 //! Within one process, reads see their own repeats: [`Bookkeeper::settle`] writes
 //! what is queued (and waits for a batch in flight) before `find`/`repeats` read
-//! (all but the `repeat_facts` entries of rows another transaction holds right now), and
+//! (all but the `repeat_facts` entries of rows another transaction holds for longer than
+//! [`FACTS_ONLY_PATIENCE`]), and
 //! a delivery whose operation still has a repeat queued settles first, so sequential
 //! deliveries of one operation count exactly.
 
