@@ -91,7 +91,7 @@ macro_rules! first_claim_values {
 /// `won` in the result tells the caller whether its token is now the record's;
 /// `result` and `result_state` are the stored result of a completed record (a replay:
 /// see the stored results), NULL when its completion stored none.
-/// Parameters: $1–$8 those of the first-claim insert ([`first_claim_values!`], shared with
+/// Parameters: $1–$8 those of the first-claim insert (`first_claim_values!`, shared with
 /// [`DELIVER_SQL`]): $1 job_type, $2 operation_key, $3 claim_token (uuid), $4 jid,
 /// $5 lease in seconds (float8), $6 args_digest, $7 job_class, $8 the delivery's facts
 /// (JSON object text or NULL: a first claim keeps them as `first_facts` for the repeats
@@ -170,7 +170,7 @@ RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
 ///   statement's snapshot (`ON CONFLICT DO NOTHING` waited for it): the caller asks
 ///   [`CLAIM_SQL`].
 ///
-/// Parameters: [`CLAIM_SQL`]'s $1–$8, the first-claim insert's ([`first_claim_values!`]:
+/// Parameters: [`CLAIM_SQL`]'s $1–$8, the first-claim insert's (`first_claim_values!`:
 /// $8 the delivery's facts, kept by the first claim as `first_facts`; a duplicate does not
 /// read them; a first claim stores no job: issue 31). A
 /// duplicate's count ($12 of [`CLAIM_SQL`]: a copy coming back is not counted again) is
