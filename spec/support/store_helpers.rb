@@ -35,34 +35,38 @@ module StoreHelpers
     "k-#{rand(1 << 40)}"
   end
 
+  # How many of the gem's statements on the server `connection` (a PG::Connection) talks
+  # to match `condition` (SQL over pg_stat_activity) now.
+  def gem_statements(connection, condition)
+    # Inside a transaction the server would answer from the snapshot of its first read.
+    connection.exec("SELECT pg_stat_clear_snapshot()")
+    connection.exec("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' " \
+                    "AND #{condition}").getvalue(0, 0).to_i
+  end
+
+  # Polls `count` every `every` seconds until it returns a value `done` accepts or
+  # `within` seconds have passed.
+  # @return [Integer] the last count
+  def poll_count(count, done, within:, every:)
+    give_up = Process.clock_gettime(Process::CLOCK_MONOTONIC) + within
+    sleep every until done.call(count.call) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > give_up
+    count.call
+  end
+
   # The gem's statements still running on the server `connection` (a PG::Connection)
   # talks to, once an interrupted call's cancel request (sent from the background, on
   # a connection of its own) has had up to `within` seconds to arrive.
   # @return [Integer] 0 when every statement ended
   def gem_statements_running(connection, within: 5)
-    count = lambda do
-      # Inside a transaction the server would answer from the snapshot of its first read.
-      connection.exec("SELECT pg_stat_clear_snapshot()")
-      connection.exec("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' " \
-                      "AND state = 'active'").getvalue(0, 0).to_i
-    end
-    give_up = Process.clock_gettime(Process::CLOCK_MONOTONIC) + within
-    sleep 0.05 until count.call.zero? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > give_up
-    count.call
+    poll_count(-> { gem_statements(connection, "state = 'active'") }, :zero?.to_proc, within:, every: 0.05)
   end
 
   # Waits (up to `within` seconds) until `count` of the gem's statements wait on a lock
   # on the server `connection` talks to: the calls are blocked in their claim.
   # @return [Integer] how many wait when it returns
   def await_gem_statements_on_lock(connection, count, within: 30)
-    waiting = lambda do
-      connection.exec("SELECT pg_stat_clear_snapshot()")
-      connection.exec("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idempotent_job' " \
-                      "AND wait_event_type = 'Lock'").getvalue(0, 0).to_i
-    end
-    give_up = Process.clock_gettime(Process::CLOCK_MONOTONIC) + within
-    sleep 0.02 until waiting.call >= count || Process.clock_gettime(Process::CLOCK_MONOTONIC) > give_up
-    waiting.call
+    poll_count(-> { gem_statements(connection, "wait_event_type = 'Lock'") }, ->(n) { n >= count },
+               within:, every: 0.02)
   end
 
   # Holds the row lock of a record in another session, so a claim of it blocks.

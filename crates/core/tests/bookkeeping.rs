@@ -73,6 +73,19 @@ fn duplicates(admin: &Admin, job_type: &str, key: &str) -> i64 {
     ))
 }
 
+/// A session of its own holding the row lock of `(job_type, key)` in an open
+/// transaction (a job's transaction that claimed it), until `COMMIT` is sent on it.
+fn hold_row_lock(job_type: &str, key: &str) -> Admin {
+    let admin = Admin::new();
+    admin
+        .try_exec(&format!(
+            "BEGIN; SELECT 1 FROM idempotent_job_records \
+              WHERE job_type = '{job_type}' AND operation_key = '{key}' FOR UPDATE"
+        ))
+        .unwrap();
+    admin
+}
+
 /// Whether a bookkeeping batch of the store named `application_name` waits on a row
 /// lock now (looked at from a session of its own).
 fn a_batch_waits(application_name: &str) -> bool {
@@ -100,13 +113,7 @@ fn a_batch_skips_a_row_another_transaction_holds_and_writes_it_once_released() {
     store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
     let job_type = unique("SkipLocked");
     claim_all(&store, &job_type, &["a", "b"]);
-    let other = Admin::new();
-    other
-        .try_exec(&format!(
-            "BEGIN; SELECT 1 FROM idempotent_job_records \
-              WHERE job_type = '{job_type}' AND operation_key = 'a' FOR UPDATE"
-        ))
-        .unwrap();
+    let other = hold_row_lock(&job_type, "a");
     let watcher = Admin::new();
     std::thread::scope(|scope| {
         let writer = scope.spawn(|| {
@@ -178,13 +185,7 @@ fn settle_does_not_wait_for_a_facts_only_repeat_of_a_locked_row() {
     store.run(|pool, i| migrate::migrate(pool, i)).unwrap();
     let job_type = unique("FactsOnly");
     claim_all(&store, &job_type, &["a"]);
-    let holder = Admin::new();
-    holder
-        .try_exec(&format!(
-            "BEGIN; SELECT 1 FROM idempotent_job_records \
-              WHERE job_type = '{job_type}' AND operation_key = 'a' FOR UPDATE"
-        ))
-        .unwrap();
+    let holder = hold_row_lock(&job_type, "a");
     let counted_by_claim = Repeat {
         count: false,
         decision: "takeover",

@@ -107,13 +107,7 @@ pub fn repeat_deliveries(
     let what = "the repeat elements (an array)";
     let elements = array(ruby, what, parse(ruby, what, &repeat_facts_json)?)?;
     let deliveries = repeats::deliveries(first_claimed_at, first, &elements);
-    Ok(serde_json::Value::Array(
-        deliveries
-            .into_iter()
-            .map(serde_json::Value::Object)
-            .collect(),
-    )
-    .to_string())
+    Ok(deliveries_json(deliveries))
 }
 
 /// `Native.repeat_row_deliveries(what, first_claimed_at, first_facts_json,
@@ -141,13 +135,7 @@ pub fn repeat_row_deliveries(
         claimed_once_id.as_deref(),
     )
     .map_err(|e| to_ruby(ruby, e))?;
-    Ok(serde_json::Value::Array(
-        deliveries
-            .into_iter()
-            .map(serde_json::Value::Object)
-            .collect(),
-    )
-    .to_string())
+    Ok(deliveries_json(deliveries))
 }
 
 /// `Native.epoch_seconds(value_json)` → Float or nil: a JSON value (epoch seconds,
@@ -167,4 +155,15 @@ pub fn repeat_causes(ruby: &Ruby) -> RbResult<RArray> {
         out.push((ruby.sym_new(cause.name()), cause.label()))?;
     }
     Ok(out)
+}
+
+/// Deliveries (JSON objects) as one JSON array text, the form both readers return.
+fn deliveries_json(deliveries: Vec<serde_json::Map<String, serde_json::Value>>) -> String {
+    serde_json::Value::Array(
+        deliveries
+            .into_iter()
+            .map(serde_json::Value::Object)
+            .collect(),
+    )
+    .to_string()
 }
