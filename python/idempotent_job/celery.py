@@ -20,10 +20,10 @@ from typing import Any
 from celery import Task, current_app
 from celery.exceptions import Ignore, Retry
 
-from . import Rerun, _current, _tracing, on_rerun
-from ._native import OPTION_NAMES, Store, check_option, key_declaration
-from ._sendback import claim_failed
-from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
+from . import Rerun, on_rerun
+from ._door import JobProtocol, claim_failed, deliver, key_text, parse_key, walk
+from ._native import OPTION_NAMES, check_option
+from .errors import ConfigurationError, OperationKeyError
 
 __all__ = ["IdempotentTask", "send_rerun", "DEFERRALS_HEADER", "UNREACHABLE_HEADER", "ON_CLAIM_ERROR_SETTING"]
 
@@ -43,7 +43,6 @@ DOOR_OPTIONS = ("key", "scope")
 #: The options the core applies per delivery: the core's table (its names, kinds,
 #: values and defaults, crates/core/src/options.rs) less the door's.
 CORE_OPTIONS = tuple(name for name in OPTION_NAMES if name not in DOOR_OPTIONS)
-KNOWN = tuple(PREFIX + name for name in OPTION_NAMES)
 #: The Celery setting (``app.conf``) saying what the door does with a delivery whose
 #: claim failed before its body ran with an error the core sends back (an outage, a
 #: wrong database name, role or password, a missing table): ``"send_back"`` (the
@@ -53,15 +52,9 @@ ON_CLAIM_ERROR_SETTING = "idempotent_job_on_claim_error"
 ON_CLAIM_ERROR_VALUES = ("send_back", "fail")
 
 
-class _Path:
-    """One part of a key declaration: an argument (by index or parameter name) and the
-    dotted segments below it."""
-
-    def __init__(self, label: str, index: int | None, name: str | None, segments: list[str]):
-        self.label = label
-        self.index = index
-        self.name = name
-        self.segments = segments
+#: One part of a key declaration: its label, the argument's index (None: by keyword
+#: only), its parameter name (None: by index only) and the dotted segments below it.
+_Path = tuple[str, int | None, str | None, list[str]]
 
 
 def _parameters(cls: type) -> list[inspect.Parameter] | None:
@@ -88,12 +81,8 @@ def _resolve(task_name: str, declaration: Any, params: list[inspect.Parameter] |
 
     # The shape (indexes, names, dotted paths, composites) is the core's parse
     # (crates/core/src/declaration.rs); only names are mapped to positions here.
-    parts = list(declaration) if isinstance(declaration, (list, tuple)) else [declaration]
-    parsed, problem = key_declaration(parts)
-    if problem is not None:
-        raise fail(problem)
     paths = []
-    for label, index, head, segments in parsed:
+    for label, index, head, segments in parse_key(declaration, fail):
         if head is not None and params is not None:
             names = [p.name for p in params]
             if head not in names:
@@ -102,7 +91,7 @@ def _resolve(task_name: str, declaration: Any, params: list[inspect.Parameter] |
             positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
             if all(p.kind in positional for p in params[: found + 1]):
                 index = found
-        paths.append(_Path(label, index, head, segments))
+        paths.append((label, index, head, segments))
     return paths
 
 
@@ -155,6 +144,7 @@ class IdempotentTask(Task):
     idempotency_max_takeovers: int | None = None
 
     _idempotency_paths: list[_Path] | None = None
+    _idempotency_protocol: JobProtocol
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -177,59 +167,34 @@ class IdempotentTask(Task):
         if isinstance(lookup, staticmethod):
             lookup = lookup.__func__
         cls._idempotency_lookup_fn = staticmethod(lookup) if lookup is not None else None
-        cls._idempotency_protocol = None
-        cls._idempotency_protocol_of(name)  # checks the options now, naming the task
-
-    @classmethod
-    def _idempotency_protocol_of(cls, name: str) -> Any:
-        """The task's protocol (its options over configure's defaults), built again when
-        ``configure`` was called since."""
-        store = _current()
-        cached = cls._idempotency_protocol
-        if cached is not None and cached[0] is store:
-            return cached[1]
         options = {n: getattr(cls, PREFIX + n, None) for n in CORE_OPTIONS if n != "lookup"}
         options["lookup"] = cls._idempotency_lookup_fn
-        protocol = store.protocol(cls.idempotency_scope or name, options, "celery", PREFIX)
-        cls._idempotency_protocol = (store, protocol)
-        return protocol
+        # The task's options over configure's defaults, checked now naming the task.
+        cls._idempotency_protocol = JobProtocol(cls.idempotency_scope or name, options, "celery", PREFIX)
 
     def _operation_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        job = self.name
-        paths = self._idempotency_paths or []
-        values = [self._fetch(path, args, kwargs) for path in paths]
-        composite = isinstance(self.idempotency_key, (list, tuple))
-        return Store.operation_key(job, values if composite else values[0], composite)
+        values = [self._fetch(path, args, kwargs) for path in self._idempotency_paths or []]
+        return key_text(self.name, self.idempotency_key, values)
 
     def _fetch(self, path: _Path, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        label, index, name, segments = path
+
         def fail(problem: str) -> OperationKeyError:
             return OperationKeyError(
-                f"{self.name}: idempotency key {self.idempotency_key!r} ({path.label}): {problem}; "
+                f"{self.name}: idempotency key {self.idempotency_key!r} ({label}): {problem}; "
                 "the task was not run and nothing was recorded",
                 job_class=self.name,
                 job_type=self.name,
                 declaration=self.idempotency_key,
             )
 
-        if path.name is not None and path.name in kwargs:
-            value = kwargs[path.name]
-        elif path.index is not None and path.index < len(args):
-            value = args[path.index]
+        if name is not None and name in kwargs:
+            value = kwargs[name]
+        elif index is not None and index < len(args):
+            value = args[index]
         else:
             raise fail(f"the argument is missing (the task got {len(args)} positional and {sorted(kwargs)})")
-        for segment in path.segments:
-            if isinstance(value, dict):
-                if segment not in value:
-                    raise fail(f"the dict has no key {segment!r}")
-                value = value[segment]
-            elif isinstance(value, (list, tuple)):
-                if not segment.isdigit():
-                    raise fail(f"segment {segment!r} indexes a list, so it must be a number")
-                if int(segment) >= len(value):
-                    raise fail(f"the list has no element {segment}")
-                value = value[int(segment)]
-            else:
-                raise fail(f"segment {segment!r} reaches into a {type(value).__name__}, not a dict or list")
+        value = walk(value, segments, fail)
         if value is None:
             raise fail("the value is None")
         return value
@@ -278,45 +243,24 @@ class IdempotentTask(Task):
             facts["deferrals"] = deferrals
         unreachable = int(_header(request, UNREACHABLE_HEADER) or 0)
         parent = super()
-        started = False
-
-        def body(claim: Any) -> Any:
-            nonlocal started
-            started = True
-            return parent.__call__(*args, **kwargs)
-
-        protocol = self._idempotency_protocol_of(self.name)
-        try:
-            outcome = _tracing.perform(
-                "celery",
-                job_type,
-                key,
-                lambda: _current().perform_once(
-                    protocol,
-                    job_type,
-                    key,
-                    body,
-                    payload,
-                    request.id,
-                    deferrals,
-                    self.name,
-                    delivery_info.get("routing_key"),
-                    facts,
-                    self._idempotency_lookup_fn,
-                ),
-            )
-        except IdempotentJobError as error:
-            if (
-                started
-                or not error.sends_back
-                or request.called_directly
-                or request.is_eager
-                or self._on_claim_error() == "fail"
-            ):
-                # The body's own error, a completion's, a bad key or option (no later
-                # try of this delivery can succeed), no worker to send the delivery back
-                # to, or the app chose "fail": the caller sees it.
-                raise
+        outcome, error = deliver(
+            "celery",
+            self._idempotency_protocol.get(),
+            job_type,
+            key,
+            lambda claim: parent.__call__(*args, **kwargs),
+            payload,
+            request.id,
+            deferrals,
+            self.name,
+            delivery_info.get("routing_key"),
+            facts,
+            self._idempotency_lookup_fn,
+        )
+        if error is not None:
+            if request.called_directly or request.is_eager or self._on_claim_error() == "fail":
+                # No worker to send the delivery back to, or the app chose "fail".
+                raise error
             # The claim could not be made or answered (an outage, a wrong database URL,
             # a missing table): the body did not run. Failing would let Celery
             # acknowledge the message and drop the delivery.
@@ -341,15 +285,7 @@ class IdempotentTask(Task):
                 {DEFERRALS_HEADER: deferrals + 1, UNREACHABLE_HEADER: unreachable},
                 "operation in progress",
             )
-        logger.info(
-            "%s[%s]: operation %r of %s is %s; the task is ignored%s",
-            self.name,
-            request.id,
-            key,
-            job_type,
-            _IGNORED.get(decision, decision),
-            " (settle it with idempotent_job.resolve)" if decision in ("held", "given_up") else "",
-        )
+        # Held or given up: the core's note said so (and how to settle it).
         raise Ignore()
 
     def _on_claim_error(self) -> str:
@@ -410,13 +346,6 @@ def send_rerun(rerun: Rerun) -> bool:
         args, kwargs = args[:-1], args[-1]
     current_app.send_task(name, args=args, kwargs=kwargs, queue=rerun.queue)
     return True
-
-
-_IGNORED = {
-    "held": "held for a person",
-    "given_up": "given up",
-    "refused": "refused (its payload differs from the claim's under on_mismatch='raise')",
-}
 
 
 def _header(request: Any, name: str) -> Any:

@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import Rerun, _current, _tracing
-from ._native import TOO_DEEP, Store, check_option, key_declaration
-from ._sendback import claim_failed
+from . import Rerun
+from ._door import JobProtocol, claim_failed, deliver, key_text, parse_key, walk
+from ._native import TOO_DEEP, check_option
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
 __all__ = ["Consumer", "Message", "batch_handler", "resender"]
@@ -118,11 +118,8 @@ class _Door:
 
         # The shape (names, dotted paths, composites) is the core's parse of a key declaration;
         # the door only says where a path starts: the body or one of the attribute maps.
-        parsed, problem = key_declaration(list(key) if isinstance(key, (list, tuple)) else [key])
-        if problem is not None:
-            raise refuse(problem)
         parts = []
-        for label, _index, head, segments in parsed:
+        for label, _index, head, segments in parse_key(key, refuse):
             if head not in SOURCES:
                 raise refuse(
                     f"each part must be a dotted path starting with one of {', '.join(SOURCES)} "
@@ -131,40 +128,34 @@ class _Door:
             parts.append((label, head, segments))
         self.handler, self.job_type, self.key, self.parts = handler, job_type, key, parts
         self.options = options
-        self.protocol  # noqa: B018 - the options are checked now, naming the job type
+        self._protocol = JobProtocol(job_type, options, "sqs")  # checks the options now, naming the job type
 
     @property
     def protocol(self) -> Any:
-        store = _current()
-        cached = getattr(self, "_cached", None)
-        if cached is None or cached[0] is not store:
-            self._cached = cached = (store, store.protocol(self.job_type, self.options, "sqs"))
-        return cached[1]
+        """The job type's protocol over ``configure``'s current defaults."""
+        return self._protocol.get()
 
     def operation_key(self, message: Message) -> str:
-        values = [self._fetch(message, part) for part in self.parts]
-        composite = isinstance(self.key, (list, tuple))
-        return Store.operation_key(self.job_type, values if composite else values[0], composite)
+        """The operation key the declaration's parts read from ``message``."""
+        return key_text(self.job_type, self.key, [self._fetch(message, part) for part in self.parts])
 
     def _fetch(self, message: Message, part: tuple[str, str, list[str]]) -> Any:
         label, source, segments = part
         value: Any = {"body": message.body, "attributes": message.attributes}.get(
             source, message.message_attributes
         )
-        for segment in segments:
-            if isinstance(value, list) and segment.isdigit() and int(segment) < len(value):
-                value = value[int(segment)]
-            elif isinstance(value, dict) and segment in value:
-                value = value[segment]
-            else:
-                why = f" ({message.unread})" if source == "body" and message.unread else ""
-                raise OperationKeyError(
-                    f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}{why}",
-                    job_class=self.job_type,
-                    job_type=self.job_type,
-                    declaration=self.key,
-                )
-        return value
+
+        def fail(problem: str) -> OperationKeyError:
+            why = f" ({message.unread})" if source == "body" and message.unread else ""
+            return OperationKeyError(
+                f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}{why}: "
+                + problem,
+                job_class=self.job_type,
+                job_type=self.job_type,
+                declaration=self.key,
+            )
+
+        return walk(value, segments, fail)
 
     def decide(
         self, message: Message, queue: str | None, running: Callable | None = None
@@ -172,11 +163,8 @@ class _Door:
         """Delivers ``message``: returns ``("delete", 0)``, ``("defer", seconds)`` (make it
         visible again then) or ``("leave", 0)`` (it comes back after its visibility timeout).
         ``running(message, started)`` is told when the body starts (True) and ends (False)."""
-        started = False
 
         def body(claim: Any) -> Any:
-            nonlocal started
-            started = True
             if running:
                 running(message, True)
             try:
@@ -189,38 +177,21 @@ class _Door:
         if message.group_id is not None:
             facts["message_group_id"] = message.group_id
         try:
-            key = self.operation_key(message)
-            outcome = _tracing.perform(
+            outcome, failed = deliver(
                 "sqs",
+                self.protocol,
                 self.job_type,
-                key,
-                lambda: _current().perform_once(
-                    self.protocol,
-                    self.job_type,
-                    key,
-                    body,
-                    message.body,
-                    message.message_id,
-                    message.receive_count - 1,
-                    self.job_type,
-                    queue,
-                    facts,
-                    self.options.get("lookup"),
-                ),
+                self.operation_key(message),
+                body,
+                message.body,
+                message.message_id,
+                message.receive_count - 1,
+                self.job_type,
+                queue,
+                facts,
+                self.options.get("lookup"),
             )
         except IdempotentJobError as error:
-            # The core's rule of which claim errors send a delivery back (an outage, a
-            # database answer, a raising lookup) rather than fail it, and its logging
-            # policy (one ERROR line per cause per interval): the Celery door's too.
-            if not started and error.sends_back:
-                delay = claim_failed(
-                    logger,
-                    error,
-                    message.receive_count - 1,
-                    f"{self.job_type}: message {message.message_id}",
-                    "visible again",
-                )
-                return "defer", delay
             logger.error(
                 "%s: message %s failed (%s: %s); left for redelivery or the redrive policy",
                 self.job_type,
@@ -234,6 +205,18 @@ class _Door:
                 "%s: message %s: the handler raised; left for redelivery", self.job_type, message.message_id
             )
             return "leave", 0.0
+        if failed is not None:
+            # The core's rule of which claim errors send a delivery back (an outage, a
+            # database answer, a raising lookup) rather than fail it, and its logging
+            # policy (one ERROR line per cause per interval): the Celery door's too.
+            delay = claim_failed(
+                logger,
+                failed,
+                message.receive_count - 1,
+                f"{self.job_type}: message {message.message_id}",
+                "visible again",
+            )
+            return "defer", delay
         if outcome.decision == "in_progress":
             return "defer", outcome.retry_after
         return "delete", 0.0

@@ -1,0 +1,159 @@
+"""What the Celery and SQS doors share below their queue's vocabulary: a job type's
+protocol (:class:`JobProtocol`), a key declaration's parse, the walk of its paths and the
+operation key of the values its parts read (:func:`parse_key`, :func:`walk`,
+:func:`key_text`), one delivery through the
+native core inside its span (:func:`deliver`), and what a door does when a delivery's
+claim fails before its body ran (:func:`claim_failed`): the core decides whether the
+delivery goes back to its queue (``IdempotentJobError.sends_back``, from the core's
+``Error::sends_back``), how soon (``unreachable_delay``) and when the cause is logged as
+an error (``claim_error_report``: once per ``CLAIM_ERROR_LOG_INTERVAL`` seconds per cause
+and process, the other deliveries at debug level). Each door only says how its queue
+sends a delivery back."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from . import _current, _tracing
+from ._native import CLAIM_ERROR_LOG_INTERVAL, Store, claim_error_report, key_declaration, unreachable_delay
+from .errors import IdempotentJobError
+
+__all__ = ["JobProtocol", "parse_key", "walk", "key_text", "deliver", "claim_failed"]
+
+
+class JobProtocol:
+    """A job type's native protocol: ``options`` (the core's option names → values; None
+    is unset) over ``configure``'s defaults, told in ``door``'s words ("celery", "sqs")
+    with option names shown after ``prefix``. Built at once (a bad value raises
+    ``ConfigurationError`` naming ``job_type`` and the option when the door is declared)
+    and again when ``configure`` was called since. Reads the current store only."""
+
+    def __init__(self, job_type: str, options: dict[str, Any], door: str, prefix: str = "") -> None:
+        self.job_type, self.options, self.door, self.prefix = job_type, options, door, prefix
+        self._cached: tuple[Any, Any] | None = None
+        self.get()
+
+    def get(self) -> Any:
+        """The protocol (``_native.JobProtocol``) of the current store's defaults."""
+        store = _current()
+        if self._cached is None or self._cached[0] is not store:
+            self._cached = (store, store.protocol(self.job_type, self.options, self.door, self.prefix))
+        return self._cached[1]
+
+
+def parse_key(
+    declaration: Any, refuse: Callable[[str], Exception]
+) -> list[tuple[str, int | None, str | None, list[str]]]:
+    """The core's parse of a key declaration (one part, or a list or tuple of parts: a
+    composite key): ``(label, index or None, name or None, segments)`` per part. Raises
+    ``refuse(problem)`` (the door's ``OperationKeyError``) for a malformed declaration."""
+    parts = list(declaration) if isinstance(declaration, (list, tuple)) else [declaration]
+    parsed, problem = key_declaration(parts)
+    if problem is not None:
+        raise refuse(problem)
+    return parsed
+
+
+def walk(value: Any, segments: list[str], fail: Callable[[str], Exception]) -> Any:
+    """The value a parsed path's ``segments`` reach from ``value``: a dict's by key, a list's
+    or tuple's by a decimal index (the core's rule: ASCII digits). Raises ``fail(problem)``
+    (the door's ``OperationKeyError``) naming the segment that reaches nothing: a key the
+    dict lacks, a list segment that is not a number or past the end, a segment into a
+    value that is neither a dict nor a list."""
+    for segment in segments:
+        if isinstance(value, dict):
+            if segment not in value:
+                raise fail(f"the dict has no key {segment!r}")
+            value = value[segment]
+        elif isinstance(value, (list, tuple)):
+            if not (segment.isascii() and segment.isdigit()):
+                raise fail(f"segment {segment!r} indexes a list, so it must be a number")
+            if int(segment) >= len(value):
+                raise fail(f"the list has no element {segment}")
+            value = value[int(segment)]
+        else:
+            raise fail(f"segment {segment!r} reaches into a {type(value).__name__}, not a dict or list")
+    return value
+
+
+def key_text(job_type: str, declaration: Any, values: list[Any]) -> str:
+    """The operation key (str) of the values a declaration's parts read, in order: the
+    core's text of the one value, or of the composite when the declaration is a list or
+    tuple. Raises ``OperationKeyError`` naming ``job_type`` for a value the core refuses."""
+    composite = isinstance(declaration, (list, tuple))
+    return Store.operation_key(job_type, values if composite else values[0], composite)
+
+
+def deliver(
+    door: str,
+    protocol: Any,
+    job_type: str,
+    key: str,
+    body: Callable[[Any], Any],
+    payload: Any,
+    delivery_id: str | None,
+    deferrals: int,
+    job_class: str | None,
+    queue: str | None,
+    facts: dict[str, Any],
+    lookup: Callable[[str], Any] | None,
+) -> tuple[Any, IdempotentJobError | None]:
+    """One delivery through the native ``perform_once`` (arguments as its own) inside its
+    span (``door``: "celery" or "sqs"). Returns ``(outcome, None)``, or ``(None, error)``
+    when the claim failed before ``body(claim)`` started with an error the core sends
+    back (``error.sends_back``: the door sends the delivery back, see
+    :func:`claim_failed`). Raises every other error: the body's own, a completion's, one
+    the core does not send back (a bad key or option)."""
+    started = False
+
+    def run(claim: Any) -> Any:
+        nonlocal started
+        started = True
+        return body(claim)
+
+    try:
+        return _tracing.perform(
+            door,
+            job_type,
+            key,
+            lambda: _current().perform_once(
+                protocol, job_type, key, run, payload, delivery_id, deferrals, job_class, queue, facts, lookup
+            ),
+        ), None
+    except IdempotentJobError as error:
+        if started or not error.sends_back:
+            raise
+        return None, error
+
+
+def claim_failed(
+    logger: logging.Logger,
+    error: Any,
+    failures: int,
+    what: str,
+    back_in: str,
+) -> float:
+    """Logs a claim that failed with ``error`` before the body ran and returns the seconds
+    (float) until the delivery comes back: the core's ``unreachable_delay(failures)``
+    (``failures``: how often this delivery's claim failed before). ``what`` names the
+    delivery (task, id, operation key), ``back_in`` says how it comes back ("the task is
+    sent back"). The first failure of a cause (the error's class and SQLSTATE), and then
+    one per interval, is an ERROR line naming the cause and how many were not logged;
+    the others are DEBUG lines. Reads and writes nothing else."""
+    delay = unreachable_delay(failures)
+    cause = f"{type(error).__name__}:{getattr(error, 'sqlstate', None) or ''}"
+    skipped = claim_error_report(cause)
+    line = "%s could not be claimed (%s: %s); the body did not run; %s in %.1f s (claim failure %d)"
+    args = (what, type(error).__name__, error, back_in, delay, failures + 1)
+    if skipped is None:
+        logger.debug(line, *args)
+    else:
+        logger.error(
+            line + "; deliveries failing this way are sent back until it is fixed "
+            "(one line per %.0f s per cause; %d not logged since the last)",
+            *args,
+            CLAIM_ERROR_LOG_INTERVAL,
+            skipped,
+        )
+    return delay
