@@ -30,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;
     m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
     m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(store::repeats_report, m)?)?;
     m.add_function(wrap_pyfunction!(protocol::span_attributes, m)?)?;
     m.add_function(wrap_pyfunction!(protocol::span_name, m)?)?;
     m.add("TRACER_NAME", idempotent_job_core::telemetry::TRACER_NAME)?;

@@ -1,7 +1,11 @@
 //! The repeats report's classification: each repeat of an operation classified from
 //! the facts recorded with it. Pure functions: no database, no clock. The Ruby gem
 //! (`IdempotentJob::Repeats::Classifier`, `Report.deliveries`) and the Python package
-//! (`idempotent_job.repeats`) both call these, so the rules live here once.
+//! (`idempotent_job.repeats`) both call these, so the rules live here once. The report as
+//! people read it — the summary per job type, the pairs of producers, each operation's
+//! notes, the text lines and the CSV — is printed here too (`report.rs`, its numbers,
+//! times and quoting in [`text`]): Ruby's `rake idempotent_job:repeats` and Python's
+//! `idempotent_job.repeats_report` print [`report_json`]'s parts.
 //!
 //! A delivery's facts (a JSON object, as the doors record them, see
 //! [`crate::record::ClaimRequest`]'s `facts_json`) are:
@@ -53,13 +57,19 @@ mod classify;
 mod deliveries;
 mod facts;
 mod operations;
+mod report;
 #[cfg(test)]
 mod tests;
+pub mod text;
 
 pub use classify::{classify, sqs_return};
 pub use deliveries::{deliveries, row_deliveries, row_deliveries_of};
 pub use facts::{seconds, text_seconds};
 pub use operations::{check_window, operations, RepeatedOperation};
+pub use report::{
+    csv, lines, notes, producer_pairs, report_json, report_of_json, summary, ReportOperation,
+    Summary, CSV_HEADERS,
+};
 
 /// One delivery's facts: a JSON object with text keys.
 pub type Facts = Map<String, Value>;

@@ -177,3 +177,83 @@ fn reads_a_records_elements_in_time_order() {
         [Cause::ConcurrentCopy, Cause::QueueRetry, Cause::Unknown]
     );
 }
+
+fn reported(key: &str, producers: &[&str], d: &[Facts]) -> ReportOperation {
+    ReportOperation {
+        job_type: "ChargeOrderJob".into(),
+        operation_key: key.into(),
+        status: "completed".into(),
+        takeovers: 0,
+        mismatches: 0,
+        replays: 0,
+        producers: producers.iter().map(|p| p.to_string()).collect(),
+        job_classes: vec!["ChargeOrderJob".into()],
+        repeats: classify(d, None, &[], 120.0),
+    }
+}
+
+#[test]
+fn prints_the_report_per_operation_job_type_and_pair_of_producers() {
+    let copies = [
+        delivery(0.0, "a", json!({"decision": "claimed"})),
+        delivery(0.01, "b", json!({"decision": "in_progress"})),
+        delivery(1.2, "b", json!({"deferrals": 1})),
+    ];
+    let enqueued = [
+        delivery(0.0, "f", json!({"decision": "claimed"})),
+        delivery(3600.0, "g", json!({"producer": "stripe"})),
+    ];
+    let ops = [
+        reported("1", &["orders"], &copies),
+        reported("=2", &["orders", "stripe"], &enqueued),
+    ];
+    let s = summary(&ops);
+    assert_eq!(s.len(), 1);
+    assert_eq!(
+        (s[0].1.operations, s[0].1.repeats, s[0].1.deferred_returns),
+        (2, 2, 1)
+    );
+    assert_eq!(
+        producer_pairs(&ops),
+        [(
+            ("ChargeOrderJob".into(), "orders".into(), "stripe".into()),
+            1
+        )]
+    );
+    assert_eq!(
+        lines(&ops),
+        [
+            "ChargeOrderJob \"1\": completed, 1 repeat (concurrent copy after 0.0 s, concurrent copy \
+             after 1.2 s (deferred copy back))",
+            "ChargeOrderJob \"=2\": completed, 1 repeat (re-enqueue, other producer after 3600.0 s \
+             by stripe); enqueued by 2 producers: orders, stripe",
+            "ChargeOrderJob: 2 operations repeated 2 times — 1 concurrent copy, 1 re-enqueue, other \
+             producer; 1 deferred copy back, 1 enqueued by several producers",
+            "orders and stripe both enqueue ChargeOrderJob for the same operation: 1 operation",
+        ]
+    );
+    let csv = csv(&ops);
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows[0], CSV_HEADERS.join(","));
+    assert_eq!(
+        rows[3],
+        "ChargeOrderJob,'=2,completed,2025-12-01T01:00:00.000000Z,re_enqueue_other_producer,g,,\
+         3600.0,0.01,false,false,stripe,orders,"
+    );
+}
+
+#[test]
+fn refuses_operations_it_cannot_read() {
+    let err = report_of_json(
+        r#"[{"job_type": "J", "operation_key": "k", "status": "completed",
+                                  "repeats": [{"cause": "gremlins"}]}]"#,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("J \"k\": a repeat's cause must be one of concurrent_copy"),
+        "{err}"
+    );
+    assert!(report_of_json("{}").is_err());
+    assert!(report_of_json(r#"[{"operation_key": "k"}]"#).is_err());
+}
