@@ -466,14 +466,14 @@ class RepeatsReport:
             spreadsheet formula get a leading single quote.
     """
 
-    operations: list[dict]
+    operations: list[dict[str, Any]]
     summary: dict[str, dict[str, int]]
     producer_pairs: dict[tuple[str, str, str], int]
     lines: list[str]
     csv: str
 
     @classmethod
-    def of(cls, operations: list[dict]) -> RepeatsReport:
+    def of(cls, operations: list[dict[str, Any]]) -> RepeatsReport:
         """The report of ``operations`` (dicts of :func:`repeats`'s shape; each gets its
         ``notes``). Pure: reads and writes nothing. ConfigurationError for an operation
         the core cannot read (a missing ``job_type``, an unknown ``cause``…)."""
