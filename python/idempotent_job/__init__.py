@@ -56,6 +56,8 @@ __all__ = [
     "purge",
     "record",
     "repeats",
+    "repeats_report",
+    "RepeatsReport",
     "operation_key",
     "Claim",
     "Outcome",
@@ -434,10 +436,72 @@ def repeats(
         ``restart_window`` or a job type that is not valid UTF-8. ConnectionError,
         DatabaseError: as every call.
     """
+    return json.loads(_repeats_json(since, job_type, restarts, restart_window))
+
+
+def _repeats_json(since: Any, job_type: str | None, restarts: Any, restart_window: float) -> str:
     since_s = time.time() - 86_400 if since is None else _epoch(since, "since")
     times = [_epoch(t, "restarts") for t in restarts]
     job = None if job_type is None else _job_type(job_type)
-    return json.loads(_current().repeats(since_s, job, times, float(restart_window)))
+    return _current().repeats(since_s, job, times, float(restart_window))
+
+
+@dataclass(frozen=True)
+class RepeatsReport:
+    """The repeats report as the Ruby gem's ``rake idempotent_job:repeats`` prints it: the
+    core computes the summary, the text and the CSV for both (docs/repeats.md).
+
+    Attributes:
+        operations: :func:`repeats`'s dicts, each with ``notes`` (list of str: several
+            producers or job classes, different payloads, stale claims taken over, held).
+        summary: per job type (in the order they first appear), a dict of counts:
+            ``operations``, ``repeats`` (deferred copies back left out), one per cause,
+            ``near_restart``, ``deferred_returns``, ``several_producers``, ``takeovers``,
+            ``held``, ``mismatched``, ``replays``.
+        producer_pairs: per ``(job_type, producer, producer)``, the operations both
+            producers enqueued, most first.
+        lines: the report as text: one line per operation, then per job type, then per
+            pair of producers.
+        csv: one CSV row per repeat (header row first); text cells that start like a
+            spreadsheet formula get a leading single quote.
+    """
+
+    operations: list[dict[str, Any]]
+    summary: dict[str, dict[str, int]]
+    producer_pairs: dict[tuple[str, str, str], int]
+    lines: list[str]
+    csv: str
+
+    @classmethod
+    def of(cls, operations: list[dict[str, Any]]) -> RepeatsReport:
+        """The report of ``operations`` (dicts of :func:`repeats`'s shape; each gets its
+        ``notes``). Pure: reads and writes nothing. ConfigurationError for an operation
+        the core cannot read (a missing ``job_type``, an unknown ``cause``…)."""
+        printed = json.loads(_native.repeats_report(json.dumps(operations)))
+        operations = [{**op, "notes": notes} for op, notes in zip(operations, printed["notes"], strict=True)]
+        return cls(
+            operations=operations,
+            summary={job_type: dict(counts) for job_type, counts in printed["summary"]},
+            producer_pairs={(t, a, b): n for t, a, b, n in printed["producer_pairs"]},
+            lines=printed["lines"],
+            csv=printed["csv"],
+        )
+
+
+def repeats_report(
+    since: Any = None,
+    job_type: str | None = None,
+    restarts: Any = (),
+    restart_window: float = 120,
+) -> RepeatsReport:
+    """The repeats report of the operations :func:`repeats` reads (same parameters, same
+    errors): a :class:`RepeatsReport` with the summary per job type, the pairs of
+    producers, the text lines and the CSV, as the Ruby gem's ``rake
+    idempotent_job:repeats`` and ``IdempotentJob::Repeats.report`` print them. Reads
+    ``idempotent_job_records``; writes nothing but this process's queued repeat
+    bookkeeping. ``print("\\n".join(report.lines))`` prints the report as the rake task
+    does; ``report.csv`` is what its ``CSV=path`` writes."""
+    return RepeatsReport.of(json.loads(_repeats_json(since, job_type, restarts, restart_window)))
 
 
 @atexit.register

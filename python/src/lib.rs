@@ -1,12 +1,12 @@
 //! `idempotent_job._native`: the PyO3 layer of the Python package, over
 //! `idempotent_job_core`. Internal: the public API is the Python package
 //! (`python/idempotent_job/__init__.py`). Every call copies its arguments into owned
-//! Rust values, then runs the core with the GIL released ([`gil::detached`]), so other
+//! Rust values, then runs the core with the GIL released (`gil::detached`), so other
 //! Python threads run meanwhile and Ctrl-C or Celery's soft time limit interrupt it.
 //!
-//! One file per concern: [`store`] (configuration, migrations, operating calls),
-//! [`protocol`] (a delivery: claim, run, complete or release), [`errors`] (core errors
-//! → `idempotent_job.errors`), [`gil`] (releasing the GIL, interruptibly), [`convert`]
+//! One file per concern: `store` (configuration, migrations, operating calls),
+//! `protocol` (a delivery: claim, run, complete or release), `errors` (core errors
+//! → `idempotent_job.errors`), `gil` (releasing the GIL, interruptibly), `convert`
 //! (Python values → JSON).
 
 mod convert;
@@ -30,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;
     m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
     m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(store::repeats_report, m)?)?;
     m.add_function(wrap_pyfunction!(protocol::span_attributes, m)?)?;
     m.add_function(wrap_pyfunction!(protocol::span_name, m)?)?;
     m.add("TRACER_NAME", idempotent_job_core::telemetry::TRACER_NAME)?;

@@ -523,6 +523,18 @@ pub fn args_digest(value: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(idempotent_job_core::canonical::digest(&json))
 }
 
+/// `repeats_report(operations_json)` → JSON object text: the repeats report of
+/// operations given as a JSON array (what `Store.repeats` returns), by the core
+/// ([`repeats::report_of_json`]): `notes`, `summary`, `producer_pairs`, `lines` and
+/// `csv`, the text the Ruby gem's `rake idempotent_job:repeats` prints. Raises
+/// `ConfigurationError` for text that is not JSON of that shape.
+#[pyfunction]
+pub fn repeats_report(operations_json: &str) -> PyResult<String> {
+    repeats::report_of_json(operations_json)
+        .map(|report| report.to_string())
+        .map_err(crate::errors::to_py)
+}
+
 /// `unreachable_delay(failures)` → seconds (float) before a delivery whose claim failed
 /// with a retryable error comes back: the core's `protocol::unreachable_delay` (1 s
 /// doubling per earlier such failure, at most 60 s). `failures`: the failures before

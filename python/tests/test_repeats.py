@@ -30,8 +30,22 @@ puts JSON.generate(ops.map { |op|
 """
 
 
-def test_a_concurrent_copy_and_a_re_enqueue_are_classified_as_ruby_classifies_them(scenario):
-    job = f"Repeats{scenario}"
+RUBY_REPORT = """
+require "idempotent_job"
+require "json"
+IdempotentJob.configure(database_url: ENV.fetch("DATABASE_URL"))
+report = IdempotentJob::Repeats.report(since: Time.at(Float(ARGV[1])), job_type: ARGV[0],
+                                       restarts: [Time.at(Float(ARGV[2]))])
+puts JSON.generate({ lines: report.lines, csv: report.to_csv, summary: report.summary,
+                     pairs: report.producer_pairs.map { |key, n| [*key, n] },
+                     notes: report.operations.map(&:notes) })
+"""
+
+
+def concurrent_copy_and_re_enqueue(job: str) -> float:
+    """Records one operation of ``job`` delivered three times: the first claim (``d1``,
+    producer "orders"), a copy meeting its live claim (``d2``, "orders") and a copy after
+    the completion (``d3``, "stripe"). Returns a ``since`` before them."""
     since = time.time() - 5
     started, release = threading.Event(), threading.Event()
 
@@ -54,6 +68,12 @@ def test_a_concurrent_copy_and_a_re_enqueue_are_classified_as_ruby_classifies_th
         release.set()
         first.join(60)
     assert deliver("d3", "stripe").decision == "completed"  # sent again after the completion
+    return since
+
+
+def test_a_concurrent_copy_and_a_re_enqueue_are_classified_as_ruby_classifies_them(scenario):
+    job = f"Repeats{scenario}"
+    since = concurrent_copy_and_re_enqueue(job)
 
     ops = eventually(
         lambda: [op for op in idempotent_job.repeats(since=since, job_type=job) if len(op["repeats"]) == 2],
@@ -79,6 +99,45 @@ def test_a_concurrent_copy_and_a_re_enqueue_are_classified_as_ruby_classifies_th
             assert theirs[name] == mine[name], name
         assert theirs["decision"] == mine["decision"]
         assert theirs["after_claim"] == pytest.approx(mine["after_claim"], abs=1e-3)
+
+
+def test_the_report_prints_what_the_ruby_gems_report_prints(scenario):
+    job = f"Report{scenario}"
+    since = concurrent_copy_and_re_enqueue(job)
+    restart = time.time() - 1  # passed through both bindings; matched to no repeat (none is a redelivery)
+
+    def whole_report():
+        report = idempotent_job.repeats_report(since=since, job_type=job, restarts=[restart])
+        return report if [len(op["repeats"]) for op in report.operations] == [2] else None
+
+    report = eventually(whole_report, "both repeats in the report")
+    assert report.lines[0].startswith(f'{job} "order-1": completed, 2 repeats (concurrent copy after ')
+    assert report.lines[1:] == [
+        f"{job}: 1 operation repeated 2 times — 1 concurrent copy, 1 re-enqueue, other producer; "
+        "1 enqueued by several producers",
+        f"orders and stripe both enqueue {job} for the same operation: 1 operation",
+    ]
+    assert report.operations[0]["notes"] == ["enqueued by 2 producers: orders, stripe"]
+    assert report.summary[job]["concurrent_copy"] == 1
+    assert report.producer_pairs == {(job, "orders", "stripe"): 1}
+
+    from_ruby = json.loads(ruby_script(RUBY_REPORT, job, str(since), str(restart)).strip().splitlines()[-1])
+    assert from_ruby["lines"] == report.lines
+    assert from_ruby["csv"] == report.csv
+    assert from_ruby["summary"] == report.summary
+    assert from_ruby["pairs"] == [[*key, n] for key, n in report.producer_pairs.items()]
+    assert from_ruby["notes"] == [op["notes"] for op in report.operations]
+
+
+def test_the_report_of_given_operations_refuses_an_unknown_cause():
+    operation = {
+        "job_type": "J",
+        "operation_key": "k",
+        "status": "completed",
+        "repeats": [{"cause": "gremlins"}],
+    }
+    with pytest.raises(idempotent_job.ConfigurationError, match='J "k": a repeat\'s cause must be one of'):
+        idempotent_job.RepeatsReport.of([operation])
 
 
 def test_repeats_refuses_what_is_not_a_time(scenario):

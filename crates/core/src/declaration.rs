@@ -5,8 +5,8 @@
 //! parameter name or an index. [`parse`] checks the shape and splits each part into a
 //! [`Path`]; the binding maps a [`Head::Name`] to a position by its host's parameters
 //! (the only thing it knows that the core does not) and walks the segments over the
-//! delivery's arguments. The texts are the problems after "<job>: idempotency key
-//! <declaration> ", naming the host's types through [`DeclarationWords`].
+//! delivery's arguments. The texts are the problems after "`<job>`: idempotency key
+//! `<declaration>` ", naming the host's types through [`DeclarationWords`].
 
 /// How a host language names the types a declaration message mentions.
 #[derive(Debug, Clone, Copy)]
@@ -63,7 +63,7 @@ pub fn list_index(segment: &str) -> Option<usize> {
 /// Parses a declaration's parts (one part for a single key, each part of a composite
 /// key's list).
 ///
-/// Errors: the problem, after "<job>: idempotency key <declaration> ": an empty list,
+/// Errors: the problem, after "`<job>`: idempotency key `<declaration>` ": an empty list,
 /// a negative index, a part of another type, or an empty name or path segment.
 pub fn parse(parts: &[Part], words: &DeclarationWords) -> Result<Vec<Path>, String> {
     if parts.is_empty() {

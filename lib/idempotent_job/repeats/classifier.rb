@@ -8,7 +8,7 @@ module IdempotentJob
   module Repeats
     # Classifies each repeat of an operation from the facts recorded with it — a pure
     # function: no database, no clock. The rules live in the core crate
-    # (crates/core/src/repeats.rs, which documents each fact and cause); this module
+    # (crates/core/src/repeats/, whose module doc documents each fact and cause); this module
     # hands them a delivery's facts and builds the {Repeat} Structs. A delivery's facts
     # (a Hash with String keys, as the doors record them) are:
     # * "at" (Float, epoch seconds by the database clock): when it reached the claim;
@@ -76,13 +76,14 @@ module IdempotentJob
         # @param operations [Array<#job_type, #producers>] operations with the producers
         #   that enqueued them (Array of String)
         # @return [Hash{Array(String, String, String) => Integer}] per [job_type, producer
-        #   a, producer b] (a < b), how many operations both enqueued; most first
+        #   a, producer b] (a < b), how many operations both enqueued; most first (the core
+        #   counts: `Native.repeats_report`)
         def producer_pairs(operations)
-          pairs = Hash.new(0)
-          operations.each do |op|
-            op.producers.compact.uniq.sort.combination(2).each { |a, b| pairs[[op.job_type, a, b]] += 1 }
+          ops = operations.map do |op|
+            { job_type: op.job_type.to_s, operation_key: "", status: "", producers: op.producers.to_a.compact }
           end
-          pairs.sort_by { |key, count| [-count, key] }.to_h
+          JSON.parse(Native.repeats_report(JSON.generate(ops))).fetch("producer_pairs")
+              .to_h { |type, a, b, count| [[type, a, b], count] }
         end
 
         # @param value [Numeric, String, Time, nil] epoch seconds, epoch milliseconds

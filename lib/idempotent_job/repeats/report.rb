@@ -1,6 +1,5 @@
 # frozen_string_literal: true
 
-require "csv"
 require "json"
 require "time"
 require_relative "classifier"
@@ -9,8 +8,10 @@ module IdempotentJob
   module Repeats
     # The repeats report built on delivery facts: each repeated operation with its
     # repeats classified ({Classifier}), a summary per job type, the pairs of producers
-    # that enqueue the same operations, as text lines and as CSV. Pure: it is given the
-    # rows (what the report's SQL read) and computes; it reads and writes nothing.
+    # that enqueue the same operations, as text lines and as CSV. The core computes the
+    # classification, the summary and the text (crates/core/src/repeats/report.rs), so
+    # Python's `idempotent_job.repeats_report` prints the same report. Pure: it is given
+    # the rows (what the report's SQL read) and computes; it reads and writes nothing.
     class Report
       # One repeated operation.
       # Members: job_type, operation_key (String), status (Symbol), attempts, takeovers,
@@ -23,9 +24,8 @@ module IdempotentJob
                              :first_claimed_at, :completed_at, :producers, :job_classes, :repeats, :notes,
                              :replays, keyword_init: true)
 
-      # CSV columns, one row per repeat.
-      CSV_HEADERS = %w[job_type operation_key status at cause delivery_id retry_count after_claim_s after_enqueue_s
-                       live_claim deferred_return producer first_producer restart_at].freeze
+      # CSV columns, one row per repeat (the core's).
+      CSV_HEADERS = Native::REPEATS_CSV_HEADERS
 
       # @return [Array<Operation>]
       attr_reader :operations
@@ -65,11 +65,12 @@ module IdempotentJob
       #   order, the first claim's first; see {Classifier})
       # @param restarts [Array<Time>] recorded deploy/restart times
       # @param restart_window [Numeric] seconds after a restart that a redelivery is matched
+      # @raise [ConfigurationError] for facts JSON cannot carry or a negative window
       def initialize(rows, restarts: [], restart_window: 120)
         @operations = rows.map do |row|
           deliveries = row.fetch(:deliveries)
           first_at = Classifier.seconds(deliveries.first&.fetch("at", nil))
-          operation = Operation.new(
+          Operation.new(
             **row.slice(*Operation.members), first_claimed_at: first_at && Time.at(first_at),
                                              producers: deliveries.filter_map { |d| d["producer"] }.uniq,
                                              job_classes: row[:job_classes] || [],
@@ -77,130 +78,77 @@ module IdempotentJob
                                              repeats: Classifier.classify(deliveries, completed_at: row[:completed_at],
                                                                                       restarts:, restart_window:)
           )
-          operation.notes = notes(operation)
-          operation
         end
+        @printed = self.class.printed(@operations)
+        @operations.zip(@printed.fetch("notes")) { |op, notes| op.notes = notes }
       end
+
+      # The core's report of `operations` (`Native.repeats_report`): "notes" (per
+      # operation), "summary", "producer_pairs", "lines" and "csv", computed once.
+      # @param operations [Array<Operation>] (or any objects with its members)
+      # @return [Hash{String => Object}]
+      # @raise [ConfigurationError] for a member JSON cannot carry
+      def self.printed(operations)
+        JSON.parse(Native.repeats_report(JSON.generate(operations.map { |op| operation_json(op) })))
+      rescue JSON::GeneratorError => e
+        raise ConfigurationError, "the repeated operations cannot be read as JSON: #{e.message}"
+      end
+
+      # An operation as the core reads it: times in epoch seconds, Symbols as text.
+      def self.operation_json(operation)
+        member = ->(name) { operation.respond_to?(name) ? operation.public_send(name) : nil }
+        { job_type: member[:job_type].to_s, operation_key: member[:operation_key].to_s, status: member[:status].to_s,
+          takeovers: member[:takeovers].to_i, mismatches: member[:mismatches].to_i, replays: member[:replays].to_i,
+          producers: member[:producers].to_a.compact, job_classes: member[:job_classes].to_a,
+          repeats: member[:repeats].to_a.map { |r| repeat_json(r) } }
+      end
+      private_class_method :operation_json
+
+      # A {Classifier::Repeat} as the core reads it.
+      def self.repeat_json(repeat)
+        repeat.to_h.merge(at: repeat.at&.to_f, restart: repeat.restart&.to_f, cause: repeat.cause.to_s)
+      end
+      private_class_method :repeat_json
 
       # @param operations [Array<Operation>]
-      # @return [Hash{String => Hash{Symbol => Integer}}] per job type: operations,
-      #   repeats (deferred returns left out), one count per cause of
-      #   {Classifier::CAUSES}, near_restart (redeliveries matched to a restart),
-      #   deferred_returns, several_producers (operations enqueued by more than one),
-      #   takeovers, held, mismatched (operations with different payloads), replays
-      #   (repeats answered with a stored result: see `store_result`)
+      # @return [Hash{String => Hash{Symbol => Integer}}] per job type (the order they
+      #   first appear): operations, repeats (deferred returns left out), one count per
+      #   cause of {Classifier::CAUSES}, near_restart (redeliveries matched to a
+      #   restart), deferred_returns, several_producers (operations enqueued by more than
+      #   one), takeovers, held, mismatched (operations with different payloads), replays
+      #   (repeats answered with a stored result: see `store_result`). The core counts.
       def self.summary(operations)
-        operations.group_by(&:job_type).transform_values do |ops|
-          repeats = ops.flat_map(&:repeats)
-          counted = repeats.reject(&:deferred_return)
-          causes = counted.map(&:cause).tally
-          { operations: ops.size, repeats: counted.size, **Classifier::CAUSES.to_h { |c| [c, causes.fetch(c, 0)] },
-            near_restart: counted.count(&:restart), deferred_returns: repeats.size - counted.size,
-            **operation_counts(ops) }
-        end
+        summary_of(printed(operations))
       end
 
-      # Per-operation counts of a job type's summary.
-      def self.operation_counts(ops)
-        { several_producers: ops.count { |op| op.producers.size > 1 }, takeovers: ops.sum { |op| op.takeovers.to_i },
-          held: ops.count { |op| op.status == :held }, mismatched: ops.count { |op| op.mismatches.to_i.positive? },
-          replays: ops.sum { |op| op.replays.to_i } }
+      # The core's summary array as {summary}'s Hash.
+      def self.summary_of(printed)
+        printed.fetch("summary").to_h.transform_values { |counts| counts.to_h.transform_keys(&:to_sym) }
       end
-      private_class_method :operation_counts
+      private_class_method :summary_of
 
       # @return [Hash{String => Hash{Symbol => Integer}}] {Report.summary} of this report
       def summary
-        self.class.summary(@operations)
+        self.class.send(:summary_of, @printed)
       end
 
       # @return [Hash{Array(String, String, String) => Integer}] per [job_type, producer,
       #   producer], the operations both producers enqueued, most first
       def producer_pairs
-        Classifier.producer_pairs(@operations)
+        @printed.fetch("producer_pairs").to_h { |type, a, b, count| [[type, a, b], count] }
       end
 
-      # @return [Array<String>] the report as text: one line per operation, then per job
-      #   type, then per pair of producers
+      # @return [Array<String>] the report as text (the core's): one line per operation,
+      #   then per job type, then per pair of producers
       def lines
-        @operations.map { |op| operation_line(op) } +
-          summary.map { |type, s| summary_line(type, s) } +
-          producer_pairs.map do |(type, a, b), count|
-            "#{a} and #{b} both enqueue #{type} for the same operation: #{count} operation#{"s" unless count == 1}"
-          end
+        @printed.fetch("lines")
       end
 
-      # A text cell a spreadsheet would read as a formula: it starts with `=`, `+`, `-`,
-      # `@`, a tab or a carriage return (OWASP's CSV injection list).
-      FORMULA_START = /\A[=+\-@\t\r]/
-      # CSV writer option: each text cell that {FORMULA_START} matches gets a leading
-      # single quote (OWASP's advice), so an operation key or producer such as
-      # `=HYPERLINK(…)` opens as text, never as a formula. Numbers and times are
-      # written as they are.
-      CSV_NEUTRALISE = ->(cell) { cell.is_a?(String) && cell.match?(FORMULA_START) ? "'#{cell}" : cell }
-
-      # @return [String] one CSV row per repeat, with {CSV_HEADERS}; text cells that
-      #   start like a formula are neutralised ({CSV_NEUTRALISE})
+      # @return [String] one CSV row per repeat, with {CSV_HEADERS} (the core's); text
+      #   cells that start like a formula (`=`, `+`, `-`, `@`, tab, CR: OWASP's CSV
+      #   injection list) get a leading single quote, so they open as text
       def to_csv
-        CSV.generate(write_converters: [CSV_NEUTRALISE]) do |csv|
-          csv << CSV_HEADERS
-          @operations.each do |op|
-            op.repeats.each do |r|
-              csv << [op.job_type, op.operation_key, op.status, r.at&.utc&.iso8601(6), r.cause, r.id, r.retry_count,
-                      r.after_claim&.round(6), r.after_enqueue&.round(6), r.live_claim, r.deferred_return,
-                      r.producer, r.first_producer, r.restart&.utc&.iso8601]
-            end
-          end
-        end
-      end
-
-      private
-
-      def notes(operation)
-        notes = []
-        notes << "enqueued by #{operation.producers.size} producers: #{operation.producers.join(", ")}" if
-          operation.producers.size > 1
-        notes << "delivered by #{operation.job_classes.size} job classes: #{operation.job_classes.join(", ")}" if
-          operation.job_classes.size > 1
-        notes << "#{count(operation.mismatches, "delivery", "deliveries")} with different arguments (payload digest)" if
-          operation.mismatches.to_i.positive?
-        notes << "#{count(operation.takeovers, "stale claim")} taken over" if operation.takeovers.to_i.positive?
-        notes << "held for a person" if operation.status == :held
-        notes
-      end
-
-      # One repeat as text: its cause, when it came, and what else is known of it.
-      def repeat_text(repeat)
-        # (+ 0.0: a copy whose transaction began a moment before the claim's reads 0.0, not -0.0)
-        text = "#{Classifier::LABELS.fetch(repeat.cause)} after #{repeat.after_claim&.round(1)&.+(0.0)} s"
-        text += " (deferred copy back)" if repeat.deferred_return
-        text += " near the restart at #{repeat.restart.utc.iso8601}" if repeat.restart
-        text += " by #{repeat.producer}" if repeat.cause == :re_enqueue_other_producer
-        text
-      end
-
-      def operation_line(operation)
-        repeats = operation.repeats.map { |r| repeat_text(r) }
-        "#{operation.job_type} #{operation.operation_key.inspect}: #{operation.status}, " \
-          "#{count(operation.repeats.count { |r| !r.deferred_return }, "repeat")} (#{repeats.join(", ")})" \
-          "#{"; #{operation.notes.join("; ")}" unless operation.notes.to_a.empty?}"
-      end
-
-      # `number` and its noun, singular for one: "1 repeat", "2 repeats".
-      def count(number, one, many = "#{one}s") = "#{number} #{number.to_i == 1 ? one : many}"
-
-      def summary_line(job_type, counts)
-        causes = Classifier::CAUSES.filter_map do |c|
-          "#{counts[c]} #{Classifier::LABELS.fetch(c)}" if counts[c].positive?
-        end
-        extra = []
-        extra << "#{counts[:near_restart]} near a restart" if counts[:near_restart].positive?
-        extra << "#{count(counts[:deferred_returns], "deferred copy", "deferred copies")} back" if
-          counts[:deferred_returns].positive?
-        extra << "#{counts[:several_producers]} enqueued by several producers" if counts[:several_producers].positive?
-        extra << "#{counts[:replays]} replayed a stored result" if counts[:replays].positive?
-        "#{job_type}: #{count(counts[:operations], "operation")} repeated #{count(counts[:repeats], "time")} — " \
-          "#{causes.join(", ")}" \
-          "#{"; #{extra.join(", ")}" unless extra.empty?}"
+        @printed.fetch("csv")
       end
     end
   end

@@ -2,10 +2,10 @@
 //! limit, the longest lease, result sizes, the repeats kept, the retention default,
 //! the `compatibility` values.
 
-/// Default of `enqueue_check_timeout` ([`Config::enqueue_check_timeout`]), seconds.
+/// Default of `enqueue_check_timeout` ([`Config::enqueue_check_timeout`](super::Config::enqueue_check_timeout)), seconds.
 pub const DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS: f64 = 0.5;
 
-/// The `compatibility` values ([`Config::compatibility`]): plain PostgreSQL (default).
+/// The `compatibility` values ([`Config::compatibility`](super::Config::compatibility)): plain PostgreSQL (default).
 pub const COMPATIBILITY_POSTGRESQL: &str = "postgresql";
 /// The `compatibility` values: a distributed or pooled PostgreSQL-compatible server.
 pub const COMPATIBILITY_DISTRIBUTED: &str = "distributed";
@@ -21,7 +21,7 @@ pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 /// state it; named here with every other limit).
 pub use crate::keys::MAX_KEY_BYTES;
 
-/// Default of `max_result_bytes` ([`Config::max_result_bytes`]): 64 KiB.
+/// Default of `max_result_bytes` ([`Config::max_result_bytes`](super::Config::max_result_bytes)): 64 KiB.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 65_536;
 
 /// How many repeats each record keeps the latest of (`repeat_times`, `repeat_facts`:

@@ -50,7 +50,7 @@ pub struct Config {
     pub user: Option<String>,
     #[serde(default)]
     pub password: Option<String>,
-    /// TLS (see [`super::tls`]); each overrides the URL's query parameter of that name.
+    /// TLS (see [`crate::tls`]); each overrides the URL's query parameter of that name.
     #[serde(default)]
     pub sslmode: Option<String>,
     #[serde(default)]
@@ -85,7 +85,7 @@ pub struct Config {
     /// Largest result, in bytes of JSON text, a completion stores for a replay
     /// (`store_result`); a larger one is not stored and the completion stands (see
     /// `record::prepare`). Default [`DEFAULT_MAX_RESULT_BYTES`] (64 KiB), at most
-    /// [`MAX_RESULT_BYTES_LIMIT`].
+    /// [`MAX_RESULT_BYTES_LIMIT`](super::MAX_RESULT_BYTES_LIMIT).
     #[serde(default = "default_max_result_bytes")]
     pub max_result_bytes: usize,
     /// Client-side bound, in seconds, on the enqueue check (`on_enqueue:
@@ -95,7 +95,7 @@ pub struct Config {
     #[serde(default = "default_enqueue_check_timeout")]
     pub enqueue_check_timeout: f64,
     /// Which kind of server the gem talks to: `"postgresql"` (default) or
-    /// `"distributed"` ([`COMPATIBILITY_DISTRIBUTED`]: CockroachDB, YugabyteDB, Aurora
+    /// `"distributed"` ([`COMPATIBILITY_DISTRIBUTED`](super::COMPATIBILITY_DISTRIBUTED): CockroachDB, YugabyteDB, Aurora
     /// DSQL, or PostgreSQL behind a transaction-mode pooler such as RDS Proxy; see
     /// docs/scaling.md). The distributed profile keeps no session state: no named
     /// prepared statements (as `prepared_statements: false`), waits poll instead of

@@ -159,7 +159,7 @@ pub fn finish_unless_lost<T>(mut pooled: Pooled, result: &Result<T>) -> bool {
 /// module doc).
 ///
 /// Errors: the last error once no room is left; [`checkout_deadline_error`] (no
-/// connection in time) or [`deadline_error`] (no answer in time); `op`'s own.
+/// connection in time) or [`deadline_error`](crate::conn::deadline_error) (no answer in time); `op`'s own.
 pub fn with_fresh_conn<T>(
     pool: &Pool,
     interrupt: &Interrupt<'_>,

@@ -23,7 +23,7 @@
 //!   ([`deferral_delay`]);
 //! * completed, held, given up, refused → skip; the record counted the duplicate;
 //! * a payload that differs from the claim's → noted, and under
-//!   [`OnMismatch::Raise`] refused with [`Error::PayloadMismatch`] unless this
+//!   [`OnMismatch::Raise`] refused with [`Error::PayloadMismatch`](crate::error::Error::PayloadMismatch) unless this
 //!   delivery won the claim;
 //! * the completion is retried ([`COMPLETION_RETRY_DELAYS`]) outside a transaction;
 //! * a raising body releases its claim; a crash (the binding's door decides what is
@@ -95,7 +95,7 @@ impl Protocol {
     /// The protocol of job type `job` (named in errors) with `options`, told in
     /// `words` (the door's: how its errors and log lines name things).
     ///
-    /// Errors: [`Error::Config`] from [`JobOptions::validate`].
+    /// Errors: [`Error::Config`](crate::error::Error::Config) from [`JobOptions::validate`].
     pub fn new(job: &str, options: JobOptions, words: DoorWords) -> Result<Protocol> {
         options.validate(job)?;
         Ok(Protocol { options, words })

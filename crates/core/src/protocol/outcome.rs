@@ -26,7 +26,7 @@ pub enum Decision {
     /// [`Outcome::retry_after`].
     InProgress,
     /// The record refuses this payload (`on_mismatch: raise` on a released or stale
-    /// claim): not run. [`Protocol::begin`] raises [`Error::PayloadMismatch`] first.
+    /// claim): not run. [`Protocol::begin`] raises [`Error::PayloadMismatch`](crate::error::Error::PayloadMismatch) first.
     Refused,
 }
 

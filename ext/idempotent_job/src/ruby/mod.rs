@@ -43,6 +43,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     )?;
     native.define_module_function("epoch_seconds", function!(repeats::epoch_seconds, 1))?;
     native.define_module_function("repeat_causes", function!(repeats::repeat_causes, 0))?;
+    native.define_module_function("repeats_report", function!(repeats::repeats_report, 1))?;
     native.define_module_function("describe_url", function!(describe_url, 1))?;
     native.define_module_function("database_url_params", function!(database_url_params, 1))?;
     native.define_module_function("operation_key_problem", function!(operation_key_problem, 2))?;
@@ -81,6 +82,9 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         "MILLISECONDS_FROM",
         idempotent_job_core::repeats::MILLISECONDS_FROM as i64,
     )?;
+    let headers = ruby.ary_from_iter(idempotent_job_core::repeats::CSV_HEADERS);
+    headers.freeze();
+    native.const_set("REPEATS_CSV_HEADERS", headers)?;
     native.const_set("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
     native.const_set(
         "MAX_INTEGER_DIGITS",

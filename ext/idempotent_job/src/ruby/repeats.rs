@@ -1,7 +1,8 @@
-//! `Native.classify_repeats`, `Native.repeat_deliveries`, `Native.repeat_row_deliveries`
-//! and `Native.epoch_seconds`: the repeats report's rules, which live in the core
-//! ([`idempotent_job_core::repeats`]). Facts cross as JSON text (the doors record them
-//! as JSON); Ruby's `Repeats::Classifier` and `Repeats::Report` build their Structs.
+//! `Native.classify_repeats`, `Native.repeat_deliveries`, `Native.repeat_row_deliveries`,
+//! `Native.epoch_seconds` and `Native.repeats_report`: the repeats report's rules and
+//! its summary and formatting, which live in the core ([`idempotent_job_core::repeats`]). Facts cross as JSON text (the doors record them
+//! as JSON); Ruby's `Repeats::Classifier` and `Repeats::Report` build their Structs and
+//! print the core's summary, text and CSV.
 
 use idempotent_job_core::error::Error;
 use idempotent_job_core::repeats::{self, Facts};
@@ -155,6 +156,19 @@ pub fn repeat_causes(ruby: &Ruby) -> RbResult<RArray> {
         out.push((ruby.sym_new(cause.name()), cause.label()))?;
     }
     Ok(out)
+}
+
+/// `Native.repeats_report(operations_json)` → JSON object text: the report of the
+/// operations ([`idempotent_job_core::repeats::report_of_json`]: `notes`, `summary`,
+/// `producer_pairs`, `lines`, `csv`). `operations_json`: a JSON array of operations
+/// (job_type, operation_key, status, takeovers, mismatches, replays, producers,
+/// job_classes, repeats with their members; times in epoch seconds).
+///
+/// Errors: `ConfigurationError` for text that is not JSON of that shape.
+pub fn repeats_report(ruby: &Ruby, operations_json: String) -> RbResult<String> {
+    repeats::report_of_json(&operations_json)
+        .map(|report| report.to_string())
+        .map_err(|e| to_ruby(ruby, e))
 }
 
 /// Deliveries (JSON objects) as one JSON array text, the form both readers return.

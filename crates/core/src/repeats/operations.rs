@@ -1,0 +1,116 @@
+//! The report's operations: each report row with its deliveries and classified repeats.
+
+use serde_json::Value;
+
+use super::facts::{epoch, text, truthy};
+use super::{classify, row_deliveries, Facts, Repeat};
+use crate::error::{Error, Result};
+use crate::records::Repeated;
+
+/// One repeated operation of the report: the record's counts, its deliveries and its
+/// classified repeats.
+#[derive(Clone, Debug)]
+pub struct RepeatedOperation {
+    /// The report SQL's row.
+    pub row: Repeated,
+    /// Its deliveries ([`row_deliveries`]), the first claim's first.
+    pub deliveries: Vec<Facts>,
+    /// The producers that enqueued it, the first enqueue's first, each once.
+    pub producers: Vec<String>,
+    /// Repeats answered from a completion made with a stored result.
+    pub replays: usize,
+    /// Its repeats, arrival order ([`classify`]).
+    pub repeats: Vec<Repeat>,
+}
+
+impl Repeat {
+    /// The repeat as a JSON object: `at`, `after_claim`, `after_enqueue`, `restart`
+    /// (epoch seconds / seconds, or null), `id`, `producer`, `first_producer`,
+    /// `decision` (text or null), `cause` ([`Cause::name`](super::Cause::name)), `retry_count` (integer or
+    /// null), `live_claim`, `deferred_return` (booleans): the Python package's dict,
+    /// the Ruby Struct's members.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "at": self.at, "id": self.id, "cause": self.cause.name(),
+            "after_claim": self.after_claim, "after_enqueue": self.after_enqueue,
+            "retry_count": self.retry_count, "producer": self.producer,
+            "first_producer": self.first_producer, "live_claim": self.live_claim,
+            "deferred_return": self.deferred_return, "restart": self.restart,
+            "decision": self.decision,
+        })
+    }
+}
+
+impl RepeatedOperation {
+    /// The operation as a JSON object: `job_type`, `operation_key`, `status` (text),
+    /// `attempts`, `takeovers`, `duplicates`, `mismatches`, `replays` (integers),
+    /// `first_claimed_at`, `completed_at` (epoch seconds or null), `producers`,
+    /// `job_classes` (arrays of text) and `repeats` (arrival order, [`Repeat::to_json`]).
+    pub fn to_json(&self) -> Value {
+        let r = &self.row;
+        serde_json::json!({
+            "job_type": r.job_type, "operation_key": r.operation_key, "status": r.status,
+            "attempts": r.attempts, "takeovers": r.takeovers, "duplicates": r.duplicates,
+            "mismatches": r.mismatches, "replays": self.replays,
+            "first_claimed_at": epoch(&r.first_claimed_at),
+            "completed_at": r.completed_at.as_ref().map(epoch),
+            "producers": self.producers, "job_classes": r.job_classes,
+            "repeats": self.repeats.iter().map(Repeat::to_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// The report's operations from the report SQL's rows (see [`crate::operations::repeats`]),
+/// each repeat classified; `restarts` (epoch seconds) and `restart_window` (seconds) as
+/// [`classify`] takes them.
+///
+/// Errors: [`Error::Config`] for a negative or non-finite window, or a row whose JSON
+/// text is damaged.
+pub fn operations(
+    rows: Vec<Repeated>,
+    restarts: &[f64],
+    restart_window: f64,
+) -> Result<Vec<RepeatedOperation>> {
+    check_window(restart_window)?;
+    rows.into_iter()
+        .map(|row| {
+            let deliveries = row_deliveries(&row)?;
+            let mut producers: Vec<String> = Vec::new();
+            for p in deliveries.iter().filter_map(|d| text(d.get("producer"))) {
+                if !producers.contains(&p) {
+                    producers.push(p);
+                }
+            }
+            let replays = deliveries
+                .iter()
+                .filter(|d| truthy(d.get("replayed")).is_some())
+                .count();
+            let repeats = classify(
+                &deliveries,
+                row.completed_at.as_ref().map(epoch),
+                restarts,
+                restart_window,
+            );
+            Ok(RepeatedOperation {
+                row,
+                deliveries,
+                producers,
+                replays,
+                repeats,
+            })
+        })
+        .collect()
+}
+
+/// Checks a repeats report's `restart_window` (seconds) before any row is read.
+///
+/// Errors: [`Error::Config`] unless `restart_window` is a finite number of seconds, 0 or more.
+pub fn check_window(restart_window: f64) -> Result<()> {
+    if restart_window.is_finite() && restart_window >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "restart_window must be a finite number of seconds, 0 or more, got {restart_window}"
+        )))
+    }
+}
