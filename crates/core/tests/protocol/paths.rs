@@ -55,6 +55,33 @@ pub(crate) fn a_raising_body_releases_its_claim_for_the_retry(store: &Store) {
     assert_eq!(retry.info().attempt, 2);
 }
 
+/// An error text PostgreSQL's `text` cannot hold (a NUL character, in the message or
+/// the class name) is still released, the NUL written as U+FFFD: the claim must not stay
+/// for its lease (and be held for a person under `on_stale: hold`) because of its words.
+pub(crate) fn a_body_error_holding_a_nul_is_still_released(store: &Store) {
+    let protocol = protocol(JobOptions::default());
+    let delivery = delivery("digest-a");
+    let claim = run_claim(begin(store, &protocol, &delivery).0);
+    let mut notes = Notes::new();
+    protocol.release(
+        &mut direct(store),
+        &Interrupt::none(),
+        claim,
+        "Bad\0Class",
+        "a\0b",
+        &mut notes,
+    );
+    let record = find_record(store, &claim_request(&delivery)).unwrap();
+    assert_eq!(record.status, "released");
+    assert_eq!(
+        record.last_error.as_deref(),
+        Some("Bad\u{fffd}Class: a\u{fffd}b")
+    );
+    assert_eq!(notes[0].event(), Some("released"));
+    let retry = run_claim(begin(store, &protocol, &delivery).0);
+    assert_eq!(retry.info().kind, ClaimKind::Retry);
+}
+
 pub(crate) fn a_crash_keeps_the_claim_until_its_lease_ends(store: &Store) {
     let protocol = protocol(JobOptions::default());
     let delivery = delivery("digest-a");
