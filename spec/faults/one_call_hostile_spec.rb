@@ -114,6 +114,29 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       retried_at_once("Attack::BadMessage", key)
     end
 
+    it "an exception whose message is not UTF-8, or holds a NUL: the same exception re-raised, released" do
+      ["bytes \xFF\xFE".b, "a NUL \0 inside", "\xFF".dup.force_encoding(Encoding::UTF_8)].each_with_index do |text, i|
+        key = "#{unique_key}-#{i}"
+        raised = RuntimeError.new(text)
+        expect { IdempotentJob.perform_once("Attack::Words", key) { raise raised } }
+          .to(raise_error { |e| expect(e).to equal(raised) })
+        record = IdempotentJob.record("Attack::Words", key)
+        expect(record.status).to eq(:released)
+        expect(record.last_error).to start_with("RuntimeError: ")
+        retried_at_once("Attack::Words", key)
+      end
+    end
+
+    it "an exception class whose name is not UTF-8: the same exception re-raised, released" do
+      key = unique_key
+      odd = Class.new(StandardError) { def self.name = "Odd\xFFName".b }
+      raised = odd.new("words")
+      expect { IdempotentJob.perform_once("Attack::OddClass", key) { raise raised } }
+        .to(raise_error { |e| expect(e).to equal(raised) })
+      expect(IdempotentJob.record("Attack::OddClass", key).last_error).to end_with(": words")
+      retried_at_once("Attack::OddClass", key)
+    end
+
     it "exit (SystemExit) and a bare Exception: re-raised unchanged, released (not a crash by the plain door)" do
       [-> { exit 3 }, -> { raise Exception, "bare" }].each_with_index do |body, i| # rubocop:disable Lint/RaiseException
         key = "#{unique_key}-#{i}"
