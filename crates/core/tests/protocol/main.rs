@@ -55,6 +55,7 @@ in_both_modes!(
     a_completion_is_recorded_with_the_bodys_duration,
     a_raising_body_releases_its_claim_for_the_retry,
     a_body_error_holding_a_nul_is_still_released,
+    a_delivery_text_holding_a_nul_is_refused_naming_the_job,
     a_crash_keeps_the_claim_until_its_lease_ends,
     lookup_answers_decide_a_takeover,
     a_failing_lookup_ends_the_lease_and_fails_the_delivery,
