@@ -306,7 +306,7 @@ pub struct ClaimReply {
 
 /// Checks a request before any statement: non-empty key and job type within
 /// [`MAX_KEY_BYTES`](crate::config::MAX_KEY_BYTES), a lease in (0, [`MAX_LEASE_SECONDS`]],
-/// no NUL character in the delivery's id, job class or queue (PostgreSQL's `text`
+/// no NUL character in the job type or the delivery's id, job class or queue (PostgreSQL's `text`
 /// refuses one), facts a JSON object with no NUL.
 ///
 /// Errors: [`Error::Config`] naming the job type.
@@ -319,13 +319,14 @@ pub fn check_request(req: &ClaimRequest) -> Result<()> {
         )));
     }
     let texts = [
-        ("id", &req.delivery_id),
-        ("job class", &req.job_class),
-        ("queue", &req.queue),
+        ("job type", Some(req.job_type.as_str())),
+        ("id", req.delivery_id.as_deref()),
+        ("job class", req.job_class.as_deref()),
+        ("queue", req.queue.as_deref()),
     ];
     if let Some((field, _)) = texts
         .iter()
-        .find(|(_, text)| text.as_deref().is_some_and(|t| t.contains('\0')))
+        .find(|(_, text)| text.is_some_and(|t| t.contains('\0')))
     {
         return Err(Error::Config(format!(
             "{}: the delivery's {field} holds a NUL character (U+0000), which PostgreSQL's \

@@ -55,6 +55,7 @@ in_both_modes!(
     a_completion_is_recorded_with_the_bodys_duration,
     a_raising_body_releases_its_claim_for_the_retry,
     a_body_error_holding_a_nul_is_still_released,
+    a_wait_too_long_for_the_clock_is_refused_not_a_panic,
     a_delivery_text_holding_a_nul_is_refused_naming_the_job,
     a_crash_keeps_the_claim_until_its_lease_ends,
     lookup_answers_decide_a_takeover,

@@ -82,19 +82,20 @@ pub(crate) fn a_body_error_holding_a_nul_is_still_released(store: &Store) {
     assert_eq!(retry.info().kind, ClaimKind::Retry);
 }
 
-/// A delivery whose id, job class or queue holds a NUL character (which PostgreSQL's
+/// A delivery whose id, job class, queue or job type holds a NUL character (which PostgreSQL's
 /// `text` cannot store) is refused before any statement with the configuration error
 /// naming the job and the field, not the database's 22021 (a DatabaseError, which a door
 /// sends back to its queue again and again); nothing is recorded.
 pub(crate) fn a_delivery_text_holding_a_nul_is_refused_naming_the_job(store: &Store) {
     let protocol = protocol(JobOptions::default());
-    for field in ["id", "job class", "queue"] {
+    for field in ["id", "job class", "queue", "job type"] {
         let mut delivery = delivery("digest-a");
         let text = Some("a\0b".to_string());
         match field {
             "id" => delivery.delivery_id = text,
             "job class" => delivery.job_class = text,
-            _ => delivery.queue = text,
+            "queue" => delivery.queue = text,
+            _ => delivery.job_type = format!("{JOB}\0"),
         }
         let err = match begin(store, &protocol, &delivery).0 {
             Err(err) => err,
@@ -102,11 +103,15 @@ pub(crate) fn a_delivery_text_holding_a_nul_is_refused_naming_the_job(store: &St
         };
         assert_eq!(err.class_name(), "ConfigurationError", "{field}: {err}");
         assert!(
-            err.to_string()
-                .starts_with(&format!("{JOB}: the delivery's {field} holds a NUL")),
+            err.to_string().starts_with(&format!(
+                "{}: the delivery's {field} holds a NUL",
+                delivery.job_type
+            )),
             "{err}"
         );
-        assert_eq!(status(store, &delivery), "none");
+        if field != "job type" {
+            assert_eq!(status(store, &delivery), "none");
+        }
     }
 }
 
