@@ -160,6 +160,30 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
     end
   end
 
+  describe "values past what a clock or a column holds" do
+    it "wait: 1e300 against a live claim: ConfigurationError naming the job (no fatal); the holder completes" do
+      key = unique_key
+      release = live_holder("Attack::HugeWait", key)
+      expect { IdempotentJob.perform_once("Attack::HugeWait", key, wait: 1e300) { runs << :waiter } }
+        .to raise_error(IdempotentJob::ConfigurationError, /\AAttack::HugeWait: wait must be/)
+      expect(release.call.decision).to eq(:ran)
+      expect(runs).to be_empty
+      pool_still_serves
+    end
+
+    it "a delivery id, job class or job type holding a NUL: ConfigurationError naming the field, nothing recorded" do
+      key = unique_key
+      [["Attack::NulId", { id: "a\0b" }, "id"], ["Attack::NulClass", { job_class: "X\0" }, "job class"],
+       ["Attack::Nul\0Type", {}, "job type"]].each do |type, options, field|
+        expect { IdempotentJob.perform_once(type, key, **options) { runs << type } }
+          .to raise_error(IdempotentJob::ConfigurationError, /: the delivery's #{field} holds a NUL character/)
+      end
+      expect(runs).to be_empty
+      expect(status("Attack::NulId", key)).to be_nil
+      pool_still_serves
+    end
+  end
+
   describe "interrupts from other threads" do
     it "Thread#kill while the body runs: the claim is kept (a crash), not completed; the pool serves" do
       key = unique_key
