@@ -171,6 +171,19 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       pool_still_serves
     end
 
+    it "a delivery id, job class or queue that is not UTF-8: ConfigurationError naming the job and the field" do
+      key = unique_key
+      [[{ id: "\xFF".b }, "id"], [{ job_class: "X\xFF".b }, "job class"], [{ queue: "\xFE".b }, "queue"]]
+        .each do |options, field|
+          expect { IdempotentJob.perform_once("Attack::Bytes", key, **options) { runs << field } }
+            .to raise_error(IdempotentJob::ConfigurationError,
+                            /\AAttack::Bytes: the delivery's #{field} is not valid UTF-8/)
+        end
+      expect(runs).to be_empty
+      expect(status("Attack::Bytes", key)).to be_nil
+      pool_still_serves
+    end
+
     it "a delivery id, job class or job type holding a NUL: ConfigurationError naming the field, nothing recorded" do
       key = unique_key
       [["Attack::NulId", { id: "a\0b" }, "id"], ["Attack::NulClass", { job_class: "X\0" }, "job class"],
