@@ -448,7 +448,22 @@ impl<'py> Host for PyHost<'_, 'py> {
             Err(err) => return raised(py, err),
         };
         match self.body.call1((handle.clone_ref(py),)) {
-            Ok(value) => Body::Returned((value, handle)),
+            Ok(value) => match unrun(&value) {
+                // Not completed: its code has not run. Released like a raising body.
+                Some(what) => {
+                    let _ = value.call_method0("close");
+                    raised(
+                        py,
+                        crate::errors::config(format!(
+                            "{}: the body returned a {what} without running it (an async def or \
+                             generator function as the body): its claim was released; pass a \
+                             plain function (run a coroutine with asyncio.run inside it)",
+                            self.delivery.job_type
+                        )),
+                    )
+                }
+                None => Body::Returned((value, handle)),
+            },
             Err(err) => raised(py, err),
         }
     }
@@ -460,6 +475,22 @@ impl<'py> Host for PyHost<'_, 'py> {
     fn encode(&mut self, value: &Self::Value) -> Result<String, String> {
         convert::to_json(&value.0).map(|json| json.to_string())
     }
+}
+
+/// What `value` is when it is code a body returned instead of running (a coroutine,
+/// generator or async generator object: an `async def` or generator function given as
+/// the body), or `None`. Compared by type name and module (`builtins`' own types: none
+/// can be subclassed), the abi3 build having no `PyCoro_Check`.
+fn unrun(value: &Bound<'_, PyAny>) -> Option<&'static str> {
+    let kind = value.get_type();
+    let what = match &*kind.name().ok()?.to_cow().ok()? {
+        "coroutine" => "coroutine",
+        "generator" => "generator",
+        "async_generator" => "async generator",
+        _ => return None,
+    };
+    let module = kind.module().ok()?;
+    (module.to_cow().ok()? == "builtins").then_some(what)
 }
 
 /// What the body raised, in the core's terms: released, or kept when the worker is

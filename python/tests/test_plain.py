@@ -335,6 +335,32 @@ def test_a_wait_past_the_clock_is_no_panic(scenario):
     assert idempotent_job.record("PlainHugeWait", scenario)["status"] == "completed"
 
 
+def test_a_body_that_returns_a_coroutine_or_generator_is_refused_not_completed(scenario):
+    # An async def (or generator) body returns without running its code: completing it
+    # would record an effect that never happened, and every later delivery would skip.
+    ran = []
+
+    async def coroutine_body(claim):
+        ran.append("coroutine")
+
+    def generator_body(claim):
+        ran.append("generator")
+        yield
+
+    async def async_generator_body(claim):
+        ran.append("async generator")
+        yield
+
+    for n, body in enumerate([coroutine_body, generator_body, async_generator_body]):
+        key = f"{scenario}-{n}"
+        with pytest.raises(errors.ConfigurationError, match=r"^PlainAsync: the body returned a "):
+            idempotent_job.perform_once("PlainAsync", key, body)
+        assert idempotent_job.record("PlainAsync", key)["status"] == "released"
+        again = idempotent_job.perform_once("PlainAsync", key, lambda claim: "ran")
+        assert again.decision == "ran" and again.value == "ran"
+    assert ran == []
+
+
 def test_system_exit_in_the_body_keeps_the_claim(scenario):
     def exits(claim):
         raise SystemExit(3)
