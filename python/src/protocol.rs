@@ -4,7 +4,8 @@
 //! the core's notes. Nothing of the protocol is decided or sequenced here.
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
 
 use crate::convert;
 use crate::gil::detached;
@@ -479,18 +480,20 @@ impl<'py> Host for PyHost<'_, 'py> {
 
 /// What `value` is when it is code a body returned instead of running (a coroutine,
 /// generator or async generator object: an `async def` or generator function given as
-/// the body), or `None`. Compared by type name and module (`builtins`' own types: none
-/// can be subclassed), the abi3 build having no `PyCoro_Check`.
+/// the body), or `None`. Compared with the `types` module's three types (none can be
+/// subclassed), read once; the abi3 build has no `PyCoro_Check`.
 fn unrun(value: &Bound<'_, PyAny>) -> Option<&'static str> {
+    static UNRUN: [(PyOnceLock<Py<PyType>>, &str, &str); 3] = [
+        (PyOnceLock::new(), "CoroutineType", "coroutine"),
+        (PyOnceLock::new(), "GeneratorType", "generator"),
+        (PyOnceLock::new(), "AsyncGeneratorType", "async generator"),
+    ];
+    let py = value.py();
     let kind = value.get_type();
-    let what = match &*kind.name().ok()?.to_cow().ok()? {
-        "coroutine" => "coroutine",
-        "generator" => "generator",
-        "async_generator" => "async generator",
-        _ => return None,
-    };
-    let module = kind.module().ok()?;
-    (module.to_cow().ok()? == "builtins").then_some(what)
+    UNRUN.iter().find_map(|(cell, name, what)| {
+        let unrun = cell.import(py, "types", name).ok()?;
+        kind.is(unrun).then_some(*what)
+    })
 }
 
 /// What the body raised, in the core's terms: released, or kept when the worker is
