@@ -38,7 +38,9 @@ module IdempotentJob
     # @param id [String, #to_s, nil] the delivery's id
     # @param deferrals [Integer] deferrals so far (drives the core's back-off, `Native.deferral_delay`)
     # @param facts [Hash] attempt facts; keys become Strings
-    # @raise [ConfigurationError] for a job type that is not valid UTF-8
+    # @raise [ConfigurationError] for a job type that is not valid UTF-8, or deferrals that
+    #   are no count (a payload's own idempotency_deferrals: negative, past
+    #   Native::MAX_DEFERRALS, not a number)
     def initialize(job_type:, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only
                    operation_key:, payload: [], job_class: nil, queue: nil, id: nil, deferrals: 0,
                    facts: {})
@@ -48,7 +50,7 @@ module IdempotentJob
       @job_class = job_class&.to_s
       @queue = queue&.to_s
       @id = id&.to_s
-      @deferrals = Integer(deferrals || 0)
+      @deferrals = deferral_count(deferrals)
       @facts = frozen_with_string_keys?(facts) ? facts : facts.to_h.transform_keys(&:to_s).freeze
       freeze
     end
@@ -74,6 +76,17 @@ module IdempotentJob
 
       facts.each_key { |key| return false unless key.is_a?(String) }
       true
+    end
+
+    # The deferrals so far as a count (nil: none), or the job's error: a payload's own
+    # `idempotency_deferrals` may hold anything a producer wrote.
+    def deferral_count(deferrals)
+      count = deferrals.nil? ? 0 : Integer(deferrals, exception: false)
+      return count if count&.between?(0, Native::MAX_DEFERRALS)
+
+      raise ConfigurationError, "#{@job_type}: the delivery's deferrals (idempotency_deferrals) must be a whole " \
+                                "number from 0 to #{Native::MAX_DEFERRALS}, got #{deferrals.inspect[0, 100]}; " \
+                                "the job was not run and nothing was recorded"
     end
   end
 end

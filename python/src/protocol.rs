@@ -4,7 +4,8 @@
 //! the core's notes. Nothing of the protocol is decided or sequenced here.
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
 
 use crate::convert;
 use crate::gil::detached;
@@ -448,7 +449,22 @@ impl<'py> Host for PyHost<'_, 'py> {
             Err(err) => return raised(py, err),
         };
         match self.body.call1((handle.clone_ref(py),)) {
-            Ok(value) => Body::Returned((value, handle)),
+            Ok(value) => match unrun(&value) {
+                // Not completed: its code has not run. Released like a raising body.
+                Some(what) => {
+                    let _ = value.call_method0("close");
+                    raised(
+                        py,
+                        crate::errors::config(format!(
+                            "{}: the body returned a {what} without running it (an async def or \
+                             generator function as the body): its claim was released; pass a \
+                             plain function (run a coroutine with asyncio.run inside it)",
+                            self.delivery.job_type
+                        )),
+                    )
+                }
+                None => Body::Returned((value, handle)),
+            },
             Err(err) => raised(py, err),
         }
     }
@@ -460,6 +476,24 @@ impl<'py> Host for PyHost<'_, 'py> {
     fn encode(&mut self, value: &Self::Value) -> Result<String, String> {
         convert::to_json(&value.0).map(|json| json.to_string())
     }
+}
+
+/// What `value` is when it is code a body returned instead of running (a coroutine,
+/// generator or async generator object: an `async def` or generator function given as
+/// the body), or `None`. Compared with the `types` module's three types (none can be
+/// subclassed), read once; the abi3 build has no `PyCoro_Check`.
+fn unrun(value: &Bound<'_, PyAny>) -> Option<&'static str> {
+    static UNRUN: [(PyOnceLock<Py<PyType>>, &str, &str); 3] = [
+        (PyOnceLock::new(), "CoroutineType", "coroutine"),
+        (PyOnceLock::new(), "GeneratorType", "generator"),
+        (PyOnceLock::new(), "AsyncGeneratorType", "async generator"),
+    ];
+    let py = value.py();
+    let kind = value.get_type();
+    UNRUN.iter().find_map(|(cell, name, what)| {
+        let unrun = cell.import(py, "types", name).ok()?;
+        kind.is(unrun).then_some(*what)
+    })
 }
 
 /// What the body raised, in the core's terms: released, or kept when the worker is

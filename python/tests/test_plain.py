@@ -303,6 +303,64 @@ def test_a_raising_body_releases_its_claim_and_reraises(scenario):
     assert again.decision == "ran" and again.value == "retry"
 
 
+def test_a_body_error_holding_a_nul_is_released_not_left_claimed(scenario):
+    # PostgreSQL text cannot hold U+0000: the release used to fail, leaving the claim for
+    # its lease (then held for a person under on_stale="hold").
+    def fails(claim):
+        raise ValueError("bad\0byte")
+
+    with pytest.raises(ValueError):
+        idempotent_job.perform_once("PlainNul", scenario, fails, on_stale="hold")
+    record = idempotent_job.record("PlainNul", scenario)
+    assert record["status"] == "released" and record["last_error"] == "ValueError: bad\ufffdbyte"
+    again = idempotent_job.perform_once("PlainNul", scenario, lambda claim: 1, on_stale="hold")
+    assert again.decision == "ran"
+
+
+def test_a_wait_past_the_clock_is_no_panic(scenario):
+    # A wait no Duration holds used to panic in the core (PanicException, a BaseException).
+    inside, finish = threading.Event(), threading.Event()
+    holder = threading.Thread(
+        target=idempotent_job.perform_once,
+        args=("PlainHugeWait", scenario, lambda claim: (inside.set(), finish.wait(30))),
+    )
+    holder.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(errors.ConfigurationError, match=r"^PlainHugeWait: wait must be"):
+            idempotent_job.perform_once("PlainHugeWait", scenario, lambda claim: 1, wait=1e300)
+    finally:
+        finish.set()
+        holder.join(30)
+    assert idempotent_job.record("PlainHugeWait", scenario)["status"] == "completed"
+
+
+def test_a_body_that_returns_a_coroutine_or_generator_is_refused_not_completed(scenario):
+    # An async def (or generator) body returns without running its code: completing it
+    # would record an effect that never happened, and every later delivery would skip.
+    ran = []
+
+    async def coroutine_body(claim):
+        ran.append("coroutine")
+
+    def generator_body(claim):
+        ran.append("generator")
+        yield
+
+    async def async_generator_body(claim):
+        ran.append("async generator")
+        yield
+
+    for n, body in enumerate([coroutine_body, generator_body, async_generator_body]):
+        key = f"{scenario}-{n}"
+        with pytest.raises(errors.ConfigurationError, match=r"^PlainAsync: the body returned a "):
+            idempotent_job.perform_once("PlainAsync", key, body)
+        assert idempotent_job.record("PlainAsync", key)["status"] == "released"
+        again = idempotent_job.perform_once("PlainAsync", key, lambda claim: "ran")
+        assert again.decision == "ran" and again.value == "ran"
+    assert ran == []
+
+
 def test_system_exit_in_the_body_keeps_the_claim(scenario):
     def exits(claim):
         raise SystemExit(3)

@@ -117,6 +117,20 @@ RSpec.describe "Bad input", :faults do
       expect(Effects.count).to eq(1)
     end
 
+    it "fails a Sidekiq delivery whose idempotency_deferrals is no count, naming the job; nothing runs" do
+      Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1])
+      job = ChargeOrderJob.jobs.pop
+      [2**40, -1, "abc", [1]].each do |bad|
+        expect { deliver(job.merge("idempotency_deferrals" => bad)) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          /\AChargeOrderJob: the delivery's deferrals \(idempotency_deferrals\) must be a whole/)
+      end
+      expect(Effects.count).to eq(0)
+      expect(record("42")).to be_nil
+      deliver(job.merge("idempotency_deferrals" => 2)) # the control: a count runs
+      expect(Effects.count).to eq(1)
+    end
+
     it "fails an ActiveJob delivery when it is deserialized, before anything is claimed" do
       require_relative "../support/active_job_jobs"
       data = AjChargeOrderJob.new(42, 1).serialize

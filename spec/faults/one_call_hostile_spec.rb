@@ -114,6 +114,29 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       retried_at_once("Attack::BadMessage", key)
     end
 
+    it "an exception whose message is not UTF-8, or holds a NUL: the same exception re-raised, released" do
+      ["bytes \xFF\xFE".b, "a NUL \0 inside", "\xFF".dup.force_encoding(Encoding::UTF_8)].each_with_index do |text, i|
+        key = "#{unique_key}-#{i}"
+        raised = RuntimeError.new(text)
+        expect { IdempotentJob.perform_once("Attack::Words", key) { raise raised } }
+          .to(raise_error { |e| expect(e).to equal(raised) })
+        record = IdempotentJob.record("Attack::Words", key)
+        expect(record.status).to eq(:released)
+        expect(record.last_error).to start_with("RuntimeError: ")
+        retried_at_once("Attack::Words", key)
+      end
+    end
+
+    it "an exception class whose name is not UTF-8: the same exception re-raised, released" do
+      key = unique_key
+      odd = Class.new(StandardError) { def self.name = "Odd\xFFName".b }
+      raised = odd.new("words")
+      expect { IdempotentJob.perform_once("Attack::OddClass", key) { raise raised } }
+        .to(raise_error { |e| expect(e).to equal(raised) })
+      expect(IdempotentJob.record("Attack::OddClass", key).last_error).to end_with(": words")
+      retried_at_once("Attack::OddClass", key)
+    end
+
     it "exit (SystemExit) and a bare Exception: re-raised unchanged, released (not a crash by the plain door)" do
       [-> { exit 3 }, -> { raise Exception, "bare" }].each_with_index do |body, i| # rubocop:disable Lint/RaiseException
         key = "#{unique_key}-#{i}"
@@ -134,6 +157,43 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       expect(status("Attack::Signal", key)).to eq(:claimed)
       expect(IdempotentJob.perform_once("Attack::Signal", key) { runs << :again }.decision).to eq(:in_progress)
       expect(runs).to be_empty
+    end
+  end
+
+  describe "values past what a clock or a column holds" do
+    it "wait: 1e300 against a live claim: ConfigurationError naming the job (no fatal); the holder completes" do
+      key = unique_key
+      release = live_holder("Attack::HugeWait", key)
+      expect { IdempotentJob.perform_once("Attack::HugeWait", key, wait: 1e300) { runs << :waiter } }
+        .to raise_error(IdempotentJob::ConfigurationError, /\AAttack::HugeWait: wait must be/)
+      expect(release.call.decision).to eq(:ran)
+      expect(runs).to be_empty
+      pool_still_serves
+    end
+
+    it "a delivery id, job class or queue that is not UTF-8: ConfigurationError naming the job and the field" do
+      key = unique_key
+      [[{ id: "\xFF".b }, "id"], [{ job_class: "X\xFF".b }, "job class"], [{ queue: "\xFE".b }, "queue"]]
+        .each do |options, field|
+          expect { IdempotentJob.perform_once("Attack::Bytes", key, **options) { runs << field } }
+            .to raise_error(IdempotentJob::ConfigurationError,
+                            /\AAttack::Bytes: the delivery's #{field} is not valid UTF-8/)
+        end
+      expect(runs).to be_empty
+      expect(status("Attack::Bytes", key)).to be_nil
+      pool_still_serves
+    end
+
+    it "a delivery id, job class or job type holding a NUL: ConfigurationError naming the field, nothing recorded" do
+      key = unique_key
+      [["Attack::NulId", { id: "a\0b" }, "id"], ["Attack::NulClass", { job_class: "X\0" }, "job class"],
+       ["Attack::Nul\0Type", {}, "job type"]].each do |type, options, field|
+        expect { IdempotentJob.perform_once(type, key, **options) { runs << type } }
+          .to raise_error(IdempotentJob::ConfigurationError, /: the delivery's #{field} holds a NUL character/)
+      end
+      expect(runs).to be_empty
+      expect(status("Attack::NulId", key)).to be_nil
+      pool_still_serves
     end
   end
 

@@ -305,7 +305,9 @@ pub struct ClaimReply {
 }
 
 /// Checks a request before any statement: non-empty key and job type within
-/// [`MAX_KEY_BYTES`](crate::config::MAX_KEY_BYTES), a lease in (0, [`MAX_LEASE_SECONDS`]].
+/// [`MAX_KEY_BYTES`](crate::config::MAX_KEY_BYTES), a lease in (0, [`MAX_LEASE_SECONDS`]],
+/// no NUL character in the job type or the delivery's id, job class or queue (PostgreSQL's `text`
+/// refuses one), facts a JSON object with no NUL.
 ///
 /// Errors: [`Error::Config`] naming the job type.
 pub fn check_request(req: &ClaimRequest) -> Result<()> {
@@ -314,6 +316,22 @@ pub fn check_request(req: &ClaimRequest) -> Result<()> {
         return Err(Error::Config(format!(
             "the lease of {} must be a positive number of seconds up to {MAX_LEASE_SECONDS}, got {}",
             req.job_type, req.lease_seconds
+        )));
+    }
+    let texts = [
+        ("job type", Some(req.job_type.as_str())),
+        ("id", req.delivery_id.as_deref()),
+        ("job class", req.job_class.as_deref()),
+        ("queue", req.queue.as_deref()),
+    ];
+    if let Some((field, _)) = texts
+        .iter()
+        .find(|(_, text)| text.is_some_and(|t| t.contains('\0')))
+    {
+        return Err(Error::Config(format!(
+            "{}: the delivery's {field} holds a NUL character (U+0000), which PostgreSQL's \
+             text cannot store; the job was not run and nothing was recorded",
+            req.job_type
         )));
     }
     if let Some(facts) = &req.facts_json {

@@ -298,7 +298,7 @@ impl Protocol {
                 interrupt,
                 Fenced::Expire,
                 &claim.info,
-                Some(limited(&format!("lookup failed: {cause}"))),
+                Some(&limited(&format!("lookup failed: {cause}"))),
             );
             if let Err(e) = expired {
                 if matches!(e, Error::Interrupted) {

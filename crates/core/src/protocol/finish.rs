@@ -171,7 +171,7 @@ impl Protocol {
             interrupt,
             Fenced::Release,
             &claim.info,
-            Some(limited(&text)),
+            Some(&limited(&text)),
         ) {
             Ok(()) => notes.push(Note::claim(
                 &claim.info,

@@ -74,12 +74,15 @@ use crate::transitions::{Next, Rules};
 /// characters.
 pub const ERROR_TEXT_LIMIT: usize = 1000;
 
-/// `text` cut to [`ERROR_TEXT_LIMIT`] characters.
-fn limited(text: &str) -> &str {
-    match text.char_indices().nth(ERROR_TEXT_LIMIT) {
+/// `text` cut to [`ERROR_TEXT_LIMIT`] characters, as `last_error` can store it: a NUL
+/// character (which PostgreSQL's `text` refuses, failing the whole statement) written
+/// as U+FFFD, so an exception's words never keep a claim from being released.
+fn limited(text: &str) -> String {
+    let cut = match text.char_indices().nth(ERROR_TEXT_LIMIT) {
         Some((at, _)) => &text[..at],
         None => text,
-    }
+    };
+    cut.replace('\0', "\u{fffd}")
 }
 
 /// The protocol of one job type: its options, checked once. Cheap to share; every

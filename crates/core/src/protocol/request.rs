@@ -70,11 +70,13 @@ pub const WAIT_MARGIN_SECONDS: f64 = 0.5;
 impl DeliveryRequest {
     /// Starts the bound of a call with `wait_seconds` (call it when the call starts):
     /// `wait_until` = now + `wait_seconds` + [`WAIT_MARGIN_SECONDS`]; no bound without
-    /// a wait.
+    /// a wait, nor for one past what the clock can hold (1e300 s: the wait itself then
+    /// refuses it, [`Protocol::wait`]'s configuration error), never a panic.
     pub fn bound_wait(&mut self) {
-        self.wait_until = self
-            .wait_seconds
-            .map(|w| Instant::now() + Duration::from_secs_f64(w.max(0.0) + WAIT_MARGIN_SECONDS));
+        self.wait_until = self.wait_seconds.and_then(|w| {
+            let bound = Duration::try_from_secs_f64(w.max(0.0) + WAIT_MARGIN_SECONDS).ok()?;
+            Instant::now().checked_add(bound)
+        });
     }
 
     /// The claim statement's request for this delivery under `options`.

@@ -55,6 +55,66 @@ pub(crate) fn a_raising_body_releases_its_claim_for_the_retry(store: &Store) {
     assert_eq!(retry.info().attempt, 2);
 }
 
+/// An error text PostgreSQL's `text` cannot hold (a NUL character, in the message or
+/// the class name) is still released, the NUL written as U+FFFD: the claim must not stay
+/// for its lease (and be held for a person under `on_stale: hold`) because of its words.
+pub(crate) fn a_body_error_holding_a_nul_is_still_released(store: &Store) {
+    let protocol = protocol(JobOptions::default());
+    let delivery = delivery("digest-a");
+    let claim = run_claim(begin(store, &protocol, &delivery).0);
+    let mut notes = Notes::new();
+    protocol.release(
+        &mut direct(store),
+        &Interrupt::none(),
+        claim,
+        "Bad\0Class",
+        "a\0b",
+        &mut notes,
+    );
+    let record = find_record(store, &claim_request(&delivery)).unwrap();
+    assert_eq!(record.status, "released");
+    assert_eq!(
+        record.last_error.as_deref(),
+        Some("Bad\u{fffd}Class: a\u{fffd}b")
+    );
+    assert_eq!(notes[0].event(), Some("released"));
+    let retry = run_claim(begin(store, &protocol, &delivery).0);
+    assert_eq!(retry.info().kind, ClaimKind::Retry);
+}
+
+/// A delivery whose id, job class, queue or job type holds a NUL character (which PostgreSQL's
+/// `text` cannot store) is refused before any statement with the configuration error
+/// naming the job and the field, not the database's 22021 (a DatabaseError, which a door
+/// sends back to its queue again and again); nothing is recorded.
+pub(crate) fn a_delivery_text_holding_a_nul_is_refused_naming_the_job(store: &Store) {
+    let protocol = protocol(JobOptions::default());
+    for field in ["id", "job class", "queue", "job type"] {
+        let mut delivery = delivery("digest-a");
+        let text = Some("a\0b".to_string());
+        match field {
+            "id" => delivery.delivery_id = text,
+            "job class" => delivery.job_class = text,
+            "queue" => delivery.queue = text,
+            _ => delivery.job_type = format!("{JOB}\0"),
+        }
+        let err = match begin(store, &protocol, &delivery).0 {
+            Err(err) => err,
+            Ok(step) => panic!("{field}: {}", action(&step)),
+        };
+        assert_eq!(err.class_name(), "ConfigurationError", "{field}: {err}");
+        assert!(
+            err.to_string().starts_with(&format!(
+                "{}: the delivery's {field} holds a NUL",
+                delivery.job_type
+            )),
+            "{err}"
+        );
+        if field != "job type" {
+            assert_eq!(status(store, &delivery), "none");
+        }
+    }
+}
+
 pub(crate) fn a_crash_keeps_the_claim_until_its_lease_ends(store: &Store) {
     let protocol = protocol(JobOptions::default());
     let delivery = delivery("digest-a");

@@ -151,6 +151,34 @@ pub(crate) fn a_waiting_delivery_decides_again_when_the_claim_ends(store: &Store
     drop(live);
 }
 
+/// A wait no clock can bound (1e300 s, past `Duration` and `Instant`) does not panic
+/// in [`DeliveryRequest::bound_wait`] (a `fatal`/`PanicException` in a binding): the
+/// wait itself refuses it, naming the job.
+pub(crate) fn a_wait_too_long_for_the_clock_is_refused_not_a_panic(store: &Store) {
+    let protocol = storing();
+    let delivery = delivery("digest-a");
+    let _holder = run_claim(begin(store, &protocol, &delivery).0);
+    for seconds in [1e300, f64::MAX, 1e19] {
+        let mut huge = DeliveryRequest {
+            wait_seconds: Some(seconds),
+            ..repeat_of(&delivery)
+        };
+        let bound = std::panic::catch_unwind(move || {
+            huge.bound_wait();
+            huge
+        });
+        let huge = bound.unwrap_or_else(|_| panic!("bound_wait panicked for {seconds}"));
+        let (step, _) = begin(store, &protocol, &huge);
+        assert!(matches!(step, Ok(Step::InProgress(_))));
+        let mut notes = Notes::new();
+        let err = protocol
+            .wait(&mut direct(store), &Interrupt::none(), &huge, &mut notes)
+            .unwrap_err();
+        assert_eq!(err.class_name(), "ConfigurationError", "{err}");
+        assert!(err.to_string().contains(": wait must be"), "{err}");
+    }
+}
+
 #[test]
 pub(crate) fn job_options_defaults_are_the_options_tables() {
     use idempotent_job_core::options::{find, Default as TableDefault};

@@ -102,16 +102,31 @@ impl<'r> Out<'r> {
 pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
     let id = |key: &LazyId| LazyId::get_inner_with(key, ruby);
     let get = |key: &LazyId| request.lookup::<_, Option<String>>(id(key));
+    let job_type = get(&keys::job_type)?.unwrap_or_default();
+    // The delivery's own texts: one that is not UTF-8 is the job's error, named.
+    let text = |key: &LazyId, field: &str| {
+        get(key).map_err(|e| {
+            if !e.is_kind_of(ruby.exception_encoding_error()) {
+                return e;
+            }
+            to_ruby(
+                ruby,
+                Error::Config(format!(
+                    "{job_type}: the delivery's {field} is not valid UTF-8 ({e}); the job was \
+                     not run and nothing was recorded"
+                )),
+            )
+        })
+    };
     Ok(ClaimRequest {
-        job_type: get(&keys::job_type)?.unwrap_or_default(),
         operation_key: get(&keys::operation_key)?.unwrap_or_default(),
-        delivery_id: get(&keys::jid)?,
+        delivery_id: text(&keys::jid, "id")?,
         lease_seconds: request
             .lookup::<_, Option<f64>>(id(&keys::lease))?
             .unwrap_or(0.0),
         args_digest: get(&keys::args_digest)?,
-        job_class: get(&keys::job_class)?,
-        queue: get(&keys::queue)?,
+        job_class: text(&keys::job_class, "job class")?,
+        queue: text(&keys::queue, "queue")?,
         args_json: get(&keys::args_json)?,
         refuse_mismatch: request
             .lookup::<_, Option<bool>>(id(&keys::refuse_mismatch))?
@@ -120,6 +135,7 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
         returning: request
             .lookup::<_, Option<bool>>(id(&keys::returning))?
             .unwrap_or(false),
+        job_type,
     })
 }
 

@@ -86,6 +86,8 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     headers.freeze();
     native.const_set("REPEATS_CSV_HEADERS", headers)?;
     native.const_set("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
+    // The most deferrals a delivery can count (the core's `DeliveryRequest::deferrals`).
+    native.const_set("MAX_DEFERRALS", u32::MAX)?;
     native.const_set(
         "MAX_INTEGER_DIGITS",
         idempotent_job_core::canonical::MAX_INTEGER_DIGITS,

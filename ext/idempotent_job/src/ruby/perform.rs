@@ -166,8 +166,8 @@ impl Host for RbHost<'_> {
             let exception: magnus::Exception = answer.entry(1)?;
             Ok(Body::Raised {
                 raised: exception.into(),
-                class: answer.entry(2)?,
-                message: answer.entry(3)?,
+                class: answer_text(answer, 2)?,
+                message: answer_text(answer, 3)?,
                 crash: answer.entry(4)?,
             })
         })();
@@ -222,6 +222,19 @@ impl Host for RbHost<'_> {
             self.keep_failure(e);
         }
     }
+}
+
+/// Entry `at` of the body's answer (the raised class's name or its message) as text: a
+/// String that is not valid UTF-8 (bytes, or no transcoding to UTF-8) is read lossily
+/// (U+FFFD), so what the body raised still reaches the caller unchanged instead of an
+/// EncodingError of reading its words.
+fn answer_text(answer: RArray, at: isize) -> RbResult<String> {
+    let value: Value = answer.entry(at)?;
+    String::try_convert(value).or_else(|_| {
+        let text = RString::try_convert(value)?;
+        // SAFETY: the bytes are copied before any Ruby code runs again.
+        Ok(unsafe { text.to_string_lossy() }.into_owned())
+    })
 }
 
 /// The body's end when `Driver#body` did not answer (it rescues every exception): a
