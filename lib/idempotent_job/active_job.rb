@@ -43,6 +43,7 @@ module IdempotentJob
       #   :skip_completed: perform_later of a completed operation enqueues nothing and
       #   returns false), `max_takeovers:` (Integer: stale takeovers before the next is
       #   held); unset ones take {IdempotentJob.configuration}'s defaults at first use
+      #   (checked here as Sidekiq's `sidekiq_options` are: {JobOptions.check_declaration!})
       # @return [Hash] the declaration
       # @raise [ConfigurationError] for a missing key, an unknown option or a bad value,
       #   naming the job
@@ -54,12 +55,8 @@ module IdempotentJob
                                     "name (key: :order_id), an argument index, a dotted path or an Array of those"
         end
         values = { key:, **options }.freeze
-        # Everything but the key (and a lookup defined further down) can be checked now,
-        # the names first.
-        JobOptions.new(self, values.merge(key: nil, lookup: nil))
+        JobOptions.check_declaration!(self, values, shape_only: !idempotency_perform_defined?)
         self.idempotency_values = values
-        Key.new(self, key) if idempotency_perform_defined?
-        values
       end
 
       # @param lease [Numeric, nil] a per-delivery lease in seconds overriding the

@@ -73,6 +73,31 @@ module IdempotentJob
         end
       end
 
+      # Checks the options a job class declares, where it declares them (`sidekiq_options`,
+      # ActiveJob's `idempotency`), the same way for both Ruby doors: every name, every value
+      # given but the lookup's (a method may be defined further down: checked at first use),
+      # and the key declaration's shape, its parameter names too unless `shape_only`. Options
+      # left unset are not read here: the configured defaults ({IdempotentJob.configure})
+      # apply at the first push or delivery, so they may be set after the classes load.
+      # @param job_class [Class] the declaring class
+      # @param values [Hash{Symbol, String => Object}] the declared values by option name as
+      #   the door spells it (a key without the prefix is not the gem's: skipped)
+      # @param prefix [String] how the door spells option names (`idempotency_` for Sidekiq)
+      # @param shape_only [Boolean] `perform` is not defined yet: the key's parameter names
+      #   are checked later (at first use, or when the door sees `perform` defined)
+      # @return [void]
+      # @raise [ConfigurationError] naming the job, the option and the known ones, or the bad value
+      # @raise [OperationKeyError] for a malformed key declaration
+      def check_declaration!(job_class, values, prefix: "", shape_only: !job_class.method_defined?(:perform))
+        values.each do |name, value|
+          next unless name.to_s.start_with?(prefix)
+
+          name = name.to_s.delete_prefix(prefix)
+          Native.job_option(job_class.name.to_s, prefix, name, HOST_CHECKED.include?(name.to_sym) ? nil : value)
+          Key.new(job_class, value, shape_only:) if name == "key" && !value.nil?
+        end
+      end
+
       # Refuses a {PREFIX}ed key of a payload (a Sidekiq job hash, a serialized ActiveJob
       # job) that names no option and is not one the gem writes itself: a misspelled
       # option is an error, not a default silently applied. A scan of the payload's keys.

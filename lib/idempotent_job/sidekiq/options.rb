@@ -48,26 +48,6 @@ module IdempotentJob
           options
         end
 
-        # Checks the `idempotency_*` options of one `sidekiq_options` call when the
-        # class declares them (see {Declaration}): every name, every value but the
-        # lookup (checked at the first push, once the method is defined), and the key
-        # declaration's shape (its parameter names too once `perform` is defined).
-        # @param job_class [Class]
-        # @param opts [Hash] the options of the call
-        # @return [void]
-        # @raise [ConfigurationError] naming the job, the option and the known ones
-        # @raise [OperationKeyError] for a malformed key declaration
-        def check_declaration!(job_class, opts)
-          opts.each do |key, value|
-            next unless key.to_s.start_with?(PREFIX)
-
-            name = key.to_s.delete_prefix(PREFIX)
-            Native.job_option(job_class.name.to_s, PREFIX, name,
-                              JobOptions::HOST_CHECKED.include?(name.to_sym) ? nil : value)
-            Key.check_declaration!(job_class, value) if name == "key" && !value.nil?
-          end
-        end
-
         # Refuses a prefixed key nobody knows in a payload (a misspelled option in
         # `set(...)`, or in a hash pushed by class name or by another language's
         # producer): an error, not a default silently applied. Called by
@@ -84,13 +64,13 @@ module IdempotentJob
 
       # Prepended to Sidekiq's `sidekiq_options` (see {.install!}): a misspelled
       # `idempotency_*` option or a value of the wrong type fails where the class is
-      # declared, naming the job, the option and the known ones.
+      # declared, naming the job, the option and the known ones ({JobOptions.check_declaration!}).
       module Declaration
         # @param opts [Hash] Sidekiq's options (any keys; only `idempotency_*` are checked)
         # @return [Hash] what Sidekiq's `sidekiq_options` returns
         # @raise [ConfigurationError] for an unknown `idempotency_*` option or a bad value
         def sidekiq_options(opts = {})
-          Options.check_declaration!(self, opts) if opts.is_a?(Hash)
+          JobOptions.check_declaration!(self, opts, prefix: PREFIX) if opts.is_a?(Hash)
           super
         end
       end
