@@ -153,19 +153,6 @@ module IdempotentJob
       def job_class?(klass)
         klass.is_a?(Class) && klass <= ::ActiveJob::Base
       end
-
-      # Performs a serialized job (`job.serialize`, e.g. read back from JSON) on this
-      # thread as an adapter's worker does (`ActiveJob::Base.execute`): deserialized,
-      # inside ActiveJob's execute callbacks, through the job's perform callbacks.
-      # @param job_data [Hash] the serialized job
-      # @yieldparam job [ActiveJob::Base] the deserialized job, before it is performed
-      #   (the testing kit adjusts it here)
-      # @return [Object] perform_now's value
-      def execute(job_data)
-        job = ::ActiveJob::Base.deserialize(job_data)
-        yield job if block_given?
-        ::ActiveJob::Callbacks.run_callbacks(:execute) { job.perform_now }
-      end
     end
 
     # @return [Integer] how many times this job was deferred by a live claim so far

@@ -70,7 +70,7 @@ module IdempotentJob
 
         @job.instance_variable_set(:@idempotency_performed, true)
         # The key is checked by the core's one call (`Native::Protocol#perform`).
-        run(options, Arguments.operation_key(options.key, @job.arguments), body)
+        run(options, options.key.operation_key(Arguments.keyable(@job.arguments)), body)
       end
 
       private
