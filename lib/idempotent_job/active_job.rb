@@ -12,7 +12,7 @@ module IdempotentJob
   module ActiveJobDoor
     # Keys with the `idempotency_` prefix a serialized job may carry (written by
     # {IdempotentJob::ActiveJob#serialize}); any other is refused when it is deserialized.
-    SERIALIZED_KEYS = ["idempotency_deferrals", "idempotency_lease", Producer::KEY].freeze
+    SERIALIZED_KEYS = [Delivery::DEFERRALS, "idempotency_lease", Producer::KEY].freeze
 
     # `perform_now` of a repeat returns the first run's stored value (`store_result:`): an
     # around_perform callback cannot change what `perform_now` returns, so the door
@@ -62,13 +62,11 @@ module IdempotentJob
       # @param lease [Numeric, nil] a per-delivery lease in seconds overriding the
       #   declared one (the testing kit's short lease travels in the serialized job)
       # @return [JobOptions, nil] the resolved options (nil when not declared); built
-      #   on first use and cached
+      #   on first use and remembered ({JobOptions.resolve})
       # @raise [OperationKeyError, ConfigurationError] as {#idempotency}
       def idempotency_options(lease: nil)
         values = idempotency_values
-        return nil unless values
-
-        JobOptions.cached(self, lease ? values.merge(lease:) : values)
+        values && JobOptions.resolve(self, JobOptions::NAMES.map { |name| (name == :lease && lease) || values[name] })
       end
 
       # Checks a key declaration's parameter names once `perform` is defined.
@@ -172,7 +170,7 @@ module IdempotentJob
     # ActiveJob's serialized job.
     # @return [Hash]
     def serialize
-      extra = { "idempotency_deferrals" => @idempotency_deferrals, "idempotency_lease" => @idempotency_lease,
+      extra = { Delivery::DEFERRALS => @idempotency_deferrals, "idempotency_lease" => @idempotency_lease,
                 Producer::KEY => @idempotency_producer }
       super.merge(extra.compact)
     end
@@ -188,7 +186,7 @@ module IdempotentJob
                                   "declare it with `idempotency` on the job class"
       end
       super
-      @idempotency_deferrals = job_data["idempotency_deferrals"]
+      @idempotency_deferrals = job_data[Delivery::DEFERRALS]
       @idempotency_lease = job_data["idempotency_lease"]
       @idempotency_producer = job_data[Producer::KEY]
     end

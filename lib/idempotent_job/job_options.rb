@@ -30,11 +30,39 @@ module IdempotentJob
     # Most option sets cached per configuration (per-push overrides add entries).
     CACHE_LIMIT = 1000
 
+    # One class's last resolution ({.resolve}): the option values it was built from, the
+    # prefix, the settings (by identity) and the options (nil: not an idempotent job).
+    Memo = Struct.new(:read, :prefix, :config, :options)
+
     @cache = {}
     @cache_config = nil
     @cache_lock = Mutex.new
+    @memo = {}
+    @memo_lock = Mutex.new
 
     class << self
+      # The options a door reads for one delivery of a job class: resolved and validated
+      # once per class and values ({.cached}); the last resolution of each class is
+      # remembered with the values it was built from and the settings, so the next
+      # delivery of that class compares one Array instead of building and looking up a Hash.
+      # @param job_class [Class, String] the job class (or its name if not loadable)
+      # @param values [Array] the option values in {NAMES} order (nil: not set)
+      # @param prefix [String] how the door spells option names, for messages
+      # @return [JobOptions, nil] nil when no key is declared (the job passes through)
+      # @raise [OperationKeyError] for a malformed key declaration
+      # @raise [ConfigurationError] for a bad lease, scope, policy, heartbeat or lookup
+      def resolve(job_class, values, prefix: "")
+        config = IdempotentJob.configuration
+        memo = @memo[job_class]
+        return memo.options if memo&.config.equal?(config) && memo.prefix == prefix && memo.read == values
+
+        given = NAMES.zip(values).to_h.compact
+        options = given.key?(:key) ? cached(job_class, given, prefix:) : nil
+        memo = Memo.new(values.freeze, prefix, config, options).freeze
+        @memo_lock.synchronize { @memo = @memo.merge(job_class => memo) }
+        options
+      end
+
       # The options of `job_class` with these values, built once and then cached
       # (until {IdempotentJob.configure} replaces the settings).
       # @param job_class [Class, String] the job class (its `perform` names key parameters,

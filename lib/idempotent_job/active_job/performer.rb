@@ -29,9 +29,8 @@ module IdempotentJob
           options = job.class.idempotency_options
           return unless options
 
-          key = options.checked_key(Arguments.keyable(job.arguments))
-          throw :abort if EnqueueCheck.drop?(options, key, door: :active_job, job_class: job.class.name,
-                                                           queue: job.queue_name)
+          args = Arguments.keyable(job.arguments)
+          throw :abort if EnqueueCheck.drop?(options, args, door: :active_job, queue: job.queue_name)
           job.idempotency_producer ||= Producer.current
         end
 

@@ -4,29 +4,19 @@ module IdempotentJob
   module Sidekiq
     # Reads a Sidekiq job's idempotency options: from the job hash (where Sidekiq
     # merges `sidekiq_options` at enqueue, and `set(...)` overrides them per push), else
-    # from the class. The values are resolved and validated once per class and values
-    # ({JobOptions.cached}); the last resolution of each class is remembered with the
-    # values it was built from and the settings, so the next delivery of that class
-    # compares one Array instead of building and looking up a Hash.
+    # from the class; resolved, validated and remembered by {JobOptions.resolve}.
     module Options
       # Option names in the job hash, by {JobOptions::NAMES}.
-      KEYS = JobOptions::NAMES.to_h { |name| [name, "idempotency_#{name}"] }.freeze
+      KEYS = JobOptions::NAMES.to_h { |name| [name, "#{JobOptions::PREFIX}#{name}"] }.freeze
       # The job hash keys, in {KEYS} order.
       HASH_KEYS = KEYS.values.freeze
       # Prefix of the option names ({JobOptions::PREFIX}).
       PREFIX = JobOptions::PREFIX
-      # Keys with the prefix that the gem itself writes into a payload ({Door::DEFERRALS},
+      # Keys with the prefix that the gem itself writes into a payload ({Delivery::DEFERRALS},
       # {Producer::KEY}): accepted in a job hash, refused in a declaration.
-      PAYLOAD_KEYS = %w[idempotency_deferrals idempotency_producer].freeze
+      PAYLOAD_KEYS = [Delivery::DEFERRALS, Producer::KEY].freeze
       # Every prefixed key a job hash may carry (as a Hash, for a fast `key?`).
       KNOWN_HASH_KEYS = (HASH_KEYS + PAYLOAD_KEYS).to_h { |key| [key, true] }.freeze
-      # One class's last resolution: the option values read (the job hash's, else the
-      # class's, in {HASH_KEYS} order), the settings (by identity), and the options (nil:
-      # not an idempotent job).
-      Memo = Struct.new(:read, :config, :options)
-
-      @memo = {}
-      @memo_lock = Mutex.new
 
       class << self
         # @param job_class [Class, String] the job class (or its name if not loadable)
@@ -36,16 +26,8 @@ module IdempotentJob
         # @raise [ConfigurationError] for a bad lease, scope, policy, heartbeat or lookup
         def resolve(job_class, job_hash)
           declared = job_class.respond_to?(:get_sidekiq_options) ? job_class.get_sidekiq_options : nil
-          values = HASH_KEYS.map { |key| job_hash.fetch(key) { declared&.[](key) } }
-          config = IdempotentJob.configuration
-          memo = @memo[job_class]
-          return memo.options if memo && memo.config.equal?(config) && memo.read == values
-
-          given = KEYS.keys.zip(values).to_h.compact
-          options = given.key?(:key) ? JobOptions.cached(job_class, given, prefix: PREFIX) : nil
-          memo = Memo.new(values.freeze, config, options).freeze
-          @memo_lock.synchronize { @memo = @memo.merge(job_class => memo) }
-          options
+          JobOptions.resolve(job_class, HASH_KEYS.map { |key| job_hash.fetch(key) { declared&.[](key) } },
+                             prefix: PREFIX)
         end
 
         # Refuses a prefixed key nobody knows in a payload (a misspelled option in
