@@ -34,16 +34,12 @@ module IdempotentJob
       # @param key [Symbol, String, Integer, Array] the operation key declaration, as
       #   the Sidekiq door's `idempotency_key`: a `perform` parameter name, an argument
       #   index, a dotted path ("payload.order.id") or an Array of those
-      # @param options [Hash] any other option of {JobOptions::NAMES} (the core's table):
-      #   `scope:` (String, the job type; default the class name), `lease:` (seconds),
-      #   `on_stale:` (:reclaim, :hold, :skip), `on_mismatch:` (:log, :raise), `lookup:`
-      #   (a method name), `heartbeat:` (Boolean), `max_run:` (seconds), `transaction:`
-      #   (true/:native, :active_record), `lock_timeout:` (seconds), `store_result:`
-      #   (Boolean: keep the body's value for replays), `on_enqueue:` (:push, or
-      #   :skip_completed: perform_later of a completed operation enqueues nothing and
-      #   returns false), `max_takeovers:` (Integer: stale takeovers before the next is
-      #   held); unset ones take {IdempotentJob.configuration}'s defaults at first use
-      #   (checked here as Sidekiq's `sidekiq_options` are: {JobOptions.check_declaration!})
+      # @param options [Hash] any other option of {JobOptions::NAMES}, without the
+      #   `idempotency_` prefix (their kinds, values and meaning: the core's table,
+      #   {Configuration::JOB_OPTIONS}, and the README's per-job options; `on_enqueue:
+      #   :skip_completed` makes perform_later of a completed operation return false);
+      #   checked here as `sidekiq_options` are ({JobOptions.check_declaration!}); unset
+      #   ones take {IdempotentJob.configuration}'s defaults at first use
       # @return [Hash] the declaration
       # @raise [ConfigurationError] for a missing key, an unknown option or a bad value,
       #   naming the job
