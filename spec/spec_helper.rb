@@ -10,7 +10,8 @@ require "idempotent_job"
 require "idempotent_job/sidekiq"
 # Sidekiq's testing API: `require "sidekiq/testing"` before 8.1, `Sidekiq.testing!(:fake)`
 # from 8.1 (which deprecates the require).
-IdempotentJob::Sidekiq::Compat.load_testing!
+require "idempotent_job/testing/sidekiq_compat"
+IdempotentJob::Testing::SidekiqCompat.load_testing!
 require_relative "support/effects"
 require_relative "support/jobs"
 require_relative "support/processes"

@@ -12,7 +12,7 @@ module IdempotentJob
   module ActiveJobDoor
     # Keys with the `idempotency_` prefix a serialized job may carry (written by
     # {IdempotentJob::ActiveJob#serialize}); any other is refused when it is deserialized.
-    SERIALIZED_KEYS = ["idempotency_deferrals", "idempotency_lease", Producer::KEY].freeze
+    SERIALIZED_KEYS = [Delivery::DEFERRALS, "idempotency_lease", Producer::KEY].freeze
 
     # `perform_now` of a repeat returns the first run's stored value (`store_result:`): an
     # around_perform callback cannot change what `perform_now` returns, so the door
@@ -34,15 +34,12 @@ module IdempotentJob
       # @param key [Symbol, String, Integer, Array] the operation key declaration, as
       #   the Sidekiq door's `idempotency_key`: a `perform` parameter name, an argument
       #   index, a dotted path ("payload.order.id") or an Array of those
-      # @param options [Hash] any other option of {JobOptions::NAMES} (the core's table):
-      #   `scope:` (String, the job type; default the class name), `lease:` (seconds),
-      #   `on_stale:` (:reclaim, :hold, :skip), `on_mismatch:` (:log, :raise), `lookup:`
-      #   (a method name), `heartbeat:` (Boolean), `max_run:` (seconds), `transaction:`
-      #   (true/:native, :active_record), `lock_timeout:` (seconds), `store_result:`
-      #   (Boolean: keep the body's value for replays), `on_enqueue:` (:push, or
-      #   :skip_completed: perform_later of a completed operation enqueues nothing and
-      #   returns false), `max_takeovers:` (Integer: stale takeovers before the next is
-      #   held); unset ones take {IdempotentJob.configuration}'s defaults at first use
+      # @param options [Hash] any other option of {JobOptions::NAMES}, without the
+      #   `idempotency_` prefix (their kinds, values and meaning: the core's table,
+      #   {Configuration::JOB_OPTIONS}, and the README's per-job options; `on_enqueue:
+      #   :skip_completed` makes perform_later of a completed operation return false);
+      #   checked here as `sidekiq_options` are ({JobOptions.check_declaration!}); unset
+      #   ones take {IdempotentJob.configuration}'s defaults at first use
       # @return [Hash] the declaration
       # @raise [ConfigurationError] for a missing key, an unknown option or a bad value,
       #   naming the job
@@ -54,24 +51,18 @@ module IdempotentJob
                                     "name (key: :order_id), an argument index, a dotted path or an Array of those"
         end
         values = { key:, **options }.freeze
-        # Everything but the key (and a lookup defined further down) can be checked now,
-        # the names first.
-        JobOptions.new(self, values.merge(key: nil, lookup: nil))
+        JobOptions.check_declaration!(self, values, shape_only: !idempotency_perform_defined?)
         self.idempotency_values = values
-        Key.new(self, key) if idempotency_perform_defined?
-        values
       end
 
       # @param lease [Numeric, nil] a per-delivery lease in seconds overriding the
       #   declared one (the testing kit's short lease travels in the serialized job)
       # @return [JobOptions, nil] the resolved options (nil when not declared); built
-      #   on first use and cached
+      #   on first use and remembered ({JobOptions.resolve})
       # @raise [OperationKeyError, ConfigurationError] as {#idempotency}
       def idempotency_options(lease: nil)
         values = idempotency_values
-        return nil unless values
-
-        JobOptions.cached(self, lease ? values.merge(lease:) : values)
+        values && JobOptions.resolve(self, JobOptions::NAMES.map { |name| (name == :lease && lease) || values[name] })
       end
 
       # Checks a key declaration's parameter names once `perform` is defined.
@@ -156,19 +147,6 @@ module IdempotentJob
       def job_class?(klass)
         klass.is_a?(Class) && klass <= ::ActiveJob::Base
       end
-
-      # Performs a serialized job (`job.serialize`, e.g. read back from JSON) on this
-      # thread as an adapter's worker does (`ActiveJob::Base.execute`): deserialized,
-      # inside ActiveJob's execute callbacks, through the job's perform callbacks.
-      # @param job_data [Hash] the serialized job
-      # @yieldparam job [ActiveJob::Base] the deserialized job, before it is performed
-      #   (the testing kit adjusts it here)
-      # @return [Object] perform_now's value
-      def execute(job_data)
-        job = ::ActiveJob::Base.deserialize(job_data)
-        yield job if block_given?
-        ::ActiveJob::Callbacks.run_callbacks(:execute) { job.perform_now }
-      end
     end
 
     # @return [Integer] how many times this job was deferred by a live claim so far
@@ -188,7 +166,7 @@ module IdempotentJob
     # ActiveJob's serialized job.
     # @return [Hash]
     def serialize
-      extra = { "idempotency_deferrals" => @idempotency_deferrals, "idempotency_lease" => @idempotency_lease,
+      extra = { Delivery::DEFERRALS => @idempotency_deferrals, "idempotency_lease" => @idempotency_lease,
                 Producer::KEY => @idempotency_producer }
       super.merge(extra.compact)
     end
@@ -204,7 +182,7 @@ module IdempotentJob
                                   "declare it with `idempotency` on the job class"
       end
       super
-      @idempotency_deferrals = job_data["idempotency_deferrals"]
+      @idempotency_deferrals = job_data[Delivery::DEFERRALS]
       @idempotency_lease = job_data["idempotency_lease"]
       @idempotency_producer = job_data[Producer::KEY]
     end

@@ -10,6 +10,10 @@ module IdempotentJob
   #   IdempotentJob::Delivery.new(job_type: "ChargeOrder", operation_key: "42", payload: [42, 1500],
   #                               id: message_id, facts: { "receive_count" => 2 })
   class Delivery
+    # The payload key of a delivery's deferral count, as the Ruby doors write it into the
+    # copy they push back (Sidekiq's job hash, ActiveJob's serialized job).
+    DEFERRALS = "idempotency_deferrals"
+
     # @return [String] the job type (scope) the record is stored under
     attr_reader :job_type
     # @return [String] the operation key, as stored

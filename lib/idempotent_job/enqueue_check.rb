@@ -22,14 +22,17 @@ module IdempotentJob
     #
     # When the database cannot answer, the push goes ahead and a warning is logged:
     # the delivery is still decided by its claim, so nothing runs twice.
-    # @param options [JobOptions] the job's resolved options
-    # @param operation_key [String] the checked operation key
+    # The operation key of the push is checked first, whatever `on_enqueue` says, so a
+    # bad declaration or argument fails in the producer rather than in the worker.
+    # @param options [JobOptions] the job's resolved options (their name is the job class's)
+    # @param args [Array] the job's arguments as its key declaration reads them
     # @param door [Symbol] :sidekiq or :active_job
-    # @param job_class [String] the job class name
     # @param queue [String, nil] the queue it was pushed to
     # @return [Boolean] true: the operation is completed and the push must be dropped
+    # @raise [OperationKeyError] when the arguments yield no valid operation key ({JobOptions#checked_key})
     # Reads idempotent_job_records (one primary-key lookup); writes nothing.
-    def drop?(options, operation_key, door:, job_class:, queue:)
+    def drop?(options, args, door:, queue:)
+      operation_key = options.checked_key(args)
       return false unless options.on_enqueue == :skip_completed
 
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -39,8 +42,8 @@ module IdempotentJob
       IdempotentJob.logger&.info("idempotent_job: #{options.name} operation #{operation_key.inspect} is already " \
                                  "completed: push to #{queue.inspect} dropped (on_enqueue: :skip_completed)")
       if Events.listened?(:enqueue_skipped)
-        Events.publish(:enqueue_skipped, job_type: options.scope, operation_key:, job_class:, queue:, door:,
-                                         duration:, outcome: Native::REJECTED_AT_ENQUEUE)
+        Events.publish(:enqueue_skipped, job_type: options.scope, operation_key:, job_class: options.name, queue:,
+                                         door:, duration:, outcome: Native::REJECTED_AT_ENQUEUE)
       end
       true
     rescue ConnectionError, TimeoutError, DatabaseError => e

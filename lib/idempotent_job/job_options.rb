@@ -30,11 +30,39 @@ module IdempotentJob
     # Most option sets cached per configuration (per-push overrides add entries).
     CACHE_LIMIT = 1000
 
+    # One class's last resolution ({.resolve}): the option values it was built from, the
+    # prefix, the settings (by identity) and the options (nil: not an idempotent job).
+    Memo = Struct.new(:read, :prefix, :config, :options)
+
     @cache = {}
     @cache_config = nil
     @cache_lock = Mutex.new
+    @memo = {}
+    @memo_lock = Mutex.new
 
     class << self
+      # The options a door reads for one delivery of a job class: resolved and validated
+      # once per class and values ({.cached}); the last resolution of each class is
+      # remembered with the values it was built from and the settings, so the next
+      # delivery of that class compares one Array instead of building and looking up a Hash.
+      # @param job_class [Class, String] the job class (or its name if not loadable)
+      # @param values [Array] the option values in {NAMES} order (nil: not set)
+      # @param prefix [String] how the door spells option names, for messages
+      # @return [JobOptions, nil] nil when no key is declared (the job passes through)
+      # @raise [OperationKeyError] for a malformed key declaration
+      # @raise [ConfigurationError] for a bad lease, scope, policy, heartbeat or lookup
+      def resolve(job_class, values, prefix: "")
+        config = IdempotentJob.configuration
+        memo = @memo[job_class]
+        return memo.options if memo&.config.equal?(config) && memo.prefix == prefix && memo.read == values
+
+        given = NAMES.zip(values).to_h.compact
+        options = given.key?(:key) ? cached(job_class, given, prefix:) : nil
+        memo = Memo.new(values.freeze, prefix, config, options).freeze
+        @memo_lock.synchronize { @memo = @memo.merge(job_class => memo) }
+        options
+      end
+
       # The options of `job_class` with these values, built once and then cached
       # (until {IdempotentJob.configure} replaces the settings).
       # @param job_class [Class, String] the job class (its `perform` names key parameters,
@@ -70,6 +98,31 @@ module IdempotentJob
       def check_names!(job_name, names, prefix: "")
         names.each do |name|
           Native.job_option(job_name.to_s, prefix, name.to_s, nil) unless TABLE.key?(name.to_sym)
+        end
+      end
+
+      # Checks the options a job class declares, where it declares them (`sidekiq_options`,
+      # ActiveJob's `idempotency`), the same way for both Ruby doors: every name, every value
+      # given but the lookup's (a method may be defined further down: checked at first use),
+      # and the key declaration's shape, its parameter names too unless `shape_only`. Options
+      # left unset are not read here: the configured defaults ({IdempotentJob.configure})
+      # apply at the first push or delivery, so they may be set after the classes load.
+      # @param job_class [Class] the declaring class
+      # @param values [Hash{Symbol, String => Object}] the declared values by option name as
+      #   the door spells it (a key without the prefix is not the gem's: skipped)
+      # @param prefix [String] how the door spells option names (`idempotency_` for Sidekiq)
+      # @param shape_only [Boolean] `perform` is not defined yet: the key's parameter names
+      #   are checked later (at first use, or when the door sees `perform` defined)
+      # @return [void]
+      # @raise [ConfigurationError] naming the job, the option and the known ones, or the bad value
+      # @raise [OperationKeyError] for a malformed key declaration
+      def check_declaration!(job_class, values, prefix: "", shape_only: !job_class.method_defined?(:perform))
+        values.each do |name, value|
+          next unless name.to_s.start_with?(prefix)
+
+          name = name.to_s.delete_prefix(prefix)
+          Native.job_option(job_class.name.to_s, prefix, name, HOST_CHECKED.include?(name.to_sym) ? nil : value)
+          Key.new(job_class, value, shape_only:) if name == "key" && !value.nil?
         end
       end
 

@@ -87,17 +87,6 @@ module IdempotentJob
         new(job_name, 0, direct: true).operation_key([value])
       end
 
-      # Checks a declaration where the class declares it: its shape always (types of its
-      # parts, negative indexes, empty segments or Arrays), its parameter names once
-      # `perform` is defined.
-      # @param job_class [Class]
-      # @param declaration [Object] the key declaration as given
-      # @return [void]
-      # @raise [OperationKeyError] naming the job and the problem
-      def check_declaration!(job_class, declaration)
-        new(job_class, declaration, shape_only: !job_class.method_defined?(:perform))
-      end
-
       # A resolved declaration for a job class, cached per class and declaration.
       # @param job_class [Class] the job class (its `perform` names parameters)
       # @param declaration [Symbol, String, Integer, Array] the idempotency_key option

@@ -8,7 +8,8 @@ rescue LoadError
 end
 if defined?(Sidekiq::VERSION)
   require "idempotent_job/sidekiq"
-  IdempotentJob::Sidekiq::Compat.load_testing!
+  require "idempotent_job/testing/sidekiq_compat"
+  IdempotentJob::Testing::SidekiqCompat.load_testing!
 end
 
 module IdempotentJob

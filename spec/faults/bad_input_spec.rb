@@ -102,6 +102,26 @@ RSpec.describe "Bad input", :faults do
     end
   end
 
+  describe "what a declaration checks, the same in both Ruby doors" do
+    it "checks only the declared options: unset ones take the configured defaults at first use" do
+      require "idempotent_job/active_job"
+      sidekiq = Class.new do
+        include Sidekiq::Job
+        sidekiq_options idempotency_key: 0
+      end
+      # Declared before the class has a name (the job type's default) and before
+      # `configure`: before, ActiveJob's declaration resolved every default here and
+      # refused the unnamed class's empty job type; Sidekiq's never read a default.
+      active_job = Class.new(ActiveJob::Base) { include IdempotentJob::ActiveJob }.tap { |job| job.idempotency(key: 0) }
+      stub_const("LateSidekiqJob", sidekiq)
+      stub_const("LateActiveJob", active_job)
+      IdempotentJob.configure(lease: 45, on_stale: :hold)
+      resolved = [IdempotentJob::Sidekiq::Options.resolve(sidekiq, { "args" => [1] }), active_job.idempotency_options]
+      expect(resolved.map { |options| [options.scope, options.lease, options.on_stale] })
+        .to eq([["LateSidekiqJob", 45, :hold], ["LateActiveJob", 45, :hold]])
+    end
+  end
+
   describe "an idempotency_* option in a payload pushed by name, checked by the server side (issue 29 item 3)" do
     it "fails the Sidekiq delivery into its retry, naming the option and the nearest one; nothing runs" do
       # Pushed by class name: the client middleware never sees a class, so only the

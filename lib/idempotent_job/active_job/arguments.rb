@@ -18,16 +18,6 @@ module IdempotentJob
           arguments.map { |value| keyable_value(value) }
         end
 
-        # The operation key of a delivery.
-        # @param key [IdempotentJob::Key] the job's resolved declaration
-        # @param arguments [Array] the job's deserialized arguments
-        # @return [String] the operation key
-        # @raise [OperationKeyError] when the arguments yield no key (missing, nil,
-        #   empty, or a value of an unsupported type such as a Time)
-        def operation_key(key, arguments)
-          key.operation_key(keyable(arguments))
-        end
-
         private
 
         def keyable_value(value)

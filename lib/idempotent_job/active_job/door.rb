@@ -3,8 +3,9 @@
 module IdempotentJob
   module ActiveJobDoor
     # What the ActiveJob door tells the {Protocol} for one job: an interrupt of the
-    # worker is a crash, and a delivery that met a live claim comes back through
-    # `retry_job(wait: …)` on the job's own adapter.
+    # worker is a crash (the base class's rule; Sidekiq's hard shutdown, Sidekiq::Shutdown,
+    # is an Interrupt in every supported version), and a delivery that met a live claim
+    # comes back through `retry_job(wait: …)` on the job's own adapter.
     #
     # `retry_job` is not a failure: no `retry_on` counter moves (ActiveJob 6.1 to 8.1
     # count `retry_on` attempts in `exception_executions`, per exception, which only a
@@ -13,11 +14,6 @@ module IdempotentJob
     # runs that really happened (it is the fallback `retry_on` counter for jobs
     # serialized without `exception_executions`, and what ActiveJob's logs report).
     class Door < IdempotentJob::Door
-      # Class names (and ancestors') that mean the worker is going away, when seen in
-      # an error or its causes: Sidekiq's hard shutdown raises this inside `perform`
-      # (it is also an Interrupt; the name is checked in case a version changes that).
-      SHUTDOWN_CLASS_NAMES = %w[Sidekiq::Shutdown].freeze
-
       # @param job [ActiveJob::Base, nil] the job being performed (nil: the registered
       #   instance, which only answers {#rerun})
       # @param in_place [Boolean] true when the adapter cannot schedule (inline): the
@@ -26,14 +22,6 @@ module IdempotentJob
         super()
         @job = job
         @in_place = in_place
-      end
-
-      # @param error [Exception]
-      # @return [Boolean] true for an interrupt or signal (Interrupt, SignalException,
-      #   Sidekiq::Shutdown by name): the claim is kept for its lease
-      def crash?(error)
-        error.is_a?(SignalException) ||
-          error.class.ancestors.any? { |ancestor| SHUTDOWN_CLASS_NAMES.include?(ancestor.name) }
       end
 
       # @return [String]

@@ -29,9 +29,8 @@ module IdempotentJob
           options = job.class.idempotency_options
           return unless options
 
-          key = options.checked_key(Arguments.keyable(job.arguments))
-          throw :abort if EnqueueCheck.drop?(options, key, door: :active_job, job_class: job.class.name,
-                                                           queue: job.queue_name)
+          args = Arguments.keyable(job.arguments)
+          throw :abort if EnqueueCheck.drop?(options, args, door: :active_job, queue: job.queue_name)
           job.idempotency_producer ||= Producer.current
         end
 
@@ -70,7 +69,7 @@ module IdempotentJob
 
         @job.instance_variable_set(:@idempotency_performed, true)
         # The key is checked by the core's one call (`Native::Protocol#perform`).
-        run(options, Arguments.operation_key(options.key, @job.arguments), body)
+        run(options, options.key.operation_key(Arguments.keyable(@job.arguments)), body)
       end
 
       private

@@ -35,8 +35,7 @@ module IdempotentJob
         Options.check_push!(job_class, job)
         options = Options.resolve(job_class, job)
         if options
-          key = options.checked_key(job["args"])
-          return nil if EnqueueCheck.drop?(options, key, door: :sidekiq, job_class: job_class.name, queue:)
+          return nil if EnqueueCheck.drop?(options, job["args"], door: :sidekiq, queue:)
 
           Producer.stamp(job)
         end

@@ -6,8 +6,8 @@ module IdempotentJob
     # claim is kept), a delivery that meets a live claim is pushed back as a scheduled
     # copy carrying its deferral count, and Sidekiq's logger takes the decisions.
     class Door < IdempotentJob::Door
-      # The payload key counting a delivery's deferrals.
-      DEFERRALS = "idempotency_deferrals"
+      # The payload key counting a delivery's deferrals ({Delivery::DEFERRALS}).
+      DEFERRALS = Delivery::DEFERRALS
 
       # @param job_hash [Hash, nil] the payload being delivered (what a deferral copies)
       def initialize(job_hash = nil)

@@ -4,29 +4,19 @@ module IdempotentJob
   module Sidekiq
     # Reads a Sidekiq job's idempotency options: from the job hash (where Sidekiq
     # merges `sidekiq_options` at enqueue, and `set(...)` overrides them per push), else
-    # from the class. The values are resolved and validated once per class and values
-    # ({JobOptions.cached}); the last resolution of each class is remembered with the
-    # values it was built from and the settings, so the next delivery of that class
-    # compares one Array instead of building and looking up a Hash.
+    # from the class; resolved, validated and remembered by {JobOptions.resolve}.
     module Options
       # Option names in the job hash, by {JobOptions::NAMES}.
-      KEYS = JobOptions::NAMES.to_h { |name| [name, "idempotency_#{name}"] }.freeze
+      KEYS = JobOptions::NAMES.to_h { |name| [name, "#{JobOptions::PREFIX}#{name}"] }.freeze
       # The job hash keys, in {KEYS} order.
       HASH_KEYS = KEYS.values.freeze
       # Prefix of the option names ({JobOptions::PREFIX}).
       PREFIX = JobOptions::PREFIX
-      # Keys with the prefix that the gem itself writes into a payload ({Door::DEFERRALS},
+      # Keys with the prefix that the gem itself writes into a payload ({Delivery::DEFERRALS},
       # {Producer::KEY}): accepted in a job hash, refused in a declaration.
-      PAYLOAD_KEYS = %w[idempotency_deferrals idempotency_producer].freeze
+      PAYLOAD_KEYS = [Delivery::DEFERRALS, Producer::KEY].freeze
       # Every prefixed key a job hash may carry (as a Hash, for a fast `key?`).
       KNOWN_HASH_KEYS = (HASH_KEYS + PAYLOAD_KEYS).to_h { |key| [key, true] }.freeze
-      # One class's last resolution: the option values read (the job hash's, else the
-      # class's, in {HASH_KEYS} order), the settings (by identity), and the options (nil:
-      # not an idempotent job).
-      Memo = Struct.new(:read, :config, :options)
-
-      @memo = {}
-      @memo_lock = Mutex.new
 
       class << self
         # @param job_class [Class, String] the job class (or its name if not loadable)
@@ -36,36 +26,8 @@ module IdempotentJob
         # @raise [ConfigurationError] for a bad lease, scope, policy, heartbeat or lookup
         def resolve(job_class, job_hash)
           declared = job_class.respond_to?(:get_sidekiq_options) ? job_class.get_sidekiq_options : nil
-          values = HASH_KEYS.map { |key| job_hash.fetch(key) { declared&.[](key) } }
-          config = IdempotentJob.configuration
-          memo = @memo[job_class]
-          return memo.options if memo && memo.config.equal?(config) && memo.read == values
-
-          given = KEYS.keys.zip(values).to_h.compact
-          options = given.key?(:key) ? JobOptions.cached(job_class, given, prefix: PREFIX) : nil
-          memo = Memo.new(values.freeze, config, options).freeze
-          @memo_lock.synchronize { @memo = @memo.merge(job_class => memo) }
-          options
-        end
-
-        # Checks the `idempotency_*` options of one `sidekiq_options` call when the
-        # class declares them (see {Declaration}): every name, every value but the
-        # lookup (checked at the first push, once the method is defined), and the key
-        # declaration's shape (its parameter names too once `perform` is defined).
-        # @param job_class [Class]
-        # @param opts [Hash] the options of the call
-        # @return [void]
-        # @raise [ConfigurationError] naming the job, the option and the known ones
-        # @raise [OperationKeyError] for a malformed key declaration
-        def check_declaration!(job_class, opts)
-          opts.each do |key, value|
-            next unless key.to_s.start_with?(PREFIX)
-
-            name = key.to_s.delete_prefix(PREFIX)
-            Native.job_option(job_class.name.to_s, PREFIX, name,
-                              JobOptions::HOST_CHECKED.include?(name.to_sym) ? nil : value)
-            Key.check_declaration!(job_class, value) if name == "key" && !value.nil?
-          end
+          JobOptions.resolve(job_class, HASH_KEYS.map { |key| job_hash.fetch(key) { declared&.[](key) } },
+                             prefix: PREFIX)
         end
 
         # Refuses a prefixed key nobody knows in a payload (a misspelled option in
@@ -84,13 +46,13 @@ module IdempotentJob
 
       # Prepended to Sidekiq's `sidekiq_options` (see {.install!}): a misspelled
       # `idempotency_*` option or a value of the wrong type fails where the class is
-      # declared, naming the job, the option and the known ones.
+      # declared, naming the job, the option and the known ones ({JobOptions.check_declaration!}).
       module Declaration
         # @param opts [Hash] Sidekiq's options (any keys; only `idempotency_*` are checked)
         # @return [Hash] what Sidekiq's `sidekiq_options` returns
         # @raise [ConfigurationError] for an unknown `idempotency_*` option or a bad value
         def sidekiq_options(opts = {})
-          Options.check_declaration!(self, opts) if opts.is_a?(Hash)
+          JobOptions.check_declaration!(self, opts, prefix: PREFIX) if opts.is_a?(Hash)
           super
         end
       end

@@ -56,7 +56,7 @@ module IdempotentJob
       # @return [String, nil]
       def operation_key(args)
         key = options&.key
-        key && IdempotentJob::ActiveJobDoor::Arguments.operation_key(key, args)
+        key&.operation_key(IdempotentJob::ActiveJobDoor::Arguments.keyable(args))
       end
 
       # @param args [Array]
@@ -77,10 +77,13 @@ module IdempotentJob
       def deliver(payload)
         capture = Capture.new
         run = lambda do
-          IdempotentJob::ActiveJob.execute(payload) do |job|
-            self.class.capture_enqueues(job, capture)
-            job.define_singleton_method(:perform) { |*args| Probe.around { super(*args) } }
-          end
+          # As an adapter's worker does (`ActiveJob::Base.execute`), with the job adjusted
+          # once deserialized: deserialized, inside ActiveJob's execute callbacks, through
+          # the job's perform callbacks.
+          job = ::ActiveJob::Base.deserialize(payload)
+          self.class.capture_enqueues(job, capture)
+          job.define_singleton_method(:perform) { |*args| Probe.around { super(*args) } }
+          ::ActiveJob::Callbacks.run_callbacks(:execute) { job.perform_now }
         end
         Testing.disabled? ? IdempotentJob::ActiveJob.unprotected(&run) : run.call
       end

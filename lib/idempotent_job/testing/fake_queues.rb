@@ -46,7 +46,7 @@ module IdempotentJob
         end
 
         def by_class
-          IdempotentJob::Sidekiq::Compat.fake_jobs_by_class
+          SidekiqCompat.fake_jobs_by_class
         end
       end
     end

@@ -33,7 +33,7 @@ module IdempotentJob
       # @raise [Error] when a client middleware (other than the kit's) stopped the push
       def enqueue(args)
         holder = []
-        client = IdempotentJob::Sidekiq::Compat.client_with(SidekiqCapture, holder)
+        client = SidekiqCompat.client_with(SidekiqCapture, holder)
         # As a producer's arguments reach a worker: through JSON (symbol keys become strings).
         # The kit replays deliveries: `on_enqueue: push` keeps a job's reject-at-enqueue
         # option from dropping a copy of an operation it already completed.
@@ -59,7 +59,7 @@ module IdempotentJob
       # pushed during it.
       # @return [Array(Object, Array<Hash>)]
       def around_scenario
-        return [yield, []] unless IdempotentJob::Sidekiq::Compat.fake?
+        return [yield, []] unless SidekiqCompat.fake?
 
         saved = FakeQueues.snapshot
         begin

@@ -21,7 +21,7 @@ end
 # a GlobalID-able argument by its GlobalID.
 RSpec.describe IdempotentJob::ActiveJobDoor::Arguments do
   def key_of(declaration, arguments, job_class: AjShipOrderJob)
-    described_class.operation_key(IdempotentJob::Key.new(job_class, declaration), arguments)
+    IdempotentJob::Key.new(job_class, declaration).operation_key(described_class.keyable(arguments))
   end
 
   let(:account) { ArgumentsSpecAccount.new(7) }

@@ -19,7 +19,7 @@ RSpec.describe IdempotentJob::Sidekiq::Compat do
 
   it "knows the job module and the testing API of the running version" do
     expect(described_class.job_module).to eq(Sidekiq::Job)
-    expect(described_class.fake?).to be(true)
-    expect(described_class.fake_jobs_by_class).to be_a(Hash)
+    expect(IdempotentJob::Testing::SidekiqCompat.fake?).to be(true)
+    expect(IdempotentJob::Testing::SidekiqCompat.fake_jobs_by_class).to be_a(Hash)
   end
 end
