@@ -111,6 +111,14 @@ impl Protocol {
         &self.words
     }
 
+    /// The same protocol told in other `words` (its options stay as checked).
+    pub fn in_words(&self, words: DoorWords) -> Protocol {
+        Protocol {
+            options: self.options.clone(),
+            words,
+        }
+    }
+
     /// The options that decide, as the decision table ([`transitions`]) takes them,
     /// for a claim with `takeovers` stale takeovers (see [`Protocol::stale_policy`]).
     pub(super) fn rules(&self, takeovers: i32) -> Rules {

@@ -8,6 +8,8 @@
 //!   (`:info`, `:warn`, `:error` or nil) and text (without the gem's prefix), and the
 //!   claim's attempt (nil for a delivery's note).
 
+use std::sync::{Arc, Mutex};
+
 use magnus::{
     function, method, prelude::*, value::ReprValue, IntoValue, RArray, RHash, RModule, Ruby,
     Symbol, Value,
@@ -24,8 +26,15 @@ use idempotent_job_core::protocol::{
 };
 use idempotent_job_core::record::ClaimRequest;
 
+/// Most sets of door words one protocol keeps (the oldest goes): several doors may run
+/// one job's options, and one door class may use several (an ActiveJob class alternates
+/// waiting in place and re-enqueueing: two `defer_text`s).
+const WORDS_LIMIT: usize = 8;
+
+/// One job's protocol, kept told in each set of door words it was used with (newest
+/// last), so a delivery finds its door's by comparing the words (see [`NativeProtocol::told`]).
 #[magnus::wrap(class = "IdempotentJob::Native::Protocol", free_immediately, size)]
-pub struct NativeProtocol(pub(super) Protocol);
+pub struct NativeProtocol(Mutex<Vec<Arc<Protocol>>>);
 
 fn config_error(ruby: &Ruby, message: String) -> magnus::Error {
     to_ruby(ruby, Error::Config(message))
@@ -150,23 +159,25 @@ pub(super) fn fenced_name(change: Fenced) -> &'static str {
     }
 }
 
-fn door_words(ruby: &Ruby, words: RHash) -> RbResult<DoorWords> {
+/// The gem's words with the door's `id_label`, `defer_text` and `crash_text` where
+/// given.
+fn ruby_words(id_label: Option<String>, defer: Option<String>, crash: Option<String>) -> DoorWords {
     let mut out = DoorWords {
         name_prefix: ":".into(),
         error_namespace: "IdempotentJob::".into(),
         resolve_text: "IdempotentJob.resolve / rake idempotent_job:resolve".into(),
         ..DoorWords::default()
     };
-    if let Some(v) = fetch::<String>(ruby, words, "id_label")? {
+    if let Some(v) = id_label {
         out.id_label = v;
     }
-    if let Some(v) = fetch::<String>(ruby, words, "defer_text")? {
+    if let Some(v) = defer {
         out.defer_text = v;
     }
-    if let Some(v) = fetch::<String>(ruby, words, "crash_text")? {
+    if let Some(v) = crash {
         out.crash_text = v;
     }
-    Ok(out)
+    out
 }
 
 impl NativeProtocol {
@@ -175,13 +186,14 @@ impl NativeProtocol {
     /// checked: seconds, Symbols of a choice, booleans, nil for unset) with `lookup` the
     /// lookup's label or nil, read by the core's [`JobOptions::from_settings`] (no name
     /// is mapped here); `defer_margin` the configured setting in seconds; `words` Hash
-    /// `{id_label:, defer_text:, crash_text:}` (the door's). Raises ConfigurationError
-    /// for a bad value, naming the job.
+    /// `{id_label:, defer_text:, crash_text:}` or nil (the first door's; each delivery
+    /// brings its door's, see [`NativeProtocol::told`]). Raises ConfigurationError for
+    /// a bad value, naming the job.
     fn new(
         ruby: &Ruby,
         job: String,
         settings: RHash,
-        words: RHash,
+        words: Option<RHash>,
         defer_margin: f64,
     ) -> RbResult<Self> {
         let settings = json_of(settings.as_value())
@@ -192,10 +204,40 @@ impl NativeProtocol {
         };
         let options =
             JobOptions::from_settings(&job, "", &settings, base).map_err(|e| to_ruby(ruby, e))?;
-        let words = door_words(ruby, words)?;
-        Protocol::new(&job, options, words)
-            .map(NativeProtocol)
-            .map_err(|e| to_ruby(ruby, e))
+        let words = match words {
+            Some(w) => ruby_words(
+                fetch(ruby, w, "id_label")?,
+                fetch(ruby, w, "defer_text")?,
+                fetch(ruby, w, "crash_text")?,
+            ),
+            None => ruby_words(None, None, None),
+        };
+        let protocol = Protocol::new(&job, options, words).map_err(|e| to_ruby(ruby, e))?;
+        Ok(NativeProtocol(Mutex::new(vec![Arc::new(protocol)])))
+    }
+
+    /// The protocol told in `door`'s words (its `id_label`, `defer_text` and
+    /// `crash_text`, read for each delivery): one kept, or this job's options told in
+    /// them and kept (at most [`WORDS_LIMIT`] sets).
+    pub(super) fn told(&self, door: Value) -> RbResult<Arc<Protocol>> {
+        let id_label: String = door.funcall("id_label", ())?;
+        let defer_text: String = door.funcall("defer_text", ())?;
+        let crash_text: String = door.funcall("crash_text", ())?;
+        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let same = |p: &&Arc<Protocol>| {
+            let w = p.words();
+            w.id_label == id_label && w.defer_text == defer_text && w.crash_text == crash_text
+        };
+        if let Some(found) = told.iter().find(same) {
+            return Ok(found.clone());
+        }
+        let words = ruby_words(Some(id_label), Some(defer_text), Some(crash_text));
+        let built = Arc::new(told[told.len() - 1].in_words(words));
+        if told.len() >= WORDS_LIMIT {
+            told.remove(0);
+        }
+        told.push(built.clone());
+        Ok(built)
     }
 
     pub(super) fn delivery(
@@ -277,6 +319,6 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     )?;
     let class = native.define_class("Protocol", ruby.class_object())?;
     class.define_singleton_method("new", function!(NativeProtocol::new, 4))?;
-    class.define_method("perform", method!(NativeProtocol::perform, 6))?;
+    class.define_method("perform", method!(NativeProtocol::perform, 7))?;
     Ok(())
 }
