@@ -95,12 +95,7 @@ module IdempotentJob
         return in_progress(value, notes) if kind == :in_progress
 
         tell(notes)
-        case kind
-        when :ran
-          Outcome.new(:ran, value: value[0], claim: value[4], result_state: value[1], label: value[2], waited: value[3])
-        when :error then raise_error(value)
-        else finish(value)
-        end
+        kind == :error ? raise_error(value) : Outcome.new(kind, **value)
       end
 
       # The lookup's answer for `operation_key` (called by the core for a stale claim
@@ -187,23 +182,8 @@ module IdempotentJob
         raise error
       end
 
-      # A delivery the body did not run for. A repeat of a completed operation whose
-      # completion stored a result replays it: its value (parsed from the stored JSON)
-      # and `replayed: true`.
-      def finish(value)
-        result_state = value[:result_state]
-        replayed = value[:decision] == :completed && !result_state.nil?
-        stored = value[:result_json] && JSON.parse(value[:result_json], max_nesting: Native::MAX_NESTING)
-        claim = value[:claim]
-        Outcome.new(value[:decision], duplicates: value[:duplicates], claim: claim && Claim.new(**claim),
-                                      value: stored, result_state:, replayed:, label: value[:label],
-                                      waited: value[:waited])
-      end
-
       def in_progress(value, notes)
-        outcome = Outcome.new(:in_progress, retry_after: value[:retry_after], duplicates: value[:duplicates],
-                                            lease_remaining: value[:lease_remaining], holder: value[:holder],
-                                            label: value[:label], waited: value[:waited])
+        outcome = Outcome.new(:in_progress, **value)
         deferred, before = notes.partition { |note| note[0] == :deferred }
         tell(before)
         # Before the deferral is told: a door that cannot bring the delivery back raises.

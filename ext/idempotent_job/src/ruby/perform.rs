@@ -11,15 +11,15 @@ use magnus::{
     error::{ErrorType, Tag},
     typed_data::Obj,
     value::ReprValue,
-    IntoValue, KwArgs, Module, RArray, RHash, RModule, RString, Ruby, Symbol, TryConvert, Value,
+    IntoValue, Module, RArray, RHash, RModule, RString, Ruby, Symbol, TryConvert, Value,
 };
 
 use super::channel::{PoolChannel, RbChannel, SessionChannel, TxChannel, RAISED_IN_RUBY};
-use super::convert::{json_of, RbResult};
+use super::convert::{json_of, Out, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::{heartbeat_hash, NativeHeartbeatReader};
-use super::protocol::{claim_hash, notes_array, outcome_hash, NativeProtocol};
+use super::protocol::{claim_object, notes_array, outcome_hash, NativeProtocol};
 use super::store::NativeStore;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::canonical;
@@ -220,11 +220,7 @@ impl Host for RbHost<'_> {
     }
 
     fn body(&mut self, info: &ClaimInfo) -> Body<Value, magnus::Error> {
-        let claim = claim_hash(self.ruby, info).and_then(|hash| {
-            self.gem::<Value>("Claim")?
-                .funcall::<_, _, Value>("new", (KwArgs(hash),))
-        });
-        let claim = match claim {
+        let claim = match claim_object(self.ruby, info) {
             Ok(claim) => claim,
             Err(e) => return left_body(e),
         };
@@ -295,13 +291,14 @@ impl Host for RbHost<'_> {
     }
 }
 
-/// The body's end when `Driver#body` did not answer (it rescues every exception): a
-/// jump with no exception to hand back. Thread#kill (a fatal jump): the thread is going
+/// The body's end when it left by a jump with no exception to hand back (what it raised
+/// goes through [`RbHost::raised_body`]). Thread#kill (a fatal jump): the thread is going
 /// away, so the claim is kept until its lease ends (a crash). `throw` (Timeout.timeout
 /// without an error class on Ruby before 3.3 is one), `break` or a non-local `return`
 /// out of the body: the worker goes on, so the claim is released like a raising body's
-/// (a retry runs at once) and the jump goes on after the release. An exception (the
-/// handler itself failed) is released and re-raised the same way.
+/// (a retry runs at once) and the jump goes on after the release. An exception the
+/// gem's own callbacks raised (the Claim, the door's `crash?`) is released and
+/// re-raised the same way.
 fn left_body(left: magnus::Error) -> Body<Value, magnus::Error> {
     let (class, message, crash) = match left.error_type() {
         ErrorType::Jump(Tag::Fatal) => (String::new(), String::new(), true),
@@ -379,11 +376,10 @@ fn checked_key(ruby: &Ruby, request: RHash, handler: Value) -> RbResult<()> {
 impl NativeProtocol {
     /// `perform(store, channel, request, door, deferrals, wait, handler)` runs one delivery
     /// (the claim, a wait, the lookup, the body, the completion or release) and answers
-    /// `[kind, value, notes]`: `[:ran, [body_value, result_state, label, waited, claim], notes]`,
-    /// `[:in_progress, outcome, notes]`, `[:decided, outcome, notes]` (not run: the
-    /// outcome Hash of a completed, held, given-up or refused delivery) or `[:error,
-    /// exception, notes]` (what the body raised after its claim was released or kept,
-    /// or the core's error). `channel`: nil (the store's pool), `:transaction` (the
+    /// `[decision, keywords, notes]`, `Outcome.new(decision, **keywords)` (`:ran`:
+    /// `value` the body's, `claim`, `label`, `waited`, `result_state`; any other decision:
+    /// see [`outcome_hash`]), or `[:error, exception, notes]` (what the body raised after
+    /// its claim was released or kept, or the core's error). `channel`: nil (the store's pool), `:transaction` (the
     /// gem's own transaction: begun here, committed after a delivery that did not fail,
     /// rolled back otherwise; the body gets it as `body`'s second argument), or a Ruby
     /// session (`Transactional::ActiveRecord`); `request`: the claim request
@@ -496,29 +492,29 @@ impl NativeProtocol {
             return Err(failed);
         }
         let (kind, value): (&str, Value) = match performed {
+            // The keywords of `Outcome.new(kind, **value)`.
             Ok(Performed {
                 outcome,
                 value: Some(value),
             }) => {
-                let ran = ruby.ary_new_capa(5);
-                ran.push(value)?;
-                match outcome.result_state {
-                    Some(state) => ran.push(ruby.sym_new(state.as_str()))?,
-                    None => ran.push(ruby.qnil())?,
+                let ran = Out::new(ruby);
+                ran.set("value", value)?
+                    .set("claim", host.claim)?
+                    .sym("label", outcome.label())?
+                    .set("waited", outcome.waited)?;
+                if let Some(state) = outcome.result_state {
+                    ran.sym("result_state", state.as_str())?;
                 }
-                ran.push(ruby.sym_new(outcome.label()))?;
-                ran.push(outcome.waited)?;
-                ran.push(host.claim)?;
-                ("ran", ran.as_value())
+                ("ran", ran.hash.as_value())
             }
-            Ok(Performed { outcome, .. }) => {
-                let kind = if outcome.decision.as_str() == "in_progress" {
-                    "in_progress"
-                } else {
-                    "decided"
-                };
-                (kind, outcome_hash(ruby, &outcome)?.as_value())
-            }
+            // A stored result that cannot be read back: the notes are told first.
+            Ok(Performed { outcome, .. }) => match outcome_hash(ruby, &outcome) {
+                Ok(hash) => (outcome.decision.as_str(), hash.as_value()),
+                Err(e) => {
+                    host.publish(&mut notes);
+                    return Err(e);
+                }
+            },
             Err(e) => match e.value() {
                 Some(exception) => ("error", exception),
                 None => {

@@ -8,33 +8,28 @@
 //!   (`:info`, `:warn`, `:error` or nil) and text (without the gem's prefix), and the
 //!   claim's attempt (nil for a delivery's note).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use magnus::{
-    function, method, prelude::*, value::ReprValue, IntoValue, RArray, RHash, RModule, Ruby,
-    Symbol, Value,
+    function, method, prelude::*, value::ReprValue, IntoValue, KwArgs, RArray, RHash, RModule,
+    Ruby, Symbol, Value,
 };
 
-use super::convert::{claim_request, json_of, Out, RbResult};
+use super::convert::{claim_request, json_of, parsed_json, Out, RbResult};
 use super::errors::to_ruby;
 use super::store::NativeStore;
 use idempotent_job_core::error::Error;
 use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{
     deferral_delay, ClaimInfo, DeliveryRequest, Detail, Direct, DoorWords, JobOptions,
-    LookupAnswer, Notes, Outcome, Protocol, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
+    LookupAnswer, Notes, Outcome, Protocol, Told, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
 };
 use idempotent_job_core::record::ClaimRequest;
 
-/// Most sets of door words one protocol keeps (the oldest goes): several doors may run
-/// one job's options, and one door class may use several (an ActiveJob class alternates
-/// waiting in place and re-enqueueing: two `defer_text`s).
-const WORDS_LIMIT: usize = 8;
-
-/// One job's protocol, kept told in each set of door words it was used with (newest
-/// last), so a delivery finds its door's by comparing the words (see [`NativeProtocol::told`]).
+/// One job's core protocol, kept told in the words of each door it ran for
+/// ([`Told`], see [`NativeProtocol::told`]).
 #[magnus::wrap(class = "IdempotentJob::Native::Protocol", free_immediately, size)]
-pub struct NativeProtocol(Mutex<Vec<Arc<Protocol>>>);
+pub struct NativeProtocol(Told);
 
 fn config_error(ruby: &Ruby, message: String) -> magnus::Error {
     to_ruby(ruby, Error::Config(message))
@@ -55,16 +50,24 @@ pub(super) fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
-/// The outcome Hash `perform` answers for a delivery the body did not run: `decision`
-/// and `label` (Symbols) always; `duplicates`, `retry_after`, `lease_remaining`,
-/// `holder`, `result_json`, `result_state` and `claim` (see [`claim_hash`]) only when
-/// the core's outcome has them, `waited` only when true (an absent key reads as nil).
+/// `IdempotentJob::Claim.new(**claim_hash)` (see [`claim_hash`]).
+pub(super) fn claim_object(ruby: &Ruby, info: &ClaimInfo) -> RbResult<Value> {
+    let gem: RModule = ruby.class_object().const_get("IdempotentJob")?;
+    let class: Value = gem.const_get("Claim")?;
+    class.funcall("new", (KwArgs(claim_hash(ruby, info)?),))
+}
+
+/// The keywords of `Outcome.new(decision, **)` that `perform` answers for a delivery
+/// the body did not run: `label` always; `duplicates`, `retry_after`,
+/// `lease_remaining`, `holder`, `result_state`, `claim` (a `Claim`, see
+/// [`claim_object`]) and `value` (the stored result parsed from its JSON) only when the
+/// core's outcome has them, `waited` and `replayed` (a completed operation whose
+/// completion stored a result) only when true.
 pub(super) fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
-    // Only the entries the outcome has: a duplicate's Hash keeps 4 entries instead of
+    // Only the entries the outcome has: a duplicate's Hash keeps 3 entries instead of
     // 10, so Ruby stores it as a small array table (no separate hash table allocated).
     let out = Out::new(ruby);
-    out.sym("decision", outcome.decision.as_str())?
-        .sym("label", outcome.label())?;
+    out.sym("label", outcome.label())?;
     if let Some(duplicates) = outcome.duplicates {
         out.set("duplicates", duplicates)?;
     }
@@ -78,16 +81,19 @@ pub(super) fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
         out.set("holder", holder.as_str())?;
     }
     if let Some(json) = &outcome.result_json {
-        out.set("result_json", json.as_str())?;
+        out.set("value", parsed_json(ruby, Some(json))?)?;
     }
     if outcome.waited {
         out.set("waited", true)?;
     }
     if let Some(state) = outcome.result_state {
         out.sym("result_state", state.as_str())?;
+        if outcome.decision.as_str() == "completed" {
+            out.set("replayed", true)?;
+        }
     }
     if let Some(info) = &outcome.claim {
-        out.set("claim", claim_hash(ruby, info)?)?;
+        out.set("claim", claim_object(ruby, info)?)?;
     }
     Ok(out.hash)
 }
@@ -213,31 +219,16 @@ impl NativeProtocol {
             None => ruby_words(None, None, None),
         };
         let protocol = Protocol::new(&job, options, words).map_err(|e| to_ruby(ruby, e))?;
-        Ok(NativeProtocol(Mutex::new(vec![Arc::new(protocol)])))
+        Ok(NativeProtocol(Told::new(protocol)))
     }
 
     /// The protocol told in `door`'s words (its `id_label`, `defer_text` and
-    /// `crash_text`, read for each delivery): one kept, or this job's options told in
-    /// them and kept (at most [`WORDS_LIMIT`] sets).
+    /// `crash_text`, read for each delivery; see [`Told::in_words`]).
     pub(super) fn told(&self, door: Value) -> RbResult<Arc<Protocol>> {
         let id_label: String = door.funcall("id_label", ())?;
         let defer_text: String = door.funcall("defer_text", ())?;
         let crash_text: String = door.funcall("crash_text", ())?;
-        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let same = |p: &&Arc<Protocol>| {
-            let w = p.words();
-            w.id_label == id_label && w.defer_text == defer_text && w.crash_text == crash_text
-        };
-        if let Some(found) = told.iter().find(same) {
-            return Ok(found.clone());
-        }
-        let words = ruby_words(Some(id_label), Some(defer_text), Some(crash_text));
-        let built = Arc::new(told[told.len() - 1].in_words(words));
-        if told.len() >= WORDS_LIMIT {
-            told.remove(0);
-        }
-        told.push(built.clone());
-        Ok(built)
+        Ok(self.0.in_words(&id_label, &defer_text, &crash_text))
     }
 
     pub(super) fn delivery(
