@@ -41,6 +41,16 @@ pub fn too_deep() -> String {
     format!("a value nested deeper than {MAX_NESTING} levels of arrays and objects")
 }
 
+/// The refusal of a delivery whose `what` (`"payload"` or `"facts"`) holds `problem`
+/// (what JSON cannot carry, e.g. [`too_deep`]'s words): an [`crate::error::Error::Config`]
+/// naming the job type, raised before anything is claimed.
+pub fn unwritable(job_type: &str, what: &str, problem: &str) -> crate::error::Error {
+    crate::error::Error::Config(format!(
+        "{job_type}: the {what} cannot be written as JSON (it holds {problem}); the job was \
+         not run and nothing was recorded"
+    ))
+}
+
 /// What a mapping key JSON cannot carry is called in messages ("… holds {this}"), for
 /// every binding alike: a JSON object's keys are text, so a Hash/dict key must be a
 /// string (a Ruby Symbol is its name) or an integer (its decimal text, as

@@ -9,58 +9,25 @@ module IdempotentJob
     # Used for the pool (no transaction), the gem's own transactions
     # (`transaction: true`) and ActiveRecord's (`transaction: :active_record`). Internal.
     class Driver
-      # Native protocols, by job options (the cached, frozen JobOptions object) and then
-      # by door class: a few `[id_label, defer_text, crash_text, protocol]` entries, one
-      # per set of words the door class used (an ActiveJob class alternates waiting in
-      # place and re-enqueueing, two defer_texts: each keeps its protocol), found by
-      # comparing the words (no key built per delivery).
+      # Native protocols by job options (the cached, frozen JobOptions object); each
+      # keeps itself told in the words of the doors it ran for (see `Native::Protocol`).
       @natives = {}.compare_by_identity
       @natives_lock = Mutex.new
       # Most job options kept (per-push overrides add option sets).
       NATIVES_LIMIT = 1000
-      # Most sets of words kept per job options and door class (the oldest goes).
-      WORDS_LIMIT = 4
 
       class << self
-        # The native protocol of `options` told in `door`'s words (built once per pair).
+        # The native protocol of `options` (built once; readers never lock: a Hash
+        # compared by identity is changed without running Ruby code).
         # @param options [JobOptions]
-        # @param door [Door]
         # @return [Native::Protocol]
         # @raise [ConfigurationError] for an option the core refuses
-        def native(options, door)
-          found = @natives[options]&.[](door.class)&.find { |entry| same_words?(entry, door) }
-          return found[3] if found
-
-          words = [door.id_label, door.defer_text, door.crash_text].freeze
-          built = Native::Protocol.new(options.name, options.settings,
-                                       { id_label: words[0], defer_text: words[1], crash_text: words[2] },
-                                       IdempotentJob.configuration.defer_margin.to_f)
-          keep(options, door.class, [*words, built].freeze)
-          built
-        end
-
-        # Adds `entry` to the protocols kept for `options` and `door_class` (a new map
-        # each time: readers never lock).
-        # @param options [JobOptions]
-        # @param door_class [Class]
-        # @param entry [Array] `[id_label, defer_text, crash_text, protocol]`
-        # @return [void]
-        def keep(options, door_class, entry)
-          @natives_lock.synchronize do
-            natives = @natives.size >= NATIVES_LIMIT ? {}.compare_by_identity : @natives.dup
-            by_door = natives[options] || {}
-            kept = (by_door[door_class] || []).last(WORDS_LIMIT - 1)
-            natives[options] = by_door.merge(door_class => [*kept, entry].freeze)
-            @natives = natives
+        def native(options)
+          @natives[options] || @natives_lock.synchronize do
+            @natives = {}.compare_by_identity if @natives.size >= NATIVES_LIMIT
+            @natives[options] ||= Native::Protocol.new(options.name, options.settings, nil,
+                                                       IdempotentJob.configuration.defer_margin.to_f)
           end
-        end
-
-        # Whether the words kept in `entry` are `door`'s.
-        # @param entry [Array] `[id_label, defer_text, crash_text, protocol]`
-        # @param door [Door]
-        # @return [Boolean]
-        def same_words?(entry, door)
-          entry[0] == door.id_label && entry[1] == door.defer_text && entry[2] == door.crash_text
         end
 
         # Whether a body running in this thread (or fiber) holds the claim of
@@ -92,12 +59,12 @@ module IdempotentJob
         @options = options
         @door = door
         @delivery = delivery
-        @native = self.class.native(options, door)
+        @native = self.class.native(options)
         @session = session
       end
 
       # Runs the delivery in one native call (`Native::Protocol#perform`), which calls
-      # back this object for user code: {#lookup}, {#body}, {#encode}, {#tell}, {#watch}.
+      # back this object for user code: {#lookup}, {#body}, {#encode}, {#tell}.
       # @param request [Hash] the claim request (see `claim_request` in ext/idempotent_job/src/ruby/convert.rs)
       # @param host [Object, nil] the object a lookup method is called on
       # @param wait [Float, nil] seconds to wait for a live claim to end (pool only)
@@ -123,19 +90,12 @@ module IdempotentJob
         @body = body
         # A delivery nested in the body of the same operation would wait for its own claim.
         wait = nil if wait && Driver.held?(request[:job_type], request[:operation_key])
-        kind, value, notes = @native.perform(IdempotentJob.store, channel, request,
+        kind, value, notes = @native.perform(IdempotentJob.store, channel, request, @door,
                                              @delivery.deferrals, wait, self)
         return in_progress(value, notes) if kind == :in_progress
 
         tell(notes)
-        case kind
-        when :ran
-          Outcome.new(:ran, value: value[0], claim: @claim, result_state: value[1], label: value[2], waited: value[3])
-        when :error then raise_error(value)
-        else finish(value)
-        end
-      ensure
-        stop_watching
+        kind == :error ? raise_error(value) : Outcome.new(kind, **value)
       end
 
       # The lookup's answer for `operation_key` (called by the core for a stale claim
@@ -161,44 +121,22 @@ module IdempotentJob
         [:raised, "#{e.class}: #{e.message}"]
       end
 
-      # Runs the block under the claim (called by the core once it holds the claim).
-      # @param info [Hash] the claim (see `Native::Claim#info`)
+      # Runs the block under the claim (called by the core once it holds the claim and
+      # watches its heartbeat).
+      # @param claim [Claim] the claim held
       # @param transaction [Native::Transaction, nil] the gem's transaction the body
       #   writes through (`transaction: true`)
-      # @return [Array] `[:returned, value, store]` or `[:raised, exception, class name,
-      #   message, crash, store]` (crash: the door's rule, on the error or any of its
-      #   causes: the claim is kept; store: {IdempotentJob.store} now)
-      def body(info, transaction = nil)
-        @claim = claim = Claim.new(**info)
-        @beat = HeartbeatWatch.watch(@reader, claim) if @reader
-        value = Driver.holding(claim) do
+      # @return [Object] the block's value
+      # @raise [Exception] what the block raised (the core asks the door whether it is a
+      #   crash, then releases or keeps the claim)
+      def body(claim, transaction = nil)
+        Driver.holding(claim) do
           IdempotentJob.with_claim(claim) do
             next @body.call(claim) unless transaction
 
             IdempotentJob.with_transaction(IdempotentJob::Transaction.new(transaction)) { @body.call(claim) }
           end
         end
-        [:returned, value, current_store]
-      rescue Exception => e # rubocop:disable Lint/RescueException -- handed back; the core releases, then it is raised
-        [:raised, e, e.class.name.to_s, message_of(e), crash?(e), current_store]
-      end
-
-      # The body ended: its heartbeat's last report (renewal failures since the last look
-      # are told now).
-      # @param report [Hash] see `Native::HeartbeatReader#report`
-      def stopped(report)
-        stop_watching(report)
-      end
-
-      # The request's JSON texts when the core cannot write the payload or the facts
-      # itself (see `Native::Protocol#perform`).
-      # @return [Array(String, String, String)] args_json, args_digest, facts_json
-      # @raise [ConfigurationError] naming the job when JSON cannot carry them (nested
-      #   deeper than Native::MAX_NESTING, not UTF-8, NaN): before anything is claimed
-      def written
-        delivery = @delivery
-        args_json, digest = json_of(delivery, "payload") { ArgsDigest.json_and_digest(delivery.payload) }
-        [args_json, digest, json_of(delivery, "facts") { delivery.facts_json }]
       end
 
       # `[json, nil]` for a value to store, or `[nil, why JSON cannot carry it]`.
@@ -212,12 +150,6 @@ module IdempotentJob
         Key.refuse!(@options.name, problem, @options.key&.declaration)
       end
 
-      # Keeps the body's heartbeat to watch while it runs (renewal failures told then).
-      # @param reader [Native::HeartbeatReader]
-      def watch(reader)
-        @reader = reader
-      end
-
       private
 
       # The channel `Native::Protocol#perform` sends the statements on: nil (the pool),
@@ -226,36 +158,6 @@ module IdempotentJob
         return :transaction if @session == Transactional::Native
 
         @session.is_a?(Transactional::Direct) ? nil : @session
-      end
-
-      # The store now (configured anew while the body ran?), or nil when it cannot be had.
-      def current_store
-        IdempotentJob.store
-      rescue StandardError
-        nil
-      end
-
-      # The block's JSON of the delivery's `what` (its `payload` or `facts`), or the
-      # library's error naming the job and why JSON cannot carry it.
-      def json_of(delivery, what)
-        too_deep = Native.nested_too_deep?(delivery.public_send(what))
-        refuse_json(delivery, what, "it holds #{Native::TOO_DEEP}") if too_deep
-        yield
-      rescue ArgsDigest::Unwritable => e
-        refuse_json(delivery, what, e.message)
-      end
-
-      def refuse_json(delivery, what, problem)
-        raise ConfigurationError, "#{delivery.job_type}: the #{what} cannot be written as JSON (#{problem}); " \
-                                  "the job was not run and nothing was recorded"
-      end
-
-      # The body's error's message for the release, or a note that it has none: an
-      # exception whose #message raises is still released and re-raised unchanged.
-      def message_of(error)
-        error.message.to_s
-      rescue Exception => e # rubocop:disable Lint/RescueException -- any error of #message itself
-        "(#message raised #{e.class})"
       end
 
       # Publishes `delivered` (one per delivery that reached the core, when listened):
@@ -272,12 +174,6 @@ module IdempotentJob
                                    duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
       end
 
-      def stop_watching(report = nil)
-        beat = @beat
-        @beat = nil
-        HeartbeatWatch.stop(beat, report) if beat
-      end
-
       # The core's error or what the body raised; a failed lookup's own error is the
       # LookupError's cause.
       def raise_error(error)
@@ -286,40 +182,14 @@ module IdempotentJob
         raise error
       end
 
-      # A delivery the body did not run for. A repeat of a completed operation whose
-      # completion stored a result replays it: its value (parsed from the stored JSON)
-      # and `replayed: true`.
-      def finish(value)
-        result_state = value[:result_state]
-        replayed = value[:decision] == :completed && !result_state.nil?
-        stored = value[:result_json] && JSON.parse(value[:result_json], max_nesting: Native::MAX_NESTING)
-        claim = value[:claim]
-        Outcome.new(value[:decision], duplicates: value[:duplicates], claim: claim && Claim.new(**claim),
-                                      value: stored, result_state:, replayed:, label: value[:label],
-                                      waited: value[:waited])
-      end
-
       def in_progress(value, notes)
-        outcome = Outcome.new(:in_progress, retry_after: value[:retry_after], duplicates: value[:duplicates],
-                                            lease_remaining: value[:lease_remaining], holder: value[:holder],
-                                            label: value[:label], waited: value[:waited])
+        outcome = Outcome.new(:in_progress, **value)
         deferred, before = notes.partition { |note| note[0] == :deferred }
         tell(before)
         # Before the deferral is told: a door that cannot bring the delivery back raises.
         @door.defer(@delivery, outcome)
         tell(deferred)
         outcome
-      end
-
-      def crash?(error)
-        seen = []
-        while error && !seen.include?(error)
-          return true if @door.crash?(error)
-
-          seen << error
-          error = error.cause
-        end
-        false
       end
 
       public

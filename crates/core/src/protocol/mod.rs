@@ -185,3 +185,89 @@ impl Protocol {
         Ok(Step::Skip(outcome))
     }
 }
+
+/// Most sets of door words a [`Told`] keeps (the oldest goes): several doors may run one
+/// job's options, and one door may use several (an ActiveJob class alternates waiting in
+/// place and re-enqueueing: two `defer_text`s).
+pub const WORDS_KEPT: usize = 8;
+
+/// One job's [`Protocol`], kept told in each set of door words it was used with (newest
+/// last, at most [`WORDS_KEPT`]): a delivery finds its door's by comparing the words, so
+/// a door whose words alternate rebuilds none. Shared by the threads of a worker.
+#[derive(Debug)]
+pub struct Told(std::sync::Mutex<Vec<std::sync::Arc<Protocol>>>);
+
+impl Told {
+    /// Keeps `protocol` (told in its own words).
+    pub fn new(protocol: Protocol) -> Told {
+        Told(std::sync::Mutex::new(vec![std::sync::Arc::new(protocol)]))
+    }
+
+    /// The protocol told with these `id_label`, `defer_text` and `crash_text` (the
+    /// other words as the first protocol's): a kept one, or one told in them now and
+    /// kept.
+    pub fn in_words(
+        &self,
+        id_label: &str,
+        defer_text: &str,
+        crash_text: &str,
+    ) -> std::sync::Arc<Protocol> {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let same = |p: &&std::sync::Arc<Protocol>| {
+            let w = &p.words;
+            w.id_label == id_label && w.defer_text == defer_text && w.crash_text == crash_text
+        };
+        if let Some(found) = kept.iter().find(same) {
+            return found.clone();
+        }
+        let first = &kept[0];
+        let words = DoorWords {
+            id_label: id_label.into(),
+            defer_text: defer_text.into(),
+            crash_text: crash_text.into(),
+            ..first.words.clone()
+        };
+        let told = std::sync::Arc::new(Protocol {
+            options: first.options.clone(),
+            words,
+        });
+        if kept.len() >= WORDS_KEPT {
+            // The first stays: it gives the other words and the options.
+            kept.remove(1);
+        }
+        kept.push(told.clone());
+        told
+    }
+}
+
+#[cfg(test)]
+mod told_tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn alternating_words_rebuild_none_and_the_oldest_goes() {
+        let told =
+            Told::new(Protocol::new("Job", JobOptions::default(), DoorWords::default()).unwrap());
+        let waiting = told.in_words("job_id", "waiting in place for", "crash");
+        let requeued = told.in_words("job_id", "re-enqueued after", "crash");
+        assert!(!Arc::ptr_eq(&waiting, &requeued));
+        assert_eq!(requeued.words().defer_text, "re-enqueued after");
+        assert!(Arc::ptr_eq(
+            &told.in_words("job_id", "waiting in place for", "crash"),
+            &waiting
+        ));
+        assert!(Arc::ptr_eq(
+            &told.in_words("job_id", "re-enqueued after", "crash"),
+            &requeued
+        ));
+        for i in 0..WORDS_KEPT {
+            told.in_words(&format!("id{i}"), "d", "c");
+        }
+        assert!(!Arc::ptr_eq(
+            &told.in_words("job_id", "waiting in place for", "crash"),
+            &waiting
+        ));
+        assert_eq!(told.0.lock().unwrap().len(), WORDS_KEPT);
+    }
+}

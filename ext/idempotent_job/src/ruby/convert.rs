@@ -316,7 +316,7 @@ pub fn record_hash(ruby: &Ruby, r: Record) -> RbResult<RHash> {
 
 /// JSON text as Ruby data (`JSON.parse`, nested at most the core's `MAX_NESTING`); nil
 /// for none.
-fn parsed_json(ruby: &Ruby, text: Option<&str>) -> RbResult<Value> {
+pub(super) fn parsed_json(ruby: &Ruby, text: Option<&str>) -> RbResult<Value> {
     let Some(text) = text else {
         return Ok(ruby.qnil().as_value());
     };

@@ -1,8 +1,8 @@
 //! `IdempotentJob::Native::Protocol#perform`: one delivery in one native call. The
 //! core's driver ([`Protocol::perform`]) runs the whole protocol; this file is its
-//! [`Host`] for Ruby (statements with the GVL released, the lookup, the body, the
-//! result's JSON and the notes handed to a Ruby handler); the statements go to one
-//! [`RbChannel`] (`channel.rs`).
+//! [`Host`] for Ruby (statements with the GVL released, the lookup, the body with its
+//! claim and heartbeat watch, the result's JSON and the notes handed to a Ruby handler);
+//! the statements go to one [`RbChannel`] (`channel.rs`).
 
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -11,15 +11,15 @@ use magnus::{
     error::{ErrorType, Tag},
     typed_data::Obj,
     value::ReprValue,
-    RArray, RHash, RString, Ruby, Symbol, TryConvert, Value,
+    IntoValue, Module, RArray, RHash, RModule, RString, Ruby, Symbol, TryConvert, Value,
 };
 
 use super::channel::{PoolChannel, RbChannel, SessionChannel, TxChannel, RAISED_IN_RUBY};
-use super::convert::{json_of, RbResult};
+use super::convert::{json_of, Out, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::{heartbeat_hash, NativeHeartbeatReader};
-use super::protocol::{notes_array, outcome_hash, NativeProtocol};
+use super::protocol::{claim_object, notes_array, outcome_hash, NativeProtocol};
 use super::store::NativeStore;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::canonical;
@@ -28,25 +28,23 @@ use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::heartbeat::HeartbeatReader;
 use idempotent_job_core::keys;
 use idempotent_job_core::protocol::{
-    Body, ClaimInfo, DeliveryRequest, Direct, Host, LookupAnswer, Notes, Performed,
+    Body, ClaimInfo, DeliveryRequest, Direct, Host, LookupAnswer, Notes, Performed, Protocol,
 };
 use idempotent_job_core::session::Session;
 
 /// Ruby's side of one delivery: the handler (`Protocol::Driver`) answers `lookup(key)`
-/// (a Symbol or a pair, see `NativeProtocol::lookup_answer`), `body(claim_hash,
-/// native_transaction_or_nil)` →
-/// `[:returned, value, store]` or `[:raised, exception, class_name, message, crash, store]`
-/// (`store`: `IdempotentJob.store` after the body, or nil),
-/// `encode(value)` → `[json_or_nil, why_not_or_nil]`, `tell(notes)`,
-/// `watch(heartbeat_reader)` (before the body) and `stopped(report)` (after it, with the
-/// heartbeat's last report), `written` (see [`written`]) and `refuse_key(problem)` (see
-/// [`checked_key`]).
+/// (a Symbol or a pair, see `NativeProtocol::lookup_answer`), `body(claim,
+/// native_transaction_or_nil)` → the body's value (raising what the body raised; see
+/// [`RbHost::raised_body`]), `encode(value)` → `[json_or_nil, why_not_or_nil]`,
+/// `tell(notes)` and `refuse_key(problem)` (see [`checked_key`]). `door` answers
+/// `crash?(error)` (see [`RbHost::crash`]).
 struct RbHost<'a> {
     ruby: &'a Ruby,
     handler: Value,
+    door: Value,
     release_gvl: bool,
     raised: &'a RefCell<Option<magnus::Error>>,
-    protocol: &'a NativeProtocol,
+    protocol: &'a Protocol,
     delivery: &'a DeliveryRequest,
     /// The first error a `tell`, `watch`, `stopped` or `encode` callback raised (raised
     /// after the call).
@@ -56,9 +54,11 @@ struct RbHost<'a> {
     next_pool: &'a Mutex<Option<Direct>>,
     /// The transaction the body writes through (`transaction: true`), handed to `body`.
     transaction: Option<Value>,
-    /// The running body's heartbeat ([`Host::watch`]): its last report goes to the
-    /// handler's `stopped(report)` when the body ends.
-    heartbeat: Option<HeartbeatReader>,
+    /// The running body's heartbeat ([`Host::watch`]) and its Ruby reader: watched by
+    /// `HeartbeatWatch` while the body runs, stopped with its last report when it ends.
+    heartbeat: Option<(HeartbeatReader, Value)>,
+    /// The `Claim` the body ran under (the `:ran` outcome's).
+    claim: Option<Value>,
 }
 
 impl RbHost<'_> {
@@ -89,12 +89,97 @@ impl RbHost<'_> {
         self.failed.get_or_insert(err);
     }
 
+    /// `IdempotentJob::NAME`.
+    fn gem<T: TryConvert>(&self, name: &str) -> RbResult<T> {
+        self.ruby
+            .class_object()
+            .const_get::<_, RModule>("IdempotentJob")?
+            .const_get(name)
+    }
+
+    /// `HeartbeatWatch.watch(reader, claim)` before the body, `HeartbeatWatch.stop(reader,
+    /// last_report)` after it (renewal failures not told yet are told then).
+    fn heartbeat_watch(&mut self, claim: Value, start: bool) {
+        let Some((heartbeat, reader)) = (if start {
+            self.heartbeat.clone()
+        } else {
+            self.heartbeat.take()
+        }) else {
+            return;
+        };
+        let watch = self.gem::<RModule>("HeartbeatWatch");
+        let told = if start {
+            watch.and_then(|w| w.funcall::<_, _, Value>("watch", (reader, claim)))
+        } else {
+            let report = heartbeat_hash(self.ruby, heartbeat.report());
+            watch.and_then(|w| w.funcall::<_, _, Value>("stop", (reader, report?)))
+        };
+        if let Err(e) = told {
+            self.keep_failure(e);
+        }
+    }
+
+    /// What the body raised, for the release: its class name, its message (or a note
+    /// that `#message` raised: the exception is still released and re-raised unchanged)
+    /// and whether the door calls it a crash. A jump with no exception: [`left_body`].
+    fn raised_body(&mut self, left: magnus::Error) -> Body<Value, magnus::Error> {
+        let ErrorType::Exception(exception) = left.error_type() else {
+            return left_body(left);
+        };
+        let exception = exception.as_value();
+        // The class's own name (no Ruby method runs, so an overridden `name` that raises or
+        // answers bytes that are not UTF-8 cannot replace what the body raised).
+        // SAFETY: the name is copied before any Ruby code runs again.
+        let class = unsafe { exception.classname() }.into_owned();
+        let message = match exception
+            .funcall::<_, _, Value>("message", ())
+            .and_then(|m| m.funcall::<_, _, RString>("to_s", ()))
+        {
+            Ok(text) => text.to_string().unwrap_or_else(|_| {
+                // SAFETY: the bytes are copied before any Ruby code runs again.
+                String::from_utf8_lossy(unsafe { text.as_slice() }).into_owned()
+            }),
+            Err(e) => match e.value() {
+                // SAFETY: the name is copied before any Ruby code runs again.
+                Some(v) => format!("(#message raised {})", unsafe { v.classname() }),
+                None => return left_body(e),
+            },
+        };
+        match self.crash(exception) {
+            Ok(crash) => Body::Raised {
+                raised: left,
+                class,
+                message,
+                crash,
+            },
+            Err(e) => left_body(e),
+        }
+    }
+
+    /// The door's crash rule (`door.crash?`) on `error` or any of its causes: the claim
+    /// is kept.
+    fn crash(&self, mut error: Value) -> RbResult<bool> {
+        let mut seen: Vec<Value> = Vec::new();
+        while !error.is_nil() && !seen.iter().any(|s| s.equal(error).unwrap_or(false)) {
+            if self
+                .door
+                .funcall::<_, _, Value>("crash?", (error,))?
+                .to_bool()
+            {
+                return Ok(true);
+            }
+            seen.push(error);
+            error = error.funcall("cause", ())?;
+        }
+        Ok(false)
+    }
+
     /// Hands `notes` (drained) to the handler's `tell`.
     fn publish(&mut self, notes: &mut Notes) {
         if notes.is_empty() {
             return;
         }
-        let told = notes_array(self.ruby, notes, self.delivery, self.protocol.0.words())
+        let told = notes_array(self.ruby, notes, self.delivery, self.protocol.words())
             .and_then(|array| self.handler.funcall::<_, _, Value>("tell", (array,)));
         notes.clear();
         if let Err(e) = told {
@@ -137,46 +222,34 @@ impl Host for RbHost<'_> {
         })
     }
 
-    fn body(&mut self, claim: &ClaimInfo) -> Body<Value, magnus::Error> {
-        let ran = super::protocol::claim_hash(self.ruby, claim).and_then(|hash| {
-            self.handler
-                .funcall::<_, _, RArray>("body", (hash, self.transaction))
-        });
-        let answer = match ran {
-            Ok(answer) => {
-                if let Some(reader) = self.heartbeat.take() {
-                    let stopped = heartbeat_hash(self.ruby, reader.report()).and_then(|report| {
-                        self.handler.funcall::<_, _, Value>("stopped", (report,))
-                    });
-                    if let Err(e) = stopped {
-                        self.keep_failure(e);
-                    }
-                }
-                answer
-            }
-            Err(left) => return left_body(left),
+    fn body(&mut self, info: &ClaimInfo) -> Body<Value, magnus::Error> {
+        let claim = match claim_object(self.ruby, info) {
+            Ok(claim) => claim,
+            Err(e) => return left_body(e),
         };
-        if let Ok(store) = answer.entry::<Value>(-1) {
-            self.follow_store(store);
+        self.claim = Some(claim);
+        self.heartbeat_watch(claim, true);
+        let ran = self
+            .handler
+            .funcall::<_, _, Value>("body", (claim, self.transaction));
+        self.heartbeat_watch(claim, false);
+        let ended = match ran {
+            Ok(value) => Body::Returned(value),
+            Err(left) => self.raised_body(left),
+        };
+        // `IdempotentJob.store` now: a store configured anew while the body ran takes
+        // the statements after it (one that cannot be had is not followed).
+        let store = self
+            .ruby
+            .class_object()
+            .const_get::<_, RModule>("IdempotentJob")
+            .and_then(|gem| gem.funcall::<_, _, Value>("store", ()));
+        match store {
+            Ok(store) => self.follow_store(store),
+            Err(e) if !e.is_kind_of(self.ruby.exception_standard_error()) => self.keep_failure(e),
+            Err(_) => {}
         }
-        let read = (|| -> RbResult<Body<Value, magnus::Error>> {
-            if answer.entry::<magnus::Symbol>(0)?.name()? == "returned" {
-                return Ok(Body::Returned(answer.entry(1)?));
-            }
-            let exception: magnus::Exception = answer.entry(1)?;
-            Ok(Body::Raised {
-                raised: exception.into(),
-                class: answer_text(answer, 2)?,
-                message: answer_text(answer, 3)?,
-                crash: answer.entry(4)?,
-            })
-        })();
-        read.unwrap_or_else(|e| Body::Raised {
-            raised: e,
-            class: "TypeError".into(),
-            message: "the body's answer could not be read".into(),
-            crash: false,
-        })
+        ended
     }
 
     fn encode(&mut self, value: &Value) -> std::result::Result<String, String> {
@@ -216,34 +289,19 @@ impl Host for RbHost<'_> {
     }
 
     fn watch(&mut self, heartbeat: HeartbeatReader) {
-        self.heartbeat = Some(heartbeat.clone());
-        let reader = NativeHeartbeatReader(heartbeat);
-        if let Err(e) = self.handler.funcall::<_, _, Value>("watch", (reader,)) {
-            self.keep_failure(e);
-        }
+        let reader = NativeHeartbeatReader(heartbeat.clone()).into_value_with(self.ruby);
+        self.heartbeat = Some((heartbeat, reader));
     }
 }
 
-/// Entry `at` of the body's answer (the raised class's name or its message) as text: a
-/// String that is not valid UTF-8 (bytes, or no transcoding to UTF-8) is read lossily
-/// (U+FFFD), so what the body raised still reaches the caller unchanged instead of an
-/// EncodingError of reading its words.
-fn answer_text(answer: RArray, at: isize) -> RbResult<String> {
-    let value: Value = answer.entry(at)?;
-    String::try_convert(value).or_else(|_| {
-        let text = RString::try_convert(value)?;
-        // SAFETY: the bytes are copied before any Ruby code runs again.
-        Ok(unsafe { text.to_string_lossy() }.into_owned())
-    })
-}
-
-/// The body's end when `Driver#body` did not answer (it rescues every exception): a
-/// jump with no exception to hand back. Thread#kill (a fatal jump): the thread is going
+/// The body's end when it left by a jump with no exception to hand back (what it raised
+/// goes through [`RbHost::raised_body`]). Thread#kill (a fatal jump): the thread is going
 /// away, so the claim is kept until its lease ends (a crash). `throw` (Timeout.timeout
 /// without an error class on Ruby before 3.3 is one), `break` or a non-local `return`
 /// out of the body: the worker goes on, so the claim is released like a raising body's
-/// (a retry runs at once) and the jump goes on after the release. An exception (the
-/// handler itself failed) is released and re-raised the same way.
+/// (a retry runs at once) and the jump goes on after the release. An exception the
+/// gem's own callbacks raised (the Claim, the door's `crash?`) is released and
+/// re-raised the same way.
 fn left_body(left: magnus::Error) -> Body<Value, magnus::Error> {
     let (class, message, crash) = match left.error_type() {
         ErrorType::Jump(Tag::Fatal) => (String::new(), String::new(), true),
@@ -274,42 +332,32 @@ fn left_body(left: magnus::Error) -> Body<Value, magnus::Error> {
 }
 
 /// The payload's JSON text and digest and the facts' JSON text of a request Hash that
-/// carries the delivery's `payload:` (an Array) and `facts:` (a Hash) as Ruby values,
-/// written here (the core's canonical digest); a value the core cannot take as JSON
-/// (a Bignum, a non-String key, nested too deep, NaN…) is handed to the handler's
-/// `written` → `[args_json, args_digest, facts_json]`, which raises the job's error for
-/// what JSON cannot carry. A request with neither key is left as it came.
-fn written(
-    ruby: &Ruby,
-    request: RHash,
-    handler: Value,
-    delivery: &mut DeliveryRequest,
-) -> RbResult<()> {
+/// carries the delivery's `payload:` (an Array) and `facts:` (a Hash or nil) as Ruby
+/// values, written here (the core's canonical digest). A value JSON cannot carry (nested
+/// too deep, not UTF-8, NaN…) is refused by the core's words
+/// ([`canonical::unwritable`]: a ConfigurationError naming the job), before anything is
+/// claimed. A request with neither key is left as it came.
+fn written(ruby: &Ruby, request: RHash, delivery: &mut DeliveryRequest) -> RbResult<()> {
     let Some(payload) = request.get(ruby.sym_new("payload")) else {
         return Ok(());
     };
-    let facts = request.get(ruby.sym_new("facts"));
-    // A value the core cannot write goes to the handler, whose error names the problem.
-    let payload_json = json_of(payload).ok();
-    let facts_json = match facts {
-        Some(facts) if !facts.is_nil() => json_of(facts).ok().map(Some),
-        _ => Some(None),
+    let refuse = |what: &str, problem: String| {
+        to_ruby(
+            ruby,
+            canonical::unwritable(&delivery.job_type, what, &problem),
+        )
     };
-    match (payload_json, facts_json) {
-        (Some(json), Some(facts)) => {
-            // The canonical text and its digest, as `Native.payload_json` writes them.
-            let (text, digest) = canonical::text_and_digest(&json);
-            delivery.args_digest = Some(digest);
-            delivery.args_json = Some(text);
-            delivery.facts_json = facts.map(|f| f.to_string());
+    let json = json_of(payload).map_err(|problem| refuse("payload", problem))?;
+    let facts = match request.get(ruby.sym_new("facts")) {
+        Some(facts) if !facts.is_nil() => {
+            Some(json_of(facts).map_err(|problem| refuse("facts", problem))?)
         }
-        _ => {
-            let texts: RArray = handler.funcall("written", ())?;
-            delivery.args_json = texts.entry(0)?;
-            delivery.args_digest = texts.entry(1)?;
-            delivery.facts_json = texts.entry(2)?;
-        }
-    }
+        _ => None,
+    };
+    let (text, digest) = canonical::text_and_digest(&json);
+    delivery.args_digest = Some(digest);
+    delivery.args_json = Some(text);
+    delivery.facts_json = facts.map(|f| f.to_string());
     Ok(())
 }
 
@@ -329,18 +377,19 @@ fn checked_key(ruby: &Ruby, request: RHash, handler: Value) -> RbResult<()> {
 }
 
 impl NativeProtocol {
-    /// `perform(store, channel, request, deferrals, wait, handler)` runs one delivery
+    /// `perform(store, channel, request, door, deferrals, wait, handler)` runs one delivery
     /// (the claim, a wait, the lookup, the body, the completion or release) and answers
-    /// `[kind, value, notes]`: `[:ran, [body_value, result_state, label, waited], notes]`,
-    /// `[:in_progress, outcome, notes]`, `[:decided, outcome, notes]` (not run: the
-    /// outcome Hash of a completed, held, given-up or refused delivery) or `[:error,
-    /// exception, notes]` (what the body raised after its claim was released or kept,
-    /// or the core's error). `channel`: nil (the store's pool), `:transaction` (the
+    /// `[decision, keywords, notes]`, `Outcome.new(decision, **keywords)` (`:ran`:
+    /// `value` the body's, `claim`, `label`, `waited`, `result_state`; any other decision:
+    /// see [`outcome_hash`]), or `[:error, exception, notes]` (what the body raised after
+    /// its claim was released or kept, or the core's error). `channel`: nil (the store's pool), `:transaction` (the
     /// gem's own transaction: begun here, committed after a delivery that did not fail,
     /// rolled back otherwise; the body gets it as `body`'s second argument), or a Ruby
     /// session (`Transactional::ActiveRecord`); `request`: the claim request
     /// Hash (see `convert::claim_request`), with the delivery's `payload:` and `facts:` in
-    /// place of its JSON texts (see [`written`]); `wait`: seconds to wait for a live claim (pool
+    /// place of its JSON texts (see [`written`]); `door`: the door whose words tell the
+    /// notes and errors (see [`NativeProtocol::told`]) and whose `crash?` rule applies;
+    /// `wait`: seconds to wait for a live claim (pool
     /// only) or nil; `handler`: see [`RbHost`]. Notes already handed to `handler.tell`
     /// are not repeated. A jump with no exception (Thread#kill, throw) goes on at once.
     #[allow(clippy::too_many_arguments)]
@@ -350,13 +399,15 @@ impl NativeProtocol {
         store_value: Value,
         channel: Value,
         request: RHash,
+        door: Value,
         deferrals: u32,
         wait: Option<f64>,
         handler: Value,
     ) -> RbResult<RArray> {
         checked_key(ruby, request, handler)?;
+        let protocol = rb_self.told(door)?;
         let mut delivery = Self::delivery(ruby, request, deferrals, wait)?;
-        written(ruby, request, handler, &mut delivery)?;
+        written(ruby, request, &mut delivery)?;
         let store = <&NativeStore>::try_convert(store_value)?;
         let raised = RefCell::new(None);
         let next_pool = Mutex::new(None);
@@ -387,19 +438,21 @@ impl NativeProtocol {
         let mut host = RbHost {
             ruby,
             handler,
+            door,
             release_gvl: !matches!(rb_channel, RbChannel::Session(_)),
             raised: &raised,
-            protocol: rb_self,
+            protocol: &protocol,
             delivery: &delivery,
             failed: None,
             store: store_value,
             next_pool: &next_pool,
             heartbeat: None,
+            claim: None,
             transaction: opened.map(|tx| tx.as_value()),
         };
         let mut notes = Notes::new();
         let max_result_bytes = store.0.config().max_result_bytes;
-        let performed = rb_self.0.perform(
+        let performed = protocol.perform(
             &mut rb_channel,
             &delivery,
             max_result_bytes,
@@ -442,28 +495,29 @@ impl NativeProtocol {
             return Err(failed);
         }
         let (kind, value): (&str, Value) = match performed {
+            // The keywords of `Outcome.new(kind, **value)`.
             Ok(Performed {
                 outcome,
                 value: Some(value),
             }) => {
-                let ran = ruby.ary_new_capa(4);
-                ran.push(value)?;
-                match outcome.result_state {
-                    Some(state) => ran.push(ruby.sym_new(state.as_str()))?,
-                    None => ran.push(ruby.qnil())?,
+                let ran = Out::new(ruby);
+                ran.set("value", value)?
+                    .set("claim", host.claim)?
+                    .sym("label", outcome.label())?
+                    .set("waited", outcome.waited)?;
+                if let Some(state) = outcome.result_state {
+                    ran.sym("result_state", state.as_str())?;
                 }
-                ran.push(ruby.sym_new(outcome.label()))?;
-                ran.push(outcome.waited)?;
-                ("ran", ran.as_value())
+                ("ran", ran.hash.as_value())
             }
-            Ok(Performed { outcome, .. }) => {
-                let kind = if outcome.decision.as_str() == "in_progress" {
-                    "in_progress"
-                } else {
-                    "decided"
-                };
-                (kind, outcome_hash(ruby, &outcome)?.as_value())
-            }
+            // A stored result that cannot be read back: the notes are told first.
+            Ok(Performed { outcome, .. }) => match outcome_hash(ruby, &outcome) {
+                Ok(hash) => (outcome.decision.as_str(), hash.as_value()),
+                Err(e) => {
+                    host.publish(&mut notes);
+                    return Err(e);
+                }
+            },
             Err(e) => match e.value() {
                 Some(exception) => ("error", exception),
                 None => {
@@ -475,7 +529,7 @@ impl NativeProtocol {
         let out = ruby.ary_new_capa(3);
         out.push(ruby.sym_new(kind))?;
         out.push(value)?;
-        out.push(notes_array(ruby, &notes, &delivery, rb_self.0.words())?)?;
+        out.push(notes_array(ruby, &notes, &delivery, protocol.words())?)?;
         Ok(out)
     }
 }

@@ -8,24 +8,28 @@
 //!   (`:info`, `:warn`, `:error` or nil) and text (without the gem's prefix), and the
 //!   claim's attempt (nil for a delivery's note).
 
+use std::sync::Arc;
+
 use magnus::{
-    function, method, prelude::*, value::ReprValue, IntoValue, RArray, RHash, RModule, Ruby,
-    Symbol, Value,
+    function, method, prelude::*, value::ReprValue, IntoValue, KwArgs, RArray, RHash, RModule,
+    Ruby, Symbol, Value,
 };
 
-use super::convert::{claim_request, json_of, Out, RbResult};
+use super::convert::{claim_request, json_of, parsed_json, Out, RbResult};
 use super::errors::to_ruby;
 use super::store::NativeStore;
 use idempotent_job_core::error::Error;
 use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{
     deferral_delay, ClaimInfo, DeliveryRequest, Detail, Direct, DoorWords, JobOptions,
-    LookupAnswer, Notes, Outcome, Protocol, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
+    LookupAnswer, Notes, Outcome, Protocol, Told, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
 };
 use idempotent_job_core::record::ClaimRequest;
 
+/// One job's core protocol, kept told in the words of each door it ran for
+/// ([`Told`], see [`NativeProtocol::told`]).
 #[magnus::wrap(class = "IdempotentJob::Native::Protocol", free_immediately, size)]
-pub struct NativeProtocol(pub(super) Protocol);
+pub struct NativeProtocol(Told);
 
 fn config_error(ruby: &Ruby, message: String) -> magnus::Error {
     to_ruby(ruby, Error::Config(message))
@@ -46,16 +50,24 @@ pub(super) fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
-/// The outcome Hash `perform` answers for a delivery the body did not run: `decision`
-/// and `label` (Symbols) always; `duplicates`, `retry_after`, `lease_remaining`,
-/// `holder`, `result_json`, `result_state` and `claim` (see [`claim_hash`]) only when
-/// the core's outcome has them, `waited` only when true (an absent key reads as nil).
+/// `IdempotentJob::Claim.new(**claim_hash)` (see [`claim_hash`]).
+pub(super) fn claim_object(ruby: &Ruby, info: &ClaimInfo) -> RbResult<Value> {
+    let gem: RModule = ruby.class_object().const_get("IdempotentJob")?;
+    let class: Value = gem.const_get("Claim")?;
+    class.funcall("new", (KwArgs(claim_hash(ruby, info)?),))
+}
+
+/// The keywords of `Outcome.new(decision, **)` that `perform` answers for a delivery
+/// the body did not run: `label` always; `duplicates`, `retry_after`,
+/// `lease_remaining`, `holder`, `result_state`, `claim` (a `Claim`, see
+/// [`claim_object`]) and `value` (the stored result parsed from its JSON) only when the
+/// core's outcome has them, `waited` and `replayed` (a completed operation whose
+/// completion stored a result) only when true.
 pub(super) fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
-    // Only the entries the outcome has: a duplicate's Hash keeps 4 entries instead of
+    // Only the entries the outcome has: a duplicate's Hash keeps 3 entries instead of
     // 10, so Ruby stores it as a small array table (no separate hash table allocated).
     let out = Out::new(ruby);
-    out.sym("decision", outcome.decision.as_str())?
-        .sym("label", outcome.label())?;
+    out.sym("label", outcome.label())?;
     if let Some(duplicates) = outcome.duplicates {
         out.set("duplicates", duplicates)?;
     }
@@ -69,16 +81,19 @@ pub(super) fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
         out.set("holder", holder.as_str())?;
     }
     if let Some(json) = &outcome.result_json {
-        out.set("result_json", json.as_str())?;
+        out.set("value", parsed_json(ruby, Some(json))?)?;
     }
     if outcome.waited {
         out.set("waited", true)?;
     }
     if let Some(state) = outcome.result_state {
         out.sym("result_state", state.as_str())?;
+        if outcome.decision.as_str() == "completed" {
+            out.set("replayed", true)?;
+        }
     }
     if let Some(info) = &outcome.claim {
-        out.set("claim", claim_hash(ruby, info)?)?;
+        out.set("claim", claim_object(ruby, info)?)?;
     }
     Ok(out.hash)
 }
@@ -150,23 +165,25 @@ pub(super) fn fenced_name(change: Fenced) -> &'static str {
     }
 }
 
-fn door_words(ruby: &Ruby, words: RHash) -> RbResult<DoorWords> {
+/// The gem's words with the door's `id_label`, `defer_text` and `crash_text` where
+/// given.
+fn ruby_words(id_label: Option<String>, defer: Option<String>, crash: Option<String>) -> DoorWords {
     let mut out = DoorWords {
         name_prefix: ":".into(),
         error_namespace: "IdempotentJob::".into(),
         resolve_text: "IdempotentJob.resolve / rake idempotent_job:resolve".into(),
         ..DoorWords::default()
     };
-    if let Some(v) = fetch::<String>(ruby, words, "id_label")? {
+    if let Some(v) = id_label {
         out.id_label = v;
     }
-    if let Some(v) = fetch::<String>(ruby, words, "defer_text")? {
+    if let Some(v) = defer {
         out.defer_text = v;
     }
-    if let Some(v) = fetch::<String>(ruby, words, "crash_text")? {
+    if let Some(v) = crash {
         out.crash_text = v;
     }
-    Ok(out)
+    out
 }
 
 impl NativeProtocol {
@@ -175,13 +192,14 @@ impl NativeProtocol {
     /// checked: seconds, Symbols of a choice, booleans, nil for unset) with `lookup` the
     /// lookup's label or nil, read by the core's [`JobOptions::from_settings`] (no name
     /// is mapped here); `defer_margin` the configured setting in seconds; `words` Hash
-    /// `{id_label:, defer_text:, crash_text:}` (the door's). Raises ConfigurationError
-    /// for a bad value, naming the job.
+    /// `{id_label:, defer_text:, crash_text:}` or nil (the first door's; each delivery
+    /// brings its door's, see [`NativeProtocol::told`]). Raises ConfigurationError for
+    /// a bad value, naming the job.
     fn new(
         ruby: &Ruby,
         job: String,
         settings: RHash,
-        words: RHash,
+        words: Option<RHash>,
         defer_margin: f64,
     ) -> RbResult<Self> {
         let settings = json_of(settings.as_value())
@@ -192,10 +210,25 @@ impl NativeProtocol {
         };
         let options =
             JobOptions::from_settings(&job, "", &settings, base).map_err(|e| to_ruby(ruby, e))?;
-        let words = door_words(ruby, words)?;
-        Protocol::new(&job, options, words)
-            .map(NativeProtocol)
-            .map_err(|e| to_ruby(ruby, e))
+        let words = match words {
+            Some(w) => ruby_words(
+                fetch(ruby, w, "id_label")?,
+                fetch(ruby, w, "defer_text")?,
+                fetch(ruby, w, "crash_text")?,
+            ),
+            None => ruby_words(None, None, None),
+        };
+        let protocol = Protocol::new(&job, options, words).map_err(|e| to_ruby(ruby, e))?;
+        Ok(NativeProtocol(Told::new(protocol)))
+    }
+
+    /// The protocol told in `door`'s words (its `id_label`, `defer_text` and
+    /// `crash_text`, read for each delivery; see [`Told::in_words`]).
+    pub(super) fn told(&self, door: Value) -> RbResult<Arc<Protocol>> {
+        let id_label: String = door.funcall("id_label", ())?;
+        let defer_text: String = door.funcall("defer_text", ())?;
+        let crash_text: String = door.funcall("crash_text", ())?;
+        Ok(self.0.in_words(&id_label, &defer_text, &crash_text))
     }
 
     pub(super) fn delivery(
@@ -277,6 +310,6 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     )?;
     let class = native.define_class("Protocol", ruby.class_object())?;
     class.define_singleton_method("new", function!(NativeProtocol::new, 4))?;
-    class.define_method("perform", method!(NativeProtocol::perform, 6))?;
+    class.define_method("perform", method!(NativeProtocol::perform, 7))?;
     Ok(())
 }
