@@ -3,12 +3,13 @@
 require "spec_helper"
 
 # ActiveRecord mode queues a repeat's bookkeeping inside the delivery's native call,
-# before ActiveRecord commits (issue 30). When the delivery then raises inside that
-# transaction after the call (here an ActiveSupport::Notifications subscriber of
-# `delivered`; also the door's logger or a deferral that cannot be pushed), the claim
-# statement's counting is rolled back, but the queued `repeat_facts` entry is written
-# anyway. Before issue 30 the entry was queued after the commit and this passed.
-# Pending until the lead decides the fix (see docs/design.md, "Repeat bookkeeping").
+# before ActiveRecord commits (issue 30). When the transaction then rolls back after the
+# call (an ActiveSupport::Notifications subscriber of `delivered` raising; also the door's
+# logger or a deferral that cannot be pushed; or a COMMIT that fails), the claim
+# statement's counting is rolled back, and so must the `repeat_facts` entry be: the
+# entry carries the claim's transaction id and the bookkeeping writes it only once that
+# transaction committed, dropping it when it rolled back (docs/design.md, "Repeat
+# bookkeeping"). Before that fix both examples failed with one facts entry written.
 RSpec.describe "ActiveRecord mode: a repeat whose transaction rolls back after the native call" do
   let(:payment) { "pay-ar-rollback" }
 
@@ -21,7 +22,6 @@ RSpec.describe "ActiveRecord mode: a repeat whose transaction rolls back after t
   end
 
   it "writes no repeat facts for a duplicate whose claim was rolled back" do
-    pending "the repeat is queued before ActiveRecord's commit: a later raise leaves its facts entry"
     job = job_hash([payment, 500], klass: RecordPaymentArJob)
     deliver(job)
     subscriber = ActiveSupport::Notifications.subscribe("delivered.idempotent_job") { raise "subscriber down" }
@@ -32,5 +32,47 @@ RSpec.describe "ActiveRecord mode: a repeat whose transaction rolls back after t
     end
     IdempotentJob.record("RecordPaymentArJob", payment) # writes this process's queued bookkeeping first
     expect(counts).to eq("duplicates" => 0, "facts" => 0)
+  end
+
+  it "writes the repeat facts of a duplicate whose transaction committed" do
+    job = job_hash([payment, 500], klass: RecordPaymentArJob)
+    2.times { deliver(job) }
+    IdempotentJob.record("RecordPaymentArJob", payment)
+    expect(counts).to eq("duplicates" => 1, "facts" => 1)
+  end
+
+  describe "a COMMIT that fails" do
+    let(:trigger) { "ar_rollback_#{SecureRandom.hex(4)}" }
+
+    after do
+      Effects.connection.exec("DROP TRIGGER IF EXISTS #{trigger} ON idempotent_job_records")
+      Effects.connection.exec("DROP FUNCTION IF EXISTS #{trigger}()")
+    end
+
+    # A deferred constraint trigger checks at COMMIT and fails it with a serialization
+    # failure (40001), as a serializable transaction's COMMIT can: ActiveRecord's COMMIT
+    # raises after the native call queued the entry, and PostgreSQL rolls the
+    # transaction back.
+    it "writes no repeat facts for a duplicate whose commit failed" do
+      job = job_hash([payment, 500], klass: RecordPaymentArJob)
+      deliver(job)
+      Effects.connection.exec(<<~SQL)
+        CREATE FUNCTION #{trigger}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF NEW.duplicates > OLD.duplicates THEN
+            RAISE EXCEPTION 'could not serialize access (at commit)' USING ERRCODE = '40001';
+          END IF;
+          RETURN NULL;
+        END $$
+      SQL
+      Effects.connection.exec(<<~SQL)
+        CREATE CONSTRAINT TRIGGER #{trigger} AFTER UPDATE ON idempotent_job_records
+          DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+          WHEN (NEW.operation_key = '#{payment}') EXECUTE FUNCTION #{trigger}()
+      SQL
+      expect { deliver(job) }.to raise_error(/could not serialize access \(at commit\)/)
+      IdempotentJob.record("RecordPaymentArJob", payment)
+      expect(counts).to eq("duplicates" => 0, "facts" => 0)
+    end
   end
 end

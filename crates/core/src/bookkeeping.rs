@@ -24,7 +24,11 @@
 //! session's `Session::commit`), or when the delivery's one native
 //! call ends without an error (a transaction on another driver, Ruby's ActiveRecord:
 //! it commits right after). Its row is locked until the transaction ends, so the
-//! batches skip it until then.
+//! batches skip it until then. In the second case the repeat carries the claim's
+//! transaction id ([`Repeat::xid`]): its `repeat_facts` entry is written
+//! ([`FLUSH_AWAITING_SQL`]) only once that transaction committed, and let go if it rolled
+//! back after the call (a raising event subscriber, a failed `COMMIT`), since the claim's
+//! counting was rolled back with it.
 //!
 //! What can be lost (telemetry only, never a decision: the decision is the record's
 //! status and claim token, which only the durable claim and fenced statements
@@ -65,7 +69,7 @@ use crate::conn::{Conn, Interrupt};
 use crate::error::{is_transient_state, Error, Result};
 use crate::pool::{backoff, checkout_live, finish_unless_lost, Lane, Pool};
 use crate::record::{ClaimAnswer, ClaimKind, ClaimReply, ClaimRequest};
-use crate::sql::FLUSH_SQL;
+use crate::sql::{FLUSH_AWAITING_SQL, FLUSH_SQL};
 
 /// One repeated delivery to record.
 #[derive(Debug, Clone)]
@@ -90,6 +94,16 @@ pub struct Repeat {
     pub mismatch: bool,
     /// Answered from a completion made with `store_result` (a replay: V7).
     pub replayed: bool,
+    /// The transaction that made the claim, when it was still open as the repeat was
+    /// queued (Ruby's ActiveRecord mode: [`crate::sql::CLAIM_SQL`]'s `xid`, a full 64-bit
+    /// transaction id): the `repeat_facts` entry is written only once that transaction
+    /// committed, kept queued while it is in progress, and let go when it rolled back,
+    /// since the claim's counting was rolled back with it (not counted in
+    /// [`Bookkeeper::dropped`]: no count is lost; an id PostgreSQL cannot answer for is
+    /// dropped and counted there) ([`FLUSH_AWAITING_SQL`]'s `awaiting`). None: written as it is (the
+    /// claim committed already, or counts nothing). Only for a repeat the claim statement
+    /// counted (`count` false): its counts, if any, are written without waiting.
+    pub xid: Option<u64>,
 }
 
 impl Repeat {
@@ -113,6 +127,7 @@ impl Repeat {
                     ..
                 }
             ),
+            xid: None,
         }
     }
 
@@ -176,8 +191,11 @@ struct Pending {
     times: Vec<String>,
     classes: Vec<String>,
     facts: VecDeque<Value>,
+    /// `repeat_facts` entries waiting for their transaction's commit ([`Repeat::xid`]):
+    /// `{"xid": "<id>", "entry": {…}}`, in order ([`FLUSH_AWAITING_SQL`]'s `awaiting`).
+    awaiting: VecDeque<Value>,
     /// When a batch first found the operation's row locked ([`FLUSH_SQL`] skipped it),
-    /// if one did.
+    /// or an awaited transaction still in progress, if one did.
     locked_since: Option<Instant>,
 }
 
@@ -212,9 +230,20 @@ impl Pending {
             // A replay (V7): counted by the repeats report.
             entry["replayed"] = json!(true);
         }
-        self.facts.push_back(entry);
-        if self.facts.len() > REPEATS_KEPT {
-            self.facts.pop_front();
+        match r.xid {
+            Some(xid) => {
+                self.awaiting
+                    .push_back(json!({"xid": xid.to_string(), "entry": entry}));
+                if self.awaiting.len() > REPEATS_KEPT {
+                    self.awaiting.pop_front();
+                }
+            }
+            None => {
+                self.facts.push_back(entry);
+                if self.facts.len() > REPEATS_KEPT {
+                    self.facts.pop_front();
+                }
+            }
         }
     }
 
@@ -239,15 +268,38 @@ impl Pending {
         while self.facts.len() > REPEATS_KEPT {
             self.facts.pop_front();
         }
+        self.awaiting.extend(newer.awaiting);
+        while self.awaiting.len() > REPEATS_KEPT {
+            self.awaiting.pop_front();
+        }
+    }
+
+    /// Takes out the `awaiting` entries at `positions` (from 1, as [`FLUSH_AWAITING_SQL`] returns
+    /// them), as a pending of their own (their repeats moved to it).
+    fn take_awaiting(&mut self, positions: &[usize]) -> Pending {
+        let mut taken = Pending::default();
+        for &n in positions {
+            if let Some(entry) = n.checked_sub(1).and_then(|i| self.awaiting.get_mut(i)) {
+                taken.awaiting.push_back(entry.take());
+            }
+        }
+        let moved = taken.awaiting.len().min(self.repeats);
+        self.repeats -= moved;
+        taken.repeats = moved;
+        taken
     }
 
     /// The operation's JSON object of [`FLUSH_SQL`]'s $3.
     fn doc(&self) -> Value {
-        json!({
+        let mut doc = json!({
             "dups": self.dups, "mismatches": self.mismatches,
             "last_mismatch": self.last_mismatch, "last_at": self.last_at,
             "times": self.times, "classes": self.classes, "facts": self.facts,
-        })
+        });
+        if !self.awaiting.is_empty() {
+            doc["awaiting"] = json!(self.awaiting);
+        }
+        doc
     }
 }
 
@@ -407,10 +459,16 @@ impl Bookkeeper {
             return Written::Done;
         }
         let (job_types, keys, docs) = batch_params(&batch);
+        // Only a batch with entries waiting for a transaction's commit asks for it.
+        let sql = if batch.values().any(|p| !p.awaiting.is_empty()) {
+            FLUSH_AWAITING_SQL
+        } else {
+            FLUSH_SQL
+        };
         let sent = checkout_live(pool, interrupt, Lane::Main, until).map(|mut pooled| {
             let result = pooled.run_until(interrupt, Some(until), async |c: &mut Conn| {
                 c.query_own(
-                    FLUSH_SQL,
+                    sql,
                     &[
                         (&job_types, Type::TEXT_ARRAY),
                         (&keys, Type::TEXT_ARRAY),
@@ -422,16 +480,37 @@ impl Bookkeeper {
             finish_unless_lost(pooled, &result);
             result
         });
-        let (failed, locked) = match sent {
-            Ok(Ok(rows)) => (None, locked_keys(&rows)),
+        let (failed, left) = match sent {
+            Ok(Ok(rows)) => (None, left_out(&rows)),
             // Nothing was sent, or PostgreSQL rolled the batch back: keep it.
             Err(e) => return self.requeue(batch, e),
             Ok(Err(e)) if rolled_back(&e) => return self.requeue(batch, e),
-            Ok(Err(e)) => (Some(e), Vec::new()),
+            Ok(Err(e)) => (Some(e), LeftOut::default()),
         };
         let mut kept = Queue::new();
         let mut expired = 0;
-        for key in locked {
+        // Entries whose transaction is still in progress wait like a locked row's
+        // repeats. Those of a transaction that rolled back are let go with the written
+        // ones, uncounted: the claim's counting was rolled back, so nothing the report
+        // needs is lost. Those PostgreSQL cannot answer for are dropped and counted.
+        for (key, (waiting, unknown)) in left.awaiting {
+            let Some(pending) = batch.get_mut(&key) else {
+                continue;
+            };
+            expired += unknown.len();
+            if waiting.is_empty() {
+                continue;
+            }
+            let since = *pending.locked_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < LOCKED_ROW_PATIENCE {
+                let mut waits = pending.take_awaiting(&waiting);
+                waits.locked_since = Some(since);
+                kept.insert(key, waits);
+            } else {
+                expired += waiting.len();
+            }
+        }
+        for key in left.locked {
             let Some(mut pending) = batch.remove(&key) else {
                 continue;
             };
@@ -523,11 +602,40 @@ impl Bookkeeper {
     }
 }
 
-/// The operations [`FLUSH_SQL`] left out because another transaction held their row.
-fn locked_keys(rows: &[tokio_postgres::Row]) -> Vec<Key> {
-    rows.iter()
-        .filter_map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?)))
-        .collect()
+/// What [`FLUSH_SQL`] left out of a batch.
+#[derive(Default)]
+struct LeftOut {
+    /// The operations whose row another transaction held.
+    locked: Vec<Key>,
+    /// Per operation, the positions (from 1) in its `awaiting` of the entries whose
+    /// transaction is still in progress, and of those PostgreSQL could not answer for
+    /// (those of a transaction that rolled back are not listed).
+    awaiting: BTreeMap<Key, (Vec<usize>, Vec<usize>)>,
+}
+
+/// [`FLUSH_SQL`]'s rows `(job_type, operation_key)`, or [`FLUSH_AWAITING_SQL`]'s
+/// `(job_type, operation_key, awaiting, status)`.
+fn left_out(rows: &[tokio_postgres::Row]) -> LeftOut {
+    let mut left = LeftOut::default();
+    for row in rows {
+        let (Ok(job_type), Ok(operation_key)) = (row.try_get(0), row.try_get(1)) else {
+            continue;
+        };
+        let key = (job_type, operation_key);
+        match row.try_get::<_, Option<i64>>(2).ok().flatten() {
+            None => left.locked.push(key),
+            Some(n) => {
+                let (waiting, unknown) = left.awaiting.entry(key).or_default();
+                let n = usize::try_from(n).unwrap_or(0);
+                match row.try_get::<_, Option<&str>>(3).ok().flatten() {
+                    Some("in progress") => waiting.push(n),
+                    Some("aborted") => {}
+                    _ => unknown.push(n),
+                }
+            }
+        }
+    }
+    left
 }
 
 /// Whether PostgreSQL answered `err` and rolled the statement back with it, for a

@@ -63,6 +63,7 @@ fn duplicate(job_type: &str, key: &str) -> Repeat {
         returning: false,
         mismatch: false,
         replayed: false,
+        xid: None,
     }
 }
 
@@ -224,6 +225,134 @@ fn settle_does_not_wait_for_a_facts_only_repeat_of_a_locked_row() {
         0,
         "a facts-only repeat adds no count"
     );
+}
+
+/// A repeat the claim statement counted inside `xid`'s transaction (an ActiveRecord
+/// delivery's, queued before ActiveRecord commits): only its `repeat_facts` entry is left,
+/// and it waits for that commit.
+fn awaiting(job_type: &str, key: &str, xid: u64) -> Repeat {
+    Repeat {
+        count: false,
+        xid: Some(xid),
+        ..duplicate(job_type, key)
+    }
+}
+
+/// A session of its own in an open transaction that has a transaction id (and holds no
+/// lock on any record), and that id.
+fn open_transaction() -> (Admin, u64) {
+    let admin = Admin::new();
+    admin.exec("BEGIN");
+    let xid = admin.text("SELECT pg_current_xact_id()::text");
+    (admin, xid.parse().unwrap())
+}
+
+/// An entry awaiting a transaction (`Repeat::xid`) is written only once that transaction
+/// committed: kept queued while it is in progress (`settle` returns after
+/// `FACTS_ONLY_PATIENCE`, as for a locked row, and nothing is written), let go when it
+/// rolled back (not counted in `dropped`: no count was lost). Here the transactions hold no lock on the row, so only the
+/// transaction's status (FLUSH_SQL's `pg_xact_status`) keeps the entry back. Before the
+/// fix (no `xid`) both entries were written at the first settle (seen: 2 entries, 0
+/// dropped).
+#[test]
+fn an_awaited_entry_is_written_after_its_commit_and_let_go_after_its_rollback() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let store = store_named(&unique("awaiting"));
+    let job_type = unique("Awaiting");
+    claim_all(&store, &job_type, &["a"]);
+    let books = store.pool().unwrap().bookkeeper().clone();
+    let dropped = books.dropped();
+    let (committing, committed_xid) = open_transaction();
+    let (rolling_back, aborted_xid) = open_transaction();
+    store
+        .run(|pool, i| {
+            pool.bookkeeper()
+                .record(awaiting(&job_type, "a", committed_xid));
+            pool.bookkeeper()
+                .record(awaiting(&job_type, "a", aborted_xid));
+            pool.bookkeeper().settle(pool, i)
+        })
+        .unwrap();
+    let watcher = Admin::new();
+    assert_eq!(
+        facts_entries(&watcher, &job_type, "a"),
+        0,
+        "written while its transaction is in progress"
+    );
+    assert_eq!(books.dropped(), dropped, "dropped while in progress");
+    committing.exec("COMMIT");
+    rolling_back.exec("ROLLBACK");
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    assert_eq!(
+        facts_entries(&watcher, &job_type, "a"),
+        1,
+        "the committed transaction's entry is written, the rolled back one's not"
+    );
+    assert_eq!(
+        books.dropped(),
+        dropped,
+        "the rolled back one is let go, not counted as a lost count"
+    );
+    assert_eq!(duplicates(&watcher, &job_type, "a"), 0);
+}
+
+/// The real case: a duplicate claimed by the claim statement inside another driver's
+/// transaction (as ActiveRecord mode does), its entry queued with the statement's `xid`
+/// before that transaction ends. While it is open the batches skip the row; after a
+/// rollback (the claim's counting undone) the entry is dropped, after a commit written.
+/// Before the fix (no `xid`) the rolled-back claim's entry was written (seen: 1 entry).
+#[test]
+fn a_claim_rolled_back_after_its_entry_was_queued_leaves_no_entry() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let store = store_named(&unique("claim-rollback"));
+    let job_type = unique("ClaimRollback");
+    claim_all(&store, &job_type, &["a"]);
+    let books = store.pool().unwrap().bookkeeper().clone();
+    let watcher = Admin::new();
+    for (end, entries, dups) in [("ROLLBACK", 0, 0), ("COMMIT", 1, 1)] {
+        let dropped = books.dropped();
+        let driver = Admin::new();
+        driver.exec("BEGIN");
+        let token = uuid::Uuid::new_v4();
+        let (key, jid, lease, no_text, class, no_flag) = (
+            "a",
+            "jid-2",
+            30.0f64,
+            None::<String>,
+            Some("BookkeepingJob"),
+            false,
+        );
+        let no_facts = None::<serde_json::Value>;
+        let rows = driver.query(
+            claim::CLAIM_SQL,
+            &[
+                &job_type, &key, &token, &jid, &lease, &no_text, &class, &no_facts, &no_text,
+                &no_text, &no_flag, &no_flag,
+            ],
+        );
+        let xid: String = rows[0].get("xid");
+        store
+            .run(|pool, i| {
+                pool.bookkeeper()
+                    .record(awaiting(&job_type, key, xid.parse().unwrap()));
+                pool.bookkeeper().settle(pool, i)
+            })
+            .unwrap();
+        assert_eq!(facts_entries(&watcher, &job_type, key), 0, "before {end}");
+        driver.exec(end);
+        store
+            .run(|pool, i| pool.bookkeeper().settle(pool, i))
+            .unwrap();
+        assert_eq!(
+            facts_entries(&watcher, &job_type, key),
+            entries,
+            "after {end}"
+        );
+        assert_eq!(duplicates(&watcher, &job_type, key), dups, "after {end}");
+        assert_eq!(books.dropped(), dropped, "after {end}");
+    }
 }
 
 /// A repeat of `key` at `at` by `job_class`, with the delivery facts `{"n": n}`.

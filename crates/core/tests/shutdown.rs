@@ -48,6 +48,7 @@ fn a_dropped_store_stops_its_runtime_only_after_its_background_writer() {
         returning: false,
         mismatch: false,
         replayed: false,
+        xid: None,
     });
 
     // The writer's connection reached the "server": its batch is being written.

@@ -20,8 +20,10 @@ module IdempotentJob
       # by the delivery's native call itself, when it ends without an error and this
       # transaction is the outermost one (not one joining an outer transaction, whose
       # rollback would undo the claim: then nothing is queued); the bookkeeping's batches
-      # skip the record's row while this transaction holds it, and write it once it
-      # committed (docs/design.md, "Repeat bookkeeping").
+      # skip the record's row while this transaction holds it, and write its entry only
+      # once this transaction committed (the entry carries the claim's transaction id: a
+      # rollback after the call, e.g. a raising event subscriber or a failed COMMIT, leaves
+      # no entry) (docs/design.md, "Repeat bookkeeping").
       # @yieldparam session [ActiveRecord]
       # @return [Object] the block's value
       # @raise [ConfigurationError] when ActiveRecord is not loaded
@@ -188,13 +190,15 @@ module IdempotentJob
       end
 
       # The claim row's values (text, or typed when the connection has a result type
-      # map) → the types Native.decide reads.
+      # map) → the types Native.decide reads, and `xid` (text): the claiming transaction's
+      # id, for which the repeat's `repeat_facts` entry waits to commit.
       def typed(row)
         { won: boolean(row["won"]), status: row["status"], last_claim: row["last_claim"],
           attempts: Integer(row["attempts"]), jid: row["jid"], duplicates: Integer(row["duplicates"]),
           mismatch: boolean(row["mismatch"]), lease_remaining: Float(row["lease_remaining"]),
           takeovers: Integer(row["takeovers"] || 0),
-          result: row["result"], result_state: row["result_state"], decided_at: epoch(row["decided_at"]) }
+          result: row["result"], result_state: row["result_state"], decided_at: epoch(row["decided_at"]),
+          xid: row["xid"]&.to_s }
       end
 
       # The claim's `decided_at` (a Time with a result type map, a text without) in

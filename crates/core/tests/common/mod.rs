@@ -274,6 +274,17 @@ impl Admin {
             .get(0)
     }
 
+    /// `sql`'s rows, its parameters bound to `params`.
+    pub fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Vec<tokio_postgres::Row> {
+        self.runtime
+            .block_on(self.client.query(sql, params))
+            .unwrap()
+    }
+
     /// The first column of `sql`'s one row (an int8), `$1` bound to `param`.
     pub fn count(&self, sql: &str, param: &str) -> i64 {
         self.runtime

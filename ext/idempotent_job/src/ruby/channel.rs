@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use magnus::{value::ReprValue, RArray, RHash, Ruby, Value};
 
-use super::convert::{decided, RbResult};
+use super::convert::{decided, transaction_id, RbResult};
 use super::protocol::{fenced_name, request_hash};
 use super::transaction::NativeTransaction;
 use idempotent_job_core::bookkeeping::Repeat;
@@ -226,6 +226,11 @@ impl Channel for SessionChannel<'_> {
             self.repeat = Repeat::after_claim(r, &reply, at);
             if self.repeat.is_some() && !self.session.funcall::<_, _, bool>("outermost?", ())? {
                 self.repeat = None;
+            }
+            if let Some(repeat) = &mut self.repeat {
+                // Queued before ActiveRecord commits: its `repeat_facts` entry waits for
+                // this transaction's commit, and is dropped if it rolls back.
+                repeat.xid = transaction_id(&ruby, row)?;
             }
             Ok(reply)
         })();

@@ -582,3 +582,10 @@ pub fn nested_too_deep(value: Value) -> bool {
     }
     false
 }
+
+/// The claim statement's `xid` (`CLAIM_SQL`: the claiming transaction's id, as text) in a
+/// claim row Hash (`:xid`), if it has one.
+pub(super) fn transaction_id(ruby: &Ruby, row: RHash) -> RbResult<Option<u64>> {
+    let text: Option<String> = row.lookup(ruby.sym_new("xid"))?;
+    Ok(text.and_then(|t| t.parse().ok()))
+}

@@ -6,7 +6,9 @@
 use chrono::{DateTime, Utc};
 use magnus::{function, method, prelude::*, RArray, RHash, RModule, Ruby, Symbol};
 
-use super::convert::{claim_request, decided, decision_hash, record_hash, Out, RbResult};
+use super::convert::{
+    claim_request, decided, decision_hash, record_hash, transaction_id, Out, RbResult,
+};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::transaction::NativeTransaction;
@@ -334,7 +336,9 @@ impl NativeStore {
     /// delivery's native call (a delivery on ActiveRecord's transaction has its repeat
     /// queued by `Native::Protocol#perform` itself; the specs' own claim statements use
     /// this). `row`, `token`, `request`: as `Native.decide` takes them;
-    /// `decided_at`: the claim statement's `decided_at` in Float epoch seconds. False for
+    /// `decided_at`: the claim statement's `decided_at` in Float epoch seconds (`row[:xid]`,
+    /// the claim's transaction id, makes its `repeat_facts` entry wait for that
+    /// transaction's commit, as in a delivery's native call). False for
     /// a first claim (nothing to record). Writes nothing itself: the bookkeeping does,
     /// asynchronously.
     fn record_repeat(
@@ -345,12 +349,14 @@ impl NativeStore {
         request: RHash,
         decided_at: f64,
     ) -> RbResult<bool> {
+        let xid = transaction_id(ruby, row)?;
         let (decision, request) = decided(ruby, row, &token, request)?;
         let at = DateTime::<Utc>::from_timestamp_micros((decided_at * 1e6) as i64)
             .ok_or_else(|| to_ruby(ruby, Error::Config("decided_at is out of range".into())))?;
-        let Some(repeat) = Repeat::after_claim(&request, &decision, at) else {
+        let Some(mut repeat) = Repeat::after_claim(&request, &decision, at) else {
             return Ok(false);
         };
+        repeat.xid = xid;
         let pool = rb_self.0.pool().map_err(|e| to_ruby(ruby, e))?;
         pool.bookkeeper().record(repeat);
         Ok(true)
