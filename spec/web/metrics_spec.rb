@@ -146,6 +146,7 @@ RSpec.describe "IdempotentJob::Web /metrics" do
     script!
     here = parse(get("/idempotency/metrics", user: "ops").body).reject { |name, *| name.include?("held_age") }
     code = <<~RUBY
+      require "stringio" # the request's body below (a Rack server gives its own)
       require "idempotent_job/web"
       IdempotentJob.configure(database_url: ENV.fetch("DATABASE_URL"))
       _, _, body = IdempotentJob::Web.call("REQUEST_METHOD" => "GET", "PATH_INFO" => "/metrics", "SCRIPT_NAME" => "",
