@@ -17,9 +17,10 @@ module IdempotentJob
   # as Integers), so Hash key order and Symbol/String keys do not change the key and
   # composite parts cannot run together (`["a:b","c"]` and `["a","b:c"]` stay different).
   #
-  # These rules, the key's text and the messages refusing a value are the core's
-  # (crates/core/src/keys.rs: `Native.key_text`, `Native.composite_key_text`,
-  # `Native.key_problem`), the same for the Python package: an Integer of any width as
+  # These rules, the walk of a dotted path (a Hash by String key, else by the Symbol; an
+  # Array by a decimal index), the key's text and the messages refusing a path or a value
+  # are the core's (crates/core/src/declaration.rs and keys.rs: `Native.key_declaration`,
+  # `Native.declared_key`), the same for the Python package: an Integer of any width as
   # its decimal text, Strings by their bytes (which must be UTF-8), Integer Hash keys as
   # their decimal text; a Time, NaN or a BigDecimal refused. Nothing is written here.
   class Key
@@ -115,18 +116,21 @@ module IdempotentJob
       @declaration = declaration
       @composite = declaration.is_a?(Array)
       @paths = parse(@composite ? declaration : [declaration])
+      @parts = @paths.map { |path| [path[:index], path[:segments]].freeze }.freeze unless shape_only
     end
 
-    # The operation key of one delivery.
+    # The operation key of one delivery: the core walks each part's path over the
+    # arguments and makes the key's text (crates/core/src/declaration.rs, `resolve`;
+    # `Native.declared_key`: one call into the extension), or says which part yields no
+    # key and why.
     # @param args [Array] the job's arguments (`job["args"]`)
     # @return [String] the canonical operation key
-    # @raise [OperationKeyError] when an argument is missing, nil, empty or of an unsupported type
+    # @raise [OperationKeyError] when an argument is missing, a path reaches nothing, or
+    #   the value is nil, empty or of an unsupported type
     def operation_key(args)
       fail_value(nil, "the job's arguments are #{args.class}, not an Array") unless args.is_a?(Array)
-      return scalar_or_json(fetch(args, @paths.first), @paths.first) unless @composite
-
-      values = @paths.map { |path| fetch(args, path) }
-      Native.composite_key_text(values) || refuse_part(values)
+      text, part, problem = Native.declared_key(@parts, args, @composite)
+      text || fail_value(@paths[part], problem)
     end
 
     private
@@ -185,53 +189,6 @@ module IdempotentJob
       return nil unless @job_class.is_a?(Class) && @job_class.method_defined?(:perform)
 
       @job_class.instance_method(:perform).parameters
-    end
-
-    def fetch(args, path)
-      fail_value(path, "argument #{path[:index]} is missing (the job has #{args.size} arguments)") if
-        path[:index] >= args.size
-      value = args[path[:index]]
-      path[:segments].each do |segment|
-        value = dig(value, segment, path)
-      end
-      fail_value(path, "the value is nil") if value.nil?
-      value
-    end
-
-    def dig(value, segment, path)
-      case value
-      when Hash
-        return value[segment] if value.key?(segment)
-
-        sym = segment.to_sym
-        return value[sym] if value.key?(sym)
-
-        fail_value(path, "the Hash has no key #{segment.inspect}")
-      when Array
-        fail_value(path, "segment #{segment.inspect} indexes an Array, so it must be a number") unless
-          segment.match?(/\A\d+\z/)
-        i = Integer(segment, 10)
-        fail_value(path, "the Array has no element #{i}") if i >= value.size
-        value[i]
-      else
-        fail_value(path, "segment #{segment.inspect} reaches into a #{value.class}, not a Hash or Array")
-      end
-    end
-
-    # The core's text for one value (Native.key_text), else the core's reason for
-    # refusing it (nil, a boolean, a Float, an empty value, a Time, bytes that are not
-    # UTF-8, nesting past the limit).
-    def scalar_or_json(value, path)
-      Native.key_text(value) || fail_value(path, Native.key_problem(value))
-    end
-
-    # A composite key the core did not take: the first part's problem, named by its path.
-    def refuse_part(values)
-      values.each_with_index do |value, i|
-        problem = Native.key_problem(value)
-        fail_value(@paths[i], problem) if problem
-      end
-      fail_value(nil, "the core took no composite key of these parts") # not reached: a part is refused
     end
   end
 end

@@ -1,7 +1,7 @@
 """What the Celery and SQS doors share below their queue's vocabulary: a job type's
-protocol (:class:`JobProtocol`), a key declaration's parse, the walk of its paths and the
-operation key of the values its parts read (:func:`parse_key`, :func:`walk`,
-:func:`key_text`), one delivery through the
+protocol (:class:`JobProtocol`), a key declaration's parse and the operation key its
+parts read from a delivery (:func:`parse_key`, :func:`key_of`: both the core's), one
+delivery through the
 native core inside its span (:func:`deliver`), and what a door does when a delivery's
 claim fails before its body ran (:func:`claim_failed`): the core decides whether the
 delivery goes back to its queue (``IdempotentJobError.sends_back``, from the core's
@@ -16,10 +16,16 @@ import logging
 from typing import Any, Callable
 
 from . import _current, _tracing
-from ._native import CLAIM_ERROR_LOG_INTERVAL, Store, claim_error_report, key_declaration, unreachable_delay
+from ._native import (
+    CLAIM_ERROR_LOG_INTERVAL,
+    claim_error_report,
+    declared_key,
+    key_declaration,
+    unreachable_delay,
+)
 from .errors import IdempotentJobError
 
-__all__ = ["JobProtocol", "parse_key", "walk", "key_text", "deliver", "claim_failed"]
+__all__ = ["JobProtocol", "parse_key", "key_of", "deliver", "claim_failed"]
 
 
 class JobProtocol:
@@ -55,34 +61,28 @@ def parse_key(
     return parsed
 
 
-def walk(value: Any, segments: list[str], fail: Callable[[str], Exception]) -> Any:
-    """The value a parsed path's ``segments`` reach from ``value``: a dict's by key, a list's
-    or tuple's by a decimal index (the core's rule: ASCII digits). Raises ``fail(problem)``
-    (the door's ``OperationKeyError``) naming the segment that reaches nothing: a key the
-    dict lacks, a list segment that is not a number or past the end, a segment into a
-    value that is neither a dict nor a list."""
-    for segment in segments:
-        if isinstance(value, dict):
-            if segment not in value:
-                raise fail(f"the dict has no key {segment!r}")
-            value = value[segment]
-        elif isinstance(value, (list, tuple)):
-            if not (segment.isascii() and segment.isdigit()):
-                raise fail(f"segment {segment!r} indexes a list, so it must be a number")
-            if int(segment) >= len(value):
-                raise fail(f"the list has no element {segment}")
-            value = value[int(segment)]
-        else:
-            raise fail(f"segment {segment!r} reaches into a {type(value).__name__}, not a dict or list")
-    return value
-
-
-def key_text(job_type: str, declaration: Any, values: list[Any]) -> str:
-    """The operation key (str) of the values a declaration's parts read, in order: the
-    core's text of the one value, or of the composite when the declaration is a list or
-    tuple. Raises ``OperationKeyError`` naming ``job_type`` for a value the core refuses."""
+def key_of(
+    job_type: str,
+    declaration: Any,
+    starts: list[tuple[Any, list[str], str | None]],
+    fail: Callable[[int, str], Exception],
+) -> str:
+    """The operation key (str) of a parsed declaration over one delivery, by the core's
+    resolve (crates/core/src/declaration.rs): each of ``starts`` is a part's ``(first
+    value, segments, missing)`` (``missing``: the door's words for why the part has no
+    first value, else None); the core walks the segments (a dict's by key, a list's or
+    tuple's by a decimal index), refuses None and makes the key's text, of the one value
+    or of the composite when the declaration is a list or tuple. Raises ``fail(part,
+    problem)`` (the door's ``OperationKeyError``, ``part`` the part's position) when a
+    part reaches no value: its argument is missing, a dict lacks the key, a list segment
+    is not a number or past the end, a segment reaches into a value that is neither a
+    dict nor a list, the value is None; raises ``OperationKeyError`` naming ``job_type``
+    for a value the core refuses (a float, a bool, an empty value, a key too long)."""
     composite = isinstance(declaration, (list, tuple))
-    return Store.operation_key(job_type, values if composite else values[0], composite)
+    text, part, problem = declared_key(job_type, starts, composite)
+    if text is None:
+        raise fail(part, problem)
+    return text
 
 
 def deliver(

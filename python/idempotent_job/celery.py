@@ -21,7 +21,7 @@ from celery import Task, current_app
 from celery.exceptions import Ignore, Retry
 
 from . import Rerun, on_rerun
-from ._door import JobProtocol, claim_failed, deliver, key_text, parse_key, walk
+from ._door import JobProtocol, claim_failed, deliver, key_of, parse_key
 from ._native import OPTION_NAMES, check_option
 from .errors import ConfigurationError, OperationKeyError
 
@@ -173,31 +173,39 @@ class IdempotentTask(Task):
         cls._idempotency_protocol = JobProtocol(cls.idempotency_scope or name, options, "celery", PREFIX)
 
     def _operation_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        values = [self._fetch(path, args, kwargs) for path in self._idempotency_paths or []]
-        return key_text(self.name, self.idempotency_key, values)
+        paths = self._idempotency_paths or []
+        starts = [self._start(path, args, kwargs) for path in paths]
+        return key_of(
+            self.name,
+            self.idempotency_key,
+            starts,
+            lambda part, problem: self._key_error(paths[part][0], problem),
+        )
 
-    def _fetch(self, path: _Path, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        label, index, name, segments = path
-
-        def fail(problem: str) -> OperationKeyError:
-            return OperationKeyError(
-                f"{self.name}: idempotency key {self.idempotency_key!r} ({label}): {problem}; "
-                "the task was not run and nothing was recorded",
-                job_class=self.name,
-                job_type=self.name,
-                declaration=self.idempotency_key,
-            )
-
+    def _start(
+        self, path: _Path, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, list[str], str | None]:
+        """A part's first value (its keyword argument, else its positional one), its
+        segments, and why it has none (else None)."""
+        _label, index, name, segments = path
         if name is not None and name in kwargs:
-            value = kwargs[name]
-        elif index is not None and index < len(args):
-            value = args[index]
-        else:
-            raise fail(f"the argument is missing (the task got {len(args)} positional and {sorted(kwargs)})")
-        value = walk(value, segments, fail)
-        if value is None:
-            raise fail("the value is None")
-        return value
+            return kwargs[name], segments, None
+        if index is not None and index < len(args):
+            return args[index], segments, None
+        return (
+            None,
+            segments,
+            f"the argument is missing (the task got {len(args)} positional and {sorted(kwargs)})",
+        )
+
+    def _key_error(self, label: str, problem: str) -> OperationKeyError:
+        return OperationKeyError(
+            f"{self.name}: idempotency key {self.idempotency_key!r} ({label}): {problem}; "
+            "the task was not run and nothing was recorded",
+            job_class=self.name,
+            job_type=self.name,
+            declaration=self.idempotency_key,
+        )
 
     def apply_async(self, args=None, kwargs=None, *rest: Any, **options: Any):  # noqa: D401
         """Celery's ``apply_async``; checks first that the arguments yield an operation key,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import Rerun
-from ._door import JobProtocol, claim_failed, deliver, key_text, parse_key, walk
+from ._door import JobProtocol, claim_failed, deliver, key_of, parse_key
 from ._native import TOO_DEEP, check_option
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
@@ -137,25 +137,25 @@ class _Door:
 
     def operation_key(self, message: Message) -> str:
         """The operation key the declaration's parts read from ``message``."""
-        return key_text(self.job_type, self.key, [self._fetch(message, part) for part in self.parts])
-
-    def _fetch(self, message: Message, part: tuple[str, str, list[str]]) -> Any:
-        label, source, segments = part
-        value: Any = {"body": message.body, "attributes": message.attributes}.get(
-            source, message.message_attributes
+        sources = {"body": message.body, "attributes": message.attributes}
+        starts = [
+            (sources.get(source, message.message_attributes), segments, None)
+            for _label, source, segments in self.parts
+        ]
+        return key_of(
+            self.job_type, self.key, starts, lambda part, problem: self._key_error(message, part, problem)
         )
 
-        def fail(problem: str) -> OperationKeyError:
-            why = f" ({message.unread})" if source == "body" and message.unread else ""
-            return OperationKeyError(
-                f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}{why}: "
-                + problem,
-                job_class=self.job_type,
-                job_type=self.job_type,
-                declaration=self.key,
-            )
-
-        return walk(value, segments, fail)
+    def _key_error(self, message: Message, part: int, problem: str) -> OperationKeyError:
+        label, source, _segments = self.parts[part]
+        why = f" ({message.unread})" if source == "body" and message.unread else ""
+        return OperationKeyError(
+            f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}{why}: "
+            + problem,
+            job_class=self.job_type,
+            job_type=self.job_type,
+            declaration=self.key,
+        )
 
     def decide(
         self, message: Message, queue: str | None, running: Callable | None = None

@@ -223,3 +223,121 @@ pub fn key_declaration(
         Err(problem) => (None, Some(problem)),
     })
 }
+
+/// How path messages name Python's types; a segment is quoted as `repr` writes a str.
+const PATH_WORDS: declaration::PathWords = declaration::PathWords {
+    map: "dict",
+    list: "list",
+    a_list: "a list",
+    nil: "None",
+    quote: repr,
+};
+
+/// A str as Python's `repr` writes it: in single quotes (double when it holds a single
+/// quote and no double one), backslash, the quote and control characters escaped.
+fn repr(text: &str) -> String {
+    let quote = if text.contains('\'') && !text.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push(quote);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// A Python value a key path walks through: a dict by str key, a list or tuple by index.
+#[derive(Clone)]
+struct PyNode<'py>(Bound<'py, PyAny>);
+
+impl declaration::Node for PyNode<'_> {
+    fn shape(&self) -> declaration::Shape {
+        use declaration::Shape;
+        let value = &self.0;
+        if value.is_instance_of::<PyDict>() {
+            Shape::Map
+        } else if let Ok(list) = value.cast::<PyList>() {
+            Shape::List(list.len())
+        } else if let Ok(tuple) = value.cast::<PyTuple>() {
+            Shape::List(tuple.len())
+        } else if value.is_none() {
+            Shape::Null
+        } else {
+            Shape::Other(type_name(value))
+        }
+    }
+
+    fn entry(&self, key: &str) -> Option<Self> {
+        let dict = self.0.cast::<PyDict>().ok()?;
+        dict.get_item(key).ok().flatten().map(PyNode)
+    }
+
+    fn element(&self, index: usize) -> Option<Self> {
+        if let Ok(list) = self.0.cast::<PyList>() {
+            return list.get_item(index).ok().map(PyNode);
+        }
+        let tuple = self.0.cast::<PyTuple>().ok()?;
+        tuple.get_item(index).ok().map(PyNode)
+    }
+}
+
+/// `declared_key(job, starts, composite)` → `(text, None, None)`: the operation key of a
+/// declared key by the core's resolve ([`declaration::resolve`]: the walk of each
+/// part's path, None refused, a single or `composite` key's text by [`keys`]) and the
+/// finished key's check; each of `starts` is a part's `(first value, segments,
+/// missing)`, `missing` the door's words for why the part has no first value (else
+/// None). Returns `(None, part, problem)` when a part reaches no value (the problem in
+/// the core's words, for the door to word with the part); raises `OperationKeyError`
+/// naming `job` for a value that cannot be a key or a finished key the core refuses.
+#[pyfunction]
+pub fn declared_key<'py>(
+    py: Python<'py>,
+    job: &str,
+    starts: Vec<(Bound<'py, PyAny>, Vec<String>, Option<String>)>,
+    composite: bool,
+) -> PyResult<(Option<String>, Option<usize>, Option<String>)> {
+    let got = declaration::resolve(
+        starts
+            .iter()
+            .map(|(value, segments, missing)| {
+                let start = match missing {
+                    Some(why) => Err(why.clone()),
+                    None => Ok(PyNode(value.clone())),
+                };
+                (start, segments.as_slice())
+            })
+            .collect(),
+        composite,
+        &PATH_WORDS,
+        &KEY_WORDS,
+        |value| key_value(&value.0),
+    );
+    match got {
+        Ok(text) => Ok((
+            Some(crate::errors::checked_key(py, job, Ok(text))?),
+            None,
+            None,
+        )),
+        Err(e) if e.reached => {
+            crate::errors::checked_key(py, job, Err(e.problem)).map(|_| (None, None, None))
+        }
+        Err(e) => Ok((None, Some(e.part), Some(e.problem))),
+    }
+}

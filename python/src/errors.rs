@@ -70,3 +70,30 @@ pub fn error_example(py: Python<'_>, name: &str) -> PyResult<Option<Py<PyAny>>> 
         None => Ok(None),
     }
 }
+
+/// An operation key's text checked as finished ([`idempotent_job_core::keys::problem`]:
+/// UTF-8, size, NUL), or the `OperationKeyError` naming `job` for it or for `text`'s
+/// problem (a value that cannot be a key): "<job>: operation key: <problem>; the job was
+/// not run and nothing was recorded". Shared by `Store.operation_key` and
+/// `declared_key`.
+pub fn checked_key(py: Python<'_>, job: &str, text: Result<String, String>) -> PyResult<String> {
+    let problem = match text {
+        Ok(text) => match idempotent_job_core::keys::problem(job.as_bytes(), text.as_bytes()) {
+            None => return Ok(text),
+            Some(problem) => problem,
+        },
+        Err(problem) => problem,
+    };
+    let class = py
+        .import("idempotent_job.errors")?
+        .getattr("OperationKeyError")?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("job_class", job)?;
+    kwargs.set_item("job_type", job)?;
+    Err(PyErr::from_value(class.call(
+        (format!(
+            "{job}: operation key: {problem}; the job was not run and nothing was recorded"
+        ),),
+        Some(&kwargs),
+    )?))
+}

@@ -27,6 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::error_table_json, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_example, m)?)?;
     m.add_function(wrap_pyfunction!(convert::key_declaration, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::declared_key, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;
     m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
     m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;

@@ -18,7 +18,7 @@ use idempotent_job_core::protocol::{JobOptions, Protocol};
 use idempotent_job_core::record::Field;
 use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::store::{PoolHandle, Store as CoreStore};
-use idempotent_job_core::{keys, migrate, operations, options, repeats};
+use idempotent_job_core::{migrate, operations, options, repeats};
 
 /// The core's job options the Python package does not take, and why: a door-only
 /// fact (what this binding implements), not a restatement of the table.
@@ -346,25 +346,7 @@ impl Store {
         } else {
             convert::key_text(value)
         };
-        let problem = match text {
-            Ok(text) => match keys::problem(job.as_bytes(), text.as_bytes()) {
-                None => return Ok(text),
-                Some(problem) => problem,
-            },
-            Err(problem) => problem,
-        };
-        let class = py
-            .import("idempotent_job.errors")?
-            .getattr("OperationKeyError")?;
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("job_class", job)?;
-        kwargs.set_item("job_type", job)?;
-        Err(PyErr::from_value(class.call(
-            (format!(
-                "{job}: operation key: {problem}; the job was not run and nothing was recorded"
-            ),),
-            Some(&kwargs),
-        )?))
+        crate::errors::checked_key(py, job, text)
     }
 
     /// `protocol(job, options, door, prefix="")` → the job's [`JobProtocol`]: `options`

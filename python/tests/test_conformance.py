@@ -16,6 +16,8 @@ from conftest import ROOT
 
 import idempotent_job
 from idempotent_job import _native
+from idempotent_job._door import key_of, parse_key
+from idempotent_job.celery import IdempotentTask
 from idempotent_job.errors import OperationKeyError, PayloadMismatchError
 
 VECTORS = json.loads((ROOT / "conformance" / "vectors.json").read_text(encoding="utf-8"))
@@ -68,6 +70,26 @@ def test_operation_key(case):
 def test_composite_operation_key(case):
     parts = json.loads(case["parts_json"])
     check_key(case, key_result(lambda: _native.Store.operation_key("Job", parts, True)))
+
+
+@pytest.mark.parametrize("case", cases("key_paths"), ids=names("key_paths"))
+def test_key_path(case):
+    """The Celery door's reading of a declaration over positional arguments: the core's
+    parse, the door's start of each part (``IdempotentTask._start``), the core's resolve."""
+    args = tuple(json.loads(case["args_json"]))
+    declaration = case["declaration"]
+
+    def refuse(problem: str) -> OperationKeyError:
+        return OperationKeyError(f"Job: {problem}")
+
+    def compute() -> str:
+        paths = parse_key(declaration, refuse)
+        starts = [IdempotentTask._start(None, path, args, {}) for path in paths]
+        return key_of(
+            "Job", declaration, starts, lambda part, problem: refuse(f"({paths[part][0]}): {problem}")
+        )
+
+    check_key(case, key_result(compute))
 
 
 @pytest.mark.parametrize("case", VECTORS["delays"]["unreachable"], ids=lambda c: f"failures={c['failures']}")

@@ -63,6 +63,17 @@ RSpec.describe "the conformance vectors (Ruby door)" do
     end
   end
 
+  describe "key paths" do
+    cases.call("key_paths").each do |c|
+      it "key path: #{c["name"]}" do
+        key = IdempotentJob::Key.new("Job", c["declaration"])
+        check_key(c, key_result do
+          IdempotentJob::Key.check!("Job", key.operation_key(JSON.parse(c["args_json"])), job_name: "Job")
+        end)
+      end
+    end
+  end
+
   describe "delays" do
     it "defers as the vectors say" do
       vectors["delays"]["deferral"].each do |d|

@@ -4,9 +4,13 @@
 //! into a map or list argument (`"payload.order.id"`, `"0.id"`) whose first segment is a
 //! parameter name or an index. [`parse`] checks the shape and splits each part into a
 //! [`Path`]; the binding maps a [`Head::Name`] to a position by its host's parameters
-//! (the only thing it knows that the core does not) and walks the segments over the
-//! delivery's arguments. The texts are the problems after "`<job>`: idempotency key
-//! `<declaration>` ", naming the host's types through [`DeclarationWords`].
+//! (the only thing it knows that the core does not). [`resolve`] (and [`resolve_args`]
+//! for a host whose arguments are one positional list) then walks each part's segments
+//! over the delivery's values, in place through the host's own values ([`Node`]: only
+//! the value a part reaches is converted, so an argument the key does not read never
+//! matters) and makes the operation key's text by [`crate::keys`]. The texts are the
+//! problems after "`<job>`: idempotency key `<declaration>` ", naming the host's types
+//! through [`DeclarationWords`] and [`PathWords`].
 
 /// How a host language names the types a declaration message mentions.
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +108,228 @@ fn parse_part(part: &Part, words: &DeclarationWords) -> Result<Path, String> {
     }
 }
 
+/// How a host language names what a path walks through, for the messages of [`walk`].
+#[derive(Debug, Clone, Copy)]
+pub struct PathWords {
+    /// The map and list types (`Hash`, `Array`; `dict`, `list`), the list with its
+    /// article (`an Array`, `a list`), and the null value (`nil`, `None`).
+    pub map: &'static str,
+    pub list: &'static str,
+    pub a_list: &'static str,
+    pub nil: &'static str,
+    /// A path segment as the host writes a string literal in messages (Ruby's
+    /// `inspect`, Python's `repr`).
+    pub quote: fn(&str) -> String,
+}
+
+/// What a host value is, for walking a path through it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Shape {
+    /// A map (Hash, dict, JSON object): a segment is one of its keys.
+    Map,
+    /// A list (Array, list or tuple, JSON array) of this many elements: a segment is an index.
+    List(usize),
+    /// The null value (`nil`, `None`, JSON null).
+    Null,
+    /// Anything else, by its host type name (`Integer`, `str`).
+    Other(String),
+}
+
+/// A host value a key path walks through in place (the binding's view of its values:
+/// Ruby's, Python's, or JSON data for the conformance vectors). Reading it never runs
+/// the host's code beyond a lookup.
+pub trait Node: Sized {
+    /// What the value is.
+    fn shape(&self) -> Shape;
+    /// A map's value under `key` (a Ruby Hash also under the Symbol of that name), or
+    /// `None` when it has no such key.
+    fn entry(&self, key: &str) -> Option<Self>;
+    /// A list's element `index` (below [`Shape::List`]'s length).
+    fn element(&self, index: usize) -> Option<Self>;
+}
+
+impl Node for &serde_json::Value {
+    fn shape(&self) -> Shape {
+        use serde_json::Value;
+        match self {
+            Value::Object(_) => Shape::Map,
+            Value::Array(items) => Shape::List(items.len()),
+            Value::Null => Shape::Null,
+            Value::Bool(_) => Shape::Other("boolean".into()),
+            Value::Number(_) => Shape::Other("number".into()),
+            Value::String(_) => Shape::Other("string".into()),
+        }
+    }
+    fn entry(&self, key: &str) -> Option<Self> {
+        self.as_object().and_then(|map| map.get(key))
+    }
+    fn element(&self, index: usize) -> Option<Self> {
+        self.as_array().and_then(|items| items.get(index))
+    }
+}
+
+/// The value `segments` reach from `value`: a map's by key, a list's by a decimal index
+/// ([`list_index`]).
+///
+/// Errors: the problem, naming the segment that reaches nothing: a key the map lacks, a
+/// list segment that is not a number or past the end, a segment into a value that is
+/// neither a map nor a list (null included).
+pub fn walk<N: Node>(value: N, segments: &[String], words: &PathWords) -> Result<N, String> {
+    let mut value = value;
+    for segment in segments {
+        let quoted = || (words.quote)(segment);
+        value = match value.shape() {
+            Shape::Map => value
+                .entry(segment)
+                .ok_or_else(|| format!("the {} has no key {}", words.map, quoted()))?,
+            Shape::List(len) => {
+                let Some(i) = list_index(segment) else {
+                    return Err(format!(
+                        "segment {} indexes {}, so it must be a number",
+                        quoted(),
+                        words.a_list
+                    ));
+                };
+                let shown = if i == usize::MAX {
+                    segment.trim_start_matches('0').to_string()
+                } else {
+                    i.to_string()
+                };
+                let missing = || format!("the {} has no element {shown}", words.list);
+                if i >= len {
+                    return Err(missing());
+                }
+                value.element(i).ok_or_else(missing)?
+            }
+            Shape::Null => {
+                return Err(format!(
+                    "segment {} reaches into {}, not a {} or {}",
+                    quoted(),
+                    words.nil,
+                    words.map,
+                    words.list
+                ))
+            }
+            Shape::Other(type_name) => {
+                return Err(format!(
+                    "segment {} reaches into a {type_name}, not a {} or {}",
+                    quoted(),
+                    words.map,
+                    words.list
+                ))
+            }
+        };
+    }
+    Ok(value)
+}
+
+/// Why a declared key yields no operation key for a delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyError {
+    /// The part (its position in the declaration) the problem is about.
+    pub part: usize,
+    /// Whether the part reached a value (the value cannot be a key: [`crate::keys`]'s
+    /// refusal) or not (its argument is missing, a segment reaches nothing, the value is
+    /// null).
+    pub reached: bool,
+    /// The problem, starting lower-case, for the binding to prefix with the job, the
+    /// declaration and the part.
+    pub problem: String,
+}
+
+/// The operation key's text of a declared key: `starts[i]` is part `i`'s first value
+/// (the argument its head names) or why there is none (its missing argument, in the
+/// host's words, as [`resolve_args`] says it for positional arguments), walked by that
+/// part's `segments`; a single key is the one value's [`crate::keys::value_text`], a
+/// composite key (`composite`) the [`crate::keys::composite_text`] of its parts.
+/// `json` converts a reached value to the core's value type (the binding's key
+/// conversion: strings by their bytes, which must be UTF-8; nesting limited), or says
+/// what it holds that cannot be a key.
+///
+/// Every part is walked before any value is converted, so a part that reaches nothing
+/// is reported before another part's unacceptable value; then the first part whose
+/// value is refused. The finished key's own check ([`crate::keys::problem`]: size, NUL)
+/// is the caller's.
+///
+/// Errors: [`KeyError`], naming the part.
+pub fn resolve<N: Node>(
+    starts: Vec<(Result<N, String>, &[String])>,
+    composite: bool,
+    words: &PathWords,
+    keys_words: &crate::keys::Words,
+    mut json: impl FnMut(&N) -> Result<serde_json::Value, String>,
+) -> Result<String, KeyError> {
+    let reach_error = |part, problem| KeyError {
+        part,
+        reached: false,
+        problem,
+    };
+    let mut values = Vec::with_capacity(starts.len());
+    for (part, (start, segments)) in starts.into_iter().enumerate() {
+        let value = walk(start.map_err(|p| reach_error(part, p))?, segments, words)
+            .map_err(|p| reach_error(part, p))?;
+        if value.shape() == Shape::Null {
+            return Err(reach_error(part, format!("the value is {}", words.nil)));
+        }
+        values.push(value);
+    }
+    let value_error = |part, problem| KeyError {
+        part,
+        reached: true,
+        problem,
+    };
+    if !composite {
+        let Some(value) = values.first() else {
+            return Err(reach_error(0, "the declaration has no part".into()));
+        };
+        let json = json(value).map_err(|p| value_error(0, p))?;
+        return crate::keys::value_text(&json, keys_words).map_err(|p| value_error(0, p));
+    }
+    let mut parts = Vec::with_capacity(values.len());
+    for (part, value) in values.iter().enumerate() {
+        let json = json(value).map_err(|p| value_error(part, p))?;
+        parts.push(crate::keys::part(&json, keys_words).map_err(|p| value_error(part, p))?);
+    }
+    Ok(crate::keys::composite_text(parts))
+}
+
+/// Why a positional argument is missing: `index` at or past the `count` the job got.
+pub fn missing_argument(index: usize, count: usize) -> String {
+    format!("argument {index} is missing (the job has {count} arguments)")
+}
+
+/// [`resolve`] for a host whose arguments are one list (`args`: a Ruby job's `args`,
+/// the conformance vectors' `args_json`): part `i` starts at argument `parts[i].0` (its
+/// head, a name already mapped to its position), or is missing ([`missing_argument`]).
+///
+/// Errors: as [`resolve`]; `args` that are not a list are part 0's problem.
+pub fn resolve_args<N: Node>(
+    args: &N,
+    parts: &[(usize, Vec<String>)],
+    composite: bool,
+    words: &PathWords,
+    keys_words: &crate::keys::Words,
+    json: impl FnMut(&N) -> Result<serde_json::Value, String>,
+) -> Result<String, KeyError> {
+    let count = match args.shape() {
+        Shape::List(count) => count,
+        _ => 0,
+    };
+    let starts = parts
+        .iter()
+        .map(|(index, segments)| {
+            let start = if *index < count {
+                args.element(*index)
+                    .ok_or_else(|| missing_argument(*index, count))
+            } else {
+                Err(missing_argument(*index, count))
+            };
+            (start, segments.as_slice())
+        })
+        .collect();
+    resolve(starts, composite, words, keys_words, json)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +381,107 @@ mod tests {
             ));
         assert_eq!(list_index("12"), Some(12));
         assert_eq!(list_index("1a"), None);
+    }
+
+    const PATH_WORDS: PathWords = PathWords {
+        map: "dict",
+        list: "list",
+        a_list: "a list",
+        nil: "None",
+        quote: |s| format!("'{s}'"),
+    };
+
+    const KEY_WORDS: crate::keys::Words = crate::keys::Words {
+        nil: "None",
+        true_type: "bool",
+        false_type: "bool",
+        float: "float",
+        string: "str",
+        list: "list",
+        map: "dict",
+        accepted: "a str, an int, or a dict/list of JSON values",
+        instead_of_float: "pass an int or a str",
+    };
+
+    fn key(
+        args: serde_json::Value,
+        parts: &[(usize, &str)],
+        composite: bool,
+    ) -> Result<String, KeyError> {
+        let parts: Vec<(usize, Vec<String>)> = parts
+            .iter()
+            .map(|(i, path)| {
+                let segments = path.split('.').filter(|s| !s.is_empty()).map(String::from);
+                (*i, segments.collect())
+            })
+            .collect();
+        resolve_args(&&args, &parts, composite, &PATH_WORDS, &KEY_WORDS, |v| {
+            Ok((*v).clone())
+        })
+    }
+
+    #[test]
+    fn paths_reach_values_and_make_the_key() {
+        use serde_json::json;
+        let args = json!([7, {"order": {"id": "A-1", "lines": [{"sku": 3}]}}]);
+        assert_eq!(key(args.clone(), &[(0, "")], false).unwrap(), "7");
+        assert_eq!(key(args.clone(), &[(1, "order.id")], false).unwrap(), "A-1");
+        assert_eq!(
+            key(args.clone(), &[(1, "order.lines.0.sku")], false).unwrap(),
+            "3"
+        );
+        assert_eq!(
+            key(args.clone(), &[(0, ""), (1, "order.id")], true).unwrap(),
+            r#"["7","A-1"]"#
+        );
+    }
+
+    #[test]
+    fn paths_that_reach_nothing_name_the_part_and_segment() {
+        use serde_json::json;
+        let args = json!([7, {"order": {"id": null, "lines": [1]}}]);
+        let bad =
+            |parts: &[(usize, &str)], composite| key(args.clone(), parts, composite).unwrap_err();
+        let missing = bad(&[(0, ""), (2, "")], true);
+        assert_eq!((missing.part, missing.reached), (1, false));
+        assert_eq!(
+            missing.problem,
+            "argument 2 is missing (the job has 2 arguments)"
+        );
+        assert_eq!(
+            bad(&[(1, "order.x")], false).problem,
+            "the dict has no key 'x'"
+        );
+        assert_eq!(
+            bad(&[(1, "order.lines.1")], false).problem,
+            "the list has no element 1"
+        );
+        assert_eq!(
+            bad(&[(1, "order.lines.99999999999999999999999")], false).problem,
+            "the list has no element 99999999999999999999999"
+        );
+        assert_eq!(
+            bad(&[(1, "order.lines.x")], false).problem,
+            "segment 'x' indexes a list, so it must be a number"
+        );
+        assert_eq!(
+            bad(&[(0, "id")], false).problem,
+            "segment 'id' reaches into a number, not a dict or list"
+        );
+        assert_eq!(
+            bad(&[(1, "order.id.x")], false).problem,
+            "segment 'x' reaches into None, not a dict or list"
+        );
+        assert_eq!(bad(&[(1, "order.id")], false).problem, "the value is None");
+        // Every part is walked before a value is judged: the missing part is reported
+        // before the float.
+        let args = json!([1.5]);
+        let err = key(args.clone(), &[(0, ""), (1, "")], true).unwrap_err();
+        assert_eq!((err.part, err.reached), (1, false));
+        let err = key(args, &[(0, "")], false).unwrap_err();
+        assert!(
+            err.reached && err.problem.contains("floats are ambiguous"),
+            "{err:?}"
+        );
     }
 }

@@ -8,7 +8,6 @@
 use std::collections::HashSet;
 
 use common::StoreExt;
-use idempotent_job_core::canonical;
 use idempotent_job_core::config::DEFAULT_MAX_RESULT_BYTES;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::Error;
@@ -19,6 +18,7 @@ use idempotent_job_core::protocol::{
 };
 use idempotent_job_core::store::Store;
 use idempotent_job_core::transitions::{self as t, RecordState, Rules, Status};
+use idempotent_job_core::{canonical, declaration};
 use serde_json::{json, Value};
 
 mod common;
@@ -69,6 +69,7 @@ fn every_case_has_a_unique_name() {
         "canonical",
         "keys",
         "composite_keys",
+        "key_paths",
         "decisions",
         "fenced",
         "resolve",
@@ -140,6 +141,67 @@ fn key_texts_and_refusals() {
             parts.iter().map(|p| keys::part(p, &WORDS)).collect();
         let got = key_text("Job", parts.map(keys::composite_text));
         check_key(case, got, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// How the Rust reading names what a key path walks through.
+const PATH_WORDS: declaration::PathWords = declaration::PathWords {
+    map: "object",
+    list: "array",
+    a_list: "an array",
+    nil: "null",
+    quote: |s| format!("{s:?}"),
+};
+
+/// The declaration's parts by the core's parse ([`declaration::parse`]), each an
+/// argument index (the vectors name no parameters) and its segments.
+fn index_parts(declaration: &Value) -> Vec<(usize, Vec<String>)> {
+    let words = declaration::DeclarationWords {
+        list: "array",
+        a_list: "an array",
+        name_types: "string",
+        index_type: "integer",
+    };
+    let part = |v: &Value| match v {
+        Value::Number(n) => declaration::Part::Index(n.as_i64().unwrap()),
+        Value::String(s) => declaration::Part::Text {
+            text: s.clone(),
+            shown: format!("{s:?}"),
+        },
+        other => panic!("a declaration part {other}"),
+    };
+    let parts: Vec<declaration::Part> = match declaration {
+        Value::Array(items) => items.iter().map(part).collect(),
+        other => vec![part(other)],
+    };
+    declaration::parse(&parts, &words)
+        .unwrap()
+        .into_iter()
+        .map(|path| match path.head {
+            declaration::Head::Index(i) => (i, path.segments),
+            declaration::Head::Name(name) => panic!("the vectors name no parameter ({name})"),
+        })
+        .collect()
+}
+
+#[test]
+fn key_paths_resolve_and_refuse() {
+    let vectors = vectors();
+    let mut failures = Vec::new();
+    for case in cases(&vectors, "key_paths") {
+        let args: Value = serde_json::from_str(text(case, "args_json")).unwrap();
+        let parts = index_parts(&case["declaration"]);
+        let got = declaration::resolve_args(
+            &&args,
+            &parts,
+            case["declaration"].is_array(),
+            &PATH_WORDS,
+            &WORDS,
+            |v| Ok((*v).clone()),
+        )
+        .map_err(|e| e.problem);
+        check_key(case, key_text("Job", got), &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

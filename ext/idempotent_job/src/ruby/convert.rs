@@ -377,7 +377,7 @@ pub fn key_json_of(
 /// by a Ruby method. A method call is where Ruby delivers another thread's interrupt
 /// (Thread#raise, Thread#kill, Timeout) to this thread: raised inside a conversion
 /// whose failure only becomes a message, it would be lost (see [`inspect`]).
-fn class_name(value: Value) -> String {
+pub(super) fn class_name(value: Value) -> String {
     // SAFETY: the name is copied before any Ruby code runs again.
     unsafe { value.classname() }.into_owned()
 }

@@ -1,9 +1,13 @@
-//! `Native.key_declaration(parts)`: the core's parse of a key declaration
-//! ([`idempotent_job_core::declaration`]), with Ruby's names for its types.
+//! `Native.key_declaration(parts)`: the core's parse of a key declaration, and
+//! `Native.declared_key(parts, args, composite)`: the core's resolve of its paths over a
+//! delivery's arguments ([`idempotent_job_core::declaration`]), with Ruby's names for
+//! its types.
 
-use magnus::{prelude::*, Integer, RArray, RString, Ruby, Symbol, Value};
+use magnus::{prelude::*, Integer, RArray, RHash, RString, Ruby, Symbol, Value};
 
-use idempotent_job_core::declaration::{self, DeclarationWords, Head, Part};
+use idempotent_job_core::declaration::{
+    self, DeclarationWords, Head, Node, Part, PathWords, Shape,
+};
 
 /// How declaration messages name Ruby's types.
 const WORDS: DeclarationWords = DeclarationWords {
@@ -62,4 +66,74 @@ pub fn key_declaration(
         out.push((path.label, index, name, path.segments))?;
     }
     Ok((Some(out), None))
+}
+
+/// How path messages name Ruby's types; a segment is quoted as `String#inspect` writes
+/// a plain name (Rust's `Debug` of a str: the same for printable text).
+const PATH_WORDS: PathWords = PathWords {
+    map: "Hash",
+    list: "Array",
+    a_list: "an Array",
+    nil: "nil",
+    quote: |segment| format!("{segment:?}"),
+};
+
+/// A Ruby value a key path walks through: a Hash by a String key, else the Symbol of
+/// that name; an Array by index. Lookups never call a default proc.
+#[derive(Clone, Copy)]
+struct Rb(Value);
+
+impl Node for Rb {
+    fn shape(&self) -> Shape {
+        if RHash::from_value(self.0).is_some() {
+            Shape::Map
+        } else if let Some(array) = RArray::from_value(self.0) {
+            Shape::List(array.len())
+        } else if self.0.is_nil() {
+            Shape::Null
+        } else {
+            Shape::Other(super::convert::class_name(self.0))
+        }
+    }
+
+    fn entry(&self, key: &str) -> Option<Self> {
+        let hash = RHash::from_value(self.0)?;
+        if let Some(value) = hash.get(key) {
+            return Some(Rb(value));
+        }
+        let symbol = Ruby::get_with(self.0).to_symbol(key);
+        hash.get(symbol).map(Rb)
+    }
+
+    fn element(&self, index: usize) -> Option<Self> {
+        let array = RArray::from_value(self.0)?;
+        let index = isize::try_from(index).ok()?;
+        array.entry::<Value>(index).ok().map(Rb)
+    }
+}
+
+/// `Native.declared_key(parts, args, composite)` → `[text, nil, nil]`: the operation
+/// key's text of a declared key over a delivery's `args` (an Array), each part
+/// `[argument index, [segment, …]]` (names already mapped to positions), by the core's
+/// [`declaration::resolve_args`] and key rules (Strings by their bytes); or
+/// `[nil, part, problem]`: the part (its position in the declaration) and why it yields
+/// no key, in the core's words (a missing argument, a segment reaching nothing, nil, a
+/// value that cannot be a key). The caller words the error with the job and the part.
+pub fn declared_key(
+    parts: Vec<(usize, Vec<String>)>,
+    args: Value,
+    composite: bool,
+) -> (Option<String>, Option<usize>, Option<String>) {
+    let got = declaration::resolve_args(
+        &Rb(args),
+        &parts,
+        composite,
+        &PATH_WORDS,
+        &super::KEY_WORDS,
+        |value| super::convert::key_json_of(value.0, &super::KEY_WORDS),
+    );
+    match got {
+        Ok(text) => (Some(text), None, None),
+        Err(e) => (None, Some(e.part), Some(e.problem)),
+    }
 }

@@ -66,13 +66,11 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("args_digest", function!(args_digest, 1))?;
     native.define_module_function("payload_json", function!(payload_json, 1))?;
     native.define_module_function("digest_text", function!(digest_text, 1))?;
-    native.define_module_function("key_text", function!(key_text, 1))?;
     native.define_module_function(
         "key_declaration",
         function!(declaration::key_declaration, 1),
     )?;
-    native.define_module_function("composite_key_text", function!(composite_key_text, 1))?;
-    native.define_module_function("key_problem", function!(key_problem, 1))?;
+    native.define_module_function("declared_key", function!(declaration::declared_key, 3))?;
     native.define_module_function("key_refused", function!(key_refused, 2))?;
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.define_module_function("value_json", function!(convert::value_json, 1))?;
@@ -249,7 +247,7 @@ fn digest_text(text: magnus::RString) -> String {
 }
 
 /// How key messages name Ruby's types (the rules and their wording are the core's,
-/// [`idempotent_job_core::keys`]).
+/// [`idempotent_job_core::keys`]; `Native.declared_key` in `declaration.rs`).
 const KEY_WORDS: idempotent_job_core::keys::Words = idempotent_job_core::keys::Words {
     nil: "nil",
     true_type: "TrueClass",
@@ -261,39 +259,6 @@ const KEY_WORDS: idempotent_job_core::keys::Words = idempotent_job_core::keys::W
     accepted: "a String, an Integer, or a Hash/Array of JSON values",
     instead_of_float: "pass an Integer or a String",
 };
-
-/// `Native.key_text(value)` → the operation key's text for one key value by the core's
-/// rules ([`idempotent_job_core::keys::value_text`]; Strings by their bytes, Integers of
-/// any width), or nil when it cannot be a key ([`key_problem`] says why).
-fn key_text(value: magnus::Value) -> Option<String> {
-    let json = convert::key_json_of(value, &KEY_WORDS).ok()?;
-    idempotent_job_core::keys::value_text(&json, &KEY_WORDS).ok()
-}
-
-/// `Native.composite_key_text(values)` → a composite key's text by the core's rules
-/// ([`idempotent_job_core::keys::part`], [`idempotent_job_core::keys::composite_text`]),
-/// or nil when a part cannot be a key ([`key_problem`] of that part says why).
-fn composite_key_text(values: magnus::RArray) -> Option<String> {
-    let parts = values
-        .into_iter()
-        .map(|v| {
-            convert::key_json_of(v, &KEY_WORDS)
-                .ok()
-                .and_then(|json| idempotent_job_core::keys::part(&json, &KEY_WORDS).ok())
-        })
-        .collect::<Option<Vec<_>>>()?;
-    Some(idempotent_job_core::keys::composite_text(parts))
-}
-
-/// `Native.key_problem(value)` → why a value cannot be a key, in the core's words (nil,
-/// a boolean, a Float, an empty value, a Time, bytes that are not UTF-8, nesting past
-/// the limit), or nil when it can.
-fn key_problem(value: magnus::Value) -> Option<String> {
-    match convert::key_json_of(value, &KEY_WORDS) {
-        Ok(json) => idempotent_job_core::keys::value_text(&json, &KEY_WORDS).err(),
-        Err(problem) => Some(problem),
-    }
-}
 
 /// `Native.key_refused(what, float)` → the core's message for a value that cannot be a
 /// key ([`idempotent_job_core::keys::refused`]): `what` names it ("a Time").
