@@ -166,6 +166,30 @@ module DocSampleWorld
       raise "the claim of #{key} never went stale"
     end
   RUBY
+
+  # A Rails app's database.yml naming the suite's database by its fields, and no DATABASE_URL.
+  DATABASE_YML = <<~'RUBY'
+    require "active_record"
+    require "uri"
+    module Rails
+      def self.env = "development"
+    end
+    suite_url = ENV.delete("DATABASE_URL")
+    url = URI(suite_url)
+    ActiveRecord::Base.configurations = {
+      "development" => { "adapter" => "postgresql", "host" => url.host, "port" => url.port,
+                         "database" => url.path.delete_prefix("/"), "username" => url.user }
+    }
+  RUBY
+
+  # A claim through those fields alone (DATABASE_URL is unset until the record is read back).
+  DATABASE_YML_USED = <<~'RUBY'
+    outcome = IdempotentJob.perform_once("ChargeOrder", order_id) { :charged }
+    record = IdempotentJob.record("ChargeOrder", order_id)
+    no_url = IdempotentJob.configuration.database_url.nil?
+    ENV["DATABASE_URL"] = suite_url
+    check("the fields of database.yml reach the database") { no_url && outcome.ran? && record.status == :completed }
+  RUBY
 end
 
 # What a Ruby sample runs with, beyond DocSampleWorld::PRELUDE: code before it, code after
@@ -193,6 +217,8 @@ module DocSampleContexts
         check("the charge for order 42 ran once") { Charge.count == 1 }
       RUBY
     }],
+    [%r{\A# A Rails app whose database is config/database\.yml alone},
+     { before: DATABASE_YML, after: DATABASE_YML_USED }],
     [/include IdempotentJob::ActiveJob\n  idempotency key: :order_id, lease: 60/, {
       after: <<~'RUBY'
         3.times { ChargeOrderJob.perform_later(42, 1500) }

@@ -132,6 +132,26 @@ impl Config {
     pub fn pg_config(&self) -> Result<tokio_postgres::Config> {
         let mut pg = if self.database_url.trim().is_empty() {
             if self.host.is_none() {
+                // Discrete fields without a host (a Rails database.yml relying on libpq's
+                // Unix-socket default): name host as the missing one.
+                let given: Vec<&str> = [
+                    ("port", self.port.is_some()),
+                    ("dbname", self.dbname.is_some()),
+                    ("user", self.user.is_some()),
+                    ("password", self.password.is_some()),
+                ]
+                .into_iter()
+                .filter_map(|(name, set)| set.then_some(name))
+                .collect();
+                if !given.is_empty() {
+                    return Err(Error::Config(format!(
+                        "host is not set: {} (discrete connection fields) need host too: a host \
+                         name or address, or the directory of PostgreSQL's Unix socket (such as \
+                         /var/run/postgresql); or set database_url, IDEMPOTENT_JOB_DATABASE_URL \
+                         or DATABASE_URL instead",
+                        given.join(", ")
+                    )));
+                }
                 return Err(Error::Config(
                     "database_url is not set: set the database_url setting (or host, port, \
                      dbname, user, password), or IDEMPOTENT_JOB_DATABASE_URL / DATABASE_URL"

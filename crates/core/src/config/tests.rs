@@ -63,6 +63,23 @@ fn bad_values_name_the_key() {
 }
 
 #[test]
+fn discrete_fields_without_a_host_name_the_missing_host() {
+    // A Rails database.yml without `host:` (its Unix-socket default) gives dbname and
+    // user but no host: the message must say host is the one missing, and how to set it.
+    let err = Config::from_json(r#"{"database_url":"","dbname":"app","user":"app"}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("host is not set"), "{err}");
+    assert!(err.contains("dbname, user"), "{err}");
+    assert!(err.contains("/var/run/postgresql"), "{err}");
+    // With nothing at all, the message still names the URL settings.
+    let err = Config::from_json(r#"{"database_url":""}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("database_url is not set"), "{err}");
+}
+
+#[test]
 fn passwords_never_appear_in_messages_or_debug() {
     for url in [
         "postgres://app:s3cret-pw@db.example/app?sslmode=bogus",
