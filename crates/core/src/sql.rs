@@ -443,7 +443,7 @@ RETURNING *)
     };
 }
 
-/// Whether a held or given-up operation has no stored job ([`holds_stored_job!`]), so
+/// Whether a held or given-up operation has no stored job (`holds_stored_job!`), so
 /// `record::RESOLVE_SQL` cannot rerun it: read only after a rerun settled nothing, for
 /// its error. Returns a row when so. Parameters: $1 job_type, $2 operation_key.
 pub const NO_STORED_JOB_SQL: &str = concat!(

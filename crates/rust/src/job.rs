@@ -53,7 +53,7 @@ impl JobBuilder {
         self.options.max_takeovers = Some(i32::try_from(takeovers).unwrap_or(-1));
         self
     }
-    /// Declares a lookup: [`Delivery::lookup`]'s closure is asked after a takeover of a
+    /// Declares a lookup: [`Delivery::run_looking_up`]'s closure is asked after a takeover of a
     /// stale claim (`label` names it in log lines).
     pub fn lookup(mut self, label: impl Into<String>) -> Self {
         self.options.lookup = Some(label.into());
