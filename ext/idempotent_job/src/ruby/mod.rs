@@ -60,6 +60,14 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         function!(options::connection_defaults_json, 0),
     )?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
+    native.define_module_function(
+        "job_default_settings",
+        function!(options::job_default_settings, 0),
+    )?;
+    native.define_module_function(
+        "job_default_setting",
+        function!(options::job_default_setting, 2),
+    )?;
     native.define_module_function("not_taken", function!(options::not_taken, 6))?;
     native.define_module_function("unknown_setting", function!(options::unknown_setting, 3))?;
     native.define_module_function("canonical_json", function!(canonical_json, 1))?;
@@ -123,11 +131,22 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         native.const_set("SPAN_ATTRIBUTES", attributes)?;
         native.const_set("TRACER_NAME", t::TRACER_NAME)?;
     }
-    let retention = idempotent_job_core::config::DEFAULT_RETENTION_SECONDS;
-    if retention.fract() == 0.0 {
-        native.const_set("DEFAULT_RETENTION", retention as i64)?;
-    } else {
-        native.const_set("DEFAULT_RETENTION", retention)?;
+    // The core's defaults of the settings that are no job option's (an Integer when whole).
+    for (name, seconds) in [
+        (
+            "DEFAULT_RETENTION",
+            idempotent_job_core::config::DEFAULT_RETENTION_SECONDS,
+        ),
+        (
+            "DEFAULT_DEFER_MARGIN",
+            idempotent_job_core::protocol::DEFAULT_DEFER_MARGIN_SECONDS,
+        ),
+    ] {
+        if seconds.fract() == 0.0 {
+            native.const_set(name, seconds as i64)?;
+        } else {
+            native.const_set(name, seconds)?;
+        }
     }
     errors::init(ruby)?;
     store::init(ruby, native)?;
