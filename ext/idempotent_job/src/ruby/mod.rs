@@ -84,6 +84,16 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("key_refused", function!(key_refused, 2))?;
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.define_module_function("value_json", function!(convert::value_json, 1))?;
+    // The operating calls' defaults: how many held operations `held` lists, records per
+    // purge batch.
+    native.const_set(
+        "DEFAULT_HELD_LIMIT",
+        idempotent_job_core::operations::DEFAULT_HELD_LIMIT,
+    )?;
+    native.const_set(
+        "DEFAULT_PURGE_BATCH",
+        idempotent_job_core::operations::DEFAULT_PURGE_BATCH,
+    )?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
     // Epoch values at or above this are milliseconds (Sidekiq 8's timestamps).
     native.const_set(
@@ -140,6 +150,15 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         (
             "DEFAULT_DEFER_MARGIN",
             idempotent_job_core::protocol::DEFAULT_DEFER_MARGIN_SECONDS,
+        ),
+        // The operating calls' defaults: `repeats`' `since` (seconds back) and `restart_window`.
+        (
+            "DEFAULT_REPEATS_SINCE",
+            idempotent_job_core::operations::DEFAULT_REPEATS_SINCE_SECONDS,
+        ),
+        (
+            "DEFAULT_RESTART_WINDOW",
+            idempotent_job_core::repeats::DEFAULT_RESTART_WINDOW,
         ),
     ] {
         if seconds.fract() == 0.0 {
