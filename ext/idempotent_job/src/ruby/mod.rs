@@ -60,6 +60,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         function!(options::connection_defaults_json, 0),
     )?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
+    native.define_module_function("check_wait", function!(options::check_wait, 2))?;
     native.define_module_function(
         "job_default_settings",
         function!(options::job_default_settings, 0),

@@ -43,6 +43,23 @@ pub fn job_default_setting(ruby: &Ruby, name: String, value: Value) -> RbResult<
     Ok(value)
 }
 
+/// `Native.check_wait(job, value)` → `value` as a Float once the core's wait rule
+/// accepts it ([`idempotent_job_core::results::check_wait`]: a number of seconds from 0
+/// to ten years).
+///
+/// Raises `IdempotentJob::ConfigurationError` naming `job` and the value (shown by
+/// `inspect`) otherwise.
+pub fn check_wait(ruby: &Ruby, job: String, value: Value) -> RbResult<f64> {
+    let seconds = if value.is_kind_of(ruby.class_numeric()) {
+        json_of(value).ok().and_then(|j| j.as_f64())
+    } else {
+        None
+    };
+    let shown = inspect(value)?;
+    idempotent_job_core::results::check_wait(&job, seconds, Some(&shown))
+        .map_err(|e| to_ruby(ruby, e))
+}
+
 /// `Native.job_option(job, prefix, name, value)` → the value checked by the core's
 /// table ([`options::check`]) and normalised for Ruby: a choice or a transaction
 /// flavour as a Symbol (nil when off), seconds and text as given (a Symbol of text as
