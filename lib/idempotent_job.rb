@@ -183,7 +183,7 @@ module IdempotentJob
     #   attempts, jid (the last claiming delivery), job_class, queue and args
     # @raise [ConfigurationError] for a job type that is not valid UTF-8
     # @raise [ConnectionError, DatabaseError]
-    def held(job_type: nil, limit: 100)
+    def held(job_type: nil, limit: Native::DEFAULT_HELD_LIMIT)
       # A record resolved between the two reads is left out.
       store.held(job_type && job_type_text(job_type), Integer(limit)).filter_map { |type, key| record(type, key) }
            .select { |r| r.status == :held }
@@ -249,7 +249,7 @@ module IdempotentJob
     # @return [Integer] records deleted
     # @raise [ConfigurationError] for a negative age or a batch below 1
     # @raise [ConnectionError, TimeoutError, DatabaseError]
-    def purge(older_than: configuration.retention, batch_size: 1000)
+    def purge(older_than: configuration.retention, batch_size: Native::DEFAULT_PURGE_BATCH)
       total = 0
       cursor = nil
       loop do
@@ -276,7 +276,8 @@ module IdempotentJob
     # @param restart_window [Numeric] seconds (default 120)
     # @return [Array<Repeats::Operation>]; see also {Repeats.summary}
     # @raise [ConnectionError, DatabaseError]
-    def repeats(since: Time.now - 86_400, job_type: nil, restarts: [], restart_window: 120)
+    def repeats(since: Time.now - Native::DEFAULT_REPEATS_SINCE, job_type: nil, restarts: [],
+                restart_window: Native::DEFAULT_RESTART_WINDOW)
       Repeats.operations(since:, job_type:, restarts:, restart_window:)
     end
 

@@ -79,9 +79,11 @@ module IdempotentJob
       end
     }.freeze
 
-    # Every setting {#update} accepts.
-    SETTINGS = (NATIVE_DEFAULTS.keys + %i[database_url lease defer_margin on_stale on_mismatch heartbeat max_run
-                                          lock_timeout retention logger]).freeze
+    # Every setting {#update} accepts: the connection's, database_url, the core's job
+    # default settings ({Native.job_default_settings}: each job option's setting, then
+    # defer_margin and retention) and logger.
+    SETTINGS = (NATIVE_DEFAULTS.keys + %i[database_url] + Native.job_default_settings.map(&:to_sym) +
+                %i[logger]).freeze
 
     # @return [Numeric] default lease in seconds for every job (override per job with
     #   `idempotency_lease:`). A claim older than its lease is considered stale: its holder
@@ -89,7 +91,8 @@ module IdempotentJob
     attr_reader :lease
 
     # @return [Numeric] seconds added to the remaining lease when a delivery that found the
-    #   operation in progress is pushed back, so it arrives after the lease ends. Default 1.
+    #   operation in progress is pushed back, so it arrives after the lease ends. Default 1
+    #   (the core's `DEFAULT_DEFER_MARGIN_SECONDS`, read as `Native::DEFAULT_DEFER_MARGIN`).
     attr_reader :defer_margin
 
     # The core's table of job options (crates/core/src/options.rs), read once at load:
@@ -159,7 +162,7 @@ module IdempotentJob
 
     def initialize
       @database_url = nil
-      @defer_margin = 1
+      @defer_margin = Native::DEFAULT_DEFER_MARGIN # the core's (1 s)
       @logger = nil
       @retention = Native::DEFAULT_RETENTION # the core's (30 days)
       JOB_DEFAULTS.each { |name, value| instance_variable_set(:"@#{name}", value) }
@@ -196,10 +199,11 @@ module IdempotentJob
       @max_run = self.class.job_default!(:max_run, seconds)
     end
 
-    # @param seconds [Numeric] > 0
-    # @raise [ConfigurationError] unless a positive number
+    # @param seconds [Numeric] from 0 (a purge deletes every finished record) to ten
+    #   years, the core's rule ({Native.job_default_setting})
+    # @raise [ConfigurationError] naming the setting, for any other value (nil too)
     def retention=(seconds)
-      @retention = self.class.positive_seconds!("retention", seconds)
+      @retention = Native.job_default_setting("retention", seconds)
     end
 
     # @param seconds [Numeric] > 0
@@ -208,15 +212,10 @@ module IdempotentJob
       @lock_timeout = self.class.job_default!(:lock_timeout, seconds)
     end
 
-    # @param seconds [Numeric] >= 0
-    # @raise [ConfigurationError] when negative or not a number
+    # @param seconds [Numeric] from 0 to ten years, the core's rule ({Native.job_default_setting})
+    # @raise [ConfigurationError] naming the setting, for any other value (nil too)
     def defer_margin=(seconds)
-      unless seconds.is_a?(Numeric) && seconds >= 0 && seconds <= MAX_SECONDS
-        raise ConfigurationError, "defer_margin must be a number of seconds from 0 to #{MAX_SECONDS}, " \
-                                  "got #{seconds.inspect}"
-      end
-
-      @defer_margin = seconds
+      @defer_margin = Native.job_default_setting("defer_margin", seconds)
     end
 
     # @return [Logger] the logger decisions go to

@@ -47,21 +47,20 @@ module IdempotentJob
       Protocol.new(options, door: Door::PLAIN).run(delivery, wait: checked_wait(type, wait, options), &block)
     end
 
-    # `wait:` in seconds (nil: no wait), checked: a finite number >= 0, never with a
-    # transaction (a transactional claim waits on the row lock instead).
+    # `wait:` in seconds (nil: no wait), checked by the core's rule ({Native.check_wait}:
+    # 0 to ten years), never with a transaction (a transactional claim waits on the row
+    # lock instead).
     def self.checked_wait(type, wait, options)
       return nil if wait.nil?
 
-      unless wait.is_a?(Numeric) && wait.to_f.finite? && wait >= 0
-        raise ConfigurationError, "#{type}: perform_once's wait: must be a number of seconds >= 0, got #{wait.inspect}"
-      end
+      wait = Native.check_wait(type, wait)
 
       if options.transaction
         raise ConfigurationError, "#{type}: perform_once's wait: cannot be combined with transaction: (a " \
                                   "transactional claim already waits for the other delivery's transaction, " \
                                   "up to lock_timeout)"
       end
-      wait.to_f
+      wait
     end
     private_class_method :checked_wait
 

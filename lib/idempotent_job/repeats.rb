@@ -21,7 +21,7 @@ module IdempotentJob
       #   is matched to it
       # @return [Report]
       # @raise [ConnectionError, DatabaseError]
-      def report(since:, job_type: nil, restarts: [], restart_window: 120)
+      def report(since:, job_type: nil, restarts: [], restart_window: Native::DEFAULT_RESTART_WINDOW)
         rows = IdempotentJob.store.repeats(since.to_f, job_type&.to_s).map { |row| Report.row(row) }
         Report.new(rows, restarts:, restart_window:)
       end

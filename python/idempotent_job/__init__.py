@@ -273,7 +273,7 @@ _PERFORM_ONCE_OPTIONS = [
 ]
 
 
-def held(job_type: str | None = None, limit: int = 100) -> list[tuple[str, str]]:
+def held(job_type: str | None = None, limit: int = _native.DEFAULT_HELD_LIMIT) -> list[tuple[str, str]]:
     """The held operations (a stale claim under ``on_stale="hold"``), oldest first, as
     ``(job_type, operation_key)`` pairs; only ``job_type``'s when given. Read-only.
     ConfigurationError for a job type that is not valid UTF-8."""
@@ -371,7 +371,7 @@ def _name_of(sender: Callable) -> str:
     return getattr(sender, "__qualname__", None) or type(sender).__name__
 
 
-def purge(older_than: float | None = None, batch: int = 1000) -> int:
+def purge(older_than: float | None = None, batch: int = _native.DEFAULT_PURGE_BATCH) -> int:
     """Deletes finished records (completed or given up) older than ``older_than`` seconds
     (default: the ``retention`` setting, 30 days), in batches of ``batch``. Returns how
     many were deleted. Held and claimed records are kept."""
@@ -404,7 +404,7 @@ def repeats(
     since: Any = None,
     job_type: str | None = None,
     restarts: Any = (),
-    restart_window: float = 120,
+    restart_window: float = _native.DEFAULT_RESTART_WINDOW,
 ) -> list[dict]:
     """Operations delivered more than once since ``since``, each repeat classified from the
     facts recorded with it, by the core's rules (the Ruby gem's ``IdempotentJob.repeats``,
@@ -440,7 +440,7 @@ def repeats(
 
 
 def _repeats_json(since: Any, job_type: str | None, restarts: Any, restart_window: float) -> str:
-    since_s = time.time() - 86_400 if since is None else _epoch(since, "since")
+    since_s = time.time() - _native.DEFAULT_REPEATS_SINCE if since is None else _epoch(since, "since")
     times = [_epoch(t, "restarts") for t in restarts]
     job = None if job_type is None else _job_type(job_type)
     return _current().repeats(since_s, job, times, float(restart_window))
@@ -492,7 +492,7 @@ def repeats_report(
     since: Any = None,
     job_type: str | None = None,
     restarts: Any = (),
-    restart_window: float = 120,
+    restart_window: float = _native.DEFAULT_RESTART_WINDOW,
 ) -> RepeatsReport:
     """The repeats report of the operations :func:`repeats` reads (same parameters, same
     errors): a :class:`RepeatsReport` with the summary per job type, the pairs of

@@ -9,6 +9,10 @@ from typing import Any, final
 
 OPTION_NAMES: tuple[str, ...]
 DEFAULT_RETENTION: float
+DEFAULT_HELD_LIMIT: int
+DEFAULT_PURGE_BATCH: int
+DEFAULT_REPEATS_SINCE: float
+DEFAULT_RESTART_WINDOW: float
 SCHEMA_SQL: str
 __version__: str
 

@@ -51,6 +51,24 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "DEFAULT_RETENTION",
         idempotent_job_core::config::DEFAULT_RETENTION_SECONDS,
     )?;
+    // The operating calls' defaults (the core's): held's limit, purge's batch, how far
+    // back repeats looks (seconds) and its restart window (seconds).
+    m.add(
+        "DEFAULT_HELD_LIMIT",
+        idempotent_job_core::operations::DEFAULT_HELD_LIMIT,
+    )?;
+    m.add(
+        "DEFAULT_PURGE_BATCH",
+        idempotent_job_core::operations::DEFAULT_PURGE_BATCH,
+    )?;
+    m.add(
+        "DEFAULT_REPEATS_SINCE",
+        idempotent_job_core::operations::DEFAULT_REPEATS_SINCE_SECONDS,
+    )?;
+    m.add(
+        "DEFAULT_RESTART_WINDOW",
+        idempotent_job_core::repeats::DEFAULT_RESTART_WINDOW,
+    )?;
     m.add("SCHEMA_SQL", idempotent_job_core::migrate::schema_sql())?;
     // The core's value limits: levels of nesting, an integer's digits, and how messages
     // name a value over the nesting limit.

@@ -398,11 +398,8 @@ impl Store {
             return Err(config("perform_once: the job type must not be empty"));
         }
         if let Some(seconds) = wait {
-            if !seconds.is_finite() || seconds < 0.0 {
-                return Err(config(format!(
-                    "{job_type}: wait must be a number of seconds, 0 or more, got {seconds}"
-                )));
-            }
+            idempotent_job_core::results::check_wait(&job_type, Some(seconds), None)
+                .map_err(crate::errors::to_py)?;
         }
         let mut delivery = protocol::request(
             job_type,

@@ -5,6 +5,7 @@ result that cannot be encoded (recorded as ``unencodable``, as the Ruby gem does
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from datetime import timedelta
@@ -111,6 +112,23 @@ def test_the_option_names_are_the_cores():
 def test_the_retention_default_is_the_cores():
     assert _native.DEFAULT_RETENTION == 2_592_000
     assert idempotent_job._current().defaults()["retention"] == _native.DEFAULT_RETENTION
+
+
+def test_the_operating_calls_defaults_are_the_cores():
+    # held's limit, purge's batch and the repeats' restart window are read from the core
+    # (operations.rs, repeats/mod.rs), as the Ruby gem's IdempotentJob.held/purge/repeats.
+    assert (_native.DEFAULT_HELD_LIMIT, _native.DEFAULT_PURGE_BATCH) == (100, 1000)
+    assert (_native.DEFAULT_REPEATS_SINCE, _native.DEFAULT_RESTART_WINDOW) == (86_400, 120)
+    ij = idempotent_job
+    default = {
+        (call.__name__, name): parameter.default
+        for call in (ij.held, ij.purge, ij.repeats, ij.repeats_report)
+        for name, parameter in inspect.signature(call).parameters.items()
+    }
+    assert default[("held", "limit")] is _native.DEFAULT_HELD_LIMIT
+    assert default[("purge", "batch")] is _native.DEFAULT_PURGE_BATCH
+    assert default[("repeats", "restart_window")] is _native.DEFAULT_RESTART_WINDOW
+    assert default[("repeats_report", "restart_window")] is _native.DEFAULT_RESTART_WINDOW
 
 
 def test_an_unencodable_result_is_recorded_and_not_run_again(scenario, caplog):

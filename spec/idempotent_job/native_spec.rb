@@ -267,4 +267,10 @@ RSpec.describe "IdempotentJob's native layer" do
                                    result: { "kind" => "takeover" }, result_state: :stored)
     expect(record.stored_job?).to be(true)
   end
+
+  it "reads the operating calls' defaults from the core (held's limit, purge's batch, repeats' since and window)" do
+    native = IdempotentJob::Native
+    expect([native::DEFAULT_HELD_LIMIT, native::DEFAULT_PURGE_BATCH]).to eq([100, 1000])
+    expect([native::DEFAULT_REPEATS_SINCE, native::DEFAULT_RESTART_WINDOW]).to eq([86_400, 120])
+  end
 end

@@ -200,7 +200,12 @@ RSpec.describe "Stored results and replays" do
       end
 
       it "refuses a bad wait: and wait: with transaction:" do
-        expect { charge(wait: -1) { 1 } }.to raise_error(IdempotentJob::ConfigurationError, /wait: must be/)
+        # The core's wording and range (issue 30 item L: Ruby said "wait: must be ... >= 0" with no maximum).
+        [-1, 315_360_001, Float::NAN, "5"].each do |wait|
+          shown = Regexp.escape(wait.inspect)
+          message = /\AResultCharge: wait must be a number of seconds from 0 to 315360000, got #{shown}\z/
+          expect { charge(wait:) { 1 } }.to raise_error(IdempotentJob::ConfigurationError, message)
+        end
         expect { charge(wait: 1, transaction: true) { 1 } }
           .to raise_error(IdempotentJob::ConfigurationError, /wait: cannot be combined with transaction:/)
       end

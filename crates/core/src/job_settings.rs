@@ -203,8 +203,8 @@ impl JobDefaults {
             return Ok(());
         }
         match name {
-            "defer_margin" => self.options.defer_margin_seconds = own_seconds(name, value)?,
-            "retention" => self.retention_seconds = own_seconds(name, value)?,
+            "defer_margin" => self.options.defer_margin_seconds = own_seconds(name, value, None)?,
+            "retention" => self.retention_seconds = own_seconds(name, value, None)?,
             _ => {
                 let option = options::JOB_OPTIONS
                     .iter()
@@ -215,6 +215,27 @@ impl JobDefaults {
             }
         }
         Ok(())
+    }
+
+    /// `value` checked for the setting `name` (one of [`JobDefaults::setting_names`]),
+    /// nothing set: what [`JobDefaults::set`] accepts, for a binding that keeps the
+    /// settings itself (the Ruby gem's `Configuration`). An option's setting is checked
+    /// by the core's table ([`options::check`]: its checked value, `null` for `null`);
+    /// `defer_margin` and `retention` must be a number of seconds from 0 to
+    /// [`MAX_SECONDS`] (`null` too is refused). `shown` is how messages show the value
+    /// (the caller's own notation), else its JSON.
+    ///
+    /// Errors: [`Error::Config`] naming the setting, for a bad value or a name that is
+    /// no such setting.
+    pub fn check(name: &str, value: &Value, shown: Option<&str>) -> Result<Value> {
+        if OWN_SETTINGS.contains(&name) {
+            return own_seconds(name, value, shown).map(|v| json!(v));
+        }
+        let option = options::JOB_OPTIONS
+            .iter()
+            .find(|o| o.setting == Some(name))
+            .ok_or_else(|| Error::Config(format!("{name} is not a job default setting")))?;
+        options::check("", "", option.name, value, shown)
     }
 
     /// The job defaults of `settings` (a JSON object of `configure`'s keyword
@@ -267,13 +288,16 @@ impl JobDefaults {
 }
 
 /// A number of seconds for `defer_margin` or `retention`: finite, from 0 to
-/// [`MAX_SECONDS`].
-fn own_seconds(name: &str, value: &Value) -> Result<f64> {
+/// [`MAX_SECONDS`]; `shown` is how the message shows a refused value (else its JSON).
+fn own_seconds(name: &str, value: &Value, shown: Option<&str>) -> Result<f64> {
     match value.as_f64() {
         Some(v) if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) => Ok(v),
-        _ => Err(Error::Config(format!(
-            "{name} must be a number of seconds from 0 to {MAX_SECONDS}, got {value}"
-        ))),
+        _ => {
+            let shown = shown.map_or_else(|| value.to_string(), str::to_string);
+            Err(Error::Config(format!(
+                "{name} must be a number of seconds from 0 to {MAX_SECONDS}, got {shown}"
+            )))
+        }
     }
 }
 
@@ -314,6 +338,29 @@ mod tests {
         assert!(err(json!({"leese": 60})).contains("did you mean idempotency_lease?"));
         assert!(err(json!({"lease": 0.1})).contains("idempotency_lease must be at least 0.25 s"));
         assert!(err(json!([1])).contains("must be an object"));
+    }
+
+    #[test]
+    fn check_takes_what_set_takes_and_sets_nothing() {
+        assert_eq!(
+            JobDefaults::check("retention", &json!(0), None).unwrap(),
+            json!(0.0)
+        );
+        let err = JobDefaults::check("defer_margin", &json!(-1), Some("-1 (Integer)"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("defer_margin must be a number of seconds from 0 to"),
+            "{err}"
+        );
+        assert!(err.ends_with("got -1 (Integer)"), "{err}");
+        assert!(JobDefaults::check("retention", &Value::Null, None).is_err());
+        assert!(JobDefaults::check("lease", &json!(0.1), None).is_err());
+        assert_eq!(
+            JobDefaults::check("on_stale", &json!("hold"), None).unwrap(),
+            json!("hold")
+        );
+        assert!(JobDefaults::check("leese", &json!(1), None).is_err());
     }
 
     #[test]

@@ -13,6 +13,13 @@ use crate::record::Record;
 use crate::records::{self, PurgeBatch, PurgeCursor, Repeated, Resolution};
 use crate::store::PoolHandle;
 
+/// How many held operations [`held`] lists when the caller names no limit.
+pub const DEFAULT_HELD_LIMIT: i64 = 100;
+/// Records one [`purge_batch`] deletes when the caller names no batch size.
+pub const DEFAULT_PURGE_BATCH: i64 = 1000;
+/// How far back [`repeats`] looks when the caller names no `since`, in seconds (24 hours).
+pub const DEFAULT_REPEATS_SINCE_SECONDS: f64 = 86_400.0;
+
 /// Runs `op` on a fresh connection of the main lane after writing this process's
 /// queued repeat bookkeeping, so a read sees the process's own repeats. When that
 /// write fails with a retryable error (a read-only server in a failover, an outage),

@@ -92,6 +92,27 @@ pub fn wait(
     wait_by(pool, interrupt, req, seconds, path)
 }
 
+/// The `wait` rule of every binding (`perform_once`'s `wait:`): a finite number of
+/// seconds from 0 to [`MAX_LEASE_SECONDS`] (`None`: the value is no number). `shown` is
+/// how the message shows the value (the caller's notation), else the number.
+///
+/// Errors: [`Error::Config`] `"{job}: wait must be a number of seconds from 0 to
+/// 315360000, got {shown}"`.
+pub fn check_wait(job: &str, seconds: Option<f64>, shown: Option<&str>) -> Result<f64> {
+    match seconds {
+        Some(s) if (0.0..=MAX_LEASE_SECONDS).contains(&s) => Ok(s),
+        _ => {
+            let shown = shown.map_or_else(
+                || seconds.map_or_else(|| "nothing".to_string(), |s| s.to_string()),
+                str::to_string,
+            );
+            Err(Error::Config(format!(
+                "{job}: wait must be a number of seconds from 0 to {MAX_LEASE_SECONDS}, got {shown}"
+            )))
+        }
+    }
+}
+
 /// [`wait`] by the path given. [`WaitPath::Listen`] opens one connection outside the
 /// pool for the wait (closed when it ends) and falls back to polling when that
 /// connection cannot be made or breaks. Each look ([`WAIT_SQL`]) and the final
@@ -107,12 +128,7 @@ pub fn wait_by(
     path: WaitPath,
 ) -> Result<Waited> {
     check_request(req)?;
-    if !(0.0..=MAX_LEASE_SECONDS).contains(&seconds) {
-        return Err(Error::Config(format!(
-            "{}: wait must be a number of seconds from 0 to {MAX_LEASE_SECONDS}, got {seconds}",
-            req.job_type
-        )));
-    }
+    check_wait(&req.job_type, Some(seconds), None)?;
     let until = interrupt.bound(Instant::now() + Duration::from_secs_f64(seconds));
     // The delivery met the live claim once (counted then): each decision after the
     // wait is its return.

@@ -69,7 +69,8 @@ impl JobBuilder {
     /// The job, its options checked.
     ///
     /// Errors: [`Error::Config`] naming the job type and the option (a lease outside
-    /// 1 s..=1 year, …).
+    /// [`idempotent_job_core::options::MIN_LEASE_SECONDS`]..=[`idempotent_job_core::options::MAX_SECONDS`],
+    /// …; the core's [`idempotent_job_core::options::JOB_OPTIONS`] table owns every limit).
     pub fn build(self) -> Result<Job, Error> {
         if self.job_type.is_empty() {
             return Err(Error::Config("the job type must not be empty".into()));

@@ -66,7 +66,7 @@ module IdempotentJob
       # @param restarts [Array<Time>] recorded deploy/restart times
       # @param restart_window [Numeric] seconds after a restart that a redelivery is matched
       # @raise [ConfigurationError] for facts JSON cannot carry or a negative window
-      def initialize(rows, restarts: [], restart_window: 120)
+      def initialize(rows, restarts: [], restart_window: Native::DEFAULT_RESTART_WINDOW)
         @operations = rows.map do |row|
           deliveries = row.fetch(:deliveries)
           first_at = Classifier.seconds(deliveries.first&.fetch("at", nil))

@@ -77,6 +77,21 @@ RSpec.describe IdempotentJob::Configuration do
     expect(IdempotentJob.configuration.prepared_statements).to be(true)
   end
 
+  it "checks defer_margin and retention by the core's rule (0 to ten years), as Python does" do
+    expect(config.defer_margin).to eq(IdempotentJob::Native::DEFAULT_DEFER_MARGIN).and eq(1)
+    config.retention = 0 # a purge deletes every finished record (Ruby refused 0 before issue 30 item D)
+    expect(config.retention).to eq(0)
+    config.defer_margin = 0
+    expect(config.defer_margin).to eq(0)
+    [-1, nil, "5", Float::INFINITY, 315_360_001].each do |value|
+      %w[retention defer_margin].each do |name|
+        message = /\A#{name} must be a number of seconds from 0 to 315360000, got #{Regexp.escape(value.inspect)}\z/
+        expect { config.public_send("#{name}=", value) }.to raise_error(IdempotentJob::ConfigurationError, message)
+      end
+    end
+    expect(described_class::SETTINGS).to include(*IdempotentJob::Native.job_default_settings.map(&:to_sym))
+  end
+
   it "rejects bad pool settings at configure time, naming the setting" do
     expect do
       IdempotentJob.configure do |c|

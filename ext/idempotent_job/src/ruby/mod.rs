@@ -60,6 +60,15 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         function!(options::connection_defaults_json, 0),
     )?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
+    native.define_module_function("check_wait", function!(options::check_wait, 2))?;
+    native.define_module_function(
+        "job_default_settings",
+        function!(options::job_default_settings, 0),
+    )?;
+    native.define_module_function(
+        "job_default_setting",
+        function!(options::job_default_setting, 2),
+    )?;
     native.define_module_function("not_taken", function!(options::not_taken, 6))?;
     native.define_module_function("unknown_setting", function!(options::unknown_setting, 3))?;
     native.define_module_function("canonical_json", function!(canonical_json, 1))?;
@@ -74,6 +83,16 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("key_refused", function!(key_refused, 2))?;
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.define_module_function("value_json", function!(convert::value_json, 1))?;
+    // The operating calls' defaults: how many held operations `held` lists, records per
+    // purge batch.
+    native.const_set(
+        "DEFAULT_HELD_LIMIT",
+        idempotent_job_core::operations::DEFAULT_HELD_LIMIT,
+    )?;
+    native.const_set(
+        "DEFAULT_PURGE_BATCH",
+        idempotent_job_core::operations::DEFAULT_PURGE_BATCH,
+    )?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
     // Epoch values at or above this are milliseconds (Sidekiq 8's timestamps).
     native.const_set(
@@ -121,11 +140,31 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         native.const_set("SPAN_ATTRIBUTES", attributes)?;
         native.const_set("TRACER_NAME", t::TRACER_NAME)?;
     }
-    let retention = idempotent_job_core::config::DEFAULT_RETENTION_SECONDS;
-    if retention.fract() == 0.0 {
-        native.const_set("DEFAULT_RETENTION", retention as i64)?;
-    } else {
-        native.const_set("DEFAULT_RETENTION", retention)?;
+    // The core's defaults of the settings that are no job option's (an Integer when whole).
+    for (name, seconds) in [
+        (
+            "DEFAULT_RETENTION",
+            idempotent_job_core::config::DEFAULT_RETENTION_SECONDS,
+        ),
+        (
+            "DEFAULT_DEFER_MARGIN",
+            idempotent_job_core::protocol::DEFAULT_DEFER_MARGIN_SECONDS,
+        ),
+        // The operating calls' defaults: `repeats`' `since` (seconds back) and `restart_window`.
+        (
+            "DEFAULT_REPEATS_SINCE",
+            idempotent_job_core::operations::DEFAULT_REPEATS_SINCE_SECONDS,
+        ),
+        (
+            "DEFAULT_RESTART_WINDOW",
+            idempotent_job_core::repeats::DEFAULT_RESTART_WINDOW,
+        ),
+    ] {
+        if seconds.fract() == 0.0 {
+            native.const_set(name, seconds as i64)?;
+        } else {
+            native.const_set(name, seconds)?;
+        }
     }
     errors::init(ruby)?;
     store::init(ruby, native)?;

@@ -7,6 +7,7 @@ use serde_json::Value as Json;
 
 use super::convert::{inspect, json_of, RbResult};
 use super::errors::to_ruby;
+use idempotent_job_core::job_settings::JobDefaults;
 use idempotent_job_core::options::{self, Kind};
 
 /// `Native.job_options_json` → the table as a JSON object text ([`options::table_json`]).
@@ -18,6 +19,45 @@ pub fn job_options_json() -> String {
 /// object text ([`idempotent_job_core::config::connection_defaults_json`]).
 pub fn connection_defaults_json() -> String {
     idempotent_job_core::config::connection_defaults_json().to_string()
+}
+
+/// `Native.job_default_settings` → the names (Strings) of the settings that give every
+/// job its defaults, in the core's order ([`JobDefaults::setting_names`]: each job
+/// option's setting, then `defer_margin` and `retention`).
+pub fn job_default_settings() -> Vec<&'static str> {
+    JobDefaults::setting_names(&[])
+}
+
+/// `Native.job_default_setting(name, value)` → `value` as given, once the core accepts
+/// it for the job default setting `name` ([`JobDefaults::check`]: `defer_margin` and
+/// `retention` from 0 to ten years, an option's setting by the table).
+///
+/// Raises `IdempotentJob::ConfigurationError` naming the setting and the value (shown
+/// by `inspect`) when the core refuses it.
+pub fn job_default_setting(ruby: &Ruby, name: String, value: Value) -> RbResult<Value> {
+    // As in `job_option`: a value JSON cannot carry is refused (an empty object is no
+    // number of seconds and no choice).
+    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
+    let shown = inspect(value)?;
+    JobDefaults::check(&name, &json, Some(&shown)).map_err(|e| to_ruby(ruby, e))?;
+    Ok(value)
+}
+
+/// `Native.check_wait(job, value)` → `value` as a Float once the core's wait rule
+/// accepts it ([`idempotent_job_core::results::check_wait`]: a number of seconds from 0
+/// to ten years).
+///
+/// Raises `IdempotentJob::ConfigurationError` naming `job` and the value (shown by
+/// `inspect`) otherwise.
+pub fn check_wait(ruby: &Ruby, job: String, value: Value) -> RbResult<f64> {
+    let seconds = if value.is_kind_of(ruby.class_numeric()) {
+        json_of(value).ok().and_then(|j| j.as_f64())
+    } else {
+        None
+    };
+    let shown = inspect(value)?;
+    idempotent_job_core::results::check_wait(&job, seconds, Some(&shown))
+        .map_err(|e| to_ruby(ruby, e))
 }
 
 /// `Native.job_option(job, prefix, name, value)` → the value checked by the core's

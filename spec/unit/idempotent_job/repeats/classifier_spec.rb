@@ -59,6 +59,8 @@ RSpec.describe IdempotentJob::Repeats::Classifier do
     repeats = described_class.classify(deliveries, restarts: [Time.at(t0 - 5000), deploy], restart_window: 120)
     expect(repeats.map(&:cause)).to eq(%i[redelivery redelivery])
     expect(repeats.map(&:restart)).to eq([deploy, nil])
+    # The default window is the core's (Native::DEFAULT_RESTART_WINDOW, 120 s): 50 s after is within it.
+    expect(described_class.classify(deliveries, restarts: [deploy]).map(&:restart)).to eq([deploy, nil])
     # Both arrivals after the restart (one payload pushed twice): not caused by it.
     twice = [delivery(360, "a", decision: "claimed"), delivery(360.01, "a")]
     expect(described_class.classify(twice, restarts: [deploy], restart_window: 120).map { |r| [r.cause, r.restart] })

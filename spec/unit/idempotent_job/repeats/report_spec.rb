@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "csv"
 require "spec_helper"
 require "idempotent_job/repeats/report"
 
