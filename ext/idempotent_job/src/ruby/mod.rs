@@ -80,7 +80,6 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         function!(declaration::key_declaration, 1),
     )?;
     native.define_module_function("declared_key", function!(declaration::declared_key, 3))?;
-    native.define_module_function("key_refused", function!(key_refused, 2))?;
     native.define_module_function("facts_json", function!(convert::facts_json, 1))?;
     native.define_module_function("value_json", function!(convert::value_json, 1))?;
     // The operating calls' defaults: how many held operations `held` lists, records per
@@ -298,12 +297,6 @@ const KEY_WORDS: idempotent_job_core::keys::Words = idempotent_job_core::keys::W
     accepted: "a String, an Integer, or a Hash/Array of JSON values",
     instead_of_float: "pass an Integer or a String",
 };
-
-/// `Native.key_refused(what, float)` → the core's message for a value that cannot be a
-/// key ([`idempotent_job_core::keys::refused`]): `what` names it ("a Time").
-fn key_refused(what: String, float: bool) -> String {
-    idempotent_job_core::keys::refused(&what, float, &KEY_WORDS)
-}
 
 fn repeats_sql() -> &'static str {
     idempotent_job_core::sql::REPEATS_SQL.trim()
