@@ -253,6 +253,25 @@ module IdempotentJob
       super
     end
 
+    # Connection settings that name the database (an explicit one wins over any fallback).
+    LOCATION_SETTINGS = %i[host port dbname user password].freeze
+
+    # @return [Boolean] whether these settings name a database: a database_url (the
+    #   setting or IDEMPOTENT_JOB_DATABASE_URL / DATABASE_URL), or one of host, port,
+    #   dbname, user, password
+    def database_named?
+      !database_url.nil? || LOCATION_SETTINGS.any? { |name| !public_send(name).nil? }
+    end
+
+    # A copy whose unset settings take the values given; set ones are kept.
+    # @param settings [Hash{Symbol => Object}] setting => value (e.g. host:, dbname:)
+    # @return [Configuration] the copy (this one is unchanged)
+    # @raise [ConfigurationError] naming an unknown setting
+    def with_unset(settings)
+      unset = settings.reject { |name, _| public_send(name) }
+      dup.update(**unset)
+    end
+
     # Checks every setting's type and range.
     # @return [self]
     # @raise [ConfigurationError] naming the first bad setting

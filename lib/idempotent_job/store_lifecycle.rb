@@ -7,14 +7,26 @@ module IdempotentJob
   module StoreLifecycle
     @announced_url = nil
     @dropped_reported = ObjectSpace::WeakMap.new
+    @database_fallback = nil
 
     class << self
+      # Where the store's database comes from when the settings name none (no
+      # database_url, IDEMPOTENT_JOB_DATABASE_URL or DATABASE_URL, no host, port, dbname,
+      # user or password): nil (then the core says what to set), or a callable taking
+      # the {Configuration} and returning connection settings (Hash, or nil for none).
+      # The Railtie sets it to {RailsDatabase.fallback} (database.yml's primary database).
+      # @return [#call, nil]
+      attr_accessor :database_fallback
+
       # Builds the native store of `config` (its pool is made on first use) and logs,
-      # once per URL, the URL parameters it ignores.
+      # once per URL, the URL parameters it ignores. When `config` names no database,
+      # {database_fallback}'s settings fill in its unset connection settings (on a copy:
+      # `config` is left as it is, so a later explicit setting replaces them whole).
       # @param config [Configuration]
       # @return [IdempotentJob::Native::Store]
       # @raise [ConfigurationError] when the settings are invalid
       def build(config)
+        config = with_fallback(config)
         Native::Store.new(config.to_native_json).tap { announce_ignored_url_params(config) }
       end
 
@@ -53,6 +65,13 @@ module IdempotentJob
       end
 
       private
+
+      def with_fallback(config)
+        return config if database_fallback.nil? || config.database_named?
+
+        settings = database_fallback.call(config)
+        settings ? config.with_unset(settings).validate! : config
+      end
 
       # One log line per URL naming the parameters Rails or libpq know but the gem's own
       # connections have no use for (`encoding`, `reconnect`, `variables[…]`…).

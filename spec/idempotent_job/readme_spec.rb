@@ -167,7 +167,8 @@ module DocSampleWorld
     end
   RUBY
 
-  # A Rails app's database.yml naming the suite's database by its fields, and no DATABASE_URL.
+  # A multi-database Rails app's database.yml: a primary that is not PostgreSQL, and a
+  # "queue" database naming the suite's by its fields; no DATABASE_URL.
   DATABASE_YML = <<~'RUBY'
     require "active_record"
     require "uri"
@@ -177,18 +178,22 @@ module DocSampleWorld
     suite_url = ENV.delete("DATABASE_URL")
     url = URI(suite_url)
     ActiveRecord::Base.configurations = {
-      "development" => { "adapter" => "postgresql", "host" => url.host, "port" => url.port,
-                         "database" => url.path.delete_prefix("/"), "username" => url.user }
+      "development" => {
+        "primary" => { "adapter" => "sqlite3", "database" => "db/development.sqlite3" },
+        "queue" => { "adapter" => "postgresql", "host" => url.host, "port" => url.port,
+                     "database" => url.path.delete_prefix("/"), "username" => url.user }
+      }
     }
   RUBY
 
-  # A claim through those fields alone (DATABASE_URL is unset until the record is read back).
+  # A claim through the queue database's fields alone (DATABASE_URL is unset until the
+  # record is read back).
   DATABASE_YML_USED = <<~'RUBY'
     outcome = IdempotentJob.perform_once("ChargeOrder", order_id) { :charged }
     record = IdempotentJob.record("ChargeOrder", order_id)
     no_url = IdempotentJob.configuration.database_url.nil?
     ENV["DATABASE_URL"] = suite_url
-    check("the fields of database.yml reach the database") { no_url && outcome.ran? && record.status == :completed }
+    check("the queue database of database.yml is used") { no_url && outcome.ran? && record.status == :completed }
   RUBY
 end
 
@@ -217,7 +222,7 @@ module DocSampleContexts
         check("the charge for order 42 ran once") { Charge.count == 1 }
       RUBY
     }],
-    [%r{\A# A Rails app whose database is config/database\.yml alone},
+    [/\A# Records in database\.yml's "queue" database instead of the primary/,
      { before: DATABASE_YML, after: DATABASE_YML_USED }],
     [/include IdempotentJob::ActiveJob\n  idempotency key: :order_id, lease: 60/, {
       after: <<~'RUBY'
