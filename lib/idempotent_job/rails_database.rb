@@ -78,7 +78,7 @@ module IdempotentJob
 
       # ActiveRecord::Base's configurations once loaded (the app may have set them);
       # before that, database.yml's as ActiveRecord's Railtie reads them, without
-      # loading ActiveRecord::Base (which would connect with its adapter).
+      # loading ActiveRecord::Base (which would load its adapter's library).
       def active_record_configurations
         return unless defined?(::ActiveRecord::DatabaseConfigurations)
         return ::ActiveRecord::Base.configurations if ::ActiveRecord.autoload?(:Base).nil?

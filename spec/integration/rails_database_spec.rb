@@ -132,6 +132,15 @@ RSpec.describe "A Rails app configured by config/database.yml alone", :integrati
     expect(IdempotentJob.record("YmlChargeJob", 7103)).to have_attributes(status: :completed)
   end
 
+  it "takes libpq's default socket directory for an entry without host, and keeps the settings that are set" do
+    # No server listens there on the suite's port: the connection fails within the
+    # deadline set (a setting that does not name the database), after the log line.
+    write_app(suite_fields(host: nil), settings: "config.idempotent_job.deadline = 1")
+    out, status = run_app(7107)
+    expect(status).not_to be_success, out
+    expect(out).to include("host /var/run/postgresql, port #{suite.port}", "deadline of 1 s")
+  end
+
   it "takes a url: entry as the URL" do
     write_app({ "adapter" => "postgresql", "url" => SpecServices.database_url })
     out, status = run_app(7104)
