@@ -95,7 +95,7 @@ module IdempotentJob
     #   (the core's `DEFAULT_DEFER_MARGIN_SECONDS`, read as `Native::DEFAULT_DEFER_MARGIN`).
     attr_reader :defer_margin
 
-    # The core's table of job options (crates/core/src/options.rs), read once at load:
+    # The core's table of job options (crates/core/src/options/), read once at load:
     # option name (Symbol, unprefixed) => { kind: "key" | "text" | "seconds" | "choice" |
     # "boolean" | "flavour" | "method", default:, default_is_job_name:, setting: (the
     # setting giving every job its default, or nil), required:, doc:, and by kind

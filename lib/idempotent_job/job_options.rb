@@ -11,7 +11,7 @@ module IdempotentJob
   # {IdempotentJob.configuration} (or the core's default).
   #
   # The options, their kinds, allowed values, limits and defaults are the core's table
-  # ({TABLE}, crates/core/src/options.rs); every value is checked by the core
+  # ({TABLE}, crates/core/src/options/); every value is checked by the core
   # (`Native.job_option`), so the Ruby doors, the Python package and the core agree.
   class JobOptions
     # Answers a lookup may give.

@@ -41,7 +41,7 @@ PREFIX = "idempotency_"
 #: ``scope`` (the record's job type; default the task's name).
 DOOR_OPTIONS = ("key", "scope")
 #: The options the core applies per delivery: the core's table (its names, kinds,
-#: values and defaults, crates/core/src/options.rs) less the door's.
+#: values and defaults, crates/core/src/options/) less the door's.
 CORE_OPTIONS = tuple(name for name in OPTION_NAMES if name not in DOOR_OPTIONS)
 #: The Celery setting (``app.conf``) saying what the door does with a delivery whose
 #: claim failed before its body ran with an error the core sends back (an outage, a

@@ -4,7 +4,7 @@ require "spec_helper"
 
 # Bad input a careless user gives (issue 25): each case names what it proves. The
 # option names, kinds, allowed values and defaults are the core's table
-# (crates/core/src/options.rs), so every door refuses the same things the same way.
+# (crates/core/src/options/), so every door refuses the same things the same way.
 RSpec.describe "Bad input", :faults do
   include ReplayHelpers
 

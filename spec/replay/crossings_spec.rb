@@ -88,7 +88,7 @@ RSpec.describe "Ruby -> Rust crossings per delivery" do
   # A first delivery and a duplicate cross 2 times each (the key, the one call): the
   # duplicate's repeat bookkeeping is queued by the one call itself while ActiveRecord's
   # transaction is still open (the bookkeeping's batches skip the record's row until it
-  # commits: crates/core/src/sql.rs, FLUSH_SQL), nothing is asked after the commit.
+  # commits: crates/core/src/sql/flush.rs, FLUSH_SQL), nothing is asked after the commit.
   describe "ActiveRecord's transaction (transaction: :active_record)" do
     let(:push) { ->(id) { RecordPaymentArJob.perform_async(id, 500) } }
     let(:deliver) { ->(_id) { RecordPaymentArJob.drain } }

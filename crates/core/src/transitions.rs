@@ -12,7 +12,7 @@
 //!
 //! The statements compute the same rules inside PostgreSQL (SQL cannot call Rust:
 //! [`crate::sql::CLAIM_SQL`]'s `take`, the fenced statements' guards, `RESOLVE_SQL`):
-//! `tests/conformance.rs` runs every decision, fenced and resolve case of the
+//! `tests/conformance/` runs every decision, fenced and resolve case of the
 //! conformance vectors (`conformance/vectors.json`) through those statements and the
 //! protocol on a real database and through these functions, and fails when they
 //! disagree, so they cannot drift apart unnoticed.

@@ -209,23 +209,37 @@ fn the_distributed_profile_prepares_nothing_and_migrates_by_a_lock_row() {
 #[test]
 fn no_statement_makes_a_savepoint_and_only_plain_migrations_take_an_advisory_lock() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-    let mut files = Vec::new();
-    for dir in [
-        "crates/core/src",
-        "crates/core/src/protocol",
-        "lib/idempotent_job/transactional",
-    ] {
-        for entry in std::fs::read_dir(format!("{root}/{dir}")).unwrap() {
+    // Every file under each directory, subdirectories included (the statements live in
+    // `src/sql/`, one file per concern).
+    fn sources(dir: &std::path::Path, files: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "rs" || e == "rb") {
+            if path.is_dir() {
+                sources(&path, files);
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "rb") {
                 files.push(path);
             }
         }
+    }
+    let mut files = Vec::new();
+    for dir in ["crates/core/src", "lib/idempotent_job/transactional"] {
+        sources(std::path::Path::new(&format!("{root}/{dir}")), &mut files);
     }
     assert!(
         files.len() > 20,
         "read the core's and the transactional modes' sources"
     );
+    for statements in [
+        "sql/claim.rs",
+        "sql/fenced.rs",
+        "sql/flush.rs",
+        "record/stored.rs",
+    ] {
+        assert!(
+            files.iter().any(|f| f.ends_with(statements)),
+            "read the statement texts in {statements}"
+        );
+    }
     for path in files {
         let text = std::fs::read_to_string(&path).unwrap().to_uppercase();
         assert!(!text.contains("SAVEPOINT"), "{}", path.display());

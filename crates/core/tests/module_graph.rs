@@ -10,6 +10,10 @@
 //! to its child module (`src/protocol/channel.rs` belongs to `protocol`). The root
 //! (`lib.rs`, `mod.rs`) only declares the modules. Fails naming one cycle when the
 //! graph has one.
+//!
+//! Within each module directory (`src/sql/`, `src/record/`…) the same check runs on its
+//! files: `claim.rs` and `flush.rs` of `sql/` are two modules there, and neither may
+//! refer back to the other (through `super::m`, `crate::sql::m` or a sibling's macro).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -282,6 +286,33 @@ fn assert_no_cycle(what: &str, graph: &Graph) {
     }
 }
 
+/// Every module directory under `dir` (one with a `mod.rs`), with the path prefix its
+/// files use for a sibling (`sql::` for `src/sql`, under `prefix`).
+fn module_dirs(dir: &Path, prefix: &str, out: &mut Vec<(PathBuf, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() && path.join("mod.rs").is_file() {
+            let name = path.file_name().unwrap().to_str().unwrap().to_string();
+            let inner = format!("{prefix}{name}::");
+            module_dirs(&path, &inner, out);
+            out.push((path, inner));
+        }
+    }
+}
+
+/// The graphs of the files of every module directory under `root` (see [`module_dirs`]),
+/// by directory.
+fn directory_graphs(root: &Path, prefix: &str) -> BTreeMap<PathBuf, Graph> {
+    let mut dirs = Vec::new();
+    module_dirs(root, prefix, &mut dirs);
+    dirs.into_iter()
+        .map(|(dir, inner)| {
+            let graph = graph(&dir, "mod.rs", &inner);
+            (dir, graph)
+        })
+        .collect()
+}
+
 fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -311,6 +342,31 @@ fn the_python_extension_has_no_import_cycle() {
     let graph = graph(&repository().join("python/src"), "lib.rs", "");
     assert!(graph.len() > 3, "modules found: {graph:?}");
     assert_no_cycle("the Python extension (python/src)", &graph);
+}
+
+#[test]
+fn no_module_directory_has_an_import_cycle_among_its_files() {
+    let repository = repository();
+    let core = directory_graphs(&repository.join("crates/core/src"), "");
+    let sql = &core[&repository.join("crates/core/src/sql")];
+    assert!(sql.len() > 5, "sql's files found: {sql:?}");
+    assert!(
+        sql["claim"].contains("fragments"),
+        "a sibling's macro is an edge: {sql:?}"
+    );
+    assert!(
+        sql["reads"].contains("purge"),
+        "a doc link to a sibling is an edge: {sql:?}"
+    );
+    for (root, prefix) in [
+        ("crates/core/src", ""),
+        ("ext/idempotent_job/src/ruby", "ruby::"),
+        ("python/src", ""),
+    ] {
+        for (dir, graph) in directory_graphs(&repository.join(root), prefix) {
+            assert_no_cycle(&dir.display().to_string(), &graph);
+        }
+    }
 }
 
 #[test]

@@ -56,7 +56,7 @@ module IdempotentJob
         end
 
         # The table's metrics in Prometheus' text exposition format (the `/metrics`
-        # route), one read-only statement (the core's `sql.rs`: METRICS_SQL), per job type:
+        # route), one read-only statement (the core's `sql/reads.rs`: METRICS_SQL), per job type:
         # `idempotent_job_records{job_type,status}`,
         # `idempotent_job_claims{job_type,state="live"|"stale"}`,
         # `idempotent_job_oldest_held_age_seconds`, `idempotent_job_repeats_last_hour`

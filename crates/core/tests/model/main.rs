@@ -3,7 +3,7 @@
 //! the `stateright` model checker. The record's transitions are the core's own decision
 //! table (`idempotent_job_core::transitions`: the claim statement's rule, the step after
 //! it, the lookup, the stale policy, the fenced changes, resolve), the table that
-//! `tests/conformance.rs` binds to the claim statement on PostgreSQL.
+//! `tests/conformance/` binds to the claim statement on PostgreSQL.
 //!
 //! Actors (one state, every action one atomic step of one of them):
 //! * **workers**: take a delivery from the queue and run the claim statement; run the

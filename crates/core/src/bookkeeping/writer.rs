@@ -1,161 +1,22 @@
-//! The bookkeeping of repeated deliveries, off the decision's path.
-//!
-//! A duplicate answered by the read-only look ((`claim::deliver`)) changes
-//! nothing durable. What the repeats report needs about it (`duplicates`,
-//! `last_duplicate_at`, `mismatches`, `repeat_times`, `job_classes`, and one
-//! `repeat_facts` entry per repeat) is queued here and written by the background
-//! runtime, batched, in ONE statement per batch ([`FLUSH_SQL`]) committed with
-//! `synchronous_commit = off`. Repeats decided by the claim statement itself
-//! (retries, takeovers, a duplicate that raced the first claim) already counted
-//! themselves durably; only their `repeat_facts` entry is queued.
-//!
-//! Concurrency: batches of many processes meet the same rows, and a job's open
-//! transaction (the ActiveRecord or native transaction modes) holds its record's row
-//! until it ends. A batch never waits for a row lock: [`FLUSH_SQL`] skips the rows
-//! another transaction holds right now and names them; their repeats stay queued and
-//! are sent again on a later batch ([`LOCKED_ROW_PATIENCE`] at most). So the writer
-//! never waits on an application's transaction, and batches never deadlock. A batch
-//! PostgreSQL still refuses with a transient error (a serialization failure, a
-//! read-only server in a failover, a statement timeout) was rolled back and is kept
-//! and written again, merged with what was queued since, never dropped.
-//!
-//! A repeat whose claim ran in a transaction is queued by the native call that made
-//! the claim, while that transaction is still open: at its commit (the native
-//! session's `Session::commit`), or when the delivery's one native
-//! call ends without an error (a transaction on another driver, Ruby's ActiveRecord:
-//! it commits right after). Its row is locked until the transaction ends, so the
-//! batches skip it until then. In the second case the repeat carries the claim's
-//! transaction id ([`Repeat::xid`]): its `repeat_facts` entry is written
-//! ([`FLUSH_AWAITING_SQL`]) only once that transaction committed, and let go if it rolled
-//! back after the call (a raising event subscriber, a failed `COMMIT`), since the claim's
-//! counting was rolled back with it.
-//!
-//! What can be lost (telemetry only, never a decision: the decision is the record's
-//! status and claim token, which only the durable claim and fenced statements
-//! change):
-//! * a process killed (SIGKILL, OOM) loses the repeats queued and not yet written:
-//!   those of the batch being gathered ([`LINGER`]) and of the batch being written
-//!   (measured: docs/design.md, "Repeat bookkeeping: what a crash can lose");
-//! * a PostgreSQL crash loses the batches committed within `wal_writer_delay`
-//!   (200 ms by default) before it;
-//! * a repeat whose row stays locked by other transactions for longer than
-//!   [`LOCKED_ROW_PATIENCE`] is dropped and counted ([`Bookkeeper::dropped`]);
-//! * a batch whose connection is lost (or whose deadline passes) after it was sent
-//!   is dropped: it may have been written, and sending it again could count it
-//!   twice; so is a batch refused for good (no record table), and a repeat of a new
-//!   operation while [`MAX_QUEUED_OPERATIONS`] are queued. [`Bookkeeper::dropped`]
-//!   counts them.
-//!
-//! Within one process, reads see their own repeats: [`Bookkeeper::settle`] writes
-//! what is queued (and waits for a batch in flight) before `find`/`repeats` read
-//! (all but the `repeat_facts` entries of rows another transaction holds for longer than
-//! [`FACTS_ONLY_PATIENCE`]), and
-//! a delivery whose operation still has a repeat queued settles first, so sequential
-//! deliveries of one operation count exactly.
+//! The queue of one process's repeats and its background writer ([`Bookkeeper`]): how a
+//! batch is written, kept after a transient error, or dropped and counted.
 
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_postgres::types::Type;
 
-use crate::config::REPEATS_KEPT;
+use super::batch::{batch_params, left_out, LeftOut};
+use super::pending::{Key, Queue};
+use super::repeat::Repeat;
 use crate::conn::{Conn, Interrupt};
 use crate::error::{is_transient_state, Error, Result};
 use crate::pool::{backoff, checkout_live, finish_unless_lost, Lane, Pool};
-use crate::record::{ClaimAnswer, ClaimKind, ClaimReply, ClaimRequest};
 use crate::sql::{FLUSH_AWAITING_SQL, FLUSH_SQL};
-
-/// One repeated delivery to record.
-#[derive(Debug, Clone)]
-pub struct Repeat {
-    pub job_type: String,
-    pub operation_key: String,
-    /// The database time of the decision.
-    pub at: DateTime<Utc>,
-    pub job_class: Option<String>,
-    /// `completed`, `in_progress`, `held`, `given_up`, `refused`, `retry`, `takeover`.
-    pub decision: &'static str,
-    /// The door's delivery facts: a JSON object text, or none.
-    pub facts: Option<String>,
-    /// Counters still to add (a duplicate answered read-only); false when the claim
-    /// statement already counted it.
-    pub count: bool,
-    /// A copy coming back ([`ClaimRequest::returning`]): counted when it first arrived,
-    /// so it adds no `duplicates` or `mismatches` (its time, class and facts are still
-    /// recorded).
-    pub returning: bool,
-    /// This delivery's arguments differed from the claim's.
-    pub mismatch: bool,
-    /// Answered from a completion made with `store_result` (a replay: V7).
-    pub replayed: bool,
-    /// The transaction that made the claim, when it was still open as the repeat was
-    /// queued (Ruby's ActiveRecord mode: [`crate::sql::CLAIM_SQL`]'s `xid`, a full 64-bit
-    /// transaction id): the `repeat_facts` entry is written only once that transaction
-    /// committed, kept queued while it is in progress, and let go when it rolled back,
-    /// since the claim's counting was rolled back with it (not counted in
-    /// [`Bookkeeper::dropped`]: no count is lost; an id PostgreSQL cannot answer for is
-    /// dropped and counted there) ([`FLUSH_AWAITING_SQL`]'s `awaiting`). None: written as it is (the
-    /// claim committed already, or counts nothing). Only for a repeat the claim statement
-    /// counted (`count` false): its counts, if any, are written without waiting.
-    pub xid: Option<u64>,
-}
-
-impl Repeat {
-    /// The repeat of `req`'s delivery, answered `decision` at the database time `at`;
-    /// `count`: see [`Repeat::count`].
-    pub fn new(req: &ClaimRequest, decision: &ClaimReply, at: DateTime<Utc>, count: bool) -> Self {
-        Repeat {
-            job_type: req.job_type.clone(),
-            operation_key: req.operation_key.clone(),
-            at,
-            job_class: req.job_class.clone(),
-            decision: decision.outcome.name(),
-            facts: req.facts_json.clone(),
-            count,
-            returning: req.returning,
-            mismatch: decision.mismatch,
-            replayed: matches!(
-                decision.outcome,
-                ClaimAnswer::Completed {
-                    replay: Some(_),
-                    ..
-                }
-            ),
-            xid: None,
-        }
-    }
-
-    /// Whether this repeat adds one to `duplicates` (and its mismatch to
-    /// `mismatches`): a repeat the claim statement did not count, on its first arrival.
-    pub fn adds_duplicate(&self) -> bool {
-        self.count && !self.returning
-    }
-
-    /// The repeat of a delivery the claim statement ([`crate::sql::CLAIM_SQL`])
-    /// decided (it counted itself): none for a first claim.
-    pub fn after_claim(
-        req: &ClaimRequest,
-        decision: &ClaimReply,
-        at: DateTime<Utc>,
-    ) -> Option<Self> {
-        let first = matches!(
-            decision.outcome,
-            ClaimAnswer::Claimed {
-                kind: ClaimKind::First,
-                ..
-            }
-        );
-        (!first).then(|| Repeat::new(req, decision, at, false))
-    }
-}
-
-type Key = (String, String);
 
 /// How long the background writer gathers repeats before writing them as one batch.
 pub const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
@@ -178,141 +39,6 @@ pub const FACTS_ONLY_PATIENCE: std::time::Duration = std::time::Duration::from_s
 /// operations arrive) a repeat of an operation not yet queued is dropped and counted
 /// ([`Bookkeeper::dropped`]); repeats of queued operations are merged into theirs.
 pub const MAX_QUEUED_OPERATIONS: usize = 10_000;
-
-/// The repeats of one operation still to write, merged.
-#[derive(Default)]
-struct Pending {
-    /// Repeats merged in (counted or not).
-    repeats: usize,
-    dups: i64,
-    mismatches: i64,
-    last_mismatch: bool,
-    last_at: Option<String>,
-    times: Vec<String>,
-    classes: Vec<String>,
-    facts: VecDeque<Value>,
-    /// `repeat_facts` entries waiting for their transaction's commit ([`Repeat::xid`]):
-    /// `{"xid": "<id>", "entry": {…}}`, in order ([`FLUSH_AWAITING_SQL`]'s `awaiting`).
-    awaiting: VecDeque<Value>,
-    /// When a batch first found the operation's row locked ([`FLUSH_SQL`] skipped it),
-    /// or an awaited transaction still in progress, if one did.
-    locked_since: Option<Instant>,
-}
-
-impl Pending {
-    fn add(&mut self, r: Repeat) {
-        let at = r.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        self.repeats += 1;
-        if r.adds_duplicate() {
-            self.dups += 1;
-            self.mismatches += i64::from(r.mismatch);
-            self.last_mismatch = r.mismatch;
-            // The latest duplicate's time: RFC 3339 texts in UTC sort as text.
-            self.last_at = self.last_at.take().max(Some(at.clone()));
-        }
-        if r.count {
-            self.times.push(at.clone());
-            keep_latest(&mut self.times);
-            if let Some(class) = &r.job_class {
-                if !self.classes.contains(class) {
-                    self.classes.push(class.clone());
-                }
-            }
-        }
-        let facts = r
-            .facts
-            .as_deref()
-            .and_then(|f| serde_json::from_str::<Value>(f).ok())
-            .unwrap_or(Value::Null);
-        let mut entry =
-            json!({"at": at, "job_class": r.job_class, "decision": r.decision, "facts": facts});
-        if r.replayed {
-            // A replay (V7): counted by the repeats report.
-            entry["replayed"] = json!(true);
-        }
-        match r.xid {
-            Some(xid) => {
-                self.awaiting
-                    .push_back(json!({"xid": xid.to_string(), "entry": entry}));
-                if self.awaiting.len() > REPEATS_KEPT {
-                    self.awaiting.pop_front();
-                }
-            }
-            None => {
-                self.facts.push_back(entry);
-                if self.facts.len() > REPEATS_KEPT {
-                    self.facts.pop_front();
-                }
-            }
-        }
-    }
-
-    /// Adds `newer` (queued after `self`) to `self`.
-    fn absorb(&mut self, newer: Pending) {
-        self.locked_since = self.locked_since.or(newer.locked_since);
-        self.repeats += newer.repeats;
-        self.dups += newer.dups;
-        self.mismatches += newer.mismatches;
-        if newer.dups > 0 {
-            self.last_mismatch = newer.last_mismatch;
-        }
-        self.times.extend(newer.times);
-        keep_latest(&mut self.times);
-        self.last_at = self.last_at.take().max(newer.last_at);
-        for class in newer.classes {
-            if !self.classes.contains(&class) {
-                self.classes.push(class);
-            }
-        }
-        self.facts.extend(newer.facts);
-        while self.facts.len() > REPEATS_KEPT {
-            self.facts.pop_front();
-        }
-        self.awaiting.extend(newer.awaiting);
-        while self.awaiting.len() > REPEATS_KEPT {
-            self.awaiting.pop_front();
-        }
-    }
-
-    /// Takes out the `awaiting` entries at `positions` (from 1, as [`FLUSH_AWAITING_SQL`] returns
-    /// them), as a pending of their own (their repeats moved to it).
-    fn take_awaiting(&mut self, positions: &[usize]) -> Pending {
-        let mut taken = Pending::default();
-        for &n in positions {
-            if let Some(entry) = n.checked_sub(1).and_then(|i| self.awaiting.get_mut(i)) {
-                taken.awaiting.push_back(entry.take());
-            }
-        }
-        let moved = taken.awaiting.len().min(self.repeats);
-        self.repeats -= moved;
-        taken.repeats = moved;
-        taken
-    }
-
-    /// The operation's JSON object of [`FLUSH_SQL`]'s $3.
-    fn doc(&self) -> Value {
-        let mut doc = json!({
-            "dups": self.dups, "mismatches": self.mismatches,
-            "last_mismatch": self.last_mismatch, "last_at": self.last_at,
-            "times": self.times, "classes": self.classes, "facts": self.facts,
-        });
-        if !self.awaiting.is_empty() {
-            doc["awaiting"] = json!(self.awaiting);
-        }
-        doc
-    }
-}
-
-/// Keeps the [`REPEATS_KEPT`] latest of `times` (RFC 3339 texts in UTC with microseconds, so
-/// they sort as text), in order.
-fn keep_latest(times: &mut Vec<String>) {
-    times.sort();
-    let excess = times.len().saturating_sub(REPEATS_KEPT);
-    times.drain(..excess);
-}
-
-/// Queued repeats per operation, in the one lock order of [`FLUSH_SQL`].
-type Queue = BTreeMap<Key, Pending>;
 
 /// What became of one batch ([`Bookkeeper::write`]).
 enum Written {
@@ -602,42 +328,6 @@ impl Bookkeeper {
     }
 }
 
-/// What [`FLUSH_SQL`] left out of a batch.
-#[derive(Default)]
-struct LeftOut {
-    /// The operations whose row another transaction held.
-    locked: Vec<Key>,
-    /// Per operation, the positions (from 1) in its `awaiting` of the entries whose
-    /// transaction is still in progress, and of those PostgreSQL could not answer for
-    /// (those of a transaction that rolled back are not listed).
-    awaiting: BTreeMap<Key, (Vec<usize>, Vec<usize>)>,
-}
-
-/// [`FLUSH_SQL`]'s rows `(job_type, operation_key)`, or [`FLUSH_AWAITING_SQL`]'s
-/// `(job_type, operation_key, awaiting, status)`.
-fn left_out(rows: &[tokio_postgres::Row]) -> LeftOut {
-    let mut left = LeftOut::default();
-    for row in rows {
-        let (Ok(job_type), Ok(operation_key)) = (row.try_get(0), row.try_get(1)) else {
-            continue;
-        };
-        let key = (job_type, operation_key);
-        match row.try_get::<_, Option<i64>>(2).ok().flatten() {
-            None => left.locked.push(key),
-            Some(n) => {
-                let (waiting, unknown) = left.awaiting.entry(key).or_default();
-                let n = usize::try_from(n).unwrap_or(0);
-                match row.try_get::<_, Option<&str>>(3).ok().flatten() {
-                    Some("in progress") => waiting.push(n),
-                    Some("aborted") => {}
-                    _ => unknown.push(n),
-                }
-            }
-        }
-    }
-    left
-}
-
 /// Whether PostgreSQL answered `err` and rolled the statement back with it, for a
 /// reason that passes: a transient state ([`is_transient_state`]: deadlock,
 /// serialization failure, read-only, out of resources), a lock timeout or a
@@ -649,16 +339,4 @@ fn rolled_back(err: &Error) -> bool {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The batch as [`FLUSH_SQL`]'s $1, $2, $3: one entry per operation, in the order of
-/// `(job_type, operation_key)`.
-fn batch_params(batch: &Queue) -> (Vec<String>, Vec<String>, Vec<Value>) {
-    let mut out = (Vec::new(), Vec::new(), Vec::new());
-    for ((job_type, operation_key), pending) in batch {
-        out.0.push(job_type.clone());
-        out.1.push(operation_key.clone());
-        out.2.push(pending.doc());
-    }
-    out
 }
