@@ -59,6 +59,24 @@ module IdempotentJob
       freeze
     end
 
+    # A queue's delivery (a Sidekiq job hash, an ActiveJob job) of a job with these options:
+    # its facts are the queue's own with the two the gem carries in every queue's payload,
+    # "deferrals" (as the payload holds it) and "producer" ({Producer}, stamped at enqueue);
+    # nil facts are left out.
+    # @param options [JobOptions] the job's resolved options (the record's job type is their scope)
+    # @param deferrals [Integer, Object, nil] the payload's deferral count (nil: none; checked as {#initialize})
+    # @param producer [String, nil] the producer the payload carries
+    # @param facts [Hash{String => Object}] the queue's facts (a fresh Hash: completed and frozen here)
+    # @param fields [Hash] operation_key:, payload:, job_class:, queue:, id: as {#initialize}
+    # @return [Delivery]
+    # @raise [ConfigurationError] as {#initialize}
+    def self.queued(options, deferrals:, producer:, facts:, **fields)
+      facts["deferrals"] = deferrals
+      facts["producer"] = producer
+      facts.compact!
+      new(job_type: options.scope, deferrals:, facts: facts.freeze, **fields)
+    end
+
     # @return [String] the facts as a JSON object text (the claim request's `facts_json`),
     #   written by the native extension (`Native.facts_json`: Ruby's JSON is slow for
     #   Float timestamps) by the rules of every value crossing the core (Integers of any
