@@ -13,6 +13,11 @@ module IdempotentJob
     # The payload key of a delivery's deferral count, as the Ruby doors write it into the
     # copy they push back (Sidekiq's job hash, ActiveJob's serialized job).
     DEFERRALS = "idempotency_deferrals"
+    # The payload key of the producer stamped at enqueue ({Producer::KEY}).
+    PRODUCER = "idempotency_producer"
+    # The {JobOptions::PREFIX}ed keys the gem itself writes into a queue's payload: taken
+    # as they are, never read as a misspelled option.
+    CARRIED = [DEFERRALS, PRODUCER].freeze
 
     # @return [String] the job type (scope) the record is stored under
     attr_reader :job_type
