@@ -46,13 +46,16 @@ KeyPart = tuple[str, int | None, str | None, list[str]]
 
 class JobProtocol:
     """A job type's native protocol: ``options`` (the core's option names → values; None
-    is unset) over ``configure``'s defaults, told in ``door``'s words ("celery", "sqs")
-    with option names shown after ``prefix``. Built at once (a bad value raises
-    ``ConfigurationError`` naming ``job_type`` and the option when the door is declared)
-    and again when ``configure`` was called since. Reads the current store only."""
+    is unset) over ``configure``'s defaults, told in the door's ``words`` (its ``WORDS``:
+    ``id_label``, ``defer_text``, ``crash_text``) with option names shown after
+    ``prefix``. Built at once (a bad value raises ``ConfigurationError`` naming
+    ``job_type`` and the option when the door is declared) and again when ``configure``
+    was called since. Reads the current store only."""
 
-    def __init__(self, job_type: str, options: dict[str, Any], door: str, prefix: str = "") -> None:
-        self.job_type, self.options, self.door, self.prefix = job_type, options, door, prefix
+    def __init__(
+        self, job_type: str, options: dict[str, Any], words: dict[str, str], prefix: str = ""
+    ) -> None:
+        self.job_type, self.options, self.words, self.prefix = job_type, options, words, prefix
         self._cached: tuple[Any, Any] | None = None
         self.get()
 
@@ -60,7 +63,7 @@ class JobProtocol:
         """The protocol (``_native.JobProtocol``) of the current store's defaults."""
         store = _current()
         if self._cached is None or self._cached[0] is not store:
-            self._cached = (store, store.protocol(self.job_type, self.options, self.door, self.prefix))
+            self._cached = (store, store.protocol(self.job_type, self.options, self.words, self.prefix))
         return self._cached[1]
 
 

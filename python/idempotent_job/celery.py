@@ -49,6 +49,12 @@ CORE_OPTIONS = tuple(name for name in OPTION_NAMES if name not in DOOR_OPTIONS)
 #: ``"fail"`` (the task fails and Celery acknowledges its message: the delivery is lost).
 ON_CLAIM_ERROR_SETTING = "idempotent_job_on_claim_error"
 ON_CLAIM_ERROR_VALUES = ("send_back", "fail")
+#: The door's words in the core's log lines: a delivery's id, a deferral, a crash.
+WORDS = {
+    "id_label": "task",
+    "defer_text": "retry in",
+    "crash_text": "the worker is going away (SystemExit or KeyboardInterrupt)",
+}
 
 
 def _resolve(task_name: str, declaration: Any, run: Any) -> list[KeyPart]:
@@ -138,7 +144,7 @@ class IdempotentTask(Task):
         options = {n: getattr(cls, PREFIX + n, None) for n in CORE_OPTIONS if n != "lookup"}
         options["lookup"] = cls._idempotency_lookup_fn
         # The task's options over configure's defaults, checked now naming the task.
-        cls._idempotency_protocol = JobProtocol(cls.idempotency_scope or name, options, "celery", PREFIX)
+        cls._idempotency_protocol = JobProtocol(cls.idempotency_scope or name, options, WORDS, PREFIX)
 
     def _operation_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         paths = self._idempotency_paths or []
