@@ -12,7 +12,7 @@ module IdempotentJob
   module ActiveJobDoor
     # Keys with the `idempotency_` prefix a serialized job may carry (written by
     # {IdempotentJob::ActiveJob#serialize}); any other is refused when it is deserialized.
-    SERIALIZED_KEYS = [Delivery::DEFERRALS, "idempotency_lease", Producer::KEY].freeze
+    SERIALIZED_KEYS = [*Delivery::CARRIED, "idempotency_lease"].freeze
 
     # `perform_now` of a repeat returns the first run's stored value (`store_result:`): an
     # around_perform callback cannot change what `perform_now` returns, so the door

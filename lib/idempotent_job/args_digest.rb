@@ -12,6 +12,24 @@ module IdempotentJob
     # library's error naming the job ({Protocol}: ConfigurationError).
     class Unwritable < StandardError; end
 
+    # The marker key of a String whose bytes are not valid in its encoding ({.writable}).
+    BYTES = "idempotent_job:bytes_base64"
+
+    # `value` with every String that is not valid in its encoding (bytes that are not
+    # UTF-8, which no JSON writer takes) replaced by `{BYTES => "<its bytes, Base64>"}`,
+    # and Hash keys that are not valid by their `inspect`: what a door writes back when
+    # the queue's own JSON refuses a payload (Sidekiq's dead set).
+    # @param value [Object] a payload or part of it (JSON data, as the queue parsed it)
+    # @return [Object] the same shape, every String valid
+    def self.writable(value)
+      case value
+      when String then value.valid_encoding? ? value : { BYTES => [value.b].pack("m0") }
+      when Array then value.map { |item| writable(item) }
+      when Hash then value.to_h { |k, v| [k.is_a?(String) && !k.valid_encoding? ? k.b.inspect : k, writable(v)] }
+      else value
+      end
+    end
+
     # @param args [Array] the job's arguments
     # @return [String] hex SHA-256 of their canonical JSON (Native.args_digest)
     # @raise [Unwritable] naming what JSON cannot carry (see {.json_and_digest})

@@ -13,6 +13,11 @@ module IdempotentJob
     # The payload key of a delivery's deferral count, as the Ruby doors write it into the
     # copy they push back (Sidekiq's job hash, ActiveJob's serialized job).
     DEFERRALS = "idempotency_deferrals"
+    # The payload key of the producer stamped at enqueue ({Producer::KEY}).
+    PRODUCER = "idempotency_producer"
+    # The {JobOptions::PREFIX}ed keys the gem itself writes into a queue's payload: taken
+    # as they are, never read as a misspelled option.
+    CARRIED = [DEFERRALS, PRODUCER].freeze
 
     # @return [String] the job type (scope) the record is stored under
     attr_reader :job_type
@@ -57,6 +62,24 @@ module IdempotentJob
       @deferrals = deferral_count(deferrals)
       @facts = frozen_with_string_keys?(facts) ? facts : facts.to_h.transform_keys(&:to_s).freeze
       freeze
+    end
+
+    # A queue's delivery (a Sidekiq job hash, an ActiveJob job) of a job with these options:
+    # its facts are the queue's own with the two the gem carries in every queue's payload,
+    # "deferrals" (as the payload holds it) and "producer" ({Producer}, stamped at enqueue);
+    # nil facts are left out.
+    # @param options [JobOptions] the job's resolved options (the record's job type is their scope)
+    # @param deferrals [Integer, Object, nil] the payload's deferral count (nil: none; checked as {#initialize})
+    # @param producer [String, nil] the producer the payload carries
+    # @param facts [Hash{String => Object}] the queue's facts (a fresh Hash: completed and frozen here)
+    # @param fields [Hash] operation_key:, payload:, job_class:, queue:, id: as {#initialize}
+    # @return [Delivery]
+    # @raise [ConfigurationError] as {#initialize}
+    def self.queued(options, deferrals:, producer:, facts:, **fields)
+      facts["deferrals"] = deferrals
+      facts["producer"] = producer
+      facts.compact!
+      new(job_type: options.scope, deferrals:, facts: facts.freeze, **fields)
     end
 
     # @return [String] the facts as a JSON object text (the claim request's `facts_json`),

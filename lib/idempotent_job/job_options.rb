@@ -25,6 +25,8 @@ module IdempotentJob
     HOST_CHECKED = %i[key lookup].freeze
     # How a payload, `sidekiq_options` and messages spell an option (`idempotency_lease`).
     PREFIX = "idempotency_"
+    # The option names as a payload spells them, in {NAMES} order (`idempotency_lease`).
+    PAYLOAD_NAMES = NAMES.map { |name| "#{PREFIX}#{name}" }.freeze
     # Shortest lease accepted, in seconds ({Configuration::MIN_LEASE}).
     MIN_LEASE = Configuration::MIN_LEASE
     # Most option sets cached per configuration (per-push overrides add entries).

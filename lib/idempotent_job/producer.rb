@@ -14,7 +14,7 @@ module IdempotentJob
   # or with {resolver=} for every enqueue.
   module Producer
     # The payload key a door stores the producer under.
-    KEY = "idempotency_producer"
+    KEY = Delivery::PRODUCER
     # Longest producer kept, in characters.
     MAX_LENGTH = 200
     # Libraries whose frames are never the producer (their loaded gems' directories).

@@ -251,7 +251,7 @@ def perform_once(
         job_type,
         key_text,
         lambda: store.perform_once(
-            store.protocol(job_type, options, "plain"),
+            store.protocol(job_type, options, None),
             job_type,
             key_text,
             fn,

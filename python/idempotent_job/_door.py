@@ -1,7 +1,8 @@
 """What the Celery and SQS doors share below their queue's vocabulary: a job type's
 protocol (:class:`JobProtocol`), a key declaration's parse and the operation key its
-parts read from a delivery (:func:`parse_key`, :func:`key_of`: both the core's), one
-delivery through the
+parts read from a delivery (:func:`parse_key`, :func:`key_of`: both the core's; over a
+function's arguments: :func:`parameters`, :func:`call_key_parts`, :func:`call_start`),
+one delivery through the
 native core inside its span (:func:`deliver`), and what a door does when a delivery's
 claim fails before its body ran (:func:`claim_failed`): the core decides whether the
 delivery goes back to its queue (``IdempotentJobError.sends_back``, from the core's
@@ -12,6 +13,7 @@ sends a delivery back."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Callable
 
@@ -25,18 +27,35 @@ from ._native import (
 )
 from .errors import IdempotentJobError
 
-__all__ = ["JobProtocol", "parse_key", "key_of", "deliver", "claim_failed"]
+__all__ = [
+    "JobProtocol",
+    "KeyPart",
+    "parse_key",
+    "parameters",
+    "call_key_parts",
+    "call_start",
+    "key_of",
+    "deliver",
+    "claim_failed",
+]
+
+#: One part of a key declaration: its label, the argument's index (None: by keyword
+#: only), its parameter name (None: by index only) and the dotted segments below it.
+KeyPart = tuple[str, int | None, str | None, list[str]]
 
 
 class JobProtocol:
     """A job type's native protocol: ``options`` (the core's option names → values; None
-    is unset) over ``configure``'s defaults, told in ``door``'s words ("celery", "sqs")
-    with option names shown after ``prefix``. Built at once (a bad value raises
-    ``ConfigurationError`` naming ``job_type`` and the option when the door is declared)
-    and again when ``configure`` was called since. Reads the current store only."""
+    is unset) over ``configure``'s defaults, told in the door's ``words`` (its ``WORDS``:
+    ``id_label``, ``defer_text``, ``crash_text``) with option names shown after
+    ``prefix``. Built at once (a bad value raises ``ConfigurationError`` naming
+    ``job_type`` and the option when the door is declared) and again when ``configure``
+    was called since. Reads the current store only."""
 
-    def __init__(self, job_type: str, options: dict[str, Any], door: str, prefix: str = "") -> None:
-        self.job_type, self.options, self.door, self.prefix = job_type, options, door, prefix
+    def __init__(
+        self, job_type: str, options: dict[str, Any], words: dict[str, str], prefix: str = ""
+    ) -> None:
+        self.job_type, self.options, self.words, self.prefix = job_type, options, words, prefix
         self._cached: tuple[Any, Any] | None = None
         self.get()
 
@@ -44,7 +63,7 @@ class JobProtocol:
         """The protocol (``_native.JobProtocol``) of the current store's defaults."""
         store = _current()
         if self._cached is None or self._cached[0] is not store:
-            self._cached = (store, store.protocol(self.job_type, self.options, self.door, self.prefix))
+            self._cached = (store, store.protocol(self.job_type, self.options, self.words, self.prefix))
         return self._cached[1]
 
 
@@ -59,6 +78,59 @@ def parse_key(
     if problem is not None:
         raise refuse(problem)
     return parsed
+
+
+def parameters(function: Any) -> list[inspect.Parameter] | None:
+    """The parameters a caller passes to ``function`` (a function defined in a class: its
+    first parameter, ``self``, left out unless it is a ``staticmethod``), or None when
+    it is missing or its signature cannot be read."""
+    if function is None:
+        return None
+    bound = not isinstance(function, staticmethod)
+    if isinstance(function, staticmethod):
+        function = function.__func__
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    return params[1:] if bound and params else params
+
+
+def call_key_parts(
+    name: str, declaration: Any, params: list[inspect.Parameter] | None, refuse: Callable[[str], Exception]
+) -> list[KeyPart]:
+    """A key declaration read over a call's arguments: the core's parse (:func:`parse_key`),
+    each part's parameter name mapped to its position in ``params`` (:func:`parameters`;
+    None: not known, the part is read by keyword only) when every parameter up to it can
+    be given by position. Raises ``refuse(problem)`` for a malformed declaration or a
+    name ``params`` lacks (``name``: the callable's name in that problem)."""
+    parts = []
+    for label, index, head, segments in parse_key(declaration, refuse):
+        if head is not None and params is not None:
+            names = [p.name for p in params]
+            if head not in names:
+                raise refuse(f"names parameter {head!r}, which {name} does not have (it has {names})")
+            found = names.index(head)
+            positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            if all(p.kind in positional for p in params[: found + 1]):
+                index = found
+        parts.append((label, index, head, segments))
+    return parts
+
+
+def call_start(
+    part: KeyPart, args: tuple[Any, ...], kwargs: dict[str, Any], caller: str
+) -> tuple[Any, list[str], str | None]:
+    """A part's start over one call (see :func:`key_of`): its keyword argument, else its
+    positional one, its segments, and why it has none (``caller``: who got the arguments,
+    "the task"), else None."""
+    _label, index, name, segments = part
+    if name is not None and name in kwargs:
+        return kwargs[name], segments, None
+    if index is not None and index < len(args):
+        return args[index], segments, None
+    missing = f"the argument is missing ({caller} got {len(args)} positional and {sorted(kwargs)})"
+    return None, segments, missing
 
 
 def key_of(

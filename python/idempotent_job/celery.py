@@ -13,7 +13,6 @@ timeout longer than the lease (see python/README.md, "Using it with Celery").
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Any
 
@@ -21,7 +20,7 @@ from celery import Task, current_app
 from celery.exceptions import Ignore, Retry
 
 from . import Rerun, on_rerun
-from ._door import JobProtocol, claim_failed, deliver, key_of, parse_key
+from ._door import JobProtocol, KeyPart, call_key_parts, call_start, claim_failed, deliver, key_of, parameters
 from ._native import OPTION_NAMES, check_option
 from .errors import ConfigurationError, OperationKeyError
 
@@ -50,27 +49,15 @@ CORE_OPTIONS = tuple(name for name in OPTION_NAMES if name not in DOOR_OPTIONS)
 #: ``"fail"`` (the task fails and Celery acknowledges its message: the delivery is lost).
 ON_CLAIM_ERROR_SETTING = "idempotent_job_on_claim_error"
 ON_CLAIM_ERROR_VALUES = ("send_back", "fail")
+#: The door's words in the core's log lines: a delivery's id, a deferral, a crash.
+WORDS = {
+    "id_label": "task",
+    "defer_text": "retry in",
+    "crash_text": "the worker is going away (SystemExit or KeyboardInterrupt)",
+}
 
 
-#: One part of a key declaration: its label, the argument's index (None: by keyword
-#: only), its parameter name (None: by index only) and the dotted segments below it.
-_Path = tuple[str, int | None, str | None, list[str]]
-
-
-def _parameters(cls: type) -> list[inspect.Parameter] | None:
-    run = cls.__dict__.get("run")
-    if run is None:
-        return None
-    bound = not isinstance(run, staticmethod)
-    function = run.__func__ if isinstance(run, staticmethod) else run
-    try:
-        params = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    return params[1:] if bound and params else params
-
-
-def _resolve(task_name: str, declaration: Any, params: list[inspect.Parameter] | None) -> list[_Path]:
+def _resolve(task_name: str, declaration: Any, run: Any) -> list[KeyPart]:
     def fail(problem: str) -> OperationKeyError:
         return OperationKeyError(
             f"{task_name}: idempotency_key {declaration!r} {problem}",
@@ -79,20 +66,7 @@ def _resolve(task_name: str, declaration: Any, params: list[inspect.Parameter] |
             declaration=declaration,
         )
 
-    # The shape (indexes, names, dotted paths, composites) is the core's parse
-    # (crates/core/src/declaration.rs); only names are mapped to positions here.
-    paths = []
-    for label, index, head, segments in parse_key(declaration, fail):
-        if head is not None and params is not None:
-            names = [p.name for p in params]
-            if head not in names:
-                raise fail(f"names parameter {head!r}, which {task_name} does not have (it has {names})")
-            found = names.index(head)
-            positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            if all(p.kind in positional for p in params[: found + 1]):
-                index = found
-        paths.append((label, index, head, segments))
-    return paths
+    return call_key_parts(task_name, declaration, parameters(run), fail)
 
 
 class IdempotentTask(Task):
@@ -143,7 +117,7 @@ class IdempotentTask(Task):
     idempotency_max_run: float | None = None
     idempotency_max_takeovers: int | None = None
 
-    _idempotency_paths: list[_Path] | None = None
+    _idempotency_paths: list[KeyPart] | None = None
     _idempotency_protocol: JobProtocol
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -162,7 +136,7 @@ class IdempotentTask(Task):
                 job_class=name,
                 job_type=name,
             )
-        cls._idempotency_paths = _resolve(name, cls.idempotency_key, _parameters(cls))
+        cls._idempotency_paths = _resolve(name, cls.idempotency_key, cls.__dict__.get("run"))
         lookup = cls.__dict__.get("idempotency_lookup", cls.idempotency_lookup)
         if isinstance(lookup, staticmethod):
             lookup = lookup.__func__
@@ -170,32 +144,16 @@ class IdempotentTask(Task):
         options = {n: getattr(cls, PREFIX + n, None) for n in CORE_OPTIONS if n != "lookup"}
         options["lookup"] = cls._idempotency_lookup_fn
         # The task's options over configure's defaults, checked now naming the task.
-        cls._idempotency_protocol = JobProtocol(cls.idempotency_scope or name, options, "celery", PREFIX)
+        cls._idempotency_protocol = JobProtocol(cls.idempotency_scope or name, options, WORDS, PREFIX)
 
     def _operation_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         paths = self._idempotency_paths or []
-        starts = [self._start(path, args, kwargs) for path in paths]
+        starts = [call_start(path, args, kwargs, "the task") for path in paths]
         return key_of(
             self.name,
             self.idempotency_key,
             starts,
             lambda part, problem: self._key_error(paths[part][0], problem),
-        )
-
-    def _start(
-        self, path: _Path, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, list[str], str | None]:
-        """A part's first value (its keyword argument, else its positional one), its
-        segments, and why it has none (else None)."""
-        _label, index, name, segments = path
-        if name is not None and name in kwargs:
-            return kwargs[name], segments, None
-        if index is not None and index < len(args):
-            return args[index], segments, None
-        return (
-            None,
-            segments,
-            f"the argument is missing (the task got {len(args)} positional and {sorted(kwargs)})",
         )
 
     def _key_error(self, label: str, problem: str) -> OperationKeyError:

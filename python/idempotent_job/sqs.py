@@ -42,6 +42,12 @@ logger = logging.getLogger("idempotent_job.sqs")
 #: Where a key declaration's part may read: the JSON body, the message attributes the
 #: producer set, or the message's system attributes (``attributes.MessageGroupId``).
 SOURCES = ("body", "message_attributes", "attributes")
+#: The door's words in the core's log lines: a delivery's id, a deferral, a crash.
+WORDS = {
+    "id_label": "message",
+    "defer_text": "visible again in",
+    "crash_text": "the consumer is going away (SystemExit or KeyboardInterrupt)",
+}
 
 
 @dataclass(frozen=True)
@@ -128,7 +134,7 @@ class _Door:
             parts.append((label, head, segments))
         self.handler, self.job_type, self.key, self.parts = handler, job_type, key, parts
         self.options = options
-        self._protocol = JobProtocol(job_type, options, "sqs")  # checks the options now, naming the job type
+        self._protocol = JobProtocol(job_type, options, WORDS)  # checks the options now, naming the job type
 
     @property
     def protocol(self) -> Any:

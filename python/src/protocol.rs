@@ -53,20 +53,24 @@ impl JobProtocol {
     }
 }
 
-/// The words of a door: "task" for Celery's, "message" for SQS's, "delivery" for the
-/// plain API.
-pub fn words(door: &str) -> DoorWords {
+/// A door's words: the gem's defaults ("delivery", the plain API's) with the
+/// `id_label`, `defer_text` and `crash_text` of `given` (a dict; None: none) where it
+/// has them, each the door's own (celery.py's, sqs.py's `WORDS`).
+pub fn words(given: Option<&Bound<'_, PyDict>>) -> PyResult<DoorWords> {
     let mut words = DoorWords::default();
-    if door == "celery" {
-        words.id_label = "task".into();
-        words.defer_text = "retry in".into();
-        words.crash_text = "the worker is going away (SystemExit or KeyboardInterrupt)".into();
-    } else if door == "sqs" {
-        words.id_label = "message".into();
-        words.defer_text = "visible again in".into();
-        words.crash_text = "the consumer is going away (SystemExit or KeyboardInterrupt)".into();
+    let Some(given) = given else {
+        return Ok(words);
+    };
+    for (name, field) in [
+        ("id_label", &mut words.id_label),
+        ("defer_text", &mut words.defer_text),
+        ("crash_text", &mut words.crash_text),
+    ] {
+        if let Some(value) = given.get_item(name)? {
+            *field = value.extract()?;
+        }
     }
-    words
+    Ok(words)
 }
 
 /// The claim a body runs under, passed to it as its one argument.

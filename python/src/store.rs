@@ -349,25 +349,26 @@ impl Store {
         crate::errors::checked_key(py, job, text)
     }
 
-    /// `protocol(job, options, door, prefix="")` → the job's [`JobProtocol`]: `options`
+    /// `protocol(job, options, words, prefix="")` → the job's [`JobProtocol`]: `options`
     /// (a dict of [`option_names`], unprefixed, None values skipped) over the
-    /// configured defaults, checked once by the core's table; `door` is "celery" or
-    /// "plain" (the words of its log lines); `prefix` how the door spells option names
+    /// configured defaults, checked once by the core's table; `words` the door's words
+    /// of its log lines (a dict of `id_label`, `defer_text`, `crash_text`; None: the
+    /// plain API's, see [`protocol::words`]); `prefix` how the door spells option names
     /// in messages (`idempotency_`).
     ///
     /// Raises `ConfigurationError` naming `job` for an unknown option (with the nearest
     /// known one) or a bad value.
-    #[pyo3(signature = (job, options, door, prefix = ""))]
+    #[pyo3(signature = (job, options, words, prefix = ""))]
     fn protocol(
         &self,
         job: &str,
         options: &Bound<'_, PyDict>,
-        door: &str,
+        words: Option<&Bound<'_, PyDict>>,
         prefix: &str,
     ) -> PyResult<JobProtocol> {
         let resolved = self.job_options(job, prefix, options)?;
         let protocol =
-            Protocol::new(job, resolved, protocol::words(door)).map_err(crate::errors::to_py)?;
+            Protocol::new(job, resolved, protocol::words(words)?).map_err(crate::errors::to_py)?;
         Ok(JobProtocol { protocol })
     }
 

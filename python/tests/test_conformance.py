@@ -16,8 +16,7 @@ from conftest import ROOT
 
 import idempotent_job
 from idempotent_job import _native
-from idempotent_job._door import key_of, parse_key
-from idempotent_job.celery import IdempotentTask
+from idempotent_job._door import call_start, key_of, parse_key
 from idempotent_job.errors import OperationKeyError, PayloadMismatchError
 
 VECTORS = json.loads((ROOT / "conformance" / "vectors.json").read_text(encoding="utf-8"))
@@ -75,7 +74,7 @@ def test_composite_operation_key(case):
 @pytest.mark.parametrize("case", cases("key_paths"), ids=names("key_paths"))
 def test_key_path(case):
     """The Celery door's reading of a declaration over positional arguments: the core's
-    parse, the door's start of each part (``IdempotentTask._start``), the core's resolve."""
+    parse, the door's start of each part (``_door.call_start``), the core's resolve."""
     args = tuple(json.loads(case["args_json"]))
     declaration = case["declaration"]
 
@@ -84,7 +83,7 @@ def test_key_path(case):
 
     def compute() -> str:
         paths = parse_key(declaration, refuse)
-        starts = [IdempotentTask._start(None, path, args, {}) for path in paths]
+        starts = [call_start(path, args, {}, "the task") for path in paths]
         return key_of(
             "Job", declaration, starts, lambda part, problem: refuse(f"({paths[part][0]}): {problem}")
         )

@@ -92,12 +92,10 @@ module IdempotentJob
       end
 
       def delivery(options, key, payload, deferrals)
-        Delivery.new(job_type: options.scope, operation_key: key, payload:, job_class: @job.class.name,
-                     queue: @job.queue_name, id: @job.job_id, deferrals:,
-                     facts: { "job_id" => @job.job_id, "executions" => @job.executions,
-                              "enqueued_at" => enqueued_at, "provider_job_id" => @job.provider_job_id,
-                              "deferrals" => deferrals,
-                              "producer" => @job.idempotency_producer }.compact)
+        Delivery.queued(options, operation_key: key, payload:, job_class: @job.class.name, queue: @job.queue_name,
+                                 id: @job.job_id, deferrals:, producer: @job.idempotency_producer,
+                                 facts: { "job_id" => @job.job_id, "executions" => @job.executions,
+                                          "enqueued_at" => enqueued_at, "provider_job_id" => @job.provider_job_id })
       end
 
       # The job's enqueue time as ISO 8601 text: ActiveJob 7.1+ gives a Time (6.1 the text

@@ -6,17 +6,11 @@ module IdempotentJob
     # merges `sidekiq_options` at enqueue, and `set(...)` overrides them per push), else
     # from the class; resolved, validated and remembered by {JobOptions.resolve}.
     module Options
-      # Option names in the job hash, by {JobOptions::NAMES}.
-      KEYS = JobOptions::NAMES.to_h { |name| [name, "#{JobOptions::PREFIX}#{name}"] }.freeze
-      # The job hash keys, in {KEYS} order.
-      HASH_KEYS = KEYS.values.freeze
-      # Prefix of the option names ({JobOptions::PREFIX}).
-      PREFIX = JobOptions::PREFIX
-      # Keys with the prefix that the gem itself writes into a payload ({Delivery::DEFERRALS},
-      # {Producer::KEY}): accepted in a job hash, refused in a declaration.
-      PAYLOAD_KEYS = [Delivery::DEFERRALS, Producer::KEY].freeze
-      # Every prefixed key a job hash may carry (as a Hash, for a fast `key?`).
-      KNOWN_HASH_KEYS = (HASH_KEYS + PAYLOAD_KEYS).to_h { |key| [key, true] }.freeze
+      # Option names in the job hash, by {JobOptions::NAMES} (`idempotency_lease`).
+      KEYS = JobOptions::NAMES.zip(JobOptions::PAYLOAD_NAMES).to_h.freeze
+      # Every prefixed key a job hash may carry: the options and {Delivery::CARRIED} (as a
+      # Hash, for a fast `key?`); a declaration takes the options only.
+      KNOWN_HASH_KEYS = (JobOptions::PAYLOAD_NAMES + Delivery::CARRIED).to_h { |key| [key, true] }.freeze
 
       class << self
         # @param job_class [Class, String] the job class (or its name if not loadable)
@@ -26,8 +20,8 @@ module IdempotentJob
         # @raise [ConfigurationError] for a bad lease, scope, policy, heartbeat or lookup
         def resolve(job_class, job_hash)
           declared = job_class.respond_to?(:get_sidekiq_options) ? job_class.get_sidekiq_options : nil
-          JobOptions.resolve(job_class, HASH_KEYS.map { |key| job_hash.fetch(key) { declared&.[](key) } },
-                             prefix: PREFIX)
+          values = JobOptions::PAYLOAD_NAMES.map { |key| job_hash.fetch(key) { declared&.[](key) } }
+          JobOptions.resolve(job_class, values, prefix: JobOptions::PREFIX)
         end
 
         # Refuses a prefixed key nobody knows in a payload (a misspelled option in
@@ -52,7 +46,7 @@ module IdempotentJob
         # @return [Hash] what Sidekiq's `sidekiq_options` returns
         # @raise [ConfigurationError] for an unknown `idempotency_*` option or a bad value
         def sidekiq_options(opts = {})
-          JobOptions.check_declaration!(self, opts, prefix: PREFIX) if opts.is_a?(Hash)
+          JobOptions.check_declaration!(self, opts, prefix: JobOptions::PREFIX) if opts.is_a?(Hash)
           super
         end
       end

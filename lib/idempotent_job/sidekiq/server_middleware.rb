@@ -51,24 +51,16 @@ module IdempotentJob
         Door.new(job_hash)
       end
 
+      # The attempt's facts, timestamps in seconds whatever the Sidekiq version.
       def delivery(options, job_hash)
         args = job_hash["args"]
         # The key is checked by the core's one call (`Native::Protocol#perform`).
-        Delivery.new(job_type: options.scope, operation_key: options.key.operation_key(args), payload: args,
-                     job_class: job_hash["class"], queue: job_hash["queue"], id: job_hash["jid"],
-                     deferrals: job_hash[Door::DEFERRALS],
-                     facts: facts(job_hash))
-      end
-
-      # The attempt's facts, timestamps in seconds whatever the Sidekiq version (frozen,
-      # String keys, no nil: the Delivery keeps it as it is).
-      def facts(job_hash)
-        facts = { "jid" => job_hash["jid"], "retry_count" => job_hash["retry_count"],
-                  "enqueued_at" => Compat.seconds(job_hash["enqueued_at"]),
-                  "created_at" => Compat.seconds(job_hash["created_at"]),
-                  "deferrals" => job_hash[Door::DEFERRALS], "producer" => job_hash[Producer::KEY] }
-        facts.compact!
-        facts.freeze
+        Delivery.queued(options, operation_key: options.key.operation_key(args), payload: args,
+                                 job_class: job_hash["class"], queue: job_hash["queue"], id: job_hash["jid"],
+                                 deferrals: job_hash[Door::DEFERRALS], producer: job_hash[Producer::KEY],
+                                 facts: { "jid" => job_hash["jid"], "retry_count" => job_hash["retry_count"],
+                                          "enqueued_at" => Compat.seconds(job_hash["enqueued_at"]),
+                                          "created_at" => Compat.seconds(job_hash["created_at"]) })
       end
     end
   end

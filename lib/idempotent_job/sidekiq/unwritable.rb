@@ -1,6 +1,5 @@
 # frozen_string_literal: true
 
-require "base64"
 require "sidekiq/api" # Sidekiq::DeadSet: a Sidekiq 7+ server does not load it itself
 
 module IdempotentJob
@@ -10,12 +9,9 @@ module IdempotentJob
     # Redis) is refused by the library, and Sidekiq's retry then fails to write the job
     # to its retry or dead set (its JSON refuses the bytes; Sidekiq 6.4 logs only "ERROR
     # HANDLER THREW AN ERROR") and the job is gone. The door puts a copy in the dead set
-    # first, each such String as `{"idempotent_job:bytes_base64" => "<its bytes>"}`, with
-    # the library's error, so the delivery is dead-lettered as Sidekiq's convention says.
+    # first, each such String as {ArgsDigest.writable} writes it, with the library's
+    # error, so the delivery is dead-lettered as Sidekiq's convention says.
     module Unwritable
-      # The marker key of a String whose bytes Sidekiq's JSON cannot write.
-      BYTES = "idempotent_job:bytes_base64"
-
       module_function
 
       # Dead-letters a copy of `job_hash` when Sidekiq cannot write it; does nothing
@@ -27,25 +23,13 @@ module IdempotentJob
         ::Sidekiq.dump_json(job_hash)
         false
       rescue JSON::GeneratorError, EncodingError
-        copy = writable(job_hash).merge("error_class" => error.class.name, "error_message" => error.message,
-                                        "failed_at" => Time.now.to_f, "retry" => false)
+        failure = { "error_class" => error.class.name, "error_message" => error.message,
+                    "failed_at" => Time.now.to_f, "retry" => false }
+        copy = ArgsDigest.writable(job_hash).merge(failure)
         ::Sidekiq::DeadSet.new.kill(::Sidekiq.dump_json(copy), notify_failure: false)
-        ::Sidekiq.logger.error("#{error.message} (its arguments hold bytes that are not UTF-8, which Sidekiq " \
-                               "cannot write back: a copy is in the dead set, each such String as #{BYTES})")
+        ::Sidekiq.logger.error("#{error.message} (its arguments hold bytes that are not UTF-8, which Sidekiq cannot " \
+                               "write back: a copy is in the dead set, each such String as #{ArgsDigest::BYTES})")
         true
-      end
-
-      # `value` with every String that is not valid in its encoding replaced by a Hash
-      # holding its bytes (Base64); Hash keys that are not valid become their `inspect`.
-      # @param value [Object] a job payload or part of it (JSON data, as Sidekiq parsed it)
-      # @return [Object]
-      def writable(value)
-        case value
-        when String then value.valid_encoding? ? value : { BYTES => Base64.strict_encode64(value.b) }
-        when Array then value.map { |item| writable(item) }
-        when Hash then value.to_h { |k, v| [k.is_a?(String) && !k.valid_encoding? ? k.b.inspect : k, writable(v)] }
-        else value
-        end
       end
     end
   end
