@@ -164,6 +164,20 @@ RSpec.describe "Bad input", :faults do
     end
   end
 
+  describe "a payload Ruby built itself, with values JSON cannot carry (the middleware called directly)" do
+    it "fails with the ConfigurationError naming the job, not JSON::GeneratorError; nothing runs" do
+      Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1])
+      job = ChargeOrderJob.jobs.pop
+      [{ "created_at" => Float::NAN }, { "enqueued_at" => Float::INFINITY, "args" => [42, "\xFF".b] }].each do |bad|
+        expect { deliver(job.merge(bad)) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          /\AChargeOrderJob: the (facts|payload) cannot be written as JSON/)
+      end
+      expect(Effects.count).to eq(0)
+      expect(record("42")).to be_nil
+    end
+  end
+
   describe "a misspelled or mistyped option in a per-push set(...) override (issue 25 item 2)" do
     it "is refused at the push (Sidekiq's real client and its middleware), and nothing is enqueued" do
       expect { ChargeOrderJob.set(idempotency_on_stail: :hold).perform_async(42, 1) }
