@@ -256,6 +256,16 @@ RSpec.describe "Bad input", :faults do
       expect(IdempotentJob.record("ByteKey", "cafe\u0301").operation_key.bytes).to eq("cafe\u0301".bytes)
     end
 
+    it "takes a Symbol by its whole name, never cut at a NUL: alone it is refused, in a Hash or Array distinct" do
+      expect { once(:"a\x00b") }.to raise_error(IdempotentJob::OperationKeyError, /ByteKey: .*NUL/)
+      expect(runs).to be_empty
+      keys = [[:"a\x00c"], ["a"], { "k" => :"a\x00d" }, { "k" => "a" }]
+      keys.each { |key| 2.times { once(key) } }
+      expect(runs).to eq(keys) # each once: the Symbol's NUL is in its canonical JSON (\u0000)
+      # Payloads and facts too: the args digest of :"a\0b" is not that of :"a".
+      expect(IdempotentJob::Native.facts_json({ "s" => :"x\x00y" })).to eq(['{"s":"x\\u0000y"}', nil])
+    end
+
     it "refuses a key that is not valid UTF-8 with OperationKeyError naming the job, wherever it comes from" do
       bad = "ab\xFF".dup.force_encoding(Encoding::UTF_8)
       message = /not valid UTF-8 \(an invalid byte at offset 2\)/
