@@ -548,6 +548,14 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       expect(status("Attack::Logger", key)).to eq(:completed)
     end
 
+    it "a subscriber raising an error whose #message raises: logged and skipped, the delivery's value stands" do
+      bad = Class.new(StandardError) { def message = raise(ArgumentError, "no message for you") }
+      handle = IdempotentJob::Events.subscribe(:delivered) { raise bad }
+      expect(IdempotentJob.perform_once("Attack::SubscriberMessage", unique_key) { :done }.value).to eq(:done)
+    ensure
+      IdempotentJob::Events.unsubscribe(handle) if handle
+    end
+
     it "a subscriber raising a non-StandardError under transaction: true: re-raised, the transaction ended" do
       fatal = Class.new(Exception) # rubocop:disable Lint/InheritException -- what Events does not rescue
       key = unique_key
