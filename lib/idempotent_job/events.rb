@@ -62,6 +62,19 @@ module IdempotentJob
         ::ActiveSupport::Notifications.notifier.listening?(NOTIFICATION_NAMES.fetch(name) { "#{name}.idempotent_job" })
       end
 
+      # "Class: message" of a subscriber's error, read so that a `message` or class `name`
+      # that raises cannot escape {publish} (see {Protocol::Driver.class_name}).
+      # @param error [StandardError]
+      # @return [String]
+      def described(error)
+        text = begin
+          error.message.to_s
+        rescue StandardError => e
+          "(its #message raised #{Protocol::Driver.class_name(e)})"
+        end
+        "#{Protocol::Driver.class_name(error)}: #{text}"
+      end
+
       # Publishes one event. A subscriber that raises is logged and skipped: events
       # never change what a delivery does.
       # @param name [Symbol] one of {NAMES}
@@ -78,7 +91,7 @@ module IdempotentJob
           begin
             block.call(name, payload)
           rescue StandardError => e
-            IdempotentJob.logger.error("idempotent_job: a subscriber to #{name} raised #{e.class}: #{e.message}")
+            IdempotentJob.logger.error("idempotent_job: a subscriber to #{name} raised #{described(e)}")
           end
         end
       end

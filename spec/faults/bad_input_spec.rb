@@ -164,6 +164,20 @@ RSpec.describe "Bad input", :faults do
     end
   end
 
+  describe "a payload Ruby built itself, with values JSON cannot carry (the middleware called directly)" do
+    it "fails with the ConfigurationError naming the job, not JSON::GeneratorError; nothing runs" do
+      Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1])
+      job = ChargeOrderJob.jobs.pop
+      [{ "created_at" => Float::NAN }, { "enqueued_at" => Float::INFINITY, "args" => [42, "\xFF".b] }].each do |bad|
+        expect { deliver(job.merge(bad)) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          /\AChargeOrderJob: the (facts|payload) cannot be written as JSON/)
+      end
+      expect(Effects.count).to eq(0)
+      expect(record("42")).to be_nil
+    end
+  end
+
   describe "a misspelled or mistyped option in a per-push set(...) override (issue 25 item 2)" do
     it "is refused at the push (Sidekiq's real client and its middleware), and nothing is enqueued" do
       expect { ChargeOrderJob.set(idempotency_on_stail: :hold).perform_async(42, 1) }
@@ -240,6 +254,16 @@ RSpec.describe "Bad input", :faults do
       pairs.flatten.uniq.each { |key| 2.times { once(key) } }
       expect(runs).to eq(pairs.flatten.uniq) # each once: a different byte string is a different operation
       expect(IdempotentJob.record("ByteKey", "cafe\u0301").operation_key.bytes).to eq("cafe\u0301".bytes)
+    end
+
+    it "takes a Symbol by its whole name, never cut at a NUL: alone it is refused, in a Hash or Array distinct" do
+      expect { once(:"a\x00b") }.to raise_error(IdempotentJob::OperationKeyError, /ByteKey: .*NUL/)
+      expect(runs).to be_empty
+      keys = [[:"a\x00c"], ["a"], { "k" => :"a\x00d" }, { "k" => "a" }]
+      keys.each { |key| 2.times { once(key) } }
+      expect(runs).to eq(keys) # each once: the Symbol's NUL is in its canonical JSON (\u0000)
+      # Payloads and facts too: the args digest of :"a\0b" is not that of :"a".
+      expect(IdempotentJob::Native.facts_json({ "s" => :"x\x00y" })).to eq(['{"s":"x\\u0000y"}', nil])
     end
 
     it "refuses a key that is not valid UTF-8 with OperationKeyError naming the job, wherever it comes from" do

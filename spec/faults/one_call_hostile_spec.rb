@@ -137,6 +137,46 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       retried_at_once("Attack::OddClass", key)
     end
 
+    it "an exception whose #cause raises or answers no exception: the same exception re-raised, released" do
+      [Class.new(StandardError) { def cause = raise(ArgumentError, "no cause for you") },
+       Class.new(StandardError) { def cause = 42 }].each_with_index do |odd, i|
+        key = "#{unique_key}-#{i}"
+        raised = odd.new("mine")
+        expect { IdempotentJob.perform_once("Attack::BadCause", key) { raise raised } }
+          .to(raise_error { |e| expect(e).to equal(raised) })
+        expect(status("Attack::BadCause", key)).to eq(:released)
+        retried_at_once("Attack::BadCause", key)
+      end
+    end
+
+    it "an exception class whose name raises, with a delivered subscriber: the same exception, released" do
+      key = unique_key
+      seen = []
+      handle = IdempotentJob::Events.subscribe(:delivered) { |_, payload| seen << payload[:error] }
+      raised = Class.new(StandardError) { def self.name = raise(ArgumentError, "no name for you") }.new("mine")
+      expect { IdempotentJob.perform_once("Attack::BadName", key) { raise raised } }
+        .to(raise_error { |e| expect(e).to equal(raised) })
+      expect(status("Attack::BadName", key)).to eq(:released)
+      expect(seen).to eq([nil]) # an anonymous class: no name
+    ensure
+      IdempotentJob::Events.unsubscribe(handle) if handle
+    end
+
+    it "a cause chain 10,000 deep, and one the `cause` method makes up anew each time: the same exception" do
+      deep = (1..10_000).reduce(nil) do |cause, i|
+        raise "level #{i}", cause:
+      rescue StandardError => e
+        e
+      end
+      endless = Class.new(StandardError) { def cause = self.class.new("another") }.new("mine")
+      [deep, endless].each_with_index do |raised, i|
+        key = "#{unique_key}-#{i}"
+        expect { IdempotentJob.perform_once("Attack::DeepCause", key) { raise raised } }
+          .to(raise_error { |e| expect(e).to equal(raised) })
+        expect(status("Attack::DeepCause", key)).to eq(:released)
+      end
+    end
+
     it "exit (SystemExit) and a bare Exception: re-raised unchanged, released (not a crash by the plain door)" do
       [-> { exit 3 }, -> { raise Exception, "bare" }].each_with_index do |body, i| # rubocop:disable Lint/RaiseException
         key = "#{unique_key}-#{i}"
@@ -506,6 +546,14 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       end
       expect(runs.size).to eq(1)
       expect(status("Attack::Logger", key)).to eq(:completed)
+    end
+
+    it "a subscriber raising an error whose #message raises: logged and skipped, the delivery's value stands" do
+      bad = Class.new(StandardError) { def message = raise(ArgumentError, "no message for you") }
+      handle = IdempotentJob::Events.subscribe(:delivered) { raise bad }
+      expect(IdempotentJob.perform_once("Attack::SubscriberMessage", unique_key) { :done }.value).to eq(:done)
+    ensure
+      IdempotentJob::Events.unsubscribe(handle) if handle
     end
 
     it "a subscriber raising a non-StandardError under transaction: true: re-raised, the transaction ended" do

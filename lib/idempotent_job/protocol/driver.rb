@@ -15,6 +15,9 @@ module IdempotentJob
       @natives_lock = Mutex.new
       # Most job options kept (per-push overrides add option sets).
       NATIVES_LIMIT = 1000
+      # Kernel#class and Module#name, called on what a delivery raised (see {.class_name}).
+      CLASS_OF = Kernel.instance_method(:class)
+      NAME_OF = Module.instance_method(:name)
 
       class << self
         # The native protocol of `options` (built once; readers never lock: a Hash
@@ -36,6 +39,14 @@ module IdempotentJob
         def held?(job_type, operation_key)
           held = Thread.current[:idempotent_job_held]
           !held.nil? && held.any? { |claim| claim.job_type == job_type && claim.operation_key == operation_key }
+        end
+
+        # The name of `error`'s class as Ruby's error printer reads it: no method of the
+        # error or its class runs (a `name` or `class` that raises cannot replace it).
+        # @param error [Exception]
+        # @return [String, nil] nil for an anonymous class
+        def class_name(error)
+          NAME_OF.bind_call(CLASS_OF.bind_call(error))
         end
 
         # Runs the block with `claim` among the claims this thread's bodies hold.
@@ -170,7 +181,7 @@ module IdempotentJob
         delivery = @delivery
         Events.publish(:delivered, job_type: delivery.job_type, operation_key: delivery.operation_key,
                                    jid: delivery.id, door: @door.name, outcome: outcome&.label,
-                                   error: error&.class&.name,
+                                   error: error && Driver.class_name(error),
                                    duration: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
       end
 

@@ -471,11 +471,16 @@ impl Converter {
         })
     }
 
-    /// A Symbol's name.
-    fn symbol(sym: Symbol) -> std::result::Result<String, String> {
-        sym.name()
-            .map(|n| n.into_owned())
-            .map_err(|e| format!("a Symbol that is not valid UTF-8 ({e})"))
+    /// A Symbol's whole name, taken as a String is ([`Converter::text`]). Read with
+    /// `rb_sym2str`: magnus's `Symbol::name` reads a static Symbol as a C string, cut at
+    /// its first NUL, so `:"a\0b"` and `:"a\0c"` became the same key or digest `"a"`.
+    fn symbol(&mut self, sym: Symbol) -> std::result::Result<String, String> {
+        use magnus::rb_sys::{AsRawValue, FromRawValue};
+        // SAFETY: called with the GVL; `rb_sym2str` answers the Symbol's frozen name
+        // String and calls no Ruby method.
+        let name = unsafe { Value::from_raw(rb_sys::rb_sym2str(sym.as_raw())) };
+        let name = RString::from_value(name).ok_or_else(|| "a Symbol".to_string())?;
+        self.text(name)
     }
 
     /// A Ruby value as JSON at `depth` levels of arrays and hashes: refused past the
@@ -510,7 +515,7 @@ impl Converter {
             return self.text(s).map(Json::String);
         }
         if let Some(sym) = Symbol::from_value(value) {
-            return Self::symbol(sym).map(Json::String);
+            return self.symbol(sym).map(Json::String);
         }
         if let Some(array) = RArray::from_value(value) {
             let mut items = Vec::with_capacity(array.len());
@@ -526,7 +531,7 @@ impl Converter {
                 let key = if let Some(s) = RString::from_value(k) {
                     self.text(s)
                 } else if let Some(sym) = Symbol::from_value(k) {
-                    Self::symbol(sym)
+                    self.symbol(sym)
                 } else if let Some(i) = Integer::from_value(k) {
                     integer(i).map(|n| n.to_string())
                 } else {

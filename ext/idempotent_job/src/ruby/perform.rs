@@ -7,6 +7,7 @@
 use std::cell::RefCell;
 use std::sync::Mutex;
 
+use magnus::rb_sys::{AsRawId, AsRawValue, FromRawValue};
 use magnus::{
     error::{ErrorType, Tag},
     typed_data::Obj,
@@ -157,19 +158,38 @@ impl RbHost<'_> {
     }
 
     /// The door's crash rule (`door.crash?`) on `error` or any of its causes: the claim
-    /// is kept.
-    fn crash(&self, mut error: Value) -> RbResult<bool> {
-        let mut seen: Vec<Value> = Vec::new();
-        while !error.is_nil() && !seen.iter().any(|s| s.equal(error).unwrap_or(false)) {
+    /// is kept. Each cause is read as Ruby's own error printer reads it (the exception's
+    /// internal `cause`, no Ruby method runs: a `cause` method that raises, answers
+    /// something else or makes up a new exception each time cannot replace what the body
+    /// raised or make the walk endless); a chain that loops ends at its first repeat
+    /// (Brent's cycle finding: the walk stays linear however long the chain).
+    fn crash(&self, error: Value) -> RbResult<bool> {
+        let id = self.ruby.intern("cause").as_raw();
+        let cause = |exception: Value| -> Option<Value> {
+            // SAFETY: `rb_attr_get` reads an instance variable; no Ruby code runs.
+            let next = unsafe { Value::from_raw(rb_sys::rb_attr_get(exception.as_raw(), id)) };
+            next.is_kind_of(self.ruby.exception_exception())
+                .then_some(next)
+        };
+        // `marker` stands `power` steps behind; meeting it again means a loop.
+        let (mut marker, mut current) = (error, Some(error));
+        let (mut power, mut steps) = (1usize, 0usize);
+        while let Some(exception) = current {
             if self
                 .door
-                .funcall::<_, _, Value>("crash?", (error,))?
+                .funcall::<_, _, Value>("crash?", (exception,))?
                 .to_bool()
             {
                 return Ok(true);
             }
-            seen.push(error);
-            error = error.funcall("cause", ())?;
+            current = cause(exception);
+            steps += 1;
+            if current.is_some_and(|next| next.as_raw() == marker.as_raw()) {
+                break;
+            }
+            if steps == power {
+                (marker, power, steps) = (current.unwrap_or(marker), power * 2, 0);
+            }
         }
         Ok(false)
     }
