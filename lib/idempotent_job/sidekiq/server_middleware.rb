@@ -54,7 +54,8 @@ module IdempotentJob
       def delivery(options, job_hash)
         args = job_hash["args"]
         # The key is checked by the core's one call (`Native::Protocol#perform`).
-        Delivery.new(job_type: options.scope, operation_key: options.key.operation_key(args), payload: args,
+        key = options.key.operation_key(args, job_type: options.scope)
+        Delivery.new(job_type: options.scope, operation_key: key, payload: args,
                      job_class: job_hash["class"], queue: job_hash["queue"], id: job_hash["jid"],
                      deferrals: job_hash[Door::DEFERRALS],
                      facts: facts(job_hash))
