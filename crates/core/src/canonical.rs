@@ -47,7 +47,7 @@ pub fn too_deep() -> String {
 pub fn unwritable(job_type: &str, what: &str, problem: &str) -> crate::error::Error {
     crate::error::Error::Config(format!(
         "{job_type}: the {what} cannot be written as JSON (it holds {problem}); the job {}",
-        crate::keys::NOT_RUN
+        crate::error::NOT_RUN
     ))
 }
 

@@ -102,10 +102,6 @@ pub fn size_problem(job_type: &[u8], operation_key: &[u8]) -> Option<String> {
     })
 }
 
-/// How every refusal of a delivery before anything is claimed ends, after "the job "
-/// (or the host's word for a job: Celery's "task"): nothing ran, nothing was written.
-pub const NOT_RUN: &str = "was not run and nothing was recorded";
-
 /// The text of an operation key refused before anything is claimed, one wording for
 /// every binding: `"{job}: {problem}; the {noun} was not run and nothing was recorded"`.
 /// `job` names the job (its class or type), `problem` is the core's words for what is
@@ -114,7 +110,7 @@ pub const NOT_RUN: &str = "was not run and nothing was recorded";
 /// (order_id): "`; [`value_refusal`] for a key value given directly), `noun` the host's
 /// word for a job (`"job"`; Celery's `"task"`).
 pub fn refusal(job: &str, problem: &str, noun: &str) -> String {
-    format!("{job}: {problem}; the {noun} {NOT_RUN}")
+    format!("{job}: {problem}; the {noun} {}", crate::error::NOT_RUN)
 }
 
 /// The [`refusal`] of a key value given directly (the plain API, the Rust door, the

@@ -332,7 +332,7 @@ pub fn check_request(req: &ClaimRequest) -> Result<()> {
             "{}: the delivery's {field} holds a NUL character (U+0000), which PostgreSQL's \
              text cannot store; the job {}",
             req.job_type,
-            crate::keys::NOT_RUN
+            crate::error::NOT_RUN
         )));
     }
     if let Some(facts) = &req.facts_json {
@@ -348,7 +348,7 @@ pub fn check_request(req: &ClaimRequest) -> Result<()> {
                 "{}: the facts hold a NUL character (U+0000), which PostgreSQL's jsonb cannot \
                  store; the job {}",
                 req.job_type,
-                crate::keys::NOT_RUN
+                crate::error::NOT_RUN
             )));
         }
     }

@@ -113,7 +113,7 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
                 ruby,
                 Error::Config(format!(
                     "{job_type}: the delivery's {field} is not valid UTF-8 ({e}); the job {}",
-                    idempotent_job_core::keys::NOT_RUN
+                    idempotent_job_core::error::NOT_RUN
                 )),
             )
         })
