@@ -70,19 +70,25 @@ module IdempotentJob
 
   # The idempotency_key declaration of a job is malformed, or a delivery's arguments
   # do not yield an operation key (missing, nil, empty or an unsupported type). The
-  # job body is not run and nothing is recorded.
+  # job body is not run and nothing is recorded. Its attributes are those of the core's
+  # error table (host-set: the gem fills them in where it refuses the key).
   #
+  # @!attribute [r] job_type
+  #   @return [String, nil] the record's job type (the job's scope), nil when not known
+  #     (a malformed declaration found as the class is declared)
   # @!attribute [r] job_class
   #   @return [String] the job class name
   # @!attribute [r] declaration
   #   @return [Object] the idempotency_key declaration as given
   class OperationKeyError < Error
-    attr_reader :job_class, :declaration
+    attr_reader :job_type, :job_class, :declaration
 
     # @param message [String] what is wrong
+    # @param job_type [String, nil] the record's job type, when known
     # @param job_class [String, Class] the job class
     # @param declaration [Object] the idempotency_key declaration
-    def initialize(message, job_class: nil, declaration: nil)
+    def initialize(message, job_type: nil, job_class: nil, declaration: nil)
+      @job_type = job_type&.to_s
       @job_class = job_class&.to_s
       @declaration = declaration
       super(message)

@@ -14,8 +14,8 @@ module IdempotentJob
   # ({TABLE}, crates/core/src/options/); every value is checked by the core
   # (`Native.job_option`), so the Ruby doors, the Python package and the core agree.
   class JobOptions
-    # Answers a lookup may give.
-    LOOKUP_ANSWERS = %i[done not_done unknown].freeze
+    # Answers a lookup may give (the core's `LookupAnswer::NAMES`, which parses them).
+    LOOKUP_ANSWERS = Native::LOOKUP_ANSWERS.map(&:to_sym).freeze
     # The core's table of job options ({Configuration::JOB_OPTIONS}).
     TABLE = Configuration::JOB_OPTIONS
     # Option names, without a prefix, in the table's order.
@@ -213,7 +213,8 @@ module IdempotentJob
     # @return [String]
     # @raise [OperationKeyError] naming the job and the problem
     def checked_key(args)
-      Key.check!(@scope, @key.operation_key(args), job_name: @name, declaration: @key.declaration)
+      key = @key.operation_key(args, job_type: @scope)
+      Key.check!(@scope, key, job_name: @name, declaration: @key.declaration)
     end
 
     # The options as the core reads them (`JobOptions::from_settings`, through

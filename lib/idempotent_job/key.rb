@@ -44,22 +44,26 @@ module IdempotentJob
       # @param job_name [String] the job, for the message
       # @param declaration [Object] the key declaration, for the error's attribute
       # @return [String] the operation key
-      # @raise [OperationKeyError] naming the job and the problem
+      # @raise [OperationKeyError] naming the job and the problem (its job_type, job_class
+      #   and declaration set)
       def check!(job_type, operation_key, job_name:, declaration: nil)
         problem = Native.operation_key_problem(job_type, operation_key)
         return operation_key unless problem
 
-        refuse!(job_name, problem, declaration)
+        refuse!(job_name, problem, declaration, job_type:)
       end
 
-      # Raises the error of an operation key the core refuses.
-      # @param job_name [String] the job
+      # Raises the error of an operation key the core refuses, worded by the core
+      # (`Native.key_refusal`: "<job>: <problem>; the job was not run and nothing was
+      # recorded").
+      # @param job_name [String] the job (its class name), the error's job_class
       # @param problem [String] the core's words for what is wrong with the key
       # @param declaration [Object, nil] the key declaration, for the error's attribute
+      # @param job_type [String, nil] the record's job type, for the error's attribute
       # @raise [OperationKeyError] always, naming the job and the problem
-      def refuse!(job_name, problem, declaration = nil)
-        raise OperationKeyError.new("#{job_name}: #{problem}; the job was not run and nothing was recorded",
-                                    job_class: job_name, declaration:)
+      def refuse!(job_name, problem, declaration = nil, job_type: nil)
+        message = Native.key_refusal(job_name.to_s, problem)
+        raise OperationKeyError.new(message, job_type:, job_class: job_name, declaration:)
       end
 
       # The text of an operation key as stored, for the calls that read or settle one
@@ -72,9 +76,9 @@ module IdempotentJob
       def stored_text(job_type, operation_key)
         key = operation_key.to_s
         problem = Native.key_text_problem(key)
-        raise OperationKeyError.new("#{job_type}: #{problem}", job_class: job_type.to_s) if problem
+        return key unless problem
 
-        key
+        raise OperationKeyError.new("#{job_type}: #{problem}", job_type: job_type.to_s, job_class: job_type.to_s)
       end
 
       # The operation key of a value given directly (the plain API): a String,
@@ -124,13 +128,15 @@ module IdempotentJob
     # `Native.declared_key`: one call into the extension), or says which part yields no
     # key and why.
     # @param args [Array] the job's arguments (`job["args"]`)
+    # @param job_type [String, nil] the record's job type (the job's scope), for the
+    #   error's job_type
     # @return [String] the canonical operation key
     # @raise [OperationKeyError] when an argument is missing, a path reaches nothing, or
     #   the value is nil, empty or of an unsupported type
-    def operation_key(args)
-      fail_value(nil, "the job's arguments are #{args.class}, not an Array") unless args.is_a?(Array)
+    def operation_key(args, job_type: nil)
+      fail_value(nil, "the job's arguments are #{args.class}, not an Array", job_type) unless args.is_a?(Array)
       text, part, problem = Native.declared_key(@parts, args, @composite)
-      text || fail_value(@paths[part], problem)
+      text || fail_value(@paths[part], problem, job_type)
     end
 
     private
@@ -146,14 +152,11 @@ module IdempotentJob
       )
     end
 
-    def fail_value(path, problem)
+    def fail_value(path, problem, job_type)
       where = path ? " (#{path[:label]})" : ""
       subject = @direct ? "operation key" : "idempotency key #{@declaration.inspect}#{where}"
-      raise OperationKeyError.new(
-        "#{job_name}: #{subject}: #{problem}; " \
-        "the job was not run and nothing was recorded",
-        job_class: job_name, declaration: @direct ? nil : @declaration
-      )
+      job_type ||= job_name if @direct
+      self.class.refuse!(job_name, "#{subject}: #{problem}", @direct ? nil : @declaration, job_type:)
     end
 
     # The parts → [{ label:, index:, segments: [String…] }]: the shape (indexes, names,

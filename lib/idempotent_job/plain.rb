@@ -78,7 +78,7 @@ module IdempotentJob
       lookup = options[:lookup]
       if lookup && !lookup.respond_to?(:call)
         raise ConfigurationError, "#{type}: perform_once's lookup: must be callable (it gets the operation key " \
-                                  "and answers :done, :not_done or :unknown), got #{lookup.inspect}"
+                                  "and answers #{Native.lookup_answers_listed(":", "")}), got #{lookup.inspect}"
       end
       options
     end

@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Retry
 
 from . import Rerun, on_rerun
 from ._door import JobProtocol, KeyPart, call_key_parts, call_start, claim_failed, deliver, key_of, parameters
-from ._native import OPTION_NAMES, check_option
+from ._native import OPTION_NAMES, check_option, key_refusal
 from .errors import ConfigurationError, OperationKeyError
 
 __all__ = ["IdempotentTask", "send_rerun", "DEFERRALS_HEADER", "UNREACHABLE_HEADER", "ON_CLAIM_ERROR_SETTING"]
@@ -158,8 +158,7 @@ class IdempotentTask(Task):
 
     def _key_error(self, label: str, problem: str) -> OperationKeyError:
         return OperationKeyError(
-            f"{self.name}: idempotency key {self.idempotency_key!r} ({label}): {problem}; "
-            "the task was not run and nothing was recorded",
+            key_refusal(self.name, f"idempotency key {self.idempotency_key!r} ({label}): {problem}", "task"),
             job_class=self.name,
             job_type=self.name,
             declaration=self.idempotency_key,
@@ -184,8 +183,7 @@ class IdempotentTask(Task):
             check_option(self.name, PREFIX, option[len(PREFIX) :], None)
             raise ConfigurationError(
                 f"{self.name}: {option}{where} is a task option: declare it on the task "
-                f"(@app.task(..., {option}=...)); per-call idempotency options are not taken",
-                job_type=self.name,
+                f"(@app.task(..., {option}=...)); per-call idempotency options are not taken"
             )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -2,7 +2,9 @@
 same subclasses as the Ruby gem (``lib/idempotent_job/errors.rb``). The native layer
 raises them by name from the core's one error enum; every class, its attributes and
 whether it is always retryable are checked against the core's error table
-(``_native.error_table_json()``) by ``tests/test_errors.py``.
+(``_native.error_table_json()``) by ``tests/test_errors.py``: a class carries the
+attributes the table gives it (declared below as class attributes, None until set) and
+no other.
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ class IdempotentJobError(Exception):
         sends_back: whether a door sends a delivery whose claim failed with this error
             before its body ran back to its queue rather than failing it (bool; the core's
             rule: any answer of the database or an outage, not a bad key or option).
-        job_type: the job type concerned, when known (str or None).
-        operation_key: the operation key concerned, when known (str or None).
+
+    A subclass's own attributes (the core's table: ``job_type`` and ``operation_key`` of
+    the errors that name a record; ``job_type``, ``job_class`` and ``declaration`` of
+    :class:`OperationKeyError`) are given as keywords; a keyword the class does not
+    carry raises ``TypeError``.
     """
 
     #: Whether every instance of the class is retryable (the native layer may say so per error).
@@ -47,17 +52,15 @@ class IdempotentJobError(Exception):
         sqlstate: str | None = None,
         retryable: bool | None = None,
         sends_back: bool | None = None,
-        job_type: str | None = None,
-        operation_key: str | None = None,
-        **extra: Any,
+        **attributes: Any,
     ) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
         self.retryable = self.always_retryable if retryable is None else bool(retryable)
         self.sends_back = self.retryable if sends_back is None else bool(sends_back)
-        self.job_type = job_type
-        self.operation_key = operation_key
-        for name, value in extra.items():
+        for name, value in attributes.items():
+            if name.startswith("_") or not hasattr(type(self), name) or callable(getattr(type(self), name)):
+                raise TypeError(f"{type(self).__name__} has no attribute {name!r} (the core's error table)")
             setattr(self, name, value)
 
 
@@ -84,6 +87,11 @@ class LostClaimError(IdempotentJobError):
     record's (its lease ran out and another delivery took the operation over). The body
     ran; the other delivery may run it again. ``job_type`` and ``operation_key`` name it."""
 
+    #: The record's job type (str).
+    job_type: str | None = None
+    #: The record's operation key (str).
+    operation_key: str | None = None
+
 
 class MigrationError(IdempotentJobError):
     """A migration failed; its transaction was rolled back."""
@@ -92,18 +100,36 @@ class MigrationError(IdempotentJobError):
 class OperationKeyError(IdempotentJobError):
     """A task's ``idempotency_key`` declaration is malformed, or a delivery's arguments do
     not yield an operation key (missing, None, empty or an unsupported type). The body is
-    not run and nothing is recorded. ``job_class`` names the task, ``declaration`` is the
-    declaration as given."""
+    not run and nothing is recorded. ``job_type`` and ``job_class`` name the task,
+    ``declaration`` is the declaration as given (None for a key given directly)."""
+
+    #: The record's job type (the task's name), when known (str or None).
+    job_type: str | None = None
+    #: The task (its name), when known (str or None).
+    job_class: str | None = None
+    #: The ``idempotency_key`` declaration as given, when declared (else None).
+    declaration: Any = None
 
 
 class LookupError(IdempotentJobError):  # noqa: A001 - the Ruby gem's name
     """A ``lookup`` callable raised or answered something other than "done", "not_done"
-    or "unknown". The body was not run."""
+    or "unknown". The body was not run. ``job_type`` and ``operation_key`` name the record."""
+
+    #: The record's job type (str).
+    job_type: str | None = None
+    #: The record's operation key (str).
+    operation_key: str | None = None
 
 
 class PayloadMismatchError(IdempotentJobError):
     """A delivery's payload differs from that of the operation's claim (same operation
-    key, different payload) and ``on_mismatch="raise"``. The body was not run."""
+    key, different payload) and ``on_mismatch="raise"``. The body was not run.
+    ``job_type`` and ``operation_key`` name the record."""
+
+    #: The record's job type (str).
+    job_type: str | None = None
+    #: The record's operation key (str).
+    operation_key: str | None = None
 
 
 class LockTimeoutError(IdempotentJobError):

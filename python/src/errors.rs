@@ -71,11 +71,20 @@ pub fn error_example(py: Python<'_>, name: &str) -> PyResult<Option<Py<PyAny>>> 
     }
 }
 
+/// `key_refusal(job, problem, noun)` → the message of an operation key refused before
+/// anything is claimed, worded by the core ([`idempotent_job_core::keys::refusal`]):
+/// "<job>: <problem>; the <noun> was not run and nothing was recorded".
+#[pyfunction]
+pub fn key_refusal(job: &str, problem: &str, noun: &str) -> String {
+    idempotent_job_core::keys::refusal(job, problem, noun)
+}
+
 /// An operation key's text checked as finished ([`idempotent_job_core::keys::problem`]:
-/// UTF-8, size, NUL), or the `OperationKeyError` naming `job` for it or for `text`'s
-/// problem (a value that cannot be a key): "<job>: operation key: <problem>; the job was
-/// not run and nothing was recorded". Shared by `Store.operation_key` and
-/// `declared_key`.
+/// UTF-8, size, NUL), or the `OperationKeyError` naming `job` (its `job_type` and
+/// `job_class`) for it or for `text`'s problem (a value that cannot be a key), worded by
+/// the core ([`idempotent_job_core::keys::value_refusal`]: "<job>: operation key:
+/// <problem>; the job was not run and nothing was recorded"). Shared by
+/// `Store.operation_key` and `declared_key`.
 pub fn checked_key(py: Python<'_>, job: &str, text: Result<String, String>) -> PyResult<String> {
     let problem = match text {
         Ok(text) => match idempotent_job_core::keys::problem(job.as_bytes(), text.as_bytes()) {
@@ -90,10 +99,6 @@ pub fn checked_key(py: Python<'_>, job: &str, text: Result<String, String>) -> P
     let kwargs = PyDict::new(py);
     kwargs.set_item("job_class", job)?;
     kwargs.set_item("job_type", job)?;
-    Err(PyErr::from_value(class.call(
-        (format!(
-            "{job}: operation key: {problem}; the job was not run and nothing was recorded"
-        ),),
-        Some(&kwargs),
-    )?))
+    let message = idempotent_job_core::keys::value_refusal(job, &problem);
+    Err(PyErr::from_value(class.call((message,), Some(&kwargs))?))
 }

@@ -333,17 +333,10 @@ fn ask_lookup(py: Python<'_>, lookup: Option<&Bound<'_, PyAny>>, key: &str) -> L
         };
     };
     match lookup.call1((key,)) {
-        Ok(answer) => match answer.extract::<String>().as_deref() {
-            Ok("done") => LookupAnswer::Done,
-            Ok("not_done") => LookupAnswer::NotDone,
-            Ok("unknown") => LookupAnswer::Unknown,
-            _ => LookupAnswer::Invalid {
-                answer: answer
-                    .repr()
-                    .map(|r| r.to_string())
-                    .unwrap_or_else(|_| "?".into()),
-            },
-        },
+        // The core's one parse: a str naming an answer, anything else invalid (its repr).
+        Ok(answer) => LookupAnswer::parse(answer.extract::<String>().ok().as_deref(), || {
+            (answer.repr().map(|r| r.to_string())).unwrap_or_else(|_| "?".into())
+        }),
         Err(e) => {
             let (class, message) = class_and_message(py, &e);
             LookupAnswer::Raised {

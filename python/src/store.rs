@@ -14,7 +14,7 @@ use crate::protocol::{self, JobProtocol, Outcome};
 use idempotent_job_core::config::{Config, CONNECTION_SETTINGS};
 use idempotent_job_core::error::Error;
 use idempotent_job_core::job_settings::JobDefaults;
-use idempotent_job_core::protocol::{JobOptions, Protocol};
+use idempotent_job_core::protocol::{JobOptions, LookupAnswer, Protocol};
 use idempotent_job_core::record::Field;
 use idempotent_job_core::records::{self, Resolution};
 use idempotent_job_core::store::{PoolHandle, Store as CoreStore};
@@ -106,7 +106,8 @@ impl Store {
                 if !value.is_callable() {
                     return Err(config(format!(
                         "{job}: {prefix}lookup must be callable (it gets the operation key and answers \
-                         \"done\", \"not_done\" or \"unknown\"), got {}",
+                         {}), got {}",
+                        LookupAnswer::listed("\"", "\""),
                         convert::type_name(&value)
                     )));
                 }

@@ -36,12 +36,31 @@ RSpec.describe "IdempotentJob's error classes" do
       (all_attributes - entry["attributes"]).each do |attribute|
         expect(klass.method_defined?(attribute)).to be(false)
       end
-      core_set = entry["attributes"] - %w[job_class declaration] # the key's own are the host's
+      core_set = entry["attributes"] - entry["host_attributes"] # the host's own are set where it raises
       core_set.each { |attribute| expect(built.public_send(attribute)).to be_a(String).and(satisfy(&:itself)) }
       entry["sqlstates"].reject { |s| s.include?("*") }.each do |sqlstate|
         expect(IdempotentJob::Native.server_error(sqlstate, "m")).to be_an_instance_of(klass)
       end
     end
+  end
+
+  it "OperationKeyError is raised with the table's host attributes filled in where the job is known" do
+    entry = table.find { |e| e["name"] == "OperationKeyError" }
+    expect(entry["host_attributes"]).to match_array(%w[job_type job_class declaration])
+    refused = lambda do |&call|
+      call.call
+    rescue IdempotentJob::OperationKeyError => e
+      e
+    end
+    checked = refused.call { IdempotentJob::Key.check!("charges", "a\0b", job_name: "ChargeJob", declaration: :id) }
+    expect([checked.job_type, checked.job_class, checked.declaration]).to eq(["charges", "ChargeJob", :id])
+    problem = IdempotentJob::Native.operation_key_problem("charges", "a\0b")
+    expect(checked.message).to eq(IdempotentJob::Native.key_refusal("ChargeJob", problem))
+    declared = refused.call { IdempotentJob::Key.new("ChargeJob", 0).operation_key([nil], job_type: "charges") }
+    expect([declared.job_type, declared.job_class, declared.declaration]).to eq(["charges", "ChargeJob", 0])
+    direct = refused.call { IdempotentJob::Key.value_key(nil, "PlainJob") }
+    expect([direct.job_type, direct.job_class, direct.declaration]).to eq(["PlainJob", "PlainJob", nil])
+    expect(direct.message).to eq(IdempotentJob::Native.key_refusal("PlainJob", "operation key: the value is nil"))
   end
 
   it "DatabaseError is retryable for the table's transient SQLSTATEs only" do

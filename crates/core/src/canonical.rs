@@ -46,8 +46,8 @@ pub fn too_deep() -> String {
 /// naming the job type, raised before anything is claimed.
 pub fn unwritable(job_type: &str, what: &str, problem: &str) -> crate::error::Error {
     crate::error::Error::Config(format!(
-        "{job_type}: the {what} cannot be written as JSON (it holds {problem}); the job was \
-         not run and nothing was recorded"
+        "{job_type}: the {what} cannot be written as JSON (it holds {problem}); the job {}",
+        crate::error::NOT_RUN
     ))
 }
 

@@ -102,6 +102,24 @@ pub fn size_problem(job_type: &[u8], operation_key: &[u8]) -> Option<String> {
     })
 }
 
+/// The text of an operation key refused before anything is claimed, one wording for
+/// every binding: `"{job}: {problem}; the {noun} was not run and nothing was recorded"`.
+/// `job` names the job (its class or type), `problem` is the core's words for what is
+/// wrong ([`problem`], [`refused`], a declaration's walk), after what the host names as
+/// the key when that is not the finished key itself (`"idempotency key :order_id
+/// (order_id): "`; [`value_refusal`] for a key value given directly), `noun` the host's
+/// word for a job (`"job"`; Celery's `"task"`).
+pub fn refusal(job: &str, problem: &str, noun: &str) -> String {
+    format!("{job}: {problem}; the {noun} {}", crate::error::NOT_RUN)
+}
+
+/// The [`refusal`] of a key value given directly (the plain API, the Rust door, the
+/// Python package's `operation_key`): `"{job}: operation key: {problem}; the job was not
+/// run and nothing was recorded"`.
+pub fn value_refusal(job: &str, problem: &str) -> String {
+    refusal(job, &format!("operation key: {problem}"), "job")
+}
+
 /// Why a value cannot be (part of) an operation key: `what` is the value as the host
 /// names it (`a Time`, `a value of type datetime`); `float` adds why floats are
 /// refused.
@@ -269,5 +287,23 @@ mod tests {
             .unwrap()
             .contains("2001 bytes"));
         assert_eq!(problem(b"Jo", &[b'k'; 1998]), None);
+    }
+
+    #[test]
+    fn a_refused_key_is_worded_once_for_every_binding() {
+        assert_eq!(
+            value_refusal("ChargeJob", "the value is nil"),
+            "ChargeJob: operation key: the value is nil; the job was not run and nothing was \
+             recorded"
+        );
+        assert_eq!(
+            refusal(
+                "charge",
+                "idempotency key 'id' (id): the value is None",
+                "task"
+            ),
+            "charge: idempotency key 'id' (id): the value is None; the task was not run and \
+             nothing was recorded"
+        );
     }
 }

@@ -310,11 +310,13 @@ impl Delivery {
         // recursion; serde_json's own reader never builds one deeper than 128).
         if let Some(problem) = idempotent_job_core::canonical::problem(&self.payload) {
             refuse_deep(std::mem::take(&mut self.payload));
-            return Err(PerformError::Core(Error::Config(format!(
-                "{}: the payload holds {problem}, which JSON cannot carry; the job was not run \
-                 and nothing was recorded",
-                self.request.job_type
-            ))));
+            return Err(PerformError::Core(
+                idempotent_job_core::canonical::unwritable(
+                    &self.request.job_type,
+                    "payload",
+                    &problem,
+                ),
+            ));
         }
         self.request.operation_key = self.key?;
         if self.request.delivery_id.is_none() {

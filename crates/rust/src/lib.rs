@@ -248,9 +248,7 @@ pub fn operation_key(job_type: &str, value: impl Into<Value>) -> Result<String, 
         },
         Err(problem) => problem,
     };
-    Err(Error::OperationKey(format!(
-        "{job_type}: operation key: {problem}; the job was not run and nothing was recorded"
-    )))
+    Err(Error::OperationKey(keys::value_refusal(job_type, &problem)))
 }
 
 /// Drops `value`, unless it nests deeper than the core's limit: then it is leaked, as
@@ -268,11 +266,7 @@ fn refuse_deep(value: Value) {
 ///
 /// Errors: [`Error::OperationKey`] naming `job_type` when a part cannot be a key.
 pub fn composite_key(job_type: &str, parts: Vec<Value>) -> Result<String, Error> {
-    let refuse = |problem: String| {
-        Error::OperationKey(format!(
-            "{job_type}: operation key: {problem}; the job was not run and nothing was recorded"
-        ))
-    };
+    let refuse = |problem: String| Error::OperationKey(keys::value_refusal(job_type, &problem));
     let parts = parts
         .iter()
         .map(|p| keys::part(p, &KEY_WORDS))

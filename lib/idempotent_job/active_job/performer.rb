@@ -69,7 +69,8 @@ module IdempotentJob
 
         @job.instance_variable_set(:@idempotency_performed, true)
         # The key is checked by the core's one call (`Native::Protocol#perform`).
-        run(options, options.key.operation_key(Arguments.keyable(@job.arguments)), body)
+        key = options.key.operation_key(Arguments.keyable(@job.arguments), job_type: options.scope)
+        run(options, key, body)
       end
 
       private

@@ -110,11 +110,12 @@ module IdempotentJob
       end
 
       # The lookup's answer for `operation_key` (called by the core for a stale claim
-      # under `on_stale: :lookup`): a Symbol of {JobOptions::LOOKUP_ANSWERS},
-      # `[:invalid, inspect]` or `[:raised, "Class: message"]` (the error kept as the
+      # under `on_stale: :lookup`): `[:answered, value]`, which the core parses (one of
+      # {JobOptions::LOOKUP_ANSWERS} as a Symbol or String; anything else is invalid,
+      # named by its `inspect`), or `[:raised, "Class: message"]` (the error kept as the
       # LookupError's cause).
       # @param operation_key [String]
-      # @return [Symbol, Array]
+      # @return [Array(Symbol, Object)]
       def lookup(operation_key)
         lookup = @options.lookup
         answer = if lookup.respond_to?(:call)
@@ -125,8 +126,7 @@ module IdempotentJob
                  else
                    @host.public_send(lookup, operation_key)
                  end
-        symbol = answer.respond_to?(:to_sym) ? answer.to_sym : nil
-        JobOptions::LOOKUP_ANSWERS.include?(symbol) ? symbol : [:invalid, answer.inspect]
+        [:answered, answer]
       rescue StandardError => e
         @lookup_failure = e
         [:raised, "#{e.class}: #{e.message}"]
@@ -158,7 +158,7 @@ module IdempotentJob
       # @param problem [String] the core's words for what is wrong with the key
       # @raise [OperationKeyError] naming the job and the problem
       def refuse_key(problem)
-        Key.refuse!(@options.name, problem, @options.key&.declaration)
+        Key.refuse!(@options.name, problem, @options.key&.declaration, job_type: @options.scope)
       end
 
       private

@@ -55,7 +55,7 @@ module IdempotentJob
       def delivery(options, job_hash)
         args = job_hash["args"]
         # The key is checked by the core's one call (`Native::Protocol#perform`).
-        Delivery.queued(options, operation_key: options.key.operation_key(args), payload: args,
+        Delivery.queued(options, operation_key: options.key.operation_key(args, job_type: options.scope), payload: args,
                                  job_class: job_hash["class"], queue: job_hash["queue"], id: job_hash["jid"],
                                  deferrals: job_hash[Door::DEFERRALS], producer: job_hash[Producer::KEY],
                                  facts: { "jid" => job_hash["jid"], "retry_count" => job_hash["retry_count"],

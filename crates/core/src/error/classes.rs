@@ -11,9 +11,15 @@ use super::Error;
 pub struct ErrorClass {
     /// The class name in every binding (`"Error"`: the base).
     pub name: &'static str,
-    /// The attributes the class carries beyond its message, `sqlstate` and `retryable`
-    /// (set by the core from [`Error::attributes`], or by the host for the key's own).
+    /// The attributes the class carries beyond its message, `sqlstate` and `retryable`:
+    /// every binding's class defines exactly these (no other class defines them), set
+    /// by the core from [`Error::attributes`] or, for those of [`Self::host_attributes`],
+    /// by the binding where it raises the error (nil/None where it does not know them).
     pub attributes: &'static [&'static str],
+    /// The attributes of [`Self::attributes`] the binding fills in itself, the core's
+    /// [`Error`] not carrying them: the operation key error's job type, job class and
+    /// key declaration (a host value).
+    pub host_attributes: &'static [&'static str],
     /// Whether every instance is retryable (otherwise it is per error: a
     /// `DatabaseError` of a [`TRANSIENT_STATES`] answer is, the others are not).
     pub always_retryable: bool,
@@ -30,11 +36,16 @@ pub struct ErrorClass {
 /// Attributes of the errors that name the record they concern.
 const RECORD_ATTRIBUTES: &[&str] = &["job_type", "operation_key"];
 
+/// Attributes of an operation key error, set by the binding that refuses the key: the
+/// job type (the record's, when known), the job class and the key declaration as given.
+const KEY_ATTRIBUTES: &[&str] = &["job_type", "job_class", "declaration"];
+
 /// Every exception class, the base first; [`Error::class_name`] names one of them.
 pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "Error",
         attributes: &[],
+        host_attributes: &[],
         always_retryable: false,
         sqlstates: &[],
         sends_back: false,
@@ -43,6 +54,7 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "ConfigurationError",
         attributes: &[],
+        host_attributes: &[],
         always_retryable: false,
         sqlstates: &[],
         sends_back: false,
@@ -51,6 +63,7 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "ConnectionError",
         attributes: &[],
+        host_attributes: &[],
         always_retryable: true,
         sqlstates: &["08*", "57P01", "57P02", "57P03", "53300"],
         sends_back: true,
@@ -59,6 +72,7 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "DatabaseError",
         attributes: &[],
+        host_attributes: &[],
         always_retryable: false,
         sqlstates: &["*"],
         sends_back: true,
@@ -67,6 +81,7 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "LostClaimError",
         attributes: RECORD_ATTRIBUTES,
+        host_attributes: &[],
         always_retryable: false,
         sqlstates: &[],
         sends_back: false,
@@ -75,6 +90,7 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "MigrationError",
         attributes: &[],
+        host_attributes: &[],
         always_retryable: false,
         sqlstates: &[],
         sends_back: true,
@@ -82,7 +98,8 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     },
     ErrorClass {
         name: "OperationKeyError",
-        attributes: &["job_class", "declaration"],
+        attributes: KEY_ATTRIBUTES,
+        host_attributes: KEY_ATTRIBUTES,
         always_retryable: false,
         sqlstates: &[],
         sends_back: false,
@@ -91,6 +108,7 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "LockTimeoutError",
         attributes: &[],
+        host_attributes: &[],
         always_retryable: true,
         sqlstates: &["55P03"],
         sends_back: true,
@@ -99,6 +117,7 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "TimeoutError",
         attributes: &[],
+        host_attributes: &[],
         always_retryable: true,
         sqlstates: &["57014"],
         sends_back: true,
@@ -107,6 +126,7 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "PayloadMismatchError",
         attributes: RECORD_ATTRIBUTES,
+        host_attributes: &[],
         always_retryable: false,
         sqlstates: &[],
         sends_back: false,
@@ -115,6 +135,7 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
     ErrorClass {
         name: "LookupError",
         attributes: RECORD_ATTRIBUTES,
+        host_attributes: &[],
         always_retryable: false,
         sqlstates: &[],
         sends_back: true,
@@ -143,14 +164,15 @@ pub fn error_class(name: &str) -> Option<&'static ErrorClass> {
 }
 
 /// The table as JSON, for bindings and their tests: a list in [`ERROR_CLASSES`]
-/// order, each `{"name", "attributes", "always_retryable", "sqlstates", "sends_back",
-/// "doc"}`, the
+/// order, each `{"name", "attributes", "host_attributes", "always_retryable",
+/// "sqlstates", "sends_back", "doc"}`, the
 /// `DatabaseError` entry with `"retryable_sqlstates"` ([`TRANSIENT_STATES`]) too.
 pub fn error_table_json() -> serde_json::Value {
     let classes = ERROR_CLASSES.iter().map(|c| {
         let mut entry = serde_json::json!({
             "name": c.name,
             "attributes": c.attributes,
+            "host_attributes": c.host_attributes,
             "always_retryable": c.always_retryable,
             "sqlstates": c.sqlstates,
             "sends_back": c.sends_back,

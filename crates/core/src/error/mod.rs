@@ -80,6 +80,11 @@ pub enum Error {
     Panic(String),
 }
 
+/// How every refusal of a delivery before anything is claimed ends, after "the job "
+/// (or the host's word for a job: Celery's "task"): nothing ran, nothing was written
+/// (`keys::refusal`, the delivery checks of `record.rs`, `canonical::unwritable`).
+pub const NOT_RUN: &str = "was not run and nothing was recorded";
+
 /// Shorthand for results of core functions.
 pub type Result<T> = std::result::Result<T, Error>;
 

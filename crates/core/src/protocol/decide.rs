@@ -273,7 +273,8 @@ impl Protocol {
         let p = self.words.name_prefix.as_str();
         let failure = match &answer {
             LookupAnswer::Invalid { answer } => Some(format!(
-                "{label} of {{claim}} answered {answer}; expected {p}done, {p}not_done or {p}unknown"
+                "{label} of {{claim}} answered {answer}; expected {}",
+                LookupAnswer::listed(p, "")
             )),
             LookupAnswer::Raised { error } => Some(format!(
                 "{label} of {{claim}} raised {error}; the job was not run, the next delivery \
@@ -317,11 +318,7 @@ impl Protocol {
                 message,
             });
         }
-        let answered = match answer {
-            LookupAnswer::Done => "done",
-            LookupAnswer::NotDone => "not_done",
-            _ => "unknown",
-        };
+        let answered = answer.name().unwrap_or("unknown");
         notes.push(Note::claim(
             &claim.info,
             NoteKind::LookupAnswered {

@@ -238,6 +238,45 @@ pub enum LookupAnswer {
     Raised { error: String },
 }
 
+impl LookupAnswer {
+    /// The names of the answers a lookup gives, as every binding spells them (Ruby's
+    /// Symbols `:done`…, Python's strings `"done"`…): [`LookupAnswer::Done`],
+    /// [`LookupAnswer::NotDone`], [`LookupAnswer::Unknown`].
+    pub const NAMES: [&'static str; 3] = ["done", "not_done", "unknown"];
+
+    /// The one parse of a lookup's answer for every binding: the answer named `name`
+    /// (one of [`Self::NAMES`]), else [`LookupAnswer::Invalid`] with `shown()` (how the
+    /// binding prints the value: `:maybe`, `'maybe'`, `true`), which the core's
+    /// [`Error::Lookup`](crate::error::Error::Lookup) message names. `name` is `None`
+    /// for a value that is no name at all (not a Symbol or String).
+    pub fn parse(name: Option<&str>, shown: impl FnOnce() -> String) -> LookupAnswer {
+        match name {
+            Some("done") => LookupAnswer::Done,
+            Some("not_done") => LookupAnswer::NotDone,
+            Some("unknown") => LookupAnswer::Unknown,
+            _ => LookupAnswer::Invalid { answer: shown() },
+        }
+    }
+
+    /// The answer's name of [`Self::NAMES`], `None` for an invalid answer or a raise.
+    pub fn name(&self) -> Option<&'static str> {
+        match self {
+            LookupAnswer::Done => Some(Self::NAMES[0]),
+            LookupAnswer::NotDone => Some(Self::NAMES[1]),
+            LookupAnswer::Unknown => Some(Self::NAMES[2]),
+            _ => None,
+        }
+    }
+
+    /// The answers listed for a message, each between `before` and `after` as the
+    /// binding spells a name (`(":", "")`: `:done, :not_done or :unknown`; `("\"",
+    /// "\"")`: `"done", "not_done" or "unknown"`).
+    pub fn listed(before: &str, after: &str) -> String {
+        let [done, not_done, unknown] = Self::NAMES.map(|n| format!("{before}{n}{after}"));
+        format!("{done}, {not_done} or {unknown}")
+    }
+}
+
 /// What [`Protocol::complete`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {

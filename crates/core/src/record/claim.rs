@@ -146,8 +146,9 @@ pub fn check_request(req: &ClaimRequest) -> Result<()> {
     {
         return Err(Error::Config(format!(
             "{}: the delivery's {field} holds a NUL character (U+0000), which PostgreSQL's \
-             text cannot store; the job was not run and nothing was recorded",
-            req.job_type
+             text cannot store; the job {}",
+            req.job_type,
+            crate::error::NOT_RUN
         )));
     }
     if let Some(facts) = &req.facts_json {
@@ -161,8 +162,9 @@ pub fn check_request(req: &ClaimRequest) -> Result<()> {
         if holds_nul(value) {
             return Err(Error::Config(format!(
                 "{}: the facts hold a NUL character (U+0000), which PostgreSQL's jsonb cannot \
-                 store; the job was not run and nothing was recorded",
-                req.job_type
+                 store; the job {}",
+                req.job_type,
+                crate::error::NOT_RUN
             )));
         }
     }

@@ -112,8 +112,8 @@ pub fn claim_request(ruby: &Ruby, request: RHash) -> RbResult<ClaimRequest> {
             to_ruby(
                 ruby,
                 Error::Config(format!(
-                    "{job_type}: the delivery's {field} is not valid UTF-8 ({e}); the job was \
-                     not run and nothing was recorded"
+                    "{job_type}: the delivery's {field} is not valid UTF-8 ({e}); the job {}",
+                    idempotent_job_core::error::NOT_RUN
                 )),
             )
         })

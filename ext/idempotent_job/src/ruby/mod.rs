@@ -48,6 +48,8 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("database_url_params", function!(database_url_params, 1))?;
     native.define_module_function("operation_key_problem", function!(operation_key_problem, 2))?;
     native.define_module_function("key_text_problem", function!(key_text_problem, 1))?;
+    native.define_module_function("key_refusal", function!(key_refusal, 2))?;
+    native.define_module_function("lookup_answers_listed", function!(lookup_answers_listed, 2))?;
     native.define_module_function("decide", function!(convert::decide, 3))?;
     native.define_module_function("fenced_sql", function!(convert::fenced_sql, 1))?;
     native.define_module_function("server_error", function!(errors::server_error, 2))?;
@@ -93,6 +95,11 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         idempotent_job_core::operations::DEFAULT_PURGE_BATCH,
     )?;
     native.const_set("MAX_KEY_BYTES", idempotent_job_core::keys::MAX_KEY_BYTES)?;
+    // The names of a lookup's answers (`LookupAnswer::NAMES`: "done", "not_done", "unknown").
+    native.const_set(
+        "LOOKUP_ANSWERS",
+        idempotent_job_core::protocol::LookupAnswer::NAMES.to_vec(),
+    )?;
     // Epoch values at or above this are milliseconds (Sidekiq 8's timestamps).
     native.const_set(
         "MILLISECONDS_FROM",
@@ -233,6 +240,22 @@ fn database_url_params(ruby: &Ruby, url: String) -> Result<magnus::RHash, magnus
 fn operation_key_problem(job_type: magnus::RString, key: magnus::RString) -> Option<String> {
     // SAFETY: the slices are read before any Ruby code runs again.
     unsafe { idempotent_job_core::keys::problem(job_type.as_slice(), key.as_slice()) }
+}
+
+/// `Native.key_refusal(job, problem)` → the message of an operation key refused before
+/// anything is claimed ([`idempotent_job_core::keys::refusal`]): "<job>: <problem>; the
+/// job was not run and nothing was recorded".
+fn key_refusal(job: String, problem: String) -> String {
+    idempotent_job_core::keys::refusal(&job, &problem, "job")
+}
+
+/// `Native.lookup_answers_listed(before, after)` → the lookup's answers listed for a
+/// message, each between `before` and `after` ([`LookupAnswer::listed`]; `(":", "")`:
+/// ":done, :not_done or :unknown").
+///
+/// [`LookupAnswer::listed`]: idempotent_job_core::protocol::LookupAnswer::listed
+fn lookup_answers_listed(before: String, after: String) -> String {
+    idempotent_job_core::protocol::LookupAnswer::listed(&before, &after)
 }
 
 /// `Native.key_text_problem(string)` → nil, or why a String inside a key value is not

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use magnus::{
     function, method, prelude::*, value::ReprValue, IntoValue, KwArgs, RArray, RHash, RModule,
-    Ruby, Symbol, Value,
+    RString, Ruby, Symbol, Value,
 };
 
 use super::convert::{claim_request, json_of, parsed_json, Out, RbResult};
@@ -263,25 +263,26 @@ impl NativeProtocol {
         Ok(Direct::new(pool, store.0.config().asynchronous_completion))
     }
 
+    /// A lookup's answer as `Driver#lookup` gives it, `[:answered, value]` or
+    /// `[:raised, "Class: message"]`, in the core's terms: a value is parsed by the core
+    /// ([`LookupAnswer::parse`]: a Symbol or String named by `LookupAnswer::NAMES`,
+    /// anything else invalid, shown by its `inspect`).
     pub(super) fn lookup_answer(ruby: &Ruby, answer: Value) -> RbResult<LookupAnswer> {
-        if let Some(symbol) = Symbol::from_value(answer) {
-            return match symbol.name()?.as_ref() {
-                "done" => Ok(LookupAnswer::Done),
-                "not_done" => Ok(LookupAnswer::NotDone),
-                "unknown" => Ok(LookupAnswer::Unknown),
-                other => Ok(LookupAnswer::Invalid {
-                    answer: format!(":{other}"),
-                }),
-            };
+        let pair = RArray::from_value(answer)
+            .ok_or_else(|| config_error(ruby, "a lookup answer must be a pair".into()))?;
+        let (kind, value): (Symbol, Value) = (pair.entry(0)?, pair.entry(1)?);
+        if kind.name()? != "answered" {
+            return Ok(LookupAnswer::Raised {
+                error: String::try_convert(value)?,
+            });
         }
-        let pair = RArray::from_value(answer).ok_or_else(|| {
-            config_error(ruby, "a lookup answer must be a Symbol or a pair".into())
-        })?;
-        let (kind, text): (Symbol, String) = (pair.entry(0)?, pair.entry(1)?);
-        match kind.name()?.as_ref() {
-            "invalid" => Ok(LookupAnswer::Invalid { answer: text }),
-            _ => Ok(LookupAnswer::Raised { error: text }),
-        }
+        let name = match Symbol::from_value(value) {
+            Some(symbol) => Some(symbol.name()?.into_owned()),
+            None => RString::from_value(value).and_then(|s| s.to_string().ok()),
+        };
+        Ok(LookupAnswer::parse(name.as_deref(), || {
+            (value.funcall::<_, _, String>("inspect", ())).unwrap_or_else(|_| "?".into())
+        }))
     }
 }
 
