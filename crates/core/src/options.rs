@@ -54,8 +54,13 @@ pub enum Kind {
     },
     /// A method of the job by name, or a callable: checked by the binding.
     Method,
-    /// A whole number from `min` to `max` (a count, never a string or a fraction).
-    Count { min: i64, max: i64 },
+    /// A whole number from `min` to `max` (a count, never a string or a fraction);
+    /// `why_max` explains the maximum ("" for none).
+    Count {
+        min: i64,
+        max: i64,
+        why_max: &'static str,
+    },
 }
 
 /// A default value.
@@ -100,12 +105,24 @@ pub const ENQUEUE_POLICIES: &[&str] = &["push", "skip_completed"];
 /// The transactional flavours (`true` means native).
 pub const TRANSACTIONS: &[&str] = &["native", "active_record"];
 
-const DURATION: Kind = Kind::Seconds {
+/// A positive number of seconds up to [`MAX_SECONDS`]: the rule of every duration,
+/// job option or setting, PostgreSQL does not bound ([`PG_TIMEOUT`]).
+pub const DURATION: Kind = Kind::Seconds {
     min: 0.0,
     min_inclusive: false,
     why_min: "",
     max: MAX_SECONDS,
     why_max: "ten years",
+};
+
+/// A positive number of seconds up to PostgreSQL's limit for `statement_timeout` and
+/// `lock_timeout` ([`MAX_PG_TIMEOUT_SECONDS`]).
+pub const PG_TIMEOUT: Kind = Kind::Seconds {
+    min: 0.0,
+    min_inclusive: false,
+    why_min: "",
+    max: MAX_PG_TIMEOUT_SECONDS,
+    why_max: "PostgreSQL's limit",
 };
 
 /// Every job option, in the order messages list them.
@@ -197,13 +214,7 @@ pub const JOB_OPTIONS: &[JobOption] = &[
     },
     JobOption {
         name: "lock_timeout",
-        kind: Kind::Seconds {
-            min: 0.0,
-            min_inclusive: false,
-            why_min: "",
-            max: MAX_PG_TIMEOUT_SECONDS,
-            why_max: "PostgreSQL's limit",
-        },
+        kind: PG_TIMEOUT,
         default: Default::Seconds(5.0),
         setting: Some("lock_timeout"),
         required: false,
@@ -232,6 +243,7 @@ pub const JOB_OPTIONS: &[JobOption] = &[
         kind: Kind::Count {
             min: 0,
             max: MAX_TAKEOVERS,
+            why_max: "",
         },
         default: Default::None,
         setting: None,
@@ -301,7 +313,7 @@ pub fn table_json() -> Value {
                 "flavour"
             }
             Kind::Method => "method",
-            Kind::Count { min, max } => {
+            Kind::Count { min, max, .. } => {
                 entry.insert("min".into(), json!(min));
                 entry.insert("max".into(), json!(max));
                 "count"
@@ -357,20 +369,33 @@ pub fn check(
     if value.is_null() {
         return Ok(Value::Null);
     }
+    check_kind(
+        &format!("{}{prefix}{name}", owner(job)),
+        option.kind,
+        value,
+        shown,
+    )
+}
+
+/// Checks `value` (`null` too: refused by every kind but [`Kind::Key`] and
+/// [`Kind::Method`], which pass anything through) against `kind` and returns it
+/// normalised as [`check`] does. `subject` is what the message names: the option or
+/// setting as written, after its job (`"ChargeJob: idempotency_lease"`,
+/// `"connect_timeout"`); `shown` the value as the host language writes it (`None`: its
+/// JSON). The one wording of every option's and setting's rule.
+///
+/// Errors: [`Error::Config`] "`subject` must be …, got `shown`".
+pub fn check_kind(subject: &str, kind: Kind, value: &Value, shown: Option<&str>) -> Result<Value> {
     let bad = |expected: String| {
         Error::Config(format!(
-            "{}{prefix}{name} must be {expected}, got {}",
-            owner(job),
+            "{subject} must be {expected}, got {}",
             show(value, shown)
         ))
     };
-    match option.kind {
+    match kind {
         Kind::Key | Kind::Method => Ok(value.clone()),
         Kind::Text => match value.as_str() {
-            Some("") => Err(Error::Config(format!(
-                "{}{prefix}{name} must not be empty",
-                owner(job)
-            ))),
+            Some("") => Err(Error::Config(format!("{subject} must not be empty"))),
             Some(_) => Ok(value.clone()),
             None => Err(bad("a non-empty string".into())),
         },
@@ -392,8 +417,7 @@ pub fn check(
                 })?;
             if seconds < min || (!min_inclusive && seconds == min) {
                 return Err(Error::Config(format!(
-                    "{}{prefix}{name} must be at least {min} s ({why_min}), got {}",
-                    owner(job),
+                    "{subject} must be at least {min} s ({why_min}), got {}",
                     show(value, shown)
                 )));
             }
@@ -413,9 +437,12 @@ pub fn check(
             Value::String(s) if allowed.contains(&s.as_str()) => Ok(value.clone()),
             _ => Err(bad(format!("true, false or one of {}", allowed.join(", ")))),
         },
-        Kind::Count { min, max } => match value.as_i64() {
+        Kind::Count { min, max, why_max } => match value.as_i64() {
             Some(n) if (min..=max).contains(&n) => Ok(value.clone()),
-            _ => Err(bad(format!("a whole number from {min} to {max}"))),
+            _ if why_max.is_empty() => Err(bad(format!("a whole number from {min} to {max}"))),
+            _ => Err(bad(format!(
+                "a whole number from {min} to {max} ({why_max})"
+            ))),
         },
     }
 }

@@ -41,6 +41,20 @@ const fn digits(text: &str) -> usize {
     n
 }
 
+/// Largest `pool_size` accepted: PostgreSQL's most backends (`MAX_BACKENDS`,
+/// 2^18 - 1); the pool sizes its slots and its blocking threads by it.
+pub const MAX_POOL_SIZE: usize = 262_143;
+
+/// Connections a pool sized by a queue's concurrency has beyond it
+/// ([`pool_size_for`](super::pool_size_for)): the heartbeats and deferrals share the pool
+/// with the running jobs.
+pub const POOL_HEADROOM: usize = 5;
+
+/// The environment variables a binding reads the database URL from when the
+/// `database_url` setting is unset, in order (the first set and non-empty one;
+/// [`env_database_url`](super::env_database_url)).
+pub const DATABASE_URL_VARIABLES: [&str; 2] = ["IDEMPOTENT_JOB_DATABASE_URL", "DATABASE_URL"];
+
 /// Largest `max_result_bytes` accepted: just under jsonb's limit (256 MiB).
 pub const MAX_RESULT_BYTES_LIMIT: usize = 268_435_455;
 
