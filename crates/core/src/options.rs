@@ -17,14 +17,21 @@
 
 use serde_json::{json, Value};
 
-use crate::config::MAX_PG_TIMEOUT_SECONDS;
 use crate::error::{Error, Result};
 
 /// Shortest lease accepted, in seconds: below it a heartbeat cannot renew in time (one
 /// statement round trip and a thread wake-up) and every delivery looks stale.
 pub const MIN_LEASE_SECONDS: f64 = 0.25;
 /// Longest duration accepted for a job option or a setting, in seconds (ten years).
-pub const MAX_SECONDS: f64 = crate::config::MAX_LEASE_SECONDS;
+pub const MAX_SECONDS: f64 = MAX_LEASE_SECONDS;
+
+/// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds
+/// (re-exported as `config::MAX_PG_TIMEOUT_SECONDS`).
+pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
+
+/// Longest lease accepted, in seconds (ten years; PostgreSQL intervals overflow far
+/// beyond that; re-exported as `config::MAX_LEASE_SECONDS`).
+pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 
 /// What values an option takes.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -10,12 +10,11 @@ pub const COMPATIBILITY_POSTGRESQL: &str = "postgresql";
 /// The `compatibility` values: a distributed or pooled PostgreSQL-compatible server.
 pub const COMPATIBILITY_DISTRIBUTED: &str = "distributed";
 
-/// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
-pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
-
-/// Longest lease accepted, in seconds (ten years; PostgreSQL intervals overflow far
-/// beyond that).
-pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
+/// PostgreSQL's limit for `statement_timeout` and `lock_timeout`, and the longest lease
+/// (ten years): stated with the kinds of value that bound durations by them
+/// ([`crate::options`], which the settings' rules use, so it imports nothing of
+/// `config`), named here with every other limit.
+pub use crate::options::{MAX_LEASE_SECONDS, MAX_PG_TIMEOUT_SECONDS};
 
 /// Longest `job_type` + `operation_key`, in bytes (the key rules, [`crate::keys`],
 /// state it; named here with every other limit).

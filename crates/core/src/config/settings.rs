@@ -110,8 +110,8 @@ pub struct Config {
 /// The connection settings' defaults by name, as JSON (`null`: none; a whole number
 /// of seconds as an integer): the rows every binding reads instead of restating a
 /// default (Ruby's `Configuration::NATIVE_DEFAULTS`, Python's `configure`, which
-/// leaves unset ones to [`Config::new`]). Keys in [`CONNECTION_SETTINGS`] order; the
-/// URL's is the empty string.
+/// leaves unset ones to [`Config::new`]). An object, whose keys serde_json keeps
+/// sorted: [`CONNECTION_SETTINGS`] gives their order. The URL's is the empty string.
 pub fn connection_defaults_json() -> serde_json::Value {
     let c = Config::new("");
     let rows: serde_json::Map<String, serde_json::Value> = CONNECTION_SETTINGS
