@@ -17,66 +17,63 @@ module IdempotentJob
     # `connection_defaults_json`), by name: the values below are read from it.
     CORE_DEFAULTS = JSON.parse(Native.connection_defaults_json).freeze
 
-    # Connection settings handed to the native pool, with their defaults.
-    NATIVE_DEFAULTS = {
-      pool_size: nil, # pooled connections per process; nil: the queue's concurrency + 5 (else 10)
-      connect_timeout: CORE_DEFAULTS.fetch("connect_timeout"), # seconds to establish a connection
-      checkout_timeout: CORE_DEFAULTS.fetch("checkout_timeout"), # seconds to wait for a free pooled connection
-      # Client-side bound, in seconds, on each call (checkout, connect, the statement and
-      # its retries on fresh connections): past it the connection is discarded and a
-      # retryable TimeoutError raised, even on a network that silently drops packets.
-      deadline: CORE_DEFAULTS.fetch("deadline"),
-      # Seconds the enqueue check (on_enqueue: :skip_completed) may take before the push
-      # goes ahead anyway.
-      enqueue_check_timeout: CORE_DEFAULTS.fetch("enqueue_check_timeout"),
-      statement_timeout: nil, # seconds a statement may run (PostgreSQL's statement_timeout); nil: none
-      application_name: CORE_DEFAULTS.fetch("application_name"), # shown in pg_stat_activity unless the URL sets one
-      schema: nil,                 # schema of the record table (the connection's search_path); nil: default
-      host: nil,                   # discrete connection fields: each overrides the URL's, and
-      port: nil,                   #   host alone (with the others) replaces a URL
-      dbname: nil,
-      user: nil,
-      password: nil,
-      sslmode: nil,                # TLS (rustls): disable, prefer (default), require, verify-ca, verify-full
-      sslrootcert: nil,            # PEM file of the roots verify-ca/verify-full trust (else the system's)
-      sslcert: nil,                # PEM client certificate chain, with sslkey
-      sslkey: nil,                 # PEM private key of sslcert
-      # Send the claim, the fenced changes and the record read as named prepared
-      # statements, prepared once per pooled connection (then one round trip each,
-      # without PostgreSQL parsing and planning them again); false: unnamed statements,
-      # parsed and planned at every call. Set false behind PgBouncer in transaction mode
-      # before 1.21 (or without max_prepared_statements), which cannot keep named ones.
-      prepared_statements: CORE_DEFAULTS.fetch("prepared_statements"),
-      # Commit the completion asynchronously (synchronous_commit off for that one
-      # statement): no wait for the WAL flush. RISK: a PostgreSQL crash within
-      # wal_writer_delay (200 ms by default) of a completion can lose it; the record then
-      # stays claimed and, once its lease ends, the stale policy decides (:reclaim runs
-      # the job again). Claims stay durable. Off by default.
-      asynchronous_completion: CORE_DEFAULTS.fetch("asynchronous_completion"),
-      # Largest result (bytes of JSON) a completion stores for replays (store_result);
-      # a larger one is not stored, and the completion stands. nil: the core's default
-      # (65_536).
-      max_result_bytes: nil,
-      # :postgresql, or :distributed for a distributed or pooled server (CockroachDB,
-      # YugabyteDB, Aurora DSQL, RDS Proxy): no named prepared statements, waits poll
-      # instead of LISTEN, migrations take a lock row, not an advisory lock
-      # (docs/scaling.md).
-      compatibility: CORE_DEFAULTS.fetch("compatibility").to_sym
-    }.freeze
+    # The connection settings the gem reads nil as "decide at connection time": pool_size
+    # (the URL's `pool`, else the queue's concurrency + the core's headroom, else the
+    # core's default: {#effective_pool_size}) and max_result_bytes (the core's default,
+    # 65_536).
+    UNSET_BY_DEFAULT = %w[pool_size max_result_bytes].freeze
 
-    # Type checks of {#validate!}: setting => [what it must be, test].
+    # Connection settings handed to the native pool, with their defaults: the core's
+    # names in its order ({Native.connection_settings}, less database_url) and defaults
+    # ({CORE_DEFAULTS}), a choice as a Symbol.
+    # Each is checked at assignment by the core's rule ({Native.connection_setting}):
+    #
+    # - pool_size: pooled connections per process (1 to 262_143); nil: see {#effective_pool_size}
+    # - connect_timeout: seconds to establish a connection (up to ten years)
+    # - checkout_timeout: seconds to wait for a free pooled connection (up to ten years)
+    # - deadline: client-side bound, in seconds, on each call (checkout, connect, the
+    #   statement and its retries on fresh connections): past it the connection is
+    #   discarded and a retryable TimeoutError raised, even on a network that silently
+    #   drops packets (up to PostgreSQL's limit, 2_147_483)
+    # - enqueue_check_timeout: seconds the enqueue check (on_enqueue: :skip_completed)
+    #   may take before the push goes ahead anyway
+    # - statement_timeout: seconds a statement may run (PostgreSQL's statement_timeout,
+    #   up to its limit); nil: none
+    # - application_name: shown in pg_stat_activity unless the URL sets one
+    # - schema: schema of the record table (the connection's search_path); nil: default
+    # - host, port, dbname, user, password: discrete connection fields: each overrides
+    #   the URL's, and host alone (with the others) replaces a URL
+    # - sslmode: TLS (rustls): disable, prefer (default), require, verify-ca, verify-full;
+    #   sslrootcert: PEM file of the roots verify-ca/verify-full trust (else the
+    #   system's); sslcert, sslkey: PEM client certificate chain and its private key
+    # - prepared_statements: send the claim, the fenced changes and the record read as
+    #   named prepared statements, prepared once per pooled connection (then one round
+    #   trip each, without PostgreSQL parsing and planning them again); false: unnamed
+    #   statements, parsed and planned at every call. Set false behind PgBouncer in
+    #   transaction mode before 1.21 (or without max_prepared_statements), which cannot
+    #   keep named ones.
+    # - asynchronous_completion: commit the completion asynchronously (synchronous_commit
+    #   off for that one statement): no wait for the WAL flush. RISK: a PostgreSQL crash
+    #   within wal_writer_delay (200 ms by default) of a completion can lose it; the
+    #   record then stays claimed and, once its lease ends, the stale policy decides
+    #   (:reclaim runs the job again). Claims stay durable. Off by default.
+    # - max_result_bytes: largest result (bytes of JSON) a completion stores for replays
+    #   (store_result; up to jsonb's limit); a larger one is not stored, and the
+    #   completion stands. nil: the core's default (65_536).
+    # - compatibility: :postgresql, or :distributed for a distributed or pooled server
+    #   (CockroachDB, YugabyteDB, Aurora DSQL, RDS Proxy): no named prepared statements,
+    #   waits poll instead of LISTEN, migrations take a lock row, not an advisory lock
+    #   (docs/scaling.md).
+    NATIVE_DEFAULTS = (Native.connection_settings - ["database_url"]).to_h do |name|
+      default = UNSET_BY_DEFAULT.include?(name) ? nil : CORE_DEFAULTS.fetch(name)
+      [name.to_sym, Native.connection_setting(name, default)] # a choice as a Symbol
+    end.freeze
+
+    # Type checks of {#validate!} of the settings that are the gem's alone: setting =>
+    # [what it must be, test]. The connection settings are the core's
+    # ({Native.connection_setting}).
     VALIDATIONS = {
-      pool_size: ["a positive Integer", ->(v) { v.nil? || (v.is_a?(Integer) && v.positive?) }],
-      application_name: ["a non-empty String", ->(v) { v.is_a?(String) && !v.empty? }],
-      port: ["an Integer from 1 to 65535", ->(v) { v.nil? || (v.is_a?(Integer) && v.between?(1, 65_535)) }],
-      prepared_statements: ["true or false", ->(v) { [true, false].include?(v) }],
-      asynchronous_completion: ["true or false", ->(v) { [true, false].include?(v) }],
-      max_result_bytes: ["a positive Integer", ->(v) { v.nil? || (v.is_a?(Integer) && v.positive?) }],
-      compatibility: [":postgresql or :distributed", ->(v) { %w[postgresql distributed].include?(v.to_s) }],
-      logger: ["a Logger", ->(v) { v.nil? || %i[info warn error].all? { |m| v.respond_to?(m) } }],
-      **%i[database_url schema host dbname user password sslmode sslrootcert sslcert sslkey].to_h do |name|
-        [name, ["a String", ->(v) { v.nil? || v.is_a?(String) }]]
-      end
+      logger: ["a Logger", ->(v) { v.nil? || %i[info warn error].all? { |m| v.respond_to?(m) } }]
     }.freeze
 
     # Every setting {#update} accepts: the connection's, database_url, the core's job
@@ -108,10 +105,6 @@ module IdempotentJob
     # renew in time (one statement round trip and a thread wake-up) and every delivery
     # looks stale.
     MIN_LEASE = JOB_OPTIONS.fetch(:lease).fetch(:min)
-    # Longest duration accepted, in seconds (ten years; the core's).
-    MAX_SECONDS = JOB_OPTIONS.fetch(:max_run).fetch(:max)
-    # PostgreSQL's limit for statement_timeout and lock_timeout (INT_MAX ms), in seconds.
-    MAX_PG_TIMEOUT = JOB_OPTIONS.fetch(:lock_timeout).fetch(:max)
 
     # Policies for a stale claim (its lease ran out: the holder may have died, before or
     # after its effect), chosen in advance. Override per job with `idempotency_on_stale:`.
@@ -135,7 +128,7 @@ module IdempotentJob
     attr_reader :on_mismatch
 
     # @return [Boolean] renew the lease in the background while a job runs (default true)
-    attr_accessor :heartbeat
+    attr_reader :heartbeat
 
     # @return [Numeric] seconds after which the heartbeat stops renewing a job's lease, so
     #   a hung job loses its claim. Default 3600.
@@ -154,11 +147,30 @@ module IdempotentJob
     #   door's queue (the queue library's logger with its door loaded), otherwise a Logger on $stderr.
     attr_writer :logger
 
-    attr_accessor(*NATIVE_DEFAULTS.keys)
+    attr_reader(*NATIVE_DEFAULTS.keys)
 
-    # @param database_url [String, nil] PostgreSQL URL (`postgres://user:pass@host:port/db`)
+    # A writer per connection setting (`pool_size=`, `connect_timeout=`, …): checks the
+    # value by the core's rule ({Native.connection_setting}) and keeps it (a choice as a
+    # Symbol); raises ConfigurationError naming the setting, in the core's words, where
+    # the value is assigned.
+    NATIVE_DEFAULTS.each_key do |name|
+      define_method(:"#{name}=") do |value|
+        instance_variable_set(:"@#{name}", Native.connection_setting(name.to_s, value))
+      end
+    end
+
+    # @param url [String, nil] PostgreSQL URL (`postgres://user:pass@host:port/db`)
     #   or libpq key/value string; nil means IDEMPOTENT_JOB_DATABASE_URL, then DATABASE_URL.
-    attr_writer :database_url
+    # @raise [ConfigurationError] for anything else (the core's rule; the value never shown)
+    def database_url=(url)
+      @database_url = Native.connection_setting("database_url", url)
+    end
+
+    # @param value [Boolean] whether the heartbeat renews the lease
+    # @raise [ConfigurationError] naming the setting, unless true or false (the core's rule)
+    def heartbeat=(value)
+      @heartbeat = self.class.job_default!(:heartbeat, value)
+    end
 
     def initialize
       @database_url = nil
@@ -169,10 +181,11 @@ module IdempotentJob
       NATIVE_DEFAULTS.each { |name, value| public_send("#{name}=", value) }
     end
 
-    # @return [String, nil] the configured URL, else IDEMPOTENT_JOB_DATABASE_URL, else
-    #   DATABASE_URL (read from ENV at each call)
+    # @return [String, nil] the configured URL, else the environment's: the first of
+    #   IDEMPOTENT_JOB_DATABASE_URL, DATABASE_URL set and not empty (the core's rule,
+    #   {Native.env_database_url}, read at each call)
     def database_url
-      @database_url || ENV["IDEMPOTENT_JOB_DATABASE_URL"] || ENV.fetch("DATABASE_URL", nil)
+      @database_url || Native.env_database_url
     end
 
     # @param seconds [Numeric] default lease, at least {MIN_LEASE}
@@ -272,14 +285,14 @@ module IdempotentJob
       dup.update(**unset)
     end
 
-    # Checks every setting's type and range.
+    # Checks every setting's type and range (again: each writer checks its own): the
+    # connection settings and heartbeat by the core's rules, the logger.
     # @return [self]
     # @raise [ConfigurationError] naming the first bad setting
     def validate!
-      %i[connect_timeout checkout_timeout].each { |name| self.class.positive_seconds!(name.to_s, public_send(name)) }
+      Native.connection_setting("database_url", @database_url)
+      NATIVE_DEFAULTS.each_key { |name| Native.connection_setting(name.to_s, public_send(name)) }
       self.class.job_default!(:heartbeat, heartbeat)
-      self.class.pg_timeout!("deadline", deadline)
-      self.class.pg_timeout!("statement_timeout", statement_timeout) if statement_timeout
       VALIDATIONS.each { |name, (expected, valid)| check(name, expected, &valid) }
       self
     end
@@ -295,15 +308,14 @@ module IdempotentJob
     # @return [Integer] pool_size; else the URL's own `pool` parameter (a Rails
     #   DATABASE_URL's); else the queue's concurrency + 5 (heartbeats and deferrals
     #   share the pool) when running inside a queue's server whose door is loaded;
-    #   else 10
+    #   else 10 (the core's rule, {Native.pool_size_for})
     def effective_pool_size
       return pool_size if pool_size
 
       url_pool = url_params[:pool]
       return url_pool if url_pool
 
-      concurrency = door_concurrency
-      concurrency ? concurrency + 5 : 10
+      Native.pool_size_for(door_concurrency)
     end
 
     # What the URL's own query parameters say ({Native.database_url_params}): `pool`,
@@ -342,32 +354,6 @@ module IdempotentJob
       Native.job_option("", "", name.to_s, value)
     end
 
-    # Validates a duration.
-    # @param name [String] option name for the message
-    # @param seconds [Object] the value
-    # @param job [String, nil] job class for the message
-    # @return [Numeric] seconds
-    # @raise [ConfigurationError] unless a finite positive Numeric
-    def self.positive_seconds!(name, seconds, job: nil)
-      return seconds if seconds.is_a?(Numeric) && seconds.positive? && seconds <= MAX_SECONDS
-
-      owner = job ? "#{job}: " : ""
-      raise ConfigurationError, "#{owner}#{name} must be a positive number of seconds up to " \
-                                "#{MAX_SECONDS} (ten years), got #{seconds.inspect}"
-    end
-
-    # Validates a timeout PostgreSQL enforces (at most {MAX_PG_TIMEOUT} seconds).
-    # @return [Numeric] seconds
-    # @raise [ConfigurationError]
-    def self.pg_timeout!(name, seconds, job: nil)
-      positive_seconds!(name, seconds, job:)
-      return seconds if seconds <= MAX_PG_TIMEOUT
-
-      owner = job ? "#{job}: " : ""
-      raise ConfigurationError, "#{owner}#{name} must be at most #{MAX_PG_TIMEOUT} seconds (PostgreSQL's limit), " \
-                                "got #{seconds.inspect}"
-    end
-
     # Validates a policy name.
     # @param name [String] option name for the message
     # @param value [Symbol, String] the value
@@ -394,11 +380,10 @@ module IdempotentJob
     private
 
     def check(name, expected)
-      value = name == :database_url ? @database_url : public_send(name)
+      value = public_send(name)
       return if yield(value)
 
-      shown = name == :password ? "[REDACTED]" : value.inspect
-      raise ConfigurationError, "#{name} must be #{expected}, got #{shown}"
+      raise ConfigurationError, "#{name} must be #{expected}, got #{value.inspect}"
     end
 
     def door_concurrency

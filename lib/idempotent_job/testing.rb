@@ -49,7 +49,7 @@ module IdempotentJob
       # @param seconds [Numeric] a positive lease, in seconds, for the kit's deliveries
       # @raise [ConfigurationError] for a non-positive value
       def lease=(seconds)
-        @lease = Configuration.positive_seconds!("IdempotentJob::Testing.lease", seconds, job: "testing kit")
+        @lease = Native.check_duration("testing kit: IdempotentJob::Testing.lease", seconds)
       end
 
       # @return [Boolean] whether scenarios run without the gem's middleware: set by

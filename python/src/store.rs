@@ -65,13 +65,6 @@ pub fn check_option(
     options::check(job, prefix, name, value, shown)
 }
 
-/// The default URL: `IDEMPOTENT_JOB_DATABASE_URL`, then `DATABASE_URL`.
-fn env_url() -> Option<String> {
-    ["IDEMPOTENT_JOB_DATABASE_URL", "DATABASE_URL"]
-        .iter()
-        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
-}
-
 /// One configured database and the job defaults.
 #[pyclass(frozen, module = "idempotent_job._native")]
 pub struct Store {
@@ -135,8 +128,11 @@ impl Store {
 impl Store {
     /// `Store(settings_json)`: a JSON object of `configure`'s keyword arguments: the job
     /// defaults ([`JobDefaults::from_settings`]: checked by the core's table) and the
-    /// connection settings of the core's `Config` ([`CONNECTION_SETTINGS`]). Validates
-    /// everything; connects lazily.
+    /// connection settings of the core's `Config` ([`CONNECTION_SETTINGS`], each checked
+    /// by its rule: [`idempotent_job_core::config::check_setting`], the Ruby gem's words);
+    /// without `database_url`, the environment's (the core's
+    /// [`idempotent_job_core::config::env_database_url`]). Validates everything; connects
+    /// lazily.
     ///
     /// Raises `ConfigurationError` naming an unknown setting (with the nearest known
     /// one) or a bad value.
@@ -157,7 +153,7 @@ impl Store {
             )));
         }
         if !native.contains_key("database_url") {
-            if let Some(url) = env_url() {
+            if let Some(url) = idempotent_job_core::config::env_database_url() {
                 native.insert("database_url".into(), Value::String(url));
             }
         }

@@ -5,6 +5,7 @@ guard where it must show the duplicate effect; errors, payloads, operating calls
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -447,12 +448,50 @@ def test_bad_options_and_settings_raise_configuration_error():
         idempotent_job.resolve("PlainOpt", "1", as_="maybe")
     # Issue 29: a value of the wrong type names the setting and what it must be (it said
     # "expected usize at line 1 column 84"; wait="5" was a bare TypeError).
-    with pytest.raises(errors.ConfigurationError, match='setting pool_size: .*"5", expected a whole number'):
+    # Issue 30: the core's rule and words for the setting, as the Ruby gem's.
+    with pytest.raises(
+        errors.ConfigurationError,
+        match=r"^pool_size must be a whole number from 1 to 262143 \(PostgreSQL's most connections\), "
+        r'got "5"$',
+    ):
         idempotent_job.configure(database_url=os.environ["DATABASE_URL"], pool_size="5")
     with pytest.raises(errors.ConfigurationError, match="PlainOpt: wait must be a number of seconds"):
         idempotent_job.perform_once("PlainOpt", "1", lambda c: 1, wait="5")
     with pytest.raises(errors.ConfigurationError, match='scheme "postgress"'):
         idempotent_job.configure(database_url="postgress://app@db/app")
+
+
+def test_connection_settings_are_checked_by_the_cores_rule_in_the_ruby_gems_words():
+    """Issue 30: one rule and one wording per connection setting in both languages
+    (spec/unit/idempotent_job/configuration_spec.rb checks the same); connect_timeout
+    has the ten-year cap of every duration (it had none: past tokio's Instant range a
+    timeout never fires, and above u64::MAX seconds the core panicked)."""
+    url = os.environ["DATABASE_URL"]
+    for name, value, expected in [
+        ("connect_timeout", 315_360_001, "a positive number of seconds up to 315360000 (ten years)"),
+        ("checkout_timeout", 0, "a positive number of seconds up to 315360000 (ten years)"),
+        ("deadline", 3_000_000, "a positive number of seconds up to 2147483 (PostgreSQL's limit)"),
+        ("pool_size", 0, "a whole number from 1 to 262143 (PostgreSQL's most connections)"),
+        ("max_result_bytes", 268_435_456, "a whole number from 1 to 268435455 (jsonb's limit)"),
+        ("compatibility", "cockroach", "one of postgresql, distributed"),
+    ]:
+        shown = json.dumps(value)
+        with pytest.raises(errors.ConfigurationError) as caught:
+            idempotent_job.configure(database_url=url, **{name: value})
+        assert str(caught.value) == f"{name} must be {expected}, got {shown}"
+    with pytest.raises(errors.ConfigurationError, match=r"^connect_timeout must be .* got 1e\+20$"):
+        idempotent_job.configure(database_url=url, connect_timeout=1e20)
+    with pytest.raises(errors.ConfigurationError, match=r"^password must be a string, got \[REDACTED\]$"):
+        idempotent_job.configure(database_url=url, password=12345)
+    idempotent_job.configure(database_url=url, connect_timeout=315_360_000)
+
+
+def test_an_empty_idempotent_job_database_url_falls_to_database_url(monkeypatch):
+    """The core's rule (config::env_database_url), the Ruby gem's too."""
+    monkeypatch.setenv("IDEMPOTENT_JOB_DATABASE_URL", "")
+    with pytest.raises(errors.ConfigurationError, match="IDEMPOTENT_JOB_DATABASE_URL / DATABASE_URL"):
+        monkeypatch.setenv("DATABASE_URL", "")
+        idempotent_job.configure()
 
 
 def test_connection_errors_are_retryable_and_nothing_runs(scenario):

@@ -33,7 +33,7 @@ fn an_unknown_compatibility_is_refused_naming_the_values() {
     config.compatibility = "cockroach".into();
     let err = config.validate().unwrap_err().to_string();
     assert!(
-        err.contains(r#"compatibility must be "postgresql" or "distributed", got "cockroach""#),
+        err.contains(r#"compatibility must be one of postgresql, distributed, got "cockroach""#),
         "{err}"
     );
     let from_json = Config::from_json(&format!(

@@ -59,8 +59,12 @@ RSpec.describe IdempotentJob::Configuration do
     expect(config.compatibility).to eq(:postgresql)
     config.compatibility = :distributed
     expect(JSON.parse(config.to_native_json)).to include("compatibility" => "distributed")
-    config.compatibility = :cockroach
-    expect { config.validate! }.to raise_error(IdempotentJob::ConfigurationError, /compatibility/)
+    config.compatibility = "postgresql"
+    expect(config.compatibility).to eq(:postgresql)
+    expect { config.compatibility = :cockroach }
+      .to raise_error(IdempotentJob::ConfigurationError,
+                      /\Acompatibility must be one of postgresql, distributed, got :cockroach\z/)
+    expect(config.compatibility).to eq(:postgresql)
   end
 
   it "prepares the gem's statements by default, and accepts only true or false for prepared_statements" do
@@ -90,6 +94,55 @@ RSpec.describe IdempotentJob::Configuration do
       end
     end
     expect(described_class::SETTINGS).to include(*IdempotentJob::Native.job_default_settings.map(&:to_sym))
+  end
+
+  # Issue 30: the core's rule and words for each connection setting (the same as Python's,
+  # python/tests/test_plain.py), raised by the writer, where the value is assigned.
+  it "checks each connection setting at assignment by the core's rule, in its words" do
+    {
+      connect_timeout: [315_360_001, "a positive number of seconds up to 315360000 (ten years)"],
+      checkout_timeout: [0, "a positive number of seconds up to 315360000 (ten years)"],
+      enqueue_check_timeout: [Float::INFINITY, "a positive number of seconds up to 315360000 (ten years)"],
+      deadline: [3_000_000, "a positive number of seconds up to 2147483 (PostgreSQL's limit)"],
+      statement_timeout: [-1, "a positive number of seconds up to 2147483 (PostgreSQL's limit)"],
+      pool_size: [0, "a whole number from 1 to 262143 (PostgreSQL's most connections)"],
+      port: [70_000, "a whole number from 1 to 65535 (a TCP port)"],
+      max_result_bytes: [268_435_456, "a whole number from 1 to 268435455 (jsonb's limit)"],
+      asynchronous_completion: ["no", "true or false"],
+      host: [5, "a string"]
+    }.each do |name, (value, expected)|
+      before = config.public_send(name)
+      message = "#{name} must be #{expected}, got #{value.inspect}"
+      expect { config.public_send("#{name}=", value) }
+        .to raise_error(IdempotentJob::ConfigurationError, /\A#{Regexp.escape(message)}\z/)
+      expect(config.public_send(name)).to eq(before)
+    end
+    expect { config.connect_timeout = nil }
+      .to raise_error(IdempotentJob::ConfigurationError, /connect_timeout must be .* got nil\z/)
+    expect { config.application_name = "" }
+      .to raise_error(IdempotentJob::ConfigurationError, /\Aapplication_name must not be empty\z/)
+    expect { config.password = 12_345 }
+      .to raise_error(IdempotentJob::ConfigurationError, /\Apassword must be a string, got \[REDACTED\]\z/)
+    config.connect_timeout = 315_360_000 # ten years: the longest
+    config.pool_size = nil # unset: decided at connection time
+    expect(config.connect_timeout).to eq(315_360_000)
+    expect(config.pool_size).to be_nil
+  end
+
+  it "takes the connection settings' names and defaults, and the pool size of an unset pool_size, from the core" do
+    expect(described_class::NATIVE_DEFAULTS.keys.map(&:to_s))
+      .to eq(IdempotentJob::Native.connection_settings - ["database_url"])
+    expect(described_class::CORE_DEFAULTS.keys).to match_array(IdempotentJob::Native.connection_settings)
+    expect(IdempotentJob::Native.pool_size_for(nil)).to eq(described_class::CORE_DEFAULTS.fetch("pool_size"))
+    expect(IdempotentJob::Native.pool_size_for(20)).to eq(25)
+  end
+
+  it "skips an empty IDEMPOTENT_JOB_DATABASE_URL for DATABASE_URL, as Python does (the core's rule)" do
+    ENV["IDEMPOTENT_JOB_DATABASE_URL"] = ""
+    ENV["DATABASE_URL"] = "postgres://b/db"
+    expect(config.database_url).to eq("postgres://b/db")
+    ENV["DATABASE_URL"] = ""
+    expect(config.database_url).to be_nil
   end
 
   it "rejects bad pool settings at configure time, naming the setting" do

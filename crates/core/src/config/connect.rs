@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::limits::DATABASE_URL_VARIABLES;
+use super::rules::check_setting;
 use super::url::{describe_url, known_url_params, split_params, split_tls_params, UrlParam};
-use super::validate::positive_seconds;
 use super::Config;
 use crate::error::{Error, Result};
 use crate::tls::{SslMode, TlsSettings};
@@ -147,16 +148,16 @@ impl Config {
                     return Err(Error::Config(format!(
                         "host is not set: {} (discrete connection fields) need host too: a host \
                          name or address, or the directory of PostgreSQL's Unix socket (such as \
-                         /var/run/postgresql); or set database_url, IDEMPOTENT_JOB_DATABASE_URL \
-                         or DATABASE_URL instead",
-                        given.join(", ")
+                         /var/run/postgresql); or set database_url, {} instead",
+                        given.join(", "),
+                        DATABASE_URL_VARIABLES.join(" or ")
                     )));
                 }
-                return Err(Error::Config(
+                return Err(Error::Config(format!(
                     "database_url is not set: set the database_url setting (or host, port, \
-                     dbname, user, password), or IDEMPOTENT_JOB_DATABASE_URL / DATABASE_URL"
-                        .into(),
-                ));
+                     dbname, user, password), or {}",
+                    DATABASE_URL_VARIABLES.join(" / ")
+                )));
             }
             tokio_postgres::Config::new()
         } else {
@@ -240,7 +241,8 @@ impl Config {
             pg.tcp_user_timeout(self.deadline());
         }
         if pg.get_connect_timeout().is_none() {
-            pg.connect_timeout(positive_seconds("connect_timeout", self.connect_timeout)?);
+            check_setting("connect_timeout", &self.value_of("connect_timeout"), None)?;
+            pg.connect_timeout(self.connect_timeout());
         }
         if pg.get_application_name().is_none() {
             pg.application_name(&self.application_name);

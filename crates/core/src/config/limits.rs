@@ -10,12 +10,11 @@ pub const COMPATIBILITY_POSTGRESQL: &str = "postgresql";
 /// The `compatibility` values: a distributed or pooled PostgreSQL-compatible server.
 pub const COMPATIBILITY_DISTRIBUTED: &str = "distributed";
 
-/// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds.
-pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
-
-/// Longest lease accepted, in seconds (ten years; PostgreSQL intervals overflow far
-/// beyond that).
-pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
+/// PostgreSQL's limit for `statement_timeout` and `lock_timeout`, and the longest lease
+/// (ten years): stated with the kinds of value that bound durations by them
+/// ([`crate::options`], which the settings' rules use, so it imports nothing of
+/// `config`), named here with every other limit.
+pub use crate::options::{MAX_LEASE_SECONDS, MAX_PG_TIMEOUT_SECONDS};
 
 /// Longest `job_type` + `operation_key`, in bytes (the key rules, [`crate::keys`],
 /// state it; named here with every other limit).
@@ -40,6 +39,20 @@ const fn digits(text: &str) -> usize {
     }
     n
 }
+
+/// Largest `pool_size` accepted: PostgreSQL's most backends (`MAX_BACKENDS`,
+/// 2^18 - 1); the pool sizes its slots and its blocking threads by it.
+pub const MAX_POOL_SIZE: usize = 262_143;
+
+/// Connections a pool sized by a queue's concurrency has beyond it
+/// ([`pool_size_for`](super::pool_size_for)): the heartbeats and deferrals share the pool
+/// with the running jobs.
+pub const POOL_HEADROOM: usize = 5;
+
+/// The environment variables a binding reads the database URL from when the
+/// `database_url` setting is unset, in order (the first set and non-empty one;
+/// [`env_database_url`](super::env_database_url)).
+pub const DATABASE_URL_VARIABLES: [&str; 2] = ["IDEMPOTENT_JOB_DATABASE_URL", "DATABASE_URL"];
 
 /// Largest `max_result_bytes` accepted: just under jsonb's limit (256 MiB).
 pub const MAX_RESULT_BYTES_LIMIT: usize = 268_435_455;

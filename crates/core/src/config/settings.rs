@@ -5,8 +5,10 @@
 use serde::Deserialize;
 
 use super::limits::{
-    COMPATIBILITY_POSTGRESQL, DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS, DEFAULT_MAX_RESULT_BYTES,
+    COMPATIBILITY_POSTGRESQL, DATABASE_URL_VARIABLES, DEFAULT_ENQUEUE_CHECK_TIMEOUT_SECONDS,
+    DEFAULT_MAX_RESULT_BYTES, MAX_POOL_SIZE, POOL_HEADROOM,
 };
+use super::rules::{check_setting, setting_rule};
 use super::url::describe_url;
 use crate::error::{Error, Result};
 
@@ -108,34 +110,32 @@ pub struct Config {
 /// The connection settings' defaults by name, as JSON (`null`: none; a whole number
 /// of seconds as an integer): the rows every binding reads instead of restating a
 /// default (Ruby's `Configuration::NATIVE_DEFAULTS`, Python's `configure`, which
-/// leaves unset ones to [`Config::new`]). Keys in [`CONNECTION_SETTINGS`] order.
+/// leaves unset ones to [`Config::new`]). An object, whose keys serde_json keeps
+/// sorted: [`CONNECTION_SETTINGS`] gives their order. The URL's is the empty string.
 pub fn connection_defaults_json() -> serde_json::Value {
     let c = Config::new("");
-    let seconds = |s: f64| {
-        if s.fract() == 0.0 {
-            serde_json::json!(s as i64)
-        } else {
-            serde_json::json!(s)
-        }
-    };
-    let mut rows = serde_json::Map::new();
-    for name in CONNECTION_SETTINGS {
-        let value = match *name {
-            "pool_size" => serde_json::json!(c.pool_size),
-            "connect_timeout" => seconds(c.connect_timeout),
-            "checkout_timeout" => seconds(c.checkout_timeout),
-            "application_name" => serde_json::json!(c.application_name),
-            "prepared_statements" => serde_json::json!(c.prepared_statements),
-            "deadline" => seconds(c.deadline),
-            "asynchronous_completion" => serde_json::json!(c.asynchronous_completion),
-            "max_result_bytes" => serde_json::json!(c.max_result_bytes),
-            "compatibility" => serde_json::json!(c.compatibility),
-            "enqueue_check_timeout" => seconds(c.enqueue_check_timeout),
-            _ => serde_json::Value::Null, // none: the URL's, or off
-        };
-        rows.insert((*name).to_string(), value);
-    }
+    let rows: serde_json::Map<String, serde_json::Value> = CONNECTION_SETTINGS
+        .iter()
+        .map(|name| ((*name).to_string(), c.value_of(name)))
+        .collect();
     serde_json::Value::Object(rows)
+}
+
+/// The pool size when the `pool_size` setting is unset: the queue's `concurrency` (its
+/// worker threads in this process, when the binding knows it) plus [`POOL_HEADROOM`]
+/// (at most [`MAX_POOL_SIZE`]), else the default (10).
+pub fn pool_size_for(concurrency: Option<usize>) -> usize {
+    concurrency.map_or_else(default_pool_size, |threads| {
+        threads.saturating_add(POOL_HEADROOM).min(MAX_POOL_SIZE)
+    })
+}
+
+/// The database URL of the environment: the first of [`DATABASE_URL_VARIABLES`] that is
+/// set and not empty, read at each call (`None` when none is).
+pub fn env_database_url() -> Option<String> {
+    DATABASE_URL_VARIABLES
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
 }
 
 /// The names of [`Config`]'s settings (the connection and pool), in its field order, for
@@ -281,17 +281,64 @@ impl Config {
         config
     }
 
+    /// The setting `name`'s value as JSON (`null`: unset; a whole number of seconds as
+    /// an integer), for a message or a binding: what [`check_setting`] judges.
+    pub fn value_of(&self, name: &str) -> serde_json::Value {
+        use serde_json::json;
+        let seconds = |s: f64| {
+            if s.fract() == 0.0 && s.abs() < 9.0e15 {
+                json!(s as i64)
+            } else {
+                json!(s)
+            }
+        };
+        match name {
+            "database_url" => json!(self.database_url),
+            "pool_size" => json!(self.pool_size),
+            "connect_timeout" => seconds(self.connect_timeout),
+            "checkout_timeout" => seconds(self.checkout_timeout),
+            "application_name" => json!(self.application_name),
+            "statement_timeout" => self.statement_timeout.map_or(json!(null), seconds),
+            "schema" => json!(self.schema),
+            "host" => json!(self.host),
+            "port" => json!(self.port),
+            "dbname" => json!(self.dbname),
+            "user" => json!(self.user),
+            "password" => json!(self.password),
+            "sslmode" => json!(self.sslmode),
+            "sslrootcert" => json!(self.sslrootcert),
+            "sslcert" => json!(self.sslcert),
+            "sslkey" => json!(self.sslkey),
+            "prepared_statements" => json!(self.prepared_statements),
+            "deadline" => seconds(self.deadline),
+            "asynchronous_completion" => json!(self.asynchronous_completion),
+            "max_result_bytes" => json!(self.max_result_bytes),
+            "enqueue_check_timeout" => seconds(self.enqueue_check_timeout),
+            "compatibility" => json!(self.compatibility),
+            _ => json!(null),
+        }
+    }
+
     /// Parses and validates settings from a JSON object such as
-    /// `{"database_url": "postgres://…", "pool_size": 5}`.
+    /// `{"database_url": "postgres://…", "pool_size": 5}`: each known setting first by
+    /// its rule ([`check_setting`]; an unset one that may be unset takes its default),
+    /// then the whole ([`Config::validate`]).
     ///
     /// Errors: [`Error::Config`] naming the unknown key or the bad value.
     pub fn from_json(json: &str) -> Result<Self> {
-        let mut reader = serde_json::Deserializer::from_str(json);
-        let mut config: Config = serde_path_to_error::deserialize(&mut reader)
+        let mut given: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| setting_error(".".into(), e))?;
+        if let Some(settings) = given.as_object_mut() {
+            for (name, value) in settings.iter() {
+                if setting_rule(name).is_some() {
+                    check_setting(name, value, None)?;
+                }
+            }
+            settings.retain(|name, value| !(value.is_null() && setting_rule(name).is_some()));
+        }
+        let pool_size_given = given.get("pool_size").is_some();
+        let mut config: Config = serde_path_to_error::deserialize(given)
             .map_err(|e| setting_error(e.path().to_string(), e.into_inner()))?;
-        let pool_size_given = serde_json::from_str::<serde_json::Value>(json)
-            .ok()
-            .is_some_and(|v| v.get("pool_size").is_some_and(|p| !p.is_null()));
         config.validate()?;
         config.apply_url_params(pool_size_given)?;
         Ok(config)

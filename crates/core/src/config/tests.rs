@@ -142,7 +142,10 @@ fn prepared_statements_default_to_on_and_must_be_a_boolean() {
     let err = Config::from_json(r#"{"database_url":"postgres://h/db","prepared_statements":"no"}"#)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("invalid type"), "{err}");
+    assert_eq!(
+        err,
+        r#"prepared_statements must be true or false, got "no""#
+    );
 }
 
 #[test]
@@ -184,4 +187,137 @@ fn describes_urls_by_their_parts() {
         "postgres://u@h:7/d"
     );
     assert_eq!(describe_url("postgres://u:p@h:notaport/db"), "(unparsable)");
+}
+
+/// Issue 30: every duration setting has the same ten-year cap as the job options
+/// (a larger one never times out under tokio, whose `timeout` past `Instant`'s range
+/// has no deadline, and above u64::MAX seconds `Duration::from_secs_f64` panics), and
+/// pool_size has PostgreSQL's limit of connections (deadpool sizes its slots by it).
+#[test]
+fn durations_and_sizes_beyond_any_use_are_refused_by_the_cores_rule() {
+    for (name, bad) in [
+        ("connect_timeout", "315360001"),
+        ("connect_timeout", "1e20"),
+        ("checkout_timeout", "1e20"),
+        ("enqueue_check_timeout", "315360001"),
+        ("pool_size", "1000000000000"),
+    ] {
+        let result = Config::from_json(&format!(
+            r#"{{"database_url":"postgres://h/db","{name}":{bad}}}"#
+        ));
+        let err = result.map(|_| ()).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{name} must be ")), "{err}");
+    }
+    let err =
+        Config::from_json(r#"{"database_url":"postgres://h/db","connect_timeout":315360001}"#)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+    assert_eq!(
+        err,
+        "connect_timeout must be a positive number of seconds up to 315360000 (ten years), got 315360001"
+    );
+    let c = Config::from_json(r#"{"database_url":"postgres://h/db","connect_timeout":315360000}"#)
+        .unwrap();
+    assert_eq!(c.connect_timeout(), Duration::from_secs(315_360_000));
+}
+
+/// Issue 30: one rule and one wording per setting, for a binding's check at assignment
+/// (`shown`: the host's notation) as for `from_json`; the job options' wording.
+#[test]
+fn each_setting_is_checked_alone_in_the_options_words() {
+    use serde_json::json;
+    let err = |name: &str, value: serde_json::Value, shown: Option<&str>| {
+        check_setting(name, &value, shown).unwrap_err().to_string()
+    };
+    assert_eq!(
+        err("pool_size", json!(0), None),
+        "pool_size must be a whole number from 1 to 262143 (PostgreSQL's most connections), got 0"
+    );
+    assert_eq!(
+        err("port", json!(70_000), None),
+        "port must be a whole number from 1 to 65535 (a TCP port), got 70000"
+    );
+    assert_eq!(
+        err("max_result_bytes", json!(268_435_456), None),
+        "max_result_bytes must be a whole number from 1 to 268435455 (jsonb's limit), got 268435456"
+    );
+    assert_eq!(
+        err("compatibility", json!("cockroach"), Some(":cockroach")),
+        "compatibility must be one of postgresql, distributed, got :cockroach"
+    );
+    assert_eq!(
+        err("statement_timeout", json!(3_000_000), None),
+        "statement_timeout must be a positive number of seconds up to 2147483 (PostgreSQL's limit), got 3000000"
+    );
+    // The same words as the job option of the same limit.
+    let lock = crate::options::check("", "", "lock_timeout", &json!(3_000_000), None)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        lock.replacen("lock_timeout", "deadline", 1),
+        err("deadline", json!(3_000_000), None)
+    );
+    assert_eq!(
+        err("checkout_timeout", json!(null), Some("nil")),
+        "checkout_timeout must be a positive number of seconds up to 315360000 (ten years), got nil"
+    );
+    assert_eq!(
+        err("application_name", json!(""), None),
+        "application_name must not be empty"
+    );
+    assert!(err("schema", json!("a-b"), None)
+        .starts_with("schema must be a plain PostgreSQL identifier"));
+    assert_eq!(err("host", json!(5), None), "host must be a string, got 5");
+    // A secret setting's value is never shown, whatever the caller's notation.
+    assert_eq!(
+        err("password", json!(12345), Some("12345")),
+        "password must be a string, got [REDACTED]"
+    );
+    assert!(!err("database_url", json!({"u": "pa55"}), None).contains("pa55"));
+    // Unset: the default (or the URL's) for those that may be unset.
+    for name in [
+        "pool_size",
+        "statement_timeout",
+        "max_result_bytes",
+        "port",
+        "password",
+    ] {
+        assert_eq!(
+            check_setting(name, &json!(null), None).unwrap(),
+            json!(null),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        check_setting("compatibility", &json!("distributed"), None).unwrap(),
+        json!("distributed")
+    );
+    assert!(check_setting("lease", &json!(5), None).is_err());
+    // from_json takes an unset one as its default, and says the same words.
+    let c = Config::from_json(
+        r#"{"database_url":"postgres://h/db","pool_size":null,"max_result_bytes":null}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (c.pool_size, c.max_result_bytes),
+        (10, DEFAULT_MAX_RESULT_BYTES)
+    );
+    let e = Config::from_json(r#"{"database_url":"postgres://h/db","pool_size":"5"}"#)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, err("pool_size", json!("5"), None));
+    // Every setting has a rule, in the settings' order.
+    let names: Vec<&str> = SETTING_RULES.iter().map(|r| r.name).collect();
+    assert_eq!(names, CONNECTION_SETTINGS);
+}
+
+/// Issue 30 item E: the pool size of an unset pool_size, the core's for every binding.
+#[test]
+fn an_unset_pool_size_is_the_queues_concurrency_plus_headroom_else_ten() {
+    assert_eq!(pool_size_for(None), 10);
+    assert_eq!(pool_size_for(None), Config::new("").pool_size);
+    assert_eq!(pool_size_for(Some(25)), 25 + POOL_HEADROOM);
+    assert_eq!(pool_size_for(Some(usize::MAX)), MAX_POOL_SIZE);
 }

@@ -36,20 +36,33 @@ pub fn check(
     if value.is_null() {
         return Ok(Value::Null);
     }
+    check_kind(
+        &format!("{}{prefix}{name}", owner(job)),
+        option.kind,
+        value,
+        shown,
+    )
+}
+
+/// Checks `value` (`null` too: refused by every kind but [`Kind::Key`] and
+/// [`Kind::Method`], which pass anything through) against `kind` and returns it
+/// normalised as [`check`] does. `subject` is what the message names: the option or
+/// setting as written, after its job (`"ChargeJob: idempotency_lease"`,
+/// `"connect_timeout"`); `shown` the value as the host language writes it (`None`: its
+/// JSON). The one wording of every option's and setting's rule.
+///
+/// Errors: [`Error::Config`] "`subject` must be …, got `shown`".
+pub fn check_kind(subject: &str, kind: Kind, value: &Value, shown: Option<&str>) -> Result<Value> {
     let bad = |expected: String| {
         Error::Config(format!(
-            "{}{prefix}{name} must be {expected}, got {}",
-            owner(job),
+            "{subject} must be {expected}, got {}",
             show(value, shown)
         ))
     };
-    match option.kind {
+    match kind {
         Kind::Key | Kind::Method => Ok(value.clone()),
         Kind::Text => match value.as_str() {
-            Some("") => Err(Error::Config(format!(
-                "{}{prefix}{name} must not be empty",
-                owner(job)
-            ))),
+            Some("") => Err(Error::Config(format!("{subject} must not be empty"))),
             Some(_) => Ok(value.clone()),
             None => Err(bad("a non-empty string".into())),
         },
@@ -71,8 +84,7 @@ pub fn check(
                 })?;
             if seconds < min || (!min_inclusive && seconds == min) {
                 return Err(Error::Config(format!(
-                    "{}{prefix}{name} must be at least {min} s ({why_min}), got {}",
-                    owner(job),
+                    "{subject} must be at least {min} s ({why_min}), got {}",
                     show(value, shown)
                 )));
             }
@@ -92,9 +104,12 @@ pub fn check(
             Value::String(s) if allowed.contains(&s.as_str()) => Ok(value.clone()),
             _ => Err(bad(format!("true, false or one of {}", allowed.join(", ")))),
         },
-        Kind::Count { min, max } => match value.as_i64() {
+        Kind::Count { min, max, why_max } => match value.as_i64() {
             Some(n) if (min..=max).contains(&n) => Ok(value.clone()),
-            _ => Err(bad(format!("a whole number from {min} to {max}"))),
+            _ if why_max.is_empty() => Err(bad(format!("a whole number from {min} to {max}"))),
+            _ => Err(bad(format!(
+                "a whole number from {min} to {max} ({why_max})"
+            ))),
         },
     }
 }

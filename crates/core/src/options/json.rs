@@ -57,7 +57,7 @@ pub fn table_json() -> Value {
                 "flavour"
             }
             Kind::Method => "method",
-            Kind::Count { min, max } => {
+            Kind::Count { min, max, .. } => {
                 entry.insert("min".into(), json!(min));
                 entry.insert("max".into(), json!(max));
                 "count"

@@ -24,12 +24,13 @@ mod json;
 mod names;
 mod table;
 
-pub use check::check;
+pub use check::{check, check_kind};
 pub use json::table_json;
 pub use names::{nearest, not_taken, suggestion, unknown, unknown_among, unknown_setting};
 pub use table::{
-    find, Default, JobOption, Kind, ENQUEUE_POLICIES, JOB_OPTIONS, MAX_SECONDS, MAX_TAKEOVERS,
-    MIN_LEASE_SECONDS, MISMATCH_POLICIES, STALE_POLICIES, TRANSACTIONS,
+    find, Default, JobOption, Kind, DURATION, ENQUEUE_POLICIES, JOB_OPTIONS, MAX_LEASE_SECONDS,
+    MAX_PG_TIMEOUT_SECONDS, MAX_SECONDS, MAX_TAKEOVERS, MIN_LEASE_SECONDS, MISMATCH_POLICIES,
+    PG_TIMEOUT, STALE_POLICIES, TRANSACTIONS,
 };
 
 #[cfg(test)]

@@ -1,13 +1,19 @@
 //! The table of job options ([`JOB_OPTIONS`]): each option's name, kind ([`Kind`]),
 //! default ([`Default`]) and limits, the policies' names, and [`find`].
 
-use crate::config::MAX_PG_TIMEOUT_SECONDS;
-
 /// Shortest lease accepted, in seconds: below it a heartbeat cannot renew in time (one
 /// statement round trip and a thread wake-up) and every delivery looks stale.
 pub const MIN_LEASE_SECONDS: f64 = 0.25;
 /// Longest duration accepted for a job option or a setting, in seconds (ten years).
-pub const MAX_SECONDS: f64 = crate::config::MAX_LEASE_SECONDS;
+pub const MAX_SECONDS: f64 = MAX_LEASE_SECONDS;
+
+/// PostgreSQL's limit for `statement_timeout` and `lock_timeout` (INT_MAX ms), in seconds
+/// (re-exported as `config::MAX_PG_TIMEOUT_SECONDS`).
+pub const MAX_PG_TIMEOUT_SECONDS: f64 = 2_147_483.0;
+
+/// Longest lease accepted, in seconds (ten years; PostgreSQL intervals overflow far
+/// beyond that; re-exported as `config::MAX_LEASE_SECONDS`).
+pub const MAX_LEASE_SECONDS: f64 = 315_360_000.0;
 
 /// What values an option takes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,8 +43,13 @@ pub enum Kind {
     },
     /// A method of the job by name, or a callable: checked by the binding.
     Method,
-    /// A whole number from `min` to `max` (a count, never a string or a fraction).
-    Count { min: i64, max: i64 },
+    /// A whole number from `min` to `max` (a count, never a string or a fraction);
+    /// `why_max` explains the maximum ("" for none).
+    Count {
+        min: i64,
+        max: i64,
+        why_max: &'static str,
+    },
 }
 
 /// A default value.
@@ -83,12 +94,24 @@ pub const ENQUEUE_POLICIES: &[&str] = &["push", "skip_completed"];
 /// The transactional flavours (`true` means native).
 pub const TRANSACTIONS: &[&str] = &["native", "active_record"];
 
-const DURATION: Kind = Kind::Seconds {
+/// A positive number of seconds up to [`MAX_SECONDS`]: the rule of every duration,
+/// job option or setting, PostgreSQL does not bound ([`PG_TIMEOUT`]).
+pub const DURATION: Kind = Kind::Seconds {
     min: 0.0,
     min_inclusive: false,
     why_min: "",
     max: MAX_SECONDS,
     why_max: "ten years",
+};
+
+/// A positive number of seconds up to PostgreSQL's limit for `statement_timeout` and
+/// `lock_timeout` ([`MAX_PG_TIMEOUT_SECONDS`]).
+pub const PG_TIMEOUT: Kind = Kind::Seconds {
+    min: 0.0,
+    min_inclusive: false,
+    why_min: "",
+    max: MAX_PG_TIMEOUT_SECONDS,
+    why_max: "PostgreSQL's limit",
 };
 
 /// Every job option, in the order messages list them.
@@ -180,13 +203,7 @@ pub const JOB_OPTIONS: &[JobOption] = &[
     },
     JobOption {
         name: "lock_timeout",
-        kind: Kind::Seconds {
-            min: 0.0,
-            min_inclusive: false,
-            why_min: "",
-            max: MAX_PG_TIMEOUT_SECONDS,
-            why_max: "PostgreSQL's limit",
-        },
+        kind: PG_TIMEOUT,
         default: Default::Seconds(5.0),
         setting: Some("lock_timeout"),
         required: false,
@@ -215,6 +232,7 @@ pub const JOB_OPTIONS: &[JobOption] = &[
         kind: Kind::Count {
             min: 0,
             max: MAX_TAKEOVERS,
+            why_max: "",
         },
         default: Default::None,
         setting: None,

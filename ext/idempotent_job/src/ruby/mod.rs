@@ -71,6 +71,17 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
         "job_default_setting",
         function!(options::job_default_setting, 2),
     )?;
+    native.define_module_function(
+        "connection_setting",
+        function!(options::connection_setting, 2),
+    )?;
+    native.define_module_function(
+        "connection_settings",
+        function!(options::connection_settings, 0),
+    )?;
+    native.define_module_function("check_duration", function!(options::check_duration, 2))?;
+    native.define_module_function("pool_size_for", function!(options::pool_size_for, 1))?;
+    native.define_module_function("env_database_url", function!(options::env_database_url, 0))?;
     native.define_module_function("not_taken", function!(options::not_taken, 6))?;
     native.define_module_function("unknown_setting", function!(options::unknown_setting, 3))?;
     native.define_module_function("canonical_json", function!(canonical_json, 1))?;

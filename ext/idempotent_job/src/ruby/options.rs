@@ -7,6 +7,7 @@ use serde_json::Value as Json;
 
 use super::convert::{inspect, json_of, RbResult};
 use super::errors::to_ruby;
+use idempotent_job_core::config;
 use idempotent_job_core::job_settings::JobDefaults;
 use idempotent_job_core::options::{self, Kind};
 
@@ -19,6 +20,12 @@ pub fn job_options_json() -> String {
 /// object text ([`idempotent_job_core::config::connection_defaults_json`]).
 pub fn connection_defaults_json() -> String {
     idempotent_job_core::config::connection_defaults_json().to_string()
+}
+
+/// `Native.connection_settings` → the names (Strings) of the connection settings, in
+/// the core's order ([`config::CONNECTION_SETTINGS`]; `database_url` first).
+pub fn connection_settings() -> Vec<&'static str> {
+    config::CONNECTION_SETTINGS.to_vec()
 }
 
 /// `Native.job_default_settings` → the names (Strings) of the settings that give every
@@ -132,4 +139,60 @@ pub fn unknown_setting(
         ruby,
         idempotent_job_core::options::unknown_setting(&shown, &name, &known),
     ))
+}
+
+/// `Native.connection_setting(name, value)` → `value` once the core accepts it for the
+/// connection setting `name` ([`config::check_setting`]: the setting's rule, in the job
+/// options' words); a choice (`compatibility`) as a Symbol, anything else as given
+/// (nil for an unset one that may be unset).
+///
+/// Raises `IdempotentJob::ConfigurationError` naming the setting and the value (shown
+/// by `inspect`; never a password's or a URL's) when the core refuses it, or when
+/// `name` is no connection setting.
+pub fn connection_setting(ruby: &Ruby, name: String, value: Value) -> RbResult<Value> {
+    // As in `job_option`: a value JSON cannot carry is refused by every rule.
+    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
+    let secret = config::setting_rule(&name).is_some_and(|r| r.secret);
+    let shown = if secret {
+        String::new()
+    } else {
+        inspect(value)?
+    };
+    let checked =
+        config::check_setting(&name, &json, Some(&shown)).map_err(|e| to_ruby(ruby, e))?;
+    let choice = config::setting_rule(&name)
+        .is_some_and(|r| matches!(r.rule, config::Rule::Is(Kind::Choice { .. })));
+    Ok(match checked {
+        Json::String(s) if choice => ruby.to_symbol(s).as_value(),
+        _ => value,
+    })
+}
+
+/// `Native.check_duration(subject, value)` → `value` once the core's rule of a
+/// duration accepts it ([`options::DURATION`]: a positive number of seconds up to ten
+/// years).
+///
+/// Raises `IdempotentJob::ConfigurationError` "`subject` must be …, got …" (the value
+/// shown by `inspect`) otherwise.
+pub fn check_duration(ruby: &Ruby, subject: String, value: Value) -> RbResult<Value> {
+    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
+    let shown = inspect(value)?;
+    options::check_kind(&subject, options::DURATION, &json, Some(&shown))
+        .map_err(|e| to_ruby(ruby, e))?;
+    Ok(value)
+}
+
+/// `Native.pool_size_for(concurrency)` → the pool size (Integer) of an unset
+/// `pool_size` ([`config::pool_size_for`]): the queue's concurrency (nil: unknown) plus
+/// the core's headroom, else the core's default.
+pub fn pool_size_for(concurrency: Option<usize>) -> usize {
+    config::pool_size_for(concurrency)
+}
+
+/// `Native.env_database_url` → the database URL of the environment
+/// ([`config::env_database_url`]: the first of `IDEMPOTENT_JOB_DATABASE_URL`,
+/// `DATABASE_URL` set and not empty), read now; nil when none is. Runs with the GVL
+/// held, so no Ruby thread changes `ENV` meanwhile.
+pub fn env_database_url() -> Option<String> {
+    config::env_database_url()
 }
