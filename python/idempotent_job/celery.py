@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any
+from typing import Any, Optional
 
 from celery import Task, current_app
 from celery.exceptions import Ignore, Retry
@@ -54,7 +54,9 @@ ON_CLAIM_ERROR_VALUES = ("send_back", "fail")
 
 #: One part of a key declaration: its label, the argument's index (None: by keyword
 #: only), its parameter name (None: by index only) and the dotted segments below it.
-_Path = tuple[str, int | None, str | None, list[str]]
+#: (Optional, not ``int | None``: this line runs at import, where ``X | None`` needs
+#: Python 3.10, and the package supports 3.9.)
+_Path = tuple[str, Optional[int], Optional[str], list[str]]
 
 
 def _parameters(cls: type) -> list[inspect.Parameter] | None:
