@@ -134,7 +134,8 @@ module IdempotentJob
     #   stored value when `replayed?`), :held, :given_up or :in_progress (with
     #   retry_after and lease_remaining)
     # @raise [OperationKeyError] for a bad operation key (nothing recorded)
-    # @raise [ConfigurationError] for a bad option, or a job type that is not valid UTF-8
+    # @raise [ConfigurationError] for a bad option, a job type that is not valid UTF-8, or
+    #   `facts:` that are not a Hash
     # @raise [ConnectionError, TimeoutError, DatabaseError] when the claim cannot be decided
     # @raise [LookupError, PayloadMismatchError, LostClaimError] as {Protocol#run}
     # @raise [Exception] what the block raised, after releasing the claim (an interrupt:
@@ -271,11 +272,13 @@ module IdempotentJob
     # :re_enqueue_other_producer, :re_enqueue (no producer recorded), :unknown (no facts).
     # See {Repeats::Classifier}; {Repeats.report} adds the summary per job type, the
     # producer pairs, text lines and CSV.
-    # @param since [Time] default 24 hours ago
+    # @param since [Time, Numeric] default 24 hours ago (a Time or epoch seconds)
     # @param job_type [String, Class, nil] only this job type
-    # @param restarts [Array<Time>] deploy/restart times
+    # @param restarts [Array<Time, Numeric>] deploy/restart times
     # @param restart_window [Numeric] seconds (default 120)
     # @return [Array<Repeats::Operation>]; see also {Repeats.summary}
+    # @raise [ConfigurationError] for a `since`/`restarts` that is not a time (a String
+    #   included), a negative `restart_window`
     # @raise [ConnectionError, DatabaseError]
     def repeats(since: Time.now - Native::DEFAULT_REPEATS_SINCE, job_type: nil, restarts: [],
                 restart_window: Native::DEFAULT_RESTART_WINDOW)

@@ -25,7 +25,8 @@ module IdempotentJob
   # their decimal text; a Time, NaN or a BigDecimal refused. Nothing is written here.
   class Key
     PARAMETER_KINDS = %i[req opt].freeze
-    private_constant :PARAMETER_KINDS
+    KEYWORD_KINDS = %i[key keyreq].freeze
+    private_constant :PARAMETER_KINDS, :KEYWORD_KINDS
 
     # Longest job type plus operation key, in bytes (the record's index limit; the core's
     # `keys::MAX_KEY_BYTES`).
@@ -182,10 +183,22 @@ module IdempotentJob
       end
       kind = params[found][0]
       unless PARAMETER_KINDS.include?(kind) && params[0...found].all? { |(k, _)| PARAMETER_KINDS.include?(k) }
+        keyword_parameter(name, params) if KEYWORD_KINDS.include?(kind)
         fail_declaration("names parameter #{name.inspect}, which is not a plain positional parameter " \
                          "of #{job_name}#perform: use an argument index instead")
       end
       found
+    end
+
+    # A keyword parameter after plain positional ones: its value is the keywords Hash's
+    # entry, the argument after the positional ones (how ActiveJob serializes keywords).
+    def keyword_parameter(name, params)
+      positional = params.take_while { |(k, _)| PARAMETER_KINDS.include?(k) }.size
+      return unless params.drop(positional).all? { |(k, _)| KEYWORD_KINDS.include?(k) || k == :block }
+
+      fail_declaration("names keyword parameter #{name.inspect} of #{job_name}#perform: keyword arguments " \
+                       "arrive as one Hash after the #{positional} positional one(s), so declare the path " \
+                       "#{"#{positional}.#{name}".inspect}")
     end
 
     def perform_parameters

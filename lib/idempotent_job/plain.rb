@@ -41,6 +41,7 @@ module IdempotentJob
       raise ConfigurationError, "perform_once: the job type must not be empty" if type.empty?
 
       options = JobOptions.cached(type, { lease:, **checked(type, options) })
+      facts = checked_facts(type, facts)
       # The key's size and text are checked by the core's one call (Native::Protocol#perform).
       delivery = Delivery.new(job_type: type, operation_key: value_key(type, operation_key), payload:,
                               job_class: job_class || type, queue:, id: id || SecureRandom.uuid, deferrals:, facts:)
@@ -63,6 +64,17 @@ module IdempotentJob
       wait
     end
     private_class_method :checked_wait
+
+    # `facts:` as a Hash (nil: none); anything else refused naming the job, before a claim.
+    def self.checked_facts(type, facts)
+      return {} if facts.nil?
+      return facts if facts.is_a?(Hash)
+
+      raise ConfigurationError, "#{type}: perform_once's facts: must be a Hash (what this delivery's queue knows " \
+                                "of it, stored with the claim for the repeats report), got " \
+                                "#{facts.inspect[0, 100]}; the job was not run and nothing was recorded"
+    end
+    private_class_method :checked_facts
 
     def self.checked(type, options)
       if options.key?(:on_enqueue)

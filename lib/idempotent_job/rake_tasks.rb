@@ -11,6 +11,14 @@ require "rake"
 namespace :idempotent_job do
   prerequisites = Rake::Task.task_defined?(:environment) ? [:environment] : []
 
+  # A task argument or environment variable as a Float; one line naming it, no backtrace,
+  # when it is not a number.
+  number = lambda do |text, name, unit|
+    Float(text)
+  rescue ArgumentError, TypeError
+    abort %(idempotent_job: #{name} must be a number of #{unit}, got #{text.inspect})
+  end
+
   desc "Create or update the idempotency record table (applies migrations/ in order; safe to run twice)"
   task migrate: prerequisites do
     require "idempotent_job"
@@ -33,10 +41,14 @@ namespace :idempotent_job do
   task :purge, [:older_than] => prerequisites do |_task, args|
     require "idempotent_job"
     older_than = args[:older_than] || ENV.fetch("OLDER_THAN", nil)
-    older_than = older_than ? Float(older_than) : IdempotentJob.configuration.retention
+    older_than = older_than ? number.call(older_than, "OLDER_THAN", "seconds") : IdempotentJob.configuration.retention
     tty = $stdout.tty?
     # Progress on a terminal only: a log (cron, CI) gets the final count alone.
-    total = IdempotentJob.purge(older_than:) { |so_far| print("\ridempotent_job: purged #{so_far}…") if tty }
+    begin
+      total = IdempotentJob.purge(older_than:) { |so_far| print("\ridempotent_job: purged #{so_far}…") if tty }
+    rescue IdempotentJob::ConfigurationError => e # a negative OLDER_THAN: one line, no backtrace
+      abort "idempotent_job: #{e.message}"
+    end
     puts if tty && total.positive?
     puts "idempotent_job: purged #{total} records finished more than #{older_than} s ago"
   end
@@ -48,9 +60,13 @@ namespace :idempotent_job do
   task :repeats, [:hours] => prerequisites do |_task, args|
     require "idempotent_job"
     require "time"
-    hours = Float(args[:hours] || ENV.fetch("HOURS", "24"))
-    restarts = ENV.fetch("RESTARTS", "").split(",").map { |t| Time.iso8601(t.strip) }
-    window = Float(ENV.fetch("RESTART_WINDOW", "120"))
+    hours = number.call(args[:hours] || ENV.fetch("HOURS", "24"), "HOURS", "hours")
+    restarts = ENV.fetch("RESTARTS", "").split(",").map do |t|
+      Time.iso8601(t.strip)
+    rescue ArgumentError
+      abort %(idempotent_job: RESTARTS must be ISO 8601 times separated by commas, got #{t.inspect})
+    end
+    window = number.call(ENV.fetch("RESTART_WINDOW", "120"), "RESTART_WINDOW", "seconds")
     report = IdempotentJob::Repeats.report(since: Time.now - (hours * 3600), restarts:, restart_window: window)
     puts report.lines
     puts "idempotent_job: no repeated operations in the last #{hours} hours" if report.operations.empty?

@@ -14,14 +14,25 @@ module IdempotentJob
     Operation = Report::Operation
 
     class << self
-      # @param since [Time] operations repeated at or after this time
+      # @param since [Time, Numeric] operations repeated at or after this time (a Time or
+      #   epoch seconds)
       # @param job_type [String, nil] only this job type
-      # @param restarts [Array<Time>] recorded deploy/restart times
+      # @param restarts [Array<Time, Numeric>] recorded deploy/restart times (Times or
+      #   epoch seconds)
       # @param restart_window [Numeric] seconds after a restart within which a redelivery
       #   is matched to it
       # @return [Report]
+      # @raise [ConfigurationError] for a `since` or `restarts` that is not a time (a String
+      #   is refused: read as a number it would be 0 or a year, and the report silently
+      #   wrong), a negative `restart_window`
       # @raise [ConnectionError, DatabaseError]
       def report(since:, job_type: nil, restarts: [], restart_window: Native::DEFAULT_RESTART_WINDOW)
+        since = time(since) { |got| "since must be a Time or epoch seconds, got #{got}" }
+        unless restarts.is_a?(Array)
+          raise ConfigurationError, "repeats: restarts must be an Array of Times, got #{restarts.inspect[0, 100]}"
+        end
+
+        restarts = restarts.map { |t| time(t) { |got| "restarts must be Times or epoch seconds, got #{got}" } }
         rows = IdempotentJob.store.repeats(since.to_f, job_type&.to_s).map { |row| Report.row(row) }
         Report.new(rows, restarts:, restart_window:)
       end
@@ -35,6 +46,18 @@ module IdempotentJob
       # @return [Hash{String => Hash}] per job type (see {Report.summary})
       def summary(operations)
         Report.summary(operations)
+      end
+
+      private
+
+      # A Time (or anything with `to_time`: DateTime, ActiveSupport's TimeWithZone) or epoch
+      # seconds as a Time; else ConfigurationError with the block's words.
+      def time(value)
+        return value if value.is_a?(Time)
+        return Time.at(value) if value.is_a?(Numeric) && value.real? && value.to_f.finite?
+        return value.to_time if !value.is_a?(String) && value.respond_to?(:to_time)
+
+        raise ConfigurationError, "repeats: #{yield(value.inspect[0, 100])}"
       end
     end
   end

@@ -125,7 +125,10 @@ def migrate() -> list[str]:
 
 def _job_type(job_type: Any) -> str:
     """``job_type`` as text the core takes; ConfigurationError naming it (escaped) when it
-    is not valid UTF-8 (a lone surrogate, as ``surrogateescape`` decoding leaves)."""
+    is not valid UTF-8 (a lone surrogate, as ``surrogateescape`` decoding leaves), or None
+    (which ``str`` would make the job type "None")."""
+    if job_type is None:
+        raise ConfigurationError("the job type must be given (a str), got None; nothing was run or recorded")
     text = str(job_type)
     try:
         text.encode("utf-8")
@@ -145,7 +148,7 @@ def operation_key(value: Any, job_type: str = "operation") -> str:
     Raises:
         OperationKeyError: for None, a bool, a float, an empty value, a NUL character, or
             a key over 2,000 bytes together with ``job_type``.
-        ConfigurationError: for a job type that is not valid UTF-8.
+        ConfigurationError: for a job type that is None or not valid UTF-8.
     """
     return Store.operation_key(_job_type(job_type), value)
 
@@ -219,8 +222,10 @@ def perform_once(
     Raises:
         OperationKeyError: for a bad key. ConfigurationError: for a bad option value
             (checked by the core's options table) or an unknown keyword (naming the job,
-            the call, the keyword and the nearest known one), or a job type that is not
-            valid UTF-8.
+            the call, the keyword and the nearest known one), a job type that is None or not
+            valid UTF-8, or an ``id``/``job_class``/``queue`` that is not a str, ``deferrals``
+            not a whole number from 0 to 2**32 - 1, ``facts`` not a dict (naming the job;
+            nothing is claimed).
         PayloadMismatchError: under ``on_mismatch="raise"``. LookupError.
         ConnectionError, TimeoutError, DatabaseError: the body did not run.
         Whatever ``fn`` raised: its claim was released first, so a retry runs it again
@@ -232,6 +237,7 @@ def perform_once(
         _native.not_taken(job_type, "perform_once", sorted(unknown)[0], _PERFORM_ONCE_OPTIONS)
     if not callable(fn):
         raise ConfigurationError(f"{job_type}: perform_once needs a callable body, got {type(fn).__name__}")
+    _check_delivery(job_type, id=id, job_class=job_class, queue=queue, deferrals=deferrals, facts=facts)
     key_text = Store.operation_key(job_type, key)
     store = _current()
     options = {
@@ -265,6 +271,29 @@ def perform_once(
             wait,
         ),
     )
+
+
+#: The most deferrals a delivery may say it met (the core's u32).
+_MAX_DEFERRALS = 2**32 - 1
+
+
+def _check_delivery(job_type: str, *, deferrals: Any, facts: Any, **texts: Any) -> None:
+    """ConfigurationError naming the job for a delivery argument of the wrong kind, before
+    anything is claimed (the native layer would raise a bare TypeError or OverflowError)."""
+
+    def refuse(what: str, value: Any) -> ConfigurationError:
+        return ConfigurationError(
+            f"{job_type}: perform_once's {what}, got {value!r:.100}; "
+            "the job was not run and nothing was recorded"
+        )
+
+    for name, value in texts.items():
+        if value is not None and not isinstance(value, str):
+            raise refuse(f"{name} must be a str (or None)", value)
+    if isinstance(deferrals, bool) or not isinstance(deferrals, int) or not 0 <= deferrals <= _MAX_DEFERRALS:
+        raise refuse(f"deferrals must be a whole number from 0 to {_MAX_DEFERRALS}", deferrals)
+    if facts is not None and not isinstance(facts, dict):
+        raise refuse("facts must be a dict (or None)", facts)
 
 
 #: The keywords perform_once takes after the job type, the key and the body.
@@ -478,7 +507,13 @@ class RepeatsReport:
         ``notes``). Pure: reads and writes nothing. ConfigurationError for an operation
         the core cannot read (a missing ``job_type``, an unknown ``cause``…)."""
         printed = json.loads(_native.repeats_report(json.dumps(operations)))
-        operations = [{**op, "notes": notes} for op, notes in zip(operations, printed["notes"], strict=True)]
+        # One list of notes per operation (zip's strict= would need Python 3.10).
+        if len(printed["notes"]) != len(operations):
+            raise ConfigurationError(
+                f"repeats report: the core printed notes for {len(printed['notes'])} operations, "
+                f"given {len(operations)}"
+            )
+        operations = [{**op, "notes": notes} for op, notes in zip(operations, printed["notes"])]
         return cls(
             operations=operations,
             summary={job_type: dict(counts) for job_type, counts in printed["summary"]},

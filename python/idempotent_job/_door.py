@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from . import _current, _tracing
 from ._native import (
@@ -41,7 +41,9 @@ __all__ = [
 
 #: One part of a key declaration: its label, the argument's index (None: by keyword
 #: only), its parameter name (None: by index only) and the dotted segments below it.
-KeyPart = tuple[str, int | None, str | None, list[str]]
+#: (Optional, not ``int | None``: this line runs at import, where ``X | None`` needs
+#: Python 3.10, and the package supports 3.9.)
+KeyPart = tuple[str, Optional[int], Optional[str], list[str]]
 
 
 class JobProtocol:

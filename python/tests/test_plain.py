@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -492,6 +493,44 @@ def test_an_empty_idempotent_job_database_url_falls_to_database_url(monkeypatch)
     with pytest.raises(errors.ConfigurationError, match="IDEMPOTENT_JOB_DATABASE_URL / DATABASE_URL"):
         monkeypatch.setenv("DATABASE_URL", "")
         idempotent_job.configure()
+
+
+@pytest.mark.parametrize(
+    "argument,value,words",
+    [
+        ("facts", [1], "facts must be a dict (or None)"),
+        ("facts", "receive_count=2", "facts must be a dict (or None)"),
+        ("id", 123, "id must be a str (or None)"),
+        ("job_class", 5, "job_class must be a str (or None)"),
+        ("queue", 5, "queue must be a str (or None)"),
+        ("deferrals", "1", "deferrals must be a whole number from 0 to 4294967295"),
+        ("deferrals", -1, "deferrals must be a whole number from 0 to 4294967295"),
+        ("deferrals", 2**32, "deferrals must be a whole number from 0 to 4294967295"),
+        ("deferrals", True, "deferrals must be a whole number from 0 to 4294967295"),
+    ],
+)
+def test_a_delivery_argument_of_the_wrong_kind_names_the_job_and_nothing_runs(
+    scenario, argument, value, words
+):
+    # Fresh-clone trial: these were pyo3's own TypeError ("argument 'facts': 'list' object
+    # cannot be cast as 'dict'") or, for deferrals=-1, "OverflowError: out of range
+    # integral type conversion attempted", naming neither the job nor what to pass.
+    runs = []
+    expected = f"^{scenario}: perform_once's {re.escape(words)}, got "
+    with pytest.raises(errors.ConfigurationError, match=expected):
+        idempotent_job.perform_once(scenario, "1", lambda c: runs.append(1), **{argument: value})
+    assert runs == []
+    assert idempotent_job.record(scenario, "1") is None
+
+
+def test_a_job_type_of_none_is_refused_not_stored_as_the_text_none(scenario):
+    runs = []
+    with pytest.raises(errors.ConfigurationError, match="the job type must be given"):
+        idempotent_job.perform_once(None, scenario, lambda c: runs.append(1))
+    with pytest.raises(errors.ConfigurationError, match="the job type must be given"):
+        idempotent_job.record(None, scenario)
+    assert runs == []
+    assert idempotent_job.record("None", scenario) is None
 
 
 def test_connection_errors_are_retryable_and_nothing_runs(scenario):

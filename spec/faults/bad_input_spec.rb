@@ -306,4 +306,33 @@ RSpec.describe "Bad input", :faults do
       expect(runs.size).to eq(1)
     end
   end
+
+  describe "a plain-API or repeats-report argument of the wrong kind (fresh-clone trial)" do
+    let(:runs) { [] }
+
+    it "refuses facts: that are not a Hash with ConfigurationError naming the job; nothing runs or is recorded" do
+      [[1], "receive_count=2", 42].each do |facts|
+        expect { IdempotentJob.perform_once("FactsRefund", "1", facts:) { runs << :ran } }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          /\AFactsRefund: perform_once's facts: must be a Hash .*got #{Regexp.escape(facts.inspect)}; /)
+      end
+      expect(runs).to be_empty
+      expect(IdempotentJob.record("FactsRefund", "1")).to be_nil
+      IdempotentJob.perform_once("FactsRefund", "1", facts: { receive_count: 2 }) { runs << :ran }
+      expect(runs).to eq([:ran])
+    end
+
+    it "refuses a since: or restarts: that is not a time (a String read as 0 would list every repeat ever)" do
+      calls = {
+        -> { IdempotentJob.repeats(since: "yesterday") } =>
+          /\Arepeats: since must be a Time or epoch seconds, got "yesterday"/,
+        -> { IdempotentJob::Repeats.report(since: "2026-11-29") } => /\Arepeats: since must be a Time/,
+        -> { IdempotentJob.repeats(restarts: ["2026-11-29T10:00:00Z"]) } =>
+          /\Arepeats: restarts must be Times or epoch seconds, got "2026-11-29T10:00:00Z"/,
+        -> { IdempotentJob.repeats(restarts: Time.now) } => /\Arepeats: restarts must be an Array/
+      }
+      calls.each { |call, message| expect(&call).to raise_error(IdempotentJob::ConfigurationError, message) }
+      expect(IdempotentJob.repeats(since: Time.now.to_f - 60, restarts: [Time.now, Time.now.to_i])).to be_an(Array)
+    end
+  end
 end

@@ -62,4 +62,21 @@ RSpec.describe "rake idempotent_job:held and idempotent_job:resolve", :integrati
     expect(status).not_to be_success
     expect(out).to eq(%(idempotent_job: ChargeOrderJob operation "405" is not held or given up (status: :claimed)\n))
   end
+
+  it "fails with one line naming the argument, no backtrace, for a bad HOURS, OLDER_THAN or RESTARTS" do
+    {
+      ["idempotent_job:repeats[abc]"] => %(idempotent_job: HOURS must be a number of hours, got "abc"\n),
+      ["idempotent_job:purge[soon]"] => %(idempotent_job: OLDER_THAN must be a number of seconds, got "soon"\n),
+      ["idempotent_job:purge[-5]"] =>
+        "idempotent_job: purge needs older_than >= 0 seconds and a batch of at least 1, got -5 and 1000\n",
+      ["idempotent_job:repeats", { "RESTARTS" => "yesterday" }] =>
+        %(idempotent_job: RESTARTS must be ISO 8601 times separated by commas, got "yesterday"\n),
+      ["idempotent_job:repeats", { "RESTART_WINDOW" => "2m" }] =>
+        %(idempotent_job: RESTART_WINDOW must be a number of seconds, got "2m"\n)
+    }.each do |(task, env), expected|
+      out, status = rake(task, **(env || {}).transform_keys(&:to_s))
+      expect(status).not_to be_success
+      expect(out).to eq(expected)
+    end
+  end
 end

@@ -120,6 +120,21 @@ RSpec.describe IdempotentJob::Key do
       key_error(:flag) { |m| expect(m).to include("not a plain positional parameter") }
     end
 
+    it "points a keyword parameter after plain positional ones to its path (ActiveJob's `\"1.order_id\"`)" do
+      keywords = Class.new do
+        def self.name = "KeywordJob"
+
+        def perform(shop, order_id:, note: nil); end
+      end
+      expect { described_class.new(keywords, :order_id) }.to raise_error(IdempotentJob::OperationKeyError) do |e|
+        expect(e.message).to start_with("KeywordJob: idempotency key :order_id names keyword parameter " \
+                                        "\"order_id\" of KeywordJob#perform")
+        expect(e.message).to include('declare the path "1.order_id"')
+        expect(e.message).not_to include("use an argument index instead")
+      end
+      expect(described_class.new(keywords, "1.order_id").operation_key(["s", { "order_id" => 7 }])).to eq("7")
+    end
+
     it("rejects a negative index") { key_error(-1) { |m| expect(m).to include("negative") } }
     it("rejects an empty composite") { key_error([]) { |m| expect(m).to include("empty Array") } }
     it("rejects empty path segments") { key_error("payload..id") { |m| expect(m).to include("empty") } }
