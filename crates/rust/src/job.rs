@@ -248,7 +248,9 @@ impl Delivery {
         self
     }
     /// Waits up to `seconds` for a live claim to end before deciding (a completion then
-    /// replays); the body never runs while a live lease holds.
+    /// replays); the body never runs while a live lease holds. `seconds` must be from 0
+    /// to ten years ([`idempotent_job_core::results::check_wait`]): else the run returns
+    /// [`Error::Config`] naming the job before anything is claimed.
     pub fn wait(mut self, seconds: f64) -> Self {
         self.request.wait_seconds = Some(seconds);
         self
@@ -317,6 +319,10 @@ impl Delivery {
                     &problem,
                 ),
             ));
+        }
+        if let Some(wait) = self.request.wait_seconds {
+            // The core's one rule for `wait` (0 to ten years), as in every binding.
+            idempotent_job_core::results::check_wait(&self.request.job_type, Some(wait), None)?;
         }
         self.request.operation_key = self.key?;
         if self.request.delivery_id.is_none() {

@@ -503,3 +503,37 @@ async fn a_body_that_kills_its_process_every_time_is_held_after_max_takeovers() 
         );
     }
 }
+
+/// The fresh-clone trial found `wait(-1.0)` accepted and the body run; every binding
+/// refuses a wait outside 0 to ten years before anything is claimed.
+#[tokio::test]
+async fn a_wait_outside_zero_to_ten_years_is_refused_before_anything_runs() {
+    let s = scenario();
+    let charge = jobs().await.job("RustWaitRange").build().unwrap();
+    for wait in [-1.0, f64::NAN, 1e300] {
+        let s2 = s.clone();
+        let refused = charge
+            .delivery(s.clone())
+            .wait(wait)
+            .run(|claim| async move {
+                effect(&s2, &claim.operation_key).await;
+                Ok::<_, std::io::Error>(())
+            })
+            .await
+            .err()
+            .expect("a wait out of range is refused");
+        let text = refused.to_string();
+        assert!(
+            text.contains("RustWaitRange: wait must be a number of seconds from 0"),
+            "{text}"
+        );
+    }
+    assert_eq!(effects(&s).await, 0);
+    let outcome = charge
+        .delivery(s.clone())
+        .wait(0.5)
+        .run(|_| async { Ok::<_, std::io::Error>(()) })
+        .await
+        .unwrap();
+    assert_eq!(outcome.decision, Decision::Ran);
+}
