@@ -30,6 +30,7 @@ def test_a_delivery_runs_once_under_the_distributed_profile(distributed):
 
 
 def test_an_unknown_compatibility_is_refused_naming_the_values():
-    with pytest.raises(ConfigurationError, match='compatibility must be "postgresql" or "distributed"'):
+    refused = '^compatibility must be one of postgresql, distributed, got "cockroach"$'
+    with pytest.raises(ConfigurationError, match=refused):
         idempotent_job.configure(database_url=os.environ["DATABASE_URL"], compatibility="cockroach")
     idempotent_job.configure(database_url=os.environ["DATABASE_URL"])
