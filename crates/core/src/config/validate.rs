@@ -24,7 +24,7 @@ impl Config {
     /// the bindings' checks at assignment), then the URL and the connection fields (see
     /// [`Config::pg_config`]).
     ///
-    /// Errors: [`Error::Config`] naming the first bad setting.
+    /// Errors: [`Error::Config`](crate::error::Error::Config) naming the first bad setting.
     pub fn validate(&self) -> Result<()> {
         for name in CONNECTION_SETTINGS {
             check_setting(name, &self.value_of(name), None)?;
