@@ -189,8 +189,24 @@ def test_a_held_message_resolved_for_a_rerun_is_sent_again_and_runs_once(sqs, sc
     first = Workers("door", url, scenario, 1, lease=3, on_stale="hold", effect_first=True, first_sleep=120)
     eventually(lambda: effects(scenario) == 1, "the first run's effect")
     first.stop(signal.SIGKILL)
-    _run(sqs, url, scenario, "door", lambda: _empty(sqs, url), 1, lease=3, on_stale="hold", effect_first=True)
-    assert idempotent_job.record("SqsOrder", order)["status"] == "held"
+    # Until the queue is empty AND the record held: in one CI rehearsal (Python 3.14) the
+    # queue's approximate counters read 0/0 while the record was still 'claimed'; the
+    # cause is not found yet (moto's counters, or a message gone early). A message gone
+    # while its record stays claimed still fails here (nothing can hold it: the wait
+    # times out), so a lost delivery is not hidden.
+    held = lambda: idempotent_job.record("SqsOrder", order)["status"] == "held"  # noqa: E731
+    _run(
+        sqs,
+        url,
+        scenario,
+        "door",
+        lambda: _empty(sqs, url) and held(),
+        1,
+        lease=3,
+        on_stale="hold",
+        effect_first=True,
+    )
+    assert held()
     sender = idempotent_job.on_rerun(resender(sqs, "SqsOrder"))
     try:
         assert idempotent_job.resolve("SqsOrder", order, as_="rerun") is True
