@@ -38,6 +38,11 @@ def _raw_json(case: dict) -> str | None:
     return None
 
 
+def _left(sqs, url):
+    left = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    return int(left["ApproximateNumberOfMessages"]) + int(left["ApproximateNumberOfMessagesNotVisible"])
+
+
 @pytest.mark.parametrize("case", CASES, ids=NAMES)
 def test_hostile_values_through_the_sqs_consumer(sqs, scenario, case, caplog):
     text = _raw_json(case)
@@ -73,8 +78,9 @@ def test_hostile_values_through_the_sqs_consumer(sqs, scenario, case, caplog):
     for use in sent:
         refused = case[use] == "refused"
         assert effects(f"{scenario}-{use}") == (0 if refused else 1), f"{case['name']} as {use}"
-    left = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
-    remaining = int(left["ApproximateNumberOfMessages"]) + int(left["ApproximateNumberOfMessagesNotVisible"])
+    # The larger of two reads: moto reads its clock once per counter, so a message whose
+    # visibility ends between them counts as neither in one read (test_sqs.py's _empty).
+    remaining = max(_left(sqs, url), _left(sqs, url))
     refusals = sum(2 for use in sent if case[use] == "refused")
     assert remaining == refusals, f"{case['name']}: {remaining} messages left, {refusals} refused; {actions}"
     if refusals:
