@@ -131,7 +131,10 @@ def call_start(
         return kwargs[name], segments, None
     if index is not None and index < len(args):
         return args[index], segments, None
-    missing = f"the argument is missing ({caller} got {len(args)} positional and {sorted(kwargs)})"
+    given = f"{len(args)} positional argument{'' if len(args) == 1 else 's'} and " + (
+        f"keyword arguments {', '.join(sorted(kwargs))}" if kwargs else "no keyword arguments"
+    )
+    missing = f"the argument is missing ({caller} got {given})"
     return None, segments, missing
 
 

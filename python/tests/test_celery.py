@@ -393,6 +393,18 @@ def test_a_bad_key_raises_at_delay_naming_the_task(worker):
         worker.charge.delay("x", None)
 
 
+def test_a_missing_key_argument_at_delay_says_what_the_task_got(worker):
+    # A fresh-user trial: `(the task got 1 positional and [])` read as a Python list
+    # leaked into the message; the words now say what arrived and what to pass.
+    with pytest.raises(errors.OperationKeyError) as raised:
+        worker.charge.delay("x")
+    message = str(raised.value)
+    assert "[]" not in message
+    assert "the task got 1 positional argument and no keyword arguments" in message
+    with pytest.raises(errors.OperationKeyError, match="1 positional argument and keyword arguments hold"):
+        worker.charge.delay("x", hold=1)
+
+
 def test_an_unknown_option_raises_at_declaration_naming_the_task(worker):
     with pytest.raises(errors.ConfigurationError, match="typo_task.*idempotency_leas"):
 
