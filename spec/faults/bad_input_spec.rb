@@ -242,6 +242,16 @@ RSpec.describe "Bad input", :faults do
     end
   end
 
+  describe "a DATABASE_URL whose host or port has no PostgreSQL (fresh-user trial)" do
+    it "says which host and port it tried and what to check, not only the socket's error" do
+      closed_port = Integer(ENV.fetch("PG_PORT", "5432")) + 9 # nothing listens there
+      IdempotentJob.configure(database_url: "postgres://postgres@127.0.0.1:#{closed_port}/app", deadline: 1)
+      expect { IdempotentJob.perform_once("WrongPort", "order-1") { raise "must not run" } }
+        .to raise_error(IdempotentJob::ConnectionError,
+                        /Connection refused.*127\.0\.0\.1:#{closed_port}.*check database_url/)
+    end
+  end
+
   describe "keys compared byte for byte (issue 25 item 6)" do
     let(:runs) { [] }
 

@@ -242,6 +242,42 @@ pub struct PgConn {
     pub(crate) conn: Conn,
 }
 
+/// A connection error met before the server answered (refused, unreachable, a name
+/// that does not resolve) with the hosts and ports it tried and what to check, so a
+/// wrong `database_url` is recognised from the message alone. Errors the server sent
+/// (they carry a SQLSTATE: a wrong database, role or password) already say so.
+fn naming_target(err: Error, config: &tokio_postgres::Config) -> Error {
+    match err {
+        Error::Connection {
+            message,
+            sqlstate: None,
+        } => {
+            let ports = config.get_ports();
+            let targets: Vec<String> = (config.get_hosts().iter().enumerate())
+                .map(|(i, host)| {
+                    let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                    match host {
+                        tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                        #[cfg(unix)]
+                        tokio_postgres::config::Host::Unix(path) => {
+                            format!("{}/.s.PGSQL.{port}", path.display())
+                        }
+                    }
+                })
+                .collect();
+            Error::Connection {
+                message: format!(
+                    "{message} (connecting to {}: check database_url, and that PostgreSQL \
+                     runs and accepts connections there)",
+                    targets.join(", ")
+                ),
+                sqlstate: None,
+            }
+        }
+        other => other,
+    }
+}
+
 impl PgConn {
     /// Opens a connection on a fresh current-thread runtime, on the calling thread,
     /// within `timeout` (TCP connect, TLS, startup and authentication).
@@ -258,12 +294,15 @@ impl PgConn {
             .map_err(|e| Error::connection(format!("cannot start a connection runtime: {e}")))?;
         let connected =
             runtime.block_on(async { tokio::time::timeout(timeout, config.connect(tls)).await });
-        let (client, connection) = connected.map_err(|_| Error::Timeout {
-            message: "timed out connecting to PostgreSQL (connect_timeout): the server did not \
+        let (client, connection) = connected
+            .map_err(|_| Error::Timeout {
+                message:
+                    "timed out connecting to PostgreSQL (connect_timeout): the server did not \
                       complete the connection start; check that it is reachable and healthy"
-                .into(),
-            sqlstate: None,
-        })??;
+                        .into(),
+                sqlstate: None,
+            })?
+            .map_err(|e| naming_target(Error::from(e), config))?;
         let mut driver: Driver = Box::pin(connection);
         if prepared_statements {
             // The gem's named statements get one generic plan per connection instead of
