@@ -178,6 +178,24 @@ RSpec.describe "Bad input", :faults do
     end
   end
 
+  describe "idempotency_* options without idempotency_key (fresh-user trial: the key forgotten)" do
+    it "is refused at the push, naming the job and the options, instead of running the job unguarded" do
+      job = sidekiq_job("ForgotKeyJob") { sidekiq_options idempotency_lease: 60, idempotency_on_stale: :hold }
+      expect { job.perform_async(42, 1) }
+        .to raise_error(IdempotentJob::ConfigurationError) { |error|
+          expect(error.message).to start_with("ForgotKeyJob: idempotency_lease, idempotency_on_stale without " \
+                                              "idempotency_key: the job would run unguarded")
+          expect(error.message).to include("declare idempotency_key")
+        }
+      expect(job.jobs).to be_empty
+      expect { ChargeOrderJob.set(idempotency_key: nil, idempotency_lease: 9).perform_async(42, 1) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\AChargeOrderJob: idempotency_lease without idempotency_key/)
+      plain = sidekiq_job("PlainPassThroughJob") { sidekiq_options retry: 1 } # the control: no idempotency_* option
+      expect { plain.perform_async(42, 1) }.to change { plain.jobs.size }.by(1)
+    end
+  end
+
   describe "a misspelled or mistyped option in a per-push set(...) override (issue 25 item 2)" do
     it "is refused at the push (Sidekiq's real client and its middleware), and nothing is enqueued" do
       expect { ChargeOrderJob.set(idempotency_on_stail: :hold).perform_async(42, 1) }

@@ -24,6 +24,26 @@ module IdempotentJob
           JobOptions.resolve(job_class, values, prefix: JobOptions::PREFIX)
         end
 
+        # Refuses a producer's push of a job that gives `idempotency_*` options but no
+        # `idempotency_key` (by `sidekiq_options` or `set(...)`): such a job would pass
+        # through unguarded, its options ignored. Called by {ClientMiddleware} when
+        # {.resolve} found no key; deliveries already enqueued are not refused.
+        # @param job_class [Class]
+        # @param job_hash [Hash] the payload being pushed
+        # @return [void]
+        # @raise [ConfigurationError] naming the job and the options it gives
+        def check_keyless!(job_class, job_hash)
+          declared = job_class.respond_to?(:get_sidekiq_options) ? job_class.get_sidekiq_options : nil
+          given = JobOptions::PAYLOAD_NAMES.reject { |key| job_hash.fetch(key) { declared&.[](key) }.nil? }
+          return if given.empty?
+
+          raise ConfigurationError,
+                "#{job_class}: #{given.join(", ")} without #{KEYS[:key]}: the job would run unguarded " \
+                "(a job without #{KEYS[:key]} passes through and its options are ignored); declare " \
+                "#{KEYS[:key]} (the operation key: a perform parameter name, an argument index, a dotted " \
+                "path or an Array of those), or remove the #{JobOptions::PREFIX}* options"
+        end
+
         # Refuses a prefixed key nobody knows in a payload (a misspelled option in
         # `set(...)`, or in a hash pushed by class name or by another language's
         # producer): an error, not a default silently applied. Called by
