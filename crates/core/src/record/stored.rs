@@ -61,8 +61,8 @@ macro_rules! record {
             /// A row of [`FIND_SQL`] (or [`RESOLVE_SQL`]) as a record.
             ///
             /// Errors: [`Error::Config`](crate::error::Error::Config) naming the record and
-            /// the column for a value the core cannot read ([`unreadable_column`]: a
-            /// timestamp of `infinity` edited into the record), never retried.
+            /// the column for a value the core cannot read (a timestamp of `infinity`
+            /// edited into the record), never retried.
             pub fn from_row(row: &Row) -> Result<Record> {
                 Ok(Record {
                     $first: column(row, stringify!($first))?,
@@ -96,7 +96,7 @@ fn column<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, name: &str) -
 /// edited by hand has one): an [`Error::Config`](crate::error::Error::Config) naming
 /// the record (its job type and operation key when readable) and the column, so it is
 /// not retried: reading again reads the same value.
-pub fn unreadable_column(
+pub(crate) fn unreadable_column(
     row: &Row,
     name: &str,
     err: &tokio_postgres::Error,
