@@ -180,10 +180,10 @@ module IdempotentJob
 
     # Operations held by the :hold policy, waiting for a person, oldest first.
     # @param job_type [String, Class, nil] only this job type; nil for all
-    # @param limit [Integer] at most this many
+    # @param limit [Integer] at most this many (1 or more)
     # @return [Array<Record>] each with job_type, operation_key, held_at (since),
     #   attempts, jid (the last claiming delivery), job_class, queue and args
-    # @raise [ConfigurationError] for a job type that is not valid UTF-8
+    # @raise [ConfigurationError] for a job type that is not valid UTF-8, a limit below 1
     # @raise [ConnectionError, DatabaseError]
     def held(job_type: nil, limit: Native::DEFAULT_HELD_LIMIT)
       # A record resolved between the two reads is left out.

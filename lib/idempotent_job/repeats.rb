@@ -24,7 +24,7 @@ module IdempotentJob
       # @return [Report]
       # @raise [ConfigurationError] for a `since` or `restarts` that is not a time (a String
       #   is refused: read as a number it would be 0 or a year, and the report silently
-      #   wrong), a negative `restart_window`
+      #   wrong), a negative `restart_window`, a `job_type` that is not valid UTF-8
       # @raise [ConnectionError, DatabaseError]
       def report(since:, job_type: nil, restarts: [], restart_window: Native::DEFAULT_RESTART_WINDOW)
         since = time(since) { |got| "since must be a Time or epoch seconds, got #{got}" }
@@ -33,7 +33,8 @@ module IdempotentJob
         end
 
         restarts = restarts.map { |t| time(t) { |got| "restarts must be Times or epoch seconds, got #{got}" } }
-        rows = IdempotentJob.store.repeats(since.to_f, job_type&.to_s).map { |row| Report.row(row) }
+        job_type = IdempotentJob.job_type_text(job_type) unless job_type.nil?
+        rows = IdempotentJob.store.repeats(since.to_f, job_type).map { |row| Report.row(row) }
         Report.new(rows, restarts:, restart_window:)
       end
 

@@ -304,8 +304,9 @@ _PERFORM_ONCE_OPTIONS = [
 
 def held(job_type: str | None = None, limit: int = _native.DEFAULT_HELD_LIMIT) -> list[tuple[str, str]]:
     """The held operations (a stale claim under ``on_stale="hold"``), oldest first, as
-    ``(job_type, operation_key)`` pairs; only ``job_type``'s when given. Read-only.
-    ConfigurationError for a job type that is not valid UTF-8."""
+    ``(job_type, operation_key)`` pairs; only ``job_type``'s when given, at most ``limit``
+    (1 or more). Read-only. ConfigurationError for a job type that is not valid UTF-8 or a
+    limit below 1."""
     return _current().held(None if job_type is None else _job_type(job_type), limit)
 
 

@@ -151,3 +151,25 @@ def test_repeats_refuses_what_is_not_a_time(scenario):
         idempotent_job.repeats(restart_window=-1)
     now = datetime.datetime.now(datetime.timezone.utc)
     assert idempotent_job.repeats(since=now, job_type=f"None{scenario}") == []
+
+
+def test_held_refuses_a_limit_below_one(scenario):
+    # Before: -1 reached PostgreSQL ("LIMIT must not be negative": a DatabaseError).
+    for limit in (-1, 0):
+        refusal = rf"^held needs a limit of at least 1 \(up to \d+\), got {limit}$"
+        with pytest.raises(idempotent_job.ConfigurationError, match=refusal):
+            idempotent_job.held(limit=limit)
+
+
+def test_the_report_reads_facts_nested_as_deep_as_a_claim_accepts(scenario):
+    # Before: one record whose repeat facts were 126-127 levels deep broke the whole report
+    # (the record wraps each repeat's facts two levels deeper: past serde_json's 128).
+    since = time.time() - 5
+    job_type = f"Deep{scenario}"
+    deep: dict = {}
+    for _ in range(idempotent_job._native.MAX_NESTING - 2):
+        deep = {"d": deep}
+    for delivery_id in ("d1", "d2"):  # facts {"deep": …}: MAX_NESTING levels
+        idempotent_job.perform_once(job_type, "k", lambda claim: None, id=delivery_id, facts={"deep": deep})
+    ops = idempotent_job.repeats(since=since, job_type=job_type)
+    assert [len(op["repeats"]) for op in ops] == [1]

@@ -318,6 +318,7 @@ RSpec.describe "Bad input", :faults do
        -> { IdempotentJob.perform_once(bad.b, "1") { runs << :ran } },
        -> { IdempotentJob.record(bad, "1") },
        -> { IdempotentJob.held(job_type: bad) },
+       -> { IdempotentJob::Repeats.report(since: Time.now, job_type: bad) },
        -> { IdempotentJob.resolve(bad, "1", as: :done) },
        -> { IdempotentJob::Delivery.new(job_type: bad, operation_key: "1") }].each do |call|
         expect(&call).to raise_error(IdempotentJob::ConfigurationError,
@@ -326,6 +327,15 @@ RSpec.describe "Bad input", :faults do
       expect(runs).to be_empty
       IdempotentJob.perform_once("R\u00e9fund".b, "1") { runs << :ran } # valid UTF-8 bytes: that text
       expect(IdempotentJob.record("R\u00e9fund", "1").status).to eq(:completed)
+    end
+
+    # Before: -1 reached PostgreSQL ("LIMIT must not be negative": a DatabaseError).
+    it "refuses held(limit:) below 1 with ConfigurationError stating the valid range" do
+      [-1, 0].each do |limit|
+        expect { IdempotentJob.held(limit:) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          /\Aheld needs a limit of at least 1 \(up to \d+\), got #{limit}\z/)
+      end
     end
 
     it "takes a binary String whose bytes are UTF-8 as those bytes (the same operation as the UTF-8 String)" do

@@ -28,7 +28,8 @@ RSpec.describe "The repeats report", :integration do
   def history!(key, first_ago:, repeats: [], times: nil, completed_ago: nil)
     times ||= repeats.map { |e| e["at"] }
     first = { "jid" => "j-#{key}", "producer" => orders }
-    params = [key, now - first_ago, "{#{times.join(",")}}", JSON.generate(first), JSON.generate(repeats),
+    params = [key, now - first_ago, "{#{times.join(",")}}", JSON.generate(first),
+              JSON.generate(repeats, max_nesting: false),
               now - (completed_ago || (first_ago - 1))]
     Effects.connection.exec_params(<<~SQL, params)
       INSERT INTO idempotent_job_records
@@ -74,6 +75,23 @@ RSpec.describe "The repeats report", :integration do
                                                  re_enqueue_same_producer: 1, unknown: 1, near_restart: 1,
                                                  deferred_returns: 2, several_producers: 1)
     expect(IdempotentJob.repeats(since: now - 86_400, job_type: "History").size).to eq(5)
+  end
+
+  # Before: facts nested 100 levels or more raised JSON::NestingError (Ruby's JSON stops at
+  # 100), and at 126-127 the core's own parser refused the record's repeat elements.
+  it "reads facts nested as deep as a claim accepts them (the core's MAX_NESTING)" do
+    n = IdempotentJob::Native::MAX_NESTING - 2 # facts {"deep" => n + 1 levels} are MAX_NESTING deep
+    deep = JSON.parse("#{'{"d":' * n}{}#{"}" * n}", max_nesting: false)
+    history!("deep", first_ago: 100, repeats: [element(50, "completed", jid: "d2", producer: stripe, deep:)])
+    report = IdempotentJob::Repeats.report(since: now - 86_400, job_type: "History")
+    deep_op = report.operations.find { |op| op.operation_key == "deep" }
+    expect(deep_op.repeats.map(&:cause)).to eq([:re_enqueue_other_producer])
+    expect(report.lines).to include(start_with('History "deep": completed, 1 repeat'))
+  end
+
+  it "refuses a job type that is not valid UTF-8, naming the problem" do
+    expect { IdempotentJob::Repeats.report(since: now - 60, job_type: "Hist\xFFory") }
+      .to raise_error(IdempotentJob::ConfigurationError, /the job type "Hist\\xFFory" is not valid UTF-8/)
   end
 
   it "sees real repeated deliveries with their producers, and runs as a rake task with CSV" do

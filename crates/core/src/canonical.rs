@@ -184,6 +184,57 @@ fn integer_literal(text: &str) -> bool {
     !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// How many levels of nested arrays and objects JSON `text` holds (`[1]` is one), read
+/// without recursion and without parsing (strings are skipped, escapes included); a
+/// malformed text is judged by its brackets alone (parsing it reports what is wrong).
+pub fn text_nesting(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Parses JSON `text` that holds values the core accepted ([`MAX_NESTING`] levels at most)
+/// wrapped in `wrapping` more levels (the repeats report's `repeat_facts` array holds each
+/// delivery's facts inside an element object: two levels), which serde_json's own limit
+/// (128 levels in all) would refuse. The depth is checked first without recursion, so a
+/// hand-edited text deeper still is refused, never parsed recursively.
+///
+/// Errors: the parser's message, or [`too_deep`]'s words (with the levels found) for a
+/// text nested deeper than `MAX_NESTING + wrapping`.
+pub fn parse_nested(text: &str, wrapping: usize) -> Result<Value, String> {
+    let levels = text_nesting(text);
+    if levels > MAX_NESTING + wrapping {
+        return Err(format!(
+            "it holds {} ({levels} levels, {wrapping} of them the record's own)",
+            too_deep()
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    let value = serde::Deserialize::deserialize(&mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())?;
+    Ok(value)
+}
+
 /// Whether `value` holds more than [`MAX_NESTING`] levels of nested arrays and objects.
 /// Walks the value without recursion (a value built in Rust can be arbitrarily deep).
 pub fn nested_too_deep(value: &Value) -> bool {

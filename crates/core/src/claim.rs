@@ -173,8 +173,10 @@ async fn look_or_claim(
             // this delivery unless it is a copy coming back, counted when it first
             // arrived (a batch being written at this moment may be counted twice or not
             // at all: the answer's count is informative, the record's is exact).
-            let duplicates: i32 = row.try_get::<_, i32>("duplicates")?
-                + i32::try_from(books.pending(&req.job_type, &req.operation_key)).unwrap_or(0);
+            // (saturating: a count at int4's maximum stays there, as the record's does)
+            let duplicates: i32 = row.try_get::<_, i32>("duplicates")?.saturating_add(
+                i32::try_from(books.pending(&req.job_type, &req.operation_key)).unwrap_or(i32::MAX),
+            );
             let decision = decide(
                 ClaimRow {
                     won: inserted,
@@ -182,7 +184,7 @@ async fn look_or_claim(
                     last_claim: "first".into(),
                     attempts: row.try_get("attempts")?,
                     delivery_id: row.try_get("jid")?,
-                    duplicates: duplicates + i32::from(!inserted && !req.returning),
+                    duplicates: duplicates.saturating_add(i32::from(!inserted && !req.returning)),
                     mismatch,
                     lease_remaining,
                     takeovers: 0,

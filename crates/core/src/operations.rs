@@ -57,16 +57,31 @@ pub fn find(
 /// Up to `limit` held operations (of `job_type`, or of every type), oldest first, as
 /// `(job_type, operation_key)` pairs. Read-only: sent again on a fresh connection.
 ///
-/// Errors: connection and database errors.
+/// Errors: [`Error::Config`] for a limit below 1 (before anything is sent);
+/// connection and database errors.
 pub fn held(
     pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     job_type: Option<&str>,
     limit: i64,
 ) -> Result<Vec<(String, String)>> {
+    check_held_limit(limit)?;
     with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
         records::held(c, job_type, limit).await
     })
+}
+
+/// Checks [`held`]'s `limit`: 1 or more (an `i64`).
+///
+/// Errors: [`Error::Config`] stating the valid range and what was given.
+pub fn check_held_limit(limit: i64) -> Result<()> {
+    if limit < 1 {
+        return Err(Error::Config(format!(
+            "held needs a limit of at least 1 (up to {}), got {limit}",
+            i64::MAX
+        )));
+    }
+    Ok(())
 }
 
 impl Resolution {

@@ -92,7 +92,8 @@ fn hold_row_lock(job_type: &str, key: &str) -> Admin {
 fn a_batch_waits(application_name: &str) -> bool {
     Admin::new().int(&format!(
         "SELECT count(*) FROM pg_stat_activity \
-          WHERE wait_event_type = 'Lock' AND query LIKE '%SET duplicates = r.duplicates + b.dups%' \
+          WHERE wait_event_type = 'Lock' \
+            AND query LIKE '%SET duplicates = least(r.duplicates::int8 + b.dups%' \
             AND application_name = '{application_name}'"
     )) > 0
 }
@@ -514,4 +515,109 @@ fn a_closed_store_lets_its_connections_go_once_its_calls_are_done() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Counters at int4's maximum (a record edited by hand, or counted for years) saturate:
+/// a bookkeeping batch counting more duplicates and mismatches, a claim meeting a live
+/// claim, and a takeover all succeed and leave each counter at 2147483647. Before
+/// (`r.duplicates + b.dups` …) the batch failed with SQLSTATE 22003 ("integer out of
+/// range") and was dropped, and every claim of the record failed.
+#[test]
+fn counters_at_int4_maximum_saturate_instead_of_failing_batches_and_claims() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let store = store_named(&unique("saturate"));
+    let job_type = unique("Saturate");
+    claim_all(&store, &job_type, &["a"]);
+    let admin = Admin::new();
+    let counters = || {
+        admin.text(&format!(
+            "SELECT concat_ws(',', attempts, takeovers, duplicates, mismatches) \
+               FROM idempotent_job_records WHERE job_type = '{job_type}' AND operation_key = 'a'"
+        ))
+    };
+    let max = "2147483647,2147483647,2147483647,2147483647";
+    admin.exec(&format!(
+        "UPDATE idempotent_job_records SET attempts = 2147483647, takeovers = 2147483647, \
+                duplicates = 2147483647, mismatches = 2147483647 \
+          WHERE job_type = '{job_type}' AND operation_key = 'a'"
+    ));
+    // A batch counting two duplicates, one with another payload.
+    store
+        .run(|pool, i| {
+            pool.bookkeeper().record(duplicate(&job_type, "a"));
+            pool.bookkeeper().record(Repeat {
+                mismatch: true,
+                ..duplicate(&job_type, "a")
+            });
+            pool.bookkeeper().settle(pool, i)
+        })
+        .unwrap();
+    assert_eq!(counters(), max);
+    let req = ClaimRequest {
+        job_type: job_type.clone(),
+        operation_key: "a".into(),
+        lease_seconds: 30.0,
+        args_digest: Some("other".into()),
+        ..ClaimRequest::default()
+    };
+    // A copy meeting the live claim, then one taking the expired claim over.
+    let live = store.run(|pool, i| claim::deliver(pool, i, &req)).unwrap();
+    assert!(
+        matches!(live.outcome, ClaimAnswer::InProgress { .. }),
+        "{live:?}"
+    );
+    admin.exec(&format!(
+        "UPDATE idempotent_job_records SET lease_expires_at = now() - interval '1 second' \
+          WHERE job_type = '{job_type}' AND operation_key = 'a'"
+    ));
+    let taken = store.run(|pool, i| claim::deliver(pool, i, &req)).unwrap();
+    assert!(
+        !matches!(taken.outcome, ClaimAnswer::InProgress { .. }),
+        "{taken:?}"
+    );
+    store
+        .run(|pool, i| pool.bookkeeper().settle(pool, i))
+        .unwrap();
+    assert_eq!(counters(), max);
+}
+
+/// Delivery facts nested as deep as a claim accepts them (the core's `MAX_NESTING`,
+/// 127 levels) are read by the repeats report, although its `repeat_facts` array wraps
+/// each in an element object (two levels more: past serde_json's own limit of 128).
+/// Before, one such record made the whole report fail ("the repeats of … are not JSON:
+/// recursion limit exceeded"); one level deeper is refused at the claim.
+#[test]
+fn the_repeats_report_reads_facts_nested_as_deep_as_a_claim_accepts() {
+    use idempotent_job_core::canonical::MAX_NESTING;
+    let store = store_named(&unique("deep-facts"));
+    let job_type = unique("DeepFacts");
+    let facts = |levels: usize| {
+        format!(
+            "{}{{}}{}",
+            "{\"d\":".repeat(levels - 1),
+            "}".repeat(levels - 1)
+        )
+    };
+    let req = |levels: usize| ClaimRequest {
+        job_type: job_type.clone(),
+        operation_key: "a".into(),
+        lease_seconds: 30.0,
+        facts_json: Some(facts(levels)),
+        ..ClaimRequest::default()
+    };
+    let too_deep = store.run(|pool, i| claim::deliver(pool, i, &req(MAX_NESTING + 1)));
+    assert!(matches!(too_deep, Err(Error::Config(_))), "{too_deep:?}");
+    for _ in 0..2 {
+        store
+            .run(|pool, i| claim::deliver(pool, i, &req(MAX_NESTING)))
+            .unwrap();
+    }
+    let since = Utc::now() - chrono::Duration::hours(1);
+    let rows = store
+        .run(|pool, i| idempotent_job_core::operations::repeats(pool, i, since, Some(&job_type)))
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let ops = idempotent_job_core::repeats::operations(rows, &[], 120.0).unwrap();
+    assert_eq!(ops[0].repeats.len(), 1);
+    assert_eq!(ops[0].deliveries.len(), 2);
 }

@@ -326,3 +326,65 @@ fn metrics_count_each_status_claim_state_repeat_and_the_purge_backlog() {
     let after = run(&store, async |c| report::metrics(c, 3600.0).await).unwrap();
     assert_eq!(after.iter().map(|r| r.purge_backlog).sum::<i64>(), 0);
 }
+
+/// `held` with a limit below 1 is refused in the core, stating the valid range, before
+/// anything is sent. Before, -1 reached PostgreSQL ("LIMIT must not be negative",
+/// SQLSTATE 2201W) and came back as a database error.
+#[test]
+fn held_refuses_a_limit_below_one() {
+    let store = store();
+    for limit in [-1, 0, i64::MIN] {
+        let err = store
+            .run(|pool, i| idempotent_job_core::operations::held(pool, i, None, limit))
+            .unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!("held needs a limit of at least 1 (up to 9223372036854775807), got {limit}")
+        );
+    }
+    assert!(store
+        .run(|pool, i| idempotent_job_core::operations::held(pool, i, None, 1))
+        .is_ok());
+}
+
+/// A timestamptz of 'infinity' edited into a record is a clear error naming the record
+/// and the column (or the endless lease), not retryable: reading again reads the same
+/// value. Before, `find` failed with a retryable connection error ("error deserializing
+/// column …": sent again and again) and a claim meeting the endless lease with a
+/// database error ("cannot subtract infinite timestamps", PostgreSQL before 17).
+#[test]
+fn a_timestamp_of_infinity_in_a_record_is_a_clear_error_never_retried() {
+    let store = store();
+    let job_type = unique("infinity");
+    let req = request(&job_type, "k", 30.0);
+    claim(&store, &req);
+    common::Admin::new().exec(&format!(
+        "UPDATE idempotent_job_records SET claimed_at = 'infinity', \
+                lease_expires_at = 'infinity' WHERE job_type = '{job_type}'"
+    ));
+    let jt = job_type.clone();
+    let err = store
+        .run(|pool, i| idempotent_job_core::operations::find(pool, i, &jt, "k"))
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(!err.retryable());
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "the record of {job_type} operation \"k\" cannot be read: its column claimed_at"
+        )),
+        "{text}"
+    );
+    let err = store
+        .run(|pool, i| claim::deliver(pool, i, &req))
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(!err.retryable());
+    assert!(
+        err.to_string().contains(&format!(
+            "the record of {job_type} operation \"k\" holds a claim whose lease never ends"
+        )),
+        "{err}"
+    );
+}

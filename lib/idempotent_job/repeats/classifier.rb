@@ -63,7 +63,8 @@ module IdempotentJob
         # @return [Array<Repeat>] one per delivery after the first
         # @raise [ConfigurationError] for facts JSON cannot carry or a negative window
         def classify(deliveries, completed_at: nil, restarts: [], restart_window: Native::DEFAULT_RESTART_WINDOW)
-          facts = JSON.generate(deliveries.map { |d| d.transform_values { |v| v.is_a?(Time) ? v.to_f : v } })
+          facts = JSON.generate(deliveries.map { |d| d.transform_values { |v| v.is_a?(Time) ? v.to_f : v } },
+                                max_nesting: Native::MAX_NESTING + 2) # facts in an array
           restart_at = restarts.to_h { |t| [t.to_f, t] } # the core answers a restart by its epoch seconds
           Native.classify_repeats(facts, completed_at&.to_f, restart_at.keys, restart_window.to_f).map do |r|
             restart = r[:restart] && restart_at.fetch(r[:restart]) { time(r[:restart]) }

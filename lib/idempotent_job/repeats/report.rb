@@ -27,6 +27,11 @@ module IdempotentJob
       # CSV columns, one row per repeat (the core's).
       CSV_HEADERS = Native::REPEATS_CSV_HEADERS
 
+      # How deep the JSON of deliveries and repeat elements may nest: the facts a claim
+      # accepted (the core's Native::MAX_NESTING levels) inside a deliveries array or a
+      # repeat element object (two levels more). Ruby's JSON stops at 100 by default.
+      JSON_NESTING = Native::MAX_NESTING + 2
+
       # @return [Array<Operation>]
       attr_reader :operations
 
@@ -43,7 +48,7 @@ module IdempotentJob
           "#{row[:job_type]} #{row[:operation_key].inspect}", row[:first_claimed_at].to_f, row[:first_facts_json],
           row[:repeat_facts_json] || "[]", row[:repeat_times].to_a.map(&:to_f), (row[:jid] if row[:attempts] == 1)
         )
-        row.merge(deliveries: JSON.parse(deliveries))
+        row.merge(deliveries: JSON.parse(deliveries, max_nesting: JSON_NESTING))
       end
 
       # An operation's deliveries as {Classifier} reads them, from what the record keeps:
@@ -56,8 +61,9 @@ module IdempotentJob
       # @return [Array<Hash{String => Object}>] fact Hashes with "at" (epoch seconds) and
       #   "decision" ("claimed" for a first claim or a retry's, "takeover" kept)
       def self.deliveries(first_claimed_at:, first_facts:, repeat_facts:)
-        JSON.parse(Native.repeat_deliveries(first_claimed_at.to_f, first_facts && JSON.generate(first_facts),
-                                            JSON.generate(repeat_facts)))
+        nesting = { max_nesting: JSON_NESTING }
+        JSON.parse(Native.repeat_deliveries(first_claimed_at.to_f, first_facts && JSON.generate(first_facts, nesting),
+                                            JSON.generate(repeat_facts, nesting)), nesting)
       end
 
       # @param rows [Array<Hash>] per operation: :job_type, :operation_key, :status,

@@ -4,7 +4,7 @@ use super::Error;
 
 /// The full `source()` chain of an error, joined with ": ". tokio-postgres's own
 /// `Display` says only "db error" or "error connecting to server".
-fn chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {
@@ -29,6 +29,14 @@ impl From<tokio_postgres::Error> for Error {
                 message.push_str(&format!(" HINT: {hint}"));
             }
             Error::from_server(db.code().code(), message)
+        } else if err.to_string().starts_with("error deserializing column") {
+            // A value read that no Rust type can hold (a timestamptz of 'infinity' edited
+            // into a record): reading it again reads the same value, so not retryable.
+            Error::Config(format!(
+                "a value read from PostgreSQL cannot be read ({}; a timestamp of 'infinity' or \
+                 '-infinity', edited into a record by hand, is one): set it to a real value",
+                chain(&err)
+            ))
         } else if timed_out(&err) {
             Error::Timeout {
                 message: format!("{} (connect_timeout)", chain(&err)),

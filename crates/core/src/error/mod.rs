@@ -5,7 +5,7 @@
 use std::fmt;
 
 mod classes;
-mod convert;
+pub(crate) mod convert;
 #[cfg(test)]
 mod tests;
 

@@ -244,6 +244,16 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<ClaimRep
         result,
         result_state,
     } = row;
+    if status == "claimed" && !won && lease_remaining.is_infinite() && lease_remaining > 0.0 {
+        // A lease ending at 'infinity' (edited by hand): the claim would never end, and
+        // every copy would be deferred for ever.
+        return Err(Error::Config(format!(
+            "the record of {} operation {:?} holds a claim whose lease never ends \
+             (lease_expires_at is 'infinity', edited by hand): set lease_expires_at to a real \
+             time, or resolve the operation; the job was not run",
+            req.job_type, req.operation_key
+        )));
+    }
     let lease_remaining = lease_remaining.max(0.0);
     let outcome = if won {
         let kind = match last_claim.as_str() {

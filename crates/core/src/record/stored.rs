@@ -60,11 +60,13 @@ macro_rules! record {
 
             /// A row of [`FIND_SQL`] (or [`RESOLVE_SQL`]) as a record.
             ///
-            /// Errors: a column missing or of another type ([`Error::Database`](crate::error::Error::Database)).
+            /// Errors: [`Error::Config`](crate::error::Error::Config) naming the record and
+            /// the column for a value the core cannot read (a timestamp of `infinity`
+            /// edited into the record), never retried.
             pub fn from_row(row: &Row) -> Result<Record> {
                 Ok(Record {
-                    $first: row.try_get(stringify!($first))?,
-                    $($field: row.try_get(stringify!($field))?,)*
+                    $first: column(row, stringify!($first))?,
+                    $($field: column(row, stringify!($field))?,)*
                 })
             }
 
@@ -79,6 +81,38 @@ macro_rules! record {
             }
         }
     };
+}
+
+/// The column `name` of a record's row ([`Record::from_row`]).
+///
+/// Errors: [`unreadable_column`].
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, name: &str) -> Result<T> {
+    row.try_get(name)
+        .map_err(|e| unreadable_column(row, name, &e))
+}
+
+/// The error for a record's column the core cannot read (a `timestamptz` of
+/// `infinity` or `-infinity`, which no time of the bindings can hold: only a record
+/// edited by hand has one): an [`Error::Config`](crate::error::Error::Config) naming
+/// the record (its job type and operation key when readable) and the column, so it is
+/// not retried: reading again reads the same value.
+pub(crate) fn unreadable_column(
+    row: &Row,
+    name: &str,
+    err: &tokio_postgres::Error,
+) -> crate::error::Error {
+    let text = |c: &str| row.try_get::<_, String>(c).ok();
+    let what = match (text("job_type"), text("operation_key")) {
+        (Some(t), Some(k)) => format!("the record of {t} operation {k:?}"),
+        _ => "a record".to_owned(),
+    };
+    crate::error::Error::Config(format!(
+        "{what} cannot be read: its column {name} holds a value the core cannot read ({}; a \
+         timestamp of 'infinity' or '-infinity', edited into the record by hand, is one): \
+         set {name} to a real value (or NULL where allowed); reading it again reads the same \
+         value, so it is not retried",
+        crate::error::convert::chain(err)
+    ))
 }
 
 /// A field's name for the bindings: its own, or the one it is declared `as`.

@@ -120,7 +120,7 @@ pub fn classify(
             Some(v) => v.as_i64(),
             None => truthy(facts.get("executions"))
                 .and_then(Value::as_i64)
-                .map(|e| e - 1),
+                .map(|e| e.saturating_sub(1)),
         };
         if let Some(id) = &id {
             let first_cause = earlier.and_then(|(_, c)| c).unwrap_or(cause);

@@ -102,11 +102,13 @@ pub fn row_deliveries_of(
     repeat_times: &[f64],
     claimed_once_id: Option<&str>,
 ) -> Result<Vec<Facts>> {
-    let parse = |text: &str| -> Result<Value> {
-        serde_json::from_str(text)
+    // The facts a claim accepted are nested up to MAX_NESTING levels; the repeats array
+    // wraps each in an element object: read both at the depth the claim allowed.
+    let parse = |text: &str, wrapping: usize| -> Result<Value> {
+        crate::canonical::parse_nested(text, wrapping)
             .map_err(|e| Error::Config(format!("the repeats of {what} are not JSON: {e}")))
     };
-    let mut elements = match parse(repeat_facts)? {
+    let mut elements = match parse(repeat_facts, 2)? {
         Value::Array(a) => a,
         _ => Vec::new(),
     };
@@ -116,7 +118,7 @@ pub fn row_deliveries_of(
             .map(|&t| Value::Object(Map::from_iter([("at".to_owned(), number(t))])))
             .collect();
     }
-    let mut first = match first_facts.map(parse).transpose()? {
+    let mut first = match first_facts.map(|f| parse(f, 0)).transpose()? {
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };

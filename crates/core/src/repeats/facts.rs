@@ -78,12 +78,13 @@ pub(super) fn decision(facts: &Facts) -> Option<&str> {
 /// Celery's `retries` is 0, 1….
 pub(super) fn retries(facts: &Facts) -> i64 {
     if facts.contains_key("retry_count") {
-        return integer(facts.get("retry_count")) + 1;
+        // saturating: a producer's retry_count may be i64::MAX (or a u64 read as such)
+        return integer(facts.get("retry_count")).saturating_add(1);
     }
     if facts.contains_key("retries") {
         return integer(facts.get("retries"));
     }
-    (integer(facts.get("executions")) - 1).max(0)
+    integer(facts.get("executions")).saturating_sub(1).max(0)
 }
 
 pub(super) fn number(f: f64) -> Value {

@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use super::text::{csv_field, float, iso8601, neutralised, quoted, round};
+use super::text::{csv_field, float, iso8601, named, neutralised, quoted, round};
 use super::{Cause, Repeat, RepeatedOperation};
 use crate::error::{Error, Result};
 
@@ -289,6 +289,15 @@ fn count(number: i64, one: &str, many: &str) -> String {
     format!("{number} {}", if number == 1 { one } else { many })
 }
 
+/// Names ([`named`]: quoted unless plain) joined with `, `.
+fn names(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|n| named(n))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What is worth knowing of an operation beyond its repeats: several producers or job
 /// classes, deliveries with different payloads, stale claims taken over, held.
 pub fn notes(op: &ReportOperation) -> Vec<String> {
@@ -297,14 +306,14 @@ pub fn notes(op: &ReportOperation) -> Vec<String> {
         notes.push(format!(
             "enqueued by {} producers: {}",
             op.producers.len(),
-            op.producers.join(", ")
+            names(&op.producers)
         ));
     }
     if op.job_classes.len() > 1 {
         notes.push(format!(
             "delivered by {} job classes: {}",
             op.job_classes.len(),
-            op.job_classes.join(", ")
+            names(&op.job_classes)
         ));
     }
     if op.mismatches > 0 {
@@ -340,7 +349,10 @@ fn repeat_text(r: &Repeat) -> String {
         text.push_str(&format!(" near the restart at {at}"));
     }
     if r.cause == Cause::ReEnqueueOtherProducer {
-        text.push_str(&format!(" by {}", r.producer.as_deref().unwrap_or("")));
+        text.push_str(&format!(
+            " by {}",
+            named(r.producer.as_deref().unwrap_or(""))
+        ));
     }
     text
 }
@@ -351,7 +363,7 @@ fn operation_line(op: &ReportOperation) -> String {
     let notes = notes(op);
     format!(
         "{} {}: {}, {} ({}){}",
-        op.job_type,
+        named(&op.job_type),
         quoted(&op.operation_key),
         op.status,
         count(counted, "repeat", "repeats"),
@@ -395,7 +407,8 @@ fn summary_line(job_type: &str, s: &Summary) -> String {
         extra.push(format!("{} replayed a stored result", s.replays));
     }
     format!(
-        "{job_type}: {} repeated {} — {}{}",
+        "{}: {} repeated {} — {}{}",
+        named(job_type),
         count(s.operations as i64, "operation", "operations"),
         count(s.repeats as i64, "time", "times"),
         causes.join(", "),
@@ -409,7 +422,9 @@ fn summary_line(job_type: &str, s: &Summary) -> String {
 
 /// The report as text: one line per operation (job type, quoted key, status, its
 /// repeats, its [`notes`]), then one per job type ([`summary`]), then one per pair of
-/// producers ([`producer_pairs`]).
+/// producers ([`producer_pairs`]). Job types, producers and job classes are written as
+/// they are when plain, else quoted ([`named`]): a producer holding a newline cannot
+/// forge a line.
 pub fn lines(operations: &[ReportOperation]) -> Vec<String> {
     let mut out: Vec<String> = operations.iter().map(operation_line).collect();
     out.extend(summary(operations).iter().map(|(t, s)| summary_line(t, s)));
@@ -418,7 +433,10 @@ pub fn lines(operations: &[ReportOperation]) -> Vec<String> {
             .into_iter()
             .map(|((t, a, b), n)| {
                 format!(
-                    "{a} and {b} both enqueue {t} for the same operation: {}",
+                    "{} and {} both enqueue {} for the same operation: {}",
+                    named(&a),
+                    named(&b),
+                    named(&t),
                     count(n as i64, "operation", "operations")
                 )
             }),

@@ -257,3 +257,138 @@ fn refuses_operations_it_cannot_read() {
     assert!(report_of_json("{}").is_err());
     assert!(report_of_json(r#"[{"operation_key": "k"}]"#).is_err());
 }
+
+/// A producer, job type or job class holding a newline (or the report's separators)
+/// is quoted in the text lines, so it cannot forge a line; plain names stay as they
+/// are. Before, `lines` wrote them as they are: one line held a forged second line.
+#[test]
+fn quotes_names_that_could_forge_report_lines() {
+    let forged = "x\nChargeOrderJob: 0 operations repeated 0 times";
+    let enqueued = [
+        delivery(0.0, "f", json!({"decision": "claimed"})),
+        delivery(3600.0, "g", json!({"producer": forged})),
+    ];
+    let mut op = reported("1", &["orders", forged], &enqueued);
+    op.job_type = "Charge\nJob".into();
+    op.job_classes = vec!["A".into(), "B, C".into()];
+    let lines = lines(&[op]);
+    assert!(lines.iter().all(|l| !l.contains('\n')), "{lines:#?}");
+    assert_eq!(
+        lines[0],
+        "\"Charge\\nJob\" \"1\": completed, 1 repeat (re-enqueue, other producer after 3600.0 \
+         s by \"x\\nChargeOrderJob: 0 operations repeated 0 times\"); enqueued by 2 producers: \
+         orders, \"x\\nChargeOrderJob: 0 operations repeated 0 times\"; delivered by 2 job \
+         classes: A, \"B, C\""
+    );
+    assert!(lines[1].starts_with("\"Charge\\nJob\": 1 operation repeated 1 time"));
+    assert!(
+        lines[2].starts_with("orders and \"x\\nChargeOrderJob"),
+        "{}",
+        lines[2]
+    );
+}
+
+/// Retry counts at the ends of an integer (i64::MAX, a u64 beyond it, i64::MIN) are
+/// read without overflowing: no panic, saturated. Before, `retry_count + 1` and
+/// `executions - 1` overflowed (a panic in a debug build, a wrap in release).
+#[test]
+fn reads_extreme_retry_counts_without_overflowing() {
+    let d = [
+        delivery(
+            0.0,
+            "a",
+            json!({"decision": "claimed", "retry_count": i64::MAX}),
+        ),
+        delivery(
+            1.0,
+            "a",
+            json!({"decision": "claimed", "retry_count": i64::MAX}),
+        ),
+        delivery(
+            2.0,
+            "a",
+            json!({"decision": "claimed", "retry_count": u64::MAX}),
+        ),
+        delivery(
+            3.0,
+            "b",
+            json!({"decision": "claimed", "executions": i64::MIN}),
+        ),
+        delivery(
+            4.0,
+            "b",
+            json!({"decision": "claimed", "retries": i64::MAX}),
+        ),
+        delivery(
+            5.0,
+            "c",
+            json!({"decision": "claimed", "retry_count": "99999999999999999999"}),
+        ),
+    ];
+    let r = classify(&d, None, &[], 120.0);
+    assert_eq!(r.len(), 5);
+    assert_eq!(r[0].cause, Cause::Redelivery);
+    assert_eq!(r[0].retry_count, Some(i64::MAX));
+    assert_eq!(r[2].retry_count, Some(i64::MIN.saturating_sub(1)));
+    assert_eq!(r[3].cause, Cause::QueueRetry);
+}
+
+/// A record's `repeat_facts` array wraps each delivery's facts two levels deeper (the
+/// array, the element object): facts nested as deep as a claim accepts them
+/// ([`crate::canonical::MAX_NESTING`]) are read; a hand-edited text deeper still is
+/// refused with a clear error, never parsed recursively.
+#[test]
+fn reads_repeat_facts_at_the_depth_a_claim_accepted() {
+    use crate::canonical::MAX_NESTING;
+    let facts = |levels: usize| format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
+    let object = |levels: usize| format!("{{\"deep\":{}}}", facts(levels - 1));
+    let array = |levels: usize| {
+        format!(
+            r#"[{{"at": {T0}, "decision": "in_progress", "facts": {}}}]"#,
+            object(levels)
+        )
+    };
+    let d = row_deliveries_of(
+        "J \"k\"",
+        T0,
+        Some(&object(MAX_NESTING)),
+        &array(MAX_NESTING),
+        &[],
+        None,
+    )
+    .unwrap();
+    assert_eq!(d.len(), 2);
+    assert_eq!(d[1]["decision"], "in_progress");
+    let err = row_deliveries_of("J \"k\"", T0, None, &array(MAX_NESTING + 1), &[], None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "the repeats of J \"k\" are not JSON: it holds a value nested deeper than 127"
+        ),
+        "{err}"
+    );
+    let err = row_deliveries_of(
+        "J \"k\"",
+        T0,
+        Some(&object(MAX_NESTING + 1)),
+        "[]",
+        &[],
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("nested deeper than 127"), "{err}");
+    // Brackets inside strings are not levels.
+    let text = format!(
+        r#"[{{"at": {T0}, "decision": "claimed", "facts": {{"s": "{}"}}}}]"#,
+        "[".repeat(500)
+    );
+    assert_eq!(
+        row_deliveries_of("J", T0, None, &text, &[], None)
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(crate::canonical::text_nesting(r#"["\"[", {"a": "\\"}]"#), 2);
+}

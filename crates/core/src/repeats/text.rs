@@ -158,6 +158,24 @@ pub fn quoted(text: &str) -> String {
     out
 }
 
+/// A name in the text report (a job type, producer or job class): written as it is
+/// when it is plain, else [`quoted`], so a name cannot forge report lines or list
+/// items. Plain: not empty, no leading or trailing whitespace, and nothing [`quoted`]
+/// escapes (controls such as a newline, `"`, `\`, the line separators) nor the report's
+/// own separators `,` and `;`.
+pub fn named(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text.trim() == text
+        && !text
+            .chars()
+            .any(|c| escaped(c) || matches!(c, '"' | '\\' | ',' | ';'));
+    if plain {
+        text.to_owned()
+    } else {
+        quoted(text)
+    }
+}
+
 fn escaped(c: char) -> bool {
     let n = u32::from(c);
     c.is_control()
@@ -247,6 +265,18 @@ mod tests {
             r#""\u007F\u2028\u{10FFFF}""#
         );
         assert_eq!(quoted("é☃\u{a0}😀"), "\"é☃\u{a0}😀\"");
+    }
+
+    #[test]
+    fn writes_plain_names_as_they_are_and_quotes_the_others() {
+        assert_eq!(named("Billing::Charge"), "Billing::Charge");
+        assert_eq!(named("orders-api é"), "orders-api é");
+        assert_eq!(named("a\nb"), r#""a\nb""#);
+        assert_eq!(named("a, b"), r#""a, b""#);
+        assert_eq!(named("x;y"), r#""x;y""#);
+        assert_eq!(named(""), r#""""#);
+        assert_eq!(named(" lead"), r#"" lead""#);
+        assert_eq!(named("say \"hi\""), r#""say \"hi\"""#);
     }
 
     #[test]

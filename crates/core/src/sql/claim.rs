@@ -84,8 +84,10 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
     (SELECT CASE WHEN d.take THEN 'claimed' ELSE r.status END,
             CASE WHEN d.take THEN excluded.claim_token ELSE r.claim_token END,
             CASE WHEN d.take THEN excluded.jid ELSE r.jid END,
-            r.attempts + d.take::int,
-            r.takeovers + (d.take AND r.status = 'claimed')::int,
+            -- Counters saturate at int4's maximum (a record edited to it must not make
+            -- every claim fail with 22003).
+            least(r.attempts::int8 + d.take::int, 2147483647)::int,
+            least(r.takeovers::int8 + (d.take AND r.status = 'claimed')::int, 2147483647)::int,
             CASE WHEN NOT d.take THEN r.last_claim
                  WHEN r.status = 'claimed' THEN 'takeover'
                  ELSE 'retry' END,
@@ -101,9 +103,9 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
                  WHEN strpos($10::text, '\u0000') > 0
                  THEN jsonb_build_object('idempotent_job:json', $10::text)
                  ELSE $10::text::jsonb END,
-            r.duplicates + (NOT d.take AND NOT $12)::int,
+            least(r.duplicates::int8 + (NOT d.take AND NOT $12)::int, 2147483647)::int,
             CASE WHEN d.take OR $12 THEN r.last_duplicate_at ELSE now() END,
-            r.mismatches + (d.mismatch AND NOT $12)::int,
+            least(r.mismatches::int8 + (d.mismatch AND NOT $12)::int, 2147483647)::int,
             d.mismatch,
             (r.repeat_times || now())[greatest(1, cardinality(r.repeat_times) - ("#,
     repeats_kept!(),
@@ -122,7 +124,7 @@ ON CONFLICT (job_type, operation_key) DO UPDATE SET
                             AS m) AS t) AS d)
 RETURNING r.claim_token = $3 AS won, r.status, r.last_claim, r.attempts, r.jid,
           r.duplicates, r.last_mismatch AS mismatch, r.takeovers,
-          EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_remaining,
+          (EXTRACT(EPOCH FROM r.lease_expires_at) - EXTRACT(EPOCH FROM now()))::float8 AS lease_remaining,
           now() AS decided_at,
           -- Stored results (V7): what a repeat of a completed operation replays.
           r.result::text AS result, r.result_state,
@@ -169,12 +171,12 @@ first AS (
     RETURNING status, jid, attempts, duplicates, args_digest, lease_expires_at)
 SELECT true AS inserted, true AS mine, 'first' AS last_claim, status, jid, attempts,
        duplicates, args_digest,
-       EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_remaining,
+       (EXTRACT(EPOCH FROM lease_expires_at) - EXTRACT(EPOCH FROM now()))::float8 AS lease_remaining,
        now() AS decided_at, NULL::text AS result, NULL::text AS result_state
   FROM first
 UNION ALL
 SELECT false, mine, last_claim, status, jid, attempts, duplicates, args_digest,
-       EXTRACT(EPOCH FROM lease_expires_at - now())::float8, now(), result, result_state
+       (EXTRACT(EPOCH FROM lease_expires_at) - EXTRACT(EPOCH FROM now()))::float8, now(), result, result_state
   FROM look"#
 );
 

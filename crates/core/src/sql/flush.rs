@@ -35,10 +35,10 @@ macro_rules! flush_update {
             r#"
 written AS (
 UPDATE idempotent_job_records AS r
-   SET duplicates = r.duplicates + b.dups,
+   SET duplicates = least(r.duplicates::int8 + b.dups, 2147483647)::int, -- saturates: never 22003
        last_duplicate_at = CASE WHEN b.dups > 0 THEN greatest(r.last_duplicate_at, b.last_at)
                                 ELSE r.last_duplicate_at END,
-       mismatches = r.mismatches + b.mismatches,
+       mismatches = least(r.mismatches::int8 + b.mismatches, 2147483647)::int,
        last_mismatch = CASE WHEN b.dups > 0 THEN b.last_mismatch ELSE r.last_mismatch END,
        repeat_times = CASE
            WHEN cardinality(b.times) = 0 THEN r.repeat_times

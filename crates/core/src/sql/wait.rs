@@ -14,6 +14,6 @@ pub const CHANNEL_SQL: &str = concat!(
 /// remaining lease. Reads only. Parameters: $1 job_type, $2 operation_key.
 pub const WAIT_SQL: &str = r#"
 SELECT status = 'claimed' AND lease_expires_at > now() AS live, jid, attempts, duplicates,
-       EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_remaining
+       (EXTRACT(EPOCH FROM lease_expires_at) - EXTRACT(EPOCH FROM now()))::float8 AS lease_remaining
   FROM idempotent_job_records
  WHERE job_type = $1 AND operation_key = $2"#;

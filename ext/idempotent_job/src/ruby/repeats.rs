@@ -13,8 +13,11 @@ use super::errors::to_ruby;
 
 type RbResult<T> = Result<T, magnus::Error>;
 
+/// JSON text holding delivery facts, read at the depth a claim accepted them (the core's
+/// `MAX_NESTING`) with two levels of wrapping (a deliveries array; a repeats array's
+/// element objects): [`idempotent_job_core::canonical::parse_nested`].
 fn parse(ruby: &Ruby, what: &str, text: &str) -> RbResult<serde_json::Value> {
-    serde_json::from_str(text).map_err(|e| {
+    idempotent_job_core::canonical::parse_nested(text, 2).map_err(|e| {
         to_ruby(
             ruby,
             Error::Config(format!("{what} must be JSON text: {e}")),
