@@ -152,7 +152,7 @@ impl Store {
                 name, name, &known,
             )));
         }
-        if !native.contains_key("database_url") {
+        if native.get("database_url").is_none_or(Value::is_null) {
             if let Some(url) = idempotent_job_core::config::env_database_url() {
                 native.insert("database_url".into(), Value::String(url));
             }
