@@ -21,29 +21,30 @@ require "idempotent_job"
 require "json"
 url = ENV.fetch("DATABASE_URL")
 IdempotentJob.configure(database_url: url)
-said = {}
-refused = lambda do |name|
+SAID = {}
+def refused(name)
   yield
-  said[name] = nil
+  SAID[name] = nil
 rescue IdempotentJob::Error => e
-  said[name] = [e.class.name.split("::").last, e.message]
+  SAID[name] = [e.class.name.split("::").last, e.message]
 end
 nested = ->(depth) { (1..depth).reduce(1) { |inner, _| [inner] } }
-refused.call("resolve") { IdempotentJob.resolve("SameWords", "1", as: 1) }
-refused.call("resolve_name") { IdempotentJob.resolve("SameWords", "1", as: :maybe) }
-refused.call("unset_lease") { IdempotentJob.configure(lease: nil) }
-refused.call("unset_on_stale") { IdempotentJob.configure(on_stale: nil) }
-refused.call("url_connect_timeout") do
+refused("resolve") { IdempotentJob.resolve("SameWords", "1", as: 1) }
+refused("resolve_name") { IdempotentJob.resolve("SameWords", "1", as: :maybe) }
+refused("unset_lease") { IdempotentJob.configure(lease: nil) }
+refused("unset_on_stale") { IdempotentJob.configure(on_stale: nil) }
+refused("url_connect_timeout") do
   IdempotentJob.configure(database_url: "#{url}?connect_timeout=1e30")
   IdempotentJob.record("SameWords", "1")
 end
 IdempotentJob.configure(database_url: url)
-refused.call("payload") do
+refused("payload") do
   IdempotentJob.perform_once("SameWords", "1", payload: nested.call(200)) { raise "ran" }
 end
-refused.call("deferrals") do
+refused("deferrals") do
   IdempotentJob::Delivery.new(job_type: "SameWords", operation_key: "1", deferrals: -1)
 end
+said = SAID
 said["key_refusal"] = IdempotentJob::Native.key_refusal("SameWords", "PROBLEM")
 puts JSON.generate(said)
 """
