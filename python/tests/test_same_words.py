@@ -121,7 +121,9 @@ def test_a_deferral_count_that_is_no_count_is_refused_in_the_cores_words(ruby_sa
     said = python_said(
         lambda: idempotent_job.perform_once("SameWords", "1", lambda claim: pytest.fail("ran"), deferrals=-1)
     )
-    rule = " must be a whole number from 0 to 4294967295, got -1; the job was not run and nothing was recorded"
+    rule = (
+        " must be a whole number from 0 to 4294967295, got -1; the job was not run and nothing was recorded"
+    )
     assert said == ["ConfigurationError", "SameWords: perform_once's deferrals" + rule]
     assert ruby_said["deferrals"] == [
         "ConfigurationError",
