@@ -160,8 +160,8 @@ pub fn check_setting(name: &str, value: &Value, shown: Option<&str>) -> Result<V
 /// that must have one and has a default the core states: [`Error::Config`] "`name` must
 /// be set (its default is `default`), got `shown`" (`default` as JSON; `shown` in the
 /// host's notation, else `null`). The job default settings of the options' table
-/// ([`JobDefaults::check`](crate::job_settings::JobDefaults::check): `lease`,
-/// `on_stale`, …) refuse an unset value with it in both bindings.
+/// (`lease`, `on_stale`, …: the job settings' `JobDefaults::check`) refuse an unset
+/// value with it in both bindings.
 pub fn must_be_set(name: &str, default: &Value, shown: Option<&str>) -> Error {
     let shown = shown.unwrap_or("null");
     Error::Config(format!(
