@@ -231,7 +231,7 @@ module IdempotentJob
     #   after the record was released (enqueue the job again to run it)
     def resolve(job_type, operation_key, as:)
       job_type = job_type_text(job_type)
-      resolution = Configuration.choice!("as", as, %i[done rerun])
+      resolution = Native.resolution(as) # the core's names and words (Python's too)
       row = store.resolve(job_type.to_s, Key.stored_text(job_type, operation_key), resolution)
       raise Error, unsettled(job_type, operation_key) unless row
 

@@ -345,29 +345,12 @@ module IdempotentJob
     # @param name [Symbol] the setting (and option) name
     # @param value [Object]
     # @return [Object] the value, normalised (a policy as a Symbol)
-    # @raise [ConfigurationError] naming the setting, unless the option accepts it (nil too)
+    # @raise [ConfigurationError] naming the setting, unless the option accepts it; nil
+    #   in the core's words ("lease must be set (its default is 300), got nil",
+    #   {Native.job_default_setting}), as Python's None
     def self.job_default!(name, value)
-      if value.nil?
-        raise ConfigurationError, "#{name} must be set (its default is #{JOB_DEFAULTS.fetch(name).inspect}), got nil"
-      end
-
+      Native.job_default_setting(name.to_s, value) if value.nil?
       Native.job_option("", "", name.to_s, value)
-    end
-
-    # Validates a policy name.
-    # @param name [String] option name for the message
-    # @param value [Symbol, String] the value
-    # @param allowed [Array<Symbol>]
-    # @param job [String, nil] job class for the message
-    # @return [Symbol]
-    # @raise [ConfigurationError] unless one of allowed
-    def self.choice!(name, value, allowed, job: nil)
-      symbol = value.respond_to?(:to_sym) ? value.to_sym : value
-      return symbol if allowed.include?(symbol)
-
-      owner = job ? "#{job}: " : ""
-      raise ConfigurationError, "#{owner}#{name} must be one of #{allowed.map(&:inspect).join(", ")}, " \
-                                "got #{value.inspect}"
     end
 
     # @param url [String, nil]

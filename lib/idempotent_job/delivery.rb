@@ -111,9 +111,8 @@ module IdempotentJob
       count = deferrals.nil? ? 0 : Integer(deferrals, exception: false)
       return count if count&.between?(0, Native::MAX_DEFERRALS)
 
-      raise ConfigurationError, "#{@job_type}: the delivery's deferrals (idempotency_deferrals) must be a whole " \
-                                "number from 0 to #{Native::MAX_DEFERRALS}, got #{deferrals.inspect[0, 100]}; " \
-                                "the job was not run and nothing was recorded"
+      # The core's words (Python's perform_once says the same), in this door's name for the count.
+      Native.deferrals_refused(@job_type, "the delivery's deferrals (idempotency_deferrals)", deferrals.inspect)
     end
   end
 end

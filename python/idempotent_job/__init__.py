@@ -97,7 +97,10 @@ def configure(**settings: Any) -> None:
     (seconds, for :func:`purge`). Connects lazily, on first use.
 
     Raises:
-        ConfigurationError: naming an unknown setting or a bad value.
+        ConfigurationError: naming an unknown setting or a bad value; None too, where the
+            Ruby gem's nil is refused (a job default: "lease must be set (its default is
+            300), got null"; a connection setting that must have a value), in the core's
+            words. ``database_url=None`` reads the environment.
     """
     global _store
     store = Store(json.dumps(settings))
@@ -273,8 +276,8 @@ def perform_once(
     )
 
 
-#: The most deferrals a delivery may say it met (the core's u32).
-_MAX_DEFERRALS = 2**32 - 1
+#: The most deferrals a delivery may say it met (the core's rule).
+_MAX_DEFERRALS = _native.MAX_DEFERRALS
 
 
 def _check_delivery(job_type: str, *, deferrals: Any, facts: Any, **texts: Any) -> None:
@@ -291,7 +294,10 @@ def _check_delivery(job_type: str, *, deferrals: Any, facts: Any, **texts: Any) 
         if value is not None and not isinstance(value, str):
             raise refuse(f"{name} must be a str (or None)", value)
     if isinstance(deferrals, bool) or not isinstance(deferrals, int) or not 0 <= deferrals <= _MAX_DEFERRALS:
-        raise refuse(f"deferrals must be a whole number from 0 to {_MAX_DEFERRALS}", deferrals)
+        # The core's words (the Ruby gem's for a payload's idempotency_deferrals too).
+        raise ConfigurationError(
+            _native.deferrals_refusal(job_type, "perform_once's deferrals", repr(deferrals))
+        )
     if facts is not None and not isinstance(facts, dict):
         raise refuse("facts must be a dict (or None)", facts)
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from . import Rerun
 from ._door import JobProtocol, claim_failed, deliver, key_of, parse_key
-from ._native import TOO_DEEP, check_option
+from ._native import TOO_DEEP, check_option, key_refusal
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
 __all__ = ["Consumer", "Message", "batch_handler", "resender"]
@@ -155,9 +155,13 @@ class _Door:
     def _key_error(self, message: Message, part: int, problem: str) -> OperationKeyError:
         label, source, _segments = self.parts[part]
         why = f" ({message.unread})" if source == "body" and message.unread else ""
+        # The core's refusal (keys::refusal, every door's), in this door's words for where.
         return OperationKeyError(
-            f"{self.job_type}: key {self.key!r}: message {message.message_id} has no {label!r}{why}: "
-            + problem,
+            key_refusal(
+                self.job_type,
+                f"key {self.key!r}: message {message.message_id} has no {label!r}{why}: {problem}",
+                "job",
+            ),
             job_class=self.job_type,
             job_type=self.job_type,
             declaration=self.key,

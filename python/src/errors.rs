@@ -79,6 +79,15 @@ pub fn key_refusal(job: &str, problem: &str, noun: &str) -> String {
     idempotent_job_core::keys::refusal(job, problem, noun)
 }
 
+/// `deferrals_refusal(job, subject, shown)` → the message of a delivery whose deferral
+/// count is no count, worded by the core
+/// ([`idempotent_job_core::protocol::deferrals_refused`], the Ruby gem's words too):
+/// `subject` is the caller's name for the count, `shown` the value's `repr`.
+#[pyfunction]
+pub fn deferrals_refusal(job: &str, subject: &str, shown: &str) -> String {
+    idempotent_job_core::protocol::deferrals_refused(job, subject, shown).to_string()
+}
+
 /// An operation key's text checked as finished ([`idempotent_job_core::keys::problem`]:
 /// UTF-8, size, NUL), or the `OperationKeyError` naming `job` (its `job_type` and
 /// `job_class`) for it or for `text`'s problem (a value that cannot be a key), worded by

@@ -27,6 +27,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::error_table_json, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_example, m)?)?;
     m.add_function(wrap_pyfunction!(errors::key_refusal, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::deferrals_refusal, m)?)?;
+    m.add(
+        "MAX_DEFERRALS",
+        idempotent_job_core::protocol::MAX_DEFERRALS,
+    )?;
     m.add_function(wrap_pyfunction!(convert::key_declaration, m)?)?;
     m.add_function(wrap_pyfunction!(convert::declared_key, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;

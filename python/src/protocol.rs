@@ -9,6 +9,7 @@ use pyo3::types::{PyDict, PyType};
 
 use crate::convert;
 use crate::gil::detached;
+use idempotent_job_core::canonical;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::protocol::{
     Body, ClaimInfo, DeliveryRequest, Direct, DoorWords, Host, Level, LookupAnswer, Notes,
@@ -505,7 +506,9 @@ fn raised<V>(py: Python<'_>, err: PyErr) -> Body<V, PyErr> {
     }
 }
 
-/// Builds the core's delivery request.
+/// Builds the core's delivery request. A payload or facts JSON cannot carry is refused
+/// in the core's words ([`canonical::unwritable`]: a ConfigurationError naming the job),
+/// before anything is claimed.
 #[allow(clippy::too_many_arguments)]
 pub fn request(
     job_type: String,
@@ -517,17 +520,16 @@ pub fn request(
     payload: &Bound<'_, PyAny>,
     facts: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<DeliveryRequest> {
-    let owner = format!("{job_type}: ");
-    let payload = convert::to_json(payload).map_err(|what| {
-        crate::errors::config(format!(
-            "{owner}the payload holds {what}, which JSON cannot carry"
-        ))
-    })?;
+    // A value JSON cannot carry is refused in the core's words (the Ruby gem's too).
+    let refuse = |what: &str, problem: String| {
+        crate::errors::to_py(canonical::unwritable(&job_type, what, &problem))
+    };
+    let payload = convert::to_json(payload).map_err(|problem| refuse("payload", problem))?;
     let (args_json, args_digest) = convert::json_and_digest(&payload);
     let facts_json = match facts {
         Some(f) => Some(
             convert::to_json(f.as_any())
-                .map_err(|what| crate::errors::config(format!("{owner}facts hold {what}")))?
+                .map_err(|problem| refuse("facts", problem))?
                 .to_string(),
         ),
         None => None,

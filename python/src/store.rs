@@ -152,7 +152,7 @@ impl Store {
                 name, name, &known,
             )));
         }
-        if !native.contains_key("database_url") {
+        if native.get("database_url").is_none_or(Value::is_null) {
             if let Some(url) = idempotent_job_core::config::env_database_url() {
                 native.insert("database_url".into(), Value::String(url));
             }
@@ -201,7 +201,8 @@ impl Store {
     }
 
     /// `resolve(job_type, operation_key, as_)`: `as_` is "done" (the effect happened:
-    /// completed) or "rerun" (released for the next delivery). Returns None when the
+    /// completed) or "rerun" (released for the next delivery), parsed by the core
+    /// (`Resolution::parse`; anything else refused in its words, shown by `repr`). Returns None when the
     /// operation is not held or given up, else the stored delivery of its last claim (what
     /// a rerun re-sends) as a dict: `job_class`, `queue`, `args_json` (JSON text),
     /// `first_facts_json` (JSON object text), each str or None. Sent once (never
@@ -212,9 +213,17 @@ impl Store {
         py: Python<'py>,
         job_type: String,
         operation_key: String,
-        as_: &str,
+        as_: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let resolution = Resolution::parse(as_).map_err(crate::errors::to_py)?;
+        // The core's names and words (the Ruby gem's `Native.resolution`), a refused
+        // value shown by `repr`.
+        let resolution = match as_.extract::<String>().map(|name| Resolution::parse(&name)) {
+            Ok(Ok(resolution)) => resolution,
+            _ => {
+                let shown = as_.repr()?.to_string();
+                return Err(crate::errors::to_py(Resolution::refused(&shown)));
+            }
+        };
         let pool = self.pool()?;
         let stored = detached(py, move |i| {
             operations::resolve_stored(&pool, i, &job_type, &operation_key, resolution)

@@ -6,7 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::config::DEFAULT_RETENTION_SECONDS;
+use crate::config::{must_be_set, DEFAULT_RETENTION_SECONDS};
 use crate::error::{Error, Result};
 use crate::options::{self, MAX_SECONDS};
 use crate::protocol::{JobOptions, OnMismatch, OnStale};
@@ -220,9 +220,9 @@ impl JobDefaults {
     /// `value` checked for the setting `name` (one of [`JobDefaults::setting_names`]),
     /// nothing set: what [`JobDefaults::set`] accepts, for a binding that keeps the
     /// settings itself (the Ruby gem's `Configuration`). An option's setting is checked
-    /// by the core's table ([`options::check`]: its checked value, `null` for `null`);
-    /// `defer_margin` and `retention` must be a number of seconds from 0 to
-    /// [`MAX_SECONDS`] (`null` too is refused). `shown` is how messages show the value
+    /// by the core's table ([`options::check`]: its checked value; `null` is refused by
+    /// [`must_be_set`], naming the table's default); `defer_margin` and `retention` must
+    /// be a number of seconds from 0 to [`MAX_SECONDS`] (`null` too is refused). `shown` is how messages show the value
     /// (the caller's own notation), else its JSON.
     ///
     /// Errors: [`Error::Config`] naming the setting, for a bad value or a name that is
@@ -235,15 +235,24 @@ impl JobDefaults {
             .iter()
             .find(|o| o.setting == Some(name))
             .ok_or_else(|| Error::Config(format!("{name} is not a job default setting")))?;
+        if value.is_null() {
+            return Err(must_be_set(
+                name,
+                &options::default_json(option.default),
+                shown,
+            ));
+        }
         options::check("", "", option.name, value, shown)
     }
 
     /// The job defaults of `settings` (a JSON object of `configure`'s keyword
-    /// arguments, `null` values skipped) over the core's defaults, each set by
-    /// [`JobDefaults::set`] and then validated; and the other settings (the connection's,
-    /// or unknown ones: the caller judges them), in their order.
+    /// arguments) over the core's defaults, each set by [`JobDefaults::set`] and then
+    /// validated; and the other settings (the connection's, or unknown ones, `null`
+    /// values kept: the caller judges them), in their order.
     ///
-    /// Errors: [`Error::Config`] for a bad value of a job default setting.
+    /// Errors: [`Error::Config`] for a bad value of a job default setting, `null` too
+    /// (as [`JobDefaults::check`] refuses it: "lease must be set (its default is 300),
+    /// got null").
     pub fn from_settings(
         settings: Map<String, Value>,
         not_taken: &[&str],
@@ -252,10 +261,11 @@ impl JobDefaults {
         let mut defaults = JobDefaults::default();
         let mut rest = Map::new();
         for (name, value) in settings {
-            if value.is_null() {
-                continue;
-            }
             if names.contains(&name.as_str()) {
+                if value.is_null() {
+                    // Refused in the Ruby gem's words (`c.lease = nil`): the core's rule.
+                    JobDefaults::check(&name, &value, None)?;
+                }
                 defaults.set(&name, &value)?;
             } else {
                 rest.insert(name, value);
@@ -381,7 +391,7 @@ mod tests {
     fn the_job_defaults_are_read_and_answered_by_setting_name() {
         let (defaults, rest) = JobDefaults::from_settings(
             json!({"lease": 60, "on_stale": "hold", "retention": 10, "defer_margin": 2.5,
-                   "pool_size": 3, "heartbeat": null})
+                   "pool_size": 3})
             .as_object()
             .unwrap()
             .clone(),
@@ -412,5 +422,31 @@ mod tests {
             "retention must be a number of seconds from 0 to 315360000, got -1"
         );
         assert!(refused(json!({"lease": 0.1})).contains("lease must be at least 0.25 s"));
+        // Unset is refused naming the table's default, in the Ruby gem's words
+        // (`c.heartbeat = nil`); Python's None skipped it before.
+        assert_eq!(
+            refused(json!({"heartbeat": null})),
+            "heartbeat must be set (its default is true), got null"
+        );
+        assert_eq!(
+            refused(json!({"on_stale": null})),
+            r#"on_stale must be set (its default is "reclaim"), got null"#
+        );
+        assert_eq!(
+            JobDefaults::check("lease", &Value::Null, Some("nil"))
+                .unwrap_err()
+                .to_string(),
+            "lease must be set (its default is 300), got nil"
+        );
+        // A connection setting's null is the caller's to judge (Config::from_json).
+        let (_, rest) = JobDefaults::from_settings(
+            json!({"connect_timeout": null})
+                .as_object()
+                .unwrap()
+                .clone(),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(rest, *json!({"connect_timeout": null}).as_object().unwrap());
     }
 }

@@ -5,6 +5,7 @@
 //! write does to a read. The statements are [`crate::records`]'s.
 
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 
 use crate::conn::{Conn, Interrupt};
 use crate::error::{Error, Result};
@@ -85,17 +86,30 @@ pub fn check_held_limit(limit: i64) -> Result<()> {
 }
 
 impl Resolution {
-    /// The resolution named `name`: `done` or `rerun`.
+    /// The resolutions' names, in the order messages list them.
+    pub const NAMES: [&'static str; 2] = ["done", "rerun"];
+
+    /// The resolution named `name`: `done` or `rerun`. Both bindings parse `resolve`'s
+    /// `as` here (Ruby's `IdempotentJob.resolve(as:)`, a Symbol's or String's name;
+    /// Python's `resolve(as_=)`), so its rule and words are stated once.
     ///
-    /// Errors: [`Error::Config`] naming what was given.
+    /// Errors: [`Resolution::refused`] with `name` shown as JSON text.
     pub fn parse(name: &str) -> Result<Resolution> {
         match name {
             "done" => Ok(Resolution::Done),
             "rerun" => Ok(Resolution::Rerun),
-            other => Err(Error::Config(format!(
-                "resolve as must be done or rerun, got {other:?}"
-            ))),
+            other => Err(Resolution::refused(
+                &Value::String(other.into()).to_string(),
+            )),
         }
+    }
+
+    /// The refusal of a value `resolve`'s `as` does not take, `shown` in the host's
+    /// notation (a value that is not text: Ruby's `inspect`, Python's `repr`):
+    /// [`Error::Config`] "resolve as must be done or rerun, got …".
+    pub fn refused(shown: &str) -> Error {
+        let [done, rerun] = Resolution::NAMES;
+        Error::Config(format!("resolve as must be {done} or {rerun}, got {shown}"))
     }
 }
 
@@ -167,4 +181,24 @@ pub fn repeats(
     with_settled_conn(pool, interrupt, async |c| {
         records::repeats(c, since, job_type).await
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resolution_is_parsed_by_name_and_anything_else_refused_in_one_wording() {
+        assert_eq!(Resolution::parse("done").unwrap(), Resolution::Done);
+        assert_eq!(Resolution::parse("rerun").unwrap(), Resolution::Rerun);
+        assert_eq!(
+            Resolution::parse("maybe").unwrap_err().to_string(),
+            r#"resolve as must be done or rerun, got "maybe""#
+        );
+        assert!(matches!(Resolution::parse("Done"), Err(Error::Config(_))));
+        assert_eq!(
+            Resolution::refused("1").to_string(),
+            "resolve as must be done or rerun, got 1"
+        );
+    }
 }

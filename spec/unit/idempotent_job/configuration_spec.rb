@@ -81,6 +81,15 @@ RSpec.describe IdempotentJob::Configuration do
     expect(IdempotentJob.configuration.prepared_statements).to be(true)
   end
 
+  # Issue 30: the core's words (config::must_be_set, naming the table's default), Python's
+  # for a None too (python/tests/test_same_words.py).
+  it "refuses an unset job default naming the core's default" do
+    { lease: "300", on_stale: '"reclaim"', heartbeat: "true" }.each do |name, default|
+      message = /\A#{name} must be set \(its default is #{default}\), got nil\z/
+      expect { config.public_send("#{name}=", nil) }.to raise_error(IdempotentJob::ConfigurationError, message)
+    end
+  end
+
   it "checks defer_margin and retention by the core's rule (0 to ten years), as Python does" do
     expect(config.defer_margin).to eq(IdempotentJob::Native::DEFAULT_DEFER_MARGIN).and eq(1)
     config.retention = 0 # a purge deletes every finished record (Ruby refused 0 before issue 30 item D)

@@ -8,10 +8,40 @@ use std::time::Duration;
 
 use super::limits::DATABASE_URL_VARIABLES;
 use super::rules::check_setting;
-use super::url::{describe_url, known_url_params, split_params, split_tls_params, UrlParam};
+use super::url::{
+    describe_url, known_url_params, query_values, split_params, split_tls_params, UrlParam,
+};
 use super::Config;
 use crate::error::{Error, Result};
+use crate::options::{check_kind, DURATION};
 use crate::tls::{SslMode, TlsSettings};
+
+/// How messages name the URL's own `connect_timeout` (libpq's parameter, which the
+/// driver parses).
+const URL_CONNECT_TIMEOUT: &str = "database_url parameter connect_timeout";
+
+/// The URL's own `connect_timeout` (`text`, as the URL gives it) checked by the rule of
+/// the `connect_timeout` setting ([`DURATION`]: a positive number of seconds up to ten
+/// years), in its words: past tokio's `Instant` range a timeout never fires. Zero or a
+/// negative number is libpq's "no timeout", which the driver ignores (the setting's
+/// timeout applies); text that is no number is left to the driver's parse, which
+/// refuses it naming the parameter.
+fn check_url_connect_timeout(text: &str) -> Result<()> {
+    let Ok(seconds) = text.trim().parse::<f64>() else {
+        return Ok(());
+    };
+    if seconds <= 0.0 {
+        return Ok(());
+    }
+    let shown = serde_json::Value::String(text.to_string()).to_string();
+    check_kind(
+        URL_CONNECT_TIMEOUT,
+        DURATION,
+        &serde_json::json!(seconds),
+        Some(&shown),
+    )
+    .map(|_| ())
+}
 
 impl Config {
     /// The TLS settings: the URL's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`,
@@ -53,9 +83,13 @@ impl Config {
     /// pool size, `None` when absent) and `prepared_statements` (`None` when absent).
     ///
     /// Errors: [`Error::Config`] naming a parameter nobody knows (with the nearest
-    /// known name), or a `pool` / `prepared_statements` value that is not a positive
-    /// integer / a boolean.
+    /// known name), a `pool` / `prepared_statements` value that is not a positive
+    /// integer / a boolean, or a `connect_timeout` beyond the `connect_timeout`
+    /// setting's rule (a positive number of seconds up to ten years).
     pub fn url_settings(&self) -> Result<(Option<usize>, Option<bool>)> {
+        for timeout in query_values(&self.database_url, "connect_timeout") {
+            check_url_connect_timeout(&timeout)?;
+        }
         let (_, taken) = split_params(&self.database_url);
         let mut pool = None;
         let mut prepared = None;
@@ -129,7 +163,8 @@ impl Config {
     /// The tokio-postgres configuration: the URL parsed by tokio-postgres itself,
     /// plus `connect_timeout` and `application_name` (the URL's own values win).
     ///
-    /// Errors: [`Error::Config`] when the URL is empty or cannot be parsed.
+    /// Errors: [`Error::Config`] when the URL is empty or cannot be parsed, or its own
+    /// `connect_timeout` is beyond the `connect_timeout` setting's rule.
     pub fn pg_config(&self) -> Result<tokio_postgres::Config> {
         let mut pg = if self.database_url.trim().is_empty() {
             if self.host.is_none() {
@@ -240,9 +275,13 @@ impl Config {
         if pg.get_tcp_user_timeout().is_none() {
             pg.tcp_user_timeout(self.deadline());
         }
-        if pg.get_connect_timeout().is_none() {
-            check_setting("connect_timeout", &self.value_of("connect_timeout"), None)?;
-            pg.connect_timeout(self.connect_timeout());
+        match pg.get_connect_timeout() {
+            // The URL's own (a key/value string's too), by the setting's rule.
+            Some(timeout) => check_url_connect_timeout(&timeout.as_secs().to_string())?,
+            None => {
+                check_setting("connect_timeout", &self.value_of("connect_timeout"), None)?;
+                pg.connect_timeout(self.connect_timeout());
+            }
         }
         if pg.get_application_name().is_none() {
             pg.application_name(&self.application_name);

@@ -23,7 +23,7 @@ pub use limits::{
     MAX_KEY_BYTES, MAX_LEASE_SECONDS, MAX_PG_TIMEOUT_SECONDS, MAX_POOL_SIZE,
     MAX_RESULT_BYTES_LIMIT, POOL_HEADROOM, REPEATS_KEPT,
 };
-pub use rules::{check_setting, setting_rule, Rule, SettingRule, SETTING_RULES};
+pub use rules::{check_setting, must_be_set, setting_rule, Rule, SettingRule, SETTING_RULES};
 pub use settings::{
     connection_defaults_json, env_database_url, pool_size_for, Config, CONNECTION_SETTINGS,
 };

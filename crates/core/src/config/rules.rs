@@ -156,6 +156,19 @@ pub fn check_setting(name: &str, value: &Value, shown: Option<&str>) -> Result<V
     }
 }
 
+/// The refusal of an unset value (`null`, Ruby's `nil`, Python's `None`) for a setting
+/// that must have one and has a default the core states: [`Error::Config`] "`name` must
+/// be set (its default is `default`), got `shown`" (`default` as JSON; `shown` in the
+/// host's notation, else `null`). The job default settings of the options' table
+/// (`lease`, `on_stale`, …: the job settings' `JobDefaults::check`) refuse an unset
+/// value with it in both bindings.
+pub fn must_be_set(name: &str, default: &Value, shown: Option<&str>) -> Error {
+    let shown = shown.unwrap_or("null");
+    Error::Config(format!(
+        "{name} must be set (its default is {default}), got {shown}"
+    ))
+}
+
 /// Whether `text` is a plain PostgreSQL identifier: a letter or `_`, then letters,
 /// digits, `_` or `$`, at most 63 bytes (NAMEDATALEN - 1).
 fn plain_identifier(text: &str) -> bool {

@@ -321,3 +321,52 @@ fn an_unset_pool_size_is_the_queues_concurrency_plus_headroom_else_ten() {
     assert_eq!(pool_size_for(Some(25)), 25 + POOL_HEADROOM);
     assert_eq!(pool_size_for(Some(usize::MAX)), MAX_POOL_SIZE);
 }
+
+/// Issue 30: the URL's own connect_timeout has the `connect_timeout` setting's rule and
+/// words (ten years at most): a huge one passed the driver's parse and never fired
+/// (past tokio's `Instant` range), and 1e30 was refused only as unparsable.
+#[test]
+fn the_urls_connect_timeout_is_capped_by_the_settings_rule() {
+    let refused = |url: &str| {
+        Config::from_json(&serde_json::json!({ "database_url": url }).to_string())
+            .and_then(|c| c.pg_config())
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let rule = "a positive number of seconds up to 315360000 (ten years)";
+    for bad in ["1e30", "315360001", "99999999999999", "inf", "nan"] {
+        assert_eq!(
+            refused(&format!("postgres://h/db?connect_timeout={bad}")),
+            format!("database_url parameter connect_timeout must be {rule}, got \"{bad}\"")
+        );
+    }
+    // A key/value string's, judged once the driver parsed it.
+    assert_eq!(
+        refused("host=h dbname=db connect_timeout=315360001"),
+        format!("database_url parameter connect_timeout must be {rule}, got \"315360001\"")
+    );
+    // The setting's words are the same.
+    assert_eq!(
+        Config::from_json(r#"{"database_url":"postgres://h/db","connect_timeout":315360001}"#)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string(),
+        format!("connect_timeout must be {rule}, got 315360001")
+    );
+    for good in [
+        "postgres://h/db?connect_timeout=315360000",
+        "postgres://h/db?connect_timeout=3",
+        "postgres://h/db?connect_timeout=0",
+        "host=h dbname=db connect_timeout=315360000",
+    ] {
+        let c =
+            Config::from_json(&serde_json::json!({ "database_url": good }).to_string()).unwrap();
+        c.pg_config().unwrap();
+    }
+    let c = Config::from_json(r#"{"database_url":"postgres://h/db?connect_timeout=7"}"#).unwrap();
+    assert_eq!(
+        c.pg_config().unwrap().get_connect_timeout(),
+        Some(&Duration::from_secs(7))
+    );
+}

@@ -162,6 +162,20 @@ pub(super) fn split_params(url: &str) -> (String, Vec<(String, String)>) {
     (url, taken)
 }
 
+/// The values of the query parameter `name` in a `postgres://` URL, in order (none for
+/// a key/value string: the driver's parse and [`Config::pg_config`](super::Config::pg_config)
+/// judge those).
+pub(super) fn query_values(url: &str, name: &str) -> Vec<String> {
+    let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let Some((_, query)) = url.split_once('?').filter(|_| is_url) else {
+        return Vec::new();
+    };
+    form_urlencoded::parse(query.as_bytes())
+        .filter(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned())
+        .collect()
+}
+
 /// The TLS parameters of a `postgres://` URL's query, in order.
 pub(super) fn split_tls_params(url: &str) -> (String, Vec<(String, String)>) {
     let (url, taken) = split_params(url);

@@ -6,7 +6,7 @@ use super::table::{Default, Kind, JOB_OPTIONS};
 
 /// The default as JSON (`null` for none and for [`Default::JobName`], which the
 /// binding fills in).
-fn default_json(default: Default) -> Value {
+pub(crate) fn default_json(default: Default) -> Value {
     match default {
         Default::None | Default::JobName => Value::Null,
         Default::Seconds(s) => seconds_json(s),

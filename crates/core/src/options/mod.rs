@@ -25,6 +25,7 @@ mod names;
 mod table;
 
 pub use check::{check, check_kind};
+pub(crate) use json::default_json;
 pub use json::table_json;
 pub use names::{nearest, not_taken, suggestion, unknown, unknown_among, unknown_setting};
 pub use table::{

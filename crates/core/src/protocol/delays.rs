@@ -12,6 +12,30 @@ pub const DEFERRAL_FACTOR: f64 = 2.0;
 /// longer than a PostgreSQL restart takes.
 pub const COMPLETION_RETRY_DELAYS: [f64; 6] = [0.05, 0.25, 1.0, 2.0, 4.0, 8.0];
 
+/// The most deferrals a delivery may say it met (the count a door carries in its
+/// queue's payload, [`deferral_delay`]'s `deferrals`): a `u32`.
+pub const MAX_DEFERRALS: u32 = u32::MAX;
+
+/// Whether `count`, a delivery's deferrals as its payload or caller gave them, is one
+/// the core takes: a whole number from 0 to [`MAX_DEFERRALS`].
+pub fn deferrals_valid(count: i128) -> bool {
+    (0..=i128::from(MAX_DEFERRALS)).contains(&count)
+}
+
+/// The refusal of a delivery whose deferral count is no count, one wording for every
+/// door: [`crate::error::Error::Config`] "`job`: `subject` must be a whole number from
+/// 0 to 4294967295, got `shown`; the job was not run and nothing was recorded".
+/// `subject` is the door's name for the count (Ruby's "the delivery's deferrals
+/// (idempotency_deferrals)", Python's "perform_once's deferrals"), `shown` the value in
+/// the host's notation (cut to 100 characters here).
+pub fn deferrals_refused(job: &str, subject: &str, shown: &str) -> crate::error::Error {
+    let shown: String = shown.chars().take(100).collect();
+    crate::error::Error::Config(format!(
+        "{job}: {subject} must be a whole number from 0 to {MAX_DEFERRALS}, got {shown}; the job {}",
+        crate::error::NOT_RUN
+    ))
+}
+
 /// The deferral's delay: seconds until a delivery that met a live claim comes back.
 /// Soon at first ([`DEFERRAL_FIRST_DELAY`]), doubling with each deferral the delivery
 /// already had, never later than the holder's lease end plus `margin_seconds`, so it
@@ -71,5 +95,25 @@ pub fn claim_error_report(cause: &str) -> Option<u64> {
             seen.insert(cause.to_string(), (now, 0));
             Some(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod deferral_count_tests {
+    use super::*;
+
+    #[test]
+    fn a_deferral_count_is_a_u32_and_anything_else_is_refused_in_one_wording() {
+        assert!(deferrals_valid(0) && deferrals_valid(4_294_967_295));
+        assert!(!deferrals_valid(-1) && !deferrals_valid(4_294_967_296));
+        assert_eq!(
+            deferrals_refused("J", "perform_once's deferrals", "'1'").to_string(),
+            "J: perform_once's deferrals must be a whole number from 0 to 4294967295, got '1'; \
+             the job was not run and nothing was recorded"
+        );
+        let long = "x".repeat(300);
+        assert!(deferrals_refused("J", "d", &long)
+            .to_string()
+            .contains(&format!("got {}; the job", "x".repeat(100))));
     }
 }

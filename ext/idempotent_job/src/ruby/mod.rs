@@ -63,6 +63,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     )?;
     native.define_module_function("job_option", function!(options::job_option, 4))?;
     native.define_module_function("check_wait", function!(options::check_wait, 2))?;
+    native.define_module_function("resolution", function!(options::resolution, 1))?;
     native.define_module_function(
         "job_default_settings",
         function!(options::job_default_settings, 0),
@@ -120,8 +121,11 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     headers.freeze();
     native.const_set("REPEATS_CSV_HEADERS", headers)?;
     native.const_set("MAX_NESTING", idempotent_job_core::canonical::MAX_NESTING)?;
-    // The most deferrals a delivery can count (the core's `DeliveryRequest::deferrals`).
-    native.const_set("MAX_DEFERRALS", u32::MAX)?;
+    // The most deferrals a delivery can count (the core's rule).
+    native.const_set(
+        "MAX_DEFERRALS",
+        idempotent_job_core::protocol::MAX_DEFERRALS,
+    )?;
     native.const_set(
         "MAX_INTEGER_DIGITS",
         idempotent_job_core::canonical::MAX_INTEGER_DIGITS,

@@ -2,7 +2,7 @@
 //! `Native.job_options_json` (the table, which `lib/idempotent_job/job_options.rb`
 //! freezes at load) and `Native.job_option` (one value checked and normalised).
 
-use magnus::{prelude::*, Ruby, Value};
+use magnus::{prelude::*, RString, Ruby, Symbol, Value};
 use serde_json::Value as Json;
 
 use super::convert::{inspect, json_of, RbResult};
@@ -10,6 +10,7 @@ use super::errors::to_ruby;
 use idempotent_job_core::config;
 use idempotent_job_core::job_settings::JobDefaults;
 use idempotent_job_core::options::{self, Kind};
+use idempotent_job_core::records::Resolution;
 
 /// `Native.job_options_json` → the table as a JSON object text ([`options::table_json`]).
 pub fn job_options_json() -> String {
@@ -195,4 +196,23 @@ pub fn pool_size_for(concurrency: Option<usize>) -> usize {
 /// held, so no Ruby thread changes `ENV` meanwhile.
 pub fn env_database_url() -> Option<String> {
     config::env_database_url()
+}
+
+/// `Native.resolution(value)` → `:done` or `:rerun`: `IdempotentJob.resolve`'s `as:`
+/// (a Symbol or a String) parsed by the core ([`Resolution::parse`]), so Ruby and
+/// Python take the same names.
+///
+/// Raises `IdempotentJob::ConfigurationError` in the core's words
+/// ([`Resolution::refused`]), the value shown by `inspect`, for anything else.
+pub fn resolution(ruby: &Ruby, value: Value) -> RbResult<Symbol> {
+    let name = if let Some(symbol) = Symbol::from_value(value) {
+        Some(symbol.name()?.into_owned())
+    } else {
+        RString::from_value(value).and_then(|text| text.to_string().ok())
+    };
+    match name.as_deref().map(Resolution::parse) {
+        Some(Ok(Resolution::Done)) => Ok(ruby.to_symbol("done")),
+        Some(Ok(Resolution::Rerun)) => Ok(ruby.to_symbol("rerun")),
+        _ => Err(to_ruby(ruby, Resolution::refused(&inspect(value)?))),
+    }
 }

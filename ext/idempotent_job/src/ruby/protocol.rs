@@ -302,8 +302,20 @@ fn completion_retry_delays() -> Vec<f64> {
     COMPLETION_RETRY_DELAYS.to_vec()
 }
 
+/// `Native.deferrals_refused(job, subject, shown)` → raises the core's
+/// `ConfigurationError` for a delivery whose deferral count is no count
+/// ([`idempotent_job_core::protocol::deferrals_refused`]: `subject` is the door's name
+/// for it, `shown` the value's `inspect`), the same words as Python's.
+fn deferrals_refused(ruby: &Ruby, job: String, subject: String, shown: String) -> RbResult<()> {
+    Err(to_ruby(
+        ruby,
+        idempotent_job_core::protocol::deferrals_refused(&job, &subject, &shown),
+    ))
+}
+
 pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     native.define_module_function("deferral_delay", function!(native_deferral_delay, 3))?;
+    native.define_module_function("deferrals_refused", function!(deferrals_refused, 3))?;
     native.define_module_function("error_text_limit", function!(error_text_limit, 0))?;
     native.define_module_function(
         "completion_retry_delays",
