@@ -20,8 +20,8 @@ module IdempotentJob
     # when the queue's own JSON refuses a payload (Sidekiq's dead set). Such a String is
     # one not valid in its encoding (bytes that are not UTF-8, as a parser reads another
     # language's producer), or a binary (ASCII-8BIT) one that is not ASCII-only: always
-    # valid, yet JSON refuses its high bytes when they are not UTF-8 (JSON::GeneratorError,
-    # json 2.6 on Ruby 3.1 as on Ruby 3.3) and newer json deprecates writing them at all.
+    # valid, yet json 2.6 (Ruby 3.1) refuses its high bytes when they are not UTF-8 and
+    # json 3 (the Ruby 3.3 stack's) refuses them even when they are (JSON::GeneratorError).
     # @param value [Object] a payload or part of it (JSON data, as the queue parsed it)
     # @return [Object] the same shape, every String one JSON writes
     def self.writable(value)

@@ -177,10 +177,10 @@ RSpec.describe "Bad input", :faults do
       expect(record("42")).to be_nil
     end
 
-    # Ruby 3.3's json (2.9+) refuses a binary (ASCII-8BIT) String with bytes that are not
-    # UTF-8 with JSON::GeneratorError, Ruby 3.1's (2.6) alike: such a String is valid in
-    # its encoding, so the rewrite for Strings that are not once missed it and the refused
-    # delivery kept no copy ("no copy is kept … JSON::GeneratorError"), lost.
+    # A binary (ASCII-8BIT) String with high bytes: json 2.6 (Ruby 3.1) refuses it when
+    # they are not UTF-8, json 3 (Ruby 3.3) even when they are (JSON::GeneratorError). Such
+    # a String is valid in its encoding, so the rewrite for Strings that are not missed it
+    # and the refused delivery kept no copy ("no copy is kept … JSON::GeneratorError").
     it "dead-letters a refusal whose arguments hold binary Strings with high bytes, each as its Base64 bytes" do
       Sidekiq::DeadSet.new.clear
       Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1])

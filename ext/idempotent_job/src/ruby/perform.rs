@@ -361,8 +361,8 @@ impl Host for RbHost<'_> {
 /// without an error class on Ruby before 3.3 is one), `break` or a non-local `return`
 /// out of the body: the worker goes on, so the claim is released like a raising body's
 /// (a retry runs at once) and the jump goes on after the release. An exception the
-/// gem's own callbacks raised (the Claim, the door's `crash?`) is released and
-/// re-raised the same way.
+/// gem's own callbacks raised (the Claim) is released and re-raised the same way (the
+/// door's `crash?` raising: see [`RbHost::raised_body`]).
 fn left_body(left: magnus::Error) -> Body<Value, magnus::Error> {
     let (class, message, crash) = match left.error_type() {
         ErrorType::Jump(Tag::Fatal) => (String::new(), String::new(), true),
