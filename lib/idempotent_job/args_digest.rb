@@ -12,23 +12,33 @@ module IdempotentJob
     # library's error naming the job ({Protocol}: ConfigurationError).
     class Unwritable < StandardError; end
 
-    # The marker key of a String whose bytes are not valid in its encoding ({.writable}).
+    # The marker key of a String no JSON writer may take as text ({.writable}).
     BYTES = "idempotent_job:bytes_base64"
 
-    # `value` with every String that is not valid in its encoding (bytes that are not
-    # UTF-8, which no JSON writer takes) replaced by `{BYTES => "<its bytes, Base64>"}`,
-    # and Hash keys that are not valid by their `inspect`: what a door writes back when
-    # the queue's own JSON refuses a payload (Sidekiq's dead set).
+    # `value` with every String a JSON writer may refuse replaced by `{BYTES => "<its
+    # bytes, Base64>"}`, and such Hash keys by their `inspect`: what a door writes back
+    # when the queue's own JSON refuses a payload (Sidekiq's dead set). Such a String is
+    # one not valid in its encoding (bytes that are not UTF-8, as a parser reads another
+    # language's producer), or a binary (ASCII-8BIT) one that is not ASCII-only: always
+    # valid, yet json 2.6 (Ruby 3.1) refuses its high bytes when they are not UTF-8 and
+    # json 3 (the Ruby 3.3 stack's) refuses them even when they are (JSON::GeneratorError).
     # @param value [Object] a payload or part of it (JSON data, as the queue parsed it)
-    # @return [Object] the same shape, every String valid
+    # @return [Object] the same shape, every String one JSON writes
     def self.writable(value)
       case value
-      when String then value.valid_encoding? ? value : { BYTES => [value.b].pack("m0") }
+      when String then bytes?(value) ? { BYTES => [value.b].pack("m0") } : value
       when Array then value.map { |item| writable(item) }
-      when Hash then value.to_h { |k, v| [k.is_a?(String) && !k.valid_encoding? ? k.b.inspect : k, writable(v)] }
+      when Hash then value.to_h { |k, v| [k.is_a?(String) && bytes?(k) ? k.b.inspect : k, writable(v)] }
       else value
       end
     end
+
+    # @param text [String]
+    # @return [Boolean] whether {.writable} rewrites `text` as its bytes
+    def self.bytes?(text)
+      !text.valid_encoding? || (text.encoding == Encoding::BINARY && !text.ascii_only?)
+    end
+    private_class_method :bytes?
 
     # @param args [Array] the job's arguments
     # @return [String] hex SHA-256 of their canonical JSON (Native.args_digest)

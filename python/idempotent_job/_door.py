@@ -147,8 +147,9 @@ def key_of(
     """The operation key (str) of a parsed declaration over one delivery, by the core's
     resolve (crates/core/src/declaration.rs): each of ``starts`` is a part's ``(first
     value, segments, missing)`` (``missing``: the door's words for why the part has no
-    first value, else None); the core walks the segments (a dict's by key, a list's or
-    tuple's by a decimal index), refuses None and makes the key's text, of the one value
+    first value, else None); the core walks the segments (a dict's by key: a str key,
+    else an int key of that decimal text; a list's or tuple's by a decimal index),
+    refuses None and makes the key's text, of the one value
     or of the composite when the declaration is a list or tuple. Raises ``fail(part,
     problem)`` (the door's ``OperationKeyError``, ``part`` the part's position) when a
     part reaches no value: its argument is missing, a dict lacks the key, a list segment

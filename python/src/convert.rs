@@ -263,7 +263,8 @@ fn repr(text: &str) -> String {
     out
 }
 
-/// A Python value a key path walks through: a dict by str key, a list or tuple by index.
+/// A Python value a key path walks through: a dict by str key, else the int of that
+/// text ([`declaration::integer_key`]); a list or tuple by index.
 #[derive(Clone)]
 struct PyNode<'py>(Bound<'py, PyAny>);
 
@@ -286,7 +287,22 @@ impl declaration::Node for PyNode<'_> {
 
     fn entry(&self, key: &str) -> Option<Self> {
         let dict = self.0.cast::<PyDict>().ok()?;
-        dict.get_item(key).ok().flatten().map(PyNode)
+        if let Some(value) = dict.get_item(key).ok().flatten() {
+            return Some(PyNode(value));
+        }
+        if !declaration::integer_key(key) {
+            return None;
+        }
+        // An int key of that text (`{1: …}`, written `{"1":…}`): found by a walk, not
+        // `dict[int(key)]`, which would also take a bool or float key equal to it
+        // (`True`, `1.0`), keys the canonical text refuses.
+        dict.iter()
+            .find(|(k, _)| {
+                k.is_instance_of::<PyInt>()
+                    && !k.is_instance_of::<PyBool>()
+                    && int(k).is_ok_and(|n| n.to_string() == key)
+            })
+            .map(|(_, value)| PyNode(value))
     }
 
     fn element(&self, index: usize) -> Option<Self> {

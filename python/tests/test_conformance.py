@@ -91,6 +91,29 @@ def test_key_path(case):
     check_key(case, key_result(compute))
 
 
+def test_key_path_reaches_an_int_dict_key_by_its_text():
+    """A value key writes ``{1: "x"}`` as ``{"1":"x"}``, so a path segment reaches an int
+    key by that text (the core's ``declaration::integer_key``), a str key of it first;
+    never a bool or float key equal to it, nor by another text of the number."""
+
+    def key(declaration: str, *args) -> str:
+        def refuse(problem: str) -> OperationKeyError:
+            return OperationKeyError(f"Job: {problem}")
+
+        paths = parse_key(declaration, refuse)
+        starts = [call_start(path, args, {}, "the task") for path in paths]
+        return key_of("Job", declaration, starts, lambda part, problem: refuse(problem))
+
+    assert idempotent_job.operation_key({1: "x"}, "Job") == '{"1":"x"}'
+    assert key("0.1", {1: "x"}) == "x"
+    assert key("1.0.-2.id", 7, {0: {-2: {"id": 9}}}) == "9"
+    assert key(f"0.{2**70}", {2**70: "big"}) == "big"
+    assert key("0.1", {1: "int", "1": "text"}) == "text"
+    for declaration, value in [("0.01", {1: "x"}), ("0.1", {True: "x"}), ("0.1", {1.0: "x"})]:
+        with pytest.raises(OperationKeyError, match="has no key"):
+            key(declaration, value)
+
+
 @pytest.mark.parametrize("case", VECTORS["delays"]["unreachable"], ids=lambda c: f"failures={c['failures']}")
 def test_unreachable_delay(case):
     assert _native.unreachable_delay(case["failures"]) == case["delay"]

@@ -176,6 +176,28 @@ RSpec.describe "Bad input", :faults do
       expect(Effects.count).to eq(0)
       expect(record("42")).to be_nil
     end
+
+    # A binary (ASCII-8BIT) String with high bytes: json 2.6 (Ruby 3.1) refuses it when
+    # they are not UTF-8, json 3 (Ruby 3.3) even when they are (JSON::GeneratorError). Such
+    # a String is valid in its encoding, so the rewrite for Strings that are not missed it
+    # and the refused delivery kept no copy ("no copy is kept … JSON::GeneratorError").
+    it "dead-letters a refusal whose arguments hold binary Strings with high bytes, each as its Base64 bytes" do
+      Sidekiq::DeadSet.new.clear
+      Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1])
+      bytes = "a\xFFb".b
+      args = [42, bytes, { "k\xFE".b => "caf\u00e9".b, "plain".b => "ascii".b }]
+      expect { deliver(ChargeOrderJob.jobs.pop.merge("args" => args)) }
+        .to raise_error(IdempotentJob::ConfigurationError, /\AChargeOrderJob: the payload cannot be written as JSON/)
+      dead = Sidekiq::DeadSet.new.to_a
+      expect(dead.size).to eq(1)
+      base64 = ->(text) { { IdempotentJob::ArgsDigest::BYTES => [text].pack("m0") } }
+      expect(dead.first.args).to eq([42, base64.call(bytes),
+                                     { '"k\\xFE"' => base64.call("caf\u00e9".b), "plain" => "ascii" }])
+      expect(dead.first.item["error_message"]).to start_with("ChargeOrderJob: the payload cannot be written as JSON")
+      expect(Effects.count).to eq(0)
+    ensure
+      Sidekiq::DeadSet.new.clear
+    end
   end
 
   describe "idempotency_* options without idempotency_key (fresh-user trial: the key forgotten)" do

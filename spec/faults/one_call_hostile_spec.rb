@@ -127,6 +127,27 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       end
     end
 
+    # The door's crash rule is user code too (a door of one's own, a subclass): when it
+    # raises, the body's exception once gave way to the door's (released), lost.
+    it "a door whose crash? raises: the body's exception comes out; the base rule decides the claim" do
+      door = Class.new(IdempotentJob::Door) { def crash?(_error) = raise(NoMethodError, "a bug in the door") }.new
+      options = IdempotentJob::JobOptions.cached("Attack::CrashRule", {})
+      run = lambda do |key, raised|
+        delivery = IdempotentJob::Delivery.new(job_type: "Attack::CrashRule", operation_key: key, id: "d-#{key}")
+        IdempotentJob::Protocol.new(options, door:).run(delivery) { raise raised }
+      end
+      key = unique_key
+      raised = RuntimeError.new("the body's own")
+      expect { run.call(key, raised) }.to(raise_error { |e| expect(e).to equal(raised) })
+      record = IdempotentJob.record("Attack::CrashRule", key)
+      expect(record.status).to eq(:released)
+      expect(record.last_error).to start_with("RuntimeError: the body's own").and include("crash? raised NoMethodError")
+      retried_at_once("Attack::CrashRule", key)
+      signal = Interrupt.new # the base rule: a signal keeps the claim for its lease
+      expect { run.call("#{key}-signal", signal) }.to(raise_error { |e| expect(e).to equal(signal) })
+      expect(status("Attack::CrashRule", "#{key}-signal")).to eq(:claimed)
+    end
+
     it "an exception class whose name is not UTF-8: the same exception re-raised, released" do
       key = unique_key
       odd = Class.new(StandardError) { def self.name = "Odd\xFFName".b }

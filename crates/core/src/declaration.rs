@@ -64,6 +64,26 @@ pub fn list_index(segment: &str) -> Option<usize> {
     }
 }
 
+/// Whether a path segment is the text an integer map key is written as (canonical
+/// JSON writes Ruby `{1 => …}` and Python `{1: …}` as `{"1":…}`), so that it reaches an
+/// integer key of that value when the map has no string (or Symbol) key of that text
+/// ([`Node::entry`]): decimal digits with no leading zero, after an optional `-`
+/// (`"0"`, `"17"`, `"-3"`; not `"01"`, `"+1"`, `"-0"`, `"1.0"`, `"1e3"`), at most
+/// [`crate::canonical::MAX_INTEGER_DIGITS`] digits. The binding makes its host's
+/// integer from the text.
+pub fn integer_key(segment: &str) -> bool {
+    let digits = segment.strip_prefix('-').unwrap_or(segment);
+    let written = if digits == "0" {
+        digits.len() == segment.len() // "0", never "-0"
+    } else {
+        !digits.starts_with('0')
+    };
+    written
+        && !digits.is_empty()
+        && digits.len() <= crate::canonical::MAX_INTEGER_DIGITS
+        && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// Parses a declaration's parts (one part for a single key, each part of a composite
 /// key's list).
 ///
@@ -141,7 +161,10 @@ pub enum Shape {
 pub trait Node: Sized {
     /// What the value is.
     fn shape(&self) -> Shape;
-    /// A map's value under `key` (a Ruby Hash also under the Symbol of that name), or
+    /// A map's value under `key`: the key written as that text in canonical JSON — a
+    /// string key first, then (a Ruby Hash) the Symbol of that name, then, when
+    /// [`integer_key`] says the segment is an integer's text, the integer key (Ruby
+    /// `{1 => …}`, Python `{1: …}`: `"0.1"` reaches it as a value key writes it, `"1"`);
     /// `None` when it has no such key.
     fn entry(&self, key: &str) -> Option<Self>;
     /// A list's element `index` (below [`Shape::List`]'s length).
@@ -212,8 +235,9 @@ pub fn walk<N: Node>(value: N, segments: &[String], words: &PathWords) -> Result
             }
             Shape::Other(type_name) => {
                 return Err(format!(
-                    "segment {} reaches into a {type_name}, not a {} or {}",
+                    "segment {} reaches into {}, not a {} or {}",
                     quoted(),
+                    crate::words::with_article(&type_name),
                     words.map,
                     words.list
                 ))
@@ -346,6 +370,19 @@ mod tests {
             text: t.into(),
             shown: format!("{t:?}"),
         }
+    }
+
+    #[test]
+    fn integer_keys_are_reached_by_the_text_they_are_written_as() {
+        for yes in ["0", "1", "17", "-3", "18446744073709551616"] {
+            assert!(integer_key(yes), "{yes}");
+        }
+        for no in ["", "-", "01", "-0", "+1", "1.0", "1e3", " 1", "a1", "00"] {
+            assert!(!integer_key(no), "{no}");
+        }
+        assert!(!integer_key(
+            &"9".repeat(crate::canonical::MAX_INTEGER_DIGITS + 1)
+        ));
     }
 
     #[test]

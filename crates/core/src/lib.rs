@@ -2,10 +2,11 @@
 //!
 //! Modules, in dependency order (no module imports one that imports it back; the test
 //! `tests/module_graph.rs` checks it): `error` (the one error type and the error
-//! table), `keys` (over `canonical`), `canonical`, `declaration` (key declarations),
-//! `values`, `tls`; `config` (every default and limit, over `tls`), `options` (over
-//! `config`); `sql` (every statement text); `transitions` (the decision table, over
-//! `sql`); `record` (the record and decision types); `conn` (one connection and its I/O
+//! table), `words` (message wording: a name with its article), `keys` (over
+//! `canonical`), `canonical`, `declaration` (key declarations), `values`, `tls`;
+//! `config` (every default and limit, over `tls`), `options` (over `config`); `sql`
+//! (every statement text); `transitions` (the decision table, over `sql`); `record` (the
+//! record and decision types); `conn` (one connection and its I/O
 //! driver); `pool` (the pool, checkouts, retries on a fresh connection);
 //! `schema`; `fenced` (completion, release and the other fenced changes);
 //! `bookkeeping`, `heartbeat`; `store` (the store and its per-process handles);
@@ -45,3 +46,4 @@ pub mod telemetry;
 pub mod tls;
 pub mod transitions;
 pub mod values;
+pub mod words;

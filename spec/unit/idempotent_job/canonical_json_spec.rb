@@ -69,6 +69,8 @@ RSpec.describe "Canonical JSON: written by the core, in the form the gem has alw
       Time.at(0) => /a Time/,
       BigDecimal("1.5") => /a BigDecimal/,
       { 1.5 => 2 } => /a map key of type Float/,
+      Object.new => /it holds an Object\z/, # the article by the name's first letter (was "a Object")
+      Struct.new(:x).new(1) => /it holds a #<Class:/,
       "\xFF".dup.force_encoding(Encoding::UTF_8) => /a String that is not valid UTF-8/,
       10**IdempotentJob::Native::MAX_INTEGER_DIGITS => /an integer of 4301 digits \(at most 4300\)/
     }.each do |value, problem|

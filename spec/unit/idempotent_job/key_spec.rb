@@ -45,6 +45,21 @@ RSpec.describe IdempotentJob::Key do
       expect(key("payload.id", [1, { id: 5 }])).to eq(key("payload.id", [1, { "id" => 5 }]))
     end
 
+    # A value key writes an Integer Hash key as its decimal text ({1 => "x"} is
+    # {"1":"x"}, docs/canonical-json.md), so a path segment reaches it by that text too
+    # (a String key of that text first, then its Symbol, then the Integer).
+    it "reaches an Integer Hash key by the text a value key writes it as" do
+      expect(key(:payload, [1, { 1 => "x" }])).to eq('{"1":"x"}')
+      expect(key("payload.1", [1, { 1 => "x" }])).to eq("x")
+      expect(key("1.1", [1, { 1 => "x" }])).to eq("x")
+      expect(key("0.1", [{ 1 => "x" }, {}])).to eq("x")
+      expect(key("payload.0.-2.id", [1, { 0 => { -2 => { id: 9 } } }])).to eq("9")
+      expect(key("payload.#{2**70}", [1, { 2**70 => "big" }])).to eq("big")
+      expect(key("payload.1", [1, { 1 => "int", "1" => "text" }])).to eq("text")
+      key_error("payload.01", [1, { 1 => "x" }]) { |m| expect(m).to include('the Hash has no key "01"') }
+      key_error("payload.1", [1, { 1.0 => "x" }]) { |m| expect(m).to include('the Hash has no key "1"') }
+    end
+
     it "builds a composite key from an Array of parts" do
       expect(key([:order_id, "payload.line"], [42, { "line" => 3 }])).to eq('["42","3"]')
     end
@@ -152,13 +167,15 @@ RSpec.describe IdempotentJob::Key do
     end
 
     it "reports a path through a scalar" do
-      key_error("payload.id", [1, 5]) { |m| expect(m).to include("Integer, not a Hash") }
+      key_error("payload.id", [1, 5]) { |m| expect(m).to include("reaches into an Integer, not a Hash") }
+      key_error("payload.id", [1, "text"]) { |m| expect(m).to include("reaches into a String, not a Hash") }
     end
 
     it "rejects a Float or boolean as the key, and non-JSON objects anywhere" do
       key_error(:order_id, [1.0, {}]) { |m| expect(m).to include("floats are ambiguous") }
       key_error(:order_id, [true, {}]) { |m| expect(m).to include("TrueClass") }
-      key_error(:payload, [1, { "at" => Object.new }]) { |m| expect(m).to include("Object cannot be") }
+      key_error(:payload, [1, { "at" => Object.new }]) { |m| expect(m).to include("an Object cannot be") }
+      key_error(:payload, [1, { "at" => Time.at(0) }]) { |m| expect(m).to include("a Time cannot be") }
     end
 
     it "says that the job was not run and nothing was recorded" do

@@ -557,7 +557,7 @@ impl Converter {
                 None => Ok(Json::Object(map)),
             };
         }
-        Err(format!("a {}", class_name(value)))
+        Err(idempotent_job_core::words::with_article(&class_name(value)))
     }
 }
 

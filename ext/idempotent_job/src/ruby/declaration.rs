@@ -3,6 +3,7 @@
 //! delivery's arguments ([`idempotent_job_core::declaration`]), with Ruby's names for
 //! its types.
 
+use magnus::rb_sys::{AsRawValue, FromRawValue};
 use magnus::{prelude::*, Integer, RArray, RHash, RString, Ruby, Symbol, Value};
 
 use idempotent_job_core::declaration::{
@@ -79,7 +80,8 @@ const PATH_WORDS: PathWords = PathWords {
 };
 
 /// A Ruby value a key path walks through: a Hash by a String key, else the Symbol of
-/// that name; an Array by index. Lookups never call a default proc.
+/// that name, else the Integer of that text ([`declaration::integer_key`]); an Array
+/// by index. Lookups never call a default proc.
 #[derive(Clone, Copy)]
 struct Rb(Value);
 
@@ -101,8 +103,22 @@ impl Node for Rb {
         if let Some(value) = hash.get(key) {
             return Some(Rb(value));
         }
-        let symbol = Ruby::get_with(self.0).to_symbol(key);
-        hash.get(symbol).map(Rb)
+        let ruby = Ruby::get_with(self.0);
+        if let Some(value) = hash.get(ruby.to_symbol(key)) {
+            return Some(Rb(value));
+        }
+        if !declaration::integer_key(key) {
+            return None;
+        }
+        let integer = match key.parse::<i64>() {
+            Ok(i) => ruby.integer_from_i64(i).as_value(),
+            // SAFETY: `rb_str_to_inum` reads the String's digits (checked by the core) and
+            // calls no Ruby method; the GVL is held.
+            Err(_) => unsafe {
+                Value::from_raw(rb_sys::rb_str_to_inum(ruby.str_new(key).as_raw(), 10, 0))
+            },
+        };
+        hash.get(integer).map(Rb)
     }
 
     fn element(&self, index: usize) -> Option<Self> {

@@ -146,15 +146,56 @@ impl RbHost<'_> {
                 None => return left_body(e),
             },
         };
-        match self.crash(exception) {
-            Ok(crash) => Body::Raised {
-                raised: left,
-                class,
-                message,
-                crash,
+        let (crash, message) = match self.crash(exception) {
+            Ok(crash) => (crash, message),
+            // The door's `crash?` raised: what the body raised still goes out and its
+            // claim is handled by the base rule (see [`RbHost::signalled`]); the release's
+            // message (the record's `last_error`, the log) names what `crash?` raised. A
+            // jump with no exception (Thread#kill landing in `crash?`) goes on: the
+            // thread is going away.
+            Err(e) => match e.value() {
+                Some(raised) => (
+                    self.signalled(exception),
+                    // SAFETY: the name is copied before any Ruby code runs again.
+                    format!(
+                        "{message} (the door's crash? raised {}; the claim was kept or released \
+                         by the base rule: kept for a SignalException)",
+                        unsafe { raised.classname() }
+                    ),
+                ),
+                None => return left_body(e),
             },
-            Err(e) => left_body(e),
+        };
+        Body::Raised {
+            raised: left,
+            class,
+            message,
+            crash,
         }
+    }
+
+    /// The base door's crash rule (`IdempotentJob::Door#crash?`: a SignalException, so
+    /// an interrupt or Sidekiq::Shutdown) on `error` or any of its causes, read by the
+    /// VM with no Ruby method: what decides a claim when the door's own `crash?`
+    /// raised. A body that may have done its effect before a signal keeps its claim
+    /// for its lease; any other exception releases it, as for a raising body.
+    fn signalled(&self, error: Value) -> bool {
+        let id = self.ruby.intern("cause").as_raw();
+        let signal = self.ruby.exception_signal();
+        let mut current = error;
+        // A cause chain that loops is cut after as many links as any sane chain has.
+        for _ in 0..1024 {
+            if current.is_kind_of(signal) {
+                return true;
+            }
+            // SAFETY: `rb_attr_get` reads an instance variable; no Ruby code runs.
+            let next = unsafe { Value::from_raw(rb_sys::rb_attr_get(current.as_raw(), id)) };
+            if !next.is_kind_of(self.ruby.exception_exception()) {
+                return false;
+            }
+            current = next;
+        }
+        false
     }
 
     /// The door's crash rule (`door.crash?`) on `error` or any of its causes: the claim
@@ -320,8 +361,8 @@ impl Host for RbHost<'_> {
 /// without an error class on Ruby before 3.3 is one), `break` or a non-local `return`
 /// out of the body: the worker goes on, so the claim is released like a raising body's
 /// (a retry runs at once) and the jump goes on after the release. An exception the
-/// gem's own callbacks raised (the Claim, the door's `crash?`) is released and
-/// re-raised the same way.
+/// gem's own callbacks raised (the Claim) is released and re-raised the same way (the
+/// door's `crash?` raising: see [`RbHost::raised_body`]).
 fn left_body(left: magnus::Error) -> Body<Value, magnus::Error> {
     let (class, message, crash) = match left.error_type() {
         ErrorType::Jump(Tag::Fatal) => (String::new(), String::new(), true),

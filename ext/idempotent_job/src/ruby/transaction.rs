@@ -227,7 +227,7 @@ fn to_param(ruby: &Ruby, value: Value) -> RbResult<Param> {
         "Hash" | "Array" => Ok(Param::Json(value.funcall("to_json", ())?)),
         other => Err(magnus::Error::new(
             ruby.exception_arg_error(),
-            format!("a {other} cannot be bound; pass nil, true/false, Integer, Float, String, Symbol, Time, Date, BigDecimal, Hash or Array"),
+            format!("{} cannot be bound; pass nil, true/false, Integer, Float, String, Symbol, Time, Date, BigDecimal, Hash or Array", idempotent_job_core::words::with_article(other)),
         )),
     }
 }
