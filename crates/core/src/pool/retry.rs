@@ -119,12 +119,13 @@ pub fn checkout_live(
     }
 }
 
-/// A connection error met at every attempt until the deadline, saying so.
+/// A connection error met at every attempt, saying so: attempts stop when the
+/// deadline leaves no room for another pause and try, which can be before it ends.
 pub(super) fn retried_until_deadline(err: Error, deadline: Duration) -> Error {
     match err {
         Error::Connection { message, sqlstate } => Error::Connection {
             message: format!(
-                "{message} (connecting was retried until the deadline of {} s)",
+                "{message} (connecting failed at every retry while the deadline of {} s left room for another)",
                 deadline.as_secs_f64()
             ),
             sqlstate,
