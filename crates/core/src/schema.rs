@@ -90,7 +90,7 @@ pub async fn ensure(conn: &Conn, job_type: &str, operation_key: &str) -> Result<
     if conn.schema_checked().load(Ordering::Acquire) {
         return Ok(());
     }
-    let what = format!("cannot claim {job_type} operation {operation_key:?}");
+    let what = crate::claim::claim_failure(job_type, operation_key);
     match missing_columns(conn).await? {
         None => Err(Error::Database {
             message: format!(

@@ -24,6 +24,7 @@ use super::protocol::{claim_object, notes_array, outcome_hash, NativeProtocol};
 use super::store::NativeStore;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::canonical;
+use idempotent_job_core::claim;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::heartbeat::HeartbeatReader;
@@ -434,7 +435,13 @@ impl NativeProtocol {
         // `:transaction`: the gem's own transaction, opened here and ended below.
         let opened: Option<Obj<NativeTransaction>> = match Symbol::from_value(channel) {
             Some(_) => {
-                let session = store.run(ruby, Session::begin)?;
+                // A transaction that cannot begin (a wrong password, no database…) is
+                // this delivery's claim failing: its error names the job and operation.
+                let session = store.run(ruby, |pool, interrupt| {
+                    Session::begin(pool, interrupt).map_err(|e| {
+                        claim::naming_claim(&delivery.job_type, &delivery.operation_key, e)
+                    })
+                })?;
                 Some(ruby.obj_wrap(NativeTransaction::new(session)))
             }
             None => None,
