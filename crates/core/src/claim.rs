@@ -101,7 +101,7 @@ async fn claim_at(
 ///
 /// Errors: [`Error::Config`] for an empty/oversized key or a non-positive lease,
 /// [`Error::Connection`] / [`Error::Database`] / [`Error::Timeout`] from PostgreSQL,
-/// naming the job and the operation ([`naming_claim`]).
+/// naming the job and the operation ([`Error::naming_claim`]).
 pub fn deliver(
     pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
@@ -115,49 +115,11 @@ pub fn deliver(
     let (decision, repeat) = with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
         look_or_claim(c, req, token, books).await
     })
-    .map_err(|e| naming_claim(&req.job_type, &req.operation_key, e))?;
+    .map_err(|e| e.naming_claim(&req.job_type, &req.operation_key))?;
     if let Some(repeat) = repeat {
         books.record(repeat);
     }
     Ok(decision)
-}
-
-/// The words that start the error of a claim that failed: `cannot claim {job_type}
-/// operation {operation_key:?}` (the key quoted as Rust debug-formats a string).
-pub fn claim_failure(job_type: &str, operation_key: &str) -> String {
-    format!("cannot claim {job_type} operation {operation_key:?}")
-}
-
-/// `error`, raised by the claim of `job_type`'s `operation_key`, naming the delivery:
-/// a connection, database or timeout error (a wrong role or password, a database that
-/// does not exist, PostgreSQL unreachable…) gets [`claim_failure`]'s words and `": "`
-/// before its text, once (an error that already starts with them, such as
-/// [`crate::schema::ensure`]'s, is left as it is). Its class, SQLSTATE, retryability and
-/// [`Error::sends_back`] do not change; every other error is returned unchanged.
-pub fn naming_claim(job_type: &str, operation_key: &str, error: Error) -> Error {
-    let what = claim_failure(job_type, operation_key);
-    let named = |message: String| {
-        if message.starts_with(&what) {
-            message
-        } else {
-            format!("{what}: {message}")
-        }
-    };
-    match error {
-        Error::Connection { message, sqlstate } => Error::Connection {
-            message: named(message),
-            sqlstate,
-        },
-        Error::Database { message, sqlstate } => Error::Database {
-            message: named(message),
-            sqlstate,
-        },
-        Error::Timeout { message, sqlstate } => Error::Timeout {
-            message: named(message),
-            sqlstate,
-        },
-        other => other,
-    }
 }
 
 async fn look_or_claim(

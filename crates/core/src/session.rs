@@ -124,7 +124,7 @@ impl Session {
     ///
     /// Errors: [`Error::LockTimeout`] when the wait runs out; see [`claim::claim_noting`]
     /// (connection, database and timeout errors name the job and the operation:
-    /// [`claim::naming_claim`]).
+    /// [`Error::naming_claim`]).
     pub fn claim(
         &mut self,
         interrupt: &Interrupt<'_>,
@@ -158,7 +158,7 @@ impl Session {
             Ok((decision, repeat))
         });
         let (decision, repeat) =
-            claimed.map_err(|e| claim::naming_claim(&req.job_type, &req.operation_key, e))?;
+            claimed.map_err(|e| e.naming_claim(&req.job_type, &req.operation_key))?;
         self.repeat = repeat;
         Ok(decision)
     }

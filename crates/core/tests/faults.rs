@@ -458,17 +458,14 @@ fn a_claim_error_is_named_once_and_keeps_its_class() {
         message: "no connection within the deadline".into(),
         sqlstate: None,
     };
-    let named = claim::naming_claim("ChargeJob", "o-1", timeout);
+    let named = timeout.naming_claim("ChargeJob", "o-1");
     assert!(matches!(named, Error::Timeout { .. }) && named.retryable());
     assert_eq!(
         named.to_string(),
         "cannot claim ChargeJob operation \"o-1\": no connection within the deadline"
     );
-    let again = claim::naming_claim("ChargeJob", "o-1", named.clone());
+    let again = named.clone().naming_claim("ChargeJob", "o-1");
     assert_eq!(again, named);
     let config = Error::Config("bad".into());
-    assert_eq!(
-        claim::naming_claim("ChargeJob", "o-1", config.clone()),
-        config
-    );
+    assert_eq!(config.clone().naming_claim("ChargeJob", "o-1"), config);
 }

@@ -24,7 +24,6 @@ use super::protocol::{claim_object, notes_array, outcome_hash, NativeProtocol};
 use super::store::NativeStore;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::canonical;
-use idempotent_job_core::claim;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::heartbeat::HeartbeatReader;
@@ -438,9 +437,8 @@ impl NativeProtocol {
                 // A transaction that cannot begin (a wrong password, no database…) is
                 // this delivery's claim failing: its error names the job and operation.
                 let session = store.run(ruby, |pool, interrupt| {
-                    Session::begin(pool, interrupt).map_err(|e| {
-                        claim::naming_claim(&delivery.job_type, &delivery.operation_key, e)
-                    })
+                    Session::begin(pool, interrupt)
+                        .map_err(|e| e.naming_claim(&delivery.job_type, &delivery.operation_key))
                 })?;
                 Some(ruby.obj_wrap(NativeTransaction::new(session)))
             }
