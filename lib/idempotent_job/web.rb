@@ -60,7 +60,8 @@ module IdempotentJob
     # @param env [Hash] the Rack environment (PATH_INFO relative to the mount point)
     # @return [Array] a Rack response: 200 page, 302 after a resolve, 403 for a POST
     #   without a valid CSRF token, 404/405 for an unknown route, 409 for a resolve the
-    #   record does not allow (see {Actions})
+    #   record does not allow, 503 naming the problem when the database cannot be read
+    #   (down, a wrong role or password, the table missing; see {Actions})
     def call(env)
       request = ::Rack::Request.new(env)
       bad = unparsable(request) and return bad
@@ -81,8 +82,8 @@ module IdempotentJob
         html(status, view.layout(body))
       in [:redirect, location]
         [302, { "location" => location, "content-type" => "text/html" }, []]
-      in [:text, type, body]
-        [200, { "content-type" => type, "cache-control" => "no-store" }, [body]]
+      in [:text, status, type, body]
+        [status, { "content-type" => type, "cache-control" => "no-store" }, [body]]
       in [:csv, filename, body]
         [200, { "content-type" => "text/csv; charset=utf-8",
                 "content-disposition" => "attachment; filename=\"#{filename}\"" }, [body]]

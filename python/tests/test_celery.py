@@ -521,6 +521,8 @@ def test_a_misconfigured_worker_sends_every_delivery_back(worker, request, tmp_p
         # One pool child: one error line for the cause in the interval, not one per message.
         assert len(errors_logged) == 1, errors_logged
         assert "ERROR" in errors_logged[0] and cause in errors_logged[0], errors_logged
+        # The core's words name the task and the operation, whatever the cause.
+        assert f"cannot claim {task.name} operation" in errors_logged[0], errors_logged
         assert effects(scenario) == 0
         with _celery_worker(request, tmp_path_factory, "pytest-fixed", queue, {}):
             for result in results:

@@ -102,7 +102,7 @@ RSpec.describe "A real Sidekiq process", :integration do
       stop_sidekiq(pid)
     end
     errors = Sidekiq::RetrySet.new.to_h { |entry| [entry.args.first, entry.item["error_message"]] }
-    expect(errors[46]).to match(/role "noloss_nobody" does not exist/)
+    expect(errors[46]).to match(/\Acannot claim ChargeOrderJob operation "46": role "noloss_nobody" does not exist/)
     expect(errors[47]).to match(/unknown option idempotency_on_stail \(did you mean idempotency_on_stale\?\)/)
     Sidekiq::RetrySet.new.each(&:retry) # what Sidekiq's retry does when the entries are due
     pid = start_sidekiq

@@ -100,7 +100,8 @@ async fn claim_at(
 /// operation is still answered, from a read (see [`SETTLED_LOOK_SQL`]).
 ///
 /// Errors: [`Error::Config`] for an empty/oversized key or a non-positive lease,
-/// [`Error::Connection`] / [`Error::Database`] from PostgreSQL.
+/// [`Error::Connection`] / [`Error::Database`] / [`Error::Timeout`] from PostgreSQL,
+/// naming the job and the operation ([`Error::naming_claim`]).
 pub fn deliver(
     pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
@@ -113,7 +114,8 @@ pub fn deliver(
     let token = Uuid::new_v4();
     let (decision, repeat) = with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
         look_or_claim(c, req, token, books).await
-    })?;
+    })
+    .map_err(|e| e.naming_claim(&req.job_type, &req.operation_key))?;
     if let Some(repeat) = repeat {
         books.record(repeat);
     }

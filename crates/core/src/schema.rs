@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use tokio_postgres::Client;
 
 use crate::conn::Conn;
-use crate::error::{Error, Result, DRIFTED};
+use crate::error::{claim_failure, Error, Result, DRIFTED};
 use crate::sql::COLUMNS_SQL;
 
 /// Every column the gem's statements read or write, as the migrations create them.
@@ -90,7 +90,7 @@ pub async fn ensure(conn: &Conn, job_type: &str, operation_key: &str) -> Result<
     if conn.schema_checked().load(Ordering::Acquire) {
         return Ok(());
     }
-    let what = format!("cannot claim {job_type} operation {operation_key:?}");
+    let what = claim_failure(job_type, operation_key);
     match missing_columns(conn).await? {
         None => Err(Error::Database {
             message: format!(

@@ -122,7 +122,9 @@ impl Session {
     /// Claims inside the transaction, waiting at most `lock_timeout_seconds` for
     /// another transaction that holds the operation's row.
     ///
-    /// Errors: [`Error::LockTimeout`] when the wait runs out; see [`claim::claim_noting`].
+    /// Errors: [`Error::LockTimeout`] when the wait runs out; see [`claim::claim_noting`]
+    /// (connection, database and timeout errors name the job and the operation:
+    /// [`Error::naming_claim`]).
     pub fn claim(
         &mut self,
         interrupt: &Interrupt<'_>,
@@ -139,7 +141,7 @@ impl Session {
         }
         let millis = lock_timeout_param(lock_timeout_seconds);
         let until = self.until() + Duration::from_secs_f64(lock_timeout_seconds);
-        let (decision, repeat) = self.conn.run_until(interrupt, Some(until), async |c| {
+        let claimed = self.conn.run_until(interrupt, Some(until), async |c| {
             c.execute_typed(sql::LOCK_TIMEOUT_SQL, &[(&millis, Type::TEXT)])
                 .await?;
             let noted = claim::claim_noting(c, req, uuid::Uuid::new_v4()).await;
@@ -154,7 +156,9 @@ impl Session {
             })?;
             c.batch_execute(sql::LOCK_TIMEOUT_RESET_SQL).await?;
             Ok((decision, repeat))
-        })?;
+        });
+        let (decision, repeat) =
+            claimed.map_err(|e| e.naming_claim(&req.job_type, &req.operation_key))?;
         self.repeat = repeat;
         Ok(decision)
     }

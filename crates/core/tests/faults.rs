@@ -379,3 +379,93 @@ fn read_only_and_other_transient_states_are_retryable() {
         assert_eq!(e.retryable(), retryable, "{code}");
     }
 }
+
+/// `url` (a `postgres://` URL) with its user part replaced by `user` (`name:password`).
+fn with_user(url: &str, user: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{user}@{host}")
+}
+
+/// `url` naming the database `database` instead of its own.
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let (server, _) = base.rsplit_once('/').unwrap();
+    match query {
+        Some(q) => format!("{server}/{database}?{q}"),
+        None => format!("{server}/{database}"),
+    }
+}
+
+/// The error of `req`'s delivery ([`claim::deliver`]) through a store on `url`.
+fn delivery_error(url: String, req: &ClaimRequest) -> Error {
+    let mut config = Config::new(url);
+    config.deadline = 5.0;
+    let store = Store::new(config).unwrap();
+    store
+        .run(|pool, i| claim::deliver(pool, i, req))
+        .expect_err("the server refuses the connection")
+}
+
+#[test]
+fn a_claim_the_server_refuses_to_connect_names_the_job_and_the_operation() {
+    // A wrong password (28P01: bin/services makes idempotent_job_password_probe give
+    // one), a role that does not exist (28000), a database that does not exist (3D000):
+    // the delivery's error names its job and operation, as a missing table's does, and
+    // keeps its class (a DatabaseError, not retryable, sent back to its queue).
+    let base = database_url();
+    let probe = "idempotent_job_password_probe";
+    let admin = Admin::new();
+    let _ = admin.try_exec(&format!(
+        "SET password_encryption = 'scram-sha-256'; CREATE ROLE {probe} LOGIN PASSWORD 'right'"
+    ));
+    let key = unique("order");
+    let req = request("ChargeJob", &key);
+    let password = delivery_error(with_user(&base, &format!("{probe}:wrong")), &req);
+    let cases = [
+        (
+            "28000",
+            delivery_error(with_user(&base, "no_such_role_here"), &req),
+        ),
+        (
+            "3D000",
+            delivery_error(with_database(&base, "no_such_database_here"), &req),
+        ),
+        ("28P01", password),
+    ];
+    let named = format!("cannot claim ChargeJob operation {key:?}: ");
+    for (state, err) in cases {
+        if state == "28P01" && err.sqlstate() == Some("28000") {
+            eprintln!("skipped 28P01: this server does not ask {probe} for a password (bin/services' pg_hba line)");
+            continue;
+        }
+        assert_eq!(err.sqlstate(), Some(state), "{err:?}");
+        assert!(matches!(err, Error::Database { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.starts_with(&named), "{state}: {text}");
+        assert_eq!(text.matches("cannot claim").count(), 1, "{text}");
+        assert!(!text.contains("wrong"), "no password in the text: {text}");
+        assert!(text.contains("check database_url"), "{text}");
+        assert!(!err.retryable() && err.sends_back(), "{state}: {err:?}");
+    }
+}
+
+#[test]
+fn a_claim_error_is_named_once_and_keeps_its_class() {
+    let timeout = Error::Timeout {
+        message: "no connection within the deadline".into(),
+        sqlstate: None,
+    };
+    let named = timeout.naming_claim("ChargeJob", "o-1");
+    assert!(matches!(named, Error::Timeout { .. }) && named.retryable());
+    assert_eq!(
+        named.to_string(),
+        "cannot claim ChargeJob operation \"o-1\": no connection within the deadline"
+    );
+    let again = named.clone().naming_claim("ChargeJob", "o-1");
+    assert_eq!(again, named);
+    let config = Error::Config("bad".into());
+    assert_eq!(config.clone().naming_claim("ChargeJob", "o-1"), config);
+}

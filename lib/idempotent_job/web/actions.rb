@@ -9,7 +9,13 @@ module IdempotentJob
     #   the record does not allow the resolve asked for: no longer held or given up, or a
     #   rerun of a record with no stored job);
     # * `[:redirect, location]` — after a resolve, to the record's page;
+    # * `[:text, status, content_type, body]` — `/metrics` (200; 503 naming the problem
+    #   when the database cannot be read);
     # * `[:csv, filename, body]` — the repeats report as CSV.
+    #
+    # A database that cannot be read (unreachable, a wrong role or password, no such
+    # database, the table missing: {UNAVAILABLE}) is a 503 page naming the problem, never
+    # an exception into the host app.
     class Actions
       # Rows per list.
       LIMIT = 200
@@ -36,6 +42,11 @@ module IdempotentJob
       # any bytes, and a record may hold some that are not UTF-8).
       UNDECODABLE = "22021"
 
+      # The errors of a database the page cannot read (down, refusing the URL's role or
+      # password, no such database, no table, a timeout): a 503, not the host app's 500.
+      UNAVAILABLE = [IdempotentJob::ConnectionError, IdempotentJob::TimeoutError, IdempotentJob::LockTimeoutError,
+                     IdempotentJob::DatabaseError].freeze
+
       # Bad input from the browser (a missing or malformed parameter): a 400 page.
       class BadRequest < StandardError; end
 
@@ -49,8 +60,9 @@ module IdempotentJob
       # @param params [Hash{String => String}] query and form parameters
       # @param view [View] how to render
       # @return [Array] see the class comment
-      #   A record the database cannot send as UTF-8 (SQLSTATE 22021) is a 500 page saying so.
-      # @raise [ConnectionError, DatabaseError] when the database cannot be read
+      #   A record the database cannot send as UTF-8 (SQLSTATE 22021) is a 500 page saying so;
+      #   a database that cannot be read ({UNAVAILABLE}) a 503 naming the problem (`/metrics`:
+      #   a plain-text 503).
       def call(verb, path, params, view)
         @params = params
         @view = view
@@ -64,10 +76,10 @@ module IdempotentJob
         error(404, "No page at #{path.inspect}.")
       rescue BadRequest, IdempotentJob::ConfigurationError => e
         error(400, e.message)
-      rescue IdempotentJob::DatabaseError => e
-        raise unless e.sqlstate == UNDECODABLE
+      rescue *UNAVAILABLE => e
+        return undecodable(e) if e.is_a?(IdempotentJob::DatabaseError) && e.sqlstate == UNDECODABLE
 
-        undecodable(e)
+        unavailable(e, metrics: name == :metrics)
       end
 
       private
@@ -153,7 +165,7 @@ module IdempotentJob
       # Prometheus' text exposition format, read from the table (every process answers
       # the same): see {Records.metrics}.
       def metrics
-        [:text, METRICS_TYPE, Records.metrics]
+        [:text, 200, METRICS_TYPE, Records.metrics]
       end
 
       # The times of the operations' repeats per cause (its label), deferred copies coming
@@ -189,6 +201,18 @@ module IdempotentJob
                    "(#{cause.message.scrub}). The database's encoding is probably SQL_ASCII, which stores any " \
                    "bytes: fix or delete the row in idempotent_job_records (its job_type, operation_key or " \
                    "last_error), or move the table to a UTF8 database.")
+      end
+
+      # The 503 of a database the page cannot read: `cause`'s class, SQLSTATE and text
+      # (which never holds a password), as a page, or as plain text for `/metrics` (a
+      # scrape fails visibly: Prometheus sets `up` to 0 and shows the body's first line).
+      def unavailable(cause, metrics:)
+        state = cause.respond_to?(:sqlstate) && cause.sqlstate ? ", SQLSTATE #{cause.sqlstate}" : ""
+        problem = "the idempotency records cannot be read (#{cause.class.name.split("::").last}#{state}): " \
+                  "#{cause.message.scrub.delete("\0")}"
+        return [:text, 503, "text/plain; charset=utf-8", "idempotent_job /metrics: #{problem}\n"] if metrics
+
+        error(503, "Unavailable: #{problem}")
       end
 
       def not_found

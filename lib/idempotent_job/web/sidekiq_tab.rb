@@ -47,7 +47,7 @@ module IdempotentJob
               result = IdempotentJob::Web::SidekiqTab.respond(self, verb, path)
               case result.first
               when :redirect then redirect(result.last)
-              when :text then [200, { "content-type" => result[1] }, [result.last]]
+              when :text then [result[1], { "content-type" => result[2] }, [result.last]]
               when :csv
                 [200, { "content-type" => "text/csv; charset=utf-8",
                         "content-disposition" => %(attachment; filename="#{result[1]}") }, [result.last]]

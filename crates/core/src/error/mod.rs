@@ -85,6 +85,12 @@ pub enum Error {
 /// (`keys::refusal`, the delivery checks of `record.rs`, `canonical::unwritable`).
 pub const NOT_RUN: &str = "was not run and nothing was recorded";
 
+/// The words that start the error of a claim that failed: `cannot claim {job_type}
+/// operation {operation_key:?}` (the key quoted as Rust debug-formats a string).
+pub fn claim_failure(job_type: &str, operation_key: &str) -> String {
+    format!("cannot claim {job_type} operation {operation_key:?}")
+}
+
 /// Shorthand for results of core functions.
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -244,6 +250,40 @@ impl Error {
         }
     }
 
+    /// The error, raised by the claim of `job_type`'s `operation_key`, naming the
+    /// delivery: a connection, database or timeout error (a wrong role or password, a
+    /// database that does not exist, PostgreSQL unreachable…) gets [`claim_failure`]'s
+    /// words and `": "` before its text, once (an error that already starts with them,
+    /// such as `schema::ensure`'s, is left as it is). Its class, SQLSTATE,
+    /// [`Error::retryable`] and [`Error::sends_back`] do not change; every other error
+    /// is returned unchanged.
+    pub fn naming_claim(self, job_type: &str, operation_key: &str) -> Self {
+        let what = claim_failure(job_type, operation_key);
+        let named = |message: String| {
+            if message.starts_with(&what) {
+                message
+            } else {
+                format!("{what}: {message}")
+            }
+        };
+        match self {
+            Error::Connection { message, sqlstate } => Error::Connection {
+                message: named(message),
+                sqlstate,
+            },
+            Error::Database { message, sqlstate } => Error::Database {
+                message: named(message),
+                sqlstate,
+            },
+            Error::Timeout { message, sqlstate } => Error::Timeout {
+                message: named(message),
+                sqlstate,
+            },
+            other => other,
+        }
+    }
+
+    /// A connection error with no SQLSTATE.
     pub fn connection(message: impl Into<String>) -> Self {
         Error::Connection {
             message: message.into(),

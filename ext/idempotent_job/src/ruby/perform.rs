@@ -475,7 +475,12 @@ impl NativeProtocol {
         // `:transaction`: the gem's own transaction, opened here and ended below.
         let opened: Option<Obj<NativeTransaction>> = match Symbol::from_value(channel) {
             Some(_) => {
-                let session = store.run(ruby, Session::begin)?;
+                // A transaction that cannot begin (a wrong password, no database…) is
+                // this delivery's claim failing: its error names the job and operation.
+                let session = store.run(ruby, |pool, interrupt| {
+                    Session::begin(pool, interrupt)
+                        .map_err(|e| e.naming_claim(&delivery.job_type, &delivery.operation_key))
+                })?;
                 Some(ruby.obj_wrap(NativeTransaction::new(session)))
             }
             None => None,
