@@ -23,6 +23,37 @@ pub fn deferral_delay(lease_remaining: f64, deferrals: u32, margin_seconds: f64)
     backoff.min(latest)
 }
 
+/// The most deferrals (or failed claims) a delivery may say it had: its count travels
+/// in the queue's message (a Celery header, a Sidekiq payload field, SQS's receive
+/// count), so a producer may write anything there.
+pub const MAX_DEFERRALS: u32 = u32::MAX;
+
+/// A count a delivery carries in its message (`what`: the door's words for where, e.g.
+/// "the header idempotent_job_deferrals"), given as its decimal `text` (`None`: the value
+/// is not a whole number at all; `shown`: the value as the host language writes it), as
+/// a whole number from `first` to `first` + [`MAX_DEFERRALS`].
+///
+/// Errors: [`Error::Config`] naming `job`, `what`, the range and `shown`, saying the job
+/// was not run: a sign, a fraction, an exponent, text or a number out of range.
+pub fn delivery_count(
+    job: &str,
+    what: &str,
+    text: Option<&str>,
+    shown: &str,
+    first: u32,
+) -> crate::error::Result<u64> {
+    let last = u64::from(first) + u64::from(MAX_DEFERRALS);
+    text.filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|n| (u64::from(first)..=last).contains(n))
+        .ok_or_else(|| {
+            crate::error::Error::Config(format!(
+                "{job}: {what} must be a whole number from {first} to {last}, got {shown}; \
+                 the job was not run and nothing was recorded"
+            ))
+        })
+}
+
 /// Longest delay, in seconds, before a delivery whose claim could not be made
 /// (PostgreSQL unreachable or a retryable error) comes back ([`unreachable_delay`]).
 pub const UNREACHABLE_MAX_DELAY: f64 = 60.0;
@@ -71,5 +102,40 @@ pub fn claim_error_report(cause: &str) -> Option<u64> {
             seen.insert(cause.to_string(), (now, 0));
             Some(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod count_tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_count_is_a_whole_number_in_its_range() {
+        assert_eq!(delivery_count("J", "h", Some("0"), "0", 0).unwrap(), 0);
+        assert_eq!(
+            delivery_count("J", "h", Some("4294967295"), "x", 0).unwrap(),
+            4_294_967_295
+        );
+        assert_eq!(
+            delivery_count("J", "h", Some("4294967296"), "x", 1).unwrap(),
+            4_294_967_296
+        );
+        for text in [
+            None,
+            Some(""),
+            Some("-1"),
+            Some("1.5"),
+            Some("1e3"),
+            Some(" 2"),
+            Some("4294967296"),
+        ] {
+            assert!(delivery_count("J", "h", text, "v", 0).is_err(), "{text:?}");
+        }
+        let refused = delivery_count("Job", "the header h", Some("0"), "'0'", 1).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "Job: the header h must be a whole number from 1 to 4294967296, got '0'; the job was \
+             not run and nothing was recorded"
+        );
     }
 }
