@@ -325,7 +325,7 @@ def held(job_type: str | None = None, limit: int = _native.DEFAULT_HELD_LIMIT) -
     """The held operations (a stale claim under ``on_stale="hold"``), oldest first, as
     ``(job_type, operation_key)`` pairs; only ``job_type``'s when given. Read-only.
     ConfigurationError for a job type that is not valid UTF-8."""
-    return _current().held(None if job_type is None else _job_type(job_type), limit)
+    return _current().held(None if job_type is None else _job_type(job_type), _whole(limit))
 
 
 @dataclass(frozen=True)
@@ -422,8 +422,28 @@ def _name_of(sender: Callable) -> str:
 def purge(older_than: float | None = None, batch: int = _native.DEFAULT_PURGE_BATCH) -> int:
     """Deletes finished records (completed or given up) older than ``older_than`` seconds
     (default: the ``retention`` setting, 30 days), in batches of ``batch``. Returns how
-    many were deleted. Held and claimed records are kept."""
-    return _current().purge(older_than, batch)
+    many were deleted. Held and claimed records are kept. ConfigurationError (the core's
+    rule) for an ``older_than`` that is negative, NaN or infinite (``10**400`` too) or a
+    ``batch`` below 1."""
+    if older_than is not None and isinstance(older_than, int) and not isinstance(older_than, bool):
+        try:
+            older_than = float(int.__index__(older_than))
+        except OverflowError:  # beyond the float range: refused by the core as infinite
+            older_than = math.inf if older_than > 0 else -math.inf
+    return _current().purge(older_than, _whole(batch))
+
+
+#: The range of the core's limits and batch sizes (PostgreSQL's bigint).
+_I64 = (-(2**63), 2**63 - 1)
+
+
+def _whole(value: Any) -> Any:
+    """An int beyond the core's 64-bit range clamped to it (a huge limit is no limit, a
+    hugely negative one is refused by the core as negative), never pyo3's OverflowError;
+    any other value as given."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(max(int.__index__(value), _I64[0]), _I64[1])
+    return value
 
 
 def record(job_type: str, key: Any) -> dict | None:

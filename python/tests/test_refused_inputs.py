@@ -154,3 +154,24 @@ def test_an_int_subclass_is_read_by_its_value_not_its_text(scenario, kind, value
     outcome = idempotent_job.perform_once(scenario, hostile, lambda c: c.operation_key, payload=[hostile])
     assert outcome.value == str(value)
     assert idempotent_job.record(scenario, value)["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    "older_than,shown", [(10**400, "inf"), (-(10**400), "-inf")], ids=["10**400", "-10**400"]
+)
+def test_a_purge_age_beyond_the_float_range_is_refused_by_the_cores_rule(older_than, shown):
+    # Before: pyo3's "OverflowError: int too large to convert to float".
+    with pytest.raises(
+        errors.ConfigurationError, match=f"^purge needs older_than >= 0 seconds .*, got {shown} and"
+    ):
+        idempotent_job.purge(older_than=older_than)
+
+
+def test_a_limit_or_batch_beyond_64_bits_is_no_limit():
+    # Before: pyo3's "OverflowError: Python int too large to convert to C long".
+    assert isinstance(idempotent_job.held(limit=10**400), list)
+    assert isinstance(idempotent_job.purge(older_than=10**9, batch=10**400), int)
+    with pytest.raises(
+        errors.ConfigurationError, match="a batch of at least 1, got .* and -9223372036854775808"
+    ):
+        idempotent_job.purge(batch=-(10**400))
