@@ -95,7 +95,9 @@ class IdempotentTask(Task):
     is not lost (the app setting ``idempotent_job_on_claim_error="fail"`` fails it
     instead); a message carrying an ``idempotency_*`` option (``send_task(...,
     idempotency_x=...)``) fails with ``ConfigurationError`` naming it before anything is
-    claimed; a held or given-up operation raises ``celery.exceptions.Ignore``
+    claimed, and so does one whose ``DEFERRALS_HEADER`` or ``UNREACHABLE_HEADER`` is
+    not a count (the core's delivery count rule), naming the task and the header; a
+    held or given-up operation raises ``celery.exceptions.Ignore``
     with a log line; a raising body releases the claim and re-raises (so
     ``autoretry_for`` and ``self.retry`` work as without the door); a lost worker
     (SIGKILL) leaves the claim until its lease ends.
