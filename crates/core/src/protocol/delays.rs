@@ -33,8 +33,9 @@ pub const MAX_DEFERRALS: u32 = u32::MAX;
 /// is not a whole number at all; `shown`: the value as the host language writes it), as
 /// a whole number from `first` to `first` + [`MAX_DEFERRALS`].
 ///
-/// Errors: [`Error::Config`] naming `job`, `what`, the range and `shown`, saying the job
-/// was not run: a sign, a fraction, an exponent, text or a number out of range.
+/// Errors: [`Error::Config`](crate::error::Error::Config) naming `job`, `what`, the
+/// range and `shown`, saying the job was not run: a sign, a fraction, an exponent, text
+/// or a number out of range.
 pub fn delivery_count(
     job: &str,
     what: &str,
