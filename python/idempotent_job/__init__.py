@@ -19,6 +19,7 @@ import datetime
 import inspect
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -127,12 +128,19 @@ def migrate() -> list[str]:
 
 
 def _job_type(job_type: Any) -> str:
-    """``job_type`` as text the core takes; ConfigurationError naming it (escaped) when it
-    is not valid UTF-8 (a lone surrogate, as ``surrogateescape`` decoding leaves), or None
-    (which ``str`` would make the job type "None")."""
+    """``job_type`` as text the core takes (a str subclass by its value, never its own
+    ``__str__``); ConfigurationError naming it (escaped) when it is not valid UTF-8 (a
+    lone surrogate, as ``surrogateescape`` decoding leaves), or None, or not a str at
+    all (an int, bytes, an object: ``str`` would make a job type of its text, ``"42"``,
+    ``"b'x'"`` or an address, silently another record)."""
     if job_type is None:
         raise ConfigurationError("the job type must be given (a str), got None; nothing was run or recorded")
-    text = str(job_type)
+    if not isinstance(job_type, str):
+        raise ConfigurationError(
+            f"the job type must be a str, got {type(job_type).__name__} {_shown(job_type)}; "
+            "nothing was run or recorded"
+        )
+    text = str.__str__(job_type)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -140,6 +148,15 @@ def _job_type(job_type: Any) -> str:
             f"the job type {text!a} is not valid UTF-8: job types are text; nothing was run or recorded"
         ) from None
     return text
+
+
+def _shown(value: Any) -> str:
+    """``value``'s ``repr`` cut to 100 characters (its type's name when it has none)."""
+    try:
+        text = repr(value)
+    except Exception:  # an int too long to write, a raising __repr__
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 100 else text[:100] + "..."
 
 
 def operation_key(value: Any, job_type: str = "operation") -> str:
@@ -253,8 +270,10 @@ def perform_once(
         "store_result": store_result,
         "max_takeovers": max_takeovers,
     }
-    if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float))):
-        raise ConfigurationError(f"{job_type}: wait must be a number of seconds (0 or more), got {wait!r}")
+    if wait is not None:
+        # The core's rule and words (0 to ten years), before anything is claimed: an int
+        # beyond the float range, NaN or a bool is refused as such, never an OverflowError.
+        wait = _native.check_wait(job_type, wait)
     return _tracing.perform(
         "plain",
         job_type,
@@ -311,9 +330,9 @@ _PERFORM_ONCE_OPTIONS = [
 def held(job_type: str | None = None, limit: int = _native.DEFAULT_HELD_LIMIT) -> list[tuple[str, str]]:
     """The held operations (a stale claim under ``on_stale="hold"``), oldest first, as
     ``(job_type, operation_key)`` pairs; only ``job_type``'s when given, at most ``limit``
-    (1 or more). Read-only. ConfigurationError for a job type that is not valid UTF-8 or a
-    limit below 1."""
-    return _current().held(None if job_type is None else _job_type(job_type), limit)
+    (1 or more; beyond 64 bits, no limit). Read-only. ConfigurationError for a job type that
+    is not valid UTF-8 or a limit below 1."""
+    return _current().held(None if job_type is None else _job_type(job_type), _whole(limit))
 
 
 @dataclass(frozen=True)
@@ -410,8 +429,28 @@ def _name_of(sender: Callable) -> str:
 def purge(older_than: float | None = None, batch: int = _native.DEFAULT_PURGE_BATCH) -> int:
     """Deletes finished records (completed or given up) older than ``older_than`` seconds
     (default: the ``retention`` setting, 30 days), in batches of ``batch``. Returns how
-    many were deleted. Held and claimed records are kept."""
-    return _current().purge(older_than, batch)
+    many were deleted. Held and claimed records are kept. ConfigurationError (the core's
+    rule) for an ``older_than`` that is negative, NaN or infinite (``10**400`` too) or a
+    ``batch`` below 1."""
+    if older_than is not None and isinstance(older_than, int) and not isinstance(older_than, bool):
+        try:
+            older_than = float(int.__index__(older_than))
+        except OverflowError:  # beyond the float range: refused by the core as infinite
+            older_than = math.inf if older_than > 0 else -math.inf
+    return _current().purge(older_than, _whole(batch))
+
+
+#: The range of the core's limits and batch sizes (PostgreSQL's bigint).
+_I64 = (-(2**63), 2**63 - 1)
+
+
+def _whole(value: Any) -> Any:
+    """An int beyond the core's 64-bit range clamped to it (a huge limit is no limit, a
+    hugely negative one is refused by the core as negative), never pyo3's OverflowError;
+    any other value as given."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(max(int.__index__(value), _I64[0]), _I64[1])
+    return value
 
 
 def record(job_type: str, key: Any) -> dict | None:
@@ -425,15 +464,19 @@ def record(job_type: str, key: Any) -> dict | None:
 
 
 def _epoch(value: Any, name: str) -> float:
+    """``value`` (a timezone-aware datetime, or int or float epoch seconds) as epoch
+    seconds in the core's range for a report time (years 1 to 9999: NaN, an infinity or
+    ``10**400`` is refused in its words, never an OverflowError); ConfigurationError
+    naming ``name`` otherwise."""
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
             raise ConfigurationError(
-                f"repeats: {name} must be a timezone-aware datetime or epoch seconds, got {value!r}"
+                f"repeats: {name} must be a timezone-aware datetime or epoch seconds, got {_shown(value)}"
             )
         return value.timestamp()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise ConfigurationError(f"repeats: {name} must be a datetime or epoch seconds, got {value!r}")
+        return _native.check_time(name, value)
+    raise ConfigurationError(f"repeats: {name} must be a datetime or epoch seconds, got {_shown(value)}")
 
 
 def repeats(
@@ -479,7 +522,11 @@ def _repeats_json(since: Any, job_type: str | None, restarts: Any, restart_windo
     since_s = time.time() - _native.DEFAULT_REPEATS_SINCE if since is None else _epoch(since, "since")
     times = [_epoch(t, "restarts") for t in restarts]
     job = None if job_type is None else _job_type(job_type)
-    return _current().repeats(since_s, job, times, float(restart_window))
+    try:
+        window = float(restart_window)
+    except OverflowError:  # an int beyond the float range: refused by the core as infinite
+        window = math.inf
+    return _current().repeats(since_s, job, times, window)
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,11 @@ def call_key_parts(
     """A key declaration read over a call's arguments: the core's parse (:func:`parse_key`),
     each part's parameter name mapped to its position in ``params`` (:func:`parameters`;
     None: not known, the part is read by keyword only) when every parameter up to it can
-    be given by position. Raises ``refuse(problem)`` for a malformed declaration or a
-    name ``params`` lacks (``name``: the callable's name in that problem)."""
+    be given by position; a positional-only parameter's part is read by position only
+    (a keyword argument of its name is another value: ``**kwargs``'). Raises
+    ``refuse(problem)`` for a malformed declaration, a name ``params`` lacks or a name of
+    the ``*args`` or ``**kwargs`` parameter (no one argument: the key could never be
+    read) (``name``: the callable's name in that problem)."""
     parts = []
     for label, index, head, segments in parse_key(declaration, refuse):
         if head is not None and params is not None:
@@ -113,9 +116,18 @@ def call_key_parts(
             if head not in names:
                 raise refuse(f"names parameter {head!r}, which {name} does not have (it has {names})")
             found = names.index(head)
+            kind = params[found].kind
+            if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                stars = "*" if kind == inspect.Parameter.VAR_POSITIONAL else "**"
+                raise refuse(
+                    f"names {stars}{head}, the variable arguments of {name}, not one parameter: "
+                    "a key reads a named parameter or an argument index (e.g. 0), or a path below one"
+                )
             positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
             if all(p.kind in positional for p in params[: found + 1]):
                 index = found
+            if kind == inspect.Parameter.POSITIONAL_ONLY:
+                head = None  # never by keyword: a keyword of its name is another argument
         parts.append((label, index, head, segments))
     return parts
 

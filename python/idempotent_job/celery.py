@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Retry
 
 from . import Rerun, on_rerun
 from ._door import JobProtocol, KeyPart, call_key_parts, call_start, claim_failed, deliver, key_of, parameters
-from ._native import OPTION_NAMES, check_option, key_refusal
+from ._native import OPTION_NAMES, check_option, delivery_count, key_refusal
 from .errors import ConfigurationError, OperationKeyError
 
 __all__ = ["IdempotentTask", "send_rerun", "DEFERRALS_HEADER", "UNREACHABLE_HEADER", "ON_CLAIM_ERROR_SETTING"]
@@ -95,7 +95,9 @@ class IdempotentTask(Task):
     is not lost (the app setting ``idempotent_job_on_claim_error="fail"`` fails it
     instead); a message carrying an ``idempotency_*`` option (``send_task(...,
     idempotency_x=...)``) fails with ``ConfigurationError`` naming it before anything is
-    claimed; a held or given-up operation raises ``celery.exceptions.Ignore``
+    claimed, and so does one whose ``DEFERRALS_HEADER`` or ``UNREACHABLE_HEADER`` is
+    not a count (the core's delivery count rule), naming the task and the header; a
+    held or given-up operation raises ``celery.exceptions.Ignore``
     with a log line; a raising body releases the claim and re-raises (so
     ``autoretry_for`` and ``self.retry`` work as without the door); a lost worker
     (SIGKILL) leaves the claim until its lease ends.
@@ -196,7 +198,7 @@ class IdempotentTask(Task):
                 self._refuse_message_options(names, " (sent in the message)")
         key = self._operation_key(args, kwargs)
         job_type = self.idempotency_scope or self.name
-        deferrals = int(_header(request, DEFERRALS_HEADER) or 0)
+        deferrals = self._count(request, DEFERRALS_HEADER)
         payload = list(args) + ([kwargs] if kwargs else [])
         delivery_info = getattr(request, "delivery_info", None) or {}
         facts: dict[str, Any] = {"task_id": request.id, "retries": request.retries or 0}
@@ -205,7 +207,7 @@ class IdempotentTask(Task):
             facts["kwargs"] = sorted(kwargs)
         if deferrals:
             facts["deferrals"] = deferrals
-        unreachable = int(_header(request, UNREACHABLE_HEADER) or 0)
+        unreachable = self._count(request, UNREACHABLE_HEADER)
         parent = super()
         outcome, error = deliver(
             "celery",
@@ -251,6 +253,19 @@ class IdempotentTask(Task):
             )
         # Held or given up: the core's note said so (and how to settle it).
         raise Ignore()
+
+    def _count(self, request: Any, header: str) -> int:
+        """The door's count in this message's ``header`` (``DEFERRALS_HEADER``,
+        ``UNREACHABLE_HEADER``; 0 when absent) by the core's rule (a whole number from 0
+        to ``MAX_DEFERRALS``, an int or its decimal text). Raises ``ConfigurationError``
+        naming the task and the header for anything else (text, a float, a bool, a
+        negative or huge number: another producer's header), before anything is claimed:
+        the task fails visibly (Celery's failure, in the result backend) rather than
+        with a bare ``ValueError``, and nothing runs or is recorded."""
+        value = _header(request, header)
+        if value is None:
+            return 0
+        return delivery_count(self.name, f"the message header {header}", value)
 
     def _on_claim_error(self) -> str:
         """The app's ``ON_CLAIM_ERROR_SETTING`` (``"send_back"`` unless set); raises

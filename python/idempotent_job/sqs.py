@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import Rerun
+from . import Rerun, _job_type
 from ._door import JobProtocol, claim_failed, deliver, key_of, parse_key
-from ._native import TOO_DEEP, check_option, key_refusal
+from ._native import TOO_DEEP, check_option, delivery_count, key_refusal
 from .errors import ConfigurationError, IdempotentJobError, OperationKeyError
 
 __all__ = ["Consumer", "Message", "batch_handler", "resender"]
@@ -99,8 +99,20 @@ class Message:
 
     @property
     def receive_count(self) -> int:
-        """How often SQS delivered this message (1 the first time)."""
-        return int(self.attributes.get("ApproximateReceiveCount", "1"))
+        """How often SQS delivered this message (1 the first time; 1 when the message has
+        no ``ApproximateReceiveCount``, as a hand-made Lambda event may not). Raises
+        ``ConfigurationError`` naming the message and the attribute for a count that is
+        not a whole number from 1 to ``2**32`` (the core's delivery count rule): text, a
+        sign, a fraction, zero, a huge number."""
+        return self.receive_count_of(f"SQS message {self.message_id}")
+
+    def receive_count_of(self, job_type: str) -> int:
+        """:attr:`receive_count`, its refusal naming ``job_type``."""
+        value = self.attributes.get("ApproximateReceiveCount")
+        if value is None:
+            return 1
+        what = f"message {self.message_id}'s attribute ApproximateReceiveCount"
+        return delivery_count(job_type, what, value, 1)
 
     @property
     def group_id(self) -> str | None:
@@ -183,7 +195,19 @@ class _Door:
                 if running:
                     running(message, False)
 
-        facts = {"message_id": message.message_id, "receive_count": message.receive_count}
+        try:
+            # SQS writes it; a Lambda event may be made by anyone: a count the core's rule
+            # refuses leaves the message (for redelivery or the redrive policy) unrun.
+            receive_count = message.receive_count_of(self.job_type)
+        except ConfigurationError as error:
+            logger.error(
+                "%s: message %s refused (%s); left for redelivery or the redrive policy",
+                self.job_type,
+                message.message_id,
+                error,
+            )
+            return "leave", 0.0
+        facts = {"message_id": message.message_id, "receive_count": receive_count}
         if message.group_id is not None:
             facts["message_group_id"] = message.group_id
         try:
@@ -195,7 +219,7 @@ class _Door:
                 body,
                 message.body,
                 message.message_id,
-                message.receive_count - 1,
+                receive_count - 1,
                 self.job_type,
                 queue,
                 facts,
@@ -222,7 +246,7 @@ class _Door:
             delay = claim_failed(
                 logger,
                 failed,
-                message.receive_count - 1,
+                receive_count - 1,
                 f"{self.job_type}: message {message.message_id}",
                 "visible again",
             )
@@ -238,7 +262,7 @@ def _door(handler: Callable, job_type: str, key: Any, options: dict, door: str) 
             f"{job_type}: {door} takes no scope option: job_type is the scope (the record's job "
             f"type); pass job_type={options['scope']!r} instead"
         )
-    return _Door(handler, str(job_type), key, {k: v for k, v in options.items() if v is not None})
+    return _Door(handler, _job_type(job_type), key, {k: v for k, v in options.items() if v is not None})
 
 
 class Consumer:

@@ -90,13 +90,76 @@ fn int(obj: &Bound<'_, PyAny>) -> Result<Number, String> {
     if let Ok(u) = obj.extract::<u64>() {
         return Ok(Number::from(u));
     }
-    let text = obj.str().map_err(|e| {
+    // By value: an int subclass's own __str__ (or __repr__) never writes the number.
+    let exact = exact_int(obj).map_err(|e| format!("an int that cannot be read ({e})"))?;
+    let text = exact.str().map_err(|e| {
         format!(
             "an int too long to write as text ({e}; the core takes at most {} digits)",
             canonical::MAX_INTEGER_DIGITS
         )
     })?;
     canonical::integer(&text.to_cow().map_err(|e| e.to_string())?)
+}
+
+/// An int (or an int subclass's value) as an exact `int`, by `int.__index__`: never
+/// the subclass's own `__str__`, `__index__` or comparison methods, so its decimal
+/// text and its sign are the value's.
+pub fn exact_int<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    obj.py()
+        .get_type::<PyInt>()
+        .getattr("__index__")?
+        .call1((obj,))
+}
+
+/// A count's decimal text for the core's count rules: an int's (by value,
+/// [`exact_int`]; not a bool), a str as it is; `None` for anything else or an int too
+/// long to write.
+pub fn count_text(obj: &Bound<'_, PyAny>) -> Option<String> {
+    if obj.is_instance_of::<PyBool>() {
+        return None;
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return exact_int(obj).ok()?.str().ok().map(|t| t.to_string());
+    }
+    obj.cast::<PyString>()
+        .ok()?
+        .to_cow()
+        .ok()
+        .map(|t| t.into_owned())
+}
+
+/// A number of seconds for the core's range rules: an int's (by value, [`exact_int`])
+/// or a float's value as f64 (NaN stays NaN); `None` for a bool, anything else, or an
+/// int beyond the float range (the core then refuses it, showing [`shown`]).
+pub fn seconds(obj: &Bound<'_, PyAny>) -> Option<f64> {
+    if obj.is_instance_of::<PyBool>() {
+        return None;
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return exact_int(obj).ok()?.extract::<f64>().ok();
+    }
+    obj.cast::<PyFloat>().ok().map(|f| f.value())
+}
+
+/// A value as messages show it: its `repr` (an int by value), cut to 100 characters;
+/// for a value without one (an int longer than Python writes), its type.
+pub fn shown(obj: &Bound<'_, PyAny>) -> String {
+    let exact = if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+        exact_int(obj).ok()
+    } else {
+        None
+    };
+    match exact.as_ref().unwrap_or(obj).repr() {
+        Ok(text) => {
+            let text = text.to_string();
+            match text.char_indices().nth(100) {
+                Some((at, _)) => format!("{}...", &text[..at]),
+                None => text,
+            }
+        }
+        Err(_) if exact.is_some() => "an int too long to write as text".to_string(),
+        Err(_) => format!("a value of type {} that cannot be shown", type_name(obj)),
+    }
 }
 
 /// The name of a Python value's type, for messages.
@@ -174,7 +237,8 @@ fn declaration_part(part: &Bound<'_, PyAny>) -> PyResult<declaration::Part> {
     if part.is_instance_of::<PyBool>() {
         return Ok(declaration::Part::Other("bool".into()));
     }
-    if let Ok(i) = part.cast::<PyInt>() {
+    if part.is_instance_of::<PyInt>() {
+        let i = exact_int(part)?;
         let negative = i.lt(0)?;
         let index = i
             .extract::<i64>()

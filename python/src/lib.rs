@@ -43,6 +43,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TRACER_NAME", idempotent_job_core::telemetry::TRACER_NAME)?;
     m.add_function(wrap_pyfunction!(store::unreachable_delay, m)?)?;
     m.add_function(wrap_pyfunction!(store::claim_error_report, m)?)?;
+    m.add_function(wrap_pyfunction!(store::delivery_count, m)?)?;
+    m.add_function(wrap_pyfunction!(store::check_wait, m)?)?;
+    m.add_function(wrap_pyfunction!(store::check_time, m)?)?;
+    m.add(
+        "MAX_DEFERRALS",
+        idempotent_job_core::protocol::MAX_DEFERRALS,
+    )?;
     m.add(
         "CLAIM_ERROR_LOG_INTERVAL",
         idempotent_job_core::protocol::CLAIM_ERROR_LOG_INTERVAL,

@@ -304,13 +304,16 @@ impl Store {
         restart_window: f64,
     ) -> PyResult<String> {
         repeats::check_window(restart_window).map_err(crate::errors::to_py)?;
-        let since = (since.is_finite())
-            .then(|| chrono::DateTime::<chrono::Utc>::from_timestamp_micros((since * 1e6) as i64))
-            .flatten()
+        let since = repeats::check_time("since", Some(since), &since.to_string())
+            .map_err(crate::errors::to_py)?;
+        for &restart in &restarts {
+            repeats::check_time("restarts", Some(restart), &restart.to_string())
+                .map_err(crate::errors::to_py)?;
+        }
+        // In range (years 1 to 9999): chrono takes every such time.
+        let since = chrono::DateTime::<chrono::Utc>::from_timestamp_micros((since * 1e6) as i64)
             .ok_or_else(|| {
-                crate::errors::to_py(Error::Config(format!(
-                    "since must be epoch seconds in range, got {since}"
-                )))
+                crate::errors::to_py(Error::Config(format!("since out of range: {since}")))
             })?;
         let pool = self.pool()?;
         let rows = detached(py, move |i| {
@@ -528,6 +531,54 @@ pub fn repeats_report(operations_json: &str) -> PyResult<String> {
 #[pyfunction]
 pub fn unreachable_delay(failures: u32) -> f64 {
     idempotent_job_core::protocol::unreachable_delay(failures)
+}
+
+/// `delivery_count(job, what, value, first=0)` → the count a delivery carries in its
+/// message (an int, or a str of decimal digits) by the core's rule
+/// ([`idempotent_job_core::protocol::delivery_count`]: a whole number from `first` to
+/// `first` + `MAX_DEFERRALS`). Raises `ConfigurationError` naming `job`, `what` (the
+/// door's words for where the count is) and the value otherwise.
+#[pyfunction]
+#[pyo3(signature = (job, what, value, first=0))]
+pub fn delivery_count(
+    job: &str,
+    what: &str,
+    value: &Bound<'_, PyAny>,
+    first: u32,
+) -> PyResult<u64> {
+    let text = convert::count_text(value);
+    idempotent_job_core::protocol::delivery_count(
+        job,
+        what,
+        text.as_deref(),
+        &convert::shown(value),
+        first,
+    )
+    .map_err(crate::errors::to_py)
+}
+
+/// `check_wait(job, value)` → `value` as float seconds once the core's wait rule takes
+/// it ([`idempotent_job_core::results::check_wait`]: a number of seconds from 0 to ten
+/// years). Raises `ConfigurationError` naming `job` and the value otherwise (a bool,
+/// NaN, an int beyond the float range).
+#[pyfunction]
+pub fn check_wait(job: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    idempotent_job_core::results::check_wait(
+        job,
+        convert::seconds(value),
+        Some(&convert::shown(value)),
+    )
+    .map_err(crate::errors::to_py)
+}
+
+/// `check_time(name, value)` → `value` (int or float epoch seconds) as float once the
+/// core's report time rule takes it ([`repeats::check_time`]: years 1 to 9999). Raises
+/// `ConfigurationError` naming `name`, the range and the value otherwise (NaN, an
+/// infinity, an int beyond the float range, a bool).
+#[pyfunction]
+pub fn check_time(name: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    repeats::check_time(name, convert::seconds(value), &convert::shown(value))
+        .map_err(crate::errors::to_py)
 }
 
 /// `claim_error_report(cause)` → None, or the number of claim failures of `cause` (a

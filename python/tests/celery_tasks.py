@@ -225,3 +225,13 @@ def hostile(scenario, key, payload, result_case):
 
     record_effect(scenario, "hostile")
     return "done" if result_case is None else table.value(table.BY_NAME[result_case])
+
+
+# typing=False: Celery's own argument check rebuilds the signature without its "/" and
+# would refuse a keyword argument named as a positional-only parameter.
+@app.task(base=IdempotentTask, idempotency_key="order_id", idempotency_lease=LIVE_LEASE, typing=False)
+def positional_only(scenario, order_id, /, **options):
+    """A key on a positional-only parameter: a keyword argument of its name is another
+    value (it lands in ``options``), never the key."""
+    record_effect(scenario, order_id)
+    return {"order_id": order_id, "options": options}

@@ -18,6 +18,7 @@ from test_celery import TIMEOUT, worker  # noqa: F401 - the module's worker fixt
 
 import idempotent_job
 from idempotent_job import errors
+from idempotent_job.celery import DEFERRALS_HEADER, UNREACHABLE_HEADER, IdempotentTask
 
 UNSENDABLE = (EncodeError, ValueError, TypeError, RecursionError)
 # The cases kombu's JSON cannot write (Python's recursion limit, int_max_str_digits, an
@@ -132,3 +133,86 @@ def test_hostile_values_through_a_celery_worker(worker, scenario, case):  # noqa
     assert (record["result_state"] == "stored") == (case["result"] == "stored"), record["result_state"]
     log = worker.worker_log.read_text() if worker.worker_log.exists() else ""
     assert "signal 11" not in log and "SIGSEGV" not in log
+
+
+COUNT_VALUES = ["abc", "1.5", 1.5, 10**30, -1, True, [], ""]
+
+
+@pytest.mark.parametrize("header", [DEFERRALS_HEADER, UNREACHABLE_HEADER])
+@pytest.mark.parametrize(
+    "count", COUNT_VALUES, ids=["text", "float-text", "float", "10**30", "-1", "True", "list", "empty"]
+)
+def test_a_count_header_that_is_not_a_count_fails_the_task_naming_the_task_and_header(
+    worker,  # noqa: F811 - the fixture
+    scenario,
+    header,
+    count,
+):
+    # The door's own headers, as another producer (or a hand-made message) may write
+    # them. Before: int(value) raised a bare ValueError ("abc", "1.5"), 1.5 and True were
+    # taken as 1, -1 and 10**30 raised pyo3's OverflowError, each naming neither the task
+    # nor the header. Now Celery's failure convention (the result backend keeps the
+    # failure and the message's arguments: the delivery is visible, not silently lost),
+    # raised before anything is claimed.
+    order = f"{scenario}-A"
+    result = worker.charge.apply_async((scenario, order), headers={header: count})
+    with pytest.raises(errors.ConfigurationError) as raised:
+        result.get(timeout=TIMEOUT)
+    assert str(raised.value) == (
+        f"{worker.charge.name}: the message header {header} must be a whole number from 0 to "
+        f"4294967295, got {count!r}; the job was not run and nothing was recorded"
+    )
+    assert result.state == "FAILURE"
+    assert effects(scenario) == 0
+    assert idempotent_job.record(worker.charge.name, order) is None
+    # A count the rule takes (an int, or its decimal text) runs the task once.
+    again = worker.charge.apply_async((scenario, order), headers={header: "2"})
+    assert again.get(timeout=TIMEOUT)["charged"] == order
+    assert effects(scenario) == 1
+
+
+def test_a_key_on_a_positional_only_parameter_reads_the_argument_not_a_keyword_of_its_name(
+    worker,  # noqa: F811 - the fixture
+    scenario,
+):
+    # Before: the part's parameter name was looked up in the keyword arguments first, so
+    # a keyword argument order_id (another value, in **options) was read as the key:
+    # each call with another keyword ran the body again.
+    task = worker.positional_only
+    order = f"{scenario}-A"
+    first = task.apply_async((scenario, order), {"order_id": f"{scenario}-B"})
+    assert first.get(timeout=TIMEOUT) == {"order_id": order, "options": {"order_id": f"{scenario}-B"}}
+    second = task.apply_async((scenario, order), {"order_id": f"{scenario}-C"})
+    assert second.get(timeout=TIMEOUT)["order_id"] == order
+    assert effects(scenario) == 1
+    assert idempotent_job.record(task.name, order)["status"] == "completed"
+    assert idempotent_job.record(task.name, f"{scenario}-B") is None
+
+
+@pytest.mark.parametrize(
+    "key,shown",
+    [
+        ("args", "*args"),
+        ("kwargs", "**kwargs"),
+        ("kwargs.order_id", "**kwargs"),
+        (["order_id", "args"], "*args"),
+    ],
+)
+def test_a_key_naming_the_variable_arguments_is_refused_at_declaration(
+    worker,  # noqa: F811 - the fixture
+    key,
+    shown,
+):
+    # Before: taken at declaration, and never resolved: every delivery failed with "the
+    # argument is missing" (the task could never run).
+    name = f"star_key_task_{len(shown)}_{len(str(key))}"
+    with pytest.raises(errors.OperationKeyError) as raised:
+
+        @worker.app.task(base=IdempotentTask, name=name, idempotency_key=key)
+        def star_task(order_id, *args, **kwargs):
+            return order_id
+
+        star_task.name  # noqa: B018 - evaluates a lazy task
+    assert str(raised.value).startswith(
+        f"{name}: idempotency_key {key!r} names {shown}, the variable arguments"
+    )

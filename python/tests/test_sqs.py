@@ -22,7 +22,7 @@ from conftest import eventually
 from effects import effects, record_effect
 
 import idempotent_job
-from idempotent_job.sqs import Consumer, batch_handler, resender
+from idempotent_job.sqs import Consumer, Message, batch_handler, resender
 
 WORKER = Path(__file__).with_name("sqs_worker.py")
 
@@ -379,6 +379,37 @@ def test_lambda_batch_handler(scenario):
     fifo = {"Records": [_record("f1", f"{scenario}-fails", True), _record("f2", f"{scenario}-C", True)]}
     assert handler(fifo, None) == {"batchItemFailures": [{"itemIdentifier": "f1"}, {"itemIdentifier": "f2"}]}
     assert effects(scenario, f"{scenario}-C") == 0
+
+
+@pytest.mark.parametrize(
+    "count",
+    ["abc", "-1", "0", "1.5", "1e3", "", "4294967297", "9" * 40, " 2"],
+    ids=["text", "-1", "0", "float", "exponent", "empty", "2**32+1", "huge", "space"],
+)
+def test_a_receive_count_out_of_range_leaves_the_message_unrun_naming_it(scenario, count, caplog):
+    # SQS writes ApproximateReceiveCount; a Lambda event may be made by anyone. Before: a
+    # bare ValueError ("abc", "1.5") or pyo3's OverflowError (-1, 0, a huge count) out of
+    # the handler: the whole batch failed, its good records with it. Now the SQS door's
+    # rule for a message it refuses: left for redelivery or the redrive policy, an error
+    # line naming the job type, the message and the attribute, the other records run.
+    runs = []
+    handler = batch_handler(
+        lambda message, claim: runs.append(message.message_id), job_type="SqsCount", key="body.order_id"
+    )
+    bad, good = _record("m1", f"{scenario}-A"), _record("m2", f"{scenario}-B")
+    bad["attributes"]["ApproximateReceiveCount"] = count
+    good["attributes"]["ApproximateReceiveCount"] = "4294967296"  # the most: 2**32 - 1 deferrals
+    with caplog.at_level(logging.ERROR, logger="idempotent_job.sqs"):
+        assert handler({"Records": [bad, good]}, None) == {"batchItemFailures": [{"itemIdentifier": "m1"}]}
+    assert runs == ["m2"]
+    assert idempotent_job.record("SqsCount", f"{scenario}-A") is None
+    words = (
+        f"SqsCount: message m1's attribute ApproximateReceiveCount must be a whole number from 1 to "
+        f"4294967296, got {count!r}; the job was not run and nothing was recorded"
+    )
+    assert f"SqsCount: message m1 refused ({words}); left for redelivery or the redrive policy" in caplog.text
+    with pytest.raises(idempotent_job.ConfigurationError, match="^SQS message m1: message m1's attribute"):
+        Message.of(bad).receive_count  # noqa: B018 - the property raises
 
 
 def test_lambda_in_progress_record_is_made_visible_after_retry_after(sqs, scenario):

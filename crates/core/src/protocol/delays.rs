@@ -12,8 +12,10 @@ pub const DEFERRAL_FACTOR: f64 = 2.0;
 /// longer than a PostgreSQL restart takes.
 pub const COMPLETION_RETRY_DELAYS: [f64; 6] = [0.05, 0.25, 1.0, 2.0, 4.0, 8.0];
 
-/// The most deferrals a delivery may say it met (the count a door carries in its
-/// queue's payload, [`deferral_delay`]'s `deferrals`): a `u32`.
+/// The most deferrals (or failed claims) a delivery may say it met: its count travels
+/// in the queue's message (a Celery header, a Sidekiq payload field, SQS's receive
+/// count), so a producer may write anything there ([`deferral_delay`]'s `deferrals`):
+/// a `u32`.
 pub const MAX_DEFERRALS: u32 = u32::MAX;
 
 /// Whether `count`, a delivery's deferrals as its payload or caller gave them, is one
@@ -29,9 +31,17 @@ pub fn deferrals_valid(count: i128) -> bool {
 /// (idempotency_deferrals)", Python's "perform_once's deferrals"), `shown` the value in
 /// the host's notation (cut to 100 characters here).
 pub fn deferrals_refused(job: &str, subject: &str, shown: &str) -> crate::error::Error {
+    count_refused(job, subject, 0, shown)
+}
+
+/// The one wording of a count refused ([`deferrals_refused`], [`delivery_count`]): a
+/// whole number from `first` to `first` + [`MAX_DEFERRALS`]; `shown` cut to 100
+/// characters.
+fn count_refused(job: &str, what: &str, first: u32, shown: &str) -> crate::error::Error {
     let shown: String = shown.chars().take(100).collect();
+    let last = u64::from(first) + u64::from(MAX_DEFERRALS);
     crate::error::Error::Config(format!(
-        "{job}: {subject} must be a whole number from 0 to {MAX_DEFERRALS}, got {shown}; the job {}",
+        "{job}: {what} must be a whole number from {first} to {last}, got {shown}; the job {}",
         crate::error::NOT_RUN
     ))
 }
@@ -45,6 +55,28 @@ pub fn deferral_delay(lease_remaining: f64, deferrals: u32, margin_seconds: f64)
     let latest = lease_remaining.max(0.0) + margin_seconds;
     let backoff = DEFERRAL_FIRST_DELAY * DEFERRAL_FACTOR.powi(deferrals.min(30) as i32);
     backoff.min(latest)
+}
+
+/// A count a delivery carries in its message (`what`: the door's words for where, e.g.
+/// "the header idempotent_job_deferrals"), given as its decimal `text` (`None`: the value
+/// is not a whole number at all; `shown`: the value as the host language writes it), as
+/// a whole number from `first` to `first` + [`MAX_DEFERRALS`].
+///
+/// Errors: [`Error::Config`](crate::error::Error::Config) naming `job`, `what`, the
+/// range and `shown`, saying the job was not run: a sign, a fraction, an exponent, text
+/// or a number out of range.
+pub fn delivery_count(
+    job: &str,
+    what: &str,
+    text: Option<&str>,
+    shown: &str,
+    first: u32,
+) -> crate::error::Result<u64> {
+    let last = u64::from(first) + u64::from(MAX_DEFERRALS);
+    text.filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|n| (u64::from(first)..=last).contains(n))
+        .ok_or_else(|| count_refused(job, what, first, shown))
 }
 
 /// Longest delay, in seconds, before a delivery whose claim could not be made
@@ -115,5 +147,40 @@ mod deferral_count_tests {
         assert!(deferrals_refused("J", "d", &long)
             .to_string()
             .contains(&format!("got {}; the job", "x".repeat(100))));
+    }
+}
+
+#[cfg(test)]
+mod count_tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_count_is_a_whole_number_in_its_range() {
+        assert_eq!(delivery_count("J", "h", Some("0"), "0", 0).unwrap(), 0);
+        assert_eq!(
+            delivery_count("J", "h", Some("4294967295"), "x", 0).unwrap(),
+            4_294_967_295
+        );
+        assert_eq!(
+            delivery_count("J", "h", Some("4294967296"), "x", 1).unwrap(),
+            4_294_967_296
+        );
+        for text in [
+            None,
+            Some(""),
+            Some("-1"),
+            Some("1.5"),
+            Some("1e3"),
+            Some(" 2"),
+            Some("4294967296"),
+        ] {
+            assert!(delivery_count("J", "h", text, "v", 0).is_err(), "{text:?}");
+        }
+        let refused = delivery_count("Job", "the header h", Some("0"), "'0'", 1).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "Job: the header h must be a whole number from 1 to 4294967296, got '0'; the job was \
+             not run and nothing was recorded"
+        );
     }
 }

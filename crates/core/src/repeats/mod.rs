@@ -65,7 +65,9 @@ pub mod text;
 pub use classify::{classify, sqs_return};
 pub use deliveries::{deliveries, row_deliveries, row_deliveries_of};
 pub use facts::{seconds, text_seconds};
-pub use operations::{check_window, operations, RepeatedOperation};
+pub use operations::{
+    check_time, check_window, operations, RepeatedOperation, MAX_EPOCH_SECONDS, MIN_EPOCH_SECONDS,
+};
 pub use report::{
     csv, lines, notes, producer_pairs, report_json, report_of_json, summary, ReportOperation,
     Summary, CSV_HEADERS,

@@ -102,6 +102,28 @@ pub fn operations(
         .collect()
 }
 
+/// The earliest time the report takes, in epoch seconds (0001-01-01T00:00:00Z).
+pub const MIN_EPOCH_SECONDS: f64 = -62_135_596_800.0;
+/// The latest time the report takes, in epoch seconds (9999-12-31T23:59:59Z).
+pub const MAX_EPOCH_SECONDS: f64 = 253_402_300_799.0;
+
+/// A time the report is asked about (`name`: "since", "restarts"), in epoch seconds
+/// (`None`: not a number the host could read as one; `shown`: the value as the host
+/// language writes it).
+///
+/// Errors: [`Error::Config`] naming `name`, the range and `shown` for NaN, an infinity
+/// or a time outside [`MIN_EPOCH_SECONDS`]..=[`MAX_EPOCH_SECONDS`] (years 1 to 9999).
+pub fn check_time(name: &str, seconds: Option<f64>, shown: &str) -> Result<f64> {
+    seconds
+        .filter(|s| (MIN_EPOCH_SECONDS..=MAX_EPOCH_SECONDS).contains(s))
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "repeats: {name} must be epoch seconds from {MIN_EPOCH_SECONDS} (0001-01-01) \
+                 to {MAX_EPOCH_SECONDS} (9999-12-31), got {shown}"
+            ))
+        })
+}
+
 /// Checks a repeats report's `restart_window` (seconds) before any row is read.
 ///
 /// Errors: [`Error::Config`] unless `restart_window` is a finite number of seconds, 0 or more.
@@ -112,5 +134,33 @@ pub fn check_window(restart_window: f64) -> Result<()> {
         Err(Error::Config(format!(
             "restart_window must be a finite number of seconds, 0 or more, got {restart_window}"
         )))
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::*;
+
+    #[test]
+    fn a_report_time_is_in_years_1_to_9999() {
+        assert_eq!(check_time("since", Some(0.0), "0").unwrap(), 0.0);
+        assert!(check_time("since", Some(MIN_EPOCH_SECONDS), "x").is_ok());
+        assert!(check_time("since", Some(MAX_EPOCH_SECONDS), "x").is_ok());
+        for seconds in [
+            None,
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+            Some(1e20),
+            Some(-1e12),
+        ] {
+            assert!(check_time("since", seconds, "v").is_err(), "{seconds:?}");
+        }
+        assert_eq!(
+            check_time("restarts", Some(f64::NAN), "nan")
+                .unwrap_err()
+                .to_string(),
+            "repeats: restarts must be epoch seconds from -62135596800 (0001-01-01) to \
+             253402300799 (9999-12-31), got nan"
+        );
     }
 }
