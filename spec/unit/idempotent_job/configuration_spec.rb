@@ -123,6 +123,19 @@ RSpec.describe IdempotentJob::Configuration do
       .to raise_error(IdempotentJob::ConfigurationError, /\Aapplication_name must not be empty\z/)
     expect { config.password = 12_345 }
       .to raise_error(IdempotentJob::ConfigurationError, /\Apassword must be a string, got \[REDACTED\]\z/)
+    # A NUL cannot travel in a connection's startup or password message: refused where it
+    # is assigned (it was accepted, then every connect failed as a retryable
+    # ConnectionError "string contains embedded null" after retrying for the deadline).
+    { application_name: "a\0b", user: "u\0", dbname: "d\0", host: "h\0" }.each do |name, value|
+      expect { config.public_send("#{name}=", value) }
+        .to raise_error(IdempotentJob::ConfigurationError, /\A#{name} must be a string without a NUL character/)
+    end
+    expect { config.password = "s3cr\0t" }
+      .to raise_error(IdempotentJob::ConfigurationError, /without a NUL character.*got \[REDACTED\]\z/)
+    url_config = IdempotentJob::Configuration.new.tap { |c| c.database_url = "postgres://h/db?application_name=a%00b" }
+    expect { IdempotentJob::Native::Store.new(url_config.to_native_json) }
+      .to raise_error(IdempotentJob::ConfigurationError,
+                      /\Adatabase_url's application_name must be a string without a NUL/)
     config.connect_timeout = 315_360_000 # ten years: the longest
     config.pool_size = nil # unset: decided at connection time
     expect(config.connect_timeout).to eq(315_360_000)
