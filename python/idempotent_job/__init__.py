@@ -100,9 +100,25 @@ def configure(**settings: Any) -> None:
         ConfigurationError: naming an unknown setting or a bad value.
     """
     global _store
-    store = Store(json.dumps(settings))
+    store = Store(_settings_json(settings))
     with _lock:
         _store = store
+
+
+def _settings_json(settings: dict[str, Any]) -> str:
+    """``settings`` as the JSON object the core checks; ConfigurationError naming the
+    setting whose value no JSON carries (NaN, an infinity, bytes, a set, any object),
+    its value hidden for ``password`` and ``database_url`` (they may hold a secret)."""
+    for name, value in settings.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            shown = "[REDACTED]" if name in ("password", "database_url") else repr(value)[:100]
+            raise ConfigurationError(
+                f"{name} must be a number, a string, a boolean or None, got {shown} "
+                f"({type(value).__name__}); nothing was changed"
+            ) from None
+    return json.dumps(settings)
 
 
 def _current() -> Store:
