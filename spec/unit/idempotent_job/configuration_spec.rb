@@ -12,6 +12,25 @@ RSpec.describe IdempotentJob::Configuration do
     %w[IDEMPOTENT_JOB_DATABASE_URL DATABASE_URL].each { |k| ENV[k] = saved[k] }
   end
 
+  it "takes seconds as a Rails app writes them (10.minutes), a Rational or a BigDecimal, as Floats" do
+    require "active_support"
+    require "active_support/core_ext/integer/time"
+    require "bigdecimal"
+    # Each was refused: 'lease must be a positive number of seconds ..., got 10 minutes'.
+    config = described_class.new
+    config.lease = 10.minutes
+    config.connect_timeout = 1.5.seconds
+    config.statement_timeout = Rational(1, 2)
+    config.retention = 7.days
+    config.deadline = BigDecimal("2.5")
+    expect([config.lease, config.connect_timeout, config.statement_timeout, config.retention, config.deadline])
+      .to eq([600.0, 1.5, 0.5, 604_800.0, 2.5])
+    expect(JSON.parse(config.to_native_json)).to include("connect_timeout" => 1.5, "deadline" => 2.5)
+    expect { config.lease = -1.minute }
+      .to raise_error(IdempotentJob::ConfigurationError, /\Alease must be .*, got -1 minutes\z/)
+    expect(IdempotentJob::Native.job_option("Job", "idempotency_", "lease", 5.minutes)).to eq(300.0)
+  end
+
   it "reads IDEMPOTENT_JOB_DATABASE_URL, then DATABASE_URL, unless a URL is set" do
     ENV["IDEMPOTENT_JOB_DATABASE_URL"] = nil
     ENV["DATABASE_URL"] = "postgres://b/db"
