@@ -507,6 +507,28 @@ def test_a_setting_no_json_can_carry_is_refused_naming_it():
     idempotent_job.configure(database_url=url)
 
 
+def test_seconds_as_a_decimal_or_fraction_are_taken():
+    """lease=Decimal("2.5") was refused: 'lease must be a positive number of seconds ...,
+    got Decimal('2.5')' (the Ruby gem now takes BigDecimal and Rational alike). A
+    timedelta stays refused (test_facts: timedelta(60) is 60 days)."""
+    import decimal
+    import fractions
+
+    url = os.environ["DATABASE_URL"]
+    idempotent_job.configure(
+        database_url=url, lease=decimal.Decimal("300"), connect_timeout=fractions.Fraction(3, 2)
+    )
+    try:
+        key = f"dec-{time.time_ns()}"
+        for lease in (decimal.Decimal("2.5"), fractions.Fraction(7, 2)):
+            outcome = idempotent_job.perform_once("PlainSeconds", f"{key}-{lease}", lambda c: 1, lease=lease)
+            assert outcome.decision == "ran"
+        with pytest.raises(errors.ConfigurationError, match=r"lease must be .*, got Decimal\('-1'\)$"):
+            idempotent_job.perform_once("PlainSeconds", key, lambda c: 1, lease=decimal.Decimal("-1"))
+    finally:
+        idempotent_job.configure(database_url=url)
+
+
 def test_an_empty_idempotent_job_database_url_falls_to_database_url(monkeypatch):
     """The core's rule (config::env_database_url), the Ruby gem's too."""
     monkeypatch.setenv("IDEMPOTENT_JOB_DATABASE_URL", "")
