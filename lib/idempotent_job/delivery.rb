@@ -108,7 +108,11 @@ module IdempotentJob
     # The deferrals so far as a count (nil: none), or the job's error: a payload's own
     # `idempotency_deferrals` may hold anything a producer wrote.
     def deferral_count(deferrals)
-      count = deferrals.nil? ? 0 : Integer(deferrals, exception: false)
+      count = case deferrals
+              when nil then 0
+              when Integer then deferrals
+              when String then Integer(deferrals, 10, exception: false) # decimal: "010" is 10
+              end
       return count if count&.between?(0, Native::MAX_DEFERRALS)
 
       # The core's words (Python's perform_once says the same), in this door's name for the count.

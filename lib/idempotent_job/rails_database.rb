@@ -106,12 +106,13 @@ module IdempotentJob
       end
 
       # The entry's fields by the gem's names, else libpq's environment variables; the
-      # port as an Integer; no host: libpq's default socket directory.
+      # port as an Integer (decimal); no host: libpq's default socket directory.
       def fields(hash)
         found = FIELDS.to_h { |yml, setting| [setting, hash[yml]] }
         LIBPQ_ENV.each { |setting, var| found[setting] = ENV.fetch(var, nil) if blank?(found[setting]) }
         found.transform_values! { |value| value.is_a?(Symbol) ? value.to_s : value }
-        found[:port] = Integer(found[:port], exception: false) || found[:port] if found[:port].is_a?(String)
+        # In decimal, as libpq reads it: Integer("05432") alone is octal, "0x1538" hex.
+        found[:port] = Integer(found[:port], 10, exception: false) || found[:port] if found[:port].is_a?(String)
         found[:host] = default_socket_directory(found[:port]) if blank?(found[:host])
         found
       end

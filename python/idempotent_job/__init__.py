@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import decimal
+import fractions
 import inspect
 import json
 import logging
@@ -104,9 +106,35 @@ def configure(**settings: Any) -> None:
             words. ``database_url=None`` reads the environment.
     """
     global _store
-    store = Store(json.dumps(settings))
+    store = Store(_settings_json(settings))
     with _lock:
         _store = store
+
+
+def _settings_json(settings: dict[str, Any]) -> str:
+    """``settings`` as the JSON object the core checks; ConfigurationError naming the
+    setting whose value no JSON carries (NaN, an infinity, bytes, a set, any object),
+    its value hidden for ``password`` and ``database_url`` (they may hold a secret)."""
+    settings = {name: _seconds(value) for name, value in settings.items()}
+    for name, value in settings.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            shown = "[REDACTED]" if name in ("password", "database_url") else repr(value)[:100]
+            raise ConfigurationError(
+                f"{name} must be a number, a string, a boolean or None, got {shown} "
+                f"({type(value).__name__}); nothing was changed"
+            ) from None
+    return json.dumps(settings)
+
+
+def _seconds(value: Any) -> Any:
+    """A number given as a ``Decimal`` or ``Fraction`` as a float (as the native options
+    take them); any other value as it is (a ``timedelta`` is refused: ``timedelta(60)`` is
+    60 days)."""
+    if isinstance(value, (decimal.Decimal, fractions.Fraction)):
+        return float(value)
+    return value
 
 
 def _current() -> Store:

@@ -487,8 +487,28 @@ pub fn check_option_py<'py>(
 fn option_json(value: &Bound<'_, PyAny>) -> PyResult<(Value, Option<String>)> {
     match convert::to_json(value) {
         Ok(json) => Ok((json, None)),
-        Err(_) => Ok((Value::Object(Map::new()), Some(value.repr()?.to_string()))),
+        Err(_) => {
+            let shown = Some(value.repr()?.to_string());
+            match seconds_of(value)?.and_then(serde_json::Number::from_f64) {
+                Some(number) => Ok((Value::Number(number), shown)),
+                None => Ok((Value::Object(Map::new()), shown)),
+            }
+        }
     }
+}
+
+/// A number Python spells other than as an int or a float: a `decimal.Decimal` or a
+/// `fractions.Fraction` (as a float); None for any other value (a `timedelta` too: it
+/// stays refused, `timedelta(60)` being 60 days). The Ruby gem takes Rational and
+/// BigDecimal alike.
+fn seconds_of(value: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+    let class = value.get_type();
+    let module: String = class.getattr("__module__")?.extract().unwrap_or_default();
+    let name: String = class.getattr("__qualname__")?.extract().unwrap_or_default();
+    Ok(match (module.as_str(), name.as_str()) {
+        ("decimal", "Decimal") | ("fractions", "Fraction") => Some(value.extract()?),
+        _ => None,
+    })
 }
 
 /// `not_taken(job, call, name, known)` → raises the core's `ConfigurationError` for a

@@ -487,6 +487,48 @@ def test_connection_settings_are_checked_by_the_cores_rule_in_the_ruby_gems_word
     idempotent_job.configure(database_url=url, connect_timeout=315_360_000)
 
 
+def test_a_setting_no_json_can_carry_is_refused_naming_it():
+    """configure(connect_timeout=nan) said only 'configure: expected value at line 1 column
+    91' (naming no setting); password=b"..." or a set raised json's bare TypeError 'Object
+    of type bytes is not JSON serializable'."""
+    url = os.environ["DATABASE_URL"]
+    for name, value, shown in [
+        ("connect_timeout", float("nan"), "nan"),
+        ("lease", float("inf"), "inf"),
+        ("password", b"s3cret", "bytes"),
+        ("sslmode", {"require"}, "set"),
+    ]:
+        with pytest.raises(errors.ConfigurationError) as caught:
+            idempotent_job.configure(database_url=url, **{name: value})
+        message = str(caught.value)
+        assert message.startswith(f"{name} must be"), message
+        assert shown in message, message
+        assert "s3cret" not in message, message
+    idempotent_job.configure(database_url=url)
+
+
+def test_seconds_as_a_decimal_or_fraction_are_taken():
+    """lease=Decimal("2.5") was refused: 'lease must be a positive number of seconds ...,
+    got Decimal('2.5')' (the Ruby gem now takes BigDecimal and Rational alike). A
+    timedelta stays refused (test_facts: timedelta(60) is 60 days)."""
+    import decimal
+    import fractions
+
+    url = os.environ["DATABASE_URL"]
+    idempotent_job.configure(
+        database_url=url, lease=decimal.Decimal("300"), connect_timeout=fractions.Fraction(3, 2)
+    )
+    try:
+        key = f"dec-{time.time_ns()}"
+        for lease in (decimal.Decimal("2.5"), fractions.Fraction(7, 2)):
+            outcome = idempotent_job.perform_once("PlainSeconds", f"{key}-{lease}", lambda c: 1, lease=lease)
+            assert outcome.decision == "ran"
+        with pytest.raises(errors.ConfigurationError, match=r"lease must be .*, got Decimal\('-1'\)$"):
+            idempotent_job.perform_once("PlainSeconds", key, lambda c: 1, lease=decimal.Decimal("-1"))
+    finally:
+        idempotent_job.configure(database_url=url)
+
+
 def test_an_empty_idempotent_job_database_url_falls_to_database_url(monkeypatch):
     """The core's rule (config::env_database_url), the Ruby gem's too."""
     monkeypatch.setenv("IDEMPOTENT_JOB_DATABASE_URL", "")

@@ -140,7 +140,8 @@ RSpec.describe "Bad input", :faults do
     it "fails a Sidekiq delivery whose idempotency_deferrals is no count, naming the job; nothing runs" do
       Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1])
       job = ChargeOrderJob.jobs.pop
-      [2**40, -1, "abc", [1]].each do |bad|
+      # 2.5 was taken as 2 and "0x1f" as 31 (Integer() reads a String's radix prefix)
+      [2**40, -1, "abc", [1], 2.5, "0x1f", Float::INFINITY].each do |bad|
         expect { deliver(job.merge("idempotency_deferrals" => bad)) }
           .to raise_error(IdempotentJob::ConfigurationError,
                           /\AChargeOrderJob: the delivery's deferrals \(idempotency_deferrals\) must be a whole/)
@@ -149,6 +150,9 @@ RSpec.describe "Bad input", :faults do
       expect(record("42")).to be_nil
       deliver(job.merge("idempotency_deferrals" => 2)) # the control: a count runs
       expect(Effects.count).to eq(1)
+      # A count written as text is read in decimal ("010" was octal: 8 deferrals).
+      delivery = IdempotentJob::Delivery.new(job_type: "J", operation_key: "k", deferrals: "010")
+      expect(delivery.deferrals).to eq(10)
     end
 
     it "fails an ActiveJob delivery when it is deserialized, before anything is claimed" do

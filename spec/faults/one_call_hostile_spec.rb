@@ -90,6 +90,20 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       expect(runs.size).to eq(1)
     end
 
+    it "a lookup raising an error whose #message raises: LookupError naming that class, not run, asked again" do
+      key = unique_key
+      expect { IdempotentJob.perform_once("Attack::LookupBadMessage", key, lease: 0.3) { raise Interrupt } }
+        .to raise_error(Interrupt)
+      sleep 0.4 # the kept claim's lease runs out: the next delivery asks the lookup
+      bad = stub_const("BadMessageError", Class.new(StandardError) do
+        def message = raise(ArgumentError, "no message for you")
+      end)
+      expect do
+        IdempotentJob.perform_once("Attack::LookupBadMessage", key, lookup: ->(_k) { raise bad }) { runs << :ran }
+      end.to raise_error(IdempotentJob::LookupError, /raised BadMessageError: \(its #message raised ArgumentError\)/)
+      expect(runs).to be_empty
+    end
+
     it "throw out of a transaction: true body: rolled back, nothing recorded, the pool serves" do
       key = unique_key
       catch(:out) { IdempotentJob.perform_once("Attack::TxThrow", key, transaction: true) { throw :out } }

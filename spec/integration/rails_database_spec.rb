@@ -141,6 +141,16 @@ RSpec.describe "A Rails app configured by config/database.yml alone", :integrati
     expect(out).to include("host /var/run/postgresql, port #{suite.port}", "deadline of 1 s")
   end
 
+  it "reads a port as libpq does, in decimal: a leading zero is no octal number" do
+    # PGPORT=027260 (or port: "027260") is libpq's port 27260; Integer() read it as octal
+    # (12208) and the gem connected elsewhere.
+    write_app(suite_fields.except("port"), settings: "config.idempotent_job.deadline = 2")
+    out, status = run_app(7108, "PGPORT" => "0#{suite.port}")
+    expect(status).to be_success, out
+    expect(out).to include("port #{suite.port}")
+    expect(IdempotentJob.record("YmlChargeJob", 7108)).to have_attributes(status: :completed)
+  end
+
   it "takes a url: entry as the URL" do
     write_app({ "adapter" => "postgresql", "url" => SpecServices.database_url })
     out, status = run_app(7104)

@@ -40,16 +40,40 @@ pub fn with_settled_conn<T>(
     with_fresh_conn(pool, interrupt, Lane::Main, op)
 }
 
+/// `texts` (what each is, as a caller names it: `"job type"`, `"operation key"`) checked
+/// for U+0000, which PostgreSQL's text cannot store (so no record holds one): sent, one
+/// would be answered SQLSTATE 22021, a `DatabaseError` naming nothing.
+///
+/// Errors: [`Error::Config`] naming the first such text (escaped) and what it is.
+fn check_texts(texts: &[(&str, Option<&str>)]) -> Result<()> {
+    match texts
+        .iter()
+        .find_map(|(what, text)| text.filter(|t| t.contains('\0')).map(|t| (what, t)))
+    {
+        Some((what, text)) => Err(Error::Config(format!(
+            "the {what} {:?} holds a NUL character (U+0000), which PostgreSQL's text cannot \
+             store: no record has one",
+            text.chars().take(200).collect::<String>()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The record of `(job_type, operation_key)`, or `None` when never claimed; settled
 /// first ([`with_settled_conn`]).
 ///
-/// Errors: connection and database errors.
+/// Errors: [`Error::Config`] for a job type or key holding U+0000; connection and
+/// database errors.
 pub fn find(
     pool: &PoolHandle,
     interrupt: &Interrupt<'_>,
     job_type: &str,
     operation_key: &str,
 ) -> Result<Option<Record>> {
+    check_texts(&[
+        ("job type", Some(job_type)),
+        ("operation key", Some(operation_key)),
+    ])?;
     with_settled_conn(pool, interrupt, async |c| {
         records::find(c, job_type, operation_key).await
     })
@@ -66,6 +90,7 @@ pub fn held(
     job_type: Option<&str>,
     limit: i64,
 ) -> Result<Vec<(String, String)>> {
+    check_texts(&[("job type", job_type)])?;
     check_held_limit(limit)?;
     with_fresh_conn(pool, interrupt, Lane::Main, async |c| {
         records::held(c, job_type, limit).await
@@ -128,6 +153,10 @@ pub fn resolve(
     operation_key: &str,
     resolution: Resolution,
 ) -> Result<Option<records::Resolved>> {
+    check_texts(&[
+        ("job type", Some(job_type)),
+        ("operation key", Some(operation_key)),
+    ])?;
     with_conn(pool, interrupt, async |c| {
         records::resolve_record(c, job_type, operation_key, resolution).await
     })
@@ -146,6 +175,10 @@ pub fn resolve_stored(
     operation_key: &str,
     resolution: Resolution,
 ) -> Result<Option<records::StoredDelivery>> {
+    check_texts(&[
+        ("job type", Some(job_type)),
+        ("operation key", Some(operation_key)),
+    ])?;
     with_conn(pool, interrupt, async |c| {
         records::resolve_stored(c, job_type, operation_key, resolution).await
     })
@@ -178,6 +211,7 @@ pub fn repeats(
     since: DateTime<Utc>,
     job_type: Option<&str>,
 ) -> Result<Vec<Repeated>> {
+    check_texts(&[("job type", job_type)])?;
     with_settled_conn(pool, interrupt, async |c| {
         records::repeats(c, since, job_type).await
     })

@@ -334,3 +334,35 @@ fn a_batch_leaves_the_connections_plan_settings_as_they_were_even_when_it_fails(
     assert_eq!(after_failure.1, on, "reset after a failed batch too");
     drop_schema("ij_purge_settings");
 }
+
+/// A job type or operation key holding U+0000 given to the operations (record, held,
+/// resolve, repeats): refused as the caller's error naming it, never sent (PostgreSQL
+/// answered SQLSTATE 22021 'invalid byte sequence for encoding "UTF8": 0x00', a
+/// DatabaseError naming nothing, which a door sends back as an outage).
+#[test]
+fn a_nul_in_an_operations_job_type_or_key_is_the_callers_error_naming_it() {
+    use idempotent_job_core::conn::Interrupt;
+    use idempotent_job_core::operations;
+    use idempotent_job_core::records::Resolution;
+    let store = common::store();
+    let pool = store.pool().unwrap();
+    let i = Interrupt::none();
+    let since = chrono::Utc::now() - chrono::Duration::hours(1);
+    let errors = [
+        operations::find(&pool, &i, "A\0B", "k").map(|_| ()),
+        operations::find(&pool, &i, "A", "k\0").map(|_| ()),
+        operations::held(&pool, &i, Some("A\0B"), 10).map(|_| ()),
+        operations::resolve(&pool, &i, "A\0B", "k", Resolution::Done).map(|_| ()),
+        operations::resolve_stored(&pool, &i, "A", "k\0", Resolution::Rerun).map(|_| ()),
+        operations::repeats(&pool, &i, since, Some("A\0B")).map(|_| ()),
+    ];
+    for (n, result) in errors.into_iter().enumerate() {
+        let error = result.unwrap_err();
+        let text = error.to_string();
+        assert_eq!(error.class_name(), "ConfigurationError", "{n}: {text}");
+        assert!(
+            text.contains("NUL") && text.contains(r#"\0"#),
+            "{n}: {text}"
+        );
+    }
+}

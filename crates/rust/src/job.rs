@@ -161,6 +161,9 @@ pub struct Delivery {
     request: DeliveryRequest,
     key: Result<String, Error>,
     payload: Value,
+    /// Why the facts cannot be written (nested past the core's limit, a number no
+    /// language reads alike): refused at [`Delivery::run`], before anything is claimed.
+    facts_problem: Option<String>,
 }
 
 impl Job {
@@ -193,6 +196,7 @@ impl Job {
             },
             key,
             payload: Value::Array(vec![]),
+            facts_problem: None,
         }
     }
 
@@ -242,9 +246,24 @@ impl Delivery {
         self.request.queue = Some(queue.into());
         self
     }
-    /// Facts about this delivery (a JSON object) for the repeats report.
+    /// Facts about this delivery (a JSON object) for the repeats report. Facts that
+    /// cannot be written as JSON (nested deeper than the core's limit, a number no
+    /// language reads alike) make the run return [`Error::Config`] naming the job
+    /// before anything is claimed, as a payload does.
     pub fn facts(mut self, facts: Value) -> Self {
-        self.request.facts_json = Some(facts.to_string());
+        // Judged without recursion first: serde_json writes (and drops) a value one
+        // call per level, so one built a million deep would overflow the stack.
+        match idempotent_job_core::canonical::problem(&facts) {
+            Some(problem) => {
+                self.facts_problem = Some(problem);
+                self.request.facts_json = None;
+                crate::refuse_deep(facts);
+            }
+            None => {
+                self.facts_problem = None;
+                self.request.facts_json = Some(facts.to_string());
+            }
+        }
         self
     }
     /// Waits up to `seconds` for a live claim to end before deciding (a completion then
@@ -316,6 +335,15 @@ impl Delivery {
                 idempotent_job_core::canonical::unwritable(
                     &self.request.job_type,
                     "payload",
+                    &problem,
+                ),
+            ));
+        }
+        if let Some(problem) = self.facts_problem.take() {
+            return Err(PerformError::Core(
+                idempotent_job_core::canonical::unwritable(
+                    &self.request.job_type,
+                    "facts",
                     &problem,
                 ),
             ));

@@ -254,7 +254,7 @@ pub fn operation_key(job_type: &str, value: impl Into<Value>) -> Result<String, 
 /// Drops `value`, unless it nests deeper than the core's limit: then it is leaked, as
 /// serde_json's drop of a value recurses once per level and one built a million deep
 /// would overflow the stack (a value refused by the door must not crash the process).
-fn refuse_deep(value: Value) {
+pub(crate) fn refuse_deep(value: Value) {
     if idempotent_job_core::canonical::nested_too_deep(&value) {
         std::mem::forget(value);
     }
@@ -267,12 +267,26 @@ fn refuse_deep(value: Value) {
 /// Errors: [`Error::OperationKey`] naming `job_type` when a part cannot be a key.
 pub fn composite_key(job_type: &str, parts: Vec<Value>) -> Result<String, Error> {
     let refuse = |problem: String| Error::OperationKey(keys::value_refusal(job_type, &problem));
-    let parts = parts
+    let given = parts;
+    let parts = given
         .iter()
         .map(|p| keys::part(p, &KEY_WORDS))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(refuse)?;
+        .collect::<Result<Vec<_>, _>>();
+    let parts = match parts {
+        Ok(parts) => parts,
+        Err(problem) => {
+            // A part nested past the core's limit is refused; dropping it would recurse
+            // once per level (see refuse_deep).
+            for part in given {
+                refuse_deep(part);
+            }
+            return Err(refuse(problem));
+        }
+    };
     let text = keys::composite_text(parts);
+    for part in given {
+        refuse_deep(part);
+    }
     match keys::problem(job_type.as_bytes(), text.as_bytes()) {
         None => Ok(text),
         Some(problem) => Err(refuse(problem)),

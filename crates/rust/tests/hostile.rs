@@ -167,3 +167,51 @@ async fn hostile_values_as_key_payload_and_result() {
         "the table's Value-holdable cases ran ({covered})"
     );
 }
+
+/// A value nested a million deep, built without recursion.
+fn deep(levels: usize) -> Value {
+    let mut value = Value::from(1);
+    for _ in 0..levels {
+        value = Value::Array(vec![value]);
+    }
+    value
+}
+
+/// Facts and composite key parts nested past the core's limit (a million deep, as a
+/// Rust caller can build them): refused naming the job, the process survives (the
+/// door's writing or dropping them recursively would overflow the stack), the body
+/// never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn facts_and_composite_parts_nested_a_million_deep_are_refused_without_a_crash() {
+    let jobs = IdempotentJob::configure(Config::new(url())).unwrap();
+    jobs.migrate().await.unwrap();
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let job_type = format!("RustDeepFacts-{}", &run[..8]);
+    let job = jobs.job(&job_type).build().unwrap();
+    let mut runs = 0;
+    // (Not json!: it serializes the value it is given, recursively.)
+    let mut facts = serde_json::Map::new();
+    facts.insert("trace".into(), deep(1_000_000));
+    let facts = Value::Object(facts);
+    let refused = job
+        .delivery("k")
+        .facts(facts)
+        .run(|_| {
+            runs += 1;
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .await;
+    let Err(PerformError::Core(error)) = refused else {
+        panic!("deep facts were not refused");
+    };
+    assert!(error.to_string().contains(&job_type), "{error}");
+    assert_eq!(runs, 0);
+
+    let job_type = format!("RustDeepParts-{}", &run[..8]);
+    let refused =
+        idempotent_job_rust::composite_key(&job_type, vec![Value::from(1), deep(1_000_000)]);
+    let Err(error) = refused else {
+        panic!("a deep composite part was not refused");
+    };
+    assert!(error.to_string().contains(&job_type), "{error}");
+}

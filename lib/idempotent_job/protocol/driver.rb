@@ -129,7 +129,7 @@ module IdempotentJob
         [:answered, answer]
       rescue StandardError => e
         @lookup_failure = e
-        [:raised, "#{e.class}: #{e.message}"]
+        [:raised, Events.described(e)] # a #message that raises cannot replace the lookup's error
       end
 
       # Runs the block under the claim (called by the core once it holds the claim and

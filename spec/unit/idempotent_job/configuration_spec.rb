@@ -12,6 +12,25 @@ RSpec.describe IdempotentJob::Configuration do
     %w[IDEMPOTENT_JOB_DATABASE_URL DATABASE_URL].each { |k| ENV[k] = saved[k] }
   end
 
+  it "takes seconds as a Rails app writes them (10.minutes), a Rational or a BigDecimal, as Floats" do
+    require "active_support"
+    require "active_support/core_ext/integer/time"
+    require "bigdecimal"
+    # Each was refused: 'lease must be a positive number of seconds ..., got 10 minutes'.
+    config = described_class.new
+    config.lease = 10.minutes
+    config.connect_timeout = 1.5.seconds
+    config.statement_timeout = Rational(1, 2)
+    config.retention = 7.days
+    config.deadline = BigDecimal("2.5")
+    expect([config.lease, config.connect_timeout, config.statement_timeout, config.retention, config.deadline])
+      .to eq([600.0, 1.5, 0.5, 604_800.0, 2.5])
+    expect(JSON.parse(config.to_native_json)).to include("connect_timeout" => 1.5, "deadline" => 2.5)
+    expect { config.lease = -1.minute }
+      .to raise_error(IdempotentJob::ConfigurationError, /\Alease must be .*, got -1 minutes\z/)
+    expect(IdempotentJob::Native.job_option("Job", "idempotency_", "lease", 5.minutes)).to eq(300.0)
+  end
+
   it "reads IDEMPOTENT_JOB_DATABASE_URL, then DATABASE_URL, unless a URL is set" do
     ENV["IDEMPOTENT_JOB_DATABASE_URL"] = nil
     ENV["DATABASE_URL"] = "postgres://b/db"
@@ -132,6 +151,19 @@ RSpec.describe IdempotentJob::Configuration do
       .to raise_error(IdempotentJob::ConfigurationError, /\Aapplication_name must not be empty\z/)
     expect { config.password = 12_345 }
       .to raise_error(IdempotentJob::ConfigurationError, /\Apassword must be a string, got \[REDACTED\]\z/)
+    # A NUL cannot travel in a connection's startup or password message: refused where it
+    # is assigned (it was accepted, then every connect failed as a retryable
+    # ConnectionError "string contains embedded null" after retrying for the deadline).
+    { application_name: "a\0b", user: "u\0", dbname: "d\0", host: "h\0" }.each do |name, value|
+      expect { config.public_send("#{name}=", value) }
+        .to raise_error(IdempotentJob::ConfigurationError, /\A#{name} must be a string without a NUL character/)
+    end
+    expect { config.password = "s3cr\0t" }
+      .to raise_error(IdempotentJob::ConfigurationError, /without a NUL character.*got \[REDACTED\]\z/)
+    url_config = IdempotentJob::Configuration.new.tap { |c| c.database_url = "postgres://h/db?application_name=a%00b" }
+    expect { IdempotentJob::Native::Store.new(url_config.to_native_json) }
+      .to raise_error(IdempotentJob::ConfigurationError,
+                      /\Adatabase_url's application_name must be a string without a NUL/)
     config.connect_timeout = 315_360_000 # ten years: the longest
     config.pool_size = nil # unset: decided at connection time
     expect(config.connect_timeout).to eq(315_360_000)

@@ -283,8 +283,40 @@ impl Config {
                 pg.connect_timeout(self.connect_timeout());
             }
         }
-        if pg.get_application_name().is_none() {
+        let url_application_name = pg.get_application_name().is_some();
+        if !url_application_name {
             pg.application_name(&self.application_name);
+        }
+        // The startup and password messages are C strings: a NUL (a URL's %00) would fail
+        // every connect as a retryable ConnectionError naming nothing; refused here,
+        // naming where it came from, never the value.
+        let texts = [
+            (
+                "user",
+                self.user.is_none(),
+                pg.get_user().map(str::as_bytes),
+            ),
+            (
+                "dbname",
+                self.dbname.is_none(),
+                pg.get_dbname().map(str::as_bytes),
+            ),
+            ("password", self.password.is_none(), pg.get_password()),
+            (
+                "application_name",
+                url_application_name,
+                pg.get_application_name().map(str::as_bytes),
+            ),
+            ("options", true, pg.get_options().map(str::as_bytes)),
+        ];
+        for (name, from_url, text) in texts {
+            if text.is_some_and(|t| t.contains(&0)) {
+                let whose = if from_url { "database_url's " } else { "" };
+                return Err(Error::Config(format!(
+                    "{whose}{name} must be {}",
+                    super::rules::NUL_FREE
+                )));
+            }
         }
         Ok(pg)
     }

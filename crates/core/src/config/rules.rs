@@ -114,6 +114,11 @@ pub const SETTING_RULES: &[SettingRule] = &[
     ),
 ];
 
+/// What a connection setting's text must be when it holds U+0000 (every text a
+/// connection sends is a C string: PostgreSQL's startup and password messages).
+pub(super) const NUL_FREE: &str = "a string without a NUL character (U+0000), which a \
+     PostgreSQL connection cannot send";
+
 /// The rule of the connection setting `name`, if it is one.
 pub fn setting_rule(name: &str) -> Option<&'static SettingRule> {
     SETTING_RULES.iter().find(|r| r.name == name)
@@ -141,6 +146,11 @@ pub fn check_setting(name: &str, value: &Value, shown: Option<&str>) -> Result<V
         let shown = shown.map_or_else(|| value.to_string(), str::to_string);
         Error::Config(format!("{name} must be {expected}, got {shown}"))
     };
+    // Every text a connection sends (startup parameters, password, host) is a C string
+    // on the wire: a NUL would fail every connect, retryably, naming nothing.
+    if value.as_str().is_some_and(|text| text.contains('\0')) {
+        return Err(bad(NUL_FREE));
+    }
     match setting.rule {
         Rule::Is(kind) => options::check_kind(name, kind, value, shown),
         Rule::Text => match value {

@@ -370,3 +370,43 @@ fn the_urls_connect_timeout_is_capped_by_the_settings_rule() {
         Some(&Duration::from_secs(7))
     );
 }
+
+#[test]
+fn a_nul_in_a_text_the_connection_sends_is_refused_naming_it_never_its_value() {
+    // The startup and password messages are C strings: a NUL was accepted here and every
+    // connect then failed as a retryable ConnectionError ("string contains embedded
+    // null") after retrying until the deadline, naming neither setting nor job.
+    for (name, value) in [
+        ("application_name", "a\0b"),
+        ("user", "post\0gres"),
+        ("dbname", "x\0"),
+        ("password", "s3cr\0t"),
+        ("host", "127.0.0.1\0"),
+    ] {
+        let err = check_setting(name, &serde_json::json!(value), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with(&format!("{name} must be")), "{err}");
+        assert!(err.contains("NUL"), "{err}");
+        assert!(!err.contains("s3cr"), "{err}");
+        let json = serde_json::json!({ "database_url": "postgres://h/db", name: value });
+        let err = Config::from_json(&json.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(name) && err.contains("NUL"), "{err}");
+    }
+    for (url, names) in [
+        ("postgres://h/db?application_name=a%00b", "application_name"),
+        ("postgres://u%00x@h/db", "user"),
+        ("postgres://h/d%00b", "dbname"),
+        ("postgres://u:s3cr%00t@h/db", "password"),
+        ("postgres://h/db?options=-c%20x%3Dy%00", "options"),
+    ] {
+        let err = Config::new(url).validate().unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("database_url's {names}")) && err.contains("NUL"),
+            "{url}: {err}"
+        );
+        assert!(!err.contains("s3cr"), "{err}");
+    }
+}

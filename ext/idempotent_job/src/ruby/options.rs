@@ -12,6 +12,27 @@ use idempotent_job_core::job_settings::JobDefaults;
 use idempotent_job_core::options::{self, Kind};
 use idempotent_job_core::records::Resolution;
 
+/// A number Ruby spells other than as an Integer or a Float (JSON's numbers): an
+/// `ActiveSupport::Duration` (`10.minutes`, as a Rails app writes a lease), a `Rational`
+/// or a `BigDecimal`, as its `to_f` (a Float), for the core's rules of seconds and
+/// counts; `None` for any other value (the rule then takes or refuses it as it is).
+fn number_of(value: Value) -> RbResult<Option<Value>> {
+    let ruby = Ruby::get_with(value);
+    if value.is_kind_of(ruby.class_integer()) || value.is_kind_of(ruby.class_float()) {
+        return Ok(None);
+    }
+    // SAFETY: the class name is copied before any other Ruby call.
+    let class = unsafe { value.class().name() }.into_owned();
+    if !matches!(
+        class.as_str(),
+        "Rational" | "BigDecimal" | "ActiveSupport::Duration"
+    ) {
+        return Ok(None);
+    }
+    let seconds: f64 = value.funcall("to_f", ())?;
+    Ok(Some(ruby.float_from_f64(seconds).as_value()))
+}
+
 /// `Native.job_options_json` → the table as a JSON object text ([`options::table_json`]).
 pub fn job_options_json() -> String {
     options::table_json().to_string()
@@ -45,8 +66,9 @@ pub fn job_default_settings() -> Vec<&'static str> {
 pub fn job_default_setting(ruby: &Ruby, name: String, value: Value) -> RbResult<Value> {
     // As in `job_option`: a value JSON cannot carry is refused (an empty object is no
     // number of seconds and no choice).
-    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
     let shown = inspect(value)?;
+    let value = number_of(value)?.unwrap_or(value);
+    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
     JobDefaults::check(&name, &json, Some(&shown)).map_err(|e| to_ruby(ruby, e))?;
     Ok(value)
 }
@@ -58,12 +80,13 @@ pub fn job_default_setting(ruby: &Ruby, name: String, value: Value) -> RbResult<
 /// Raises `IdempotentJob::ConfigurationError` naming `job` and the value (shown by
 /// `inspect`) otherwise.
 pub fn check_wait(ruby: &Ruby, job: String, value: Value) -> RbResult<f64> {
+    let shown = inspect(value)?;
+    let value = number_of(value)?.unwrap_or(value);
     let seconds = if value.is_kind_of(ruby.class_numeric()) {
         json_of(value).ok().and_then(|j| j.as_f64())
     } else {
         None
     };
-    let shown = inspect(value)?;
     idempotent_job_core::results::check_wait(&job, seconds, Some(&shown))
         .map_err(|e| to_ruby(ruby, e))
 }
@@ -91,8 +114,9 @@ pub fn job_option(
     // A value JSON cannot carry (a Proc, a Time) is refused by every other kind. No Ruby
     // method runs in `json_of` (an interrupt delivered there would be lost with its
     // refusal); `inspect` runs one, and what it raises goes on (Thread#raise, Timeout).
-    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
     let shown = inspect(value)?;
+    let value = number_of(value)?.unwrap_or(value);
+    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
     let checked =
         options::check(&job, &prefix, &name, &json, Some(&shown)).map_err(|e| to_ruby(ruby, e))?;
     Ok(match (option.kind, checked) {
@@ -152,13 +176,14 @@ pub fn unknown_setting(
 /// `name` is no connection setting.
 pub fn connection_setting(ruby: &Ruby, name: String, value: Value) -> RbResult<Value> {
     // As in `job_option`: a value JSON cannot carry is refused by every rule.
-    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
     let secret = config::setting_rule(&name).is_some_and(|r| r.secret);
     let shown = if secret {
         String::new()
     } else {
         inspect(value)?
     };
+    let value = number_of(value)?.unwrap_or(value);
+    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
     let checked =
         config::check_setting(&name, &json, Some(&shown)).map_err(|e| to_ruby(ruby, e))?;
     let choice = config::setting_rule(&name)
@@ -176,8 +201,9 @@ pub fn connection_setting(ruby: &Ruby, name: String, value: Value) -> RbResult<V
 /// Raises `IdempotentJob::ConfigurationError` "`subject` must be …, got …" (the value
 /// shown by `inspect`) otherwise.
 pub fn check_duration(ruby: &Ruby, subject: String, value: Value) -> RbResult<Value> {
-    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
     let shown = inspect(value)?;
+    let value = number_of(value)?.unwrap_or(value);
+    let json = json_of(value).unwrap_or_else(|_| Json::Object(serde_json::Map::new()));
     options::check_kind(&subject, options::DURATION, &json, Some(&shown))
         .map_err(|e| to_ruby(ruby, e))?;
     Ok(value)
