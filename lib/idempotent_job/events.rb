@@ -70,9 +70,16 @@ module IdempotentJob
         text = begin
           error.message.to_s
         rescue StandardError => e
-          "(its #message raised #{Protocol::Driver.class_name(e)})"
+          "(its #message raised #{named(e)})"
         end
-        "#{Protocol::Driver.class_name(error)}: #{text}"
+        "#{named(error)}: #{text}"
+      end
+
+      # The class name of `error`, or "an anonymous exception class" for a class with none.
+      # @param error [Exception]
+      # @return [String]
+      def named(error)
+        Protocol::Driver.class_name(error) || "an anonymous exception class"
       end
 
       # Publishes one event. A subscriber that raises is logged and skipped: events

@@ -129,11 +129,13 @@ def _settings_json(settings: dict[str, Any]) -> str:
 
 
 def _seconds(value: Any) -> Any:
-    """A number given as a ``Decimal`` or ``Fraction`` as a float (as the native options
-    take them); any other value as it is (a ``timedelta`` is refused: ``timedelta(60)`` is
-    60 days)."""
+    """A number given as a ``Decimal`` or ``Fraction`` as a float, a ``timedelta`` as its
+    ``total_seconds()`` (as the native options take them: ``timedelta(60)`` is 60 days);
+    any other value as it is."""
     if isinstance(value, (decimal.Decimal, fractions.Fraction)):
         return float(value)
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
     return value
 
 

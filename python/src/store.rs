@@ -497,16 +497,17 @@ fn option_json(value: &Bound<'_, PyAny>) -> PyResult<(Value, Option<String>)> {
     }
 }
 
-/// A number Python spells other than as an int or a float: a `decimal.Decimal` or a
-/// `fractions.Fraction` (as a float); None for any other value (a `timedelta` too: it
-/// stays refused, `timedelta(60)` being 60 days). The Ruby gem takes Rational and
-/// BigDecimal alike.
+/// Seconds Python spells other than as an int or a float: a `decimal.Decimal` or a
+/// `fractions.Fraction` (as a float), a `datetime.timedelta` (its `total_seconds()`:
+/// `timedelta(minutes=10)` is 600, `timedelta(60)` 60 days); None for any other value.
+/// The Ruby gem takes Rational, BigDecimal and ActiveSupport's `10.minutes` alike.
 fn seconds_of(value: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
     let class = value.get_type();
     let module: String = class.getattr("__module__")?.extract().unwrap_or_default();
     let name: String = class.getattr("__qualname__")?.extract().unwrap_or_default();
     Ok(match (module.as_str(), name.as_str()) {
         ("decimal", "Decimal") | ("fractions", "Fraction") => Some(value.extract()?),
+        ("datetime", "timedelta") => Some(value.call_method0("total_seconds")?.extract()?),
         _ => None,
     })
 }

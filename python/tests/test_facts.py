@@ -55,16 +55,18 @@ def test_a_bad_task_option_value_is_checked_by_the_core():
 
         hb_task.name  # noqa: B018
     assert str(caught.value) == 'hb_task: idempotency_heartbeat must be true or false, got "false"'
+    # A timedelta is its total_seconds(), as Ruby takes 10.minutes: timedelta(60) is 60 days,
+    # and 20 years is over the rule's ten, named as Python writes it.
     with pytest.raises(errors.ConfigurationError) as caught:
 
-        @app.task(base=IdempotentTask, name="td_task", idempotency_key=0, idempotency_lease=timedelta(60))
+        @app.task(base=IdempotentTask, name="td_task", idempotency_key=0, idempotency_lease=timedelta(7300))
         def td_task(order_id):
             return order_id
 
         td_task.name  # noqa: B018
     assert str(caught.value) == (
         "td_task: idempotency_lease must be a positive number of seconds up to 315360000 (ten years), "
-        "got datetime.timedelta(days=60)"
+        "got datetime.timedelta(days=7300)"
     )
 
 

@@ -509,8 +509,9 @@ def test_a_setting_no_json_can_carry_is_refused_naming_it():
 
 def test_seconds_as_a_decimal_or_fraction_are_taken():
     """lease=Decimal("2.5") was refused: 'lease must be a positive number of seconds ...,
-    got Decimal('2.5')' (the Ruby gem now takes BigDecimal and Rational alike). A
-    timedelta stays refused (test_facts: timedelta(60) is 60 days)."""
+    got Decimal('2.5')' (the Ruby gem now takes BigDecimal, Rational and 10.minutes alike).
+    A timedelta is its total_seconds()."""
+    import datetime
     import decimal
     import fractions
 
@@ -523,6 +524,13 @@ def test_seconds_as_a_decimal_or_fraction_are_taken():
         for lease in (decimal.Decimal("2.5"), fractions.Fraction(7, 2)):
             outcome = idempotent_job.perform_once("PlainSeconds", f"{key}-{lease}", lambda c: 1, lease=lease)
             assert outcome.decision == "ran"
+        minutes = f"{key}-timedelta"
+        lease = datetime.timedelta(minutes=1.5)
+        idempotent_job.perform_once("PlainSeconds", minutes, lambda c: 1, lease=lease)
+        assert idempotent_job.record("PlainSeconds", minutes)["lease_seconds"] == 90
+        idempotent_job.configure(database_url=url, lease=datetime.timedelta(minutes=2))
+        idempotent_job.perform_once("PlainSeconds", f"{minutes}-default", lambda c: 1)
+        assert idempotent_job.record("PlainSeconds", f"{minutes}-default")["lease_seconds"] == 120
         with pytest.raises(errors.ConfigurationError, match=r"lease must be .*, got Decimal\('-1'\)$"):
             idempotent_job.perform_once("PlainSeconds", key, lambda c: 1, lease=decimal.Decimal("-1"))
     finally:

@@ -205,20 +205,25 @@ RSpec.describe "Bad input", :faults do
   end
 
   describe "idempotency_* options without idempotency_key (fresh-user trial: the key forgotten)" do
-    it "is refused at the push, naming the job and the options, instead of running the job unguarded" do
+    it "is pushed (a base class's defaults are legitimate) with one warning per class naming the job and the options" do
+      log = StringIO.new
+      logger = IdempotentJob.configuration.logger
+      IdempotentJob.configuration.logger = Logger.new(log)
       job = sidekiq_job("ForgotKeyJob") { sidekiq_options idempotency_lease: 60, idempotency_on_stale: :hold }
-      expect { job.perform_async(42, 1) }
-        .to raise_error(IdempotentJob::ConfigurationError) { |error|
-          expect(error.message).to start_with("ForgotKeyJob: idempotency_lease, idempotency_on_stale without " \
-                                              "idempotency_key: the job would run unguarded")
-          expect(error.message).to include("declare idempotency_key")
-        }
-      expect(job.jobs).to be_empty
+      expect { 2.times { job.perform_async(42, 1) } }.to change { job.jobs.size }.by(2)
       expect { ChargeOrderJob.set(idempotency_key: nil, idempotency_lease: 9).perform_async(42, 1) }
-        .to raise_error(IdempotentJob::ConfigurationError,
-                        /\AChargeOrderJob: idempotency_lease without idempotency_key/)
+        .to change { ChargeOrderJob.jobs.size }.by(1)
       plain = sidekiq_job("PlainPassThroughJob") { sidekiq_options retry: 1 } # the control: no idempotency_* option
       expect { plain.perform_async(42, 1) }.to change { plain.jobs.size }.by(1)
+      lines = log.string.lines.grep(/without idempotency_key/)
+      expect(lines.size).to eq(2)
+      expect(lines[0]).to include("ForgotKeyJob: idempotency_lease, idempotency_on_stale without idempotency_key: " \
+                                  "the job runs unguarded")
+      expect(lines[0]).to include("declare idempotency_key")
+      expect(lines[1]).to include("ChargeOrderJob: idempotency_lease without idempotency_key")
+    ensure
+      IdempotentJob.configuration.logger = logger
+      IdempotentJob::Sidekiq::Options::KEYLESS_WARNED.clear
     end
   end
 

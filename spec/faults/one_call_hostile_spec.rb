@@ -104,6 +104,20 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
       expect(runs).to be_empty
     end
 
+    it "a lookup raising an error of an anonymous class: LookupError says so, not an empty name" do
+      key = unique_key
+      expect { IdempotentJob.perform_once("Attack::LookupAnonymous", key, lease: 0.3) { raise Interrupt } }
+        .to raise_error(Interrupt)
+      sleep 0.4 # the kept claim's lease runs out: the next delivery asks the lookup
+      anonymous = Class.new(StandardError)
+      expect do
+        IdempotentJob.perform_once("Attack::LookupAnonymous", key, lookup: ->(_k) { raise anonymous, "gone" }) do
+          runs << :ran
+        end
+      end.to raise_error(IdempotentJob::LookupError, /raised an anonymous exception class: gone/)
+      expect(runs).to be_empty
+    end
+
     it "throw out of a transaction: true body: rolled back, nothing recorded, the pool serves" do
       key = unique_key
       catch(:out) { IdempotentJob.perform_once("Attack::TxThrow", key, transaction: true) { throw :out } }

@@ -131,9 +131,11 @@ RSpec.describe "Duplicate deliveries" do
       expect(repeat_facts(key).map { |f| f["facts"]["n"] }).to eq((5...25).to_a)
     end
 
-    it "rejects delivery facts that are not a JSON object, naming the job" do
+    it "rejects delivery facts that are not a JSON object, naming the job and showing at most 100 characters" do
       expect { deliver(unique_key, "j", facts_json: "[1]") }
-        .to raise_error(IdempotentJob::ConfigurationError, /delivery facts of Dup must be a JSON object/)
+        .to raise_error(IdempotentJob::ConfigurationError, /\ADup: the delivery facts must be a JSON object/)
+      expect { deliver(unique_key, "j", facts_json: "[#{"1," * 100_000}") }
+        .to raise_error(IdempotentJob::ConfigurationError) { |e| expect(e.message.length).to be < 300 }
     end
 
     it "writes a replaced pool's queued bookkeeping when the gem is reconfigured or reset" do

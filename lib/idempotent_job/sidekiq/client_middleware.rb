@@ -27,8 +27,9 @@ module IdempotentJob
       # @yield pushes the job
       # @return [Object, nil] the push's value; nil when the push was dropped
       # @raise [OperationKeyError, ConfigurationError] when the job would fail its claim,
-      #   or it carries an `idempotency_*` option nobody knows (a misspelled `set(...)`), or
-      #   `idempotency_*` options without `idempotency_key` (it would run unguarded)
+      #   or it carries an `idempotency_*` option nobody knows (a misspelled `set(...)`);
+      #   `idempotency_*` options without `idempotency_key` are pushed with a warning
+      #   ({Options.warn_keyless}: the job runs unguarded)
       def call(job_class, job, queue, _redis_pool = nil, &)
         return yield if !job_class.is_a?(Class) || job.key?("enqueued_at")
         return Wrapped.check!(job, &) if Compat.active_job?(job)
@@ -40,7 +41,7 @@ module IdempotentJob
 
           Producer.stamp(job)
         else
-          Options.check_keyless!(job_class, job)
+          Options.warn_keyless(job_class, job)
         end
         yield
       end

@@ -11,6 +11,8 @@ module IdempotentJob
       # Every prefixed key a job hash may carry: the options and {Delivery::CARRIED} (as a
       # Hash, for a fast `key?`); a declaration takes the options only.
       KNOWN_HASH_KEYS = (JobOptions::PAYLOAD_NAMES + Delivery::CARRIED).to_h { |key| [key, true] }.freeze
+      # Job class names {.warn_keyless} has warned about in this process.
+      KEYLESS_WARNED = {} # rubocop:disable Style/MutableConstant
 
       class << self
         # @param job_class [Class, String] the job class (or its name if not loadable)
@@ -24,24 +26,28 @@ module IdempotentJob
           JobOptions.resolve(job_class, values, prefix: JobOptions::PREFIX)
         end
 
-        # Refuses a producer's push of a job that gives `idempotency_*` options but no
-        # `idempotency_key` (by `sidekiq_options` or `set(...)`): such a job would pass
-        # through unguarded, its options ignored. Called by {ClientMiddleware} when
-        # {.resolve} found no key; deliveries already enqueued are not refused.
+        # Warns, once per job class in this process, at a producer's push of a job that
+        # gives `idempotency_*` options but no `idempotency_key` (by `sidekiq_options`,
+        # inherited, or `set(...)`): such a job passes through unguarded, its options
+        # ignored. A warning, not a refusal: a base class's `idempotency_*` defaults are
+        # legitimate for subclasses that are not idempotent, and a push must not start
+        # failing in production. Called by {ClientMiddleware} when {.resolve} found no key.
         # @param job_class [Class]
         # @param job_hash [Hash] the payload being pushed
-        # @return [void]
-        # @raise [ConfigurationError] naming the job and the options it gives
-        def check_keyless!(job_class, job_hash)
+        # @return [Boolean] whether a warning was written (the first push of such a class)
+        def warn_keyless(job_class, job_hash)
           declared = job_class.respond_to?(:get_sidekiq_options) ? job_class.get_sidekiq_options : nil
           given = JobOptions::PAYLOAD_NAMES.reject { |key| job_hash.fetch(key) { declared&.[](key) }.nil? }
-          return if given.empty?
+          return false if given.empty? || KEYLESS_WARNED.key?(job_class.name)
 
-          raise ConfigurationError,
-                "#{job_class}: #{given.join(", ")} without #{KEYS[:key]}: the job would run unguarded " \
-                "(a job without #{KEYS[:key]} passes through and its options are ignored); declare " \
-                "#{KEYS[:key]} (the operation key: a perform parameter name, an argument index, a dotted " \
-                "path or an Array of those), or remove the #{JobOptions::PREFIX}* options"
+          KEYLESS_WARNED[job_class.name] = true
+          IdempotentJob.logger.warn(
+            "idempotent_job: #{job_class}: #{given.join(", ")} without #{KEYS[:key]}: the job runs unguarded " \
+            "(a job without #{KEYS[:key]} passes through and its options are ignored); declare " \
+            "#{KEYS[:key]} (the operation key: a perform parameter name, an argument index, a dotted " \
+            "path or an Array of those), or remove the #{JobOptions::PREFIX}* options"
+          )
+          true
         end
 
         # Refuses a prefixed key nobody knows in a payload (a misspelled option in

@@ -154,9 +154,17 @@ pub fn check_request(req: &ClaimRequest) -> Result<()> {
     if let Some(facts) = &req.facts_json {
         let parsed = serde_json::from_str(facts);
         let Ok(value @ serde_json::Value::Object(_)) = &parsed else {
+            // The text shown cut to 100 characters: a binding checks the facts first, so
+            // only a hand-made request gets here, and it may be megabytes long.
+            let shown: String = facts.chars().take(100).collect();
+            let why = match &parsed {
+                Err(e) => format!(" ({e})"),
+                Ok(_) => String::new(),
+            };
             return Err(Error::Config(format!(
-                "the delivery facts of {} must be a JSON object text, got {facts:?}",
-                req.job_type
+                "{}: the delivery facts must be a JSON object text, got {shown:?}{why}; the job {}",
+                req.job_type,
+                crate::error::NOT_RUN
             )));
         };
         if holds_nul(value) {
