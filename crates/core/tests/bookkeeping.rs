@@ -675,3 +675,34 @@ fn the_repeats_report_reads_facts_nested_as_deep_as_a_claim_accepts() {
     assert_eq!(ops[0].repeats.len(), 1);
     assert_eq!(ops[0].deliveries.len(), 2);
 }
+
+/// A `since` earlier than PostgreSQL's first timestamp (4714 BC; chrono, and so a
+/// binding, takes years back to -262143) asks for every repeat: it is read as that
+/// first timestamp. Before, `Repeats.report(since: Time.at(-2**40))` (or Python's
+/// `repeats(since=-2**40)`) failed with PostgreSQL's DatabaseError 22008 "timestamp out
+/// of range".
+#[test]
+fn a_since_before_postgresqls_first_timestamp_reads_every_repeat() {
+    let store = store_named(&unique("early-since"));
+    let job_type = unique("EarlySince");
+    let req = ClaimRequest {
+        job_type: job_type.clone(),
+        operation_key: "a".into(),
+        lease_seconds: 30.0,
+        ..ClaimRequest::default()
+    };
+    for _ in 0..2 {
+        store.run(|pool, i| claim::deliver(pool, i, &req)).unwrap();
+    }
+    for seconds in [-(1_i64 << 40), -210_866_803_201, -210_866_803_200] {
+        let since = chrono::DateTime::from_timestamp(seconds, 0).unwrap();
+        let rows = store.run(|pool, i| {
+            idempotent_job_core::operations::repeats(pool, i, since, Some(&job_type))
+        });
+        assert_eq!(
+            rows.map(|r| r.len()).map_err(|e| e.to_string()),
+            Ok(1),
+            "{seconds}"
+        );
+    }
+}
