@@ -180,14 +180,17 @@ module IdempotentJob
 
     # Operations held by the :hold policy, waiting for a person, oldest first.
     # @param job_type [String, Class, nil] only this job type; nil for all
-    # @param limit [Integer] at most this many (1 or more)
+    # @param limit [Integer] at most this many (1 or more; beyond 64 bits, no limit)
     # @return [Array<Record>] each with job_type, operation_key, held_at (since),
     #   attempts, jid (the last claiming delivery), job_class, queue and args
     # @raise [ConfigurationError] for a job type that is not valid UTF-8, a limit below 1
     # @raise [ConnectionError, DatabaseError]
     def held(job_type: nil, limit: Native::DEFAULT_HELD_LIMIT)
       # A record resolved between the two reads is left out.
-      store.held(job_type && job_type_text(job_type), Integer(limit)).filter_map { |type, key| record(type, key) }
+      # Beyond 64 bits clamped, as Python's held: a huge limit is no limit, a hugely
+      # negative one refused by the core as below 1.
+      limit = Integer(limit).clamp(-(2**63), (2**63) - 1)
+      store.held(job_type && job_type_text(job_type), limit).filter_map { |type, key| record(type, key) }
            .select { |r| r.status == :held }
     end
 

@@ -369,6 +369,16 @@ RSpec.describe "Bad input", :faults do
       end
     end
 
+    # As Python's held(limit=10**400) since 92cbd67: an Integer beyond 64 bits is clamped
+    # (a huge limit is no limit; a hugely negative one refused by the core). Before, the
+    # native conversion raised RangeError ("bignum too big to convert into `long long'").
+    it "takes held(limit:) beyond 64 bits as no limit, and refuses a hugely negative one with the core's words" do
+      expect(IdempotentJob.held(limit: 2**64)).to be_an(Array)
+      expect { IdempotentJob.held(limit: -(2**64)) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /\Aheld needs a limit of at least 1 \(up to \d+\), got -9223372036854775808\z/)
+    end
+
     it "takes a binary String whose bytes are UTF-8 as those bytes (the same operation as the UTF-8 String)" do
       once("caf\u00e9".b)
       once("caf\u00e9")

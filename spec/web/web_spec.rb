@@ -88,6 +88,30 @@ RSpec.describe IdempotentJob::Web do
       expect(shown).to eq(["{&quot;charge_id&quot;:&quot;ch_&lt;1&gt;&quot;}", "not stored: not a JSON value",
                            "— (none: no store_result)"])
     end
+
+    # A record's arguments and result may nest as deep as the core accepts
+    # (Native::MAX_NESTING levels, e.g. from a Python producer); Ruby's JSON.generate stops
+    # at 100 by default, which raised JSON::NestingError out of the page (a 500).
+    it "shows arguments and a result nested as deep as the core accepts" do
+      levels = IdempotentJob::Native::MAX_NESTING
+      deep = 1
+      levels.times { deep = [deep] } # [[…[1]…]]: `levels` arrays
+      text = "#{"[" * levels}1#{"]" * levels}"
+      IdempotentJob.perform_once(job_type, "result", store_result: true) { deep }
+      # A stale claim taken over stores its job (the arguments the page shows).
+      2.times do |i|
+        RecordRows.claim({ job_type:, operation_key: "args", jid: "jid-#{i}", lease: i.zero? ? 0.05 : 30.0,
+                           job_class: "WebSpecJob", queue: "critical", args_json: text, args_digest: "d-deep" })
+        sleep 0.12 if i.zero?
+      end
+      shown = %w[result args].map do |key|
+        get "/idempotency/record", job_type:, operation_key: key
+        expect(last_response.status).to eq(200), last_response.body[0, 300]
+        last_response.body
+      end
+      expect(shown[0][%r{<dt>Stored result</dt><dd[^>]*>([^<]*)</dd>}, 1]).to eq(text)
+      expect(shown[1][%r{<dt>Arguments</dt><dd[^>]*>([^<]*)</dd>}, 1]).to eq(text)
+    end
   end
 
   describe "resolving" do

@@ -231,8 +231,10 @@ async fn read_only_answer(
     };
     let digest: Option<String> = row.try_get("args_digest")?;
     let mismatch = matches!((&digest, &req.args_digest), (Some(a), Some(b)) if a != b);
-    let duplicates: i32 = row.try_get::<_, i32>("duplicates")?
-        + i32::try_from(books.pending(&req.job_type, &req.operation_key)).unwrap_or(0);
+    // (saturating, as look_or_claim's: a count at int4's maximum stays there)
+    let duplicates: i32 = row.try_get::<_, i32>("duplicates")?.saturating_add(
+        i32::try_from(books.pending(&req.job_type, &req.operation_key)).unwrap_or(i32::MAX),
+    );
     let decision = decide(
         ClaimRow {
             won: false,
@@ -240,7 +242,7 @@ async fn read_only_answer(
             last_claim: "first".into(),
             attempts: row.try_get("attempts")?,
             delivery_id: row.try_get("jid")?,
-            duplicates: duplicates + i32::from(!req.returning),
+            duplicates: duplicates.saturating_add(i32::from(!req.returning)),
             mismatch,
             lease_remaining: 0.0,
             takeovers: 0,

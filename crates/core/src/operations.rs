@@ -201,8 +201,20 @@ pub fn purge_batch(
     })
 }
 
+/// PostgreSQL's first `timestamptz` (4714-11-24 00:00:00 UTC BC), in epoch seconds: an
+/// earlier time is refused by the server (SQLSTATE 22008), though chrono (and so each
+/// binding's time) reaches back to the year -262143.
+pub const POSTGRES_FIRST_SECOND: i64 = -210_866_803_200;
+
+/// `since` as a bound PostgreSQL takes: a time before [`POSTGRES_FIRST_SECOND`] (every
+/// record is after it) is that first second, so it still asks for everything.
+pub fn since_bound(since: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp(POSTGRES_FIRST_SECOND, 0).map_or(since, |first| since.max(first))
+}
+
 /// The operations repeated since `since` (of `job_type`, or of every type), settled
-/// first ([`with_settled_conn`]).
+/// first ([`with_settled_conn`]). A `since` before PostgreSQL's first timestamp asks for
+/// every repeat ([`since_bound`]).
 ///
 /// Errors: connection and database errors.
 pub fn repeats(
@@ -212,6 +224,7 @@ pub fn repeats(
     job_type: Option<&str>,
 ) -> Result<Vec<Repeated>> {
     check_texts(&[("job type", job_type)])?;
+    let since = since_bound(since);
     with_settled_conn(pool, interrupt, async |c| {
         records::repeats(c, since, job_type).await
     })

@@ -581,6 +581,60 @@ fn counters_at_int4_maximum_saturate_instead_of_failing_batches_and_claims() {
     assert_eq!(counters(), max);
 }
 
+/// A duplicate answered by a read-only server (SQLSTATE 25006: the read-only look) of a
+/// record whose `duplicates` is at int4's maximum: the answer's count saturates as the
+/// writable path's does. Before, `duplicates + pending + 1` overflowed there (a panic,
+/// "attempt to add with overflow", in a debug build; a negative count in a release one).
+#[test]
+fn a_read_only_answer_of_a_record_counted_to_int4_maximum_saturates() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let writable = store_named(&unique("ro-saturate"));
+    let job_type = unique("ReadOnlySaturate");
+    let done = ClaimRequest {
+        job_type: job_type.clone(),
+        operation_key: "done".into(),
+        lease_seconds: 30.0,
+        ..ClaimRequest::default()
+    };
+    let ClaimAnswer::Claimed { token, .. } = writable
+        .run(|pool, i| claim::deliver(pool, i, &done))
+        .unwrap()
+        .outcome
+    else {
+        panic!("not claimed")
+    };
+    writable
+        .with_conn(async |c| claim::complete(c, &job_type, "done", token).await)
+        .unwrap();
+    Admin::new().exec(&format!(
+        "UPDATE idempotent_job_records SET duplicates = 2147483647 \
+          WHERE job_type = '{job_type}' AND operation_key = 'done'"
+    ));
+    let mut config = Config::new(format!(
+        "{}?options=-c%20default_transaction_read_only%3Don",
+        database_url()
+    ));
+    config.deadline = 1.0;
+    let read_only = Store::new(config).unwrap();
+    // Twice: the second also counts the first's duplicate, still queued (pending).
+    for _ in 0..2 {
+        let answer = read_only.run(|pool, i| claim::deliver(pool, i, &done));
+        assert!(
+            matches!(
+                answer,
+                Ok(ClaimReply {
+                    outcome: ClaimAnswer::Completed {
+                        duplicates: 2147483647,
+                        ..
+                    },
+                    ..
+                })
+            ),
+            "{answer:?}"
+        );
+    }
+}
+
 /// Delivery facts nested as deep as a claim accepts them (the core's `MAX_NESTING`,
 /// 127 levels) are read by the repeats report, although its `repeat_facts` array wraps
 /// each in an element object (two levels more: past serde_json's own limit of 128).
@@ -620,4 +674,35 @@ fn the_repeats_report_reads_facts_nested_as_deep_as_a_claim_accepts() {
     let ops = idempotent_job_core::repeats::operations(rows, &[], 120.0).unwrap();
     assert_eq!(ops[0].repeats.len(), 1);
     assert_eq!(ops[0].deliveries.len(), 2);
+}
+
+/// A `since` earlier than PostgreSQL's first timestamp (4714 BC; chrono, and so a
+/// binding, takes years back to -262143) asks for every repeat: it is read as that
+/// first timestamp. Before, `Repeats.report(since: Time.at(-2**40))` (or Python's
+/// `repeats(since=-2**40)`) failed with PostgreSQL's DatabaseError 22008 "timestamp out
+/// of range".
+#[test]
+fn a_since_before_postgresqls_first_timestamp_reads_every_repeat() {
+    let store = store_named(&unique("early-since"));
+    let job_type = unique("EarlySince");
+    let req = ClaimRequest {
+        job_type: job_type.clone(),
+        operation_key: "a".into(),
+        lease_seconds: 30.0,
+        ..ClaimRequest::default()
+    };
+    for _ in 0..2 {
+        store.run(|pool, i| claim::deliver(pool, i, &req)).unwrap();
+    }
+    for seconds in [-(1_i64 << 40), -210_866_803_201, -210_866_803_200] {
+        let since = chrono::DateTime::from_timestamp(seconds, 0).unwrap();
+        let rows = store.run(|pool, i| {
+            idempotent_job_core::operations::repeats(pool, i, since, Some(&job_type))
+        });
+        assert_eq!(
+            rows.map(|r| r.len()).map_err(|e| e.to_string()),
+            Ok(1),
+            "{seconds}"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "erb"
+require "json"
 require "rack/utils"
 
 module IdempotentJob
@@ -78,6 +79,16 @@ module IdempotentJob
       # @return [String] HTML-escaped text
       def h(text)
         ERB::Util.html_escape(text.to_s)
+      end
+
+      # A record's arguments or stored result as JSON text (not yet escaped). They nest
+      # as deep as the core accepted them (Native::MAX_NESTING levels, a Python producer's
+      # too) and were already parsed at that depth; Ruby's JSON.generate stops at 100 by
+      # default, which raised JSON::NestingError out of the page.
+      # @param value [Object] a JSON value read from the record
+      # @return [String] its JSON text
+      def json(value)
+        JSON.generate(value, max_nesting: false)
       end
 
       # @param sub [String] a page, e.g. "/records"
