@@ -134,7 +134,7 @@ RSpec.describe "Duplicate deliveries" do
     it "rejects delivery facts that are not a JSON object, naming the job and showing at most 100 characters" do
       expect { deliver(unique_key, "j", facts_json: "[1]") }
         .to raise_error(IdempotentJob::ConfigurationError, /\ADup: the delivery facts must be a JSON object/)
-      expect { deliver(unique_key, "j", facts_json: "[#{"1," * 100_000}") }
+      expect { deliver(unique_key, "j", facts_json: "[#{"1," * 100_000}1]") }
         .to raise_error(IdempotentJob::ConfigurationError) { |e| expect(e.message.length).to be < 300 }
     end
 
