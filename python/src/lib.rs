@@ -7,12 +7,13 @@
 //! One file per concern: `store` (configuration, migrations, operating calls),
 //! `protocol` (a delivery: claim, run, complete or release), `errors` (core errors
 //! → `idempotent_job.errors`), `gil` (releasing the GIL, interruptibly), `convert`
-//! (Python values → JSON).
+//! (Python values → JSON), `rules` (the core's checks and words as module functions).
 
 mod convert;
 mod errors;
 mod gil;
 mod protocol;
+mod rules;
 mod store;
 
 use pyo3::prelude::*;
@@ -23,7 +24,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<protocol::Claim>()?;
     m.add_class::<protocol::Outcome>()?;
     m.add_class::<protocol::JobProtocol>()?;
-    m.add_function(wrap_pyfunction!(store::describe_url, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::describe_url, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_table_json, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_example, m)?)?;
     m.add_function(wrap_pyfunction!(errors::key_refusal, m)?)?;
@@ -35,17 +36,17 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(convert::key_declaration, m)?)?;
     m.add_function(wrap_pyfunction!(convert::declared_key, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_option_py, m)?)?;
-    m.add_function(wrap_pyfunction!(store::not_taken, m)?)?;
-    m.add_function(wrap_pyfunction!(store::args_digest, m)?)?;
-    m.add_function(wrap_pyfunction!(store::repeats_report, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::not_taken, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::args_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::repeats_report, m)?)?;
     m.add_function(wrap_pyfunction!(protocol::span_attributes, m)?)?;
     m.add_function(wrap_pyfunction!(protocol::span_name, m)?)?;
     m.add("TRACER_NAME", idempotent_job_core::telemetry::TRACER_NAME)?;
-    m.add_function(wrap_pyfunction!(store::unreachable_delay, m)?)?;
-    m.add_function(wrap_pyfunction!(store::claim_error_report, m)?)?;
-    m.add_function(wrap_pyfunction!(store::delivery_count, m)?)?;
-    m.add_function(wrap_pyfunction!(store::check_wait, m)?)?;
-    m.add_function(wrap_pyfunction!(store::check_time, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::unreachable_delay, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::claim_error_report, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::delivery_count, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::check_wait, m)?)?;
+    m.add_function(wrap_pyfunction!(rules::check_time, m)?)?;
     m.add(
         "MAX_DEFERRALS",
         idempotent_job_core::protocol::MAX_DEFERRALS,
