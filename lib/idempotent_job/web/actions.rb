@@ -47,6 +47,12 @@ module IdempotentJob
       UNAVAILABLE = [IdempotentJob::ConnectionError, IdempotentJob::TimeoutError, IdempotentJob::LockTimeoutError,
                      IdempotentJob::DatabaseError].freeze
 
+      # How the core words a record the database holds but the core cannot read (a time
+      # edited by hand to 'infinity', which no Ruby time holds): a ConfigurationError
+      # naming the record and the column that is not the browser's bad input, so a 500
+      # saying so (see {#unreadable}), never a 400.
+      UNREADABLE = /cannot be read: its column |\Aa value read from PostgreSQL cannot be read /
+
       # Bad input from the browser (a missing or malformed parameter): a 400 page.
       class BadRequest < StandardError; end
 
@@ -60,7 +66,8 @@ module IdempotentJob
       # @param params [Hash{String => String}] query and form parameters
       # @param view [View] how to render
       # @return [Array] see the class comment
-      #   A record the database cannot send as UTF-8 (SQLSTATE 22021) is a 500 page saying so;
+      #   A record the database cannot send as UTF-8 (SQLSTATE 22021), or the core cannot read
+      #   ({UNREADABLE}), is a 500 page saying so;
       #   a database that cannot be read ({UNAVAILABLE}) a 503 naming the problem (`/metrics`:
       #   a plain-text 503).
       def call(verb, path, params, view)
@@ -74,7 +81,11 @@ module IdempotentJob
         return error(405, "#{path} only answers #{verbs.join(", ")}.") if verbs.any?
 
         error(404, "No page at #{path.inspect}.")
-      rescue BadRequest, IdempotentJob::ConfigurationError => e
+      rescue BadRequest => e
+        error(400, e.message)
+      rescue IdempotentJob::ConfigurationError => e
+        return unreadable(e) if UNREADABLE.match?(e.message)
+
         error(400, e.message)
       rescue *UNAVAILABLE => e
         return undecodable(e) if e.is_a?(IdempotentJob::DatabaseError) && e.sqlstate == UNDECODABLE
@@ -201,6 +212,12 @@ module IdempotentJob
                    "(#{cause.message.scrub}). The database's encoding is probably SQL_ASCII, which stores any " \
                    "bytes: fix or delete the row in idempotent_job_records (its job_type, operation_key or " \
                    "last_error), or move the table to a UTF8 database.")
+      end
+
+      # The 500 of a record the core cannot read: the core's text names the record, the
+      # column and the fix.
+      def unreadable(cause)
+        error(500, "A record cannot be read, so this page cannot be shown: #{cause.message.scrub}")
       end
 
       # The 503 of a database the page cannot read: `cause`'s class, SQLSTATE and text

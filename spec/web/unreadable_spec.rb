@@ -1,0 +1,47 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "rack/test"
+require "cgi"
+require "idempotent_job/web"
+require_relative "../support/web_records"
+
+# A record the database holds but the core cannot read (a time edited by hand to
+# 'infinity', which no Ruby or Python time holds): the core refuses it with a
+# ConfigurationError naming the record and the column. That is not the browser's bad
+# input: the page answers a 500 saying which record cannot be read and why, never a 400
+# "bad request" (a bad parameter stays a 400). Through Rack::Test against the real
+# PostgreSQL.
+RSpec.describe IdempotentJob::Web, "with a record the core cannot read" do
+  include Rack::Test::Methods
+
+  let(:job_type) { web_job_type("WebUnreadableJob") }
+
+  def app
+    IdempotentJob::Web
+  end
+
+  after do
+    Effects.connection.exec_params("DELETE FROM idempotent_job_records WHERE job_type = $1", [job_type])
+  end
+
+  it "answers the lists with a 500 naming the record and its column, never a 400" do
+    web_stopped(job_type, "7", as: :hold)
+    Effects.connection.exec_params(
+      "UPDATE idempotent_job_records SET claimed_at = 'infinity' WHERE job_type = $1", [job_type]
+    )
+    ["/?job_type=#{job_type}", "/records?job_type=#{job_type}",
+     "/record?job_type=#{job_type}&operation_key=7", "/takeovers"].each do |path|
+      get path
+      expect(last_response.status).to eq(500), "#{path}: #{last_response.status} #{last_response.body[0, 300]}"
+      body = CGI.unescapeHTML(last_response.body)
+      expect(body).to include("A record cannot be read",
+                              "the record of #{job_type} operation \"7\" cannot be read: its column claimed_at")
+      expect(body).not_to include("Bad request")
+    end
+
+    get "/records", job_type:, status: "finished"
+    expect(last_response.status).to eq(400)
+    expect(last_response.body).to include("unknown record status")
+  end
+end
