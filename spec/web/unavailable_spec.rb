@@ -15,22 +15,30 @@ RSpec.describe "IdempotentJob::Web when the database cannot be read" do
 
   base = ENV.fetch("DATABASE_URL")
   empty = "ij_web_empty_#{Process.pid}"
+  broken = "ij_web_broken_#{Process.pid}"
+  role = "ij_web_noselect_#{Process.pid}"
   faults = {
     "a role the server does not know" => [base.sub(%r{://[^@/]*@}, "://no_such_web_role@"), "28000",
                                           /role "no_such_web_role" does not exist.*check database_url/],
     "a database where the migrations never ran" => [base.sub(%r{/[^/?]+(\?|\z)}, "/#{empty}\\1"), "42P01",
-                                                    /idempotent_job_records.*apply the migrations/]
+                                                    /idempotent_job_records.*apply the migrations/],
+    "a role without SELECT privilege on the table" => [base.sub(%r{://[^@/]*@}, "://#{role}@"), "42501",
+                                                       /permission denied for table idempotent_job_records/]
   }
 
   before(:all) do
     IdempotentJob::Web::SidekiqTab.register
     Effects.connection.exec(%(DROP DATABASE IF EXISTS "#{empty}"))
     Effects.connection.exec(%(CREATE DATABASE "#{empty}"))
+    Effects.connection.exec(%(DROP ROLE IF EXISTS "#{role}"))
+    Effects.connection.exec(%(CREATE ROLE "#{role}" LOGIN))
   end
 
   after(:all) do
     IdempotentJob.reset!
     Effects.connection.exec(%(DROP DATABASE IF EXISTS "#{empty}" WITH (FORCE)))
+    Effects.connection.exec(%(DROP DATABASE IF EXISTS "#{broken}" WITH (FORCE)))
+    Effects.connection.exec(%(DROP ROLE IF EXISTS "#{role}"))
   end
 
   after { SpecServices.configure_gem! }
@@ -70,6 +78,48 @@ RSpec.describe "IdempotentJob::Web when the database cannot be read" do
           expect(last_response.body).not_to include("<html")
         end
       end
+    end
+  end
+
+  # Any other answer of the server (a syntax error, an internal error: a bug, not a
+  # database that cannot be read) is raised to the host app, whose error tracker sees it.
+  context "with an error of the server that is not a database that cannot be read (XX000)" do
+    before do
+      Effects.connection.exec(%(DROP DATABASE IF EXISTS "#{broken}" WITH (FORCE)))
+      Effects.connection.exec(%(CREATE DATABASE "#{broken}"))
+      url = base.sub(%r{/[^/?]+(\?|\z)}, "/#{broken}\\1")
+      SpecServices.configure_gem!(database_url: url, deadline: 5)
+      IdempotentJob.migrate!
+      IdempotentJob.perform_once("BrokenJob", "1") { nil }
+      conn = PG.connect(url)
+      # The table behind a view whose function fails as a broken extension does.
+      conn.exec(<<~SQL)
+        ALTER TABLE idempotent_job_records RENAME TO ij_records_behind;
+        CREATE FUNCTION ij_boom() RETURNS boolean STABLE LANGUAGE plpgsql AS
+          $$BEGIN RAISE EXCEPTION 'ij_boom: internal failure' USING ERRCODE = 'XX000'; END$$;
+        CREATE VIEW idempotent_job_records AS SELECT * FROM ij_records_behind WHERE ij_boom();
+      SQL
+      conn.close
+    end
+
+    it "raises it from the page and /metrics, not a 503" do
+      ["/idempotency", "/idempotency/records?job_type=BrokenJob", "/idempotency/metrics"].each do |page|
+        expect { get page }.to raise_error(IdempotentJob::DatabaseError, /ij_boom: internal failure/) { |e|
+          expect(e.sqlstate).to eq("XX000")
+        }
+      end
+    end
+  end
+
+  describe "which server answers are a database that cannot be read (503)" do
+    it "takes connection, authentication, missing database/table/column, privilege, resources, " \
+       "operator intervention and read-only answers; not the others" do
+      unavailable = %w[08006 28000 28P01 3D000 42P01 42703 42501 53100 53300 57014 57P01 25006]
+      raised = %w[42601 XX000 23505 22012 42883 40001 P0001 0A000]
+      verdict = ->(state) { IdempotentJob::Web::Actions.unavailable?(IdempotentJob::Native.server_error(state, "m")) }
+      unavailable.each { |state| expect(verdict.call(state)).to be(true), state }
+      raised.each { |state| expect(verdict.call(state)).to be(false), state }
+      expect(IdempotentJob::Web::Actions.unavailable?(IdempotentJob::Native.server_error(nil, "lost"))).to be(true)
     end
   end
 end

@@ -14,8 +14,8 @@ module IdempotentJob
     # * `[:csv, filename, body]` — the repeats report as CSV.
     #
     # A database that cannot be read (unreachable, a wrong role or password, no such
-    # database, the table missing: {UNAVAILABLE}) is a 503 page naming the problem, never
-    # an exception into the host app.
+    # database, the table missing: {.unavailable?}) is a 503 page naming the problem, never
+    # an exception into the host app; any other answer of the server (a bug) is raised to it.
     class Actions
       # Rows per list.
       LIMIT = 200
@@ -44,8 +44,30 @@ module IdempotentJob
 
       # The errors of a database the page cannot read (down, refusing the URL's role or
       # password, no such database, no table, a timeout): a 503, not the host app's 500.
+      # A DatabaseError is one only for the SQLSTATEs of {UNAVAILABLE_STATES}
+      # ({.unavailable?}); any other answer (a syntax error, an internal error: a bug) is
+      # raised to the host app, whose error tracker sees it.
       UNAVAILABLE = [IdempotentJob::ConnectionError, IdempotentJob::TimeoutError, IdempotentJob::LockTimeoutError,
                      IdempotentJob::DatabaseError].freeze
+
+      # The SQLSTATEs of a server answer meaning the database cannot be read: classes 08
+      # (connection), 28 (the role or password refused), 53 (out of resources: too many
+      # connections, disk full, memory), 57 (operator intervention: a cancel, a shutdown);
+      # 3D000 (no such database), 42P01 (no table: the migrations never ran), 42703 (a
+      # drifted table), 42501 (the role lacks a privilege on the table), 25006 (a
+      # read-only transaction: a standby, during a failover).
+      UNAVAILABLE_STATES = /\A(?:08|28|53|57)...\z|\A(?:3D000|42P01|42703|42501|25006)\z/
+
+      # Whether `error` (one of {UNAVAILABLE}) means the database cannot be read (a 503):
+      # every ConnectionError, TimeoutError and LockTimeoutError, a DatabaseError only
+      # for {UNAVAILABLE_STATES}.
+      # @param error [IdempotentJob::Error]
+      # @return [Boolean]
+      def self.unavailable?(error)
+        return true unless error.is_a?(IdempotentJob::DatabaseError)
+
+        UNAVAILABLE_STATES.match?(error.sqlstate.to_s)
+      end
 
       # How the core words a record the database holds but the core cannot read (a time
       # edited by hand to 'infinity', which no Ruby time holds): a ConfigurationError
@@ -68,8 +90,10 @@ module IdempotentJob
       # @return [Array] see the class comment
       #   A record the database cannot send as UTF-8 (SQLSTATE 22021), or the core cannot read
       #   ({UNREADABLE}), is a 500 page saying so;
-      #   a database that cannot be read ({UNAVAILABLE}) a 503 naming the problem (`/metrics`:
+      #   a database that cannot be read ({.unavailable?}) a 503 naming the problem (`/metrics`:
       #   a plain-text 503).
+      # @raise [IdempotentJob::DatabaseError] any other answer of the server (a bug, for the
+      #   host app's error tracker)
       def call(verb, path, params, view)
         @params = params
         @view = view
@@ -88,12 +112,19 @@ module IdempotentJob
 
         error(400, e.message)
       rescue *UNAVAILABLE => e
-        return undecodable(e) if e.is_a?(IdempotentJob::DatabaseError) && e.sqlstate == UNDECODABLE
-
-        unavailable(e, metrics: name == :metrics)
+        unreadable_database(e, metrics: name == :metrics)
       end
 
       private
+
+      # The page for an error of {UNAVAILABLE}: a 500 for a row PostgreSQL cannot send as
+      # UTF-8, a 503 for a database that cannot be read; any other error raised again.
+      def unreadable_database(cause, metrics:)
+        return undecodable(cause) if cause.is_a?(IdempotentJob::DatabaseError) && cause.sqlstate == UNDECODABLE
+        raise cause unless self.class.unavailable?(cause)
+
+        unavailable(cause, metrics:)
+      end
 
       attr_reader :params, :view
 
