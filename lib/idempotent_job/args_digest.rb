@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "set"
+
 module IdempotentJob
   # The digest of a job's arguments stored with each claim, to notice a later delivery
   # with the same operation key but different arguments (a payload mismatch). The text
@@ -16,7 +18,8 @@ module IdempotentJob
     BYTES = "idempotent_job:bytes_base64"
 
     # `value` with every String a JSON writer may refuse replaced by `{BYTES => "<its
-    # bytes, Base64>"}`, and such Hash keys by their `inspect`: what a door writes back
+    # bytes, Base64>"}`, and such Hash keys by their `inspect` (made distinct from the
+    # Hash's other keys: {.writable_hash}): what a door writes back
     # when the queue's own JSON refuses a payload (Sidekiq's dead set). Such a String is
     # one not valid in its encoding (bytes that are not UTF-8, as a parser reads another
     # language's producer), or a binary (ASCII-8BIT) one that is not ASCII-only: always
@@ -28,10 +31,33 @@ module IdempotentJob
       case value
       when String then bytes?(value) ? { BYTES => [value.b].pack("m0") } : value
       when Array then value.map { |item| writable(item) }
-      when Hash then value.to_h { |k, v| [k.is_a?(String) && bytes?(k) ? k.b.inspect : k, writable(v)] }
+      when Hash then writable_hash(value)
       else value
       end
     end
+
+    # A Hash with its keys {.writable} rewrites spelled as their `inspect`, each made
+    # distinct from every key kept and every key rewritten before it by a suffix ` (2)`,
+    # ` (3)`… so that no value is lost (`{"\xFF".b => 1, '"\xFF"' => 2}` keeps both).
+    def self.writable_hash(hash)
+      rewritten = ->(key) { key.is_a?(String) && bytes?(key) }
+      taken = hash.keys.reject(&rewritten).to_set(&:to_s)
+      hash.each_with_object({}) do |(key, item), out|
+        key = distinct(key.b.inspect, taken) if rewritten.call(key)
+        out[key] = writable(item)
+      end
+    end
+    private_class_method :writable_hash
+
+    # `name`, or `name (2)`, `name (3)`… the first not in `taken` (which it joins).
+    def self.distinct(name, taken)
+      key = name
+      number = 1
+      key = "#{name} (#{number += 1})" while taken.include?(key)
+      taken << key
+      key
+    end
+    private_class_method :distinct
 
     # @param text [String]
     # @return [Boolean] whether {.writable} rewrites `text` as its bytes
