@@ -202,6 +202,24 @@ RSpec.describe "Bad input", :faults do
     ensure
       Sidekiq::DeadSet.new.clear
     end
+
+    # Before: a rewritten key took the place of a key already spelled as its inspect
+    # ({"\xFF".b => 1, "\"\\xFF\"" => 2} kept one value in the dead-letter copy).
+    it "keeps every value when a rewritten binary key is spelled like a key the Hash already has" do
+      Sidekiq::DeadSet.new.clear
+      Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1])
+      spelled = "\xFF".b.inspect
+      args = [42, { "\xFF".b => 1, spelled => 2, "#{spelled} (2)" => 3, "\xFF".dup.force_encoding("UTF-8") => 4 }]
+      expect { deliver(ChargeOrderJob.jobs.pop.merge("args" => args)) }
+        .to raise_error(IdempotentJob::ConfigurationError, /\AChargeOrderJob: the payload cannot be written as JSON/)
+      dead = Sidekiq::DeadSet.new.to_a
+      expect(dead.size).to eq(1)
+      expect(dead.first.args).to eq([42, { "#{spelled} (3)" => 1, spelled => 2, "#{spelled} (2)" => 3,
+                                           "#{spelled} (4)" => 4 }])
+      expect(IdempotentJob::ArgsDigest.writable(args).last.size).to eq(4)
+    ensure
+      Sidekiq::DeadSet.new.clear
+    end
   end
 
   describe "idempotency_* options without idempotency_key (fresh-user trial: the key forgotten)" do
