@@ -184,12 +184,14 @@ module IdempotentJob
     # @return [Array<Record>] each with job_type, operation_key, held_at (since),
     #   attempts, jid (the last claiming delivery), job_class, queue and args
     # @raise [ConfigurationError] for a job type that is not valid UTF-8, a limit below 1
+    #   or not an Integer (1.5, "5")
     # @raise [ConnectionError, DatabaseError]
     def held(job_type: nil, limit: Native::DEFAULT_HELD_LIMIT)
       # A record resolved between the two reads is left out.
       # Beyond 64 bits clamped, as Python's held: a huge limit is no limit, a hugely
-      # negative one refused by the core as below 1.
-      limit = Integer(limit).clamp(-(2**63), (2**63) - 1)
+      # negative one refused by the core as below 1. Anything but an Integer (1.5, "5")
+      # is refused by the native store in the core's words, not taken as a whole number.
+      limit = limit.clamp(-(2**63), (2**63) - 1) if limit.is_a?(Integer)
       store.held(job_type && job_type_text(job_type), limit).filter_map { |type, key| record(type, key) }
            .select { |r| r.status == :held }
     end
@@ -252,13 +254,15 @@ module IdempotentJob
     # @param batch_size [Integer] records per batch (default 1000)
     # @yieldparam total [Integer] records deleted so far, after each batch
     # @return [Integer] records deleted
-    # @raise [ConfigurationError] for a negative age or a batch below 1
+    # @raise [ConfigurationError] for a negative age or a batch below 1 or not an Integer
     # @raise [ConnectionError, TimeoutError, DatabaseError]
     def purge(older_than: configuration.retention, batch_size: Native::DEFAULT_PURGE_BATCH)
       total = 0
       cursor = nil
       loop do
-        deleted, picked, cursor = store.purge_batch(Float(older_than), Integer(batch_size), cursor)
+        # A batch that is not an Integer (1.5, "5") is refused by the native store in the
+        # core's words, not taken as a whole number.
+        deleted, picked, cursor = store.purge_batch(Float(older_than), batch_size, cursor)
         total += deleted
         Events.publish(:purge_batch, deleted:, total:, older_than:) if deleted.positive?
         yield total if block_given? && deleted.positive?

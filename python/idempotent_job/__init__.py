@@ -361,7 +361,7 @@ def held(job_type: str | None = None, limit: int = _native.DEFAULT_HELD_LIMIT) -
     """The held operations (a stale claim under ``on_stale="hold"``), oldest first, as
     ``(job_type, operation_key)`` pairs; only ``job_type``'s when given, at most ``limit``
     (1 or more; beyond 64 bits, no limit). Read-only. ConfigurationError for a job type that
-    is not valid UTF-8 or a limit below 1."""
+    is not valid UTF-8 or a limit below 1 or not an int (``True``, ``1.5``, ``"5"``)."""
     return _current().held(None if job_type is None else _job_type(job_type), _whole(limit))
 
 
@@ -461,7 +461,7 @@ def purge(older_than: float | None = None, batch: int = _native.DEFAULT_PURGE_BA
     (default: the ``retention`` setting, 30 days), in batches of ``batch``. Returns how
     many were deleted. Held and claimed records are kept. ConfigurationError (the core's
     rule) for an ``older_than`` that is negative, NaN or infinite (``10**400`` too) or a
-    ``batch`` below 1."""
+    ``batch`` below 1 or not an int (``True``, ``1.5``, ``"5"``)."""
     if older_than is not None and isinstance(older_than, int) and not isinstance(older_than, bool):
         try:
             older_than = float(int.__index__(older_than))

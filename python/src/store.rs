@@ -65,6 +65,20 @@ pub fn check_option(
     options::check(job, prefix, name, value, shown)
 }
 
+/// A limit or batch size given as a Python int (`__init__.py` clamps it to 64 bits) as
+/// an `i64`; anything else — a bool (`True` is not a count), a float such as `1.5`, a str
+/// such as `"5"` — refused with `refused(its repr)`, the core's words (the Ruby gem's too).
+fn whole(value: &Bound<'_, PyAny>, refused: impl Fn(&str) -> Error) -> PyResult<i64> {
+    use pyo3::types::{PyBool, PyInt};
+    if value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>() {
+        return value.extract();
+    }
+    let shown = value
+        .repr()
+        .map_or_else(|_| "?".to_owned(), |r| r.to_string());
+    Err(crate::errors::to_py(refused(&shown)))
+}
+
 /// One configured database and the job defaults.
 #[pyclass(frozen, module = "idempotent_job._native")]
 pub struct Store {
@@ -192,8 +206,9 @@ impl Store {
         &self,
         py: Python<'_>,
         job_type: Option<String>,
-        limit: i64,
+        limit: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<(String, String)>> {
+        let limit = whole(limit, operations::held_limit_refused)?;
         let pool = self.pool()?;
         detached(py, move |i| {
             operations::held(&pool, i, job_type.as_deref(), limit)
@@ -243,8 +258,14 @@ impl Store {
     /// records older than `older_than` seconds (default: the `retention` setting) in
     /// batches of `batch`; returns how many went.
     #[pyo3(signature = (older_than, batch))]
-    fn purge(&self, py: Python<'_>, older_than: Option<f64>, batch: i64) -> PyResult<u64> {
+    fn purge(
+        &self,
+        py: Python<'_>,
+        older_than: Option<f64>,
+        batch: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
         let older_than = older_than.unwrap_or(self.defaults.retention_seconds);
+        let batch = whole(batch, |shown| records::purge_refused(older_than, shown))?;
         let mut total = 0;
         // Keyset batches: each starts after the last record the previous one took, and
         // the purge ends with the first batch that picks fewer records than its size.

@@ -167,6 +167,22 @@ def test_a_purge_age_beyond_the_float_range_is_refused_by_the_cores_rule(older_t
         idempotent_job.purge(older_than=older_than)
 
 
+@pytest.mark.parametrize("value", [True, False, 1.5, 2.0, "5", None], ids=repr)
+def test_a_limit_or_batch_that_is_not_an_int_is_refused_in_the_cores_words(value):
+    # Before: held(limit=True) counted as 1 (a bool is an int to pyo3), 1.5 and "5" failed
+    # with pyo3's TypeError rather than the core's ConfigurationError.
+    shown = re.escape(repr(value))
+    with pytest.raises(
+        errors.ConfigurationError, match=rf"^held needs a limit of at least 1 \(up to \d+\), got {shown}$"
+    ):
+        idempotent_job.held(limit=value)
+    with pytest.raises(
+        errors.ConfigurationError,
+        match=rf"^purge needs older_than >= 0 seconds and a batch of at least 1, got 1000000000 and {shown}$",
+    ):
+        idempotent_job.purge(older_than=10**9, batch=value)
+
+
 def test_a_limit_or_batch_beyond_64_bits_is_no_limit():
     # Before: pyo3's "OverflowError: Python int too large to convert to C long".
     assert isinstance(idempotent_job.held(limit=10**400), list)

@@ -387,6 +387,19 @@ RSpec.describe "Bad input", :faults do
       end
     end
 
+    # Before: Integer(limit) took 1.5 as 1 and "5" as 5 (and purge's batch_size alike).
+    it "refuses held(limit:) and purge(batch_size:) that are not Integers with the core's words" do
+      [1.5, "5", 2.0, nil].each do |limit|
+        expect { IdempotentJob.held(limit:) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          /\Aheld needs a limit of at least 1 \(up to \d+\), got #{Regexp.escape(limit.inspect)}\z/)
+        expect { IdempotentJob.purge(older_than: 10**9, batch_size: limit) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          "purge needs older_than >= 0 seconds and a batch of at least 1, got 1000000000 and " \
+                          "#{limit.inspect}")
+      end
+    end
+
     # As Python's held(limit=10**400) since 92cbd67: an Integer beyond 64 bits is clamped
     # (a huge limit is no limit; a hugely negative one refused by the core). Before, the
     # native conversion raised RangeError ("bignum too big to convert into `long long'").

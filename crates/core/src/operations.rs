@@ -99,15 +99,22 @@ pub fn held(
 
 /// Checks [`held`]'s `limit`: 1 or more (an `i64`).
 ///
-/// Errors: [`Error::Config`] stating the valid range and what was given.
+/// Errors: [`held_limit_refused`] stating the valid range and what was given.
 pub fn check_held_limit(limit: i64) -> Result<()> {
     if limit < 1 {
-        return Err(Error::Config(format!(
-            "held needs a limit of at least 1 (up to {}), got {limit}",
-            i64::MAX
-        )));
+        return Err(held_limit_refused(&limit.to_string()));
     }
     Ok(())
+}
+
+/// The refusal of [`held`]'s limit `shown` (as the binding shows the value it was given):
+/// below 1, or not a whole number at all (a binding refuses `1.5`, `"5"` or `true` with
+/// it before calling [`held`], rather than taking them as a whole number).
+pub fn held_limit_refused(shown: &str) -> Error {
+    Error::Config(format!(
+        "held needs a limit of at least 1 (up to {}), got {shown}",
+        i64::MAX
+    ))
 }
 
 impl Resolution {

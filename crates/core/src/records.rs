@@ -90,6 +90,16 @@ pub struct PurgeBatch {
     pub next: PurgeCursor,
 }
 
+/// The refusal of a purge's age `older_than_seconds` and batch `batch` (as the binding
+/// shows the value it was given): an age below 0 or not finite, a batch below 1 or not a
+/// whole number (a binding refuses a batch of `1.5`, `"5"` or `true` with it before
+/// calling [`purge_batch`]).
+pub fn purge_refused(older_than_seconds: f64, batch: &str) -> Error {
+    Error::Config(format!(
+        "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than_seconds} and {batch}"
+    ))
+}
+
 /// Deletes one batch of at most `batch` finished records older than
 /// `older_than_seconds`, after `after` in the `first_claimed_at` index's order (see
 /// [`PURGE_SQL`]). A purge passes each batch's [`PurgeBatch::next`] to the next batch
@@ -105,9 +115,7 @@ pub async fn purge_batch(
     after: &PurgeCursor,
 ) -> Result<PurgeBatch> {
     if !(older_than_seconds >= 0.0 && older_than_seconds.is_finite()) || batch < 1 {
-        return Err(Error::Config(format!(
-            "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than_seconds} and {batch}"
-        )));
+        return Err(purge_refused(older_than_seconds, &batch.to_string()));
     }
     let start = after.first_claimed_at.is_some();
     let job_type = start.then_some(after.job_type.as_str());

@@ -4,7 +4,7 @@
 //! then runs the core with the GVL released.
 
 use chrono::{DateTime, Utc};
-use magnus::{function, method, prelude::*, RArray, RHash, RModule, Ruby, Symbol};
+use magnus::{function, method, prelude::*, Integer, RArray, RHash, RModule, Ruby, Symbol, Value};
 
 use super::convert::{
     claim_request, decided, decision_hash, record_hash, transaction_id, Out, RbResult,
@@ -28,6 +28,16 @@ use idempotent_job_core::store::{PoolHandle, Store};
 /// A purge cursor as Ruby holds it: `[first claim time in microseconds since the epoch,
 /// job_type, operation_key]`.
 type RbPurgeCursor = (i64, String, String);
+
+/// A limit or batch size given as a Ruby Integer (the facade clamps it to 64 bits) as
+/// an `i64`; anything else (a Float such as `1.5`, a String such as `"5"`) refused with
+/// `refused(its inspect)`, the core's words, rather than taken as a whole number.
+fn whole(ruby: &Ruby, value: Value, refused: impl Fn(&str) -> Error) -> RbResult<i64> {
+    match Integer::from_value(value) {
+        Some(n) => n.to_i64(),
+        None => Err(to_ruby(ruby, refused(&value.inspect()))),
+    }
+}
 
 #[magnus::wrap(class = "IdempotentJob::Native::Store", free_immediately, size)]
 pub struct NativeStore(pub Store);
@@ -104,8 +114,9 @@ impl NativeStore {
         ruby: &Ruby,
         rb_self: &Self,
         job_type: Option<String>,
-        limit: i64,
+        limit: Value,
     ) -> RbResult<Vec<(String, String)>> {
+        let limit = whole(ruby, limit, operations::held_limit_refused)?;
         rb_self.run(ruby, |pool, i| {
             operations::held(pool, i, job_type.as_deref(), limit)
         })
@@ -273,9 +284,12 @@ impl NativeStore {
         ruby: &Ruby,
         rb_self: &Self,
         older_than: f64,
-        batch: i64,
+        batch: Value,
         cursor: Option<RbPurgeCursor>,
     ) -> RbResult<(u64, u64, Option<RbPurgeCursor>)> {
+        let batch = whole(ruby, batch, |shown| {
+            records::purge_refused(older_than, shown)
+        })?;
         let after = match cursor {
             None => records::PurgeCursor::default(),
             Some((micros, job_type, operation_key)) => records::PurgeCursor {
