@@ -30,6 +30,12 @@ module IdempotentJob
   # lease shorter than 0.25 s. Fix the code or settings; retrying does not help.
   class ConfigurationError < Error; end
 
+  # A record the database holds but the core cannot read (a time edited by hand to
+  # 'infinity', which no Ruby Time holds): the message names the record and the column.
+  # A {ConfigurationError} (not retried: reading again reads the same value), its own
+  # class so that a caller (the operators' page) can tell it from a refused argument.
+  class UnreadableRecordError < ConfigurationError; end
+
   # PostgreSQL could not be reached or the connection was lost (no pooled connection
   # free within checkout_timeout is a {TimeoutError}). The job body did not run
   # (fail closed); the queue's retry will try again.

@@ -42,6 +42,7 @@ from .errors import (
     OperationKeyError,
     PayloadMismatchError,
     TimeoutError,
+    UnreadableRecordError,
 )
 
 #: The package's version (the Cargo workspace's, compiled into the native module).
@@ -67,6 +68,7 @@ __all__ = [
     "errors",
     "IdempotentJobError",
     "ConfigurationError",
+    "UnreadableRecordError",
     "ConnectionError",
     "DatabaseError",
     "LostClaimError",

@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "IdempotentJobError",
     "ConfigurationError",
+    "UnreadableRecordError",
     "ConnectionError",
     "DatabaseError",
     "LostClaimError",
@@ -67,6 +68,13 @@ class IdempotentJobError(Exception):
 class ConfigurationError(IdempotentJobError):
     """Invalid configuration or option (a bad database_url, an unknown setting or task
     option, a lease out of range). Fix the code or settings; retrying does not help."""
+
+
+class UnreadableRecordError(ConfigurationError):
+    """A record the database holds but the core cannot read (a time edited by hand to
+    ``'infinity'``, which no Python time holds): the message names the record and the
+    column. A ConfigurationError (not retried: reading again reads the same value), its
+    own class so that a caller can tell it from a refused argument."""
 
 
 class ConnectionError(IdempotentJobError):  # noqa: A001 - the Ruby gem's name

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import re
 
 import pytest
@@ -191,3 +192,27 @@ def test_a_limit_or_batch_beyond_64_bits_is_no_limit():
         errors.ConfigurationError, match="a batch of at least 1, got .* and -9223372036854775808"
     ):
         idempotent_job.purge(batch=-(10**400))
+
+
+def test_a_record_holding_a_time_of_infinity_is_an_unreadable_record_error(scenario):
+    # A time edited by hand to 'infinity' (no Python time holds it): the core's own class,
+    # a ConfigurationError naming the record and the column (before: a bare
+    # ConfigurationError, which a caller could not tell from a refused argument).
+    import psycopg
+
+    idempotent_job.perform_once(scenario, "1", lambda c: None)
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as c:
+        c.execute(
+            "UPDATE idempotent_job_records SET claimed_at = 'infinity' WHERE job_type = %s", (scenario,)
+        )
+    try:
+        with pytest.raises(
+            errors.UnreadableRecordError,
+            match=f'^the record of {scenario} operation "1" cannot be read: its column claimed_at',
+        ) as raised:
+            idempotent_job.record(scenario, "1")
+        assert isinstance(raised.value, errors.ConfigurationError)
+        assert not raised.value.retryable
+    finally:
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as c:
+            c.execute("DELETE FROM idempotent_job_records WHERE job_type = %s", (scenario,))

@@ -7,8 +7,8 @@ require "idempotent_job/web"
 require_relative "../support/web_records"
 
 # A record the database holds but the core cannot read (a time edited by hand to
-# 'infinity', which no Ruby or Python time holds): the core refuses it with a
-# ConfigurationError naming the record and the column. That is not the browser's bad
+# 'infinity', which no Ruby or Python time holds): the core refuses it with an
+# UnreadableRecordError (a ConfigurationError) naming the record and the column. That is not the browser's bad
 # input: the page answers a 500 saying which record cannot be read and why, never a 400
 # "bad request" (a bad parameter stays a 400). Through Rack::Test against the real
 # PostgreSQL.
@@ -30,6 +30,11 @@ RSpec.describe IdempotentJob::Web, "with a record the core cannot read" do
     Effects.connection.exec_params(
       "UPDATE idempotent_job_records SET claimed_at = 'infinity' WHERE job_type = $1", [job_type]
     )
+    expect { IdempotentJob.record(job_type, "7") }
+      .to raise_error(IdempotentJob::UnreadableRecordError, /its column claimed_at/) { |e|
+        expect(e).to be_a(IdempotentJob::ConfigurationError)
+        expect(e).not_to be_retryable
+      }
     ["/?job_type=#{job_type}", "/records?job_type=#{job_type}",
      "/record?job_type=#{job_type}&operation_key=7", "/takeovers"].each do |path|
       get path

@@ -367,7 +367,8 @@ fn a_timestamp_of_infinity_in_a_record_is_a_clear_error_never_retried() {
     let err = store
         .run(|pool, i| idempotent_job_core::operations::find(pool, i, &jt, "k"))
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(matches!(err, Error::Unreadable(_)), "{err:?}");
+    assert_eq!(err.class_name(), "UnreadableRecordError");
     assert!(!err.retryable());
     let text = err.to_string();
     assert!(

@@ -69,12 +69,6 @@ module IdempotentJob
         UNAVAILABLE_STATES.match?(error.sqlstate.to_s)
       end
 
-      # How the core words a record the database holds but the core cannot read (a time
-      # edited by hand to 'infinity', which no Ruby time holds): a ConfigurationError
-      # naming the record and the column that is not the browser's bad input, so a 500
-      # saying so (see {#unreadable}), never a 400.
-      UNREADABLE = /cannot be read: its column |\Aa value read from PostgreSQL cannot be read /
-
       # Bad input from the browser (a missing or malformed parameter): a 400 page.
       class BadRequest < StandardError; end
 
@@ -89,7 +83,8 @@ module IdempotentJob
       # @param view [View] how to render
       # @return [Array] see the class comment
       #   A record the database cannot send as UTF-8 (SQLSTATE 22021), or the core cannot read
-      #   ({UNREADABLE}), is a 500 page saying so;
+      #   (UnreadableRecordError: a time edited to 'infinity'), is a 500 page saying so, not
+      #   a 400 (only the browser's bad input is);
       #   a database that cannot be read ({.unavailable?}) a 503 naming the problem (`/metrics`:
       #   a plain-text 503).
       # @raise [IdempotentJob::DatabaseError] any other answer of the server (a bug, for the
@@ -105,11 +100,9 @@ module IdempotentJob
         return error(405, "#{path} only answers #{verbs.join(", ")}.") if verbs.any?
 
         error(404, "No page at #{path.inspect}.")
-      rescue BadRequest => e
-        error(400, e.message)
-      rescue IdempotentJob::ConfigurationError => e
-        return unreadable(e) if UNREADABLE.match?(e.message)
-
+      rescue IdempotentJob::UnreadableRecordError => e
+        unreadable(e)
+      rescue BadRequest, IdempotentJob::ConfigurationError => e
         error(400, e.message)
       rescue *UNAVAILABLE => e
         unreadable_database(e, metrics: name == :metrics)

@@ -61,6 +61,15 @@ pub const ERROR_CLASSES: &[ErrorClass] = &[
         doc: "invalid configuration or option: a bad URL, an unknown name, a value out of range",
     },
     ErrorClass {
+        name: "UnreadableRecordError",
+        attributes: &[],
+        host_attributes: &[],
+        always_retryable: false,
+        sqlstates: &[],
+        sends_back: false,
+        doc: "a ConfigurationError: a record holds a value the core cannot read (a time edited to 'infinity')",
+    },
+    ErrorClass {
         name: "ConnectionError",
         attributes: &[],
         host_attributes: &[],
@@ -216,6 +225,7 @@ pub fn example(name: &str) -> Option<Error> {
     Some(match name {
         "Error" => Error::Panic(message),
         "ConfigurationError" => Error::Config(message),
+        "UnreadableRecordError" => Error::Unreadable(message),
         "OperationKeyError" => Error::OperationKey(message),
         "ConnectionError" => Error::connection(message),
         "DatabaseError" => Error::from_server("40001", message),

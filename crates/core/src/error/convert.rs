@@ -32,7 +32,7 @@ impl From<tokio_postgres::Error> for Error {
         } else if err.to_string().starts_with("error deserializing column") {
             // A value read that no Rust type can hold (a timestamptz of 'infinity' edited
             // into a record): reading it again reads the same value, so not retryable.
-            Error::Config(format!(
+            Error::Unreadable(format!(
                 "a value read from PostgreSQL cannot be read ({}; a timestamp of 'infinity' or \
                  '-infinity', edited into a record by hand, is one): set it to a real value",
                 chain(&err)

@@ -21,6 +21,12 @@ pub enum Error {
     /// Invalid configuration or argument (bad URL, unknown key, non-positive lease…).
     /// Raised as `IdempotentJob::ConfigurationError`. Never contains a password.
     Config(String),
+    /// A record the database holds but the core cannot read: a value no Rust type (nor
+    /// any binding's) holds, such as a time edited by hand to `'infinity'`. Names the
+    /// record (when readable) and the column; never retried (reading again reads the same
+    /// value). Raised as `IdempotentJob::UnreadableRecordError`, a `ConfigurationError`,
+    /// so a page can tell it from a refused argument.
+    Unreadable(String),
     /// An operation key (or its declaration) the record cannot hold: invalid UTF-8,
     /// a NUL character, too long, empty. Names the job. Raised as
     /// `IdempotentJob::OperationKeyError`; the job body is not run.
@@ -101,6 +107,7 @@ impl Error {
     pub fn class_name(&self) -> &'static str {
         match self {
             Error::Config(_) => "ConfigurationError",
+            Error::Unreadable(_) => "UnreadableRecordError",
             Error::OperationKey(_) => "OperationKeyError",
             Error::Connection { .. } => "ConnectionError",
             Error::Database { .. } => "DatabaseError",
@@ -295,7 +302,10 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Config(m) | Error::OperationKey(m) | Error::Migration(m) => f.write_str(m),
+            Error::Config(m)
+            | Error::Unreadable(m)
+            | Error::OperationKey(m)
+            | Error::Migration(m) => f.write_str(m),
             Error::Connection { message, .. } => f.write_str(message),
             Error::Database { message, sqlstate } => write!(f, "{message} (SQLSTATE {sqlstate})"),
             Error::LostClaim { message, .. }

@@ -60,7 +60,7 @@ macro_rules! record {
 
             /// A row of [`FIND_SQL`] (or [`RESOLVE_SQL`]) as a record.
             ///
-            /// Errors: [`Error::Config`](crate::error::Error::Config) naming the record and
+            /// Errors: [`Error::Unreadable`](crate::error::Error::Unreadable) naming the record and
             /// the column for a value the core cannot read (a timestamp of `infinity`
             /// edited into the record), never retried.
             pub fn from_row(row: &Row) -> Result<Record> {
@@ -93,7 +93,7 @@ fn column<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, name: &str) -
 
 /// The error for a record's column the core cannot read (a `timestamptz` of
 /// `infinity` or `-infinity`, which no time of the bindings can hold: only a record
-/// edited by hand has one): an [`Error::Config`](crate::error::Error::Config) naming
+/// edited by hand has one): an [`Error::Unreadable`](crate::error::Error::Unreadable) naming
 /// the record (its job type and operation key when readable) and the column, so it is
 /// not retried: reading again reads the same value.
 pub(crate) fn unreadable_column(
@@ -106,7 +106,7 @@ pub(crate) fn unreadable_column(
         (Some(t), Some(k)) => format!("the record of {t} operation {k:?}"),
         _ => "a record".to_owned(),
     };
-    crate::error::Error::Config(format!(
+    crate::error::Error::Unreadable(format!(
         "{what} cannot be read: its column {name} holds a value the core cannot read ({}; a \
          timestamp of 'infinity' or '-infinity', edited into the record by hand, is one): \
          set {name} to a real value (or NULL where allowed); reading it again reads the same \
