@@ -62,8 +62,9 @@ module IdempotentJob
       #   "decision" ("claimed" for a first claim or a retry's, "takeover" kept)
       def self.deliveries(first_claimed_at:, first_facts:, repeat_facts:)
         nesting = { max_nesting: JSON_NESTING }
-        JSON.parse(Native.repeat_deliveries(first_claimed_at.to_f, first_facts && JSON.generate(first_facts, nesting),
-                                            JSON.generate(repeat_facts, nesting)), nesting)
+        # Keywords, not a positional Hash: json 3 (Ruby 3.3) takes JSON.parse's options as keywords only.
+        JSON.parse(Native.repeat_deliveries(first_claimed_at.to_f, first_facts && JSON.generate(first_facts, **nesting),
+                                            JSON.generate(repeat_facts, **nesting)), **nesting)
       end
 
       # @param rows [Array<Hash>] per operation: :job_type, :operation_key, :status,
