@@ -82,26 +82,12 @@ fn a_read_only_answer_of_a_record_counted_to_int4_maximum_saturates() {
         lease_seconds: 30.0,
         ..ClaimRequest::default()
     };
-    let ClaimAnswer::Claimed { token, .. } = writable
-        .run(|pool, i| claim::deliver(pool, i, &done))
-        .unwrap()
-        .outcome
-    else {
-        panic!("not claimed")
-    };
-    writable
-        .with_conn(async |c| claim::complete(c, &job_type, "done", token).await)
-        .unwrap();
+    completed(&writable, &done);
     Admin::new().exec(&format!(
         "UPDATE idempotent_job_records SET duplicates = 2147483647 \
           WHERE job_type = '{job_type}' AND operation_key = 'done'"
     ));
-    let mut config = Config::new(format!(
-        "{}?options=-c%20default_transaction_read_only%3Don",
-        database_url()
-    ));
-    config.deadline = 1.0;
-    let read_only = Store::new(config).unwrap();
+    let read_only = read_only_store();
     // Twice: the second also counts the first's duplicate, still queued (pending).
     for _ in 0..2 {
         let answer = read_only.run(|pool, i| claim::deliver(pool, i, &done));

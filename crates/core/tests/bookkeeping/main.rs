@@ -434,6 +434,32 @@ fn batches_keep_the_latest_repeat_times_in_order_and_the_latest_facts_whatever_o
     assert_eq!(row("job_classes"), "{BookkeepingJob,OtherJob}");
 }
 
+/// Claims and completes `req`'s operation through `store` (a completed record for a
+/// duplicate to meet).
+fn completed(store: &Store, req: &ClaimRequest) {
+    let ClaimAnswer::Claimed { token, .. } = store
+        .run(|pool, i| claim::deliver(pool, i, req))
+        .unwrap()
+        .outcome
+    else {
+        panic!("not claimed")
+    };
+    store
+        .with_conn(async |c| claim::complete(c, &req.job_type, &req.operation_key, token).await)
+        .unwrap();
+}
+
+/// A store whose every transaction is read-only (SQLSTATE 25006 for a write, as on a
+/// standby during a failover), with a 1 s deadline.
+fn read_only_store() -> Store {
+    let mut config = Config::new(format!(
+        "{}?options=-c%20default_transaction_read_only%3Don",
+        database_url()
+    ));
+    config.deadline = 1.0;
+    Store::new(config).unwrap()
+}
+
 #[test]
 fn a_duplicate_of_a_completed_operation_is_answered_by_a_read_only_server_and_its_count_kept() {
     let writable = store_named(&unique("writable"));
@@ -445,23 +471,8 @@ fn a_duplicate_of_a_completed_operation_is_answered_by_a_read_only_server_and_it
         ..ClaimRequest::default()
     };
     let done = req("done");
-    let ClaimAnswer::Claimed { token, .. } = writable
-        .run(|pool, i| claim::deliver(pool, i, &done))
-        .unwrap()
-        .outcome
-    else {
-        panic!("not claimed")
-    };
-    writable
-        .with_conn(async |c| claim::complete(c, &job_type, "done", token).await)
-        .unwrap();
-
-    let mut config = Config::new(format!(
-        "{}?options=-c%20default_transaction_read_only%3Don",
-        database_url()
-    ));
-    config.deadline = 1.0;
-    let read_only = Store::new(config).unwrap();
+    completed(&writable, &done);
+    let read_only = read_only_store();
     let answer = read_only.run(|pool, i| claim::deliver(pool, i, &done));
     assert!(
         matches!(
