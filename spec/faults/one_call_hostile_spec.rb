@@ -47,6 +47,13 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
     expect(status(job_type, key)).to eq(:completed)
   end
 
+  # A claim kept by an interrupted body (Interrupt keeps it) whose 0.3 s lease has run
+  # out: the next delivery of the operation asks its lookup.
+  def stale_claim(job_type, key)
+    expect { IdempotentJob.perform_once(job_type, key, lease: 0.3) { raise Interrupt } }.to raise_error(Interrupt)
+    sleep 0.4
+  end
+
   describe "leaving the body without an exception" do
     it "Timeout.timeout around perform_once: Timeout::Error, the claim released, a retry runs at once" do
       key = unique_key
@@ -75,9 +82,7 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
 
     it "throw out of a lookup: the throw arrives (no LookupError), not run, the stale claim taken over later" do
       key = unique_key
-      expect { IdempotentJob.perform_once("Attack::LookupThrow", key, lease: 0.3) { raise Interrupt } }
-        .to raise_error(Interrupt)
-      sleep 0.4 # the kept claim's lease runs out: the next delivery asks the lookup
+      stale_claim("Attack::LookupThrow", key)
       thrown = lambda { |_key|
         throw :out, :thrown
       }
@@ -92,9 +97,7 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
 
     it "a lookup raising an error whose #message raises: LookupError naming that class, not run, asked again" do
       key = unique_key
-      expect { IdempotentJob.perform_once("Attack::LookupBadMessage", key, lease: 0.3) { raise Interrupt } }
-        .to raise_error(Interrupt)
-      sleep 0.4 # the kept claim's lease runs out: the next delivery asks the lookup
+      stale_claim("Attack::LookupBadMessage", key)
       bad = stub_const("BadMessageError", Class.new(StandardError) do
         def message = raise(ArgumentError, "no message for you")
       end)
@@ -106,9 +109,7 @@ RSpec.describe "One native call per delivery, attacked from Ruby", :faults do
 
     it "a lookup raising an error of an anonymous class: LookupError says so, not an empty name" do
       key = unique_key
-      expect { IdempotentJob.perform_once("Attack::LookupAnonymous", key, lease: 0.3) { raise Interrupt } }
-        .to raise_error(Interrupt)
-      sleep 0.4 # the kept claim's lease runs out: the next delivery asks the lookup
+      stale_claim("Attack::LookupAnonymous", key)
       anonymous = Class.new(StandardError)
       expect do
         IdempotentJob.perform_once("Attack::LookupAnonymous", key, lookup: ->(_k) { raise anonymous, "gone" }) do
