@@ -48,10 +48,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rules::check_wait, m)?)?;
     m.add_function(wrap_pyfunction!(rules::check_time, m)?)?;
     m.add(
-        "MAX_DEFERRALS",
-        idempotent_job_core::protocol::MAX_DEFERRALS,
-    )?;
-    m.add(
         "CLAIM_ERROR_LOG_INTERVAL",
         idempotent_job_core::protocol::CLAIM_ERROR_LOG_INTERVAL,
     )?;
