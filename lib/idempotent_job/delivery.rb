@@ -49,7 +49,7 @@ module IdempotentJob
     # @param facts [Hash] attempt facts; keys become Strings
     # @raise [ConfigurationError] for a job type that is not valid UTF-8, or deferrals that
     #   are no count (a payload's own idempotency_deferrals: negative, past
-    #   Native::MAX_DEFERRALS, not a number)
+    #   Native::MAX_DEFERRALS, not an Integer or its decimal text: the core's count rule)
     def initialize(job_type:, # rubocop:disable Metrics/ParameterLists -- a value object, keywords only
                    operation_key:, payload: [], job_class: nil, queue: nil, id: nil, deferrals: 0,
                    facts: {})
@@ -108,15 +108,14 @@ module IdempotentJob
     # The deferrals so far as a count (nil: none), or the job's error: a payload's own
     # `idempotency_deferrals` may hold anything a producer wrote.
     def deferral_count(deferrals)
-      count = case deferrals
-              when nil then 0
-              when Integer then deferrals
-              when String then Integer(deferrals, 10, exception: false) # decimal: "010" is 10
-              end
-      return count if count&.between?(0, Native::MAX_DEFERRALS)
+      return 0 if deferrals.nil?
+      # The common case without crossing into Rust (a delivery stays one native call).
+      return deferrals if deferrals.is_a?(Integer) && deferrals.between?(0, Native::MAX_DEFERRALS)
 
-      # The core's words (Python's perform_once says the same), in this door's name for the count.
-      Native.deferrals_refused(@job_type, "the delivery's deferrals (idempotency_deferrals)", deferrals.inspect)
+      # The core's count rule and words (the Celery and SQS doors' counts alike): an
+      # Integer or its decimal text ("010" is 10; " 5", "+5", "1_0" and "0x1f" are no count).
+      text = deferrals.to_s if deferrals.is_a?(Integer) || deferrals.is_a?(String)
+      Native.delivery_count(@job_type, "the delivery's deferrals (idempotency_deferrals)", text, deferrals.inspect)
     end
   end
 end

@@ -141,7 +141,8 @@ RSpec.describe "Bad input", :faults do
       Sidekiq::Client.push("class" => "ChargeOrderJob", "args" => [42, 1])
       job = ChargeOrderJob.jobs.pop
       # 2.5 was taken as 2 and "0x1f" as 31 (Integer() reads a String's radix prefix)
-      [2**40, -1, "abc", [1], 2.5, "0x1f", Float::INFINITY].each do |bad|
+      # " 5", "+5" and "1_0" were read by Integer() too: the core's count rule (Celery's, SQS's) takes digits only
+      [2**40, -1, "abc", [1], 2.5, "0x1f", Float::INFINITY, " 5", "+5", "1_0"].each do |bad|
         expect { deliver(job.merge("idempotency_deferrals" => bad)) }
           .to raise_error(IdempotentJob::ConfigurationError,
                           /\AChargeOrderJob: the delivery's deferrals \(idempotency_deferrals\) must be a whole/)

@@ -302,20 +302,25 @@ fn completion_retry_delays() -> Vec<f64> {
     COMPLETION_RETRY_DELAYS.to_vec()
 }
 
-/// `Native.deferrals_refused(job, subject, shown)` → raises the core's
-/// `ConfigurationError` for a delivery whose deferral count is no count
-/// ([`idempotent_job_core::protocol::deferrals_refused`]: `subject` is the door's name
-/// for it, `shown` the value's `inspect`), the same words as Python's.
-fn deferrals_refused(ruby: &Ruby, job: String, subject: String, shown: String) -> RbResult<()> {
-    Err(to_ruby(
-        ruby,
-        idempotent_job_core::protocol::deferrals_refused(&job, &subject, &shown),
-    ))
+/// `Native.delivery_count(job, what, text, shown)` → Integer: a count a delivery
+/// carries in its payload, given as its decimal `text` (nil: no whole number at all),
+/// by the core's rule ([`idempotent_job_core::protocol::delivery_count`]: digits only,
+/// 0 to `MAX_DEFERRALS`, the Celery and SQS doors' rule too). Raises the core's
+/// `ConfigurationError` naming `job`, `what` and `shown` (the value's `inspect`) otherwise.
+fn delivery_count(
+    ruby: &Ruby,
+    job: String,
+    what: String,
+    text: Option<String>,
+    shown: String,
+) -> RbResult<u64> {
+    idempotent_job_core::protocol::delivery_count(&job, &what, text.as_deref(), &shown, 0)
+        .map_err(|e| to_ruby(ruby, e))
 }
 
 pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     native.define_module_function("deferral_delay", function!(native_deferral_delay, 3))?;
-    native.define_module_function("deferrals_refused", function!(deferrals_refused, 3))?;
+    native.define_module_function("delivery_count", function!(delivery_count, 4))?;
     native.define_module_function("error_text_limit", function!(error_text_limit, 0))?;
     native.define_module_function(
         "completion_retry_delays",
