@@ -34,7 +34,7 @@ module IdempotentJob
         return yield if !job_class.is_a?(Class) || job.key?("enqueued_at")
         return Wrapped.check!(job, &) if Compat.active_job?(job)
 
-        Options.check_push!(job_class, job)
+        JobOptions.check_payload!(job_class.to_s, job, Options::KNOWN_HASH_KEYS)
         options = Options.resolve(job_class, job)
         if options
           return nil if EnqueueCheck.drop?(options, job["args"], door: :sidekiq, queue:)

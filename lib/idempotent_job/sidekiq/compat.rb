@@ -11,9 +11,6 @@ module IdempotentJob
       VERSION = Gem::Version.new(::Sidekiq::VERSION)
       # Class names of Sidekiq's ActiveJob wrapper: the adapter's before 8.0, Sidekiq's own from 8.0.
       ACTIVE_JOB_WRAPPERS = %w[ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper Sidekiq::ActiveJob::Wrapper].freeze
-      # Timestamps at or above this are milliseconds since the epoch (Sidekiq 8), below it
-      # seconds: the core's rule (the repeats report reads recorded times by it too).
-      MILLISECONDS_FROM = Native::MILLISECONDS_FROM
 
       module_function
 
@@ -39,11 +36,13 @@ module IdempotentJob
 
       # @param value [Numeric, String, nil] a payload timestamp (`enqueued_at`, `created_at`, `at`)
       # @return [Float, Object, nil] seconds since the epoch for a number (Sidekiq 8's
-      #   integer milliseconds divided by 1000); anything else as given
+      #   integer milliseconds divided by 1000: at or above the core's
+      #   `Native::MILLISECONDS_FROM`, the rule the repeats report reads recorded times by);
+      #   anything else as given
       def seconds(value)
         return value unless value.is_a?(Numeric)
 
-        value >= MILLISECONDS_FROM ? value / 1000.0 : value.to_f
+        value >= Native::MILLISECONDS_FROM ? value / 1000.0 : value.to_f
       end
 
       # @return [Boolean] whether Sidekiq's testing API is loaded and inline

@@ -9,7 +9,10 @@ module IdempotentJob
       # Option names in the job hash, by {JobOptions::NAMES} (`idempotency_lease`).
       KEYS = JobOptions::NAMES.zip(JobOptions::PAYLOAD_NAMES).to_h.freeze
       # Every prefixed key a job hash may carry: the options and {Delivery::CARRIED} (as a
-      # Hash, for a fast `key?`); a declaration takes the options only.
+      # Hash, for a fast `key?`); a declaration takes the options only. A payload's other
+      # prefixed keys (a misspelled option in `set(...)`, or in a hash pushed by class name
+      # or by another language's producer) are refused by {JobOptions.check_payload!} over
+      # this, at a producer's push ({ClientMiddleware}) and at every delivery ({ServerMiddleware}).
       KNOWN_HASH_KEYS = (JobOptions::PAYLOAD_NAMES + Delivery::CARRIED).to_h { |key| [key, true] }.freeze
       # Job class names {.warn_keyless} has warned about in this process.
       KEYLESS_WARNED = {} # rubocop:disable Style/MutableConstant
@@ -48,19 +51,6 @@ module IdempotentJob
             "path or an Array of those), or remove the #{JobOptions::PREFIX}* options"
           )
           true
-        end
-
-        # Refuses a prefixed key nobody knows in a payload (a misspelled option in
-        # `set(...)`, or in a hash pushed by class name or by another language's
-        # producer): an error, not a default silently applied. Called by
-        # {ClientMiddleware} at a producer's push and by {ServerMiddleware} for every
-        # delivery (a scan of the payload's keys, well under a microsecond per key).
-        # @param job_class [Class]
-        # @param job_hash [Hash] the payload being pushed
-        # @return [void]
-        # @raise [ConfigurationError] naming the job, the option and the known ones
-        def check_push!(job_class, job_hash)
-          JobOptions.check_payload!(job_class.to_s, job_hash, KNOWN_HASH_KEYS)
         end
       end
 

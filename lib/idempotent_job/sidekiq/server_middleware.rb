@@ -31,7 +31,7 @@ module IdempotentJob
         # A payload pushed by name (`Client.push("class" => "X", ...)`, another
         # language's producer) never met the client middleware: an unknown
         # `idempotency_*` key fails here, into Sidekiq's retry, not a default applied.
-        Options.check_push!(job_instance.class, job_hash)
+        JobOptions.check_payload!(job_instance.class.to_s, job_hash, Options::KNOWN_HASH_KEYS)
         return Wrapped.check!(job_hash, &) if Compat.active_job?(job_hash)
 
         options = Options.resolve(job_instance.class, job_hash)
