@@ -27,6 +27,7 @@ require_relative "idempotent_job/producer"
 require_relative "idempotent_job/enqueue_check"
 require_relative "idempotent_job/store_lifecycle"
 require_relative "idempotent_job/rails_database" # read by the Railtie, or by an initializer naming a database
+require_relative "idempotent_job/optional_parts"
 
 # Durable idempotency records in PostgreSQL for at-least-once job queues.
 #

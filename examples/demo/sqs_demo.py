@@ -41,6 +41,9 @@ PORT = int(os.environ.get("DEMO_MOTO_PORT", "25460"))
 ENDPOINT = f"http://127.0.0.1:{PORT}"
 JOB_TYPE = "demo_sqs.charge_order"
 TIMEOUT = 90
+# The consumers' own output (the core's log lines: a takeover's warning…), kept out of the
+# demo's console.
+LOG = ROOT / "tmp" / "demo" / "sqs.log"
 
 
 def say(text: str) -> None:
@@ -80,6 +83,8 @@ def main() -> int:
         stderr=subprocess.DEVNULL,
     )
     consumers: list[subprocess.Popen] = []
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    LOG.write_text("")
     try:
         sqs = boto3.client(
             "sqs",
@@ -109,7 +114,12 @@ def main() -> int:
         r.sadd("idempotent_job_demo:sqs_stall", orders["p"])
 
         def start():
-            process = subprocess.Popen([sys.executable, str(HERE / "sqs_consumer.py"), url, ENDPOINT])
+            with LOG.open("a") as log:
+                process = subprocess.Popen(
+                    [sys.executable, str(HERE / "sqs_consumer.py"), url, ENDPOINT],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             consumers.append(process)
             return process
 
@@ -156,7 +166,7 @@ def main() -> int:
         key = f"{JOB_TYPE} {orders[letter]}"
         deliveries[key] = deliveries.get(key, 0) + sends
     STATE.write_text(json.dumps(state, indent=2))
-    say("sqs consumers stopped (SIGTERM: running bodies finish, polling stops)")
+    say(f"sqs consumers stopped (SIGTERM: running bodies finish, polling stops; log: {LOG})")
     return 0 if len(charges(orders["o"])) == 1 and len(charges(orders["p"])) == 1 else 1
 
 

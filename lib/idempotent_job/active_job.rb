@@ -47,6 +47,9 @@ module IdempotentJob
       #   checked once `perform` is defined (here when it already is)
       def idempotency(key: nil, **options)
         if key.nil?
+          # A misspelled key (`keys:`, `idempotency_key:`) is named as such, with the nearest
+          # option, before the missing key is.
+          JobOptions.check_declaration!(self, options, shape_only: true)
           raise ConfigurationError, "#{name}: idempotency needs key: the operation key, a perform parameter " \
                                     "name (key: :order_id), an argument index, a dotted path or an Array of those"
         end

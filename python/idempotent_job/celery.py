@@ -27,6 +27,8 @@ from .errors import ConfigurationError, OperationKeyError
 __all__ = ["IdempotentTask", "send_rerun", "DEFERRALS_HEADER", "UNREACHABLE_HEADER", "ON_CLAIM_ERROR_SETTING"]
 
 logger = logging.getLogger("idempotent_job.celery")
+# Tasks warned about in this process for running with acks_late off (_warn_early_ack).
+_EARLY_ACK_WARNED: set[str] = set()
 
 #: The message header counting how often a delivery met a live claim and was sent back.
 DEFERRALS_HEADER = "idempotent_job_deferrals"
@@ -196,6 +198,8 @@ class IdempotentTask(Task):
             # claimed, so the task fails visibly rather than run under the defaults.
             for names in (vars(request), getattr(request, "properties", None) or {}, request.headers or {}):
                 self._refuse_message_options(names, " (sent in the message)")
+            if not self.acks_late and not request.is_eager:
+                self._warn_early_ack()
         key = self._operation_key(args, kwargs)
         job_type = self.idempotency_scope or self.name
         deferrals = self._count(request, DEFERRALS_HEADER)
@@ -253,6 +257,20 @@ class IdempotentTask(Task):
             )
         # Held or given up: the core's note said so (and how to settle it).
         raise Ignore()
+
+    def _warn_early_ack(self) -> None:
+        """Warns once per task and process that the task is acknowledged before it runs
+        (``acks_late`` off, Celery's default): a worker killed mid-task loses the message,
+        and its claim waits for a redelivery that never comes."""
+        if self.name in _EARLY_ACK_WARNED:
+            return
+        _EARLY_ACK_WARNED.add(self.name)
+        logger.warning(
+            "%s: acks_late is off, so a worker killed mid-task loses its message: its claim waits "
+            "until the lease ends for a redelivery that never comes; set acks_late=True (or "
+            "task_acks_late) and task_reject_on_worker_lost=True (python/README.md, Celery settings)",
+            self.name,
+        )
 
     def _count(self, request: Any, header: str) -> int:
         """The door's count in this message's ``header`` (``DEFERRALS_HEADER``,

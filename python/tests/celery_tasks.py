@@ -63,6 +63,11 @@ def charge(scenario, order_id, hold=0.0):
     return _charge(scenario, order_id, hold)
 
 
+@app.task(base=IdempotentTask, idempotency_key="order_id", acks_late=False)
+def charge_early_ack(scenario, order_id, hold=0.0):
+    return _charge(scenario, order_id, hold)
+
+
 @app.task
 def charge_unguarded(scenario, order_id, hold=0.0):
     return _charge(scenario, order_id, hold)

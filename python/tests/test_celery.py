@@ -378,6 +378,20 @@ def test_two_distinct_operations_both_run(worker, scenario, task):
     assert effects(scenario, f"{scenario}-1") == 1 and effects(scenario, f"{scenario}-2") == 1
 
 
+def test_a_task_acknowledged_early_runs_and_the_worker_warns_once(worker, scenario):
+    # acks_late=False (Celery's default): a killed worker would lose the message and leave
+    # its claim waiting for a redelivery that never comes. The task runs; the log says so.
+    results = [worker.charge_early_ack.apply_async((scenario, f"{scenario}-{n}")) for n in (1, 2)]
+    assert [r.get(timeout=TIMEOUT)["charged"] for r in results] == [f"{scenario}-1", f"{scenario}-2"]
+    log = worker.worker_log.read_text()
+    warning = "celery_tasks.charge_early_ack: acks_late is off, so a worker killed mid-task loses its message"
+    warned_by = [line.split("]")[0].rsplit("/", 1)[-1] for line in log.splitlines() if warning in line]
+    # Once per task and pool child: at least once, never twice from one child.
+    assert warned_by and len(warned_by) == len(set(warned_by)), log[-3000:]
+    assert "set acks_late=True (or task_acks_late) and task_reject_on_worker_lost=True" in log
+    assert "celery_tasks.charge: acks_late is off" not in log
+
+
 def test_autoretry_works_as_without_the_door(worker, scenario):
     # The body raises twice: each time the door releases the claim and Celery retries.
     payload = {"order": {"id": scenario}}

@@ -67,4 +67,23 @@ RSpec.describe "Optional queue libraries", :integration do
     expect(out).to include("idempotent_job/active_job needs ActiveJob >= 6.1, < 9, but cannot load it " \
                            "(cannot load such file -- active_job): add `gem \"activejob\"")
   end
+
+  it "a door's constant used without its require names the require to add" do
+    forgot = 'require "idempotent_job"; require "active_job"; p defined?(IdempotentJob::Sidekiq); ' \
+             "begin; Class.new(ActiveJob::Base) { include IdempotentJob::ActiveJob }; " \
+             "rescue NameError => e; puts e.class, e.message.lines.first, e.name; end; " \
+             "begin; IdempotentJob::Sidekiq::ServerMiddleware; " \
+             "rescue NameError => e; puts e.message.lines.first; end; " \
+             "begin; IdempotentJob::Nonesuch; rescue NameError => e; puts e.message.lines.first; end"
+    out, status = ruby("-e", forgot)
+    expect(status).to be_success, out
+    expect(out).to start_with("nil\n")
+    expect(out).to include("NameError\nuninitialized constant IdempotentJob::ActiveJob: the ActiveJob door is " \
+                           "loaded by `require \"idempotent_job/active_job\"` (e.g. in " \
+                           "config/initializers/idempotent_job.rb)\nActiveJob\n")
+    expect(out).to include("uninitialized constant IdempotentJob::Sidekiq: the Sidekiq door is loaded by " \
+                           "`require \"idempotent_job/sidekiq\"` (e.g. in config/initializers/idempotent_job.rb or " \
+                           "your Sidekiq boot file)\n")
+    expect(out).to include("uninitialized constant IdempotentJob::Nonesuch\n")
+  end
 end

@@ -46,6 +46,14 @@ RSpec.describe IdempotentJob::ActiveJob do
         .to raise_error(IdempotentJob::ConfigurationError, /DeclaredJob: idempotency needs key: the operation key/)
     end
 
+    it "names a misspelled key option as such, not as a missing key" do
+      expect { declare(keys: :order_id) }
+        .to raise_error(IdempotentJob::ConfigurationError, /DeclaredJob: unknown option keys \(did you mean key\?\)/)
+      expect { declare(idempotency_key: :order_id) }
+        .to raise_error(IdempotentJob::ConfigurationError,
+                        /DeclaredJob: unknown option idempotency_key \(did you mean key\?\)/)
+    end
+
     it "checks a key's parameter name as soon as perform is defined" do
       expect do
         declare(key: :order)
