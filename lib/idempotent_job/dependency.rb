@@ -51,6 +51,15 @@ module IdempotentJob
       raise DependencyError, message(library, "this process has #{library.label} #{version}")
     end
 
+    # Whether the library is already loaded at a supported version (nothing is required).
+    # @param library [Library] {SIDEKIQ} or {ACTIVE_JOB}
+    # @return [Boolean]
+    def loaded?(library)
+      library.requirement.satisfied_by?(Gem::Version.new(library.version.call))
+    rescue NameError, ArgumentError
+      false
+    end
+
     # @param library [Library]
     # @param problem [String]
     # @return [String]

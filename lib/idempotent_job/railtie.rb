@@ -9,7 +9,10 @@ module IdempotentJob
   # config/database.yml's primary database when nothing else names the gem's
   # ({RailsDatabase.fallback}, applied when the store is first built), and the rake
   # tasks (`rake idempotent_job:migrate`, …), which run after the app's environment is
-  # loaded.
+  # loaded. In an app that loads a supported Sidekiq, the Railtie installs the Sidekiq
+  # door (`require "idempotent_job/sidekiq"` is then optional): a job's
+  # `sidekiq_options idempotency_key:` is never left an inert option because a require
+  # was forgotten.
   class Railtie < ::Rails::Railtie
     config.idempotent_job = ActiveSupport::OrderedOptions.new
 
@@ -17,6 +20,12 @@ module IdempotentJob
       settings = app.config.idempotent_job.to_h
       IdempotentJob.configure(**settings) unless settings.empty?
       StoreLifecycle.database_fallback = RailsDatabase.method(:fallback)
+    end
+
+    # Runs after the Gemfile's gems are loaded (Bundler.require), whatever their order, and
+    # before Sidekiq's server starts fetching jobs. A require of its own is a no-op after it.
+    initializer "idempotent_job.sidekiq" do
+      require "idempotent_job/sidekiq" if Dependency.loaded?(Dependency::SIDEKIQ)
     end
 
     rake_tasks do

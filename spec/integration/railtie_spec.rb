@@ -58,4 +58,18 @@ RSpec.describe "The Railtie", :integration do
     expect(status).to be_success, out
     expect(out).to include("schema is up to date").or include("applied")
   end
+
+  it "installs the Sidekiq door when the app loads Sidekiq, whatever the require order" do
+    application = File.join(app, "config", "application.rb")
+    # Sidekiq loaded after the gem, as a Gemfile listing idempotent_job first does.
+    File.write(application, File.read(application).sub(%(require "idempotent_job"\n),
+                                                       %(require "idempotent_job"\nrequire "sidekiq"\n)))
+    File.write(File.join(app, "Rakefile"), <<~RUBY, mode: "a")
+      task(:door) { puts "door=\#{defined?(IdempotentJob::Sidekiq::ServerMiddleware) ? "installed" : "missing"}" }
+      task door: :environment
+    RUBY
+    out, status = rake("door")
+    expect(status).to be_success, out
+    expect(out).to include("door=installed")
+  end
 end
