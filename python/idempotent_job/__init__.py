@@ -289,7 +289,9 @@ def perform_once(
         _native.not_taken(job_type, "perform_once", sorted(unknown)[0], _PERFORM_ONCE_OPTIONS)
     if not callable(fn):
         raise ConfigurationError(f"{job_type}: perform_once needs a callable body, got {type(fn).__name__}")
-    _check_delivery(job_type, id=id, job_class=job_class, queue=queue, deferrals=deferrals, facts=facts)
+    deferrals = _check_delivery(
+        job_type, id=id, job_class=job_class, queue=queue, deferrals=deferrals, facts=facts
+    )
     key_text = Store.operation_key(job_type, key)
     store = _current()
     options = {
@@ -327,13 +329,10 @@ def perform_once(
     )
 
 
-#: The most deferrals a delivery may say it met (the core's rule).
-_MAX_DEFERRALS = _native.MAX_DEFERRALS
-
-
-def _check_delivery(job_type: str, *, deferrals: Any, facts: Any, **texts: Any) -> None:
+def _check_delivery(job_type: str, *, deferrals: Any, facts: Any, **texts: Any) -> int:
     """ConfigurationError naming the job for a delivery argument of the wrong kind, before
-    anything is claimed (the native layer would raise a bare TypeError or OverflowError)."""
+    anything is claimed (the native layer would raise a bare TypeError or OverflowError);
+    the deferral count as a plain int otherwise."""
 
     def refuse(what: str, value: Any) -> ConfigurationError:
         return ConfigurationError(
@@ -344,13 +343,16 @@ def _check_delivery(job_type: str, *, deferrals: Any, facts: Any, **texts: Any) 
     for name, value in texts.items():
         if value is not None and not isinstance(value, str):
             raise refuse(f"{name} must be a str (or None)", value)
-    if isinstance(deferrals, bool) or not isinstance(deferrals, int) or not 0 <= deferrals <= _MAX_DEFERRALS:
-        # The core's words (the Ruby gem's for a payload's idempotency_deferrals too).
+    # The core's count rule and words (the Ruby gem's for a payload's idempotency_deferrals
+    # too), read from the int's value; a str is no count here (the doors read header text).
+    if isinstance(deferrals, str):
         raise ConfigurationError(
             _native.deferrals_refusal(job_type, "perform_once's deferrals", repr(deferrals))
         )
+    count = _native.delivery_count(job_type, "perform_once's deferrals", deferrals)
     if facts is not None and not isinstance(facts, dict):
         raise refuse("facts must be a dict (or None)", facts)
+    return count
 
 
 #: The keywords perform_once takes after the job type, the key and the body.
