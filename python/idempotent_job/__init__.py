@@ -104,7 +104,7 @@ def configure(**settings: Any) -> None:
     Raises:
         ConfigurationError: naming an unknown setting or a bad value; None too, where the
             Ruby gem's nil is refused (a job default: "lease must be set (its default is
-            300), got null"; a connection setting that must have a value), in the core's
+            300), got None"; a connection setting that must have a value), in the core's
             words. ``database_url=None`` reads the environment.
     """
     global _store
