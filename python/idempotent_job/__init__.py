@@ -365,7 +365,10 @@ def held(job_type: str | None = None, limit: int = _native.DEFAULT_HELD_LIMIT) -
     """The held operations (a stale claim under ``on_stale="hold"``), oldest first, as
     ``(job_type, operation_key)`` pairs; only ``job_type``'s when given, at most ``limit``
     (1 or more; beyond 64 bits, no limit). Read-only. ConfigurationError for a job type that
-    is not valid UTF-8 or a limit below 1 or not an int (``True``, ``1.5``, ``"5"``)."""
+    is not valid UTF-8 or a limit below 1 or not an int (``True``, ``1.5``, ``"5"``). Only the
+    keys are read: a record the core cannot read (a time edited to ``'infinity'``) is listed,
+    and :func:`record` of it raises ``UnreadableRecordError`` naming it and its column (the
+    Ruby gem's ``held``, which returns records, raises that error; its web page marks the row)."""
     return _current().held(None if job_type is None else _job_type(job_type), _whole(limit))
 
 

@@ -32,6 +32,51 @@ pub async fn find(conn: &Conn, job_type: &str, operation_key: &str) -> Result<Op
     Record::from_row(&row).map(Some)
 }
 
+/// A record as a list shows it ([`find_listed`]): read, or marked as one the core
+/// cannot read (a time edited by hand to `'infinity'`), so one such record does not
+/// hide the others; its own read ([`find`]) stays the error.
+#[derive(Debug)]
+pub enum Listed {
+    /// The record, read.
+    Read(Box<Record>),
+    /// The record cannot be read: `column` is the first column that cannot, `error`
+    /// the [`Error::Unreadable`] its own read raises (naming the record and the column).
+    Unreadable {
+        /// The column's name ([`Record::COLUMNS`]).
+        column: &'static str,
+        /// The error [`find`] gives for it.
+        error: Error,
+    },
+}
+
+/// Reads one record for a list ([`find`], but a record the core cannot read is
+/// [`Listed::Unreadable`], not an error), or `None` when the operation was never claimed.
+///
+/// Errors: connection/database errors.
+pub async fn find_listed(
+    conn: &Conn,
+    job_type: &str,
+    operation_key: &str,
+) -> Result<Option<Listed>> {
+    let result = conn
+        .query_own(
+            FIND_SQL,
+            &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+        )
+        .await;
+    let Some(row) = result?.into_iter().next() else {
+        return Ok(None);
+    };
+    match Record::from_row(&row) {
+        Ok(record) => Ok(Some(Listed::Read(Box::new(record)))),
+        Err(error @ Error::Unreadable(_)) => Ok(Some(Listed::Unreadable {
+            column: Record::unreadable_column(&row).unwrap_or("?"),
+            error,
+        })),
+        Err(error) => Err(error),
+    }
+}
+
 /// Whether the operation's record is completed (see [`COMPLETED_SQL`]): one round
 /// trip, nothing written.
 ///
