@@ -243,21 +243,29 @@ pub async fn repeats(
         .await?;
     rows.iter()
         .map(|row| {
+            // A value no time holds (edited to 'infinity') names the record and column.
+            fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+                row: &'a tokio_postgres::Row,
+                name: &str,
+            ) -> Result<T> {
+                row.try_get(name)
+                    .map_err(|e| crate::record::unreadable_column(row, name, &e))
+            }
             Ok(Repeated {
-                job_type: row.try_get("job_type")?,
-                operation_key: row.try_get("operation_key")?,
-                status: row.try_get("status")?,
-                attempts: row.try_get("attempts")?,
-                takeovers: row.try_get("takeovers")?,
-                duplicates: row.try_get("duplicates")?,
-                mismatches: row.try_get("mismatches")?,
-                first_claimed_at: row.try_get("first_claimed_at")?,
-                repeat_times: row.try_get("repeat_times")?,
-                job_classes: row.try_get("job_classes")?,
-                delivery_id: row.try_get("jid")?,
-                completed_at: row.try_get("completed_at")?,
-                first_facts: row.try_get("first_facts")?,
-                repeat_facts: row.try_get("repeat_facts")?,
+                job_type: get(row, "job_type")?,
+                operation_key: get(row, "operation_key")?,
+                status: get(row, "status")?,
+                attempts: get(row, "attempts")?,
+                takeovers: get(row, "takeovers")?,
+                duplicates: get(row, "duplicates")?,
+                mismatches: get(row, "mismatches")?,
+                first_claimed_at: get(row, "first_claimed_at")?,
+                repeat_times: get(row, "repeat_times")?,
+                job_classes: get(row, "job_classes")?,
+                delivery_id: get(row, "jid")?,
+                completed_at: get(row, "completed_at")?,
+                first_facts: get(row, "first_facts")?,
+                repeat_facts: get(row, "repeat_facts")?,
             })
         })
         .collect()
