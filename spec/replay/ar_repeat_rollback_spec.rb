@@ -105,8 +105,8 @@ RSpec.describe "ActiveRecord mode: a repeat whose transaction rolls back after t
       end
     end
 
-    def deliver_once(&body)
-      IdempotentJob.perform_once(job_type, key, transaction: :active_record, &body)
+    def deliver_once(&)
+      IdempotentJob.perform_once(job_type, key, transaction: :active_record, &)
     end
 
     it "leaves no record for a first claim; the next delivery is a first claim with no repeat" do
@@ -135,6 +135,27 @@ RSpec.describe "ActiveRecord mode: a repeat whose transaction rolls back after t
       end
       expect(bookkeeping).to be_nil
       deliver_once { :ran }
+      expect(bookkeeping).to eq("status" => "completed", "attempts" => 1, "duplicates" => 0, "repeats" => 0,
+                                "facts" => 0)
+    end
+
+    # ActiveRecord::Rollback in a transaction block that joined an outer one rolls back
+    # nothing: before, the joined session's claim (and the body's writes) stayed in the
+    # outer transaction and committed with it, a claim left "claimed" while the error
+    # said "nothing was recorded" (a later delivery would take it over and run the body
+    # again). The joined session is a savepoint now, so the Rollback undoes its work.
+    it "records nothing for a body raising ActiveRecord::Rollback in a joined transaction that commits" do
+      raised = nil
+      ActiveRecord::Base.transaction do
+        deliver_once { raise ActiveRecord::Rollback }
+      rescue IdempotentJob::Error => e
+        raised = e # the outer transaction goes on and commits
+      end
+      expect(raised&.message).to include("rolled back (ActiveRecord::Rollback): nothing was recorded")
+      expect(bookkeeping).to be_nil
+      ran = []
+      deliver_once { ran << :first_claim }
+      expect(ran).to eq([:first_claim])
       expect(bookkeeping).to eq("status" => "completed", "attempts" => 1, "duplicates" => 0, "repeats" => 0,
                                 "facts" => 0)
     end

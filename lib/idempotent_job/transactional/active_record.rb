@@ -15,8 +15,11 @@ module IdempotentJob
       # Parameters of the fenced changes that store a text ($4).
       TEXT_CHANGES = %i[release expire hold].freeze
 
-      # Runs the block in `ActiveRecord::Base.transaction`. A repeat the claim met (a
-      # duplicate, a retry, a takeover) is queued for the asynchronous repeat bookkeeping
+      # Runs the block in `ActiveRecord::Base.transaction` (inside an outer transaction, in
+      # a savepoint of it: `requires_new: true`, so a rollback of the block undoes the
+      # claim and the body's writes while the outer transaction goes on). A repeat the
+      # claim met (a duplicate, a retry, a takeover) is queued for the asynchronous repeat
+      # bookkeeping
       # by the delivery's native call itself, when it ends without an error and this
       # transaction is the outermost one (not one joining an outer transaction, whose
       # rollback would undo the claim: then nothing is queued); the bookkeeping's batches
@@ -36,7 +39,10 @@ module IdempotentJob
         finished = false
         result = with_connection do |connection|
           outermost = !connection.transaction_open?
-          connection.transaction do
+          # Inside an outer transaction, a savepoint: ActiveRecord::Rollback (or an error
+          # the caller rescues) then undoes the claim and the body's writes, where a joined
+          # block would roll back nothing and leave the claim to commit with the outer one.
+          connection.transaction(requires_new: !outermost) do
             value = yield new(connection, outermost:)
             finished = true
             value
