@@ -186,6 +186,9 @@ module IdempotentJob
     #   attempts, jid (the last claiming delivery), job_class, queue and args
     # @raise [ConfigurationError] for a job type that is not valid UTF-8, a limit below 1
     #   or not an Integer (1.5, "5")
+    # @raise [UnreadableRecordError] naming a held record and its column the core cannot
+    #   read (a time edited to 'infinity'; Python's `held`, keys only, lists it; the web
+    #   page marks its row)
     # @raise [ConnectionError, DatabaseError]
     def held(job_type: nil, limit: Native::DEFAULT_HELD_LIMIT)
       # A record resolved between the two reads is left out.

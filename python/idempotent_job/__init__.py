@@ -104,7 +104,7 @@ def configure(**settings: Any) -> None:
     Raises:
         ConfigurationError: naming an unknown setting or a bad value; None too, where the
             Ruby gem's nil is refused (a job default: "lease must be set (its default is
-            300), got null"; a connection setting that must have a value), in the core's
+            300), got None"; a connection setting that must have a value), in the core's
             words. ``database_url=None`` reads the environment.
     """
     global _store
@@ -289,7 +289,9 @@ def perform_once(
         _native.not_taken(job_type, "perform_once", sorted(unknown)[0], _PERFORM_ONCE_OPTIONS)
     if not callable(fn):
         raise ConfigurationError(f"{job_type}: perform_once needs a callable body, got {type(fn).__name__}")
-    _check_delivery(job_type, id=id, job_class=job_class, queue=queue, deferrals=deferrals, facts=facts)
+    deferrals = _check_delivery(
+        job_type, id=id, job_class=job_class, queue=queue, deferrals=deferrals, facts=facts
+    )
     key_text = Store.operation_key(job_type, key)
     store = _current()
     options = {
@@ -327,13 +329,10 @@ def perform_once(
     )
 
 
-#: The most deferrals a delivery may say it met (the core's rule).
-_MAX_DEFERRALS = _native.MAX_DEFERRALS
-
-
-def _check_delivery(job_type: str, *, deferrals: Any, facts: Any, **texts: Any) -> None:
+def _check_delivery(job_type: str, *, deferrals: Any, facts: Any, **texts: Any) -> int:
     """ConfigurationError naming the job for a delivery argument of the wrong kind, before
-    anything is claimed (the native layer would raise a bare TypeError or OverflowError)."""
+    anything is claimed (the native layer would raise a bare TypeError or OverflowError);
+    the deferral count as a plain int otherwise."""
 
     def refuse(what: str, value: Any) -> ConfigurationError:
         return ConfigurationError(
@@ -344,13 +343,16 @@ def _check_delivery(job_type: str, *, deferrals: Any, facts: Any, **texts: Any) 
     for name, value in texts.items():
         if value is not None and not isinstance(value, str):
             raise refuse(f"{name} must be a str (or None)", value)
-    if isinstance(deferrals, bool) or not isinstance(deferrals, int) or not 0 <= deferrals <= _MAX_DEFERRALS:
-        # The core's words (the Ruby gem's for a payload's idempotency_deferrals too).
+    # The core's count rule and words (the Ruby gem's for a payload's idempotency_deferrals
+    # too), read from the int's value; a str is no count here (the doors read header text).
+    if isinstance(deferrals, str):
         raise ConfigurationError(
             _native.deferrals_refusal(job_type, "perform_once's deferrals", repr(deferrals))
         )
+    count = _native.delivery_count(job_type, "perform_once's deferrals", deferrals)
     if facts is not None and not isinstance(facts, dict):
         raise refuse("facts must be a dict (or None)", facts)
+    return count
 
 
 #: The keywords perform_once takes after the job type, the key and the body.
@@ -363,7 +365,10 @@ def held(job_type: str | None = None, limit: int = _native.DEFAULT_HELD_LIMIT) -
     """The held operations (a stale claim under ``on_stale="hold"``), oldest first, as
     ``(job_type, operation_key)`` pairs; only ``job_type``'s when given, at most ``limit``
     (1 or more; beyond 64 bits, no limit). Read-only. ConfigurationError for a job type that
-    is not valid UTF-8 or a limit below 1 or not an int (``True``, ``1.5``, ``"5"``)."""
+    is not valid UTF-8 or a limit below 1 or not an int (``True``, ``1.5``, ``"5"``). Only the
+    keys are read: a record the core cannot read (a time edited to ``'infinity'``) is listed,
+    and :func:`record` of it raises ``UnreadableRecordError`` naming it and its column (the
+    Ruby gem's ``held``, which returns records, raises that error; its web page marks the row)."""
     return _current().held(None if job_type is None else _job_type(job_type), _whole(limit))
 
 

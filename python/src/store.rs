@@ -11,7 +11,7 @@ use crate::convert;
 use crate::errors::config;
 use crate::gil::detached;
 use crate::protocol::{self, JobProtocol, Outcome};
-use idempotent_job_core::config::{Config, CONNECTION_SETTINGS};
+use idempotent_job_core::config::{check_setting, setting_rule, Config, CONNECTION_SETTINGS};
 use idempotent_job_core::error::Error;
 use idempotent_job_core::job_settings::JobDefaults;
 use idempotent_job_core::protocol::{JobOptions, LookupAnswer, Protocol};
@@ -154,6 +154,17 @@ impl Store {
     fn new(settings_json: &str) -> PyResult<Self> {
         let parsed: Map<String, Value> =
             serde_json::from_str(settings_json).map_err(|e| config(format!("configure: {e}")))?;
+        // A None is refused by the core's rule in Python's notation ("got None", as every
+        // other value is shown by its repr; Ruby's "got nil"), not as the JSON it travels as.
+        let job_defaults = JobDefaults::setting_names(&NOT_TAKEN);
+        for (name, _) in parsed.iter().filter(|(_, value)| value.is_null()) {
+            if job_defaults.contains(&name.as_str()) {
+                JobDefaults::check(name, &Value::Null, Some("None"))
+                    .map_err(crate::errors::to_py)?;
+            } else if setting_rule(name).is_some() {
+                check_setting(name, &Value::Null, Some("None")).map_err(crate::errors::to_py)?;
+            }
+        }
         let (defaults, mut native) =
             JobDefaults::from_settings(parsed, &NOT_TAKEN).map_err(crate::errors::to_py)?;
         if let Some(name) = native

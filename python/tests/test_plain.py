@@ -573,6 +573,34 @@ def test_a_delivery_argument_of_the_wrong_kind_names_the_job_and_nothing_runs(
     assert idempotent_job.record(scenario, "1") is None
 
 
+class _LyingInt(int):
+    """An int that says it is in every range (a hostile subclass's comparisons)."""
+
+    def __le__(self, other):
+        return True
+
+    def __ge__(self, other):
+        return True
+
+    def __lt__(self, other):
+        return False
+
+    def __gt__(self, other):
+        return False
+
+
+def test_a_deferral_count_is_read_by_the_cores_rule_not_by_its_own_comparisons(scenario):
+    # The range is the core's (protocol::delivery_count), read from the int's value:
+    # Python restating it with the value's own comparisons let _LyingInt(-1) through to
+    # the native call ("OverflowError: can't convert negative int to unsigned").
+    runs = []
+    expected = f"^{scenario}: perform_once's deferrals must be a whole number from 0 to 4294967295, got -1; "
+    with pytest.raises(errors.ConfigurationError, match=expected):
+        idempotent_job.perform_once(scenario, "1", lambda c: runs.append(1), deferrals=_LyingInt(-1))
+    assert runs == []
+    assert idempotent_job.record(scenario, "1") is None
+
+
 def test_a_job_type_of_none_is_refused_not_stored_as_the_text_none(scenario):
     runs = []
     with pytest.raises(errors.ConfigurationError, match="the job type must be given"):

@@ -33,6 +33,8 @@ refused("resolve") { IdempotentJob.resolve("SameWords", "1", as: 1) }
 refused("resolve_name") { IdempotentJob.resolve("SameWords", "1", as: :maybe) }
 refused("unset_lease") { IdempotentJob.configure(lease: nil) }
 refused("unset_on_stale") { IdempotentJob.configure(on_stale: nil) }
+refused("unset_checkout_timeout") { IdempotentJob.configure(database_url: url, checkout_timeout: nil) }
+refused("unset_application_name") { IdempotentJob.configure(database_url: url, application_name: nil) }
 refused("url_connect_timeout") do
   IdempotentJob.configure(database_url: "#{url}?connect_timeout=1e30")
   IdempotentJob.record("SameWords", "1")
@@ -80,17 +82,29 @@ def test_resolve_as_is_the_cores_parse_in_both(ruby_said):
     assert ruby_said["resolve_name"][1] == "resolve as must be done or rerun, got :maybe"
 
 
-@pytest.mark.parametrize("name,default", [("lease", "300"), ("on_stale", '"reclaim"')])
-def test_an_unset_job_default_is_refused_in_the_cores_words(ruby_said, name, default):
-    """Ruby worded "must be set (its default is …)" itself; Python skipped a None."""
+@pytest.mark.parametrize(
+    "name,words",
+    [
+        ("lease", "lease must be set (its default is 300)"),
+        ("on_stale", 'on_stale must be set (its default is "reclaim")'),
+        (
+            "checkout_timeout",
+            "checkout_timeout must be a positive number of seconds up to 315360000 (ten years)",
+        ),
+        ("application_name", "application_name must be a non-empty string"),
+    ],
+)
+def test_an_unset_setting_is_refused_in_the_cores_words_and_the_hosts_notation(ruby_said, name, words):
+    """Ruby worded "must be set (its default is …)" itself; Python skipped a None. Each
+    language shows the unset value in its own notation (None, nil), as every other value
+    (Python said JSON's "got null")."""
     url = os.environ["DATABASE_URL"]
     try:
         said = python_said(lambda: idempotent_job.configure(database_url=url, **{name: None}))
     finally:
         idempotent_job.configure(database_url=url)
-    words = f"{name} must be set (its default is {default}), got "
-    assert said == ["ConfigurationError", words + "null"]
-    assert ruby_said[f"unset_{name}"] == ["ConfigurationError", words + "nil"]
+    assert said == ["ConfigurationError", f"{words}, got None"]
+    assert ruby_said[f"unset_{name}"] == ["ConfigurationError", f"{words}, got nil"]
 
 
 def test_the_urls_connect_timeout_has_the_settings_rule_in_both(ruby_said):

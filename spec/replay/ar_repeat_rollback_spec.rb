@@ -75,4 +75,99 @@ RSpec.describe "ActiveRecord mode: a repeat whose transaction rolls back after t
       expect(counts).to eq("duplicates" => 0, "facts" => 0)
     end
   end
+
+  # `transaction: :active_record` inside an outer ActiveRecord transaction joins it (the
+  # session is not the outermost: it queues no repeat bookkeeping, as the outer
+  # transaction may still roll the claim back). Here the delivery runs in a savepoint
+  # (`requires_new: true`) that is rolled back while the outer transaction commits: the
+  # claim statement's counting is undone with the savepoint, and nothing else may count
+  # a repeat or an attempt for a body that never committed.
+  describe "inside an outer transaction, in a savepoint (requires_new: true) that is rolled back" do
+    let(:job_type) { "SavepointArJob" }
+    let(:key) { "sp-#{SecureRandom.hex(4)}" }
+
+    def bookkeeping
+      IdempotentJob.record(job_type, key) # writes this process's queued bookkeeping first
+      Effects.connection.exec_params(
+        "SELECT status, attempts, duplicates, cardinality(repeat_times) AS repeats,
+                jsonb_array_length(repeat_facts) AS facts
+           FROM idempotent_job_records WHERE job_type = $1 AND operation_key = $2",
+        [job_type, key]
+      ).first&.then { |row| row.to_h { |k, v| [k, k == "status" ? v : v.to_i] } }
+    end
+
+    def in_rolled_back_savepoint
+      ActiveRecord::Base.transaction do
+        ActiveRecord::Base.transaction(requires_new: true) do
+          yield
+          raise ActiveRecord::Rollback
+        end
+      end
+    end
+
+    def deliver_once(&)
+      IdempotentJob.perform_once(job_type, key, transaction: :active_record, &)
+    end
+
+    it "leaves no record for a first claim; the next delivery is a first claim with no repeat" do
+      ran = []
+      in_rolled_back_savepoint { deliver_once { ran << :rolled_back } }
+      expect(ran).to eq([:rolled_back])
+      expect(bookkeeping).to be_nil
+      deliver_once { ran << :committed }
+      expect(ran).to eq(%i[rolled_back committed])
+      expect(bookkeeping).to eq("status" => "completed", "attempts" => 1, "duplicates" => 0, "repeats" => 0,
+                                "facts" => 0)
+    end
+
+    it "counts no duplicate for a delivery of a completed operation" do
+      deliver_once { :ran }
+      in_rolled_back_savepoint { deliver_once { raise "ran twice" } }
+      expect(bookkeeping).to eq("status" => "completed", "attempts" => 1, "duplicates" => 0, "repeats" => 0,
+                                "facts" => 0)
+    end
+
+    it "leaves no record for a body that raised, its savepoint rolled back and the error rescued outside" do
+      ActiveRecord::Base.transaction do
+        ActiveRecord::Base.transaction(requires_new: true) { deliver_once { raise ArgumentError, "body failed" } }
+      rescue ArgumentError
+        nil # the outer transaction goes on and commits
+      end
+      expect(bookkeeping).to be_nil
+      deliver_once { :ran }
+      expect(bookkeeping).to eq("status" => "completed", "attempts" => 1, "duplicates" => 0, "repeats" => 0,
+                                "facts" => 0)
+    end
+
+    # ActiveRecord::Rollback in a transaction block that joined an outer one rolls back
+    # nothing: before, the joined session's block swallowed it, so the claim (and the
+    # body's writes) stayed in the outer transaction and committed with it when the caller
+    # rescued the gem's error, a claim left "claimed" while that error said "nothing was
+    # recorded" (a later delivery would take it over and run the body again). The joined
+    # session opens no block of its own now: the Rollback reaches the caller's block.
+    it "lets a body's ActiveRecord::Rollback in a joined transaction roll back the caller's block" do
+      after_delivery = []
+      ActiveRecord::Base.transaction do
+        deliver_once { raise ActiveRecord::Rollback }
+        after_delivery << :ran
+      rescue IdempotentJob::Error
+        nil # the outer transaction goes on and commits
+      end
+      expect(after_delivery).to eq([])
+      expect(bookkeeping).to be_nil
+      ran = []
+      deliver_once { ran << :first_claim }
+      expect(ran).to eq([:first_claim])
+      expect(bookkeeping).to eq("status" => "completed", "attempts" => 1, "duplicates" => 0, "repeats" => 0,
+                                "facts" => 0)
+    end
+
+    it "control: in a savepoint that is released, the duplicate is counted with the outer commit" do
+      deliver_once { :ran }
+      ActiveRecord::Base.transaction do
+        ActiveRecord::Base.transaction(requires_new: true) { deliver_once { raise "ran twice" } }
+      end
+      expect(bookkeeping).to include("duplicates" => 1, "repeats" => 1)
+    end
+  end
 end

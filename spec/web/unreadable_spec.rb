@@ -9,8 +9,9 @@ require_relative "../support/web_records"
 # A record the database holds but the core cannot read (a time edited by hand to
 # 'infinity', which no Ruby or Python time holds): the core refuses it with an
 # UnreadableRecordError (a ConfigurationError) naming the record and the column. That is not the browser's bad
-# input: the page answers a 500 saying which record cannot be read and why, never a 400
-# "bad request" (a bad parameter stays a 400). Through Rack::Test against the real
+# input: the record's page answers a 500 saying which record cannot be read and why, never
+# a 400 "bad request" (a bad parameter stays a 400); a list shows the other records and
+# marks that one. Through Rack::Test against the real
 # PostgreSQL.
 RSpec.describe IdempotentJob::Web, "with a record the core cannot read" do
   include Rack::Test::Methods
@@ -25,25 +26,34 @@ RSpec.describe IdempotentJob::Web, "with a record the core cannot read" do
     Effects.connection.exec_params("DELETE FROM idempotent_job_records WHERE job_type = $1", [job_type])
   end
 
-  it "answers the lists with a 500 naming the record and its column, never a 400" do
+  it "lists the other records and marks the unreadable one; its record page is a 500 naming it, never a 400" do
     web_stopped(job_type, "7", as: :hold)
+    web_stopped(job_type, "8", as: :hold)
     Effects.connection.exec_params(
-      "UPDATE idempotent_job_records SET claimed_at = 'infinity' WHERE job_type = $1", [job_type]
+      "UPDATE idempotent_job_records SET claimed_at = 'infinity' WHERE job_type = $1 AND operation_key = '7'",
+      [job_type]
     )
     expect { IdempotentJob.record(job_type, "7") }
       .to raise_error(IdempotentJob::UnreadableRecordError, /its column claimed_at/) { |e|
         expect(e).to be_a(IdempotentJob::ConfigurationError)
         expect(e).not_to be_retryable
       }
-    ["/?job_type=#{job_type}", "/records?job_type=#{job_type}",
-     "/record?job_type=#{job_type}&operation_key=7", "/takeovers"].each do |path|
+    # A list reads each record on its own: one it cannot read is a marked row (its job
+    # type and key, and which column), not a 500 hiding the others.
+    ["/?job_type=#{job_type}", "/records?job_type=#{job_type}", "/takeovers"].each do |path|
       get path
-      expect(last_response.status).to eq(500), "#{path}: #{last_response.status} #{last_response.body[0, 300]}"
+      expect(last_response.status).to eq(200), "#{path}: #{last_response.status} #{last_response.body[0, 300]}"
       body = CGI.unescapeHTML(last_response.body)
-      expect(body).to include("A record cannot be read",
-                              "the record of #{job_type} operation \"7\" cannot be read: its column claimed_at")
-      expect(body).not_to include("Bad request")
+      expect(body).to include("jid-8", "unreadable: claimed_at")
+      expect(body).to include("operation_key=7") # the marked row links to its record page
     end
+
+    get "/record?job_type=#{job_type}&operation_key=7"
+    expect(last_response.status).to eq(500)
+    body = CGI.unescapeHTML(last_response.body)
+    expect(body).to include("A record cannot be read",
+                            "the record of #{job_type} operation \"7\" cannot be read: its column claimed_at")
+    expect(body).not_to include("Bad request")
 
     get "/records", job_type:, status: "finished"
     expect(last_response.status).to eq(400)

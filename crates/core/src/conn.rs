@@ -243,25 +243,41 @@ pub struct PgConn {
 }
 
 /// A connection error met before the server answered (refused, unreachable, a name
-/// that does not resolve) with the hosts and ports it tried and what to check, so a
-/// wrong `database_url` is recognised from the message alone. Errors the server sent
-/// (they carry a SQLSTATE: a wrong database, role or password) already say so.
+/// that does not resolve) with the addresses and ports it tried (a `hostaddr`'s, with
+/// its host when both are given) and what to check, so a wrong `database_url` is
+/// recognised from the message alone. Errors the server sent (they carry a SQLSTATE: a
+/// wrong database, role or password) already say so.
 fn naming_target(err: Error, config: &tokio_postgres::Config) -> Error {
     match err {
         Error::Connection {
             message,
             sqlstate: None,
         } => {
-            let ports = config.get_ports();
-            let targets: Vec<String> = (config.get_hosts().iter().enumerate())
-                .map(|(i, host)| {
+            let (hosts, addrs, ports) = (
+                config.get_hosts(),
+                config.get_hostaddrs(),
+                config.get_ports(),
+            );
+            // The driver connects to the hostaddr when given (libpq's rule; the host then
+            // only names the server for TLS), to the host otherwise.
+            let targets: Vec<String> = (0..hosts.len().max(addrs.len()))
+                .map(|i| {
                     let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-                    match host {
-                        tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                    match (addrs.get(i), hosts.get(i)) {
+                        (Some(addr), Some(tokio_postgres::config::Host::Tcp(name)))
+                            if !name.is_empty() =>
+                        {
+                            format!("{addr}:{port} (host {name})")
+                        }
+                        (Some(addr), _) => format!("{addr}:{port}"),
+                        (None, Some(tokio_postgres::config::Host::Tcp(name))) => {
+                            format!("{name}:{port}")
+                        }
                         #[cfg(unix)]
-                        tokio_postgres::config::Host::Unix(path) => {
+                        (None, Some(tokio_postgres::config::Host::Unix(path))) => {
                             format!("{}/.s.PGSQL.{port}", path.display())
                         }
+                        (None, None) => format!("?:{port}"),
                     }
                 })
                 .collect();

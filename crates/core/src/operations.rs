@@ -79,6 +79,26 @@ pub fn find(
     })
 }
 
+/// One record for a list ([`records::find_listed`]): [`find`], but a record the core
+/// cannot read is [`records::Listed::Unreadable`] (its column named), not an error.
+///
+/// Errors: [`Error::Config`] for a job type or key that is not valid text; connection
+/// and database errors.
+pub fn find_listed(
+    pool: &PoolHandle,
+    interrupt: &Interrupt<'_>,
+    job_type: &str,
+    operation_key: &str,
+) -> Result<Option<records::Listed>> {
+    check_texts(&[
+        ("job type", Some(job_type)),
+        ("operation key", Some(operation_key)),
+    ])?;
+    with_settled_conn(pool, interrupt, async |c| {
+        records::find_listed(c, job_type, operation_key).await
+    })
+}
+
 /// Up to `limit` held operations (of `job_type`, or of every type), oldest first, as
 /// `(job_type, operation_key)` pairs. Read-only: sent again on a fresh connection.
 ///

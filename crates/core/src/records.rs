@@ -32,6 +32,51 @@ pub async fn find(conn: &Conn, job_type: &str, operation_key: &str) -> Result<Op
     Record::from_row(&row).map(Some)
 }
 
+/// A record as a list shows it ([`find_listed`]): read, or marked as one the core
+/// cannot read (a time edited by hand to `'infinity'`), so one such record does not
+/// hide the others; its own read ([`find`]) stays the error.
+#[derive(Debug)]
+pub enum Listed {
+    /// The record, read.
+    Read(Box<Record>),
+    /// The record cannot be read: `column` is the first column that cannot, `error`
+    /// the [`Error::Unreadable`] its own read raises (naming the record and the column).
+    Unreadable {
+        /// The column's name ([`Record::COLUMNS`]).
+        column: &'static str,
+        /// The error [`find`] gives for it.
+        error: Error,
+    },
+}
+
+/// Reads one record for a list ([`find`], but a record the core cannot read is
+/// [`Listed::Unreadable`], not an error), or `None` when the operation was never claimed.
+///
+/// Errors: connection/database errors.
+pub async fn find_listed(
+    conn: &Conn,
+    job_type: &str,
+    operation_key: &str,
+) -> Result<Option<Listed>> {
+    let result = conn
+        .query_own(
+            FIND_SQL,
+            &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+        )
+        .await;
+    let Some(row) = result?.into_iter().next() else {
+        return Ok(None);
+    };
+    match Record::from_row(&row) {
+        Ok(record) => Ok(Some(Listed::Read(Box::new(record)))),
+        Err(error @ Error::Unreadable(_)) => Ok(Some(Listed::Unreadable {
+            column: Record::unreadable_column(&row).unwrap_or("?"),
+            error,
+        })),
+        Err(error) => Err(error),
+    }
+}
+
 /// Whether the operation's record is completed (see [`COMPLETED_SQL`]): one round
 /// trip, nothing written.
 ///
@@ -198,21 +243,29 @@ pub async fn repeats(
         .await?;
     rows.iter()
         .map(|row| {
+            // A value no time holds (edited to 'infinity') names the record and column.
+            fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+                row: &'a tokio_postgres::Row,
+                name: &str,
+            ) -> Result<T> {
+                row.try_get(name)
+                    .map_err(|e| crate::record::unreadable_column(row, name, &e))
+            }
             Ok(Repeated {
-                job_type: row.try_get("job_type")?,
-                operation_key: row.try_get("operation_key")?,
-                status: row.try_get("status")?,
-                attempts: row.try_get("attempts")?,
-                takeovers: row.try_get("takeovers")?,
-                duplicates: row.try_get("duplicates")?,
-                mismatches: row.try_get("mismatches")?,
-                first_claimed_at: row.try_get("first_claimed_at")?,
-                repeat_times: row.try_get("repeat_times")?,
-                job_classes: row.try_get("job_classes")?,
-                delivery_id: row.try_get("jid")?,
-                completed_at: row.try_get("completed_at")?,
-                first_facts: row.try_get("first_facts")?,
-                repeat_facts: row.try_get("repeat_facts")?,
+                job_type: get(row, "job_type")?,
+                operation_key: get(row, "operation_key")?,
+                status: get(row, "status")?,
+                attempts: get(row, "attempts")?,
+                takeovers: get(row, "takeovers")?,
+                duplicates: get(row, "duplicates")?,
+                mismatches: get(row, "mismatches")?,
+                first_claimed_at: get(row, "first_claimed_at")?,
+                repeat_times: get(row, "repeat_times")?,
+                job_classes: get(row, "job_classes")?,
+                delivery_id: get(row, "jid")?,
+                completed_at: get(row, "completed_at")?,
+                first_facts: get(row, "first_facts")?,
+                repeat_facts: get(row, "repeat_facts")?,
             })
         })
         .collect()

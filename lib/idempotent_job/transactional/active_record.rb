@@ -15,8 +15,11 @@ module IdempotentJob
       # Parameters of the fenced changes that store a text ($4).
       TEXT_CHANGES = %i[release expire hold].freeze
 
-      # Runs the block in `ActiveRecord::Base.transaction`. A repeat the claim met (a
-      # duplicate, a retry, a takeover) is queued for the asynchronous repeat bookkeeping
+      # Runs the block in `ActiveRecord::Base.transaction`; inside a transaction the caller
+      # opened, in that one as it is (no nested transaction: the distributed profile has
+      # none), so an ActiveRecord::Rollback from the body reaches the caller's block and
+      # rolls it back, claim included. A repeat the claim met (a duplicate, a retry, a
+      # takeover) is queued for the asynchronous repeat bookkeeping
       # by the delivery's native call itself, when it ends without an error and this
       # transaction is the outermost one (not one joining an outer transaction, whose
       # rollback would undo the claim: then nothing is queued); the bookkeeping's batches
@@ -28,6 +31,7 @@ module IdempotentJob
       # @return [Object] the block's value
       # @raise [ConfigurationError] when ActiveRecord is not loaded
       # @raise [Error] when the block's transaction was rolled back by ActiveRecord::Rollback
+      #   (inside the caller's transaction, the Rollback itself reaches the caller's block)
       def self.within
         unless defined?(::ActiveRecord::Base)
           raise ConfigurationError, "idempotency_transaction: :active_record needs ActiveRecord loaded"
@@ -36,11 +40,14 @@ module IdempotentJob
         finished = false
         result = with_connection do |connection|
           outermost = !connection.transaction_open?
-          connection.transaction do
+          # Joined, a `transaction` block would swallow an ActiveRecord::Rollback and roll
+          # back nothing: the claim would commit with the caller's transaction, left claimed.
+          run = lambda do
             value = yield new(connection, outermost:)
             finished = true
             value
           end
+          outermost ? connection.transaction(&run) : run.call
         end
         unless finished
           raise Error, "the idempotent transaction was rolled back (ActiveRecord::Rollback): nothing was " \

@@ -124,7 +124,7 @@ module IdempotentJob
       def index
         job_type = param("job_type")
         page("index", "Held and given-up operations", job_type:, job_types: Records.job_types,
-                                                      held: IdempotentJob.held(job_type:, limit: @limit),
+                                                      held: Records.held(job_type:, limit: @limit),
                                                       given_up: Records.given_up(job_type:, limit: @limit))
       end
 

@@ -160,6 +160,17 @@ module IdempotentJob
 
       # @param record [Record]
       # @return [String] a link to the record's page (HTML)
+      # A list's row for a record the core cannot read ({Records::Unreadable}): its job
+      # type (unless the list is of one), its key linking to its record page (the 500
+      # naming it) and which column, across the `span` columns after the key.
+      # @return [String] HTML
+      def unreadable_row(record, span, job_type: true)
+        cells = job_type ? "<td>#{h record.job_type}</td>" : ""
+        %(<tr class="ij-unreadable">#{cells}<td class="ij-key">#{record_link(record)}</td>) +
+          %(<td colspan="#{span}" class="ij-error-text" title="#{h record.message}">unreadable: ) +
+          %(#{h record.column}</td></tr>)
+      end
+
       def record_link(record, text = record.operation_key)
         %(<a href="#{path("/record", job_type: record.job_type, operation_key: record.operation_key)}">#{h(text)}</a>)
       end

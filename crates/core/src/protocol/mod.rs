@@ -56,9 +56,9 @@ pub use crate::record::ClaimKind;
 pub use crate::transitions::{OnMismatch, OnStale};
 pub use channel::{Channel, Direct};
 pub use delays::{
-    claim_error_report, deferral_delay, deferrals_refused, deferrals_valid, delivery_count,
-    unreachable_delay, CLAIM_ERROR_LOG_INTERVAL, COMPLETION_RETRY_DELAYS, DEFERRAL_FACTOR,
-    DEFERRAL_FIRST_DELAY, MAX_DEFERRALS, UNREACHABLE_MAX_DELAY,
+    claim_error_report, deferral_delay, deferrals_refused, delivery_count, unreachable_delay,
+    CLAIM_ERROR_LOG_INTERVAL, COMPLETION_RETRY_DELAYS, DEFERRAL_FACTOR, DEFERRAL_FIRST_DELAY,
+    MAX_DEFERRALS, UNREACHABLE_MAX_DELAY,
 };
 pub use job_options::{JobOptions, DEFAULT_DEFER_MARGIN_SECONDS, MIN_LEASE_SECONDS};
 pub use note::{Detail, DoorWords, Level, Note, NoteKind, Notes};

@@ -19,4 +19,5 @@ pub use claim::{
 };
 pub(crate) use result::params;
 pub use result::{prepare, PreparedResult, Replay, ResultInput, ResultState};
+pub(crate) use stored::unreadable_column;
 pub use stored::{Field, Record, FIND_SQL, RESOLVE_SQL};

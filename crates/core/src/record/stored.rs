@@ -70,6 +70,19 @@ macro_rules! record {
                 })
             }
 
+            /// The first column of `row` the core cannot read ([`Record::from_row`]'s
+            /// [`Error::Unreadable`](crate::error::Error::Unreadable)), if any: what a list
+            /// marks for a record it shows without reading (`records::Listed`).
+            pub fn unreadable_column(row: &Row) -> Option<&'static str> {
+                if row.try_get::<_, $first_ty>(stringify!($first)).is_err() {
+                    return Some(stringify!($first));
+                }
+                $(if row.try_get::<_, $ty>(stringify!($field)).is_err() {
+                    return Some(stringify!($field));
+                })*
+                None
+            }
+
             /// Every field's name for the bindings ([`Record::NAMES`]) and value, in
             /// [`Record::COLUMNS`]' order.
             pub fn fields(&self) -> impl Iterator<Item = (&'static str, Field<'_>)> {

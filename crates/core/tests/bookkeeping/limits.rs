@@ -178,3 +178,41 @@ fn a_since_before_postgresqls_first_timestamp_reads_every_repeat() {
         );
     }
 }
+
+/// A record whose `first_claimed_at` was edited by hand to `'infinity'` (no time of the
+/// core's holds it) makes the repeats report fail with the core's UnreadableRecordError
+/// naming the record (job type and operation key) and the column, as a record's own read
+/// does, so the operator knows which row to fix.
+#[test]
+fn an_unreadable_first_claimed_at_in_the_repeats_report_names_the_record() {
+    let store = store_named(&unique("infinite-first"));
+    let job_type = unique("InfiniteFirst");
+    let req = ClaimRequest {
+        job_type: job_type.clone(),
+        operation_key: "k-9".into(),
+        lease_seconds: 30.0,
+        ..ClaimRequest::default()
+    };
+    for _ in 0..2 {
+        store.run(|pool, i| claim::deliver(pool, i, &req)).unwrap();
+    }
+    Admin::new().exec(&format!(
+        "UPDATE idempotent_job_records SET first_claimed_at = 'infinity' WHERE job_type = '{job_type}'"
+    ));
+    let since = Utc::now() - chrono::Duration::hours(1);
+    let read = store
+        .run(|pool, i| idempotent_job_core::operations::repeats(pool, i, since, Some(&job_type)));
+    // Gone before asserting: a report of every job type (another test's) reads it too.
+    Admin::new().exec(&format!(
+        "DELETE FROM idempotent_job_records WHERE job_type = '{job_type}'"
+    ));
+    let err = read.unwrap_err();
+    assert!(matches!(err, Error::Unreadable(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!(
+            "the record of {job_type} operation \"k-9\" cannot be read: its column first_claimed_at"
+        )),
+        "{text}"
+    );
+}

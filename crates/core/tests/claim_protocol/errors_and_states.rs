@@ -47,6 +47,30 @@ pub(crate) fn an_unreachable_database_is_a_connection_error() {
 }
 
 #[test]
+pub(crate) fn an_unreachable_hostaddr_is_named_with_its_host() {
+    // libpq's hostaddr: the address connected to (the host only names the server for
+    // TLS), so the message names the address tried, with the host when both are given.
+    for (url, named) in [
+        (
+            "postgres://u@db.invalid:1/x?hostaddr=127.0.0.2",
+            "connecting to 127.0.0.2:1 (host db.invalid)",
+        ),
+        (
+            "postgres://u@:1/x?hostaddr=127.0.0.3",
+            "connecting to 127.0.0.3:1:",
+        ),
+    ] {
+        let mut config = Config::new(url);
+        config.connect_timeout = 1.0;
+        config.deadline = 1.0;
+        let store = Store::new(config).unwrap();
+        let err = claim(&store, &request("Job", "1", 1.0)).unwrap_err();
+        assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+        assert!(err.to_string().contains(named), "{url}: {err}");
+    }
+}
+
+#[test]
 pub(crate) fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
     store(); // migrated
     let mut config = Config::new(database_url());

@@ -19,7 +19,7 @@ use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::migrate;
 use idempotent_job_core::operations;
 use idempotent_job_core::pool::{with_fresh_conn, Lane};
-use idempotent_job_core::records::{self, Resolution};
+use idempotent_job_core::records::{self, Listed, Resolution};
 use idempotent_job_core::report;
 use idempotent_job_core::results;
 use idempotent_job_core::session::Session;
@@ -107,6 +107,31 @@ impl NativeStore {
             operations::find(pool, i, &job_type, &operation_key)
         })?;
         record.map(|r| record_hash(ruby, r)).transpose()
+    }
+
+    /// `find_listed(job_type, operation_key)` → Hash of the record's columns, or nil; for
+    /// a record the core cannot read (a time edited to 'infinity'), `{"unreadable" =>
+    /// column, "error" => message}` instead of raising (the core's
+    /// `operations::find_listed`): a list shows the others and marks that one.
+    fn find_listed(
+        ruby: &Ruby,
+        rb_self: &Self,
+        job_type: String,
+        operation_key: String,
+    ) -> RbResult<Option<RHash>> {
+        let listed = rb_self.run(ruby, |pool, i| {
+            operations::find_listed(pool, i, &job_type, &operation_key)
+        })?;
+        match listed {
+            None => Ok(None),
+            Some(Listed::Read(record)) => record_hash(ruby, *record).map(Some),
+            Some(Listed::Unreadable { column, error }) => {
+                let hash = ruby.hash_new();
+                hash.aset("unreadable", column)?;
+                hash.aset("error", error.to_string())?;
+                Ok(Some(hash))
+            }
+        }
     }
 
     /// `held(job_type_or_nil, limit)` → Array of `[job_type, operation_key]`, oldest first.
@@ -387,6 +412,7 @@ pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
     class.define_singleton_method("new", function!(NativeStore::new, 1))?;
     class.define_method("wait", method!(NativeStore::wait, 2))?;
     class.define_method("find", method!(NativeStore::find, 2))?;
+    class.define_method("find_listed", method!(NativeStore::find_listed, 2))?;
     class.define_method("held", method!(NativeStore::held, 2))?;
     class.define_method("resolve", method!(NativeStore::resolve, 3))?;
     class.define_method("migrate", method!(NativeStore::migrate, 0))?;
