@@ -17,9 +17,11 @@ use super::{ClaimInfo, Decision, DeliveryRequest};
 pub enum Level {
     /// What a delivery did in the ordinary course (claimed again, deferred, skipped).
     Info,
-    /// Worth a look: a mismatch, a stale claim held, given up or run again.
+    /// Worth a look: a mismatch, a stale claim (held, given up, run again, or settled
+    /// by its lookup), a result not stored, a crash, max_run reached.
     Warn,
-    /// Something failed: a refused mismatch, a lookup, a completion, a release.
+    /// Something failed: a refused mismatch, a lookup, a lost claim, a completion, a
+    /// release.
     Error,
 }
 
