@@ -172,6 +172,10 @@ module IdempotentJob
       @heartbeat = self.class.job_default!(:heartbeat, value)
     end
 
+    # Every setting at its default: the core's job defaults ({JOB_DEFAULTS}), defer
+    # margin (1 s) and retention (30 days), and the connection settings of
+    # {NATIVE_DEFAULTS}, each checked by its writer. database_url and logger start nil
+    # (the environment's URL; the door's logger).
     def initialize
       @database_url = nil
       @defer_margin = Native::DEFAULT_DEFER_MARGIN # the core's (1 s)

@@ -76,6 +76,13 @@ module IdempotentJob
     end
     private_class_method :checked_facts
 
+    # The job options given to perform_once, checked before a claim: on_enqueue: refused,
+    # an option it does not take refused by the core's message ({Native.not_taken}, with
+    # {TAKES}), lookup: must be callable.
+    # @param type [String] the job type, named in the errors
+    # @param options [Hash{Symbol => Object}] the keywords besides perform_once's own
+    # @return [Hash{Symbol => Object}] the same options
+    # @raise [ConfigurationError] naming the job type and the option
     def self.checked(type, options)
       if options.key?(:on_enqueue)
         raise ConfigurationError, "#{type}: perform_once does not take on_enqueue: (it decides whether a " \

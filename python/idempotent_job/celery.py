@@ -125,6 +125,12 @@ class IdempotentTask(Task):
     _idempotency_protocol: JobProtocol
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Checks a task class when Celery makes it (one defining ``run``; an intermediate
+        base class is left alone): every ``idempotency_*`` option by the core's table, the
+        key declaration against ``run``'s parameters, then the task's options over
+        ``configure``'s defaults. Raises ``ConfigurationError`` (an unknown option, with the
+        nearest known name, or a bad value) or ``OperationKeyError`` (no or a malformed
+        ``idempotency_key``), naming the task."""
         super().__init_subclass__(**kwargs)
         if "run" not in cls.__dict__:
             return  # an intermediate base class, not a task
@@ -191,6 +197,16 @@ class IdempotentTask(Task):
             )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs one delivery of the task at most once per operation key (the class's
+        documentation says what each outcome does). Returns the body's value, or the stored
+        result of a completed operation; raises Celery's ``Retry`` when the delivery is sent
+        back (a live claim; a claim that failed with an error the core sends back),
+        ``Ignore`` for a held or given-up operation, ``ConfigurationError`` for an
+        ``idempotency_*`` option or a bad count header in the message (nothing claimed),
+        ``OperationKeyError`` when the arguments yield no operation key, and the body's own
+        errors after releasing the claim. Called directly or eagerly (or with the app's
+        ``ON_CLAIM_ERROR_SETTING`` at ``"fail"``) a failed claim's error is raised instead of
+        a send-back; called directly or eagerly, a live claim raises ``Ignore``."""
         request = self.request
         if not request.called_directly:
             # Options a producer put in the message (send_task(..., idempotency_x=...),

@@ -55,6 +55,9 @@ class IdempotentJobError(Exception):
         sends_back: bool | None = None,
         **attributes: Any,
     ) -> None:
+        """Sets the attributes the class documents: ``retryable`` defaults to the class's
+        ``always_retryable``, ``sends_back`` to ``retryable``; other keywords must be
+        attributes of the class (else ``TypeError``)."""
         super().__init__(message)
         self.sqlstate = sqlstate
         self.retryable = self.always_retryable if retryable is None else bool(retryable)

@@ -15,8 +15,9 @@
 /// How a host language names the types a declaration message mentions.
 #[derive(Debug, Clone, Copy)]
 pub struct DeclarationWords {
-    /// The list type (`Array`, `list`), and with its article (`an Array`, `a list`).
+    /// The list type (`Array`, `list`).
     pub list: &'static str,
+    /// The list type with its article (`an Array`, `a list`).
     pub a_list: &'static str,
     /// The types a parameter name may be (`Symbol/String`, `str`).
     pub name_types: &'static str,
@@ -31,7 +32,12 @@ pub enum Part {
     Index(i64),
     /// A name or dotted path, with `shown` its text as the host writes it in messages
     /// (Ruby's `inspect`, Python's `repr`).
-    Text { text: String, shown: String },
+    Text {
+        /// The text itself.
+        text: String,
+        /// The text as the host writes it.
+        shown: String,
+    },
     /// Anything else, by its host type name.
     Other(String),
 }
@@ -39,7 +45,9 @@ pub enum Part {
 /// Where a path starts: an argument position, or a parameter the binding maps.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Head {
+    /// The argument at this position.
     Index(usize),
+    /// The parameter of this name (the binding maps it to an argument).
     Name(String),
 }
 
@@ -131,11 +139,13 @@ fn parse_part(part: &Part, words: &DeclarationWords) -> Result<Path, String> {
 /// How a host language names what a path walks through, for the messages of [`walk`].
 #[derive(Debug, Clone, Copy)]
 pub struct PathWords {
-    /// The map and list types (`Hash`, `Array`; `dict`, `list`), the list with its
-    /// article (`an Array`, `a list`), and the null value (`nil`, `None`).
+    /// The map type (`Hash`, `dict`).
     pub map: &'static str,
+    /// The list type (`Array`, `list`).
     pub list: &'static str,
+    /// The list type with its article (`an Array`, `a list`).
     pub a_list: &'static str,
+    /// The null value (`nil`, `None`).
     pub nil: &'static str,
     /// A path segment as the host writes a string literal in messages (Ruby's
     /// `inspect`, Python's `repr`).

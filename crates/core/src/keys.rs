@@ -37,13 +37,17 @@ use crate::canonical;
 pub struct Words {
     /// The null value (`nil`, `None`).
     pub nil: &'static str,
-    /// The types of `true`, `false` and a float (`TrueClass`, `bool`; `Float`, `float`).
+    /// The type of `true` (`TrueClass`, `bool`).
     pub true_type: &'static str,
+    /// The type of `false` (`FalseClass`, `bool`).
     pub false_type: &'static str,
+    /// The float type (`Float`, `float`).
     pub float: &'static str,
-    /// The string, list and map types (`String`/`Array`/`Hash`, `str`/`list`/`dict`).
+    /// The string type (`String`, `str`).
     pub string: &'static str,
+    /// The list type (`Array`, `list`).
     pub list: &'static str,
+    /// The map type (`Hash`, `dict`).
     pub map: &'static str,
     /// The accepted kinds, after "use " (`a String, an Integer, or a Hash/Array of JSON
     /// values`).

@@ -15,6 +15,8 @@
 //! `protocol`; `job_settings` (job options from settings, over `protocol`), `telemetry`
 //! (span names and labels, over `protocol`).
 
+#![warn(missing_docs)]
+
 #[macro_use]
 pub mod sql;
 

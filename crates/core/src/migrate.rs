@@ -11,7 +11,15 @@ use crate::error::Result;
 use crate::pool::Pool;
 use crate::sql;
 
-refinery::embed_migrations!("../../migrations");
+mod embedded {
+    // refinery's generated module and function carry no docs of their own.
+    #![allow(missing_docs)]
+    refinery::embed_migrations!("../../migrations");
+}
+
+/// The migrations of `migrations/`, embedded at compile time: `migrations::runner()`
+/// gives refinery's runner over them, in version order.
+pub use embedded::migrations;
 
 /// Where refinery records applied migrations.
 pub const MIGRATION_TABLE: &str = "idempotent_job_schema_migrations";

@@ -210,18 +210,29 @@ pub async fn purge_batch(
 /// One row of [`REPEATS_SQL`].
 #[derive(Debug, Clone)]
 pub struct Repeated {
+    /// The record's job type.
     pub job_type: String,
+    /// The record's operation key.
     pub operation_key: String,
+    /// The record's status now (`claimed`, `completed`, …).
     pub status: String,
+    /// Claims made on the record.
     pub attempts: i32,
+    /// Stale claims taken over.
     pub takeovers: i32,
+    /// Duplicate deliveries (each copy counted once, on its first arrival).
     pub duplicates: i32,
+    /// Deliveries whose arguments differed from the claim's.
     pub mismatches: i32,
+    /// When the first claim was made.
     pub first_claimed_at: DateTime<Utc>,
+    /// When the repeats came, oldest first (the latest ones only: a bounded list).
     pub repeat_times: Vec<DateTime<Utc>>,
+    /// The job classes that delivered the operation.
     pub job_classes: Vec<String>,
     /// The last claiming delivery's id.
     pub delivery_id: Option<String>,
+    /// When the completion was recorded, if it was.
     pub completed_at: Option<DateTime<Utc>>,
     /// The first claiming delivery's facts as JSON text, when it sent some.
     pub first_facts: Option<String>,

@@ -118,18 +118,26 @@ pub async fn job_types(client: &Client, limit: i64) -> Result<Vec<String>> {
 /// operation's age in seconds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobTypeMetrics {
+    /// The job type the row counts.
     pub job_type: String,
     /// Records by status, in [`STATUSES`] order.
     pub records: [i64; 5],
+    /// Claims whose lease has not run out.
     pub live_claims: i64,
+    /// Claims whose lease ran out (stale claims) and that nobody took over yet.
     pub stale_claims: i64,
     /// Seconds since the oldest held operation was held; 0 when none is.
     pub oldest_held_seconds: f64,
     /// Held operations the reclaim budget (`max_takeovers`) held: bodies that kept
     /// killing their worker.
     pub held_by_reclaim_budget: i64,
+    /// Repeated deliveries recorded in the last hour (at most the kept repeat times
+    /// per operation).
     pub repeats_last_hour: i64,
+    /// Operations with a repeat in the last hour.
     pub repeated_operations_last_hour: i64,
+    /// Finished records (completed or given up) older than the retention: what a
+    /// purge would delete now.
     pub purge_backlog: i64,
 }
 

@@ -69,6 +69,7 @@ pub struct Waited {
     /// the body), [`ClaimAnswer::Completed`] (replay), another duplicate outcome, or
     /// [`ClaimAnswer::InProgress`] when `seconds` passed while the claim stayed live.
     pub decision: ClaimReply,
+    /// How it waited: LISTEN or polling.
     pub path: WaitPath,
 }
 

@@ -26,11 +26,18 @@ use super::error::{Error, Result};
 /// libpq's `sslmode` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SslMode {
+    /// No TLS.
     Disable,
+    /// TLS when the server offers it, any certificate accepted (libpq's `allow` too).
+    /// Default.
     #[default]
     Prefer,
+    /// TLS or no connection; any certificate accepted.
     Require,
+    /// TLS; the server's certificate must chain to a trusted root (`sslrootcert`, else
+    /// the system's); its host name is not checked.
     VerifyCa,
+    /// As `VerifyCa`, and the certificate must name the host connected to.
     VerifyFull,
 }
 
@@ -64,9 +71,14 @@ impl SslMode {
 /// The TLS part of a configuration.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TlsSettings {
+    /// `sslmode`.
     pub mode: SslMode,
+    /// `sslrootcert`: PEM file of the roots `verify-ca`/`verify-full` trust (`None`: the
+    /// system's).
     pub rootcert: Option<PathBuf>,
+    /// `sslcert`: PEM client certificate chain (with `key`, or neither).
     pub cert: Option<PathBuf>,
+    /// `sslkey`: PEM private key of `cert`.
     pub key: Option<PathBuf>,
 }
 

@@ -37,10 +37,15 @@ use crate::error::{Error, Result};
 /// The record's status column, as the core's statements write it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Status {
+    /// A delivery holds the claim (its fencing token) until its lease ends.
     Claimed,
+    /// The body ran and its completion was recorded: never run again.
     Completed,
+    /// The holder's body raised and released the claim: the next delivery retries.
     Released,
+    /// A stale claim held for a person (`on_stale: hold`): not run until resolved.
     Held,
+    /// A stale claim given up (`on_stale: skip`): not run until resolved.
     GivenUp,
 }
 
@@ -74,8 +79,15 @@ impl Status {
 /// claim, whether its lease has run out by the database's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RecordState {
+    /// No idempotency record for the operation key yet.
     Absent,
-    Present { status: Status, lease_expired: bool },
+    /// A record exists.
+    Present {
+        /// Its status.
+        status: Status,
+        /// Its lease has run out (meaningful for a claim: a stale claim).
+        lease_expired: bool,
+    },
 }
 
 /// What a delivery does with a stale claim (its holder's lease ran out: the holder may
@@ -156,6 +168,7 @@ impl OnMismatch {
 /// The options that decide: the stale policy, the mismatch rule, a declared lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rules {
+    /// What a takeover of a stale claim does when no lookup knows better.
     pub on_stale: OnStale,
     /// [`OnMismatch::Raise`]: a delivery whose payload differs never takes a claim and
     /// is refused unless it won.
@@ -200,8 +213,11 @@ pub enum ClaimVerdict {
 /// What a delivery that did not take the claim met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Met {
+    /// A completed operation.
     Completed,
+    /// An operation held for a person.
     Held,
+    /// An operation given up.
     GivenUp,
     /// A live claim of another delivery.
     Live,
@@ -262,8 +278,11 @@ pub enum Next {
 /// What a lookup answered about a stale holder's effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Answer {
+    /// The effect happened: complete without running.
     Done,
+    /// The effect did not happen: run.
     NotDone,
+    /// The lookup cannot tell: the stale policy decides.
     Unknown,
 }
 
@@ -308,9 +327,13 @@ pub fn next(verdict: ClaimVerdict, mismatch: bool, rules: Rules) -> Next {
 /// `fenced`), and a person's resolve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Change {
+    /// Record the completion (status `completed`).
     Complete,
+    /// Release the claim after the body raised (status `released`).
     Release,
+    /// Hold the operation for a person (status `held`).
     Hold,
+    /// Give the operation up (status `given_up`).
     GiveUp,
     /// End the lease now (a failed lookup).
     Expire,

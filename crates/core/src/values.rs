@@ -15,14 +15,22 @@ type BoxError = Box<dyn StdError + Sync + Send>;
 /// A bind parameter as the host language gave it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Param {
+    /// SQL NULL, for a placeholder of any type.
     Null,
+    /// For a boolean placeholder.
     Bool(bool),
+    /// For an integer (int2/int4 when in range, int8), float or text placeholder.
     Int(i64),
+    /// For a float8 or float4 placeholder (out of float4's range: an error).
     Float(f64),
+    /// For a text, uuid, json/jsonb (checked JSON), bytea or date (`YYYY-MM-DD`)
+    /// placeholder.
     Text(String),
+    /// For a bytea placeholder.
     Bytes(Vec<u8>),
     /// JSON text (a Hash or Array serialised by the host language).
     Json(String),
+    /// For a timestamptz or timestamp (as UTC) placeholder; not a date.
     Time(DateTime<Utc>),
 }
 
@@ -113,14 +121,21 @@ fn is_text(ty: &Type) -> bool {
 /// A column value read back, typed by the column's PostgreSQL type.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cell {
+    /// SQL NULL.
     Null,
+    /// A boolean column.
     Bool(bool),
+    /// An int2, int4, int8 or oid column.
     Int(i64),
+    /// A float4 or float8 column.
     Float(f64),
+    /// A text, varchar, bpchar, name or uuid column.
     Text(String),
+    /// A bytea column.
     Bytes(Vec<u8>),
     /// json/jsonb as JSON text, for the host language to parse.
     Json(String),
+    /// A timestamptz column, or a timestamp read as UTC.
     Time(DateTime<Utc>),
     /// date as year, month, day.
     Date(i32, u32, u32),

@@ -24,6 +24,8 @@
 //! [`tokio::task::spawn_blocking`] on a current-thread one), the body and the lookup on
 //! the caller's task. See docs/rust.md.
 
+#![warn(missing_docs)]
+
 use std::future::Future;
 use std::sync::{Arc, RwLock};
 

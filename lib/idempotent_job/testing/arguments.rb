@@ -17,6 +17,13 @@ module IdempotentJob
         by_name(job_class, args.transform_keys(&:to_sym))
       end
 
+      # Arguments by parameter name, in #perform's order: required and optional
+      # positional parameters, up to the last one given.
+      # @param job_class [Class] the job class (its #perform's parameters are read)
+      # @param named [Hash{Symbol => Object}] arguments by parameter name
+      # @return [Array] positional arguments
+      # @raise [ArgumentError] naming the job and the parameter that is unknown, missing
+      #   (required, or optional but followed by one given), or a keyword parameter
       def self.by_name(job_class, named)
         parameters = job_class.instance_method(:perform).parameters
         known = parameters.map(&:last)

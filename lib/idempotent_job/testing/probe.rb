@@ -67,11 +67,17 @@ module IdempotentJob
         @delivery.deferred << payload
       end
 
+      # Notes that the body ran (returned, or reached the effect point of a worker the
+      # kit kills): outcome :ran.
+      # @return [void]
       def ran!
         @delivery.ran = true
         @delivery.outcome = :ran
       end
 
+      # Notes that the delivery raised: outcome :raised, error "Class: message".
+      # @param error [Exception] what it raised
+      # @return [void]
       def raised!(error)
         @delivery.outcome = :raised
         @delivery.error = "#{error.class}: #{error.message}"

@@ -228,6 +228,8 @@ module IdempotentJob
         attr_reader :deliveries, :observations, :violations
         attr_accessor :allowance
 
+        # @param replay [Replay] the replay whose effect and record are observed
+        # @param baseline [Integer] the effect value when the scenario began
         def initialize(replay, baseline)
           @replay = replay
           @baseline = baseline
@@ -250,10 +252,18 @@ module IdempotentJob
           end
         end
 
+        # Records a broken promise of the scenario (the Result then fails).
+        # @param text [String] what went wrong, in the report's words
+        # @return [void]
         def violation(text)
           @violations << text
         end
 
+        # Observes the effect count at the end and records a violation, naming the
+        # deliveries whose body ran or raised, unless it is exactly `count`.
+        # @param count [Integer] effects expected since the scenario began
+        # @param why [String, nil] the likely cause, appended to the violation
+        # @return [void]
         def expect_effects(count, why: nil)
           actual = observe("at the end")
           return if actual == count

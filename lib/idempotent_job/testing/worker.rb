@@ -55,6 +55,10 @@ module IdempotentJob
         ::ActiveRecord::Base.connection_handler.connection_pool_list.each(&:discard!)
       end
 
+      # See {Worker.fork}, which builds it in the parent.
+      # @param replay [Replay] the replay the worker belongs to (its job class names errors)
+      # @param pid [Integer] the forked worker's process id
+      # @param reader [IO] the parent's end of the worker's pipe
       def initialize(replay, pid, reader)
         @replay = replay
         @pid = pid
@@ -167,6 +171,10 @@ module IdempotentJob
         raise ArgumentError, "effect_at: #{text}: #{e.message}"
       end
 
+      # See {EffectPoint.parse}, which checks the method exists.
+      # @param text [String] "Class#method" or "Class.method", as given
+      # @param target [Module] the class (instance method) or its singleton class (class method)
+      # @param name [Symbol] the method's name
       def initialize(text, target, name)
         @text = text
         @target = target

@@ -8,10 +8,14 @@ use crate::record::{ClaimAnswer, ClaimKind, ClaimReply, ClaimRequest};
 /// One repeated delivery to record.
 #[derive(Debug, Clone)]
 pub struct Repeat {
+    /// The record's job type.
     pub job_type: String,
+    /// The record's operation key.
     pub operation_key: String,
     /// The database time of the decision.
     pub at: DateTime<Utc>,
+    /// The delivering job class: in the repeat's `repeat_facts` entry, and added to the
+    /// record's `job_classes` when new.
     pub job_class: Option<String>,
     /// `completed`, `in_progress`, `held`, `given_up`, `refused`, `retry`, `takeover`.
     pub decision: &'static str,

@@ -41,24 +41,33 @@ pub struct Config {
     #[serde(default)]
     pub schema: Option<String>,
     /// Discrete connection fields; each overrides the URL's, and they alone are enough
-    /// when no URL is given.
+    /// when no URL is given. This one: the server's host name or address (or a Unix
+    /// socket directory).
     #[serde(default)]
     pub host: Option<String>,
+    /// The server's port (see `host`).
     #[serde(default)]
     pub port: Option<u16>,
+    /// The database's name (see `host`).
     #[serde(default)]
     pub dbname: Option<String>,
+    /// The role to connect as (see `host`).
     #[serde(default)]
     pub user: Option<String>,
+    /// The role's password (see `host`); never shown in an error.
     #[serde(default)]
     pub password: Option<String>,
     /// TLS (see [`crate::tls`]); each overrides the URL's query parameter of that name.
+    /// This one: `disable`, `prefer`, `require`, `verify-ca` or `verify-full`.
     #[serde(default)]
     pub sslmode: Option<String>,
+    /// Path of the PEM roots `verify-ca`/`verify-full` trust (see `sslmode`).
     #[serde(default)]
     pub sslrootcert: Option<String>,
+    /// Path of the PEM client certificate chain (see `sslmode`).
     #[serde(default)]
     pub sslcert: Option<String>,
+    /// Path of the PEM private key of `sslcert` (see `sslmode`).
     #[serde(default)]
     pub sslkey: Option<String>,
     /// Send the gem's own statements (the claim, the fenced changes, the record read)

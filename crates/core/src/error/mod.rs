@@ -34,47 +34,69 @@ pub enum Error {
     /// The database could not be reached, the connection was lost, or no pooled
     /// connection became free in time. Retryable. `IdempotentJob::ConnectionError`.
     Connection {
+        /// What failed, in words for the person reading the log.
         message: String,
+        /// PostgreSQL's SQLSTATE, when the failure came from the server.
         sqlstate: Option<String>,
     },
     /// PostgreSQL answered with an error. `message` is PostgreSQL's own text (plus
     /// its detail and hint), `sqlstate` its five-character code.
     /// `IdempotentJob::DatabaseError`.
-    Database { message: String, sqlstate: String },
+    Database {
+        /// PostgreSQL's text, with its detail and hint.
+        message: String,
+        /// PostgreSQL's five-character SQLSTATE.
+        sqlstate: String,
+    },
     /// A completion or release found that the claim token no longer matches: the
     /// claim was taken over by another delivery after its lease ran out.
     /// `IdempotentJob::LostClaimError`.
     LostClaim {
+        /// The job type of the operation's record.
         job_type: String,
+        /// The operation key of the record.
         operation_key: String,
+        /// The whole message, naming the job type and the operation key.
         message: String,
     },
     /// A configured timeout ran out: connecting (`connect_timeout`), waiting for a
     /// pooled connection (`checkout_timeout`) or a statement (`statement_timeout`,
     /// SQLSTATE 57014). Retryable. `IdempotentJob::TimeoutError`.
     Timeout {
+        /// Which timeout ran out, and after how long.
         message: String,
+        /// The server's SQLSTATE (`57014` for a statement timeout); `None` for a
+        /// client-side timeout.
         sqlstate: Option<String>,
     },
     /// A delivery's payload differs from its claim's (same operation key) and the job
     /// refuses mismatches (`on_mismatch: raise`); the body was not run.
     /// `IdempotentJob::PayloadMismatchError`.
     PayloadMismatch {
+        /// The job type of the operation's record.
         job_type: String,
+        /// The operation key of the record.
         operation_key: String,
+        /// The whole message, naming the job type and the operation key.
         message: String,
     },
     /// A stale claim's lookup raised or gave an answer other than done, not done or
     /// unknown; the claim's lease was ended so the next delivery asks again, the body
     /// was not run. `IdempotentJob::LookupError`.
     Lookup {
+        /// The job type of the operation's record.
         job_type: String,
+        /// The operation key of the record.
         operation_key: String,
+        /// The whole message, naming the job type and the operation key.
         message: String,
     },
     /// A lock wait ran past its bound (SQLSTATE 55P03): another delivery of the same
     /// operation holds its transaction open. Retryable. `IdempotentJob::LockTimeoutError`.
-    LockTimeout { message: String },
+    LockTimeout {
+        /// PostgreSQL's text, or the core's naming the operation and the wait.
+        message: String,
+    },
     /// Applying the migrations failed. `IdempotentJob::MigrationError`.
     Migration(String),
     /// The caller's thread was interrupted and its owner gave the call up (a Ruby

@@ -26,19 +26,29 @@ pub enum Kind {
     /// A number of seconds: above `min` (or equal to it when `min_inclusive`), at most
     /// `max`; `why_min` explains a minimum above zero.
     Seconds {
+        /// The lower bound, in seconds.
         min: f64,
+        /// `min` itself is accepted.
         min_inclusive: bool,
+        /// Why the minimum (`""` for none above zero).
         why_min: &'static str,
+        /// The upper bound, in seconds (inclusive).
         max: f64,
+        /// Why the maximum.
         why_max: &'static str,
     },
     /// One of `allowed` (a symbol or a string in the host language).
-    Choice { allowed: &'static [&'static str] },
+    Choice {
+        /// The values' names.
+        allowed: &'static [&'static str],
+    },
     /// `true` or `false` (never a string: `"false"` is refused).
     Boolean,
     /// Off (`false` or unset), `true` (meaning `on`), or one of `allowed` by name.
     Flavour {
+        /// The flavour `true` stands for.
         on: &'static str,
+        /// The flavours' names.
         allowed: &'static [&'static str],
     },
     /// A method of the job by name, or a callable: checked by the binding.
@@ -46,8 +56,11 @@ pub enum Kind {
     /// A whole number from `min` to `max` (a count, never a string or a fraction);
     /// `why_max` explains the maximum ("" for none).
     Count {
+        /// The smallest count (inclusive).
         min: i64,
+        /// The largest count (inclusive).
         max: i64,
+        /// Why the maximum (`""` for none).
         why_max: &'static str,
     },
 }

@@ -15,8 +15,13 @@ use super::{ClaimInfo, Decision, DeliveryRequest};
 /// A log line's level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
+    /// What a delivery did in the ordinary course (claimed again, deferred, skipped).
     Info,
+    /// Worth a look: a mismatch, a stale claim (held, given up, run again, or settled
+    /// by its lookup), a result not stored, a crash, max_run reached.
     Warn,
+    /// Something failed: a refused mismatch, a lookup, a lost claim, a completion, a
+    /// release.
     Error,
 }
 
@@ -43,6 +48,7 @@ pub enum Detail {
     Float(f64),
     /// A count.
     Int(i64),
+    /// Yes or no (`refused`, `replayed`).
     Bool(bool),
     /// Absent (a holder without delivery id).
     Null,
@@ -88,17 +94,29 @@ impl Default for DoorWords {
 pub enum NoteKind {
     /// Event `claimed` (`kind`: first, retry or takeover; `duration`: the claim's
     /// round trip in seconds). No log line.
-    Claimed { kind: ClaimKind, duration: f64 },
+    Claimed {
+        /// First, retry or takeover.
+        kind: ClaimKind,
+        /// The claim's round trip, in seconds.
+        duration: f64,
+    },
     /// Event `taken_over`: a stale claim was taken over. No log line.
     TakenOver,
     /// Info: claimed again after the last holder's body raised.
     RetryClaimed,
     /// Event `mismatch` (`refused`); a warning, or an error when refused.
-    Mismatch { refused: bool },
+    Mismatch {
+        /// The delivery was refused (`on_mismatch: raise`), not only reported.
+        refused: bool,
+    },
     /// Event `deferred` (`delay`, `holder_jid`); info: in progress under the holder.
     Deferred {
+        /// Seconds until the delivery comes back ([`super::deferral_delay`]: soon at
+        /// first, doubling, never past the lease's end plus the defer margin).
         delay: f64,
+        /// The holder's delivery id, if it gave one.
         holder: Option<String>,
+        /// Seconds left of the holder's lease.
         lease_remaining: f64,
         /// This deferral's number (1 for the first).
         deferral: u32,
@@ -108,65 +126,112 @@ pub enum NoteKind {
     /// result the first run's completion was asked to store (V7), `None` when it was
     /// not asked to.
     Skipped {
+        /// What the claim found: completed, held, given up.
         decision: Decision,
+        /// The record's count of duplicate deliveries so far.
         duplicates: i32,
+        /// See above.
         replay: Option<ResultState>,
     },
     /// Info: in progress under the holder; waiting up to `seconds` for its claim to
     /// end (`wait:`, [`crate::protocol::DeliveryRequest::wait_seconds`]). No event.
     Waiting {
+        /// The holder's delivery id, if it gave one.
         holder: Option<String>,
+        /// The longest wait, in seconds.
         seconds: f64,
     },
     /// Event `lookup` (`answer`); info: what the lookup answered.
-    LookupAnswered { label: String, answer: &'static str },
+    LookupAnswered {
+        /// How the lookup is named in texts: the job's `lookup` option, else `"lookup"`.
+        label: String,
+        /// `"done"`, `"not_done"` or `"unknown"`.
+        answer: &'static str,
+    },
     /// Error: the lookup failed; not run, the claim stays stale.
-    LookupFailed { error: String },
+    LookupFailed {
+        /// The lookup's failure, as text.
+        error: String,
+    },
     /// Error: a failed lookup's claim could not be expired; its lease ends by itself.
-    ExpireFailed { error: String },
+    ExpireFailed {
+        /// Why the expiry failed, as text.
+        error: String,
+    },
     /// Warning: the lookup says done: marked completed, not run.
-    LookupDone { label: String },
+    LookupDone {
+        /// How the lookup is named in texts (as in `LookupAnswered`).
+        label: String,
+    },
     /// Warning: the lookup says not done: running it.
-    LookupNotDone { label: String },
+    LookupNotDone {
+        /// How the lookup is named in texts (as in `LookupAnswered`).
+        label: String,
+    },
     /// Event `held`; warning: stale, held for a person. `lookup`: the lookup's label
     /// when one was asked and did not know; `budget`: why, when the reclaim budget
     /// (`max_takeovers`) held it rather than the stale policy (the text also stored in
     /// the record's `last_error`).
     Held {
+        /// The lookup's label, when one was asked and did not know.
         lookup: Option<String>,
+        /// Why the reclaim budget held it, when it did (event detail `reason`).
         budget: Option<String>,
     },
     /// Event `given_up`; warning: stale, given up.
-    GivenUp { lookup: Option<String> },
+    GivenUp {
+        /// The lookup's label, when one was asked and did not know.
+        lookup: Option<String>,
+    },
     /// Warning: stale, running it again (a possible duplicate).
-    Reclaimed { lookup: Option<String> },
+    Reclaimed {
+        /// The lookup's label, when one was asked and did not know.
+        lookup: Option<String>,
+    },
     /// Event `completed` (`duration`: the body's run in seconds; `result_state`: what
     /// became of the result `store_result` asked to keep, or null). No log line.
     Completed {
+        /// The body's run, in seconds.
         duration: f64,
+        /// What became of the result `store_result` asked to keep; `None` when not asked.
         result_state: Option<ResultState>,
     },
     /// Event `result_not_stored` (`result_state`, `reason`); a warning (`reason`, the
     /// core's text: [`crate::record::PreparedResult::warning`]). The completion stands.
-    ResultNotStored { state: ResultState, reason: String },
+    ResultNotStored {
+        /// Why not stored: too large or unencodable.
+        state: ResultState,
+        /// The core's text saying so: the log line.
+        reason: String,
+    },
     /// Event `lost_claim` (`during`: `"completion"` or `"heartbeat"`); error line.
     LostClaim {
+        /// `"completion"` or `"heartbeat"`.
         during: &'static str,
+        /// The completion's error text (`None` from the heartbeat).
         error: Option<String>,
     },
     /// Error: the completion could not be recorded after `attempts` attempts; the last
     /// error's class ([`crate::error::Error::class_name`]) and text.
     CompletionGivenUp {
+        /// Completion attempts made.
         attempts: u32,
+        /// The last error's text.
         error: String,
+        /// The last error's class name.
         error_class: &'static str,
     },
     /// Event `released` (`error`: the body's error class).
-    Released { error_class: String },
+    Released {
+        /// The class name of the body's error, as the binding gave it.
+        error_class: String,
+    },
     /// Error: the release could not be written; the claim stays until its lease ends.
     /// The error's class ([`crate::error::Error::class_name`]) and text.
     ReleaseFailed {
+        /// The release's error text.
         error: String,
+        /// The release's error class name.
         error_class: &'static str,
     },
     /// Warning: a crash; the claim is kept until its lease ends.
@@ -180,6 +245,7 @@ pub enum NoteKind {
 pub struct Note {
     /// The claim's attempt for a claim's note; `None` for a delivery's.
     pub attempt: Option<i32>,
+    /// What happened, with its event's details and log line's parts.
     pub kind: NoteKind,
 }
 

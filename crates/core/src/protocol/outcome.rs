@@ -48,7 +48,9 @@ impl Decision {
 /// Who holds a claim: plain data, cloned into outcomes and notes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimInfo {
+    /// The job type of the claimed record.
     pub job_type: String,
+    /// The operation key of the claimed record.
     pub operation_key: String,
     /// The claiming delivery's id.
     pub delivery_id: Option<String>,
@@ -132,6 +134,7 @@ impl Claim {
 /// What a delivery ended with (or, for [`Step::InProgress`], what it met).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
+    /// What was decided: ran, completed, held, given up, in progress, refused.
     pub decision: Decision,
     /// For a duplicate (completed, held, given up, in progress, refused met by the
     /// claim statement): the record's duplicate count so far, this one included.
@@ -233,9 +236,15 @@ pub enum LookupAnswer {
     /// The lookup cannot tell: the stale policy decides.
     Unknown,
     /// The lookup answered something else; `answer` is how the binding prints it.
-    Invalid { answer: String },
+    Invalid {
+        /// The answer, as the binding prints it.
+        answer: String,
+    },
     /// The lookup raised (or could not be called); `error` is `"Class: message"`.
-    Raised { error: String },
+    Raised {
+        /// `"Class: message"`.
+        error: String,
+    },
 }
 
 impl LookupAnswer {

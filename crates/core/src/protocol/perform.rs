@@ -17,9 +17,13 @@ pub enum Body<V, R> {
     /// `class` and `message` are recorded with the release; `crash` (the worker is
     /// going away: SystemExit, a killed thread) keeps the claim until its lease ends.
     Raised {
+        /// The host's error, handed back untouched.
         raised: R,
+        /// Its class name, recorded with the release.
         class: String,
+        /// Its message, recorded with the release.
         message: String,
+        /// The worker is going away: keep the claim rather than release it.
         crash: bool,
     },
 }
@@ -73,7 +77,9 @@ pub trait Host {
 
 /// One delivery's end: the core's outcome and, when the body ran and returned, its value.
 pub struct Performed<V> {
+    /// What the delivery ended with.
     pub outcome: Outcome,
+    /// The body's value when it ran and returned; `None` otherwise.
     pub value: Option<V>,
 }
 

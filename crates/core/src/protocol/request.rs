@@ -18,7 +18,9 @@ pub struct DeliveryRequest {
     pub delivery_id: Option<String>,
     /// The job class, queue and arguments (JSON text), stored for a rerun.
     pub job_class: Option<String>,
+    /// The queue the delivery came from (see `job_class`).
     pub queue: Option<String>,
+    /// The delivery's arguments, as JSON text (see `job_class`).
     pub args_json: Option<String>,
     /// Digest of the delivery's canonical payload (mismatch detection); `None`: not
     /// compared.

@@ -25,7 +25,9 @@ pub struct ClaimRequest {
     pub args_digest: Option<String>,
     /// Job class, queue and arguments (JSON text) stored for `resolve(as: :rerun)`.
     pub job_class: Option<String>,
+    /// The queue the delivery came from (see `job_class`).
     pub queue: Option<String>,
+    /// The delivery's arguments, as JSON text (see `job_class`).
     pub args_json: Option<String>,
     /// Never take a claim over with a mismatched payload (`on_mismatch: :raise`).
     pub refuse_mismatch: bool,
@@ -81,9 +83,11 @@ impl ClaimAnswer {
 pub enum ClaimAnswer {
     /// Run the job. `token` must be presented to every fenced change.
     Claimed {
+        /// The claim's fencing token.
         token: Uuid,
         /// Claims made on this record, this one included (1 for a first claim).
         attempt: i32,
+        /// First, retry (after a release) or takeover (of a stale claim).
         kind: ClaimKind,
         /// Stale takeovers of this record, this claim included when it is one (the
         /// record's `takeovers`; 0 when the statement that claimed did not read it).
@@ -92,31 +96,48 @@ pub enum ClaimAnswer {
     /// The operation already completed: do not run. `duplicates` counts this one.
     /// `replay`: what its completion stored (None when no store was requested).
     Completed {
+        /// The record's duplicate deliveries so far.
         duplicates: i32,
+        /// See above.
         replay: Option<Replay>,
     },
     /// Another delivery holds a live claim: do not run now; try again once
     /// `lease_remaining` seconds have passed (by the database clock).
     InProgress {
+        /// The holder's delivery id, if it gave one.
         holder_delivery_id: Option<String>,
+        /// The holder's attempt (claims made on the record).
         attempt: i32,
+        /// Seconds left of the holder's lease (> 0).
         lease_remaining: f64,
+        /// The record's duplicate deliveries so far.
         duplicates: i32,
     },
     /// Held for a person (`:hold` policy): do not run.
-    Held { duplicates: i32 },
+    Held {
+        /// The record's duplicate deliveries so far.
+        duplicates: i32,
+    },
     /// Given up (`:skip` policy): do not run.
-    GivenUp { duplicates: i32 },
+    GivenUp {
+        /// The record's duplicate deliveries so far.
+        duplicates: i32,
+    },
     /// The claim is released or stale, but this delivery's arguments differ from the
     /// claim's and mismatches are refused: do not run.
-    Refused { duplicates: i32 },
+    Refused {
+        /// The record's duplicate deliveries so far.
+        duplicates: i32,
+    },
 }
 
 /// The claim's answer: the outcome, and whether this delivery's arguments differed
 /// from those of the operation's claim (a payload mismatch).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimReply {
+    /// What the delivery should do.
     pub outcome: ClaimAnswer,
+    /// The delivery's arguments differ from the claim's (its `args_digest`).
     pub mismatch: bool,
 }
 
@@ -221,18 +242,29 @@ fn check_key(job_type: &str, operation_key: &str) -> Result<()> {
 /// pool, or ActiveRecord's connection for `idempotency_transaction: :active_record`).
 #[derive(Debug, Clone)]
 pub struct ClaimRow {
+    /// The record holds this delivery's token: the claim is this delivery's.
     pub won: bool,
+    /// The record's `status` after the statement (`claimed`, `completed`, `released`,
+    /// `held`, `given_up`).
     pub status: String,
+    /// How the last claim was obtained: `first`, `retry` or `takeover`.
     pub last_claim: String,
+    /// Claims made on the record (its `attempts`).
     pub attempts: i32,
+    /// The claiming delivery's id (the record's `jid`).
     pub delivery_id: Option<String>,
+    /// The record's duplicate deliveries so far.
     pub duplicates: i32,
+    /// The delivery's arguments differ from the claim's.
     pub mismatch: bool,
+    /// Seconds left of the record's lease by the database clock (negative once it
+    /// ran out; `inf` for a lease edited to end at 'infinity').
     pub lease_remaining: f64,
     /// The record's `takeovers` after the statement (0 when the driver did not read it).
     pub takeovers: i32,
     /// A completed record's stored result (JSON text) and `result_state` (V7).
     pub result: Option<String>,
+    /// The record's `result_state` (see `result`).
     pub result_state: Option<String>,
 }
 

@@ -48,7 +48,9 @@ impl ResultState {
 /// stored JSON text (None unless `state` is [`ResultState::Stored`]) and the state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replay {
+    /// The stored result as JSON text, when `state` is `Stored`.
     pub json: Option<String>,
+    /// What became of the result.
     pub state: ResultState,
 }
 
@@ -88,8 +90,11 @@ pub enum ResultInput<'a> {
 /// warning to log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreparedResult {
+    /// The JSON text to store; `None` when it is not stored.
     pub json: Option<String>,
+    /// The `result_state` to write.
     pub state: ResultState,
+    /// When not stored: the warning to log (the completion stands).
     pub warning: Option<String>,
 }
 

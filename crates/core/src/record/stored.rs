@@ -175,21 +175,37 @@ record! {
     /// A whole idempotency record, as stored. Times are UTC.
     #[derive(Debug, Clone)]
     pub struct Record {
+        /// The job type (idempotency scope: the class name by default).
         job_type: String => Text = "job_type",
+        /// The canonical operation key.
         operation_key: String => Text = "operation_key",
+        /// `claimed`, `completed`, `released`, `held` or `given_up`.
         status: String => Name = "status",
+        /// The fencing token: a new UUID at every claim; every fenced change presents it.
         claim_token: Uuid => Token = "claim_token",
+        /// Claims made on the record.
         attempts: i32 => Int = "attempts",
+        /// Stale claims taken over (claims taken from a lease that ran out).
         takeovers: i32 => Int = "takeovers",
+        /// How the current claim was obtained: `first`, `retry` or `takeover`.
         last_claim: String => Name = "last_claim",
+        /// The last claiming delivery's id.
         jid: Option<String> => OptText = "jid",
+        /// Copies turned away (completed, held, given up, or claimed under a live
+        /// lease), each counted once, when it first arrives.
         duplicates: i32 => Int = "duplicates",
+        /// The current claim's lease, in seconds.
         lease_seconds: f64 => Float = "lease_seconds",
         /// Whether `lease_expires_at` has passed, by the database clock.
         lease_expired: bool => Bool = "lease_expires_at <= now()",
+        /// Why the last claim ended before a completion: the body's error of a release,
+        /// a failed lookup, or why the reclaim budget held the operation.
         last_error: Option<String> => OptText = "last_error",
+        /// The claiming delivery's argument digest (payload mismatch detection).
         args_digest: Option<String> => OptText = "args_digest",
+        /// The stored job's class (see `args_json`).
         job_class: Option<String> => OptText = "job_class",
+        /// The stored job's queue (see `args_json`).
         queue: Option<String> => OptText = "queue",
         /// The arguments of the delivery that last took a stale claim over, as JSON text
         /// (unwrapped when the claim had to wrap them): with `job_class` and `queue`, the
@@ -203,24 +219,38 @@ record! {
         /// Every job class that delivered the operation (the first claim's, then each
         /// repeat's new one), in order.
         job_classes: Vec<String> => Texts = "job_classes",
+        /// Copies whose arguments differed from the claim's, each counted once.
         mismatches: i32 => Int = "mismatches",
+        /// The last delivery's arguments differed from the claim's.
         last_mismatch: bool => Bool = "last_mismatch",
+        /// How a person settled the operation: `done` or `rerun` (`resolve`).
         resolution: Option<String> => OptText = "resolution",
+        /// When the first claim was made.
         first_claimed_at: DateTime<Utc> => Time = "first_claimed_at",
+        /// When the current claim was made.
         claimed_at: DateTime<Utc> => Time = "claimed_at",
+        /// When the current claim's lease ends (renewed by the heartbeat).
         lease_expires_at: DateTime<Utc> => Time = "lease_expires_at",
+        /// When the completion was recorded.
         completed_at: Option<DateTime<Utc>> => OptTime = "completed_at",
+        /// When the last claim was released.
         released_at: Option<DateTime<Utc>> => OptTime = "released_at",
+        /// When the last duplicate arrived.
         last_duplicate_at: Option<DateTime<Utc>> => OptTime = "last_duplicate_at",
+        /// When the lease was last renewed.
         heartbeat_at: Option<DateTime<Utc>> => OptTime = "heartbeat_at",
+        /// When the operation was (last) held for a person.
         held_at: Option<DateTime<Utc>> => OptTime = "held_at",
+        /// When the operation was given up.
         given_up_at: Option<DateTime<Utc>> => OptTime = "given_up_at",
+        /// When a person resolved the operation.
         resolved_at: Option<DateTime<Utc>> => OptTime = "resolved_at",
         /// The stored result as JSON text (V7; NULL when none is stored). The bindings
         /// give it parsed, as `result`.
         result_json: Option<String> => Json as result = "result::text",
         /// `stored`, `too_large` or `unencodable` (V7; NULL: no store was requested).
         result_state: Option<String> => OptName = "result_state",
+        /// The record's last change.
         updated_at: DateTime<Utc> => Time = "updated_at",
     }
     /// Read one record: [`Record`]'s columns. Parameters: $1 job_type, $2 operation_key.
