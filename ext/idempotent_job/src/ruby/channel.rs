@@ -1,6 +1,7 @@
-//! The one [`RbChannel`] enum over the three places a Ruby delivery's statements go:
-//! the store's pool, the gem's own native transaction, and a Ruby session
-//! (ActiveRecord's connection); `perform.rs` drives a delivery over it.
+//! The three places a Ruby delivery's statements go, each a core [`Channel`]: the
+//! store's pool ([`PoolChannel`]), the gem's own native transaction ([`TxChannel`]) and
+//! a Ruby session ([`SessionChannel`]: ActiveRecord's connection); `perform.rs` drives a
+//! delivery over one of them.
 
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -19,68 +20,6 @@ use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{Channel, ClaimInfo, Direct};
 use idempotent_job_core::record::{ClaimReply, ClaimRequest, PreparedResult};
 use idempotent_job_core::store::PoolHandle;
-
-/// Where a Ruby delivery's statements go.
-pub enum RbChannel<'a> {
-    /// The store's pool (no transaction): heartbeat, release, completion retries.
-    Pool(PoolChannel<'a>),
-    /// The gem's own transaction (`transaction: true`), shared with the body's handle.
-    Transaction(TxChannel<'a>),
-    /// A Ruby session whose statements go through another driver (ActiveRecord's).
-    Session(SessionChannel<'a>),
-}
-
-macro_rules! each_channel {
-    ($channel:expr, $c:ident => $call:expr) => {
-        match $channel {
-            RbChannel::Pool($c) => $call,
-            RbChannel::Transaction($c) => $call,
-            RbChannel::Session($c) => $call,
-        }
-    };
-}
-
-impl Channel for RbChannel<'_> {
-    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
-        each_channel!(self, c => c.claim(i, r, lock))
-    }
-
-    fn fenced_with_result(
-        &mut self,
-        i: &Interrupt<'_>,
-        change: Fenced,
-        claim: &ClaimInfo,
-        text: Option<&str>,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        each_channel!(self, c => c.fenced_with_result(i, change, claim, text, result))
-    }
-
-    fn can_wait(&self) -> bool {
-        each_channel!(self, c => c.can_wait())
-    }
-
-    fn wait(
-        &mut self,
-        i: &Interrupt<'_>,
-        request: &ClaimRequest,
-        seconds: f64,
-    ) -> Result<Option<ClaimReply>> {
-        each_channel!(self, c => c.wait(i, request, seconds))
-    }
-
-    fn transactional(&self) -> bool {
-        each_channel!(self, c => c.transactional())
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        each_channel!(self, c => c.heartbeat_pool())
-    }
-
-    fn pause(&mut self, i: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        each_channel!(self, c => c.pause(i, pause))
-    }
-}
 
 /// The store's pool; a store configured anew while the body ran (`IdempotentJob.configure`)
 /// takes the statements after it (the completion, the release).
