@@ -15,7 +15,7 @@ use magnus::{
     IntoValue, Module, RArray, RHash, RModule, RString, Ruby, Symbol, TryConvert, Value,
 };
 
-use super::channel::{PoolChannel, SessionChannel, TxChannel, RAISED_IN_RUBY};
+use super::channel::{SessionChannel, TxChannel, RAISED_IN_RUBY};
 use super::convert::{json_of, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
@@ -29,6 +29,7 @@ use idempotent_job_core::heartbeat::HeartbeatReader;
 use idempotent_job_core::keys;
 use idempotent_job_core::protocol::{
     Body, Channel, ClaimInfo, DeliveryRequest, Direct, Host, LookupAnswer, Notes, Protocol,
+    Replaceable,
 };
 use idempotent_job_core::session::Session;
 
@@ -49,7 +50,7 @@ struct RbHost<'a> {
     /// The first error a `tell`, `watch`, `stopped` or `encode` callback raised (raised
     /// after the call).
     failed: Option<magnus::Error>,
-    /// The store the delivery began on, and where a newer one goes (see [`PoolChannel`]).
+    /// The store the delivery began on, and where a newer one goes (see [`Replaceable`]).
     store: Value,
     next_pool: &'a Mutex<Option<Direct>>,
     /// The transaction the body writes through (`transaction: true`), handed to `body`.
@@ -71,17 +72,26 @@ impl RbHost<'_> {
         to_ruby(self.ruby, err)
     }
 
-    /// The body's answer ends with `IdempotentJob.store` (nil when it cannot be had): a
-    /// store configured anew meanwhile takes the statements after the body.
-    fn follow_store(&mut self, store: Value) {
+    /// After the body, `IdempotentJob.store`: a store configured anew while the body ran
+    /// takes the statements after it (one that cannot be had is not followed).
+    fn follow_store(&mut self) {
+        let store = match self
+            .gem()
+            .and_then(|gem| gem.funcall::<_, _, Value>("store", ()))
+        {
+            Ok(store) => store,
+            Err(e) if !e.is_kind_of(self.ruby.exception_standard_error()) => {
+                return self.keep_failure(e);
+            }
+            Err(_) => return,
+        };
         if store.is_nil() || store.equal(self.store).unwrap_or(false) {
             return;
         }
-        if let Ok(native) = <&NativeStore>::try_convert(store) {
-            if let Ok(direct) = NativeProtocol::direct(self.ruby, native) {
-                *self.next_pool.lock().unwrap_or_else(|p| p.into_inner()) = Some(direct);
-                self.store = store;
-            }
+        let native = <&NativeStore>::try_convert(store);
+        if let Ok(direct) = native.and_then(|native| NativeProtocol::direct(self.ruby, native)) {
+            *self.next_pool.lock().unwrap_or_else(|p| p.into_inner()) = Some(direct);
+            self.store = store;
         }
     }
 
@@ -89,12 +99,9 @@ impl RbHost<'_> {
         self.failed.get_or_insert(err);
     }
 
-    /// `IdempotentJob::NAME`.
-    fn gem<T: TryConvert>(&self, name: &str) -> RbResult<T> {
-        self.ruby
-            .class_object()
-            .const_get::<_, RModule>("IdempotentJob")?
-            .const_get(name)
+    /// `IdempotentJob`.
+    fn gem(&self) -> RbResult<RModule> {
+        self.ruby.class_object().const_get("IdempotentJob")
     }
 
     /// `HeartbeatWatch.watch(reader, claim)` before the body, `HeartbeatWatch.stop(reader,
@@ -107,7 +114,9 @@ impl RbHost<'_> {
         }) else {
             return;
         };
-        let watch = self.gem::<RModule>("HeartbeatWatch");
+        let watch = self
+            .gem()
+            .and_then(|gem| gem.const_get::<_, RModule>("HeartbeatWatch"));
         let told = if start {
             watch.and_then(|w| w.funcall::<_, _, Value>("watch", (reader, claim)))
         } else {
@@ -292,18 +301,7 @@ impl Host for RbHost<'_> {
             Ok(value) => Body::Returned(value),
             Err(left) => self.raised_body(left),
         };
-        // `IdempotentJob.store` now: a store configured anew while the body ran takes
-        // the statements after it (one that cannot be had is not followed).
-        let store = self
-            .ruby
-            .class_object()
-            .const_get::<_, RModule>("IdempotentJob")
-            .and_then(|gem| gem.funcall::<_, _, Value>("store", ()));
-        match store {
-            Ok(store) => self.follow_store(store),
-            Err(e) if !e.is_kind_of(self.ruby.exception_standard_error()) => self.keep_failure(e),
-            Err(_) => {}
-        }
+        self.follow_store();
         ended
     }
 
@@ -478,10 +476,7 @@ impl NativeProtocol {
         let rb_channel: &mut (dyn Channel + Send) = match (tx, &mut session) {
             (Some(tx), _) => in_tx.insert(TxChannel(tx)),
             (None, Some(session)) => session,
-            (None, None) => pool.insert(PoolChannel {
-                direct: Self::direct(ruby, store)?,
-                next: &next_pool,
-            }),
+            (None, None) => pool.insert(Replaceable::new(Self::direct(ruby, store)?, &next_pool)),
         };
         let mut host = RbHost {
             ruby,

@@ -19,7 +19,6 @@ use super::convert::{claim_request, json_of, parsed_json, Out, RbResult};
 use super::errors::to_ruby;
 use super::store::NativeStore;
 use idempotent_job_core::error::Error;
-use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{
     deferral_delay, ClaimInfo, DeliveryRequest, Detail, Direct, DoorWords, JobOptions,
     LookupAnswer, Notes, Outcome, Protocol, Told, COMPLETION_RETRY_DELAYS,
@@ -35,7 +34,8 @@ fn config_error(ruby: &Ruby, message: String) -> magnus::Error {
     to_ruby(ruby, Error::Config(message))
 }
 
-pub(super) fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
+/// `IdempotentJob::Claim.new(job_type:, operation_key:, jid:, token:, attempt:, kind:)`.
+pub(super) fn claim_object(ruby: &Ruby, info: &ClaimInfo) -> RbResult<Value> {
     let out = Out::new(ruby);
     out.set("job_type", info.job_type.as_str())?
         .set("operation_key", info.operation_key.as_str())?
@@ -43,14 +43,9 @@ pub(super) fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
         .set("token", info.token.to_string())?
         .set("attempt", info.attempt)?
         .sym("kind", info.kind.as_str())?;
-    Ok(out.hash)
-}
-
-/// `IdempotentJob::Claim.new(**claim_hash)` (see [`claim_hash`]).
-pub(super) fn claim_object(ruby: &Ruby, info: &ClaimInfo) -> RbResult<Value> {
     let gem: RModule = ruby.class_object().const_get("IdempotentJob")?;
     let class: Value = gem.const_get("Claim")?;
-    class.funcall("new", (KwArgs(claim_hash(ruby, info)?),))
+    class.funcall("new", (KwArgs(out.hash),))
 }
 
 /// The keywords of `Outcome.new(decision, **)` that `perform` answers: `label` always;
@@ -95,7 +90,7 @@ pub(super) fn outcome_hash(
     }
     if let Some(state) = outcome.result_state {
         out.sym("result_state", state.as_str())?;
-        if outcome.decision.as_str() == "completed" {
+        if outcome.replayed() {
             out.set("replayed", true)?;
         }
     }
@@ -156,17 +151,6 @@ pub(super) fn request_hash(ruby: &Ruby, req: &ClaimRequest) -> RbResult<RHash> {
         .set("facts_json", req.facts_json.clone())?
         .set("returning", req.returning)?;
     Ok(out.hash)
-}
-
-pub(super) fn fenced_name(change: Fenced) -> &'static str {
-    match change {
-        Fenced::Complete | Fenced::CompleteAsynchronously => "complete",
-        Fenced::Release => "release",
-        Fenced::Hold => "hold",
-        Fenced::GiveUp => "give_up",
-        Fenced::Expire => "expire",
-        Fenced::Renew => "renew",
-    }
 }
 
 impl NativeProtocol {
