@@ -2,17 +2,15 @@
 //! core's driver ([`Protocol::perform`]) runs the whole protocol; this file is its
 //! [`Host`] for Ruby (statements with the GVL released, the lookup, the body with its
 //! claim and heartbeat watch, the result's JSON and the notes handed to a Ruby handler);
-//! the statements go to one of the channels of `channel.rs`.
+//! the statements go to one of the channels of `channel.rs`; what the body raised is
+//! read by `raised.rs`.
 
 use std::cell::RefCell;
 use std::sync::Mutex;
 
-use magnus::rb_sys::{AsRawId, AsRawValue, FromRawValue};
 use magnus::{
-    error::{ErrorType, Tag},
-    typed_data::Obj,
-    value::ReprValue,
-    IntoValue, Module, RArray, RHash, RModule, RString, Ruby, Symbol, TryConvert, Value,
+    typed_data::Obj, value::ReprValue, IntoValue, Module, RArray, RHash, RModule, RString, Ruby,
+    Symbol, TryConvert, Value,
 };
 
 use super::channel::{SessionChannel, TxChannel, RAISED_IN_RUBY};
@@ -21,6 +19,7 @@ use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::{heartbeat_hash, NativeHeartbeatReader};
 use super::protocol::{claim_object, notes_array, outcome_hash, NativeProtocol};
+use super::raised::{left_body, raised_body};
 use super::store::NativeStore;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::conn::Interrupt;
@@ -36,9 +35,9 @@ use idempotent_job_core::session::Session;
 /// Ruby's side of one delivery: the handler (`Protocol::Driver`) answers `lookup(key)`
 /// (a Symbol or a pair, see `NativeProtocol::lookup_answer`), `body(claim,
 /// native_transaction_or_nil)` → the body's value (raising what the body raised; see
-/// [`RbHost::raised_body`]), `encode(value)` → `[json_or_nil, why_not_or_nil]`,
+/// [`raised_body`]), `encode(value)` → `[json_or_nil, why_not_or_nil]`,
 /// `tell(notes)` and `refuse_key(problem)` (see [`checked_key`]). `door` answers
-/// `crash?(error)` (see [`RbHost::crash`]).
+/// `crash?(error)` (see [`raised_body`]).
 struct RbHost<'a> {
     ruby: &'a Ruby,
     handler: Value,
@@ -128,116 +127,6 @@ impl RbHost<'_> {
         }
     }
 
-    /// What the body raised, for the release: its class name, its message (or a note
-    /// that `#message` raised: the exception is still released and re-raised unchanged)
-    /// and whether the door calls it a crash. A jump with no exception: [`left_body`].
-    fn raised_body(&mut self, left: magnus::Error) -> Body<Value, magnus::Error> {
-        let ErrorType::Exception(exception) = left.error_type() else {
-            return left_body(left);
-        };
-        let exception = exception.as_value();
-        // The class's own name (no Ruby method runs, so an overridden `name` that raises or
-        // answers bytes that are not UTF-8 cannot replace what the body raised).
-        // SAFETY: the name is copied before any Ruby code runs again.
-        let class = unsafe { exception.classname() }.into_owned();
-        let message = match exception
-            .funcall::<_, _, Value>("message", ())
-            .and_then(|m| m.funcall::<_, _, RString>("to_s", ()))
-        {
-            Ok(text) => text.to_string().unwrap_or_else(|_| {
-                // SAFETY: the bytes are copied before any Ruby code runs again.
-                String::from_utf8_lossy(unsafe { text.as_slice() }).into_owned()
-            }),
-            Err(e) => match e.value() {
-                // SAFETY: the name is copied before any Ruby code runs again.
-                Some(v) => format!("(#message raised {})", unsafe { v.classname() }),
-                None => return left_body(e),
-            },
-        };
-        let (crash, message) = match self.crash(exception) {
-            Ok(crash) => (crash, message),
-            // The door's `crash?` raised: what the body raised still goes out and its
-            // claim is handled by the base rule (see [`RbHost::signalled`]); the release's
-            // message (the record's `last_error`, the log) names what `crash?` raised. A
-            // jump with no exception (Thread#kill landing in `crash?`) goes on: the
-            // thread is going away.
-            Err(e) => match e.value() {
-                Some(raised) => (
-                    self.signalled(exception),
-                    // SAFETY: the name is copied before any Ruby code runs again.
-                    format!(
-                        "{message} (the door's crash? raised {}; the claim was kept or released \
-                         by the base rule: kept for a SignalException)",
-                        unsafe { raised.classname() }
-                    ),
-                ),
-                None => return left_body(e),
-            },
-        };
-        Body::Raised {
-            raised: left,
-            class,
-            message,
-            crash,
-        }
-    }
-
-    /// The base door's crash rule (`IdempotentJob::Door#crash?`: a SignalException, so
-    /// an interrupt or Sidekiq::Shutdown) on `error` or any of its causes, read by the
-    /// VM with no Ruby method: what decides a claim when the door's own `crash?`
-    /// raised. A body that may have done its effect before a signal keeps its claim
-    /// for its lease; any other exception releases it, as for a raising body.
-    fn signalled(&self, error: Value) -> bool {
-        let signal = self.ruby.exception_signal();
-        self.any_cause(error, |e| Ok(e.is_kind_of(signal)))
-            .unwrap_or(false)
-    }
-
-    /// The door's crash rule (`door.crash?`) on `error` or any of its causes: the claim
-    /// is kept.
-    fn crash(&self, error: Value) -> RbResult<bool> {
-        self.any_cause(error, |e| {
-            Ok(self.door.funcall::<_, _, Value>("crash?", (e,))?.to_bool())
-        })
-    }
-
-    /// Whether `test` holds for `error` or any of its causes. Each cause is read as
-    /// Ruby's own error printer reads it (the exception's internal `cause`, no Ruby
-    /// method runs: a `cause` method that raises, answers something else or makes up a
-    /// new exception each time cannot replace what the body raised or make the walk
-    /// endless); a chain that loops ends at its first repeat (Brent's cycle finding: the
-    /// walk stays linear however long the chain).
-    fn any_cause(
-        &self,
-        error: Value,
-        mut test: impl FnMut(Value) -> RbResult<bool>,
-    ) -> RbResult<bool> {
-        let id = self.ruby.intern("cause").as_raw();
-        let cause = |exception: Value| -> Option<Value> {
-            // SAFETY: `rb_attr_get` reads an instance variable; no Ruby code runs.
-            let next = unsafe { Value::from_raw(rb_sys::rb_attr_get(exception.as_raw(), id)) };
-            next.is_kind_of(self.ruby.exception_exception())
-                .then_some(next)
-        };
-        // `marker` stands `power` steps behind; meeting it again means a loop.
-        let (mut marker, mut current) = (error, Some(error));
-        let (mut power, mut steps) = (1usize, 0usize);
-        while let Some(exception) = current {
-            if test(exception)? {
-                return Ok(true);
-            }
-            current = cause(exception);
-            steps += 1;
-            if current.is_some_and(|next| next.as_raw() == marker.as_raw()) {
-                break;
-            }
-            if steps == power {
-                (marker, power, steps) = (current.unwrap_or(marker), power * 2, 0);
-            }
-        }
-        Ok(false)
-    }
-
     /// Hands `notes` (drained) to the handler's `tell`.
     fn publish(&mut self, notes: &mut Notes) {
         if notes.is_empty() {
@@ -299,7 +188,7 @@ impl Host for RbHost<'_> {
         self.heartbeat_watch(claim, false);
         let ended = match ran {
             Ok(value) => Body::Returned(value),
-            Err(left) => self.raised_body(left),
+            Err(left) => raised_body(self.ruby, self.door, left),
         };
         self.follow_store();
         ended
@@ -344,43 +233,6 @@ impl Host for RbHost<'_> {
     fn watch(&mut self, heartbeat: HeartbeatReader) {
         let reader = NativeHeartbeatReader(heartbeat.clone()).into_value_with(self.ruby);
         self.heartbeat = Some((heartbeat, reader));
-    }
-}
-
-/// The body's end when it left by a jump with no exception to hand back (what it raised
-/// goes through [`RbHost::raised_body`]). Thread#kill (a fatal jump): the thread is going
-/// away, so the claim is kept until its lease ends (a crash). `throw` (Timeout.timeout
-/// without an error class on Ruby before 3.3 is one), `break` or a non-local `return`
-/// out of the body: the worker goes on, so the claim is released like a raising body's
-/// (a retry runs at once) and the jump goes on after the release. An exception the
-/// gem's own callbacks raised (the Claim) is released and re-raised the same way (the
-/// door's `crash?` raising: see [`RbHost::raised_body`]).
-fn left_body(left: magnus::Error) -> Body<Value, magnus::Error> {
-    let (class, message, crash) = match left.error_type() {
-        ErrorType::Jump(Tag::Fatal) => (String::new(), String::new(), true),
-        ErrorType::Jump(tag) => {
-            let word = match tag {
-                Tag::Throw => "throw",
-                Tag::Break => "break",
-                Tag::Return => "return",
-                Tag::Next => "next",
-                Tag::Retry => "retry",
-                Tag::Redo => "redo",
-                Tag::Raise | Tag::Fatal => "raise",
-            };
-            (
-                format!("({word})"),
-                format!("the body was left by `{word}`, with no exception"),
-                false,
-            )
-        }
-        _ => ("IdempotentJob::Error".to_string(), left.to_string(), false),
-    };
-    Body::Raised {
-        raised: left,
-        class,
-        message,
-        crash,
     }
 }
 
