@@ -170,13 +170,6 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// The payload's canonical JSON text and its digest (the core's
-/// [`canonical::text_and_digest`]: hex SHA-256 of the text), as the Ruby gem computes
-/// them for the same value.
-pub fn json_and_digest(value: &Value) -> (String, String) {
-    canonical::text_and_digest(value)
-}
-
 /// How key messages name Python's types (the rules and their wording are the core's,
 /// [`keys`]).
 pub const KEY_WORDS: keys::Words = keys::Words {

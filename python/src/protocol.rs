@@ -9,7 +9,6 @@ use pyo3::types::{PyDict, PyType};
 
 use crate::convert;
 use crate::gil::detached;
-use idempotent_job_core::canonical;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::protocol::{
     Body, ClaimInfo, DeliveryRequest, Direct, DoorWords, Host, Level, LookupAnswer, Notes,
@@ -507,7 +506,7 @@ fn raised<V>(py: Python<'_>, err: PyErr) -> Body<V, PyErr> {
 }
 
 /// Builds the core's delivery request. A payload or facts JSON cannot carry is refused
-/// in the core's words ([`canonical::unwritable`]: a ConfigurationError naming the job),
+/// by the core ([`DeliveryRequest::write_payload`]: a ConfigurationError naming the job),
 /// before anything is claimed.
 #[allow(clippy::too_many_arguments)]
 pub fn request(
@@ -520,31 +519,18 @@ pub fn request(
     payload: &Bound<'_, PyAny>,
     facts: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<DeliveryRequest> {
-    // A value JSON cannot carry is refused in the core's words (the Ruby gem's too).
-    let refuse = |what: &str, problem: String| {
-        crate::errors::to_py(canonical::unwritable(&job_type, what, &problem))
-    };
-    let payload = convert::to_json(payload).map_err(|problem| refuse("payload", problem))?;
-    let (args_json, args_digest) = convert::json_and_digest(&payload);
-    let facts_json = match facts {
-        Some(f) => Some(
-            convert::to_json(f.as_any())
-                .map_err(|problem| refuse("facts", problem))?
-                .to_string(),
-        ),
-        None => None,
-    };
-    Ok(DeliveryRequest {
+    let mut delivery = DeliveryRequest {
         job_class: Some(job_class.unwrap_or_else(|| job_type.clone())),
         job_type,
         operation_key,
         delivery_id: id,
         queue,
-        args_json: Some(args_json),
-        args_digest: Some(args_digest),
-        facts_json,
         deferrals,
-        wait_seconds: None,
-        wait_until: None,
-    })
+        ..DeliveryRequest::default()
+    };
+    let facts = facts.map(|f| convert::to_json(f.as_any()));
+    delivery
+        .write_payload(convert::to_json(payload), facts)
+        .map_err(crate::errors::to_py)?;
+    Ok(delivery)
 }

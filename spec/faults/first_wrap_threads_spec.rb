@@ -32,9 +32,8 @@ RSpec.describe "The extension's wrapped classes, first used by several threads a
           super(name, *rest)
         end
       end)
-      words = { id_label: "jid", defer_text: "deferred", crash_text: "crashed" }
       build = lambda do
-        IdempotentJob::Native::Protocol.new("Spec::FirstWrap", {}, words, 1.0)
+        IdempotentJob::Native::Protocol.new("Spec::FirstWrap", {}, 1.0)
         IdempotentJob::Native::Store.new(JSON.generate(database_url: "postgres://spec@127.0.0.1:1/spec"))
       end
       first = Thread.new { build.call.tap { looked_up << :done } }

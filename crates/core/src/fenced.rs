@@ -57,6 +57,33 @@ impl Fenced {
         }
     }
 
+    /// Every change.
+    pub const ALL: [Fenced; 7] = [
+        Fenced::Complete,
+        Fenced::CompleteAsynchronously,
+        Fenced::Release,
+        Fenced::Hold,
+        Fenced::GiveUp,
+        Fenced::Expire,
+        Fenced::Renew,
+    ];
+
+    /// The change's name, as the bindings spell it (Ruby's Symbols: `:complete`,
+    /// `:complete_asynchronously`, `:release`, `:hold`, `:give_up`, `:expire`, `:renew`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Fenced::Complete => "complete",
+            Fenced::CompleteAsynchronously => "complete_asynchronously",
+            Fenced::GiveUp => "give_up",
+            other => other.verb(),
+        }
+    }
+
+    /// The change of this [`Fenced::name`], if any.
+    pub fn named(name: &str) -> Option<Fenced> {
+        Fenced::ALL.into_iter().find(|change| change.name() == name)
+    }
+
     fn verb(self) -> &'static str {
         match self {
             Fenced::Complete | Fenced::CompleteAsynchronously => "complete",
@@ -134,5 +161,19 @@ pub async fn fenced_with_result(
                 change.verb()
             ),
         }),
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn every_change_is_found_by_its_name() {
+        for change in Fenced::ALL {
+            assert_eq!(Fenced::named(change.name()), Some(change));
+        }
+        assert_eq!(Fenced::GiveUp.name(), "give_up");
+        assert_eq!(Fenced::named("give up"), None);
     }
 }

@@ -28,7 +28,7 @@ module IdempotentJob
         def native(options)
           @natives[options] || @natives_lock.synchronize do
             @natives = {}.compare_by_identity if @natives.size >= NATIVES_LIMIT
-            @natives[options] ||= Native::Protocol.new(options.name, options.settings, nil,
+            @natives[options] ||= Native::Protocol.new(options.name, options.settings,
                                                        IdempotentJob.configuration.defer_margin.to_f)
           end
         end

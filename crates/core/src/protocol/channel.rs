@@ -205,6 +205,65 @@ impl Channel for Direct {
     }
 }
 
+/// A [`Direct`] channel whose pool the binding may replace while the body runs (a
+/// store configured anew meanwhile takes the statements after it: the completion, the
+/// release): a replacement put in `next` is taken at the next statement.
+pub struct Replaceable<'a> {
+    direct: Direct,
+    next: &'a std::sync::Mutex<Option<Direct>>,
+}
+
+impl<'a> Replaceable<'a> {
+    /// `direct`, replaced by what the binding puts in `next`.
+    pub fn new(direct: Direct, next: &'a std::sync::Mutex<Option<Direct>>) -> Self {
+        Replaceable { direct, next }
+    }
+
+    fn current(&mut self) -> &mut Direct {
+        if let Some(next) = self.next.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            self.direct = next;
+        }
+        &mut self.direct
+    }
+}
+
+impl Channel for Replaceable<'_> {
+    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
+        self.current().claim(i, r, lock)
+    }
+
+    fn fenced_with_result(
+        &mut self,
+        i: &Interrupt<'_>,
+        change: Fenced,
+        claim: &ClaimInfo,
+        text: Option<&str>,
+        result: Option<&PreparedResult>,
+    ) -> Result<()> {
+        (self.current()).fenced_with_result(i, change, claim, text, result)
+    }
+
+    fn can_wait(&self) -> bool {
+        self.direct.can_wait()
+    }
+
+    fn wait(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, s: f64) -> Result<Option<ClaimReply>> {
+        self.current().wait(i, r, s)
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
+        self.direct.heartbeat_pool()
+    }
+
+    fn pause(&mut self, i: &Interrupt<'_>, pause: Duration) -> Result<()> {
+        self.current().pause(i, pause)
+    }
+}
+
 /// A native transaction ([`Session::begin`]): the claim waits at most the lock timeout
 /// for another delivery's transaction; the binding commits ([`Session::commit`]) after
 /// [`super::Protocol::complete`], or rolls back when the body raised.

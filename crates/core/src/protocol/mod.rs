@@ -54,7 +54,7 @@ pub use crate::record::ClaimKind;
 /// The job options the decision table decides by, re-exported from it: one type for the
 /// running protocol and the model check.
 pub use crate::transitions::{OnMismatch, OnStale};
-pub use channel::{Channel, Direct};
+pub use channel::{Channel, Direct, Replaceable};
 pub use delays::{
     claim_error_report, deferral_delay, deferrals_refused, delivery_count, unreachable_delay,
     CLAIM_ERROR_LOG_INTERVAL, COMPLETION_RETRY_DELAYS, DEFERRAL_FACTOR, DEFERRAL_FIRST_DELAY,

@@ -81,6 +81,33 @@ impl DeliveryRequest {
         });
     }
 
+    /// Writes the delivery's payload (its canonical JSON text and digest,
+    /// [`crate::canonical::text_and_digest`]) and its facts (a JSON object's text, or
+    /// none), each as the binding converted it from its language's values (`Err`: the
+    /// binding's words for why JSON cannot carry it). The one place both bindings build
+    /// a delivery's JSON from.
+    ///
+    /// Errors: [`crate::canonical::unwritable`] (a ConfigurationError naming the job and
+    /// what could not be written), before anything is claimed.
+    pub fn write_payload(
+        &mut self,
+        payload: std::result::Result<serde_json::Value, String>,
+        facts: Option<std::result::Result<serde_json::Value, String>>,
+    ) -> crate::error::Result<()> {
+        let refuse = |what: &str, problem: String| {
+            crate::canonical::unwritable(&self.job_type, what, &problem)
+        };
+        let payload = payload.map_err(|problem| refuse("payload", problem))?;
+        let facts = facts
+            .transpose()
+            .map_err(|problem| refuse("facts", problem))?;
+        let (text, digest) = crate::canonical::text_and_digest(&payload);
+        self.args_json = Some(text);
+        self.args_digest = Some(digest);
+        self.facts_json = facts.map(|f| f.to_string());
+        Ok(())
+    }
+
     /// The claim statement's request for this delivery under `options`.
     pub fn claim_request(&self, options: &JobOptions) -> ClaimRequest {
         ClaimRequest {
@@ -96,5 +123,33 @@ impl DeliveryRequest {
             facts_json: self.facts_json.clone(),
             returning: self.deferrals > 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_payload_writes_canonical_text_and_refuses_by_part() {
+        let mut delivery = DeliveryRequest {
+            job_type: "Job".into(),
+            ..DeliveryRequest::default()
+        };
+        let payload = serde_json::json!([{"b": 1, "a": 2}]);
+        delivery
+            .write_payload(Ok(payload.clone()), Some(Ok(serde_json::json!({"x": 1}))))
+            .unwrap();
+        let (text, digest) = crate::canonical::text_and_digest(&payload);
+        assert_eq!(delivery.args_json.as_deref(), Some(text.as_str()));
+        assert_eq!(delivery.args_digest.as_deref(), Some(digest.as_str()));
+        assert_eq!(delivery.facts_json.as_deref(), Some(r#"{"x":1}"#));
+        let refused = delivery
+            .write_payload(Ok(payload), Some(Err("a NaN".into())))
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("Job: the facts cannot be written as JSON (it holds a NaN)"));
+        let refused = delivery.write_payload(Err("a NaN".into()), None);
+        assert!(refused.unwrap_err().to_string().contains("the payload"));
     }
 }

@@ -1,145 +1,23 @@
-//! The one [`RbChannel`] enum over the three places a Ruby delivery's statements go:
-//! the store's pool, the gem's own native transaction, and a Ruby session
-//! (ActiveRecord's connection); `perform.rs` drives a delivery over it.
+//! The two Ruby-made places a delivery's statements go, each a core [`Channel`]: the
+//! gem's own native transaction ([`TxChannel`]) and a Ruby session ([`SessionChannel`]:
+//! ActiveRecord's connection); the third, the store's pool, is the core's
+//! [`idempotent_job_core::protocol::Replaceable`]. `perform.rs` drives a delivery over
+//! one of them.
 
 use std::cell::RefCell;
-use std::sync::Mutex;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use magnus::{value::ReprValue, RArray, RHash, Ruby, Value};
 
 use super::convert::{decided, transaction_id, RbResult};
-use super::protocol::{fenced_name, request_hash};
+use super::protocol::request_hash;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::bookkeeping::Repeat;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::fenced::Fenced;
-use idempotent_job_core::protocol::{Channel, ClaimInfo, Direct};
+use idempotent_job_core::protocol::{Channel, ClaimInfo};
 use idempotent_job_core::record::{ClaimReply, ClaimRequest, PreparedResult};
-use idempotent_job_core::store::PoolHandle;
-
-/// Where a Ruby delivery's statements go.
-pub enum RbChannel<'a> {
-    /// The store's pool (no transaction): heartbeat, release, completion retries.
-    Pool(PoolChannel<'a>),
-    /// The gem's own transaction (`transaction: true`), shared with the body's handle.
-    Transaction(TxChannel<'a>),
-    /// A Ruby session whose statements go through another driver (ActiveRecord's).
-    Session(SessionChannel<'a>),
-}
-
-macro_rules! each_channel {
-    ($channel:expr, $c:ident => $call:expr) => {
-        match $channel {
-            RbChannel::Pool($c) => $call,
-            RbChannel::Transaction($c) => $call,
-            RbChannel::Session($c) => $call,
-        }
-    };
-}
-
-impl Channel for RbChannel<'_> {
-    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
-        each_channel!(self, c => c.claim(i, r, lock))
-    }
-
-    fn fenced_with_result(
-        &mut self,
-        i: &Interrupt<'_>,
-        change: Fenced,
-        claim: &ClaimInfo,
-        text: Option<&str>,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        each_channel!(self, c => c.fenced_with_result(i, change, claim, text, result))
-    }
-
-    fn can_wait(&self) -> bool {
-        each_channel!(self, c => c.can_wait())
-    }
-
-    fn wait(
-        &mut self,
-        i: &Interrupt<'_>,
-        request: &ClaimRequest,
-        seconds: f64,
-    ) -> Result<Option<ClaimReply>> {
-        each_channel!(self, c => c.wait(i, request, seconds))
-    }
-
-    fn transactional(&self) -> bool {
-        each_channel!(self, c => c.transactional())
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        each_channel!(self, c => c.heartbeat_pool())
-    }
-
-    fn pause(&mut self, i: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        each_channel!(self, c => c.pause(i, pause))
-    }
-}
-
-/// The store's pool; a store configured anew while the body ran (`IdempotentJob.configure`)
-/// takes the statements after it (the completion, the release).
-pub struct PoolChannel<'a> {
-    pub(super) direct: Direct,
-    pub(super) next: &'a Mutex<Option<Direct>>,
-}
-
-impl PoolChannel<'_> {
-    fn current(&mut self) -> &mut Direct {
-        if let Some(next) = self.next.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            self.direct = next;
-        }
-        &mut self.direct
-    }
-}
-
-impl Channel for PoolChannel<'_> {
-    fn claim(&mut self, i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
-        self.current().claim(i, r, lock)
-    }
-
-    fn fenced_with_result(
-        &mut self,
-        i: &Interrupt<'_>,
-        change: Fenced,
-        claim: &ClaimInfo,
-        text: Option<&str>,
-        result: Option<&PreparedResult>,
-    ) -> Result<()> {
-        self.current()
-            .fenced_with_result(i, change, claim, text, result)
-    }
-
-    fn can_wait(&self) -> bool {
-        self.direct.can_wait()
-    }
-
-    fn wait(
-        &mut self,
-        i: &Interrupt<'_>,
-        request: &ClaimRequest,
-        seconds: f64,
-    ) -> Result<Option<ClaimReply>> {
-        self.current().wait(i, request, seconds)
-    }
-
-    fn transactional(&self) -> bool {
-        false
-    }
-
-    fn heartbeat_pool(&self) -> Option<&PoolHandle> {
-        self.direct.heartbeat_pool()
-    }
-
-    fn pause(&mut self, i: &Interrupt<'_>, pause: Duration) -> Result<()> {
-        self.current().pause(i, pause)
-    }
-}
 
 /// A native transaction's session, taken for one statement at a time (the body writes
 /// through the same transaction between them).
@@ -247,7 +125,11 @@ impl Channel for SessionChannel<'_> {
     ) -> Result<()> {
         let ruby = Self::ruby();
         let (name, job_type, key, token) = (
-            ruby.sym_new(fenced_name(change)),
+            // The completion's statement on this driver is the plain one.
+            ruby.sym_new(match change {
+                Fenced::CompleteAsynchronously => "complete",
+                other => other.name(),
+            }),
             claim.job_type.as_str(),
             claim.operation_key.as_str(),
             claim.token.to_string(),

@@ -224,21 +224,9 @@ pub fn decision_hash(ruby: &Ruby, decision: ClaimReply) -> RbResult<RHash> {
 /// `:complete`, `:complete_asynchronously`, `:release`, `:hold`, `:give_up`, `:expire`,
 /// `:renew` → [`Fenced`].
 pub fn parse_fenced(ruby: &Ruby, change: Symbol) -> RbResult<Fenced> {
-    Ok(match change.name()?.as_ref() {
-        "complete" => Fenced::Complete,
-        "complete_asynchronously" => Fenced::CompleteAsynchronously,
-        "release" => Fenced::Release,
-        "hold" => Fenced::Hold,
-        "give_up" => Fenced::GiveUp,
-        "expire" => Fenced::Expire,
-        "renew" => Fenced::Renew,
-        other => {
-            return Err(to_ruby(
-                ruby,
-                Error::Config(format!("unknown claim change :{other}")),
-            ))
-        }
-    })
+    let name = change.name()?;
+    Fenced::named(&name)
+        .ok_or_else(|| to_ruby(ruby, Error::Config(format!("unknown claim change :{name}"))))
 }
 
 /// `Native.decide(row, token, request)`: the decision for a row of the claim

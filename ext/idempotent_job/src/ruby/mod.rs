@@ -11,6 +11,7 @@ mod heartbeat;
 mod options;
 mod perform;
 mod protocol;
+mod raised;
 mod repeats;
 mod store;
 mod transaction;

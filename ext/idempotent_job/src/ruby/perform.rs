@@ -2,43 +2,42 @@
 //! core's driver ([`Protocol::perform`]) runs the whole protocol; this file is its
 //! [`Host`] for Ruby (statements with the GVL released, the lookup, the body with its
 //! claim and heartbeat watch, the result's JSON and the notes handed to a Ruby handler);
-//! the statements go to one [`RbChannel`] (`channel.rs`).
+//! the statements go to one of the channels of `channel.rs`; what the body raised is
+//! read by `raised.rs`.
 
 use std::cell::RefCell;
 use std::sync::Mutex;
 
-use magnus::rb_sys::{AsRawId, AsRawValue, FromRawValue};
 use magnus::{
-    error::{ErrorType, Tag},
-    typed_data::Obj,
-    value::ReprValue,
-    IntoValue, Module, RArray, RHash, RModule, RString, Ruby, Symbol, TryConvert, Value,
+    typed_data::Obj, value::ReprValue, IntoValue, Module, RArray, RHash, RModule, RString, Ruby,
+    Symbol, TryConvert, Value,
 };
 
-use super::channel::{PoolChannel, RbChannel, SessionChannel, TxChannel, RAISED_IN_RUBY};
-use super::convert::{json_of, Out, RbResult};
+use super::channel::{SessionChannel, TxChannel, RAISED_IN_RUBY};
+use super::convert::{json_of, RbResult};
 use super::errors::to_ruby;
 use super::gvl::without_gvl;
 use super::heartbeat::{heartbeat_hash, NativeHeartbeatReader};
 use super::protocol::{claim_object, notes_array, outcome_hash, NativeProtocol};
+use super::raised::{left_body, raised_body};
 use super::store::NativeStore;
 use super::transaction::NativeTransaction;
-use idempotent_job_core::canonical;
 use idempotent_job_core::conn::Interrupt;
 use idempotent_job_core::error::{Error, Result};
 use idempotent_job_core::heartbeat::HeartbeatReader;
 use idempotent_job_core::keys;
 use idempotent_job_core::protocol::{
-    Body, ClaimInfo, DeliveryRequest, Direct, Host, LookupAnswer, Notes, Performed, Protocol,
+    Body, Channel, ClaimInfo, DeliveryRequest, Direct, Host, LookupAnswer, Notes, Protocol,
+    Replaceable,
 };
 use idempotent_job_core::session::Session;
 
 /// Ruby's side of one delivery: the handler (`Protocol::Driver`) answers `lookup(key)`
 /// (a Symbol or a pair, see `NativeProtocol::lookup_answer`), `body(claim,
 /// native_transaction_or_nil)` → the body's value (raising what the body raised; see
-/// [`RbHost::raised_body`]), `encode(value)` → `[json_or_nil, why_not_or_nil]`,
+/// [`raised_body`]), `encode(value)` → `[json_or_nil, why_not_or_nil]`,
 /// `tell(notes)` and `refuse_key(problem)` (see [`checked_key`]). `door` answers
-/// `crash?(error)` (see [`RbHost::crash`]).
+/// `crash?(error)` (see [`raised_body`]).
 struct RbHost<'a> {
     ruby: &'a Ruby,
     handler: Value,
@@ -50,7 +49,7 @@ struct RbHost<'a> {
     /// The first error a `tell`, `watch`, `stopped` or `encode` callback raised (raised
     /// after the call).
     failed: Option<magnus::Error>,
-    /// The store the delivery began on, and where a newer one goes (see [`PoolChannel`]).
+    /// The store the delivery began on, and where a newer one goes (see [`Replaceable`]).
     store: Value,
     next_pool: &'a Mutex<Option<Direct>>,
     /// The transaction the body writes through (`transaction: true`), handed to `body`.
@@ -72,17 +71,26 @@ impl RbHost<'_> {
         to_ruby(self.ruby, err)
     }
 
-    /// The body's answer ends with `IdempotentJob.store` (nil when it cannot be had): a
-    /// store configured anew meanwhile takes the statements after the body.
-    fn follow_store(&mut self, store: Value) {
+    /// After the body, `IdempotentJob.store`: a store configured anew while the body ran
+    /// takes the statements after it (one that cannot be had is not followed).
+    fn follow_store(&mut self) {
+        let store = match self
+            .gem()
+            .and_then(|gem| gem.funcall::<_, _, Value>("store", ()))
+        {
+            Ok(store) => store,
+            Err(e) if !e.is_kind_of(self.ruby.exception_standard_error()) => {
+                return self.keep_failure(e);
+            }
+            Err(_) => return,
+        };
         if store.is_nil() || store.equal(self.store).unwrap_or(false) {
             return;
         }
-        if let Ok(native) = <&NativeStore>::try_convert(store) {
-            if let Ok(direct) = NativeProtocol::direct(self.ruby, native) {
-                *self.next_pool.lock().unwrap_or_else(|p| p.into_inner()) = Some(direct);
-                self.store = store;
-            }
+        let native = <&NativeStore>::try_convert(store);
+        if let Ok(direct) = native.and_then(|native| NativeProtocol::direct(self.ruby, native)) {
+            *self.next_pool.lock().unwrap_or_else(|p| p.into_inner()) = Some(direct);
+            self.store = store;
         }
     }
 
@@ -90,12 +98,9 @@ impl RbHost<'_> {
         self.failed.get_or_insert(err);
     }
 
-    /// `IdempotentJob::NAME`.
-    fn gem<T: TryConvert>(&self, name: &str) -> RbResult<T> {
-        self.ruby
-            .class_object()
-            .const_get::<_, RModule>("IdempotentJob")?
-            .const_get(name)
+    /// `IdempotentJob`.
+    fn gem(&self) -> RbResult<RModule> {
+        self.ruby.class_object().const_get("IdempotentJob")
     }
 
     /// `HeartbeatWatch.watch(reader, claim)` before the body, `HeartbeatWatch.stop(reader,
@@ -108,7 +113,9 @@ impl RbHost<'_> {
         }) else {
             return;
         };
-        let watch = self.gem::<RModule>("HeartbeatWatch");
+        let watch = self
+            .gem()
+            .and_then(|gem| gem.const_get::<_, RModule>("HeartbeatWatch"));
         let told = if start {
             watch.and_then(|w| w.funcall::<_, _, Value>("watch", (reader, claim)))
         } else {
@@ -118,121 +125,6 @@ impl RbHost<'_> {
         if let Err(e) = told {
             self.keep_failure(e);
         }
-    }
-
-    /// What the body raised, for the release: its class name, its message (or a note
-    /// that `#message` raised: the exception is still released and re-raised unchanged)
-    /// and whether the door calls it a crash. A jump with no exception: [`left_body`].
-    fn raised_body(&mut self, left: magnus::Error) -> Body<Value, magnus::Error> {
-        let ErrorType::Exception(exception) = left.error_type() else {
-            return left_body(left);
-        };
-        let exception = exception.as_value();
-        // The class's own name (no Ruby method runs, so an overridden `name` that raises or
-        // answers bytes that are not UTF-8 cannot replace what the body raised).
-        // SAFETY: the name is copied before any Ruby code runs again.
-        let class = unsafe { exception.classname() }.into_owned();
-        let message = match exception
-            .funcall::<_, _, Value>("message", ())
-            .and_then(|m| m.funcall::<_, _, RString>("to_s", ()))
-        {
-            Ok(text) => text.to_string().unwrap_or_else(|_| {
-                // SAFETY: the bytes are copied before any Ruby code runs again.
-                String::from_utf8_lossy(unsafe { text.as_slice() }).into_owned()
-            }),
-            Err(e) => match e.value() {
-                // SAFETY: the name is copied before any Ruby code runs again.
-                Some(v) => format!("(#message raised {})", unsafe { v.classname() }),
-                None => return left_body(e),
-            },
-        };
-        let (crash, message) = match self.crash(exception) {
-            Ok(crash) => (crash, message),
-            // The door's `crash?` raised: what the body raised still goes out and its
-            // claim is handled by the base rule (see [`RbHost::signalled`]); the release's
-            // message (the record's `last_error`, the log) names what `crash?` raised. A
-            // jump with no exception (Thread#kill landing in `crash?`) goes on: the
-            // thread is going away.
-            Err(e) => match e.value() {
-                Some(raised) => (
-                    self.signalled(exception),
-                    // SAFETY: the name is copied before any Ruby code runs again.
-                    format!(
-                        "{message} (the door's crash? raised {}; the claim was kept or released \
-                         by the base rule: kept for a SignalException)",
-                        unsafe { raised.classname() }
-                    ),
-                ),
-                None => return left_body(e),
-            },
-        };
-        Body::Raised {
-            raised: left,
-            class,
-            message,
-            crash,
-        }
-    }
-
-    /// The base door's crash rule (`IdempotentJob::Door#crash?`: a SignalException, so
-    /// an interrupt or Sidekiq::Shutdown) on `error` or any of its causes, read by the
-    /// VM with no Ruby method: what decides a claim when the door's own `crash?`
-    /// raised. A body that may have done its effect before a signal keeps its claim
-    /// for its lease; any other exception releases it, as for a raising body.
-    fn signalled(&self, error: Value) -> bool {
-        let id = self.ruby.intern("cause").as_raw();
-        let signal = self.ruby.exception_signal();
-        let mut current = error;
-        // A cause chain that loops is cut after as many links as any sane chain has.
-        for _ in 0..1024 {
-            if current.is_kind_of(signal) {
-                return true;
-            }
-            // SAFETY: `rb_attr_get` reads an instance variable; no Ruby code runs.
-            let next = unsafe { Value::from_raw(rb_sys::rb_attr_get(current.as_raw(), id)) };
-            if !next.is_kind_of(self.ruby.exception_exception()) {
-                return false;
-            }
-            current = next;
-        }
-        false
-    }
-
-    /// The door's crash rule (`door.crash?`) on `error` or any of its causes: the claim
-    /// is kept. Each cause is read as Ruby's own error printer reads it (the exception's
-    /// internal `cause`, no Ruby method runs: a `cause` method that raises, answers
-    /// something else or makes up a new exception each time cannot replace what the body
-    /// raised or make the walk endless); a chain that loops ends at its first repeat
-    /// (Brent's cycle finding: the walk stays linear however long the chain).
-    fn crash(&self, error: Value) -> RbResult<bool> {
-        let id = self.ruby.intern("cause").as_raw();
-        let cause = |exception: Value| -> Option<Value> {
-            // SAFETY: `rb_attr_get` reads an instance variable; no Ruby code runs.
-            let next = unsafe { Value::from_raw(rb_sys::rb_attr_get(exception.as_raw(), id)) };
-            next.is_kind_of(self.ruby.exception_exception())
-                .then_some(next)
-        };
-        // `marker` stands `power` steps behind; meeting it again means a loop.
-        let (mut marker, mut current) = (error, Some(error));
-        let (mut power, mut steps) = (1usize, 0usize);
-        while let Some(exception) = current {
-            if self
-                .door
-                .funcall::<_, _, Value>("crash?", (exception,))?
-                .to_bool()
-            {
-                return Ok(true);
-            }
-            current = cause(exception);
-            steps += 1;
-            if current.is_some_and(|next| next.as_raw() == marker.as_raw()) {
-                break;
-            }
-            if steps == power {
-                (marker, power, steps) = (current.unwrap_or(marker), power * 2, 0);
-            }
-        }
-        Ok(false)
     }
 
     /// Hands `notes` (drained) to the handler's `tell`.
@@ -296,20 +188,9 @@ impl Host for RbHost<'_> {
         self.heartbeat_watch(claim, false);
         let ended = match ran {
             Ok(value) => Body::Returned(value),
-            Err(left) => self.raised_body(left),
+            Err(left) => raised_body(self.ruby, self.door, left),
         };
-        // `IdempotentJob.store` now: a store configured anew while the body ran takes
-        // the statements after it (one that cannot be had is not followed).
-        let store = self
-            .ruby
-            .class_object()
-            .const_get::<_, RModule>("IdempotentJob")
-            .and_then(|gem| gem.funcall::<_, _, Value>("store", ()));
-        match store {
-            Ok(store) => self.follow_store(store),
-            Err(e) if !e.is_kind_of(self.ruby.exception_standard_error()) => self.keep_failure(e),
-            Err(_) => {}
-        }
+        self.follow_store();
         ended
     }
 
@@ -355,71 +236,18 @@ impl Host for RbHost<'_> {
     }
 }
 
-/// The body's end when it left by a jump with no exception to hand back (what it raised
-/// goes through [`RbHost::raised_body`]). Thread#kill (a fatal jump): the thread is going
-/// away, so the claim is kept until its lease ends (a crash). `throw` (Timeout.timeout
-/// without an error class on Ruby before 3.3 is one), `break` or a non-local `return`
-/// out of the body: the worker goes on, so the claim is released like a raising body's
-/// (a retry runs at once) and the jump goes on after the release. An exception the
-/// gem's own callbacks raised (the Claim) is released and re-raised the same way (the
-/// door's `crash?` raising: see [`RbHost::raised_body`]).
-fn left_body(left: magnus::Error) -> Body<Value, magnus::Error> {
-    let (class, message, crash) = match left.error_type() {
-        ErrorType::Jump(Tag::Fatal) => (String::new(), String::new(), true),
-        ErrorType::Jump(tag) => {
-            let word = match tag {
-                Tag::Throw => "throw",
-                Tag::Break => "break",
-                Tag::Return => "return",
-                Tag::Next => "next",
-                Tag::Retry => "retry",
-                Tag::Redo => "redo",
-                Tag::Raise | Tag::Fatal => "raise",
-            };
-            (
-                format!("({word})"),
-                format!("the body was left by `{word}`, with no exception"),
-                false,
-            )
-        }
-        _ => ("IdempotentJob::Error".to_string(), left.to_string(), false),
-    };
-    Body::Raised {
-        raised: left,
-        class,
-        message,
-        crash,
-    }
-}
-
-/// The payload's JSON text and digest and the facts' JSON text of a request Hash that
-/// carries the delivery's `payload:` (an Array) and `facts:` (a Hash or nil) as Ruby
-/// values, written here (the core's canonical digest). A value JSON cannot carry (nested
-/// too deep, not UTF-8, NaN…) is refused by the core's words
-/// ([`canonical::unwritable`]: a ConfigurationError naming the job), before anything is
-/// claimed. A request with neither key is left as it came.
+/// The delivery's payload and facts, carried by the request Hash as Ruby values
+/// (`payload:` an Array, `facts:` a Hash or nil), written by the core
+/// ([`DeliveryRequest::write_payload`]: a value JSON cannot carry is refused, naming the
+/// job, before anything is claimed). A request with no `payload:` is left as it came.
 fn written(ruby: &Ruby, request: RHash, delivery: &mut DeliveryRequest) -> RbResult<()> {
     let Some(payload) = request.get(ruby.sym_new("payload")) else {
         return Ok(());
     };
-    let refuse = |what: &str, problem: String| {
-        to_ruby(
-            ruby,
-            canonical::unwritable(&delivery.job_type, what, &problem),
-        )
-    };
-    let json = json_of(payload).map_err(|problem| refuse("payload", problem))?;
-    let facts = match request.get(ruby.sym_new("facts")) {
-        Some(facts) if !facts.is_nil() => {
-            Some(json_of(facts).map_err(|problem| refuse("facts", problem))?)
-        }
-        _ => None,
-    };
-    let (text, digest) = canonical::text_and_digest(&json);
-    delivery.args_digest = Some(digest);
-    delivery.args_json = Some(text);
-    delivery.facts_json = facts.map(|f| f.to_string());
-    Ok(())
+    let facts = request.get(ruby.sym_new("facts")).filter(|f| !f.is_nil());
+    delivery
+        .write_payload(json_of(payload), facts.map(json_of))
+        .map_err(|e| to_ruby(ruby, e))
 }
 
 /// Checks the request's operation key by the core's rules ([`keys::problem`]: UTF-8,
@@ -440,19 +268,18 @@ fn checked_key(ruby: &Ruby, request: RHash, handler: Value) -> RbResult<()> {
 impl NativeProtocol {
     /// `perform(store, channel, request, door, deferrals, wait, handler)` runs one delivery
     /// (the claim, a wait, the lookup, the body, the completion or release) and answers
-    /// `[decision, keywords, notes]`, `Outcome.new(decision, **keywords)` (`:ran`:
-    /// `value` the body's, `claim`, `label`, `waited`, `result_state`; any other decision:
-    /// see [`outcome_hash`]), or `[:error, exception, notes]` (what the body raised after
-    /// its claim was released or kept, or the core's error). `channel`: nil (the store's pool), `:transaction` (the
-    /// gem's own transaction: begun here, committed after a delivery that did not fail,
-    /// rolled back otherwise; the body gets it as `body`'s second argument), or a Ruby
-    /// session (`Transactional::ActiveRecord`); `request`: the claim request
-    /// Hash (see `convert::claim_request`), with the delivery's `payload:` and `facts:` in
-    /// place of its JSON texts (see [`written`]); `door`: the door whose words tell the
-    /// notes and errors (see [`NativeProtocol::told`]) and whose `crash?` rule applies;
-    /// `wait`: seconds to wait for a live claim (pool
-    /// only) or nil; `handler`: see [`RbHost`]. Notes already handed to `handler.tell`
-    /// are not repeated. A jump with no exception (Thread#kill, throw) goes on at once.
+    /// `[decision, keywords, notes]` (`Outcome.new(decision, **keywords)`, see
+    /// [`outcome_hash`]) or `[:error, exception, notes]` (what the body raised after its
+    /// claim was released or kept, or the core's error). `channel`: nil (the store's
+    /// pool), `:transaction` (the gem's own transaction: begun here, committed after a
+    /// delivery that did not fail, rolled back otherwise; the body gets it as `body`'s
+    /// second argument), or a Ruby session (`Transactional::ActiveRecord`); `request`:
+    /// the claim request Hash (see `convert::claim_request`), with the delivery's
+    /// `payload:` and `facts:` in place of its JSON texts (see [`written`]); `door`: the
+    /// door whose words tell the notes and errors (see [`NativeProtocol::told`]) and
+    /// whose `crash?` rule applies; `wait`: seconds to wait for a live claim (pool only)
+    /// or nil; `handler`: see [`RbHost`]. Notes already handed to `handler.tell` are not
+    /// repeated. A jump with no exception (Thread#kill, throw) goes on at once.
     #[allow(clippy::too_many_arguments)]
     pub fn perform(
         ruby: &Ruby,
@@ -485,27 +312,29 @@ impl NativeProtocol {
             }
             None => None,
         };
-        let mut rb_channel = if let Some(tx) = &opened {
-            RbChannel::Transaction(TxChannel(tx))
-        } else if channel.is_nil() {
-            RbChannel::Pool(PoolChannel {
-                direct: Self::direct(ruby, store)?,
-                next: &next_pool,
-            })
-        } else if let Ok(tx) = <&NativeTransaction>::try_convert(channel) {
-            RbChannel::Transaction(TxChannel(tx))
-        } else {
-            RbChannel::Session(SessionChannel {
-                session: channel,
-                raised: &raised,
-                repeat: None,
-            })
+        // Where the statements go: the gem's transaction (opened here or given), a Ruby
+        // session (called with the GVL held), or the store's pool.
+        let tx = match &opened {
+            Some(tx) => Some(&**tx),
+            None => <&NativeTransaction>::try_convert(channel).ok(),
+        };
+        let mut session = (tx.is_none() && !channel.is_nil()).then_some(SessionChannel {
+            session: channel,
+            raised: &raised,
+            repeat: None,
+        });
+        let release_gvl = session.is_none();
+        let (mut pool, mut in_tx) = (None, None);
+        let rb_channel: &mut (dyn Channel + Send) = match (tx, &mut session) {
+            (Some(tx), _) => in_tx.insert(TxChannel(tx)),
+            (None, Some(session)) => session,
+            (None, None) => pool.insert(Replaceable::new(Self::direct(ruby, store)?, &next_pool)),
         };
         let mut host = RbHost {
             ruby,
             handler,
             door,
-            release_gvl: !matches!(rb_channel, RbChannel::Session(_)),
+            release_gvl,
             raised: &raised,
             protocol: &protocol,
             delivery: &delivery,
@@ -519,25 +348,20 @@ impl NativeProtocol {
         let mut notes = Notes::new();
         let max_result_bytes = store.0.config().max_result_bytes;
         let performed = protocol.perform(
-            &mut rb_channel,
+            rb_channel,
             &delivery,
             max_result_bytes,
             &mut host,
             &mut notes,
         );
-        let transaction = host.transaction;
         // The gem's transaction commits what the delivery did (the claim, the body's
-        // writes, the completion) unless it failed; an error rolls everything back. It
+        // writes, the completion) unless it failed; an error rolls everything back (a
+        // rollback that fails closes the connection instead: PostgreSQL rolls back). It
         // is ended before a callback's error (a raising event subscriber or logger) is
         // raised below: never left open, holding the record's row lock, until a GC.
-        let performed = match (performed, transaction) {
-            (Ok(done), Some(tx)) => {
-                let tx = <&NativeTransaction>::try_convert(tx)?;
-                tx.finish(ruby, true).map(|_| done)
-            }
+        let performed = match (performed, opened) {
+            (Ok(done), Some(tx)) => tx.finish(ruby, true).map(|_| done),
             (Err(e), Some(tx)) => {
-                let tx = <&NativeTransaction>::try_convert(tx)?;
-                // A rollback that fails closes the connection instead: PostgreSQL rolls back.
                 let _ = tx.finish(ruby, false);
                 Err(e)
             }
@@ -550,9 +374,7 @@ impl NativeProtocol {
         // delivery that ends well commits right after): the batches skip the record's
         // row while that transaction holds it (`FLUSH_SQL`), so the writer never waits
         // on it.
-        if let (Ok(_), None, RbChannel::Session(session)) =
-            (&performed, &host.failed, &mut rb_channel)
-        {
+        if let (Ok(_), None, Some(session)) = (&performed, &host.failed, &mut session) {
             if let (Some(repeat), Ok(pool)) = (session.repeat.take(), store.0.pool()) {
                 pool.bookkeeper().record(repeat);
             }
@@ -561,29 +383,18 @@ impl NativeProtocol {
             return Err(failed);
         }
         let (kind, value): (&str, Value) = match performed {
-            // The keywords of `Outcome.new(kind, **value)`.
-            Ok(Performed {
-                outcome,
-                value: Some(value),
-            }) => {
-                let ran = Out::new(ruby);
-                ran.set("value", value)?
-                    .set("claim", host.claim)?
-                    .sym("label", outcome.label())?
-                    .set("waited", outcome.waited)?;
-                if let Some(state) = outcome.result_state {
-                    ran.sym("result_state", state.as_str())?;
+            // The keywords of `Outcome.new(kind, **value)`; a stored result that cannot be
+            // read back raises after the notes are told.
+            Ok(done) => {
+                let ran = done.value.map(|value| (value, host.claim));
+                match outcome_hash(ruby, &done.outcome, ran) {
+                    Ok(hash) => (done.outcome.decision.as_str(), hash.as_value()),
+                    Err(e) => {
+                        host.publish(&mut notes);
+                        return Err(e);
+                    }
                 }
-                ("ran", ran.hash.as_value())
             }
-            // A stored result that cannot be read back: the notes are told first.
-            Ok(Performed { outcome, .. }) => match outcome_hash(ruby, &outcome) {
-                Ok(hash) => (outcome.decision.as_str(), hash.as_value()),
-                Err(e) => {
-                    host.publish(&mut notes);
-                    return Err(e);
-                }
-            },
             Err(e) => match e.value() {
                 Some(exception) => ("error", exception),
                 None => {
@@ -592,10 +403,7 @@ impl NativeProtocol {
                 }
             },
         };
-        let out = ruby.ary_new_capa(3);
-        out.push(ruby.sym_new(kind))?;
-        out.push(value)?;
-        out.push(notes_array(ruby, &notes, &delivery, protocol.words())?)?;
-        Ok(out)
+        let notes = notes_array(ruby, &notes, &delivery, protocol.words())?;
+        Ok(ruby.ary_new_from_values(&[ruby.sym_new(kind).as_value(), value, notes.as_value()]))
     }
 }

@@ -19,10 +19,9 @@ use super::convert::{claim_request, json_of, parsed_json, Out, RbResult};
 use super::errors::to_ruby;
 use super::store::NativeStore;
 use idempotent_job_core::error::Error;
-use idempotent_job_core::fenced::Fenced;
 use idempotent_job_core::protocol::{
     deferral_delay, ClaimInfo, DeliveryRequest, Detail, Direct, DoorWords, JobOptions,
-    LookupAnswer, Notes, Outcome, Protocol, Told, COMPLETION_RETRY_DELAYS, ERROR_TEXT_LIMIT,
+    LookupAnswer, Notes, Outcome, Protocol, Told, COMPLETION_RETRY_DELAYS,
 };
 use idempotent_job_core::record::ClaimRequest;
 
@@ -35,11 +34,8 @@ fn config_error(ruby: &Ruby, message: String) -> magnus::Error {
     to_ruby(ruby, Error::Config(message))
 }
 
-fn fetch<T: magnus::TryConvert>(ruby: &Ruby, hash: RHash, key: &str) -> RbResult<Option<T>> {
-    hash.lookup::<_, Option<T>>(ruby.sym_new(key))
-}
-
-pub(super) fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
+/// `IdempotentJob::Claim.new(job_type:, operation_key:, jid:, token:, attempt:, kind:)`.
+pub(super) fn claim_object(ruby: &Ruby, info: &ClaimInfo) -> RbResult<Value> {
     let out = Out::new(ruby);
     out.set("job_type", info.job_type.as_str())?
         .set("operation_key", info.operation_key.as_str())?
@@ -47,23 +43,22 @@ pub(super) fn claim_hash(ruby: &Ruby, info: &ClaimInfo) -> RbResult<RHash> {
         .set("token", info.token.to_string())?
         .set("attempt", info.attempt)?
         .sym("kind", info.kind.as_str())?;
-    Ok(out.hash)
-}
-
-/// `IdempotentJob::Claim.new(**claim_hash)` (see [`claim_hash`]).
-pub(super) fn claim_object(ruby: &Ruby, info: &ClaimInfo) -> RbResult<Value> {
     let gem: RModule = ruby.class_object().const_get("IdempotentJob")?;
     let class: Value = gem.const_get("Claim")?;
-    class.funcall("new", (KwArgs(claim_hash(ruby, info)?),))
+    class.funcall("new", (KwArgs(out.hash),))
 }
 
-/// The keywords of `Outcome.new(decision, **)` that `perform` answers for a delivery
-/// the body did not run: `label` always; `duplicates`, `retry_after`,
-/// `lease_remaining`, `holder`, `result_state`, `claim` (a `Claim`, see
-/// [`claim_object`]) and `value` (the stored result parsed from its JSON) only when the
-/// core's outcome has them, `waited` and `replayed` (a completed operation whose
-/// completion stored a result) only when true.
-pub(super) fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
+/// The keywords of `Outcome.new(decision, **)` that `perform` answers: `label` always;
+/// `duplicates`, `retry_after`, `lease_remaining`, `holder`, `result_state`, `claim` and
+/// `value` only when the delivery has them, `waited` and `replayed` (a completed
+/// operation whose completion stored a result) only when true. `ran`: the body's value
+/// and the `Claim` it ran under, when it ran; otherwise `value` is the stored result
+/// parsed from its JSON and `claim` a `Claim` of the core's (see [`claim_object`]).
+pub(super) fn outcome_hash(
+    ruby: &Ruby,
+    outcome: &Outcome,
+    ran: Option<(Value, Option<Value>)>,
+) -> RbResult<RHash> {
     // Only the entries the outcome has: a duplicate's Hash keeps 3 entries instead of
     // 10, so Ruby stores it as a small array table (no separate hash table allocated).
     let out = Out::new(ruby);
@@ -80,20 +75,24 @@ pub(super) fn outcome_hash(ruby: &Ruby, outcome: &Outcome) -> RbResult<RHash> {
     if let Some(holder) = &outcome.holder {
         out.set("holder", holder.as_str())?;
     }
-    if let Some(json) = &outcome.result_json {
-        out.set("value", parsed_json(ruby, Some(json))?)?;
+    if let Some((value, claim)) = ran {
+        out.set("value", value)?.set("claim", claim)?;
+    } else {
+        if let Some(json) = &outcome.result_json {
+            out.set("value", parsed_json(ruby, Some(json))?)?;
+        }
+        if let Some(info) = &outcome.claim {
+            out.set("claim", claim_object(ruby, info)?)?;
+        }
     }
     if outcome.waited {
         out.set("waited", true)?;
     }
     if let Some(state) = outcome.result_state {
         out.sym("result_state", state.as_str())?;
-        if outcome.decision.as_str() == "completed" {
+        if outcome.replayed() {
             out.set("replayed", true)?;
         }
-    }
-    if let Some(info) = &outcome.claim {
-        out.set("claim", claim_object(ruby, info)?)?;
     }
     Ok(out.hash)
 }
@@ -154,54 +153,15 @@ pub(super) fn request_hash(ruby: &Ruby, req: &ClaimRequest) -> RbResult<RHash> {
     Ok(out.hash)
 }
 
-pub(super) fn fenced_name(change: Fenced) -> &'static str {
-    match change {
-        Fenced::Complete | Fenced::CompleteAsynchronously => "complete",
-        Fenced::Release => "release",
-        Fenced::Hold => "hold",
-        Fenced::GiveUp => "give_up",
-        Fenced::Expire => "expire",
-        Fenced::Renew => "renew",
-    }
-}
-
-/// The gem's words with the door's `id_label`, `defer_text` and `crash_text` where
-/// given.
-fn ruby_words(id_label: Option<String>, defer: Option<String>, crash: Option<String>) -> DoorWords {
-    let mut out = DoorWords {
-        name_prefix: ":".into(),
-        error_namespace: "IdempotentJob::".into(),
-        resolve_text: "IdempotentJob.resolve / rake idempotent_job:resolve".into(),
-        ..DoorWords::default()
-    };
-    if let Some(v) = id_label {
-        out.id_label = v;
-    }
-    if let Some(v) = defer {
-        out.defer_text = v;
-    }
-    if let Some(v) = crash {
-        out.crash_text = v;
-    }
-    out
-}
-
 impl NativeProtocol {
-    /// `Protocol.new(job_name, settings, words, defer_margin)`: `settings` a Hash of job
-    /// options by the core's table names (Symbol or String keys; the values `JobOptions`
+    /// `Protocol.new(job_name, settings, defer_margin)`: `settings` a Hash of job options
+    /// by the core's table names (Symbol or String keys; the values `JobOptions`
     /// checked: seconds, Symbols of a choice, booleans, nil for unset) with `lookup` the
     /// lookup's label or nil, read by the core's [`JobOptions::from_settings`] (no name
-    /// is mapped here); `defer_margin` the configured setting in seconds; `words` Hash
-    /// `{id_label:, defer_text:, crash_text:}` or nil (the first door's; each delivery
-    /// brings its door's, see [`NativeProtocol::told`]). Raises ConfigurationError for
-    /// a bad value, naming the job.
-    fn new(
-        ruby: &Ruby,
-        job: String,
-        settings: RHash,
-        words: Option<RHash>,
-        defer_margin: f64,
-    ) -> RbResult<Self> {
+    /// is mapped here); `defer_margin` the configured setting in seconds. Told in the
+    /// gem's words; each delivery brings its door's (see [`NativeProtocol::told`]).
+    /// Raises ConfigurationError for a bad value, naming the job.
+    fn new(ruby: &Ruby, job: String, settings: RHash, defer_margin: f64) -> RbResult<Self> {
         let settings = json_of(settings.as_value())
             .map_err(|what| config_error(ruby, format!("{job}: job options: {what}")))?;
         let base = JobOptions {
@@ -210,13 +170,11 @@ impl NativeProtocol {
         };
         let options =
             JobOptions::from_settings(&job, "", &settings, base).map_err(|e| to_ruby(ruby, e))?;
-        let words = match words {
-            Some(w) => ruby_words(
-                fetch(ruby, w, "id_label")?,
-                fetch(ruby, w, "defer_text")?,
-                fetch(ruby, w, "crash_text")?,
-            ),
-            None => ruby_words(None, None, None),
+        let words = DoorWords {
+            name_prefix: ":".into(),
+            error_namespace: "IdempotentJob::".into(),
+            resolve_text: "IdempotentJob.resolve / rake idempotent_job:resolve".into(),
+            ..DoorWords::default()
         };
         let protocol = Protocol::new(&job, options, words).map_err(|e| to_ruby(ruby, e))?;
         Ok(NativeProtocol(Told::new(protocol)))
@@ -251,9 +209,7 @@ impl NativeProtocol {
             wait_seconds,
             wait_until: None,
         };
-        // A step at a time: each step (the claim, the wait) is bounded by the wait +
-        // the core's margin from its own start (one-call driving will start the bound
-        // once per delivery).
+        // The wait + the core's margin, bounded from this call's start.
         delivery.bound_wait();
         Ok(delivery)
     }
@@ -286,17 +242,6 @@ impl NativeProtocol {
     }
 }
 
-/// `Native.deferral_delay(lease_remaining, deferrals, margin)` → Float seconds.
-fn native_deferral_delay(lease_remaining: f64, deferrals: u32, margin: f64) -> f64 {
-    deferral_delay(lease_remaining, deferrals, margin)
-}
-
-/// `Native.error_text_limit` → the longest error text stored in `last_error`, in
-/// characters.
-fn error_text_limit() -> usize {
-    ERROR_TEXT_LIMIT
-}
-
 /// `Native.completion_retry_delays` → Array of Float seconds.
 fn completion_retry_delays() -> Vec<f64> {
     COMPLETION_RETRY_DELAYS.to_vec()
@@ -319,15 +264,15 @@ fn delivery_count(
 }
 
 pub fn init(ruby: &Ruby, native: RModule) -> RbResult<()> {
-    native.define_module_function("deferral_delay", function!(native_deferral_delay, 3))?;
+    // `Native.deferral_delay(lease_remaining, deferrals, margin)` → Float seconds.
+    native.define_module_function("deferral_delay", function!(deferral_delay, 3))?;
     native.define_module_function("delivery_count", function!(delivery_count, 4))?;
-    native.define_module_function("error_text_limit", function!(error_text_limit, 0))?;
     native.define_module_function(
         "completion_retry_delays",
         function!(completion_retry_delays, 0),
     )?;
     let class = native.define_class("Protocol", ruby.class_object())?;
-    class.define_singleton_method("new", function!(NativeProtocol::new, 4))?;
+    class.define_singleton_method("new", function!(NativeProtocol::new, 3))?;
     class.define_method("perform", method!(NativeProtocol::perform, 7))?;
     Ok(())
 }
