@@ -237,15 +237,15 @@ pub fn span_attributes<'py>(
 
 impl Outcome {
     fn of(py: Python<'_>, o: CoreOutcome, value: Option<Py<PyAny>>) -> PyResult<Outcome> {
-        let (value, replayed) = match (value, &o.result_json) {
-            (Some(v), _) => (v, false),
-            (None, Some(json)) => (
-                py.import("json")?
-                    .call_method1("loads", (json.as_str(),))?
-                    .unbind(),
-                true,
-            ),
-            (None, None) => (py.None(), false),
+        // `replayed` is the core's rule (a repeat answered with the stored result).
+        let replayed = value.is_none() && o.replayed();
+        let value = match (value, &o.result_json) {
+            (Some(v), _) => v,
+            (None, Some(json)) => py
+                .import("json")?
+                .call_method1("loads", (json.as_str(),))?
+                .unbind(),
+            (None, None) => py.None(),
         };
         Ok(Outcome {
             decision: o.decision.as_str(),

@@ -123,8 +123,8 @@ RSpec.describe "Stored results and replays" do
         expect(events.map(&:first)).to include(:result_not_stored)
         expect(events.find { |name, _| name == :result_not_stored }.last).to include(result_state: state)
         again = charge(store_result: true) { runs += 1 }
-        expect(again).to have_attributes(decision: :completed, replayed?: true, result_stored?: false, value: nil,
-                                         result_state: state)
+        expect(again).to have_attributes(decision: :completed, replayed?: false, result_stored?: false, value: nil,
+                                         result_state: state, label: :skipped)
         expect(runs).to eq(1)
       end
     end

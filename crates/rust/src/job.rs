@@ -457,9 +457,8 @@ fn short_type_name<E>() -> String {
 
 fn replay<T: DeserializeOwned>(o: CoreOutcome, value: Option<T>) -> Outcome<T> {
     // A replay carries the first run's value: a completion whose result was not stored
-    // (too large, unencodable) is a repeat without one, as in Ruby and Python.
-    let replayed =
-        o.replayed() && o.result_state == Some(idempotent_job_core::record::ResultState::Stored);
+    // (too large, unencodable) is a repeat without one (the core's rule, every binding's).
+    let replayed = o.replayed();
     let value = value.or_else(|| {
         o.result_json
             .as_deref()

@@ -158,8 +158,6 @@ module IdempotentJob
         fresh ? html : %(<span class="ij-hint">#{html}</span>)
       end
 
-      # @param record [Record]
-      # @return [String] a link to the record's page (HTML)
       # A list's row for a record the core cannot read ({Records::Unreadable}): its job
       # type (unless the list is of one), its key linking to its record page (the 500
       # naming it) and which column, across the `span` columns after the key.
@@ -171,6 +169,9 @@ module IdempotentJob
           %(#{h record.column}</td></tr>)
       end
 
+      # @param record [Record, Records::Unreadable] a record (or a list's unreadable row)
+      # @param text [String] the link's text (default: the operation key)
+      # @return [String] a link to the record's page (HTML)
       def record_link(record, text = record.operation_key)
         %(<a href="#{path("/record", job_type: record.job_type, operation_key: record.operation_key)}">#{h(text)}</a>)
       end

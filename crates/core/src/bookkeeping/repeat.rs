@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::record::{ClaimAnswer, ClaimKind, ClaimReply, ClaimRequest};
+use crate::record::{ClaimAnswer, ClaimKind, ClaimReply, ClaimRequest, Replay, ResultState};
 
 /// One repeated delivery to record.
 #[derive(Debug, Clone)]
@@ -61,7 +61,10 @@ impl Repeat {
             replayed: matches!(
                 decision.outcome,
                 ClaimAnswer::Completed {
-                    replay: Some(_),
+                    replay: Some(Replay {
+                        state: ResultState::Stored,
+                        ..
+                    }),
                     ..
                 }
             ),

@@ -121,8 +121,9 @@ pub enum NoteKind {
         /// This deferral's number (1 for the first).
         deferral: u32,
     },
-    /// Event `skipped` (`decision`, `duplicates`; for a replay also `replayed: true`
-    /// and `result_state`); info: a duplicate skipped. `replay`: the state of the
+    /// Event `skipped` (`decision`, `duplicates`; with a result asked to be stored also
+    /// `result_state`, and `replayed: true` when it was stored and so replayed);
+    /// info: a duplicate skipped. `replay`: the state of the
     /// result the first run's completion was asked to store (V7), `None` when it was
     /// not asked to.
     Skipped {
@@ -332,7 +333,9 @@ impl Note {
                     ("duplicates", Detail::Int(i64::from(*duplicates))),
                 ];
                 if let Some(state) = replay {
-                    details.push(("replayed", Detail::Bool(true)));
+                    if *state == ResultState::Stored {
+                        details.push(("replayed", Detail::Bool(true)));
+                    }
                     details.push(("result_state", Detail::Name(state.as_str())));
                 }
                 details
@@ -449,8 +452,8 @@ impl Note {
                     None => String::new(),
                     Some(ResultState::Stored) => "; replayed: true (its stored result)".into(),
                     Some(other) => {
-                        // No value to replay: said as Python's `outcome.replayed` (False)
-                        // and Ruby's `result_stored?` (false) say it.
+                        // No value to replay: every binding's `replayed` is false
+                        // ([`super::Outcome::replayed`]).
                         format!(
                             "; no value replayed (result {}, not stored)",
                             other.as_str()

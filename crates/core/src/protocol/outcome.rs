@@ -201,11 +201,13 @@ impl Outcome {
         self.decision == Decision::Ran
     }
 
-    /// Whether this is a replay: a repeat of a completed operation whose completion
-    /// was asked to store its result ([`Outcome::result_state`] says whether it was
-    /// stored; [`Outcome::result_json`] holds it when it was).
+    /// Whether this is a replay: a repeat of a completed operation answered with the
+    /// first run's stored result ([`Outcome::result_json`]). A completion asked to store
+    /// a result it could not store (too large, not JSON) is not replayed: its repeat
+    /// carries [`Outcome::result_state`] to say why, and is labelled `skipped`. Every
+    /// binding's `replayed` is this.
     pub fn replayed(&self) -> bool {
-        self.decision == Decision::Completed && self.result_state.is_some()
+        self.decision == Decision::Completed && self.result_state == Some(ResultState::Stored)
     }
 }
 

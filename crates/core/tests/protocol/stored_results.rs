@@ -97,10 +97,15 @@ pub(crate) fn a_result_that_cannot_be_stored_is_noted_and_the_completion_stands(
         notes[1].details()[0],
         ("result_state", Detail::Name("too_large"))
     );
-    // A repeat is a replay without a value.
+    // A repeat learns why it has no value; it is not a replay (nothing stored to replay).
     let (again, notes) = begin(store, &protocol, &repeat_of(&delivery));
     let outcome = skipped(again.unwrap());
-    assert!(outcome.replayed());
+    assert!(!outcome.replayed());
+    assert_eq!(outcome.label(), "skipped");
+    assert!(!notes[0]
+        .details()
+        .iter()
+        .any(|(name, _)| *name == "replayed"));
     assert_eq!(outcome.result_state, Some(ResultState::TooLarge));
     assert_eq!(outcome.result_json, None);
     let text = notes[0].text(&delivery, &DoorWords::default()).unwrap();
