@@ -49,4 +49,20 @@ RSpec.describe IdempotentJob::Web, "with a record the core cannot read" do
     expect(last_response.status).to eq(400)
     expect(last_response.body).to include("unknown record status")
   end
+
+  # /metrics reads every record's held_at for the oldest held age: one edited to
+  # '-infinity' (held since ever) or 'infinity' must not break the scrape (PostgreSQL
+  # before 17 refuses to subtract an infinite time, 22008; 17 and later answer an infinite
+  # interval), and the value written is one Prometheus' text format knows (+Inf, never inf).
+  it "answers /metrics with a held_at edited to an infinite time: +Inf held since ever, 0 for a future one" do
+    web_stopped(job_type, "7", as: :hold)
+    { "-infinity" => "+Inf", "infinity" => "0" }.each do |edited, age|
+      Effects.connection.exec_params(
+        "UPDATE idempotent_job_records SET held_at = '#{edited}' WHERE job_type = $1", [job_type]
+      )
+      get "/metrics"
+      expect(last_response.status).to eq(200), "#{edited}: #{last_response.status} #{last_response.body[0, 300]}"
+      expect(last_response.body).to include(%(idempotent_job_oldest_held_age_seconds{job_type="#{job_type}"} #{age}\n))
+    end
+  end
 end
