@@ -142,7 +142,10 @@ RSpec.describe "Bad input", :faults do
       job = ChargeOrderJob.jobs.pop
       # 2.5 was taken as 2 and "0x1f" as 31 (Integer() reads a String's radix prefix)
       # " 5", "+5" and "1_0" were read by Integer() too: the core's count rule (Celery's, SQS's) takes digits only
-      [2**40, -1, "abc", [1], 2.5, "0x1f", Float::INFINITY, " 5", "+5", "1_0"].each do |bad|
+      # "5\xFF": a producer's raw byte, which JSON.parse leaves in a String not valid UTF-8 (an
+      # EncodingError before, not the count's words); "5\xFF".b a binary String.
+      [2**40, -1, "abc", [1], 2.5, "0x1f", Float::INFINITY, " 5", "+5", "1_0", JSON.parse(%(["5\xFF"])).first,
+       "5\xFF".b].each do |bad|
         expect { deliver(job.merge("idempotency_deferrals" => bad)) }
           .to raise_error(IdempotentJob::ConfigurationError,
                           /\AChargeOrderJob: the delivery's deferrals \(idempotency_deferrals\) must be a whole/)
