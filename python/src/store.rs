@@ -520,14 +520,16 @@ fn option_json(value: &Bound<'_, PyAny>) -> PyResult<(Value, Option<String>)> {
 
 /// Seconds Python spells other than as an int or a float: a `decimal.Decimal` or a
 /// `fractions.Fraction` (as a float), a `datetime.timedelta` (its `total_seconds()`:
-/// `timedelta(minutes=10)` is 600, `timedelta(60)` 60 days); None for any other value.
+/// `timedelta(minutes=10)` is 600, `timedelta(60)` 60 days); None for any other value,
+/// and for a Decimal `sNaN` or a Fraction beyond the float range (no float holds them:
+/// the core refuses them as of the wrong kind, never float()'s ValueError/OverflowError).
 /// The Ruby gem takes Rational, BigDecimal and ActiveSupport's `10.minutes` alike.
 fn seconds_of(value: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
     let class = value.get_type();
     let module: String = class.getattr("__module__")?.extract().unwrap_or_default();
     let name: String = class.getattr("__qualname__")?.extract().unwrap_or_default();
     Ok(match (module.as_str(), name.as_str()) {
-        ("decimal", "Decimal") | ("fractions", "Fraction") => Some(value.extract()?),
+        ("decimal", "Decimal") | ("fractions", "Fraction") => value.extract::<f64>().ok(),
         ("datetime", "timedelta") => Some(value.call_method0("total_seconds")?.extract()?),
         _ => None,
     })
