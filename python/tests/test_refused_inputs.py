@@ -168,6 +168,13 @@ def test_a_purge_age_beyond_the_float_range_is_refused_by_the_cores_rule(older_t
         idempotent_job.purge(older_than=older_than)
 
 
+@pytest.mark.parametrize("older_than", [2**64, 1e300], ids=["2**64", "1e300"])
+def test_a_purge_age_before_postgresqls_first_timestamp_deletes_nothing(older_than):
+    # Before: DatabaseError 'timestamp out of range (SQLSTATE 22008)' (the statement's
+    # now() - make_interval(secs => ...)); no record is older than 4714 BC.
+    assert idempotent_job.purge(older_than=older_than) == 0
+
+
 @pytest.mark.parametrize("value", [True, False, 1.5, 2.0, "5", None], ids=repr)
 def test_a_limit_or_batch_that_is_not_an_int_is_refused_in_the_cores_words(value):
     # Before: held(limit=True) counted as 1 (a bool is an int to pyo3), 1.5 and "5" failed

@@ -414,6 +414,15 @@ RSpec.describe "Bad input", :faults do
                         /\Aheld needs a limit of at least 1 \(up to \d+\), got -9223372036854775808\z/)
     end
 
+    # An age reaching before PostgreSQL's first timestamp (4714 BC): no record is that old.
+    # Before, the statement's now() - make_interval(secs => 2**64) raised DatabaseError
+    # 'timestamp out of range (SQLSTATE 22008)' (Python's purge(older_than=2**64) alike).
+    it "purges nothing older than PostgreSQL's first timestamp (older_than: 2**64), never a DatabaseError" do
+      once("purged-never")
+      expect(IdempotentJob.purge(older_than: 2**64)).to eq(0)
+      expect(IdempotentJob.purge(older_than: 1e300, batch_size: 1)).to eq(0)
+    end
+
     it "takes a binary String whose bytes are UTF-8 as those bytes (the same operation as the UTF-8 String)" do
       once("caf\u00e9".b)
       once("caf\u00e9")

@@ -100,12 +100,21 @@ pub fn purge_refused(older_than_seconds: f64, batch: &str) -> Error {
     ))
 }
 
+/// The greatest age in seconds a purge sends PostgreSQL: from its first timestamp
+/// ([`POSTGRES_FIRST_SECOND`](crate::operations::POSTGRES_FIRST_SECOND)) to now, less a
+/// day (the server's `now()` may run ahead of this process's clock). A purge of records
+/// older than that deletes nothing ([`purge_batch`]).
+fn oldest_age() -> f64 {
+    (Utc::now().timestamp() - crate::operations::POSTGRES_FIRST_SECOND - 86_400) as f64
+}
+
 /// Deletes one batch of at most `batch` finished records older than
 /// `older_than_seconds`, after `after` in the `first_claimed_at` index's order (see
 /// [`PURGE_SQL`]). A purge passes each batch's [`PurgeBatch::next`] to the next batch
 /// and stops when a batch picks fewer than `batch`: its time then grows with the number
 /// of records deleted, not with its square. Records skipped because a claim had them
 /// locked are behind the cursor: the next purge (from the start) takes them.
+/// An age reaching before PostgreSQL's first timestamp (`2**64` seconds) deletes nothing.
 /// Errors: [`Error::Config`] for a negative or non-finite age or a batch below 1;
 /// connection and statement errors as [`Error`].
 pub async fn purge_batch(
@@ -116,6 +125,15 @@ pub async fn purge_batch(
 ) -> Result<PurgeBatch> {
     if !(older_than_seconds >= 0.0 && older_than_seconds.is_finite()) || batch < 1 {
         return Err(purge_refused(older_than_seconds, &batch.to_string()));
+    }
+    if older_than_seconds > oldest_age() {
+        // Older than PostgreSQL's first timestamp (4714-11-24 BC): no record is, and the
+        // statement's `now() - make_interval(secs => $1)` would be out of range (22008).
+        return Ok(PurgeBatch {
+            deleted: 0,
+            picked: 0,
+            next: after.clone(),
+        });
     }
     let start = after.first_claimed_at.is_some();
     let job_type = start.then_some(after.job_type.as_str());
