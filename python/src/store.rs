@@ -261,11 +261,22 @@ impl Store {
     fn purge(
         &self,
         py: Python<'_>,
-        older_than: Option<f64>,
+        older_than: Option<Bound<'_, PyAny>>,
         batch: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
-        let older_than = older_than.unwrap_or(self.defaults.retention_seconds);
-        let batch = whole(batch, |shown| records::purge_refused(older_than, shown))?;
+        // An age is a number of seconds by the core's rules (an int or a float; a bool or
+        // a str is refused, never taken as 1 or 0 seconds).
+        let older_than = match older_than {
+            None => self.defaults.retention_seconds,
+            Some(value) => convert::seconds(&value).ok_or_else(|| {
+                crate::errors::to_py(records::purge_refused(
+                    &convert::shown(&value),
+                    &convert::shown(batch),
+                ))
+            })?,
+        };
+        let shown_age = older_than.to_string();
+        let batch = whole(batch, |shown| records::purge_refused(&shown_age, shown))?;
         let mut total = 0;
         // Keyset batches: each starts after the last record the previous one took, and
         // the purge ends with the first batch that picks fewer records than its size.

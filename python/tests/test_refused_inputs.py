@@ -10,6 +10,7 @@ import datetime
 import math
 import os
 import re
+import time
 
 import pytest
 
@@ -166,6 +167,20 @@ def test_a_purge_age_beyond_the_float_range_is_refused_by_the_cores_rule(older_t
         errors.ConfigurationError, match=f"^purge needs older_than >= 0 seconds .*, got {shown} and"
     ):
         idempotent_job.purge(older_than=older_than)
+
+
+@pytest.mark.parametrize("older_than", [True, False, "30", [1]], ids=repr)
+def test_a_purge_age_that_is_no_number_is_refused_in_the_cores_words(older_than):
+    # Before: True was taken as 1 second (every record finished more than a second ago
+    # deleted), "30" and [1] pyo3's TypeError 'must be real number'.
+    key = f"purge-bool-{time.time_ns()}"
+    idempotent_job.perform_once("PurgeBool", key, lambda c: 1)
+    time.sleep(1.1)
+    shown = re.escape(repr(older_than))
+    words = f"purge needs older_than >= 0 seconds and a batch of at least 1, got {shown} and 1000"
+    with pytest.raises(errors.ConfigurationError, match=f"^{words}$"):
+        idempotent_job.purge(older_than=older_than)
+    assert idempotent_job.record("PurgeBool", key) is not None
 
 
 @pytest.mark.parametrize("older_than", [2**64, 1e300], ids=["2**64", "1e300"])

@@ -414,6 +414,17 @@ RSpec.describe "Bad input", :faults do
                         /\Aheld needs a limit of at least 1 \(up to \d+\), got -9223372036854775808\z/)
     end
 
+    # Before: Float(older_than) raised TypeError for true and nil and took "30" as 30 s
+    # (Python's purge(older_than=True) deleted what finished more than 1 s ago).
+    it "refuses a purge age that is no number of seconds (true, \"30\", nil) in the core's words, deleting nothing" do
+      [true, "30", nil, [1]].each do |age|
+        expect { IdempotentJob.purge(older_than: age) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          "purge needs older_than >= 0 seconds and a batch of at least 1, got #{age.inspect} and 1000")
+      end
+      expect(IdempotentJob.purge(older_than: Rational(10**12, 1))).to eq(0)
+    end
+
     # An age reaching before PostgreSQL's first timestamp (4714 BC): no record is that old.
     # Before, the statement's now() - make_interval(secs => 2**64) raised DatabaseError
     # 'timestamp out of range (SQLSTATE 22008)' (Python's purge(older_than=2**64) alike).

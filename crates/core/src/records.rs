@@ -90,13 +90,13 @@ pub struct PurgeBatch {
     pub next: PurgeCursor,
 }
 
-/// The refusal of a purge's age `older_than_seconds` and batch `batch` (as the binding
-/// shows the value it was given): an age below 0 or not finite, a batch below 1 or not a
-/// whole number (a binding refuses a batch of `1.5`, `"5"` or `true` with it before
-/// calling [`purge_batch`]).
-pub fn purge_refused(older_than_seconds: f64, batch: &str) -> Error {
+/// The refusal of a purge's age `older_than` and batch `batch` (each as the binding
+/// shows the value it was given): an age below 0, not finite or not a number (a binding
+/// refuses `true` or `"30"` with it), a batch below 1 or not a whole number (a binding
+/// refuses a batch of `1.5`, `"5"` or `true` with it before calling [`purge_batch`]).
+pub fn purge_refused(older_than: &str, batch: &str) -> Error {
     Error::Config(format!(
-        "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than_seconds} and {batch}"
+        "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than} and {batch}"
     ))
 }
 
@@ -124,7 +124,10 @@ pub async fn purge_batch(
     after: &PurgeCursor,
 ) -> Result<PurgeBatch> {
     if !(older_than_seconds >= 0.0 && older_than_seconds.is_finite()) || batch < 1 {
-        return Err(purge_refused(older_than_seconds, &batch.to_string()));
+        return Err(purge_refused(
+            &older_than_seconds.to_string(),
+            &batch.to_string(),
+        ));
     }
     if older_than_seconds > oldest_age() {
         // Older than PostgreSQL's first timestamp (4714-11-24 BC): no record is, and the
