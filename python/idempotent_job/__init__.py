@@ -565,11 +565,9 @@ def _repeats_json(since: Any, job_type: str | None, restarts: Any, restart_windo
     since_s = time.time() - _native.DEFAULT_REPEATS_SINCE if since is None else _epoch(since, "since")
     times = [_epoch(t, "restarts") for t in restarts]
     job = None if job_type is None else _job_type(job_type)
-    try:
-        window = float(_seconds(restart_window))
-    except OverflowError:  # an int beyond the float range: refused by the core as infinite
-        window = math.inf
-    return _current().repeats(since_s, job, times, window)
+    # Checked by the core: an int, a float (a timedelta, Decimal or Fraction as one) or
+    # the core's refusal, never float()'s reading of True, None or "90".
+    return _current().repeats(since_s, job, times, _seconds(restart_window))
 
 
 @dataclass(frozen=True)

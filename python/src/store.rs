@@ -333,8 +333,13 @@ impl Store {
         since: f64,
         job_type: Option<String>,
         restarts: Vec<f64>,
-        restart_window: f64,
+        restart_window: &Bound<'_, PyAny>,
     ) -> PyResult<String> {
+        // A number of seconds by the core's rules (an int or a float): a bool, None or a
+        // str is refused, never read as 1, 0 or "90" seconds.
+        let restart_window = convert::seconds(restart_window)
+            .ok_or_else(|| repeats::window_refused(&convert::shown(restart_window)))
+            .map_err(crate::errors::to_py)?;
         repeats::check_window(restart_window).map_err(crate::errors::to_py)?;
         let since = repeats::check_time("since", Some(since), &since.to_string())
             .map_err(crate::errors::to_py)?;

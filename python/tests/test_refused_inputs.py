@@ -69,6 +69,15 @@ def test_a_report_restart_window_beyond_the_float_range_is_refused():
         idempotent_job.repeats(restart_window=10**400)
 
 
+@pytest.mark.parametrize("window", [True, False, None, "abc", "90", [1]], ids=repr)
+def test_a_report_restart_window_that_is_no_number_is_refused_in_the_cores_words(window):
+    # Before: True was taken as 1 s and False as 0, "90" as 90 s (float()); None and [1]
+    # raised float()'s TypeError, "abc" its ValueError.
+    words = f"restart_window must be a finite number of seconds, 0 or more, got {re.escape(repr(window))}"
+    with pytest.raises(errors.ConfigurationError, match=f"^{words}$"):
+        idempotent_job.repeats(restart_window=window)
+
+
 def test_report_times_in_range_are_taken():
     since = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
     assert isinstance(idempotent_job.repeats(since=since, restarts=[0, 946684800.5]), list)

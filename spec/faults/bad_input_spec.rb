@@ -456,6 +456,23 @@ RSpec.describe "Bad input", :faults do
       expect(runs).to eq([:ran])
     end
 
+    # Before: restart_window.to_f took nil and "abc" as 0 s and "90" as 90, and raised
+    # NoMethodError for true (and only when an operation was repeated).
+    it "refuses a restart_window: that is no number of seconds in the core's words, repeats or none" do
+      IdempotentJob.perform_once("WindowJob", "1") { nil }
+      IdempotentJob.perform_once("WindowJob", "1") { nil }
+      [true, nil, "abc", "90", [1], -1].each do |window|
+        [-> { IdempotentJob.repeats(job_type: "WindowJob", restart_window: window) },
+         -> { IdempotentJob.repeats(job_type: "NoSuchWindowJob", restart_window: window) },
+         -> { IdempotentJob::Repeats::Classifier.classify([], restart_window: window) }].each do |call|
+          expect(&call).to raise_error(IdempotentJob::ConfigurationError,
+                                       "restart_window must be a finite number of seconds, 0 or more, got " \
+                                       "#{window.inspect}")
+        end
+      end
+      expect(IdempotentJob.repeats(job_type: "WindowJob", restart_window: Rational(3, 2))).to be_an(Array)
+    end
+
     it "refuses a since: or restarts: that is not a time (a String read as 0 would list every repeat ever)" do
       calls = {
         -> { IdempotentJob.repeats(since: "yesterday") } =>
