@@ -247,3 +247,28 @@ def test_a_record_holding_a_time_of_infinity_is_an_unreadable_record_error(scena
     finally:
         with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as c:
             c.execute("DELETE FROM idempotent_job_records WHERE job_type = %s", (scenario,))
+
+
+def test_a_resolve_of_a_record_it_cannot_read_changes_nothing(scenario):
+    # Before: the resolve settled the record (completed, resolution done) and only its
+    # answer could not be read, so the caller got UnreadableRecordError for a change made.
+    import psycopg
+
+    idempotent_job.perform_once(scenario, "1", lambda c: None)
+    url = os.environ["DATABASE_URL"]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(
+            "UPDATE idempotent_job_records SET status = 'held', held_at = '-infinity', completed_at = NULL "
+            "WHERE job_type = %s",
+            (scenario,),
+        )
+    try:
+        with pytest.raises(errors.UnreadableRecordError, match="its column held_at"):
+            idempotent_job.resolve(scenario, "1", as_="done")
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("UPDATE idempotent_job_records SET held_at = now() WHERE job_type = %s", (scenario,))
+        found = idempotent_job.record(scenario, "1")
+        assert (found["status"], found["resolution"]) == ("held", None)
+    finally:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("DELETE FROM idempotent_job_records WHERE job_type = %s", (scenario,))

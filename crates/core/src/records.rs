@@ -287,7 +287,9 @@ pub struct Resolved {
 ///
 /// Errors: [`Error::Config`] for a rerun of a record that holds no stored job (its job
 /// class and arguments are written by the takeover a hold or a give-up follows; a record
-/// held by hand has none): the record stays as it was; connection and database errors.
+/// held by hand has none): the record stays as it was;
+/// [`Error::Unreadable`] for a record the core cannot read, read before the change (it
+/// stays as it was); connection and database errors.
 pub async fn resolve_record(
     client: &Client,
     job_type: &str,
@@ -298,6 +300,19 @@ pub async fn resolve_record(
         Resolution::Done => "done",
         Resolution::Rerun => "rerun",
     };
+    // A record the core cannot read (a time edited to 'infinity') is refused before it is
+    // changed: the statement below would settle it and only its answer be unreadable (the
+    // caller told of an error while the record was completed, or released with its rerun
+    // never re-sent).
+    let found = client
+        .query_typed(
+            FIND_SQL,
+            &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+        )
+        .await?;
+    if let Some(row) = found.first() {
+        Record::from_row(row)?;
+    }
     let rows = client
         .query_typed(
             RESOLVE_SQL,
