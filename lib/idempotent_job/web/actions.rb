@@ -183,9 +183,10 @@ module IdempotentJob
         raise unless now && SETTLEABLE.include?(now.status)
 
         conflict(now, e.message)
-      rescue *UNAVAILABLE
+      rescue IdempotentJob::ConnectionError, IdempotentJob::TimeoutError, IdempotentJob::DatabaseError
         # The server's answer, not the record's refusal: a database that cannot be
         # written is the pages' 503, any other answer a bug raised to the host app ({#call}).
+        # (A LockTimeoutError, the row locked by a delivery, stays a 409 with the record.)
         raise
       rescue IdempotentJob::Error => e
         conflict(IdempotentJob.record(found.job_type, found.operation_key) || found, e.message)
