@@ -100,12 +100,17 @@ pub fn purge_refused(older_than: &str, batch: &str) -> Error {
     ))
 }
 
+/// PostgreSQL's first `timestamptz` (4714-11-24 00:00:00 UTC BC), in epoch seconds: an
+/// earlier time is refused by the server (SQLSTATE 22008), though chrono (and so each
+/// binding's time) reaches back to the year -262143.
+pub const POSTGRES_FIRST_SECOND: i64 = -210_866_803_200;
+
 /// The greatest age in seconds a purge sends PostgreSQL: from its first timestamp
-/// ([`POSTGRES_FIRST_SECOND`](crate::operations::POSTGRES_FIRST_SECOND)) to now, less a
+/// ([`POSTGRES_FIRST_SECOND`]) to now, less a
 /// day (the server's `now()` may run ahead of this process's clock). A purge of records
 /// older than that deletes nothing ([`purge_batch`]).
 fn oldest_age() -> f64 {
-    (Utc::now().timestamp() - crate::operations::POSTGRES_FIRST_SECOND - 86_400) as f64
+    (Utc::now().timestamp() - POSTGRES_FIRST_SECOND - 86_400) as f64
 }
 
 /// Deletes one batch of at most `batch` finished records older than
