@@ -258,7 +258,8 @@ module IdempotentJob
     # @param batch_size [Integer] records per batch (default 1000)
     # @yieldparam total [Integer] records deleted so far, after each batch
     # @return [Integer] records deleted
-    # @raise [ConfigurationError] for a negative age or a batch below 1 or not an Integer
+    # @raise [ConfigurationError] for an age that is negative or no number (true, "30"), or
+    #   a batch below 1 or not an Integer
     # @raise [ConnectionError, TimeoutError, DatabaseError]
     def purge(older_than: configuration.retention, batch_size: Native::DEFAULT_PURGE_BATCH)
       total = 0
@@ -266,7 +267,8 @@ module IdempotentJob
       loop do
         # A batch that is not an Integer (1.5, "5") is refused by the native store in the
         # core's words, not taken as a whole number.
-        deleted, picked, cursor = store.purge_batch(Float(older_than), batch_size, cursor)
+        # An age that is no number of seconds (true, "30", nil) likewise.
+        deleted, picked, cursor = store.purge_batch(older_than, batch_size, cursor)
         total += deleted
         Events.publish(:purge_batch, deleted:, total:, older_than:) if deleted.positive?
         yield total if block_given? && deleted.positive?

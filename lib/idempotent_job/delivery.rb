@@ -114,7 +114,10 @@ module IdempotentJob
 
       # The core's count rule and words (the Celery and SQS doors' counts alike): an
       # Integer or its decimal text ("010" is 10; " 5", "+5", "1_0" and "0x1f" are no count).
-      text = deferrals.to_s if deferrals.is_a?(Integer) || deferrals.is_a?(String)
+      # A String is sent as UTF-8, a byte it cannot hold replaced (JSON.parse leaves a
+      # producer's raw byte in place), so the core refuses it in the count's words.
+      text = deferrals.to_s if deferrals.is_a?(Integer)
+      text = deferrals.encode(Encoding::UTF_8, invalid: :replace, undef: :replace) if deferrals.is_a?(String)
       Native.delivery_count(@job_type, "the delivery's deferrals (idempotency_deferrals)", text, deferrals.inspect)
     end
   end

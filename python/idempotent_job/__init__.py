@@ -133,9 +133,16 @@ def _settings_json(settings: dict[str, Any]) -> str:
 def _seconds(value: Any) -> Any:
     """A number given as a ``Decimal`` or ``Fraction`` as a float, a ``timedelta`` as its
     ``total_seconds()`` (as the native options take them: ``timedelta(60)`` is 60 days);
-    any other value as it is."""
+    any other value as it is. A Decimal ``sNaN`` is NaN and a Fraction beyond the float
+    range an infinity (refused by the core's rule, never float()'s ValueError or
+    OverflowError)."""
+    if isinstance(value, decimal.Decimal) and value.is_nan():
+        return math.nan
     if isinstance(value, (decimal.Decimal, fractions.Fraction)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
     if isinstance(value, datetime.timedelta):
         return value.total_seconds()
     return value
@@ -244,11 +251,12 @@ def perform_once(
             the same statement, so a repeat gets it as ``outcome.value`` with
             ``outcome.replayed`` True (a value over ``max_result_bytes`` or not JSON is not
             stored; the completion stands).
-        wait: seconds (0 or more) to wait for a running claim's completion when this call
-            meets one: the core listens for it (polls behind PgBouncer) without holding a
-            pooled connection, then replays the stored value; if the holder released (its
-            body raised) this call may claim and run; "in_progress" when the wait ends
-            first. ``fn`` never runs while a live lease holds. None (default): no wait.
+        wait: seconds (0 or more; a ``timedelta``, ``Decimal`` or ``Fraction`` too) to wait
+            for a running claim's completion when this call meets one: the core listens for
+            it (polls behind PgBouncer) without holding a pooled connection, then replays the
+            stored value; if the holder released (its body raised) this call may claim and
+            run; "in_progress" when the wait ends first. ``fn`` never runs while a live lease
+            holds. None (default): no wait.
         on_stale, on_mismatch, lookup, heartbeat, max_run: as the Ruby gem's options;
             ``lookup(operation_key)`` is asked after a takeover of a stale claim and answers
             "done", "not_done" or "unknown".
@@ -307,7 +315,7 @@ def perform_once(
     if wait is not None:
         # The core's rule and words (0 to ten years), before anything is claimed: an int
         # beyond the float range, NaN or a bool is refused as such, never an OverflowError.
-        wait = _native.check_wait(job_type, wait)
+        wait = _native.check_wait(job_type, _seconds(wait))
     return _tracing.perform(
         "plain",
         job_type,
@@ -465,10 +473,12 @@ def _name_of(sender: Callable) -> str:
 
 def purge(older_than: float | None = None, batch: int = _native.DEFAULT_PURGE_BATCH) -> int:
     """Deletes finished records (completed or given up) older than ``older_than`` seconds
-    (default: the ``retention`` setting, 30 days), in batches of ``batch``. Returns how
+    (a number, a ``timedelta``, ``Decimal`` or ``Fraction``; default: the ``retention``
+    setting, 30 days), in batches of ``batch``. Returns how
     many were deleted. Held and claimed records are kept. ConfigurationError (the core's
     rule) for an ``older_than`` that is negative, NaN or infinite (``10**400`` too) or a
     ``batch`` below 1 or not an int (``True``, ``1.5``, ``"5"``)."""
+    older_than = _seconds(older_than)
     if older_than is not None and isinstance(older_than, int) and not isinstance(older_than, bool):
         try:
             older_than = float(int.__index__(older_than))
@@ -532,7 +542,8 @@ def repeats(
         job_type: only this job type (None: every one).
         restarts: deploy/restart times (datetimes or epoch seconds) a redelivery is
             matched to.
-        restart_window: seconds after a restart within which a redelivery is matched to it.
+        restart_window: seconds (a ``timedelta``, ``Decimal`` or ``Fraction`` too) after a
+            restart within which a redelivery is matched to it.
 
     Returns:
         One dict per operation, oldest first claim first per job type: ``job_type``,
@@ -559,11 +570,9 @@ def _repeats_json(since: Any, job_type: str | None, restarts: Any, restart_windo
     since_s = time.time() - _native.DEFAULT_REPEATS_SINCE if since is None else _epoch(since, "since")
     times = [_epoch(t, "restarts") for t in restarts]
     job = None if job_type is None else _job_type(job_type)
-    try:
-        window = float(restart_window)
-    except OverflowError:  # an int beyond the float range: refused by the core as infinite
-        window = math.inf
-    return _current().repeats(since_s, job, times, window)
+    # Checked by the core: an int, a float (a timedelta, Decimal or Fraction as one) or
+    # the core's refusal, never float()'s reading of True, None or "90".
+    return _current().repeats(since_s, job, times, _seconds(restart_window))
 
 
 @dataclass(frozen=True)

@@ -272,11 +272,22 @@ impl Store {
     fn purge(
         &self,
         py: Python<'_>,
-        older_than: Option<f64>,
+        older_than: Option<Bound<'_, PyAny>>,
         batch: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
-        let older_than = older_than.unwrap_or(self.defaults.retention_seconds);
-        let batch = whole(batch, |shown| records::purge_refused(older_than, shown))?;
+        // An age is a number of seconds by the core's rules (an int or a float; a bool or
+        // a str is refused, never taken as 1 or 0 seconds).
+        let older_than = match older_than {
+            None => self.defaults.retention_seconds,
+            Some(value) => convert::seconds(&value).ok_or_else(|| {
+                crate::errors::to_py(records::purge_refused(
+                    &convert::shown(&value),
+                    &convert::shown(batch),
+                ))
+            })?,
+        };
+        let shown_age = older_than.to_string();
+        let batch = whole(batch, |shown| records::purge_refused(&shown_age, shown))?;
         let mut total = 0;
         // Keyset batches: each starts after the last record the previous one took, and
         // the purge ends with the first batch that picks fewer records than its size.
@@ -333,8 +344,13 @@ impl Store {
         since: f64,
         job_type: Option<String>,
         restarts: Vec<f64>,
-        restart_window: f64,
+        restart_window: &Bound<'_, PyAny>,
     ) -> PyResult<String> {
+        // A number of seconds by the core's rules (an int or a float): a bool, None or a
+        // str is refused, never read as 1, 0 or "90" seconds.
+        let restart_window = convert::seconds(restart_window)
+            .ok_or_else(|| repeats::window_refused(&convert::shown(restart_window)))
+            .map_err(crate::errors::to_py)?;
         repeats::check_window(restart_window).map_err(crate::errors::to_py)?;
         let since = repeats::check_time("since", Some(since), &since.to_string())
             .map_err(crate::errors::to_py)?;
@@ -531,14 +547,16 @@ fn option_json(value: &Bound<'_, PyAny>) -> PyResult<(Value, Option<String>)> {
 
 /// Seconds Python spells other than as an int or a float: a `decimal.Decimal` or a
 /// `fractions.Fraction` (as a float), a `datetime.timedelta` (its `total_seconds()`:
-/// `timedelta(minutes=10)` is 600, `timedelta(60)` 60 days); None for any other value.
+/// `timedelta(minutes=10)` is 600, `timedelta(60)` 60 days); None for any other value,
+/// and for a Decimal `sNaN` or a Fraction beyond the float range (no float holds them:
+/// the core refuses them as of the wrong kind, never float()'s ValueError/OverflowError).
 /// The Ruby gem takes Rational, BigDecimal and ActiveSupport's `10.minutes` alike.
 fn seconds_of(value: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
     let class = value.get_type();
     let module: String = class.getattr("__module__")?.extract().unwrap_or_default();
     let name: String = class.getattr("__qualname__")?.extract().unwrap_or_default();
     Ok(match (module.as_str(), name.as_str()) {
-        ("decimal", "Decimal") | ("fractions", "Fraction") => Some(value.extract()?),
+        ("decimal", "Decimal") | ("fractions", "Fraction") => value.extract::<f64>().ok(),
         ("datetime", "timedelta") => Some(value.call_method0("total_seconds")?.extract()?),
         _ => None,
     })

@@ -537,6 +537,57 @@ def test_seconds_as_a_decimal_or_fraction_are_taken():
         idempotent_job.configure(database_url=url)
 
 
+def test_every_seconds_argument_takes_a_timedelta_decimal_or_fraction():
+    """wait, purge's older_than and repeats' restart_window took only an int or a float
+    (wait: 'wait must be a number of seconds ..., got Decimal('30')'; purge: pyo3's
+    TypeError 'must be real number, not datetime.timedelta'; restart_window: float()'s
+    TypeError), where lease and every setting take them (as the Ruby gem takes 10.minutes)."""
+    import datetime
+    import decimal
+    import fractions
+
+    key = f"secs-{time.time_ns()}"
+    for wait in (datetime.timedelta(seconds=1), decimal.Decimal("0.5"), fractions.Fraction(1, 2)):
+        outcome = idempotent_job.perform_once("PlainSeconds", f"{key}-{wait!r}", lambda c: 1, wait=wait)
+        assert outcome.decision == "ran"
+    assert idempotent_job.purge(older_than=datetime.timedelta(days=3650)) >= 0
+    assert idempotent_job.purge(older_than=decimal.Decimal("315360000")) >= 0
+    window = datetime.timedelta(minutes=5)
+    assert isinstance(idempotent_job.repeats(job_type="PlainSeconds", restart_window=window), list)
+
+
+@pytest.mark.parametrize(
+    "value,shown",
+    [
+        (__import__("decimal").Decimal("sNaN"), "Decimal('sNaN')"),
+        (__import__("fractions").Fraction(10**400), "Fraction(1000"),
+        (__import__("fractions").Fraction(-(10**400), 3), "Fraction(-1000"),
+    ],
+    ids=["sNaN", "fraction-beyond-float", "negative-fraction-beyond-float"],
+)
+def test_seconds_no_float_holds_are_refused_in_the_cores_words(value, shown):
+    """A Decimal sNaN raised float()'s ValueError ('cannot convert signaling NaN to float'),
+    a Fraction beyond the float range its OverflowError, from configure, perform_once's
+    lease and max_run, purge and repeats: each is now the rule's ConfigurationError."""
+    url = os.environ["DATABASE_URL"]
+    try:
+        with pytest.raises(errors.ConfigurationError, match="^lease must be"):
+            idempotent_job.configure(database_url=url, lease=value)
+    finally:
+        idempotent_job.configure(database_url=url)
+    for option in ("lease", "max_run"):
+        words = f"^PlainSeconds: {option} must be .*, got {re.escape(shown)}"
+        with pytest.raises(errors.ConfigurationError, match=words):
+            idempotent_job.perform_once("PlainSeconds", "never", lambda c: 1, **{option: value})
+    with pytest.raises(errors.ConfigurationError, match="^PlainSeconds: wait must be"):
+        idempotent_job.perform_once("PlainSeconds", "never", lambda c: 1, wait=value)
+    with pytest.raises(errors.ConfigurationError, match="^purge needs older_than"):
+        idempotent_job.purge(older_than=value)
+    with pytest.raises(errors.ConfigurationError, match="^restart_window must be"):
+        idempotent_job.repeats(restart_window=value)
+    assert idempotent_job.record("PlainSeconds", "never") is None
+
+
 def test_an_empty_idempotent_job_database_url_falls_to_database_url(monkeypatch):
     """The core's rule (config::env_database_url), the Ruby gem's too."""
     monkeypatch.setenv("IDEMPOTENT_JOB_DATABASE_URL", "")

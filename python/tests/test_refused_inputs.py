@@ -10,6 +10,7 @@ import datetime
 import math
 import os
 import re
+import time
 
 import pytest
 
@@ -66,6 +67,15 @@ def test_a_report_time_out_of_range_is_refused_stating_the_range(call, arguments
 def test_a_report_restart_window_beyond_the_float_range_is_refused():
     with pytest.raises(errors.ConfigurationError, match="^restart_window must be a finite number"):
         idempotent_job.repeats(restart_window=10**400)
+
+
+@pytest.mark.parametrize("window", [True, False, None, "abc", "90", [1]], ids=repr)
+def test_a_report_restart_window_that_is_no_number_is_refused_in_the_cores_words(window):
+    # Before: True was taken as 1 s and False as 0, "90" as 90 s (float()); None and [1]
+    # raised float()'s TypeError, "abc" its ValueError.
+    words = f"restart_window must be a finite number of seconds, 0 or more, got {re.escape(repr(window))}"
+    with pytest.raises(errors.ConfigurationError, match=f"^{words}$"):
+        idempotent_job.repeats(restart_window=window)
 
 
 def test_report_times_in_range_are_taken():
@@ -168,6 +178,27 @@ def test_a_purge_age_beyond_the_float_range_is_refused_by_the_cores_rule(older_t
         idempotent_job.purge(older_than=older_than)
 
 
+@pytest.mark.parametrize("older_than", [True, False, "30", [1]], ids=repr)
+def test_a_purge_age_that_is_no_number_is_refused_in_the_cores_words(older_than):
+    # Before: True was taken as 1 second (every record finished more than a second ago
+    # deleted), "30" and [1] pyo3's TypeError 'must be real number'.
+    key = f"purge-bool-{time.time_ns()}"
+    idempotent_job.perform_once("PurgeBool", key, lambda c: 1)
+    time.sleep(1.1)
+    shown = re.escape(repr(older_than))
+    words = f"purge needs older_than >= 0 seconds and a batch of at least 1, got {shown} and 1000"
+    with pytest.raises(errors.ConfigurationError, match=f"^{words}$"):
+        idempotent_job.purge(older_than=older_than)
+    assert idempotent_job.record("PurgeBool", key) is not None
+
+
+@pytest.mark.parametrize("older_than", [2**64, 1e300], ids=["2**64", "1e300"])
+def test_a_purge_age_before_postgresqls_first_timestamp_deletes_nothing(older_than):
+    # Before: DatabaseError 'timestamp out of range (SQLSTATE 22008)' (the statement's
+    # now() - make_interval(secs => ...)); no record is older than 4714 BC.
+    assert idempotent_job.purge(older_than=older_than) == 0
+
+
 @pytest.mark.parametrize("value", [True, False, 1.5, 2.0, "5", None], ids=repr)
 def test_a_limit_or_batch_that_is_not_an_int_is_refused_in_the_cores_words(value):
     # Before: held(limit=True) counted as 1 (a bool is an int to pyo3), 1.5 and "5" failed
@@ -215,4 +246,29 @@ def test_a_record_holding_a_time_of_infinity_is_an_unreadable_record_error(scena
         assert not raised.value.retryable
     finally:
         with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as c:
+            c.execute("DELETE FROM idempotent_job_records WHERE job_type = %s", (scenario,))
+
+
+def test_a_resolve_of_a_record_it_cannot_read_changes_nothing(scenario):
+    # Before: the resolve settled the record (completed, resolution done) and only its
+    # answer could not be read, so the caller got UnreadableRecordError for a change made.
+    import psycopg
+
+    idempotent_job.perform_once(scenario, "1", lambda c: None)
+    url = os.environ["DATABASE_URL"]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(
+            "UPDATE idempotent_job_records SET status = 'held', held_at = '-infinity', completed_at = NULL "
+            "WHERE job_type = %s",
+            (scenario,),
+        )
+    try:
+        with pytest.raises(errors.UnreadableRecordError, match="its column held_at"):
+            idempotent_job.resolve(scenario, "1", as_="done")
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("UPDATE idempotent_job_records SET held_at = now() WHERE job_type = %s", (scenario,))
+        found = idempotent_job.record(scenario, "1")
+        assert (found["status"], found["resolution"]) == ("held", None)
+    finally:
+        with psycopg.connect(url, autocommit=True) as c:
             c.execute("DELETE FROM idempotent_job_records WHERE job_type = %s", (scenario,))

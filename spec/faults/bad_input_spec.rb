@@ -142,7 +142,10 @@ RSpec.describe "Bad input", :faults do
       job = ChargeOrderJob.jobs.pop
       # 2.5 was taken as 2 and "0x1f" as 31 (Integer() reads a String's radix prefix)
       # " 5", "+5" and "1_0" were read by Integer() too: the core's count rule (Celery's, SQS's) takes digits only
-      [2**40, -1, "abc", [1], 2.5, "0x1f", Float::INFINITY, " 5", "+5", "1_0"].each do |bad|
+      # "5\xFF": a producer's raw byte, which JSON.parse leaves in a String not valid UTF-8 (an
+      # EncodingError before, not the count's words); "5\xFF".b a binary String.
+      [2**40, -1, "abc", [1], 2.5, "0x1f", Float::INFINITY, " 5", "+5", "1_0", JSON.parse(%(["5\xFF"])).first,
+       "5\xFF".b].each do |bad|
         expect { deliver(job.merge("idempotency_deferrals" => bad)) }
           .to raise_error(IdempotentJob::ConfigurationError,
                           /\AChargeOrderJob: the delivery's deferrals \(idempotency_deferrals\) must be a whole/)
@@ -411,6 +414,26 @@ RSpec.describe "Bad input", :faults do
                         /\Aheld needs a limit of at least 1 \(up to \d+\), got -9223372036854775808\z/)
     end
 
+    # Before: Float(older_than) raised TypeError for true and nil and took "30" as 30 s
+    # (Python's purge(older_than=True) deleted what finished more than 1 s ago).
+    it "refuses a purge age that is no number of seconds (true, \"30\", nil) in the core's words, deleting nothing" do
+      [true, "30", nil, [1]].each do |age|
+        expect { IdempotentJob.purge(older_than: age) }
+          .to raise_error(IdempotentJob::ConfigurationError,
+                          "purge needs older_than >= 0 seconds and a batch of at least 1, got #{age.inspect} and 1000")
+      end
+      expect(IdempotentJob.purge(older_than: Rational(10**12, 1))).to eq(0)
+    end
+
+    # An age reaching before PostgreSQL's first timestamp (4714 BC): no record is that old.
+    # Before, the statement's now() - make_interval(secs => 2**64) raised DatabaseError
+    # 'timestamp out of range (SQLSTATE 22008)' (Python's purge(older_than=2**64) alike).
+    it "purges nothing older than PostgreSQL's first timestamp (older_than: 2**64), never a DatabaseError" do
+      once("purged-never")
+      expect(IdempotentJob.purge(older_than: 2**64)).to eq(0)
+      expect(IdempotentJob.purge(older_than: 1e300, batch_size: 1)).to eq(0)
+    end
+
     it "takes a binary String whose bytes are UTF-8 as those bytes (the same operation as the UTF-8 String)" do
       once("caf\u00e9".b)
       once("caf\u00e9")
@@ -431,6 +454,23 @@ RSpec.describe "Bad input", :faults do
       expect(IdempotentJob.record("FactsRefund", "1")).to be_nil
       IdempotentJob.perform_once("FactsRefund", "1", facts: { receive_count: 2 }) { runs << :ran }
       expect(runs).to eq([:ran])
+    end
+
+    # Before: restart_window.to_f took nil and "abc" as 0 s and "90" as 90, and raised
+    # NoMethodError for true (and only when an operation was repeated).
+    it "refuses a restart_window: that is no number of seconds in the core's words, repeats or none" do
+      IdempotentJob.perform_once("WindowJob", "1") { nil }
+      IdempotentJob.perform_once("WindowJob", "1") { nil }
+      [true, nil, "abc", "90", [1], -1].each do |window|
+        [-> { IdempotentJob.repeats(job_type: "WindowJob", restart_window: window) },
+         -> { IdempotentJob.repeats(job_type: "NoSuchWindowJob", restart_window: window) },
+         -> { IdempotentJob::Repeats::Classifier.classify([], restart_window: window) }].each do |call|
+          expect(&call).to raise_error(IdempotentJob::ConfigurationError,
+                                       "restart_window must be a finite number of seconds, 0 or more, got " \
+                                       "#{window.inspect}")
+        end
+      end
+      expect(IdempotentJob.repeats(job_type: "WindowJob", restart_window: Rational(3, 2))).to be_an(Array)
     end
 
     it "refuses a since: or restarts: that is not a time (a String read as 0 would list every repeat ever)" do

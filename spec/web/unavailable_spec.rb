@@ -81,6 +81,44 @@ RSpec.describe "IdempotentJob::Web when the database cannot be read" do
     end
   end
 
+  # The gem's own settings that build no store (no database_url anywhere) are the
+  # server's problem, not the browser's: a 503 naming it (/metrics a plain-text one),
+  # never a 400 "bad request" (before: both answered the HTML 400 page).
+  context "with no database_url set anywhere (a ConfigurationError of the settings)" do
+    def without_database_url
+      saved = ENV.to_h.slice("DATABASE_URL", "IDEMPOTENT_JOB_DATABASE_URL")
+      saved.each_key { |name| ENV.delete(name) }
+      IdempotentJob.reset!
+      yield
+    ensure
+      ENV.update(saved)
+    end
+
+    %w[/idempotency /sidekiq/idempotency].each do |mount|
+      it "answers #{mount} with a 503 naming the setting, and #{mount}/metrics with a plain-text 503" do
+        without_database_url do
+          unconfigured_page(mount)
+          unconfigured_metrics(mount)
+        end
+      end
+    end
+
+    def unconfigured_page(mount)
+      get mount
+      expect(last_response.status).to eq(503), "#{last_response.status} #{last_response.body[0, 300]}"
+      expect(CGI.unescapeHTML(last_response.body))
+        .to include("Unavailable: the idempotency records cannot be read (ConfigurationError): database_url is not set")
+    end
+
+    def unconfigured_metrics(mount)
+      get "#{mount}/metrics"
+      expect(last_response.status).to eq(503)
+      expect(last_response.content_type).to eq("text/plain; charset=utf-8")
+      expect(last_response.body).to start_with("idempotent_job /metrics: the idempotency records cannot be read " \
+                                               "(ConfigurationError): database_url is not set")
+    end
+  end
+
   # Any other answer of the server (a syntax error, an internal error: a bug, not a
   # database that cannot be read) is raised to the host app, whose error tracker sees it.
   context "with an error of the server that is not a database that cannot be read (XX000)" do

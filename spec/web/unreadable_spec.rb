@@ -59,4 +59,36 @@ RSpec.describe IdempotentJob::Web, "with a record the core cannot read" do
     expect(last_response.status).to eq(400)
     expect(last_response.body).to include("unknown record status")
   end
+
+  # /metrics reads every record's held_at for the oldest held age: one edited to
+  # '-infinity' (held since ever) or 'infinity' must not break the scrape (PostgreSQL
+  # before 17 refuses to subtract an infinite time, 22008; 17 and later answer an infinite
+  # interval), and the value written is one Prometheus' text format knows (+Inf, never inf).
+  it "answers /metrics with a held_at edited to an infinite time: +Inf held since ever, 0 for a future one" do
+    web_stopped(job_type, "7", as: :hold)
+    { "-infinity" => "+Inf", "infinity" => "0" }.each do |edited, age|
+      Effects.connection.exec_params(
+        "UPDATE idempotent_job_records SET held_at = '#{edited}' WHERE job_type = $1", [job_type]
+      )
+      get "/metrics"
+      expect(last_response.status).to eq(200), "#{edited}: #{last_response.status} #{last_response.body[0, 300]}"
+      expect(last_response.body).to include(%(idempotent_job_oldest_held_age_seconds{job_type="#{job_type}"} #{age}\n))
+    end
+  end
+
+  # A resolve of a record the core cannot read changes nothing: before, RESOLVE_SQL settled
+  # it and only its answer could not be read, so the caller got this error while the
+  # record was completed (done) or released with its rerun never re-sent (rerun).
+  it "refuses to resolve a record it cannot read, leaving it held" do
+    web_stopped(job_type, "7", as: :hold)
+    Effects.connection.exec_params(
+      "UPDATE idempotent_job_records SET held_at = '-infinity' WHERE job_type = $1", [job_type]
+    )
+    %i[rerun done].each do |as|
+      expect { IdempotentJob.resolve(job_type, "7", as:) }
+        .to raise_error(IdempotentJob::UnreadableRecordError, /its column held_at/)
+    end
+    Effects.connection.exec_params("UPDATE idempotent_job_records SET held_at = now() WHERE job_type = $1", [job_type])
+    expect(IdempotentJob.record(job_type, "7")).to have_attributes(status: :held, resolution: nil)
+  end
 end

@@ -115,6 +115,40 @@ RSpec.describe IdempotentJob::Web do
   end
 
   describe "resolving" do
+    # A resolve the server answers with an error is not the record refusing it (409): a
+    # bug (XX000 here, from a trigger) is raised to the host app's error tracker as on
+    # every other page, a database that cannot be written (25006: a read-only standby) is
+    # the pages' 503 (docs/web.md).
+    it "raises a server error of the resolve (XX000) and answers a read-only database (25006) with a 503, " \
+       "never a 409" do
+      web_stopped(job_type, "7")
+      token = confirm_token("7")
+      db = Effects.connection
+      db.exec(<<~SQL)
+        CREATE OR REPLACE FUNCTION ij_resolve_boom() RETURNS trigger LANGUAGE plpgsql AS
+          $$BEGIN RAISE EXCEPTION 'ij_resolve_boom: internal failure' USING ERRCODE = 'XX000'; END$$;
+      SQL
+      db.exec(<<~SQL)
+        CREATE TRIGGER ij_resolve_boom BEFORE UPDATE ON idempotent_job_records FOR EACH ROW
+          WHEN (OLD.job_type = '#{job_type}') EXECUTE FUNCTION ij_resolve_boom()
+      SQL
+      begin
+        expect { resolve("7", as: "done", token:) }
+          .to raise_error(IdempotentJob::DatabaseError, /ij_resolve_boom/) { |e| expect(e.sqlstate).to eq("XX000") }
+      ensure
+        db.exec("DROP TRIGGER IF EXISTS ij_resolve_boom ON idempotent_job_records")
+      end
+
+      url = "#{SpecServices.database_url}#{SpecServices.database_url.include?("?") ? "&" : "?"}" \
+            "options=-c%20default_transaction_read_only%3Don"
+      SpecServices.configure_gem!(database_url: url)
+      resolve("7", as: "done", token:)
+      expect(last_response.status).to eq(503), "#{last_response.status} #{last_response.body[0, 400]}"
+      expect(last_response.body).to include("SQLSTATE 25006")
+      SpecServices.configure_gem!
+      expect(IdempotentJob.record(job_type, "7").status).to eq(:held)
+    end
+
     it "asks for confirmation, then resolves as done on a POST with the session's token" do
       web_stopped(job_type, "7")
       token = confirm_token("7")

@@ -228,10 +228,9 @@ pub fn purge_batch(
     })
 }
 
-/// PostgreSQL's first `timestamptz` (4714-11-24 00:00:00 UTC BC), in epoch seconds: an
-/// earlier time is refused by the server (SQLSTATE 22008), though chrono (and so each
-/// binding's time) reaches back to the year -262143.
-pub const POSTGRES_FIRST_SECOND: i64 = -210_866_803_200;
+/// PostgreSQL's first `timestamptz` (4714-11-24 00:00:00 UTC BC), in epoch seconds
+/// (defined with the purge that also needs it, [`records::POSTGRES_FIRST_SECOND`]).
+pub use crate::records::POSTGRES_FIRST_SECOND;
 
 /// `since` as a bound PostgreSQL takes: a time before [`POSTGRES_FIRST_SECOND`] (every
 /// record is after it) is that first second, so it still asks for everything.

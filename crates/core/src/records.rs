@@ -135,14 +135,27 @@ pub struct PurgeBatch {
     pub next: PurgeCursor,
 }
 
-/// The refusal of a purge's age `older_than_seconds` and batch `batch` (as the binding
-/// shows the value it was given): an age below 0 or not finite, a batch below 1 or not a
-/// whole number (a binding refuses a batch of `1.5`, `"5"` or `true` with it before
-/// calling [`purge_batch`]).
-pub fn purge_refused(older_than_seconds: f64, batch: &str) -> Error {
+/// The refusal of a purge's age `older_than` and batch `batch` (each as the binding
+/// shows the value it was given): an age below 0, not finite or not a number (a binding
+/// refuses `true` or `"30"` with it), a batch below 1 or not a whole number (a binding
+/// refuses a batch of `1.5`, `"5"` or `true` with it before calling [`purge_batch`]).
+pub fn purge_refused(older_than: &str, batch: &str) -> Error {
     Error::Config(format!(
-        "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than_seconds} and {batch}"
+        "purge needs older_than >= 0 seconds and a batch of at least 1, got {older_than} and {batch}"
     ))
+}
+
+/// PostgreSQL's first `timestamptz` (4714-11-24 00:00:00 UTC BC), in epoch seconds: an
+/// earlier time is refused by the server (SQLSTATE 22008), though chrono (and so each
+/// binding's time) reaches back to the year -262143.
+pub const POSTGRES_FIRST_SECOND: i64 = -210_866_803_200;
+
+/// The greatest age in seconds a purge sends PostgreSQL: from its first timestamp
+/// ([`POSTGRES_FIRST_SECOND`]) to now, less a
+/// day (the server's `now()` may run ahead of this process's clock). A purge of records
+/// older than that deletes nothing ([`purge_batch`]).
+fn oldest_age() -> f64 {
+    (Utc::now().timestamp() - POSTGRES_FIRST_SECOND - 86_400) as f64
 }
 
 /// Deletes one batch of at most `batch` finished records older than
@@ -151,6 +164,7 @@ pub fn purge_refused(older_than_seconds: f64, batch: &str) -> Error {
 /// and stops when a batch picks fewer than `batch`: its time then grows with the number
 /// of records deleted, not with its square. Records skipped because a claim had them
 /// locked are behind the cursor: the next purge (from the start) takes them.
+/// An age reaching before PostgreSQL's first timestamp (`2**64` seconds) deletes nothing.
 /// Errors: [`Error::Config`] for a negative or non-finite age or a batch below 1;
 /// connection and statement errors as [`Error`].
 pub async fn purge_batch(
@@ -160,7 +174,19 @@ pub async fn purge_batch(
     after: &PurgeCursor,
 ) -> Result<PurgeBatch> {
     if !(older_than_seconds >= 0.0 && older_than_seconds.is_finite()) || batch < 1 {
-        return Err(purge_refused(older_than_seconds, &batch.to_string()));
+        return Err(purge_refused(
+            &older_than_seconds.to_string(),
+            &batch.to_string(),
+        ));
+    }
+    if older_than_seconds > oldest_age() {
+        // Older than PostgreSQL's first timestamp (4714-11-24 BC): no record is, and the
+        // statement's `now() - make_interval(secs => $1)` would be out of range (22008).
+        return Ok(PurgeBatch {
+            deleted: 0,
+            picked: 0,
+            next: after.clone(),
+        });
     }
     let start = after.first_claimed_at.is_some();
     let job_type = start.then_some(after.job_type.as_str());
@@ -330,7 +356,9 @@ pub struct Resolved {
 ///
 /// Errors: [`Error::Config`] for a rerun of a record that holds no stored job (its job
 /// class and arguments are written by the takeover a hold or a give-up follows; a record
-/// held by hand has none): the record stays as it was; connection and database errors.
+/// held by hand has none): the record stays as it was;
+/// [`Error::Unreadable`] for a record the core cannot read, read before the change (it
+/// stays as it was); connection and database errors.
 pub async fn resolve_record(
     client: &Client,
     job_type: &str,
@@ -341,6 +369,19 @@ pub async fn resolve_record(
         Resolution::Done => "done",
         Resolution::Rerun => "rerun",
     };
+    // A record the core cannot read (a time edited to 'infinity') is refused before it is
+    // changed: the statement below would settle it and only its answer be unreadable (the
+    // caller told of an error while the record was completed, or released with its rerun
+    // never re-sent).
+    let found = client
+        .query_typed(
+            FIND_SQL,
+            &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
+        )
+        .await?;
+    if let Some(row) = found.first() {
+        Record::from_row(row)?;
+    }
     let rows = client
         .query_typed(
             RESOLVE_SQL,

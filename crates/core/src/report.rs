@@ -222,6 +222,18 @@ fn label(value: &str) -> String {
         .replace('\n', r"\n")
 }
 
+/// A sample's value as the text exposition format writes it: `+Inf`, `-Inf` and `NaN`
+/// by its words (Rust writes `inf`), any other number as Rust writes it.
+fn gauge(value: f64) -> String {
+    if value.is_nan() {
+        "NaN".to_owned()
+    } else if value.is_infinite() {
+        if value > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
+    } else {
+        value.to_string()
+    }
+}
+
 /// `rows` (from [`metrics`]) in Prometheus' text exposition format (version 0.0.4):
 /// each family of [`METRIC_FAMILIES`] with its `# HELP` and `# TYPE gauge` lines and
 /// one sample per job type (and status, or claim state). A table with no records
@@ -232,7 +244,7 @@ pub fn exposition(rows: &[JobTypeMetrics], retention_seconds: f64) -> String {
     for (name, help) in METRIC_FAMILIES {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         if name == "idempotent_job_retention_seconds" {
-            let _ = writeln!(out, "{name} {retention_seconds}");
+            let _ = writeln!(out, "{name} {}", gauge(retention_seconds));
             continue;
         }
         for row in rows {
@@ -251,7 +263,7 @@ pub fn exposition(rows: &[JobTypeMetrics], retention_seconds: f64) -> String {
                     sample(",state=\"stale\"".into(), row.stale_claims.to_string());
                 }
                 "idempotent_job_oldest_held_age_seconds" => {
-                    sample(String::new(), row.oldest_held_seconds.to_string())
+                    sample(String::new(), gauge(row.oldest_held_seconds))
                 }
                 "idempotent_job_held_by_reclaim_budget" => {
                     sample(String::new(), row.held_by_reclaim_budget.to_string())

@@ -66,7 +66,9 @@ module IdempotentJob
           facts = JSON.generate(deliveries.map { |d| d.transform_values { |v| v.is_a?(Time) ? v.to_f : v } },
                                 max_nesting: Native::MAX_NESTING + 2) # facts in an array
           restart_at = restarts.to_h { |t| [t.to_f, t] } # the core answers a restart by its epoch seconds
-          Native.classify_repeats(facts, completed_at&.to_f, restart_at.keys, restart_window.to_f).map do |r|
+          # No number of seconds (true, nil, "90") is refused in the core's words.
+          window = Native.restart_window(restart_window)
+          Native.classify_repeats(facts, completed_at&.to_f, restart_at.keys, window).map do |r|
             restart = r[:restart] && restart_at.fetch(r[:restart]) { time(r[:restart]) }
             Repeat.new(**r, at: time(r[:at]), restart:)
           end

@@ -74,6 +74,8 @@ module IdempotentJob
       # @param restart_window [Numeric] seconds after a restart that a redelivery is matched
       # @raise [ConfigurationError] for facts JSON cannot carry or a negative window
       def initialize(rows, restarts: [], restart_window: Native::DEFAULT_RESTART_WINDOW)
+        # Checked once, repeats or none: no number of seconds (true, nil, "90") is refused.
+        restart_window = Native.restart_window(restart_window)
         @operations = rows.map do |row|
           deliveries = row.fetch(:deliveries)
           first_at = Classifier.seconds(deliveries.first&.fetch("at", nil))

@@ -14,7 +14,8 @@ module IdempotentJob
     # * `[:csv, filename, body]` — the repeats report as CSV.
     #
     # A database that cannot be read (unreachable, a wrong role or password, no such
-    # database, the table missing: {.unavailable?}) is a 503 page naming the problem, never
+    # database, the table missing: {.unavailable?}; or the gem's settings build no store:
+    # database_url set nowhere) is a 503 page naming the problem, never
     # an exception into the host app; any other answer of the server (a bug) is raised to it.
     class Actions
       # Rows per list.
@@ -94,7 +95,12 @@ module IdempotentJob
         @view = view
         check_params!(params)
         name = ROUTES[[verb, path]]
-        return send(name) if name
+        if name
+          unset = settings_problem
+          return unavailable(unset, metrics: name == :metrics) if unset
+
+          return send(name)
+        end
 
         verbs = ROUTES.keys.filter_map { |v, p| v.to_s.upcase if p == path }
         return error(405, "#{path} only answers #{verbs.join(", ")}.") if verbs.any?
@@ -120,6 +126,16 @@ module IdempotentJob
       end
 
       attr_reader :params, :view
+
+      # The gem's own settings that build no store (database_url set nowhere, a setting
+      # the core refuses), or nil: the server's problem, answered as a database that cannot
+      # be read (503), never as the browser's bad request (400).
+      def settings_problem
+        IdempotentJob.store
+        nil
+      rescue IdempotentJob::ConfigurationError => e
+        e
+      end
 
       def index
         job_type = param("job_type")
@@ -167,6 +183,11 @@ module IdempotentJob
         raise unless now && SETTLEABLE.include?(now.status)
 
         conflict(now, e.message)
+      rescue IdempotentJob::ConnectionError, IdempotentJob::TimeoutError, IdempotentJob::DatabaseError
+        # The server's answer, not the record's refusal: a database that cannot be
+        # written is the pages' 503, any other answer a bug raised to the host app ({#call}).
+        # (A LockTimeoutError, the row locked by a delivery, stays a 409 with the record.)
+        raise
       rescue IdempotentJob::Error => e
         conflict(IdempotentJob.record(found.job_type, found.operation_key) || found, e.message)
       end

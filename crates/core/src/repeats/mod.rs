@@ -66,7 +66,8 @@ pub use classify::{classify, sqs_return};
 pub use deliveries::{deliveries, row_deliveries, row_deliveries_of};
 pub use facts::{seconds, text_seconds};
 pub use operations::{
-    check_time, check_window, operations, RepeatedOperation, MAX_EPOCH_SECONDS, MIN_EPOCH_SECONDS,
+    check_time, check_window, operations, window_refused, RepeatedOperation, MAX_EPOCH_SECONDS,
+    MIN_EPOCH_SECONDS,
 };
 pub use report::{
     csv, lines, notes, producer_pairs, report_json, report_of_json, summary, ReportOperation,

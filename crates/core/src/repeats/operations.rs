@@ -131,10 +131,17 @@ pub fn check_window(restart_window: f64) -> Result<()> {
     if restart_window.is_finite() && restart_window >= 0.0 {
         Ok(())
     } else {
-        Err(Error::Config(format!(
-            "restart_window must be a finite number of seconds, 0 or more, got {restart_window}"
-        )))
+        Err(window_refused(&restart_window.to_string()))
     }
+}
+
+/// The refusal of a repeats report's `restart_window`, shown as the binding shows the
+/// value it was given: [`check_window`]'s for a number out of range; a binding's for a
+/// value that is no number of seconds (`true`, `nil`/`None`, `"90"`), never read as one.
+pub fn window_refused(shown: &str) -> Error {
+    Error::Config(format!(
+        "restart_window must be a finite number of seconds, 0 or more, got {shown}"
+    ))
 }
 
 #[cfg(test)]

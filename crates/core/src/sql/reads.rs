@@ -81,7 +81,9 @@ SELECT job_type FROM types WHERE job_type IS NOT NULL LIMIT $1"#;
 /// What `/metrics` reports per job type, read from the table in one statement (so
 /// every process answers the same), aggregated over the whole table: records by
 /// status; live and stale claims; the age in seconds of the oldest held operation (0
-/// when none is held); the held operations the reclaim budget held (their
+/// when none is held or its `held_at` is in the future; computed from epochs, so a
+/// `held_at` edited to `-infinity` is an infinite age, never PostgreSQL's 22008
+/// "cannot subtract infinite timestamps" breaking every scrape); the held operations the reclaim budget held (their
 /// `last_error` begins with [`RECLAIM_BUDGET_SPENT`](super::fragments::RECLAIM_BUDGET_SPENT)); the repeated deliveries recorded in the last hour (each
 /// record keeps its last 20 repeat times, so an operation counts at most 20) and the
 /// operations they belong to; and the purge backlog: finished records (completed or
@@ -98,7 +100,9 @@ SELECT job_type,
        count(*) FILTER (WHERE status = 'given_up') AS given_up,
        count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at > now()) AS live_claims,
        count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at <= now()) AS stale_claims,
-       coalesce(extract(epoch FROM now() - min(held_at) FILTER (WHERE status = 'held')), 0)::float8
+       coalesce(greatest(extract(epoch FROM now())
+                         - extract(epoch FROM min(held_at) FILTER (WHERE status = 'held')), 0),
+                0)::float8
            AS oldest_held_seconds,
        count(*) FILTER (WHERE status = 'held' AND starts_with(last_error, '"#,
     reclaim_budget_spent!(),

@@ -34,6 +34,7 @@ pub fn init(ruby: &Ruby) -> Result<(), magnus::Error> {
     native.define_module_function("deliver_sql", function!(deliver_sql, 0))?;
     native.define_module_function("repeats_sql", function!(repeats_sql, 0))?;
     native.define_module_function("classify_repeats", function!(repeats::classify_repeats, 4))?;
+    native.define_module_function("restart_window", function!(repeats::restart_window, 1))?;
     native.define_module_function(
         "repeat_deliveries",
         function!(repeats::repeat_deliveries, 3),

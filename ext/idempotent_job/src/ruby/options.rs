@@ -16,7 +16,7 @@ use idempotent_job_core::records::Resolution;
 /// `ActiveSupport::Duration` (`10.minutes`, as a Rails app writes a lease), a `Rational`
 /// or a `BigDecimal`, as its `to_f` (a Float), for the core's rules of seconds and
 /// counts; `None` for any other value (the rule then takes or refuses it as it is).
-fn number_of(value: Value) -> RbResult<Option<Value>> {
+pub(crate) fn number_of(value: Value) -> RbResult<Option<Value>> {
     let ruby = Ruby::get_with(value);
     if value.is_kind_of(ruby.class_integer()) || value.is_kind_of(ruby.class_float()) {
         return Ok(None);

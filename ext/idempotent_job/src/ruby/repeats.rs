@@ -6,7 +6,7 @@
 
 use idempotent_job_core::error::Error;
 use idempotent_job_core::repeats::{self, Facts};
-use magnus::{RArray, Ruby};
+use magnus::{prelude::*, RArray, Ruby, Value};
 
 use super::convert::Out;
 use super::errors::to_ruby;
@@ -55,6 +55,21 @@ fn array(ruby: &Ruby, what: &str, value: serde_json::Value) -> RbResult<Vec<serd
 /// `decision` (String or nil), `cause` (Symbol), `retry_count` (Integer or nil),
 /// `live_claim`, `deferred_return` (Boolean).
 ///
+/// `Native.restart_window(value)` → Float: a repeats report's `restart_window` in
+/// seconds (an Integer, a Float, or 10.minutes, a Rational, a BigDecimal by their
+/// `to_f`), checked by the core ([`repeats::check_window`]). Raises `ConfigurationError`
+/// in the core's words ([`repeats::window_refused`], the value shown by `inspect`) for
+/// anything else (`true`, `nil`, `"90"`: never read as a number by `to_f`).
+pub fn restart_window(ruby: &Ruby, value: Value) -> RbResult<f64> {
+    let number = super::options::number_of(value)?.unwrap_or(value);
+    if !(number.is_kind_of(ruby.class_integer()) || number.is_kind_of(ruby.class_float())) {
+        return Err(to_ruby(ruby, repeats::window_refused(&value.inspect())));
+    }
+    let seconds: f64 = number.funcall("to_f", ())?;
+    repeats::check_window(seconds).map_err(|e| to_ruby(ruby, e))?;
+    Ok(seconds)
+}
+
 /// Errors: `ConfigurationError` for text that is not a JSON array of objects, or a
 /// negative or non-finite window.
 pub fn classify_repeats(

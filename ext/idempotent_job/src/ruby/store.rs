@@ -308,12 +308,24 @@ impl NativeStore {
     fn purge_batch(
         ruby: &Ruby,
         rb_self: &Self,
-        older_than: f64,
+        older_than: Value,
         batch: Value,
         cursor: Option<RbPurgeCursor>,
     ) -> RbResult<(u64, u64, Option<RbPurgeCursor>)> {
+        // An age is a number of seconds (an Integer, a Float, or 10.minutes, a Rational, a
+        // BigDecimal as their to_f); anything else (true, "30", nil) is refused in the
+        // core's words, never read by Float().
+        let number = super::options::number_of(older_than)?.unwrap_or(older_than);
+        if !(number.is_kind_of(ruby.class_integer()) || number.is_kind_of(ruby.class_float())) {
+            return Err(to_ruby(
+                ruby,
+                records::purge_refused(&older_than.inspect(), &batch.inspect()),
+            ));
+        }
+        let older_than: f64 = number.funcall("to_f", ())?;
+        let shown_age = older_than.to_string();
         let batch = whole(ruby, batch, |shown| {
-            records::purge_refused(older_than, shown)
+            records::purge_refused(&shown_age, shown)
         })?;
         let after = match cursor {
             None => records::PurgeCursor::default(),
