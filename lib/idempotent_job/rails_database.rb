@@ -25,6 +25,10 @@ module IdempotentJob
     # Debian's and Ubuntu's build, then PostgreSQL's own.
     SOCKET_DIRECTORIES = %w[/var/run/postgresql /tmp].freeze
 
+    # A port as libpq reads it (strtol in base 10 between C spaces): decimal digits,
+    # optionally signed, optionally between spaces; "5_432", "5432.0" or "0x1538" are none.
+    LIBPQ_PORT = /\A[ \t\n\v\f\r]*([+-]?[0-9]+)[ \t\n\v\f\r]*\z/
+
     class << self
       # The gem's settings for an entry of ActiveRecord's configuration.
       # @param name [String] the entry ("primary", or another database of a
@@ -34,8 +38,8 @@ module IdempotentJob
       #   a `url:` entry) and host, port (Integer), dbname, user, password, sslmode,
       #   sslrootcert, sslcert, sslkey as given (else libpq's environment variables; a
       #   missing host is libpq's default Unix-socket directory)
-      # @raise [ConfigurationError] when there is no such entry, or its adapter is not
-      #   postgresql or postgis
+      # @raise [ConfigurationError] when there is no such entry, its adapter is not
+      #   postgresql or postgis, or its port (or PGPORT) is no port libpq reads
       def settings(name = "primary", env: ::Rails.env.to_s)
         db_config = entry(name, env)
         unless db_config
@@ -53,7 +57,8 @@ module IdempotentJob
       # @param config [Configuration] the settings the store is built from
       # @return [Hash{Symbol => Object}, nil] {settings} of the primary entry; nil when
       #   ActiveRecord is not loaded or configures no database for this environment
-      # @raise [ConfigurationError] when its adapter is not postgresql or postgis
+      # @raise [ConfigurationError] when its adapter is not postgresql or postgis, or its
+      #   port (or PGPORT) is no port libpq reads
       def fallback(config)
         env = ::Rails.env.to_s
         db_config = entry("primary", env)
@@ -91,7 +96,7 @@ module IdempotentJob
 
       def translate(db_config, name, env)
         check_adapter!(db_config.adapter.to_s, name, env)
-        found = fields(db_config.configuration_hash)
+        found = fields(db_config.configuration_hash, "config/database.yml's #{name} database for #{env}")
         found[:database_url] = db_config.url if db_config.respond_to?(:url)
         found.reject { |_, value| blank?(value) }
       end
@@ -106,15 +111,35 @@ module IdempotentJob
       end
 
       # The entry's fields by the gem's names, else libpq's environment variables; the
-      # port as an Integer (decimal); no host: libpq's default socket directory.
-      def fields(hash)
+      # port as an Integer, read as libpq reads it ({port}); no host: libpq's default
+      # socket directory. `entry` names the entry in errors.
+      def fields(hash, entry)
         found = FIELDS.to_h { |yml, setting| [setting, hash[yml]] }
-        LIBPQ_ENV.each { |setting, var| found[setting] = ENV.fetch(var, nil) if blank?(found[setting]) }
+        from_env = LIBPQ_ENV.filter_map do |setting, var|
+          next unless blank?(found[setting])
+
+          found[setting] = ENV.fetch(var, nil)
+          setting
+        end
         found.transform_values! { |value| value.is_a?(Symbol) ? value.to_s : value }
-        # In decimal, as libpq reads it: Integer("05432") alone is octal, "0x1538" hex.
-        found[:port] = Integer(found[:port], 10, exception: false) || found[:port] if found[:port].is_a?(String)
+        if found[:port].is_a?(String) && !blank?(found[:port])
+          found[:port] = port(found[:port], from_env.include?(:port), entry)
+        end
         found[:host] = default_socket_directory(found[:port]) if blank?(found[:host])
         found
+      end
+
+      # A port given as text, as libpq reads it ({LIBPQ_PORT}: decimal, so "05432" is
+      # 5432, never octal); the range is the port setting's rule, checked by the core.
+      # Anything else libpq refuses, so ActiveRecord could not connect either: refused
+      # here naming the entry (or PGPORT, when the entry gives no port).
+      def port(text, from_env, entry)
+        digits = LIBPQ_PORT.match(text)
+        return Integer(digits[1], 10) if digits
+
+        whose = from_env ? "PGPORT (libpq's port for #{entry}, which gives none) is" : "#{entry} has port"
+        raise ConfigurationError, "#{whose} #{text.inspect}: not a port as libpq reads it (decimal digits, such as " \
+                                  "5432); libpq, and so ActiveRecord, refuses it too"
       end
 
       # libpq's default directory: the first holding the server's socket, else Debian's.

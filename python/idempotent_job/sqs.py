@@ -48,6 +48,9 @@ logger = logging.getLogger("idempotent_job.sqs")
 #: Where a key declaration's part may read: the JSON body, the message attributes the
 #: producer set, or the message's system attributes (``attributes.MessageGroupId``).
 SOURCES = ("body", "message_attributes", "attributes")
+#: The core's job options this door takes none of: ``scope`` (``job_type`` is the record's
+#: job type), refused by :func:`_door` and left out of an unknown option's known list.
+NOT_TAKEN = ("scope",)
 #: The door's words in the core's log lines: a delivery's id, a deferral, a crash.
 WORDS = {
     "id_label": "message",
@@ -133,7 +136,7 @@ class _Door:
         if not callable(handler):
             raise TypeError(f"{job_type}: the SQS door needs a callable handler")
         for name, value in options.items():
-            check_option(job_type, "", name, value)
+            check_option(job_type, "", name, value, NOT_TAKEN)
 
         def refuse(problem: str) -> OperationKeyError:
             return OperationKeyError(
@@ -263,7 +266,7 @@ class _Door:
 
 
 def _door(handler: Callable, job_type: str, key: Any, options: dict, door: str) -> _Door:
-    if "scope" in options:  # the core's table knows scope; this door's job_type is it
+    if "scope" in options:  # the core's table knows scope; this door's job_type is it (NOT_TAKEN)
         raise ConfigurationError(
             f"{job_type}: {door} takes no scope option: job_type is the scope (the record's job "
             f"type); pass job_type={options['scope']!r} instead"

@@ -38,6 +38,10 @@ pub fn option_names() -> Vec<&'static str> {
 /// for a setting), `prefix` is how the door spells it, `shown` the value as Python
 /// writes it when JSON cannot (None: its JSON). Returns the value normalised.
 ///
+/// `without`: the options the calling door takes none of (the SQS door's `scope`: its
+/// `job_type` is the record's job type), refused by the door itself and left out of the
+/// known options an unknown name's message lists.
+///
 /// Errors: [`Error::Config`] for an unknown name (the nearest known one suggested,
 /// [`options::unknown_among`]), an option the Python package does not take, or a bad
 /// value.
@@ -47,6 +51,7 @@ pub fn check_option(
     name: &str,
     value: &Value,
     shown: Option<&str>,
+    without: &[String],
 ) -> Result<Value, Error> {
     let owner = if job.is_empty() {
         String::new()
@@ -59,8 +64,12 @@ pub fn check_option(
              and on_enqueue are the Ruby gem's)"
         )));
     }
-    if options::find(name).is_none() {
-        return Err(options::unknown_among(job, prefix, name, &option_names()));
+    if options::find(name).is_none() || without.iter().any(|w| w == name) {
+        let known: Vec<&str> = option_names()
+            .into_iter()
+            .filter(|n| !without.iter().any(|w| w == n))
+            .collect();
+        return Err(options::unknown_among(job, prefix, name, &known));
     }
     options::check(job, prefix, name, value, shown)
 }
@@ -127,7 +136,7 @@ impl Store {
                 continue;
             }
             let (json, shown) = option_json(&value)?;
-            let checked = check_option(job, prefix, &name, &json, shown.as_deref())
+            let checked = check_option(job, prefix, &name, &json, shown.as_deref(), &[])
                 .map_err(crate::errors::to_py)?;
             resolved
                 .apply(job, &name, &checked)
@@ -508,16 +517,18 @@ fn field_value(py: Python<'_>, field: Field<'_>) -> PyResult<Py<PyAny>> {
     })
 }
 
-/// `check_option(job, prefix, name, value)` → `value`, checked by the core's options
-/// table ([`check_option`]). Raises `ConfigurationError` naming `job`, `prefix` +
-/// `name` and the problem (an unknown name gets the nearest known one).
+/// `check_option(job, prefix, name, value, without=())` → `value`, checked by the core's
+/// options table ([`check_option`]; `without`: the options the door takes none of).
+/// Raises `ConfigurationError` naming `job`, `prefix` + `name` and the problem (an
+/// unknown name gets the nearest known one).
 #[pyfunction]
-#[pyo3(name = "check_option")]
+#[pyo3(name = "check_option", signature = (job, prefix, name, value, without = Vec::new()))]
 pub fn check_option_py<'py>(
     job: &str,
     prefix: &str,
     name: &str,
     value: Bound<'py, PyAny>,
+    without: Vec<String>,
 ) -> PyResult<Bound<'py, PyAny>> {
     // A callable (a lookup) is the door's to check: the core sees it as unset.
     let (json, shown) = if value.is_callable() {
@@ -525,7 +536,8 @@ pub fn check_option_py<'py>(
     } else {
         option_json(&value)?
     };
-    check_option(job, prefix, name, &json, shown.as_deref()).map_err(crate::errors::to_py)?;
+    check_option(job, prefix, name, &json, shown.as_deref(), &without)
+        .map_err(crate::errors::to_py)?;
     Ok(value)
 }
 

@@ -36,6 +36,22 @@ def test_a_misspelled_task_option_raises_at_declaration_with_the_suggestion():
     ), message
 
 
+def test_the_sqs_doors_unknown_option_lists_only_the_options_it_takes():
+    # The SQS door refuses scope (job_type is the record's job type: "pass job_type
+    # instead"), so its unknown-option message must not offer scope among the known ones.
+    from idempotent_job.sqs import batch_handler
+
+    with pytest.raises(errors.ConfigurationError) as caught:
+        batch_handler(print, job_type="SqsFacts", key="body.order_id", leese=3)
+    message = str(caught.value)
+    assert message.startswith(
+        "SqsFacts: unknown option leese (did you mean lease?); known options: key, lease, "
+    ), message
+    assert "scope" not in message, message
+    with pytest.raises(errors.ConfigurationError, match="SqsFacts: batch_handler takes no scope option"):
+        batch_handler(print, job_type="SqsFacts", key="body.order_id", scope="Other")
+
+
 def test_an_option_the_python_binding_does_not_take_is_refused_by_name():
     with pytest.raises(errors.ConfigurationError, match="tx_task: idempotency_transaction is not taken"):
 

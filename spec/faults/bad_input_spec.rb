@@ -247,6 +247,35 @@ RSpec.describe "Bad input", :faults do
       IdempotentJob.configuration.logger = logger
       IdempotentJob::Sidekiq::Options::KEYLESS_WARNED.clear
     end
+
+    it "warns each anonymous class once (keyed by the class, not its nil name) and says how to silence it" do
+      log = StringIO.new
+      logger = IdempotentJob.configuration.logger
+      IdempotentJob.configuration.logger = Logger.new(log)
+      anonymous = Array.new(2) do
+        Class.new do
+          include Sidekiq::Job
+          sidekiq_options idempotency_lease: 60
+
+          def perform(*); end
+        end
+      end
+      anonymous.each { |job| 2.times { job.perform_async(42, 1) } }
+      lines = log.string.lines.grep(/without idempotency_key/)
+      expect(lines.size).to eq(2)
+      expect(lines[0]).to include("set them to nil in the class (sidekiq_options idempotency_lease: nil) " \
+                                  "to silence this warning")
+      # The advice works: a subclass of a base with idempotency_* defaults that sets them to nil
+      # is not warned (nor refused).
+      base = sidekiq_job("KeylessBaseJob") { sidekiq_options idempotency_lease: 60, idempotency_on_stale: :hold }
+      quiet = Class.new(base) { sidekiq_options idempotency_lease: nil, idempotency_on_stale: nil }
+      stub_const("QuietKeylessJob", quiet)
+      expect { quiet.perform_async(42, 1) }.to change { quiet.jobs.size }.by(1)
+      expect(log.string.lines.grep(/without idempotency_key/).size).to eq(2)
+    ensure
+      IdempotentJob.configuration.logger = logger
+      IdempotentJob::Sidekiq::Options::KEYLESS_WARNED.clear
+    end
   end
 
   describe "a misspelled or mistyped option in a per-push set(...) override (issue 25 item 2)" do

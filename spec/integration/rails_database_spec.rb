@@ -151,6 +151,26 @@ RSpec.describe "A Rails app configured by config/database.yml alone", :integrati
     expect(IdempotentJob.record("YmlChargeJob", 7108)).to have_attributes(status: :completed)
   end
 
+  it "reads a port as libpq does: digits (signed, between spaces); refuses others naming the entry" do
+    # libpq (so ActiveRecord) takes " 27260" and "+27260" but refuses "27_260" and "27260.0";
+    # Integer(port, 10) took "27_260" as 27260 and gave the gem a database Rails cannot reach.
+    write_app(suite_fields.except("port"), settings: "config.idempotent_job.deadline = 2")
+    out, status = run_app(7109, "PGPORT" => " +#{suite.port} ")
+    expect(status).to be_success, out
+    expect(out).to include("port #{suite.port}")
+    bad = "#{suite.port.to_s[0, 2]}_#{suite.port.to_s[2..]}"
+    out, status = run_app(7110, "PGPORT" => bad)
+    expect(status).not_to be_success, out
+    expect(out).to include("PGPORT (libpq's port for config/database.yml's primary database for development, " \
+                           "which gives none) is #{bad.inspect}: not a port as libpq reads it")
+    write_app(suite_fields.merge("port" => "#{suite.port}.0"))
+    out, status = run_app(7111)
+    expect(status).not_to be_success, out
+    expect(out).to include("config/database.yml's primary database for development has port " \
+                           "#{"#{suite.port}.0".inspect}: not a port as libpq reads it")
+    expect(IdempotentJob.record("YmlChargeJob", 7110)).to be_nil
+  end
+
   it "takes a url: entry as the URL" do
     write_app({ "adapter" => "postgresql", "url" => SpecServices.database_url })
     out, status = run_app(7104)

@@ -380,11 +380,15 @@ fn a_timestamp_of_infinity_in_a_record_is_a_clear_error_never_retried() {
     let err = store
         .run(|pool, i| claim::deliver(pool, i, &req))
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    // The endless lease is the same family as an unreadable column: the record and the
+    // column are named, the class is UnreadableRecordError (a ConfigurationError).
+    assert!(matches!(err, Error::Unreadable(_)), "{err:?}");
+    assert_eq!(err.class_name(), "UnreadableRecordError");
     assert!(!err.retryable());
     assert!(
         err.to_string().contains(&format!(
-            "the record of {job_type} operation \"k\" holds a claim whose lease never ends"
+            "the record of {job_type} operation \"k\" holds a claim whose lease never ends: \
+             its column lease_expires_at is 'infinity'"
         )),
         "{err}"
     );

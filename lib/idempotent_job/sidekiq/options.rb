@@ -14,7 +14,8 @@ module IdempotentJob
       # or by another language's producer) are refused by {JobOptions.check_payload!} over
       # this, at a producer's push ({ClientMiddleware}) and at every delivery ({ServerMiddleware}).
       KNOWN_HASH_KEYS = (JobOptions::PAYLOAD_NAMES + Delivery::CARRIED).to_h { |key| [key, true] }.freeze
-      # Job class names {.warn_keyless} has warned about in this process.
+      # Job classes {.warn_keyless} has warned about in this process, keyed by the class
+      # itself: anonymous classes (name nil) are each warned once.
       KEYLESS_WARNED = {} # rubocop:disable Style/MutableConstant
 
       class << self
@@ -35,20 +36,25 @@ module IdempotentJob
         # ignored. A warning, not a refusal: a base class's `idempotency_*` defaults are
         # legitimate for subclasses that are not idempotent, and a push must not start
         # failing in production. Called by {ClientMiddleware} when {.resolve} found no key.
+        # The warning says how to silence it: declare the key, remove the options, or set
+        # them to nil in the class (a subclass of a base with `idempotency_*` defaults: a nil
+        # option counts as not given).
         # @param job_class [Class]
         # @param job_hash [Hash] the payload being pushed
         # @return [Boolean] whether a warning was written (the first push of such a class)
         def warn_keyless(job_class, job_hash)
           declared = job_class.respond_to?(:get_sidekiq_options) ? job_class.get_sidekiq_options : nil
           given = JobOptions::PAYLOAD_NAMES.reject { |key| job_hash.fetch(key) { declared&.[](key) }.nil? }
-          return false if given.empty? || KEYLESS_WARNED.key?(job_class.name)
+          return false if given.empty? || KEYLESS_WARNED.key?(job_class)
 
-          KEYLESS_WARNED[job_class.name] = true
+          KEYLESS_WARNED[job_class] = true
+          nils = given.map { |key| "#{key}: nil" }.join(", ")
           IdempotentJob.logger.warn(
             "idempotent_job: #{job_class}: #{given.join(", ")} without #{KEYS[:key]}: the job runs unguarded " \
             "(a job without #{KEYS[:key]} passes through and its options are ignored); declare " \
             "#{KEYS[:key]} (the operation key: a perform parameter name, an argument index, a dotted " \
-            "path or an Array of those), or remove the #{JobOptions::PREFIX}* options"
+            "path or an Array of those), or remove the #{JobOptions::PREFIX}* options, or, inherited from " \
+            "a base class, set them to nil in the class (sidekiq_options #{nils}) to silence this warning"
           )
           true
         end

@@ -116,6 +116,14 @@ impl Config {
                         }
                     })
                 }
+                // A TLS parameter is the setting of the same name: checked by its rule (a
+                // NUL refused before the pool opens a file), shown as the setting form
+                // shows it (JSON: a NUL as \u0000), named as the URL's.
+                UrlParam::Tls => {
+                    check_setting(&name, &serde_json::Value::String(value), None).map_err(
+                        |e| Error::Config(format!("database_url's {e}")),
+                    )?;
+                }
                 UrlParam::Unknown => {
                     let hint = known_url_params()
                         .map(|k| (k, strsim::jaro_winkler(&name, k)))

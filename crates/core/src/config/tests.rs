@@ -410,3 +410,20 @@ fn a_nul_in_a_text_the_connection_sends_is_refused_naming_it_never_its_value() {
         assert!(!err.contains("s3cr"), "{err}");
     }
 }
+
+#[test]
+fn a_nul_in_a_urls_tls_path_is_refused_escaped_as_the_setting_form_shows_it() {
+    // A NUL in the URL's sslrootcert/sslcert/sslkey was refused only when the pool opened
+    // the file ("sslrootcert /a<NUL>b: file name contained an unexpected NUL byte"), the
+    // raw NUL in the message, where the setting form shows it escaped (JSON's \u0000).
+    for name in ["sslrootcert", "sslcert", "sslkey"] {
+        let setting = check_setting(name, &serde_json::json!("/a\0b.pem"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(setting.contains(r#""/a\u0000b.pem""#), "{setting}");
+        let url = format!("postgres://h/db?sslmode=verify-full&{name}=/a%00b.pem");
+        let err = Config::new(&url).validate().unwrap_err().to_string();
+        assert_eq!(err, format!("database_url's {setting}"), "{url}");
+        assert!(!err.contains('\0'), "{err:?}");
+    }
+}

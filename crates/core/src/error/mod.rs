@@ -22,7 +22,8 @@ pub enum Error {
     /// Raised as `IdempotentJob::ConfigurationError`. Never contains a password.
     Config(String),
     /// A record the database holds but the core cannot read: a value no Rust type (nor
-    /// any binding's) holds, such as a time edited by hand to `'infinity'`. Names the
+    /// any binding's) holds, such as a time edited by hand to `'infinity'` (or a claim's
+    /// lease edited to end at `'infinity'`, met by a delivery). Names the
     /// record (when readable) and the column; never retried (reading again reads the same
     /// value). Raised as `IdempotentJob::UnreadableRecordError`, a `ConfigurationError`,
     /// so a page can tell it from a refused argument.

@@ -286,11 +286,14 @@ pub fn decide(row: ClaimRow, token: Uuid, req: &ClaimRequest) -> Result<ClaimRep
     } = row;
     if status == "claimed" && !won && lease_remaining.is_infinite() && lease_remaining > 0.0 {
         // A lease ending at 'infinity' (edited by hand): the claim would never end, and
-        // every copy would be deferred for ever.
-        return Err(Error::Config(format!(
-            "the record of {} operation {:?} holds a claim whose lease never ends \
-             (lease_expires_at is 'infinity', edited by hand): set lease_expires_at to a real \
-             time, or resolve the operation; the job was not run",
+        // every copy would be deferred for ever. The same family as a column the core
+        // cannot read (record::unreadable_column): names the record and the column, never
+        // retried (the next delivery meets the same lease).
+        return Err(Error::Unreadable(format!(
+            "the record of {} operation {:?} holds a claim whose lease never ends: its column \
+             lease_expires_at is 'infinity' (edited by hand): set lease_expires_at to a real \
+             time, or resolve the operation; the job was not run, and it is not retried: the \
+             next delivery meets the same lease",
             req.job_type, req.operation_key
         )));
     }

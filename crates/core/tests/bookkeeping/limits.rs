@@ -216,3 +216,51 @@ fn an_unreadable_first_claimed_at_in_the_repeats_report_names_the_record() {
         "{text}"
     );
 }
+
+/// Every time column the repeats report reads (`first_claimed_at`, `completed_at`,
+/// `repeat_times`), edited by hand to `'infinity'` or `'-infinity'`, makes the report fail
+/// with the core's UnreadableRecordError naming the record and that column, as
+/// `first_claimed_at`'s does: none is read into a time silently or reported without the
+/// record it belongs to.
+#[test]
+fn every_unreadable_time_in_the_repeats_report_names_the_record_and_column() {
+    let store = store_named(&unique("infinite-times"));
+    let cases = [
+        ("completed_at", "completed_at = 'infinity'"),
+        ("completed_at", "completed_at = '-infinity'"),
+        ("first_claimed_at", "first_claimed_at = '-infinity'"),
+        (
+            "repeat_times",
+            "repeat_times = repeat_times || 'infinity'::timestamptz",
+        ),
+    ];
+    for (column, set) in cases {
+        let job_type = unique("InfiniteTime");
+        let req = ClaimRequest {
+            job_type: job_type.clone(),
+            operation_key: "k-1".into(),
+            lease_seconds: 30.0,
+            ..ClaimRequest::default()
+        };
+        for _ in 0..2 {
+            store.run(|pool, i| claim::deliver(pool, i, &req)).unwrap();
+        }
+        Admin::new().exec(&format!(
+            "UPDATE idempotent_job_records SET {set} WHERE job_type = '{job_type}'"
+        ));
+        let since = Utc::now() - chrono::Duration::hours(1);
+        let err = store
+            .run(|pool, i| {
+                idempotent_job_core::operations::repeats(pool, i, since, Some(&job_type))
+            })
+            .unwrap_err();
+        assert!(matches!(err, Error::Unreadable(_)), "{set}: {err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!(
+                "the record of {job_type} operation \"k-1\" cannot be read: its column {column}"
+            )),
+            "{set}: {text}"
+        );
+    }
+}

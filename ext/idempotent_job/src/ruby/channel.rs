@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use chrono::{DateTime, Utc};
 use magnus::{value::ReprValue, RArray, RHash, Ruby, Value};
 
-use super::convert::{decided, transaction_id, RbResult};
+use super::convert::{decided_for, transaction_id, RbResult};
 use super::protocol::request_hash;
 use super::transaction::NativeTransaction;
 use idempotent_job_core::bookkeeping::Repeat;
@@ -53,7 +53,8 @@ pub(super) const RAISED_IN_RUBY: &str = "raised in the Ruby session";
 /// connection, inside its transaction), called with the GVL held (its host never
 /// releases it). The session answers `claim_row(request, lock_timeout)` → `[row,
 /// token]` (the claim statement's typed row, with its `decided_at` in Float epoch
-/// seconds, and the token it sent; the decision is the core's, [`decided`]),
+/// seconds, and the token it sent; the decision is the core's, [`decided_for`] over the
+/// channel's own request, never read back from the Hash Ruby was given),
 /// `outermost?` (asked after a repeat's claim: false when the session joined an outer
 /// transaction, whose rollback would undo the claim: its repeat is then not queued) and
 /// `fenced_raw(change, job_type, operation_key, token, text[, [json, state]])`.
@@ -95,7 +96,7 @@ impl Channel for SessionChannel<'_> {
             let pair: RArray = self.session.funcall("claim_row", (hash, lock))?;
             let (row, token): (RHash, String) = (pair.entry(0)?, pair.entry(1)?);
             let decided_at: Option<f64> = row.lookup(ruby.sym_new("decided_at"))?;
-            let reply = decided(&ruby, row, &token, hash)?.0;
+            let reply = decided_for(&ruby, row, &token, r)?;
             let at = decided_at
                 .and_then(|seconds| {
                     DateTime::<Utc>::from_timestamp_micros((seconds * 1e6).round() as i64)

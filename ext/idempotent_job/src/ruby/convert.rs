@@ -239,13 +239,25 @@ pub fn decide(ruby: &Ruby, row: RHash, token: String, request: RHash) -> RbResul
 }
 
 /// The [`ClaimReply`] for a claim statement's row run by another driver (see [`decide`]),
-/// and its request.
+/// and its request (read from the Hash: [`claim_request`]).
 pub fn decided(
     ruby: &Ruby,
     row: RHash,
     token: &str,
     request: RHash,
 ) -> RbResult<(ClaimReply, ClaimRequest)> {
+    let request = claim_request(ruby, request)?;
+    Ok((decided_for(ruby, row, token, &request)?, request))
+}
+
+/// [`decided`] for a request the caller holds as the core's [`ClaimRequest`] (the
+/// ActiveRecord channel's own: not read back from the Hash it gave Ruby).
+pub fn decided_for(
+    ruby: &Ruby,
+    row: RHash,
+    token: &str,
+    request: &ClaimRequest,
+) -> RbResult<ClaimReply> {
     let sym = |key: &str| ruby.sym_new(key);
     let claim_row = ClaimRow {
         won: row.fetch(sym("won"))?,
@@ -261,11 +273,9 @@ pub fn decided(
         result_state: row.lookup(sym("result_state"))?,
     };
     let token = parse_token(token).map_err(|e| to_ruby(ruby, e))?;
-    let request = claim_request(ruby, request)?;
-    let decision = record::check_request(&request)
-        .and_then(|()| record::decide(claim_row, token, &request))
-        .map_err(|e| to_ruby(ruby, e))?;
-    Ok((decision, request))
+    record::check_request(request)
+        .and_then(|()| record::decide(claim_row, token, request))
+        .map_err(|e| to_ruby(ruby, e))
 }
 
 /// `Native.fenced_sql(change)`: the statement of a fenced change, for other drivers.
