@@ -218,7 +218,9 @@ RSpec.describe "Stored results and replays" do
       expect(charge(43, transaction: :active_record) { raise "not run" })
         .to have_attributes(decision: :completed, replayed?: true, value: { "via" => "active_record" })
       charge(44, store_result: true, transaction: :active_record) { Time.now }
-      expect(charge(44) { raise "not run" }).to have_attributes(replayed?: true, result_state: :unencodable)
+      # Not stored: no replay (the core's one rule, Outcome::replayed), a skipped repeat.
+      expect(charge(44) { raise "not run" })
+        .to have_attributes(replayed?: false, result_state: :unencodable, label: :skipped)
     end
   end
 
