@@ -100,12 +100,13 @@ module IdempotentJob
 
       # Asked by the core's channel when the body raised: whether this transaction is
       # rolled back with it, so there is no claim to release: the one {.within} opened, or
-      # one PostgreSQL already aborted (the body's failed statement). False when it joined
-      # a transaction the caller opened, which commits the claim if the caller rescues the
+      # one no longer open and well on the server (aborted by the body's failed statement,
+      # or its connection lost: PostgreSQL rolls it back). False when it joined a
+      # transaction the caller opened, which commits the claim if the caller rescues the
       # error: the claim is then released in it, as a raising body's claim is.
       # @return [Boolean]
       def rolled_back_on_raise?
-        @outermost || @connection.raw_connection.transaction_status == ::PG::PQTRANS_INERROR
+        @outermost || @connection.raw_connection.transaction_status != ::PG::PQTRANS_INTRANS
       end
 
       # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its
