@@ -55,9 +55,18 @@ module IdempotentJob
     # @param library [Library] {SIDEKIQ} or {ACTIVE_JOB}
     # @return [Boolean]
     def loaded?(library)
-      library.requirement.satisfied_by?(Gem::Version.new(library.version.call))
+      version = loaded_version(library)
+      !version.nil? && library.requirement.satisfied_by?(version)
+    end
+
+    # The version of the library this process has loaded, whether supported or not
+    # (nothing is required).
+    # @param library [Library] {SIDEKIQ} or {ACTIVE_JOB}
+    # @return [Gem::Version, nil] nil when it is not loaded (or says no version)
+    def loaded_version(library)
+      Gem::Version.new(library.version.call)
     rescue NameError, ArgumentError
-      false
+      nil
     end
 
     # @param library [Library]

@@ -24,8 +24,19 @@ module IdempotentJob
 
     # Runs after the Gemfile's gems are loaded (Bundler.require), whatever their order, and
     # before Sidekiq's server starts fetching jobs. A require of its own is a no-op after it.
+    # A loaded Sidekiq outside the door's versions is said once at boot (the door cannot
+    # be installed, so a job's `idempotency_key` would be an inert option).
     initializer "idempotent_job.sidekiq" do
-      require "idempotent_job/sidekiq" if Dependency.loaded?(Dependency::SIDEKIQ)
+      library = Dependency::SIDEKIQ
+      if Dependency.loaded?(library)
+        require library.door
+      elsif (version = Dependency.loaded_version(library))
+        IdempotentJob.logger.warn(
+          "idempotent_job: #{library.label} #{version} is loaded, but the Sidekiq door needs " \
+          "#{library.label} #{library.requirement} and is not installed: a job's sidekiq_options " \
+          "idempotency_key is not read and its duplicates run; add `#{library.gemfile_line}` to your Gemfile"
+        )
+      end
     end
 
     rake_tasks do

@@ -27,7 +27,8 @@ from .errors import ConfigurationError, OperationKeyError
 __all__ = ["IdempotentTask", "send_rerun", "DEFERRALS_HEADER", "UNREACHABLE_HEADER", "ON_CLAIM_ERROR_SETTING"]
 
 logger = logging.getLogger("idempotent_job.celery")
-# Tasks warned about in this process for running with acks_late off (_warn_early_ack).
+# Tasks warned about in this process for running with acks_late or reject_on_worker_lost off
+# (_warn_early_ack).
 _EARLY_ACK_WARNED: set[str] = set()
 
 #: The message header counting how often a delivery met a live claim and was sent back.
@@ -214,7 +215,7 @@ class IdempotentTask(Task):
             # claimed, so the task fails visibly rather than run under the defaults.
             for names in (vars(request), getattr(request, "properties", None) or {}, request.headers or {}):
                 self._refuse_message_options(names, " (sent in the message)")
-            if not self.acks_late and not request.is_eager:
+            if not (self.acks_late and self.reject_on_worker_lost) and not request.is_eager:
                 self._warn_early_ack()
         key = self._operation_key(args, kwargs)
         job_type = self.idempotency_scope or self.name
@@ -275,18 +276,29 @@ class IdempotentTask(Task):
         raise Ignore()
 
     def _warn_early_ack(self) -> None:
-        """Warns once per task and process that the task is acknowledged before it runs
-        (``acks_late`` off, Celery's default): a worker killed mid-task loses the message,
-        and its claim waits for a redelivery that never comes."""
+        """Warns once per task and process that the task's message can be acknowledged
+        without its run ending: with ``acks_late`` off (Celery's default) before it runs,
+        with ``reject_on_worker_lost`` off (also the default) as failed when its pool child
+        dies. Either way a worker killed mid-task loses the message, and its claim waits
+        for a redelivery that never comes."""
         if self.name in _EARLY_ACK_WARNED:
             return
         _EARLY_ACK_WARNED.add(self.name)
-        logger.warning(
-            "%s: acks_late is off, so a worker killed mid-task loses its message: its claim waits "
-            "until the lease ends for a redelivery that never comes; set acks_late=True (or "
-            "task_acks_late) and task_reject_on_worker_lost=True (python/README.md, Celery settings)",
-            self.name,
-        )
+        if not self.acks_late:
+            logger.warning(
+                "%s: acks_late is off, so a worker killed mid-task loses its message: its claim waits "
+                "until the lease ends for a redelivery that never comes; set acks_late=True (or "
+                "task_acks_late) and task_reject_on_worker_lost=True (python/README.md, Celery settings)",
+                self.name,
+            )
+        else:
+            logger.warning(
+                "%s: reject_on_worker_lost is off, so a pool child killed mid-task (SIGKILL, out of "
+                "memory) has its message acknowledged as failed, not redelivered: its claim waits until "
+                "the lease ends for a redelivery that never comes; set reject_on_worker_lost=True (or "
+                "task_reject_on_worker_lost) (python/README.md, Celery settings)",
+                self.name,
+            )
 
     def _count(self, request: Any, header: str) -> int:
         """The door's count in this message's ``header`` (``DEFERRALS_HEADER``,

@@ -68,6 +68,11 @@ def charge_early_ack(scenario, order_id, hold=0.0):
     return _charge(scenario, order_id, hold)
 
 
+@app.task(base=IdempotentTask, idempotency_key="order_id", reject_on_worker_lost=False)
+def charge_unrejected(scenario, order_id, hold=0.0):
+    return _charge(scenario, order_id, hold)
+
+
 @app.task
 def charge_unguarded(scenario, order_id, hold=0.0):
     return _charge(scenario, order_id, hold)

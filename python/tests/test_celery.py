@@ -392,6 +392,20 @@ def test_a_task_acknowledged_early_runs_and_the_worker_warns_once(worker, scenar
     assert "celery_tasks.charge: acks_late is off" not in log
 
 
+def test_a_task_acknowledged_when_its_pool_child_dies_runs_and_the_worker_warns_once(worker, scenario):
+    # acks_late on but reject_on_worker_lost off (Celery's default): a pool child killed
+    # mid-task (SIGKILL, the OOM killer) gets its message acknowledged as failed, not
+    # requeued, so the claim waits for a redelivery that never comes, as with acks_late off.
+    results = [worker.charge_unrejected.apply_async((scenario, f"{scenario}-{n}")) for n in (1, 2)]
+    assert [r.get(timeout=TIMEOUT)["charged"] for r in results] == [f"{scenario}-1", f"{scenario}-2"]
+    log = worker.worker_log.read_text()
+    warning = "celery_tasks.charge_unrejected: reject_on_worker_lost is off, so a pool child killed mid-task"
+    warned_by = [line.split("]")[0].rsplit("/", 1)[-1] for line in log.splitlines() if warning in line]
+    assert warned_by and len(warned_by) == len(set(warned_by)), log[-3000:]
+    assert "set reject_on_worker_lost=True (or task_reject_on_worker_lost)" in log
+    assert "celery_tasks.charge: reject_on_worker_lost is off" not in log
+
+
 def test_autoretry_works_as_without_the_door(worker, scenario):
     # The body raises twice: each time the door releases the claim and Celery retries.
     payload = {"order": {"id": scenario}}

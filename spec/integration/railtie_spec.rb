@@ -72,4 +72,21 @@ RSpec.describe "The Railtie", :integration do
     expect(status).to be_success, out
     expect(out).to include("door=installed")
   end
+
+  # A Sidekiq outside the door's versions (the Railtie cannot install the door) is said at
+  # boot, not left silent: its jobs' sidekiq_options idempotency_key would run unguarded.
+  # The app defines Sidekiq::VERSION itself, as an old or future Sidekiq would.
+  it "warns at boot when the app loads a Sidekiq the door does not support" do
+    application = File.join(app, "config", "application.rb")
+    unsupported = %(require "idempotent_job"\nmodule Sidekiq; VERSION = "9.1.0"; end\n)
+    File.write(application, File.read(application).sub(%(require "idempotent_job"\n), unsupported))
+    File.write(File.join(app, "Rakefile"), <<~RUBY, mode: "a")
+      task(:door) { puts "door=\#{defined?(IdempotentJob::Sidekiq::ServerMiddleware) ? "installed" : "missing"}" }
+      task door: :environment
+    RUBY
+    out, status = rake("door")
+    expect(status).to be_success, out
+    expect(out).to include("door=missing")
+    expect(out).to include("Sidekiq 9.1.0", "idempotency_key", 'gem "sidekiq", ">= 6.4", "< 9"')
+  end
 end

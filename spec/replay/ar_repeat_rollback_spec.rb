@@ -162,6 +162,39 @@ RSpec.describe "ActiveRecord mode: a repeat whose transaction rolls back after t
                                 "facts" => 0)
     end
 
+    # A body that raised in a joined transaction whose caller rescues the error and
+    # commits: nothing rolls the claim back, so it is released in that transaction (as a
+    # raising body's claim is outside one), not left "claimed" until its lease ends (a
+    # later delivery deferred meanwhile, then taking it over as a stale claim). Before, the
+    # joined session wrote no release (a transaction rolls back when the body raises).
+    it "releases the claim of a body that raised in a joined transaction the caller commits" do
+      ActiveRecord::Base.transaction do
+        deliver_once { raise ArgumentError, "card declined" }
+      rescue ArgumentError
+        nil # the caller goes on and commits
+      end
+      expect(bookkeeping).to include("status" => "released", "attempts" => 1)
+      expect(IdempotentJob.record(job_type, key).last_error).to eq("ArgumentError: card declined")
+      ran = []
+      outcome = deliver_once { ran << :again }
+      expect([outcome.decision, ran]).to eq([:ran, [:again]])
+      expect(bookkeeping).to include("status" => "completed", "attempts" => 2)
+    end
+
+    # PostgreSQL rolls an aborted transaction back at its end: no release is tried in
+    # it (one would fail, logged as a claim left claimed until its lease ends).
+    it "writes nothing for a body whose SQL error aborted the joined transaction" do
+      log = StringIO.new
+      SpecServices.configure_gem!(logger: Logger.new(log))
+      ActiveRecord::Base.transaction do
+        deliver_once { ActiveRecord::Base.connection.execute("SELECT 1/0") }
+      rescue ActiveRecord::StatementInvalid
+        nil
+      end
+      expect(bookkeeping).to be_nil
+      expect(log.string).not_to include("could not release")
+    end
+
     it "control: in a savepoint that is released, the duplicate is counted with the outer commit" do
       deliver_once { :ran }
       ActiveRecord::Base.transaction do

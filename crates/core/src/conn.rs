@@ -258,6 +258,14 @@ fn naming_target(err: Error, config: &tokio_postgres::Config) -> Error {
                 config.get_hostaddrs(),
                 config.get_ports(),
             );
+            // An IPv6 address in brackets, as a URL writes it ("[::1]:5432", not "::1:5432").
+            let at = |name: &str, port: u16| {
+                if name.contains(':') {
+                    format!("[{name}]:{port}")
+                } else {
+                    format!("{name}:{port}")
+                }
+            };
             // The driver connects to the hostaddr when given (libpq's rule; the host then
             // only names the server for TLS), to the host otherwise.
             let targets: Vec<String> = (0..hosts.len().max(addrs.len()))
@@ -267,12 +275,10 @@ fn naming_target(err: Error, config: &tokio_postgres::Config) -> Error {
                         (Some(addr), Some(tokio_postgres::config::Host::Tcp(name)))
                             if !name.is_empty() =>
                         {
-                            format!("{addr}:{port} (host {name})")
+                            format!("{} (host {name})", at(&addr.to_string(), port))
                         }
-                        (Some(addr), _) => format!("{addr}:{port}"),
-                        (None, Some(tokio_postgres::config::Host::Tcp(name))) => {
-                            format!("{name}:{port}")
-                        }
+                        (Some(addr), _) => at(&addr.to_string(), port),
+                        (None, Some(tokio_postgres::config::Host::Tcp(name))) => at(name, port),
                         #[cfg(unix)]
                         (None, Some(tokio_postgres::config::Host::Unix(path))) => {
                             format!("{}/.s.PGSQL.{port}", path.display())

@@ -105,7 +105,8 @@ pub struct Outcome<T> {
     /// (`decision.as_str()`: `"ran"`, `"completed"`, …).
     pub decision: Decision,
     /// The body's value when it ran; for a completed repeat the first run's stored
-    /// value (then `replayed`), when it stored one that reads back as `T`.
+    /// value (then `replayed`). A stored value that does not read back as `T` is
+    /// `PerformError::Core` (`Error::Unreadable`, naming the record), not an outcome.
     pub value: Option<T>,
     /// `value` is the first run's stored result.
     pub replayed: bool,
@@ -360,6 +361,10 @@ impl Delivery {
         self.request.args_json = Some(json);
         self.request.args_digest = Some(digest);
         let job = self.job.inner.clone();
+        let named = (
+            self.request.job_type.clone(),
+            self.request.operation_key.clone(),
+        );
         let pool = job.store.pool()?;
         let config = job.store.config();
         let (asynchronous, max_bytes) = (config.asynchronous_completion, config.max_result_bytes);
@@ -390,7 +395,7 @@ impl Delivery {
                 }
                 Step::Skip(outcome) | Step::InProgress(outcome) => {
                     driver.publish();
-                    return Ok(replay(outcome, None));
+                    return replay(outcome, None, &named).map_err(PerformError::Core);
                 }
                 Step::Run(claim) => {
                     let info = claim.info().clone();
@@ -428,7 +433,8 @@ impl Delivery {
                                 })
                                 .await;
                             driver.publish();
-                            Ok(replay(completion?.outcome, Some(value)))
+                            replay(completion?.outcome, Some(value), &named)
+                                .map_err(PerformError::Core)
                         }
                         Err(error) => {
                             let message = error.to_string();
@@ -455,16 +461,29 @@ fn short_type_name<E>() -> String {
     base.rsplit("::").next().unwrap_or(base).to_string()
 }
 
-fn replay<T: DeserializeOwned>(o: CoreOutcome, value: Option<T>) -> Outcome<T> {
+fn replay<T: DeserializeOwned>(
+    o: CoreOutcome,
+    value: Option<T>,
+    (job_type, operation_key): &(String, String),
+) -> Result<Outcome<T>, Error> {
     // A replay carries the first run's value: a completion whose result was not stored
     // (too large, unencodable) is a repeat without one (the core's rule, every binding's).
+    // A stored result that is no `T` (a changed result type, another language's run) is
+    // refused naming the record, as Ruby and Python raise for one they cannot read back,
+    // never a replay without its value.
     let replayed = o.replayed();
-    let value = value.or_else(|| {
-        o.result_json
-            .as_deref()
-            .and_then(|json| serde_json::from_str(json).ok())
-    });
-    Outcome {
+    let value = match (value, o.result_json.as_deref()) {
+        (Some(value), _) => Some(value),
+        (None, Some(json)) => Some(serde_json::from_str(json).map_err(|e| {
+            Error::Unreadable(format!(
+                "the record of {job_type} operation {operation_key:?} cannot be read: its \
+                 stored result is no {} ({e}); the operation is completed and was not run again",
+                std::any::type_name::<T>()
+            ))
+        })?),
+        (None, None) => None,
+    };
+    Ok(Outcome {
         decision: o.decision,
         value,
         replayed,
@@ -472,7 +491,7 @@ fn replay<T: DeserializeOwned>(o: CoreOutcome, value: Option<T>) -> Outcome<T> {
         lease_remaining: o.lease_remaining,
         claim: o.claim,
         duplicates: o.duplicates,
-    }
+    })
 }
 
 /// The core's steps of one delivery, each on a blocking thread.

@@ -94,6 +94,47 @@ async fn sequential_repeats_run_once_and_replay_the_value() {
 }
 
 #[tokio::test]
+async fn a_stored_result_that_is_no_t_is_an_error_not_a_replay_without_a_value() {
+    // The first run stored a String; a repeat asking for a u64 (a changed result type,
+    // another language's run) is refused naming the record, not answered `replayed` with
+    // no value (Ruby and Python read every stored result back). The body is not run.
+    let s = scenario();
+    let jobs = jobs().await;
+    let charge = jobs
+        .job("RustChargeTyped")
+        .store_result(true)
+        .build()
+        .unwrap();
+    let first = charge
+        .perform_once(s.clone(), |_| async {
+            Ok::<_, std::io::Error>("ch_1".to_string())
+        })
+        .await
+        .unwrap();
+    assert!(first.ran());
+    let s2 = s.clone();
+    let again = charge
+        .perform_once(s.clone(), |claim| async move {
+            effect(&s2, &claim.operation_key).await;
+            Ok::<_, std::io::Error>(7u64)
+        })
+        .await;
+    match again {
+        Err(idempotent_job_rust::PerformError::Core(e)) => {
+            assert_eq!(e.class_name(), "UnreadableRecordError", "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("RustChargeTyped operation \"{s}\"")),
+                "{text}"
+            );
+            assert!(text.contains("u64"), "{text}");
+        }
+        other => panic!("expected an UnreadableRecordError, got {other:?}"),
+    }
+    assert_eq!(effects(&s).await, 0);
+}
+
+#[tokio::test]
 async fn without_the_door_repeats_run_again() {
     let s = scenario();
     for _ in 0..3 {

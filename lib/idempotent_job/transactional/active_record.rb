@@ -98,6 +98,17 @@ module IdempotentJob
       # @return [Boolean]
       def outermost? = @outermost
 
+      # Asked by the core's channel when the body raised: whether this transaction is
+      # rolled back with it, so there is no claim to release: the one {.within} opened, or
+      # one no longer open and well on the server (aborted by the body's failed statement,
+      # or its connection lost: PostgreSQL rolls it back). False when it joined a
+      # transaction the caller opened, which commits the claim if the caller rescues the
+      # error: the claim is then released in it, as a raising body's claim is.
+      # @return [Boolean]
+      def rolled_back_on_raise?
+        @outermost || @connection.raw_connection.transaction_status != ::PG::PQTRANS_INTRANS
+      end
+
       # Runs IdempotentJob.claim_sql on ActiveRecord's connection, inside its
       # transaction, and answers the statement's row for the core to decide on (the
       # core protocol's channel: `Native::Protocol#perform`).

@@ -94,12 +94,23 @@ pub trait Channel {
     }
 
     /// Whether claim, body and completion share one transaction: then no heartbeat,
-    /// no release (the rollback undoes the claim), and the completion is written once.
+    /// no release unless [`Channel::rolled_back_on_raise`] says the transaction may
+    /// outlive the body's error (else the rollback undoes the claim), and the completion
+    /// is written once.
     /// Every channel says so itself (no default: a pool channel that forgot would lose
     /// its heartbeat and release); a channel over a pool also overrides
     /// [`Channel::heartbeat_pool`] and [`Channel::pause`] (as [`Direct`] does), whose
     /// defaults are a transaction's.
     fn transactional(&self) -> bool;
+
+    /// Whether a body that raised leaves no claim to release: its transaction is rolled
+    /// back with the claim. The default is [`Channel::transactional`]; a channel that
+    /// joined a transaction its caller opened answers false (that transaction may still
+    /// commit, the caller having rescued the error), and the release is then written in
+    /// it, undone with the claim if it rolls back.
+    fn rolled_back_on_raise(&self) -> bool {
+        self.transactional()
+    }
 
     /// The pool a claim's heartbeat renews through (`None`, the default: in a
     /// transaction, which has no heartbeat).

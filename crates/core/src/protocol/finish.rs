@@ -163,7 +163,7 @@ impl Protocol {
         notes: &mut Notes,
     ) {
         claim.stop_heartbeat(notes);
-        if channel.transactional() {
+        if channel.rolled_back_on_raise() {
             return;
         }
         let text = format!("{error_class}: {message}");

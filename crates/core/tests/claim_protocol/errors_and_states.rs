@@ -71,6 +71,27 @@ pub(crate) fn an_unreachable_hostaddr_is_named_with_its_host() {
 }
 
 #[test]
+pub(crate) fn an_unreachable_ipv6_address_is_named_in_brackets() {
+    // "::1:1" reads as an address alone; "[::1]:1" is the address and its port (the
+    // URL's own spelling), for a host and for a hostaddr alike.
+    for (url, named) in [
+        ("postgres://u@[::1]:1/x", "connecting to [::1]:1:"),
+        (
+            "postgres://u@db.invalid:1/x?hostaddr=::1",
+            "connecting to [::1]:1 (host db.invalid)",
+        ),
+    ] {
+        let mut config = Config::new(url);
+        config.connect_timeout = 1.0;
+        config.deadline = 1.0;
+        let store = Store::new(config).unwrap();
+        let err = claim(&store, &request("Job", "1", 1.0)).unwrap_err();
+        assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+        assert!(err.to_string().contains(named), "{url}: {err}");
+    }
+}
+
+#[test]
 pub(crate) fn an_abandoned_call_never_returns_its_busy_connection_to_the_pool() {
     store(); // migrated
     let mut config = Config::new(database_url());

@@ -56,7 +56,9 @@ pub(super) const RAISED_IN_RUBY: &str = "raised in the Ruby session";
 /// seconds, and the token it sent; the decision is the core's, [`decided_for`] over the
 /// channel's own request, never read back from the Hash Ruby was given),
 /// `outermost?` (asked after a repeat's claim: false when the session joined an outer
-/// transaction, whose rollback would undo the claim: its repeat is then not queued) and
+/// transaction, whose rollback would undo the claim: its repeat is then not queued),
+/// `rolled_back_on_raise?` (asked when the body raised: false when the claim must be
+/// released in that outer transaction) and
 /// `fenced_raw(change, job_type, operation_key, token, text[, [json, state]])`.
 pub struct SessionChannel<'a> {
     pub(super) session: Value,
@@ -87,6 +89,14 @@ impl SessionChannel<'_> {
 impl Channel for SessionChannel<'_> {
     fn transactional(&self) -> bool {
         true
+    }
+
+    /// The session's `rolled_back_on_raise?`: false when it joined a transaction the
+    /// caller opened, which commits the claim if the caller rescues the body's error.
+    fn rolled_back_on_raise(&self) -> bool {
+        self.session
+            .funcall::<_, _, bool>("rolled_back_on_raise?", ())
+            .unwrap_or(true)
     }
 
     fn claim(&mut self, _i: &Interrupt<'_>, r: &ClaimRequest, lock: f64) -> Result<ClaimReply> {
