@@ -50,11 +50,10 @@ module IdempotentJob
           KEYLESS_WARNED[job_class] = true
           nils = given.map { |key| "#{key}: nil" }.join(", ")
           IdempotentJob.logger.warn(
-            "idempotent_job: #{job_class}: #{given.join(", ")} without #{KEYS[:key]}: the job runs unguarded " \
-            "(a job without #{KEYS[:key]} passes through and its options are ignored); declare " \
-            "#{KEYS[:key]} (the operation key: a perform parameter name, an argument index, a dotted " \
-            "path or an Array of those), or remove the #{JobOptions::PREFIX}* options, or, inherited from " \
-            "a base class, set them to nil in the class (sidekiq_options #{nils}) to silence this warning"
+            "idempotent_job: #{job_class}: #{given.join(", ")} without #{KEYS[:key]}: the job runs unguarded; " \
+            "declare #{KEYS[:key]} (a perform parameter name, an argument index, a dotted path or an Array of " \
+            "those), remove the #{JobOptions::PREFIX}* options, or, inherited from a base class, set them to nil " \
+            "in the class (sidekiq_options #{nils}) to silence this warning"
           )
           true
         end
