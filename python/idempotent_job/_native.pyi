@@ -68,6 +68,10 @@ class Outcome:
         """ "stored", "too_large", "unencodable" (not stored), or None (no store requested)."""
     @property
     def result_stored(self) -> bool: ...
+    @property
+    def label(self) -> str:
+        """The outcome's label (as on the delivery's span): "ran", "reclaimed", "replayed",
+        "waited", "skipped", "in_progress", "held", "given_up" or "refused"."""
 
 @final
 class JobProtocol:

@@ -160,6 +160,11 @@ pub struct Outcome {
     /// record's `result_state`). Ruby's `Outcome#result_state`.
     #[pyo3(get)]
     pub result_state: Option<&'static str>,
+    /// The outcome's label, as on the delivery's span and Ruby's `Outcome#label`
+    /// (the core's `telemetry::outcome_label`): "ran", "reclaimed", "replayed", "waited",
+    /// "skipped", "in_progress", "held", "given_up" or "refused".
+    #[pyo3(get)]
+    pub label: &'static str,
 }
 
 #[pymethods]
@@ -239,6 +244,7 @@ impl Outcome {
     fn of(py: Python<'_>, o: CoreOutcome, value: Option<Py<PyAny>>) -> PyResult<Outcome> {
         // `replayed` is the core's rule (a repeat answered with the stored result).
         let replayed = value.is_none() && o.replayed();
+        let label = o.label();
         let value = match (value, &o.result_json) {
             (Some(v), _) => v,
             (None, Some(json)) => py
@@ -262,6 +268,7 @@ impl Outcome {
                 .map(|c| Py::new(py, Claim::of(c)))
                 .transpose()?,
             result_state: o.result_state.map(|s| s.as_str()),
+            label,
         })
     }
 }

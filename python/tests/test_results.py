@@ -25,7 +25,7 @@ def test_a_repeat_replays_the_stored_result(scenario):
 
     again = idempotent_job.perform_once("PyReplay", scenario, not_run, store_result=True)
     assert again.decision == "completed"
-    assert again.replayed
+    assert again.replayed and again.label == "replayed"
     assert again.value == {"charge_id": "ch_" + scenario}
     assert (first.result_stored, again.result_stored, again.result_state) == (True, True, "stored")
     assert idempotent_job.record("PyReplay", scenario)["result_state"] == "stored"
@@ -145,5 +145,6 @@ def test_a_result_over_max_result_bytes_is_not_stored_and_the_completion_stands(
         assert again.decision == "completed" and again.value is None
         # The repeat says why it has no value (the outcome, not only a worker's log line).
         assert (again.replayed, again.result_stored, again.result_state) == (False, False, "too_large")
+        assert (first.label, again.label) == ("ran", "skipped")
     finally:
         idempotent_job.configure(database_url=os.environ["DATABASE_URL"])

@@ -108,14 +108,16 @@ pub fn prepare(
     operation_key: &str,
     input: ResultInput<'_>,
 ) -> PreparedResult {
-    let not_stored = |state: ResultState, why: String| PreparedResult {
+    let not_stored = |state: ResultState, why: String| {
+        PreparedResult {
         json: None,
         state,
         warning: Some(format!(
             "{job_type} operation {operation_key:?} completed, but its result was not stored: \
-             {why}; a repeat gets no value (result_stored? false) and the operation is not run \
+             {why}; a repeat gets no value (its result_state says why) and the operation is not run \
              again"
         )),
+    }
     };
     match input {
         ResultInput::Unencodable(why) => not_stored(
