@@ -22,11 +22,12 @@ module IdempotentJob
       StoreLifecycle.database_fallback = RailsDatabase.method(:fallback)
     end
 
-    # Runs after the Gemfile's gems are loaded (Bundler.require), whatever their order, and
-    # before Sidekiq's server starts fetching jobs. A require of its own is a no-op after it.
-    # A loaded Sidekiq outside the door's versions is said once at boot (the door cannot
-    # be installed, so a job's `idempotency_key` would be an inert option).
-    initializer "idempotent_job.sidekiq" do
+    # Runs once the app is initialized: after the Gemfile's gems (Bundler.require, whatever
+    # their order) and config/initializers (a Sidekiq required there, `require: false` in
+    # the Gemfile), before Sidekiq's server starts fetching jobs. A require of its own is a
+    # no-op after it. A loaded Sidekiq outside the door's versions is said once at boot
+    # (the door cannot be installed, so a job's `idempotency_key` would be an inert option).
+    config.after_initialize do
       library = Dependency::SIDEKIQ
       if Dependency.loaded?(library)
         require library.door

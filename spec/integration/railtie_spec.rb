@@ -73,6 +73,19 @@ RSpec.describe "The Railtie", :integration do
     expect(out).to include("door=installed")
   end
 
+  it "installs the Sidekiq door when Sidekiq is first required in config/initializers" do
+    # `gem "sidekiq", require: false` in the Gemfile, required by an initializer of the app.
+    FileUtils.mkdir_p(File.join(app, "config", "initializers"))
+    File.write(File.join(app, "config", "initializers", "sidekiq.rb"), %(require "sidekiq"\n))
+    File.write(File.join(app, "Rakefile"), <<~RUBY, mode: "a")
+      task(:door) { puts "door=\#{defined?(IdempotentJob::Sidekiq::ServerMiddleware) ? "installed" : "missing"}" }
+      task door: :environment
+    RUBY
+    out, status = rake("door")
+    expect(status).to be_success, out
+    expect(out).to include("door=installed")
+  end
+
   # A Sidekiq outside the door's versions (the Railtie cannot install the door) is said at
   # boot, not left silent: its jobs' sidekiq_options idempotency_key would run unguarded.
   # The app defines Sidekiq::VERSION itself, as an old or future Sidekiq would.
