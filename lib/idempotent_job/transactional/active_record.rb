@@ -42,7 +42,8 @@ module IdempotentJob
           outermost = !connection.transaction_open?
           # Joined, a `transaction` block would swallow an ActiveRecord::Rollback and roll
           # back nothing: the claim would commit with the caller's transaction, left claimed.
-          run = lambda do
+          # A proc, not a lambda: Rails 7.2's `transaction` yields the transaction object.
+          run = proc do
             value = yield new(connection, outermost:)
             finished = true
             value
