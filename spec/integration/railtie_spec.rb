@@ -37,6 +37,18 @@ RSpec.describe "The Railtie", :integration do
     RUBY
   end
 
+  # Boots the app and says whether the Sidekiq door is installed ("door=installed" or
+  # "door=missing"), with what the boot logged.
+  def sidekiq_door
+    File.write(File.join(app, "Rakefile"), <<~RUBY, mode: "a")
+      task(:door) { puts "door=\#{defined?(IdempotentJob::Sidekiq::ServerMiddleware) ? "installed" : "missing"}" }
+      task door: :environment
+    RUBY
+    out, status = rake("door")
+    expect(status).to be_success, out
+    out
+  end
+
   def rake(*args)
     # No DATABASE_URL: the tasks can only reach the database through config.idempotent_job.
     Open3.capture2e({ "RUBYLIB" => File.join(root, "lib"), "RAILS_ENV" => "development", "DATABASE_URL" => nil,
@@ -64,12 +76,7 @@ RSpec.describe "The Railtie", :integration do
     # Sidekiq loaded after the gem, as a Gemfile listing idempotent_job first does.
     File.write(application, File.read(application).sub(%(require "idempotent_job"\n),
                                                        %(require "idempotent_job"\nrequire "sidekiq"\n)))
-    File.write(File.join(app, "Rakefile"), <<~RUBY, mode: "a")
-      task(:door) { puts "door=\#{defined?(IdempotentJob::Sidekiq::ServerMiddleware) ? "installed" : "missing"}" }
-      task door: :environment
-    RUBY
-    out, status = rake("door")
-    expect(status).to be_success, out
+    out = sidekiq_door
     expect(out).to include("door=installed")
   end
 
@@ -77,12 +84,7 @@ RSpec.describe "The Railtie", :integration do
     # `gem "sidekiq", require: false` in the Gemfile, required by an initializer of the app.
     FileUtils.mkdir_p(File.join(app, "config", "initializers"))
     File.write(File.join(app, "config", "initializers", "sidekiq.rb"), %(require "sidekiq"\n))
-    File.write(File.join(app, "Rakefile"), <<~RUBY, mode: "a")
-      task(:door) { puts "door=\#{defined?(IdempotentJob::Sidekiq::ServerMiddleware) ? "installed" : "missing"}" }
-      task door: :environment
-    RUBY
-    out, status = rake("door")
-    expect(status).to be_success, out
+    out = sidekiq_door
     expect(out).to include("door=installed")
   end
 
@@ -93,12 +95,7 @@ RSpec.describe "The Railtie", :integration do
     application = File.join(app, "config", "application.rb")
     unsupported = %(require "idempotent_job"\nmodule Sidekiq; VERSION = "9.1.0"; end\n)
     File.write(application, File.read(application).sub(%(require "idempotent_job"\n), unsupported))
-    File.write(File.join(app, "Rakefile"), <<~RUBY, mode: "a")
-      task(:door) { puts "door=\#{defined?(IdempotentJob::Sidekiq::ServerMiddleware) ? "installed" : "missing"}" }
-      task door: :environment
-    RUBY
-    out, status = rake("door")
-    expect(status).to be_success, out
+    out = sidekiq_door
     expect(out).to include("door=missing")
     expect(out).to include("Sidekiq 9.1.0", "idempotency_key", 'gem "sidekiq", ">= 6.4", "< 9"')
   end

@@ -20,16 +20,26 @@ use crate::sql::{
 ///
 /// Errors: connection/database errors.
 pub async fn find(conn: &Conn, job_type: &str, operation_key: &str) -> Result<Option<Record>> {
-    let result = conn
+    match find_row(conn, job_type, operation_key).await? {
+        Some(row) => Record::from_row(&row).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The record's row as `FIND_SQL` reads it, or `None` when the operation was never
+/// claimed: [`find`]'s and [`find_listed`]'s one statement.
+async fn find_row(
+    conn: &Conn,
+    job_type: &str,
+    operation_key: &str,
+) -> Result<Option<tokio_postgres::Row>> {
+    let rows = conn
         .query_own(
             FIND_SQL,
             &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
         )
-        .await;
-    let Some(row) = result?.into_iter().next() else {
-        return Ok(None);
-    };
-    Record::from_row(&row).map(Some)
+        .await?;
+    Ok(rows.into_iter().next())
 }
 
 /// A record as a list shows it ([`find_listed`]): read, or marked as one the core
@@ -58,13 +68,7 @@ pub async fn find_listed(
     job_type: &str,
     operation_key: &str,
 ) -> Result<Option<Listed>> {
-    let result = conn
-        .query_own(
-            FIND_SQL,
-            &[(&job_type, Type::TEXT), (&operation_key, Type::TEXT)],
-        )
-        .await;
-    let Some(row) = result?.into_iter().next() else {
+    let Some(row) = find_row(conn, job_type, operation_key).await? else {
         return Ok(None);
     };
     match Record::from_row(&row) {
