@@ -378,16 +378,28 @@ def test_two_distinct_operations_both_run(worker, scenario, task):
     assert effects(scenario, f"{scenario}-1") == 1 and effects(scenario, f"{scenario}-2") == 1
 
 
+def _runs_twice_and_warns_once(worker, scenario, task, warning):
+    """Sends ``task`` two distinct operations, checks both ran, and that the worker's log
+    has ``warning`` for the task once per pool child (at least once, never twice from one
+    child). Returns the log."""
+    results = [getattr(worker, task).apply_async((scenario, f"{scenario}-{n}")) for n in (1, 2)]
+    assert [r.get(timeout=TIMEOUT)["charged"] for r in results] == [f"{scenario}-1", f"{scenario}-2"]
+    log = worker.worker_log.read_text()
+    warning = f"celery_tasks.{task}: {warning}"
+    warned_by = [line.split("]")[0].rsplit("/", 1)[-1] for line in log.splitlines() if warning in line]
+    assert warned_by and len(warned_by) == len(set(warned_by)), log[-3000:]
+    return log
+
+
 def test_a_task_acknowledged_early_runs_and_the_worker_warns_once(worker, scenario):
     # acks_late=False (Celery's default): a killed worker would lose the message and leave
     # its claim waiting for a redelivery that never comes. The task runs; the log says so.
-    results = [worker.charge_early_ack.apply_async((scenario, f"{scenario}-{n}")) for n in (1, 2)]
-    assert [r.get(timeout=TIMEOUT)["charged"] for r in results] == [f"{scenario}-1", f"{scenario}-2"]
-    log = worker.worker_log.read_text()
-    warning = "celery_tasks.charge_early_ack: acks_late is off, so a worker killed mid-task loses its message"
-    warned_by = [line.split("]")[0].rsplit("/", 1)[-1] for line in log.splitlines() if warning in line]
-    # Once per task and pool child: at least once, never twice from one child.
-    assert warned_by and len(warned_by) == len(set(warned_by)), log[-3000:]
+    log = _runs_twice_and_warns_once(
+        worker,
+        scenario,
+        "charge_early_ack",
+        "acks_late is off, so a worker killed mid-task loses its message",
+    )
     assert "set acks_late=True (or task_acks_late) and task_reject_on_worker_lost=True" in log
     assert "celery_tasks.charge: acks_late is off" not in log
 
@@ -396,12 +408,9 @@ def test_a_task_acknowledged_when_its_pool_child_dies_runs_and_the_worker_warns_
     # acks_late on but reject_on_worker_lost off (Celery's default): a pool child killed
     # mid-task (SIGKILL, the OOM killer) gets its message acknowledged as failed, not
     # requeued, so the claim waits for a redelivery that never comes, as with acks_late off.
-    results = [worker.charge_unrejected.apply_async((scenario, f"{scenario}-{n}")) for n in (1, 2)]
-    assert [r.get(timeout=TIMEOUT)["charged"] for r in results] == [f"{scenario}-1", f"{scenario}-2"]
-    log = worker.worker_log.read_text()
-    warning = "celery_tasks.charge_unrejected: reject_on_worker_lost is off, so a pool child killed mid-task"
-    warned_by = [line.split("]")[0].rsplit("/", 1)[-1] for line in log.splitlines() if warning in line]
-    assert warned_by and len(warned_by) == len(set(warned_by)), log[-3000:]
+    log = _runs_twice_and_warns_once(
+        worker, scenario, "charge_unrejected", "reject_on_worker_lost is off, so a pool child killed mid-task"
+    )
     assert "set reject_on_worker_lost=True (or task_reject_on_worker_lost)" in log
     assert "celery_tasks.charge: reject_on_worker_lost is off" not in log
 

@@ -60,14 +60,20 @@ pub(crate) fn an_unreachable_hostaddr_is_named_with_its_host() {
             "connecting to 127.0.0.3:1:",
         ),
     ] {
-        let mut config = Config::new(url);
-        config.connect_timeout = 1.0;
-        config.deadline = 1.0;
-        let store = Store::new(config).unwrap();
-        let err = claim(&store, &request("Job", "1", 1.0)).unwrap_err();
-        assert!(matches!(err, Error::Connection { .. }), "{err:?}");
-        assert!(err.to_string().contains(named), "{url}: {err}");
+        assert_unreachable_named(url, named);
     }
+}
+
+/// A claim through `url`, which nothing answers, fails with a ConnectionError whose
+/// message contains `named` (the address tried, as the connection texts word it).
+fn assert_unreachable_named(url: &str, named: &str) {
+    let mut config = Config::new(url);
+    config.connect_timeout = 1.0;
+    config.deadline = 1.0;
+    let store = Store::new(config).unwrap();
+    let err = claim(&store, &request("Job", "1", 1.0)).unwrap_err();
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    assert!(err.to_string().contains(named), "{url}: {err}");
 }
 
 #[test]
@@ -81,13 +87,7 @@ pub(crate) fn an_unreachable_ipv6_address_is_named_in_brackets() {
             "connecting to [::1]:1 (host db.invalid)",
         ),
     ] {
-        let mut config = Config::new(url);
-        config.connect_timeout = 1.0;
-        config.deadline = 1.0;
-        let store = Store::new(config).unwrap();
-        let err = claim(&store, &request("Job", "1", 1.0)).unwrap_err();
-        assert!(matches!(err, Error::Connection { .. }), "{err:?}");
-        assert!(err.to_string().contains(named), "{url}: {err}");
+        assert_unreachable_named(url, named);
     }
 }
 
